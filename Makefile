@@ -1,0 +1,24 @@
+# Convenience targets; README.md's two commands are the supported way in on a fresh machine.
+PY ?= .venv/bin/python
+
+.PHONY: test smoke list env gpu-check
+
+test:
+	$(PY) -m pytest -q
+
+smoke:
+	.venv/bin/gpubench run --scenario smoke
+
+list:
+	.venv/bin/gpubench list
+
+env:
+	.venv/bin/gpubench env --calibrate
+
+# On a GPU machine whose python already has torch etc. (no downloads): install without deps,
+# calibrate, run gpu-quick, and copy the run directory to $(OUT) (default results/).
+OUT ?= results
+gpu-check:
+	python3 -m pip install -q --no-deps --no-build-isolation -e .
+	python3 -m gpubench.cli env --calibrate --json > $(OUT)/env-calibrate.json
+	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs || true

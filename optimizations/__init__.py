@@ -1,0 +1,1 @@
+"""Optimizations: our implementation of each technique (gpubench.optimizations.<technique>)."""

@@ -1,0 +1,91 @@
+"""The end-of-run summary in the terminal: one row per case, baseline vs optimized."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def format_speedup(speedup: dict[str, float] | None) -> str:
+    if not speedup:
+        return "-"
+    return f"{speedup['ratio']:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
+
+
+def case_params(case: dict[str, Any], swept: set[str] | None = None) -> str:
+    params = case["params"]
+    keys = [k for k in params if swept is None or k in swept]
+    return " ".join(f"{k}={params[k]}" for k in keys)
+
+
+def _swept_params(doc: dict[str, Any], technique: str) -> set[str]:
+    """Params the scenario sets for a technique (the rest are defaults and add only noise)."""
+    keys: set[str] = set()
+    for entry in doc.get("scenario", {}).get("entries", []):
+        if entry["technique"] == technique:
+            keys.update(entry.get("params", {}))
+    return keys
+
+
+def check_text(case: dict[str, Any], name: str) -> Text:
+    v = case["variants"].get(name)
+    if v is None:
+        return Text("-")
+    check = v.get("check")
+    if v.get("status") in ("error", "skipped") or check is None:
+        return Text(v.get("status") or "-", style="red" if v.get("status") == "error" else "dim")
+    err = check.get("error")
+    figure = f" {check['metric']}={err:.1e}" if isinstance(err, float) and check["metric"] != "reference" else ""
+    return Text(("pass" if check["passed"] else "FAIL") + figure, style="green" if check["passed"] else "bold red")
+
+
+def summary_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"{doc['scenario']['name']} on {doc.get('device_label', doc['device'])}",
+                  title_justify="left")
+    for column, justify in (("case", "left"), ("baseline", "right"), ("optimized", "right"),
+                            ("speedup [95% CI]", "right"), ("check", "left"), ("status", "left")):
+        table.add_column(column, justify=justify)
+    for case in doc["cases"]:
+        variants = case["variants"]
+        base = next((n for n, v in variants.items() if v.get("role") == "baseline"), None)
+        opt = next((n for n, v in variants.items() if v.get("role") == "optimized"), None)
+        med = lambda n: (variants.get(n) or {}).get("stats", {}) or {}  # noqa: E731
+        status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
+        if case["status"] != "passed" and case.get("failure"):
+            status.append(f": {case['failure']['message']}"[:160], style="red")
+        table.add_row(
+            f"{case['technique']} {case_params(case, _swept_params(doc, case['technique']))}",
+            format_seconds(med(base).get("median")), format_seconds(med(opt).get("median")),
+            format_speedup(case["speedups"].get(opt) if opt else None),
+            check_text(case, opt) if opt else Text("-"), status,
+        )
+    return table
+
+
+def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
+    console.print(summary_table(doc))
+    s = doc["summary"]
+    console.print(f"{s['passed']} passed, {s['failed']} failed"
+                  + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
+                  + f" ({doc['status']})")
+    if doc["device"] == "cpu" and gpu_notes:
+        ran = {c["technique"] for c in doc["cases"]}
+        for name, note in sorted(gpu_notes.items()):
+            if name in ran and note:
+                console.print(f"[yellow]note[/]: {name} measured on a CPU: {note}")
+    tele = doc.get("telemetry") or {}
+    if tele.get("status") == "unavailable":
+        console.print(f"telemetry: unavailable: {tele.get('reason')}")
+    elif tele.get("throttled"):
+        console.print(f"[bold yellow]warning[/]: the GPU throttled during the run: {', '.join(tele.get('throttle_reasons', []))}")

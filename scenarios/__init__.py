@@ -1,0 +1,1 @@
+"""Shipped scenario files (YAML); ``gpubench list`` shows them."""

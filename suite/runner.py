@@ -1,0 +1,416 @@
+"""The scenario runner: cases -> measurements -> results directory.
+
+For each case: build the workload once (seeded), run every variant once and check its output
+against the reference, time the variants interleaved, derive metrics, and (where NVML has an
+energy counter) measure energy per call. Results are written after every case, atomically, so
+a crash or Ctrl-C keeps everything that finished.
+
+A case that raises, runs out of memory or passes its time limit is recorded as failed with the
+reason; the run goes on. The time limit is enforced with SIGALRM on the main thread: it stops
+Python code and any native call that returns, but cannot stop a native call that never returns
+(a hung CUDA kernel); that is a limit of running cases in-process.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import gc
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+import gpubench
+from gpubench import env as envmod
+from gpubench import results, stats, techniques, timing
+from gpubench.contract import CheckResult, Measured, Technique, Workload
+from gpubench.scenario import Case, Scenario
+from gpubench.telemetry import TelemetrySampler
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CaseTimeout(BaseException):
+    """Raised inside a case that passed its time limit. A BaseException so that a technique's
+    own ``except Exception`` cannot swallow it."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CaseTimeout(f"exceeded its time limit of {seconds:g} s (policy.case_timeout_s)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None), MemoryError) if t)
+    return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def describe(exc: BaseException) -> dict[str, str]:
+    """A failure record: kind (oom, timeout, exception), message and traceback."""
+    if isinstance(exc, CaseTimeout):
+        kind = "timeout"
+    elif _is_oom(exc):
+        kind = "oom"
+    else:
+        kind = "exception"
+    return {"kind": kind, "message": f"{type(exc).__name__}: {exc}",
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+
+
+class ProgressListener(Protocol):
+    def run_started(self, total: int) -> None: ...
+    def case_started(self, index: int, case: Case) -> None: ...
+    def case_finished(self, index: int, case: Case, record: dict[str, Any]) -> None: ...
+    def run_finished(self) -> None: ...
+
+
+class _Silent:
+    def run_started(self, total: int) -> None: pass
+    def case_started(self, index: int, case: Case) -> None: pass
+    def case_finished(self, index: int, case: Case, record: dict[str, Any]) -> None: pass
+    def run_finished(self) -> None: pass
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    doc: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        if self.doc["status"] == "interrupted":
+            return EXIT_INTERRUPTED
+        return EXIT_OK if self.doc["summary"]["failed"] == 0 else EXIT_FAILED
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str = "runs", *,
+                 only: list[str] | None = None, repeat_scale: float = 1.0,
+                 progress: ProgressListener | None = None, telemetry_interval_s: float = 0.05,
+                 calibrate: bool = True) -> RunOutcome:
+    progress = progress or _Silent()
+    cases = scenario.cases(only=only, repeat_scale=repeat_scale)
+    run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
+    env = envmod.capture_env(device)
+    run_dir.write_env(env)
+    doc: dict[str, Any] = {
+        "schema_version": results.SCHEMA_VERSION,
+        "kind": "gpubench.results",
+        "gpubench_version": gpubench.__version__,
+        "run_id": run_dir.path.name,
+        "status": "running",
+        "started_at": _now(),
+        "finished_at": None,
+        "device": str(device),
+        "device_label": env["device_label"],
+        "scenario": scenario.to_dict(),
+        "repeat_scale": repeat_scale,
+        "only": only,
+        "env": env,
+        "ceilings": None,
+        "telemetry": None,
+        "cases": [],
+        "summary": {},
+    }
+    sampler = TelemetrySampler.for_device(device, interval_s=telemetry_interval_s)
+    progress.run_started(len(cases))
+    try:
+        if calibrate:
+            try:
+                doc["ceilings"] = envmod.calibrate(device, quick=True)
+            except Exception as exc:  # noqa: BLE001 - metrics lose their % of peak, nothing else
+                doc["ceilings"] = {"error": describe(exc)["message"]}
+        clocks: dict[bool, timing.Clock] = {}
+        sampler.start()
+        for index, case in enumerate(cases):
+            progress.case_started(index, case)
+            flush = case.policy.flush_l2
+            if flush not in clocks:
+                clocks[flush] = timing.Clock(device, flush_l2=flush)
+            record = new_record(case)
+            doc["cases"].append(record)
+            try:
+                run_case(case, device, clocks[flush], sampler, doc["ceilings"], record)
+            finally:
+                _finish_doc(doc, sampler, final=False)
+                run_dir.write_results(doc)
+                progress.case_finished(index, case, record)
+    except KeyboardInterrupt:
+        doc["status"] = "interrupted"
+    finally:
+        sampler.close()
+        if doc["status"] == "running":
+            doc["status"] = "complete"
+        doc["finished_at"] = _now()
+        _finish_doc(doc, sampler, final=True)
+        run_dir.write_results(doc)
+        run_dir.write_cases_csv(doc)
+        sampler.write_csv(run_dir.path / "telemetry.csv")
+        progress.run_finished()
+    return RunOutcome(run_dir.path, doc)
+
+
+def _finish_doc(doc: dict[str, Any], sampler: TelemetrySampler, final: bool) -> None:
+    statuses = [c["status"] for c in doc["cases"]]
+    doc["summary"] = {"cases": len(statuses), "passed": statuses.count("passed"),
+                      "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
+    if final:
+        doc["telemetry"] = sampler.run_summary()
+        for record in doc["cases"]:
+            record["telemetry"] = sampler.case_summary(record["id"]) if sampler.available else None
+
+
+def new_record(case: Case) -> dict[str, Any]:
+    return {"id": case.id, "technique": case.technique, "params": case.params, "seed": case.seed,
+            "policy": case.policy.to_dict(), "status": "running", "failure": None,
+            "started_at": _now(), "elapsed_s": None, "variants": {}, "speedups": {}, "telemetry": None}
+
+
+def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
+             ceilings: dict[str, Any] | None, record: dict[str, Any]) -> None:
+    """Measure one case into ``record``. Never raises, except KeyboardInterrupt (after marking the
+    record interrupted)."""
+    tech = techniques.get(case.technique)
+    assert tech is not None
+    t0 = time.perf_counter()
+    timings: dict[str, timing.VariantTiming] = {}
+    try:
+        with deadline(case.policy.case_timeout_s):
+            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings)
+    except KeyboardInterrupt:
+        record["status"] = "interrupted"
+        record["failure"] = {"kind": "interrupted", "message": "stopped by Ctrl-C", "traceback": ""}
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
+        record["failure"] = describe(exc)
+        _free_memory(device)
+    finally:
+        sampler.set_tag(None, None)
+        # Whatever was measured before a failure is kept.
+        for name, t in timings.items():
+            vrec = record["variants"][name]
+            if len(vrec["samples_s"]) != t.n:
+                _store_samples(vrec, t)
+        _store_speedups(record)
+        record["elapsed_s"] = time.perf_counter() - t0
+        if record["status"] == "running":
+            record["status"] = _case_status(tech, record)
+
+
+def _variant_record(role: str) -> dict[str, Any]:
+    return {"role": role, "status": "pending", "reason": None, "error": None, "check": None, "samples_s": [],
+            "stats": None, "timing": None, "metrics": {}, "peak_memory_bytes": None,
+            "energy_mj_per_call": None}
+
+
+def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timing.Clock,
+                  sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: dict[str, Any],
+                  timings: dict[str, timing.VariantTiming]) -> None:
+    variants = [v for v in tech.variants.values() if case.variants is None or v.name in case.variants]
+    variants.sort(key=lambda v: ("baseline", "optimized", "peer").index(v.role))
+    for v in variants:
+        record["variants"][v.name] = _variant_record(v.role)
+
+    sampler.set_tag(case.id, "build")
+    workload = tech.build_fn(case.params, device, case.seed)
+    runnable = []
+    for v in variants:
+        reason = v.unavailable_reason(device)
+        if reason:
+            record["variants"][v.name].update(status="skipped", reason=reason)
+        else:
+            runnable.append(v)
+
+    # 1. One checked call per variant (also the first warm-up call).
+    outputs: dict[str, Any] = {}
+    for v in runnable:
+        vrec = record["variants"][v.name]
+        sampler.set_tag(case.id, v.name)
+        try:
+            outputs[v.name], vrec["peak_memory_bytes"] = _call_once(v.fn, workload, device)
+            vrec["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - recorded per variant
+            vrec.update(status="error", reason=describe(exc)["message"], error=describe(exc))
+            if _is_oom(exc):
+                _free_memory(device)
+
+    base = tech.baseline.name
+    if tech.reference_fn is not None:
+        sampler.set_tag(case.id, "reference")
+        reference = tech.reference_fn(workload)
+        to_check = list(outputs)
+    elif base in outputs:
+        reference = outputs[base]
+        to_check = [n for n in outputs if n != base]
+        record["variants"][base]["check"] = {"passed": True, "error": 0.0, "tolerance": None,
+                                             "metric": "reference", "detail": "the baseline is the reference"}
+    else:
+        reference, to_check = None, []
+    for name in to_check:
+        try:
+            result = tech.check_fn(reference, outputs[name])
+        except Exception as exc:  # noqa: BLE001 - a check that cannot compare is a failed check
+            result = CheckResult(False, None, None, "error", f"check raised {describe(exc)['message']}")
+        record["variants"][name]["check"] = result.to_dict()
+        if not result.passed:
+            record["variants"][name]["status"] = "check_failed"
+    del reference
+
+    # 2. Timing, interleaved, of every variant that ran (a wrong result is still timed, and the
+    #    case is failed by its check).
+    calls = {n: functools.partial(tech.variants[n].fn, workload) for n in outputs}
+    timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
+                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings)
+    for name, t in timings.items():
+        vrec = record["variants"][name]
+        vrec["timing"] = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
+        if t.error is not None:
+            vrec.update(status="error", reason=f"during timing: {describe(t.error)['message']}",
+                        error=describe(t.error))
+        _store_samples(vrec, t)
+
+    # 3. Metrics from the median time (and the checked call's output, for serving/generation runs).
+    for name, t in timings.items():
+        vrec = record["variants"][name]
+        if not t.samples_s:
+            continue
+        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), device)
+        try:
+            metrics = dict(tech.metrics_fn(workload, measured)) if tech.metrics_fn else {}
+        except Exception as exc:  # noqa: BLE001 - the timing stands; the metric is marked broken
+            metrics = {"metrics_error": describe(exc)["message"]}
+        vrec["metrics"] = derive_rates(metrics, measured.median_s, ceilings)
+    outputs.clear()
+
+    # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter is
+    #    too coarse for single short calls).
+    if sampler.energy_mj() is not None and case.policy.energy_s > 0:
+        for name, call in calls.items():
+            if record["variants"][name]["status"] in ("ok", "check_failed"):
+                sampler.set_tag(case.id, f"{name}:energy")
+                record["variants"][name]["energy_mj_per_call"] = _energy_per_call(
+                    call, workload, device, sampler, case.policy.energy_s)
+
+
+def _call_once(fn: Callable[[Workload], Any], workload: Workload, device: torch.device) -> tuple[Any, int | None]:
+    if workload.reset is not None:
+        workload.reset()
+    if device.type == "cuda":
+        timing.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn(workload)
+        timing.synchronize(device)
+        return out, torch.cuda.max_memory_allocated(device) - before
+    return fn(workload), None
+
+
+def _energy_per_call(call: Callable[[], Any], workload: Workload, device: torch.device,
+                     sampler: TelemetrySampler, seconds: float) -> float | None:
+    timing.synchronize(device)
+    start_mj, n, t_end = sampler.energy_mj(), 0, time.perf_counter() + seconds
+    while n == 0 or time.perf_counter() < t_end:
+        if workload.reset is not None:
+            workload.reset()
+        call()
+        n += 1
+    timing.synchronize(device)
+    end_mj = sampler.energy_mj()
+    if start_mj is None or end_mj is None:
+        return None
+    return (end_mj - start_mj) / n
+
+
+def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, Any] | None) -> dict[str, Any]:
+    """Add TFLOP/s, GB/s and % of the measured device peak to a technique's ``flops`` and
+    ``bytes_moved`` counts."""
+    out = dict(metrics)
+    peak_flops = (ceilings or {}).get("matmul", {}).get("peak_tflops")
+    peak_bw = (ceilings or {}).get("copy", {}).get("peak_gbps")
+    if isinstance(out.get("flops"), (int, float)) and median_s > 0:
+        out["tflops"] = out["flops"] / median_s / 1e12
+        if peak_flops:
+            out["pct_peak_flops"] = 100.0 * out["tflops"] / peak_flops
+    if isinstance(out.get("bytes_moved"), (int, float)) and median_s > 0:
+        out["gbps"] = out["bytes_moved"] / median_s / 1e9
+        if peak_bw:
+            out["pct_peak_bandwidth"] = 100.0 * out["gbps"] / peak_bw
+    return out
+
+
+def _store_samples(vrec: dict[str, Any], t: timing.VariantTiming) -> None:
+    vrec["samples_s"] = list(t.samples_s)
+    vrec["stats"] = stats.summarize(t.samples_s).to_dict() if t.samples_s else None
+
+
+def _store_speedups(record: dict[str, Any]) -> None:
+    variants = record["variants"]
+    base = next((n for n, v in variants.items() if v.get("role") == "baseline"), None)
+    if base is None or not variants[base].get("samples_s"):
+        return
+    for name, v in variants.items():
+        if name != base and v.get("samples_s"):
+            record["speedups"][name] = stats.bootstrap_ratio_ci(variants[base]["samples_s"], v["samples_s"]).to_dict()
+
+
+def _case_status(tech: Technique, record: dict[str, Any]) -> str:
+    if record["failure"] is not None:
+        return "failed"
+    variants = record["variants"]
+    problems = []
+    for role in ("baseline", "optimized"):
+        name = tech.baseline.name if role == "baseline" else tech.optimized.name
+        v = variants.get(name)
+        if v is None:
+            continue  # excluded by the scenario's variants list (baseline is always kept)
+        if v["status"] == "check_failed":
+            problems.append(_check_problem(role, name, v["check"]))
+        elif v["status"] != "ok":
+            problems.append(f"{role} {name}: {v['status']}" + (f" ({v['reason']})" if v["reason"] else ""))
+    for name, v in variants.items():
+        if v["role"] == "peer" and v["status"] == "check_failed":
+            problems.append(_check_problem("peer", name, v["check"]))
+    if problems:
+        record["failure"] = {"kind": "check" if all("check" in p for p in problems) else "variant",
+                             "message": "; ".join(problems), "traceback": ""}
+        return "failed"
+    return "passed"
+
+
+def _check_problem(role: str, name: str, check: dict[str, Any]) -> str:
+    text = f"{role} {name}: check failed"
+    if check.get("error") is not None:
+        text += f" ({check['metric']} {check['error']:.3g}"
+        text += f" > tolerance {check['tolerance']:.3g})" if check.get("tolerance") is not None else ")"
+    if check.get("detail"):
+        text += f": {check['detail']}"
+    return text

@@ -1,0 +1,334 @@
+"""Scenario files: YAML -> validated :class:`Scenario` -> list of :class:`Case`.
+
+Validation happens before anything runs and reports every problem at once, each with the file,
+the line and the key, e.g. ``scenarios/x.yaml:12: flash_attention.head_dim: 96 is not one of
+[32, 64, 96, 128]``.
+
+Format::
+
+    name: smoke                      # required
+    description: CPU-sized check     # optional
+    device: auto                     # auto | cpu | cuda | cuda:N
+    seed: 0                          # optional; added to each case's own seed
+    policy: {min_reps: 5, ...}       # see gpubench.timing.Policy
+    entries:                         # required, non-empty
+      - technique: flash_attention
+        params: {seq_len: [128, 256], causal: [false, true]}   # lists expand as a cartesian product
+        policy: {max_reps: 20}       # optional per-entry override
+        variants: [baseline, optimized]   # optional subset (baseline is always kept)
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib.resources
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpubench import techniques
+from gpubench.errors import BadInput
+from gpubench.timing import POLICY_FIELDS, Policy, policy_problems
+
+TOP_KEYS = ("name", "description", "device", "seed", "policy", "entries")
+ENTRY_KEYS = ("technique", "params", "policy", "variants")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+DEVICE_ALLOWED = "auto, cpu, cuda or cuda:N"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One technique at one point of the parameter grid."""
+
+    technique: str
+    params: dict[str, Any]  # every param of the technique: scenario values over defaults
+    policy: Policy
+    seed: int
+    variants: tuple[str, ...] | None = None  # None: every variant available on the device
+
+    @property
+    def id(self) -> str:
+        inner = ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items())
+        return f"{self.technique}[{inner}]"
+
+
+def _fmt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass
+class Entry:
+    technique: str
+    grid: dict[str, list[Any]]  # param -> values to sweep (defaults fill the rest)
+    policy: Policy
+    variants: tuple[str, ...] | None
+    line: int
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    device: str
+    policy: Policy
+    seed: int
+    entries: list[Entry]
+    path: Path
+    text: str = field(repr=False, default="")
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def cases(self, only: list[str] | None = None, repeat_scale: float = 1.0) -> list[Case]:
+        cases = []
+        for entry in self.entries:
+            if only and entry.technique not in only:
+                continue
+            tech = techniques.get(entry.technique)
+            assert tech is not None  # validated at load
+            keys = list(entry.grid)
+            for combo in itertools.product(*(entry.grid[k] for k in keys)):
+                params = tech.defaults()
+                params.update(zip(keys, combo))
+                policy = entry.policy.scaled(repeat_scale) if repeat_scale != 1.0 else entry.policy
+                case = Case(entry.technique, params, policy, 0, entry.variants)
+                cases.append(dataclasses.replace(case, seed=case_seed(case.id, self.seed)))
+        return cases
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description, "device": self.device,
+            "seed": self.seed, "path": str(self.path), "sha256": self.sha256,
+            "policy": self.policy.to_dict(),
+            "entries": [{"technique": e.technique, "params": e.grid, "policy": e.policy.to_dict(),
+                         "variants": list(e.variants) if e.variants else None} for e in self.entries],
+        }
+
+
+def case_seed(case_id: str, scenario_seed: int = 0) -> int:
+    """A stable seed per case: the same case draws the same inputs in every run."""
+    digest = hashlib.sha256(case_id.encode()).digest()
+    return (int.from_bytes(digest[:4], "little") + scenario_seed) % (2**31)
+
+
+# --------------------------------------------------------------------------------------------
+# Finding scenario files
+
+def shipped_scenarios() -> dict[str, Path]:
+    root = importlib.resources.files("gpubench.scenarios")
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def resolve(name_or_path: str) -> Path:
+    """A path to an existing file, or the name of a shipped scenario."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_scenarios()
+    stem = name_or_path[:-5] if name_or_path.endswith(".yaml") else name_or_path
+    if stem in shipped:
+        return shipped[stem]
+    hint = difflib.get_close_matches(stem, shipped, n=1)
+    raise BadInput(
+        f"scenario {name_or_path!r}: no such file and no shipped scenario of that name"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f"; shipped scenarios: {', '.join(sorted(shipped))}; or give a path to a YAML file."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Loading with line numbers
+
+class _Located:
+    """A YAML document as Python values plus the line of every key path."""
+
+    def __init__(self, node: yaml.Node):
+        self.lines: dict[tuple, int] = {}
+        self.duplicates: list[tuple[tuple, int]] = []
+        self._constructor = yaml.constructor.SafeConstructor()
+        self.value = self._convert(node, ())
+
+    def _convert(self, node: yaml.Node, path: tuple) -> Any:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._constructor.construct_object(key_node, deep=True)
+                if key in out:
+                    self.duplicates.append((path + (key,), key_node.start_mark.line + 1))
+                out[key] = self._convert(value_node, path + (key,))
+                self.lines[path + (key,)] = key_node.start_mark.line + 1
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._convert(item, path + (i,)) for i, item in enumerate(node.value)]
+        return self._constructor.construct_object(node, deep=True)
+
+    def line(self, path: tuple) -> int:
+        while path not in self.lines and path:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+
+def load(name_or_path: str | Path) -> Scenario:
+    """Load and validate a scenario; raise :class:`BadInput` listing every problem."""
+    path = resolve(str(name_or_path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read the scenario file: {exc}") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Scenario:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise BadInput(f"{path}:{line}: invalid YAML: {problem}") from None
+    if node is None:
+        raise BadInput(f"{path}:1: the scenario file is empty; it needs at least 'name' and 'entries'.")
+    doc = _Located(node)
+    problems: list[str] = []
+
+    def bad(key_path: tuple, label: str, message: str) -> None:
+        problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
+
+    for dup_path, line in doc.duplicates:
+        problems.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: key given twice")
+
+    data = doc.value
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}:1: a scenario must be a mapping with keys {', '.join(TOP_KEYS)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            bad((key,), str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        bad(("name",), "name", "required, a non-empty string")
+        name = path.stem
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        bad(("description",), "description", "must be a string")
+        description = ""
+    device = data.get("device", "auto")
+    if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
+        bad(("device",), "device", f"{device!r} is not valid; allowed: {DEVICE_ALLOWED}")
+        device = "auto"
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        bad(("seed",), "seed", f"{seed!r} is not valid; allowed: an integer >= 0")
+        seed = 0
+
+    policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
+
+    raw_entries = data.get("entries")
+    entries: list[Entry] = []
+    if not isinstance(raw_entries, list) or not raw_entries:
+        bad(("entries",), "entries", "required, a non-empty list of {technique, params} mappings")
+        raw_entries = []
+    for i, raw in enumerate(raw_entries):
+        entry = _entry(raw, i, policy, bad)
+        if entry is not None:
+            entry.line = doc.line(("entries", i))
+            entries.append(entry)
+
+    if problems:
+        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
+                       f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
+    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
+                    entries=entries, path=path, text=text)
+
+
+def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
+    if not isinstance(raw, dict):
+        bad(key_path, label, f"must be a mapping of policy keys; allowed keys: {', '.join(POLICY_FIELDS)}")
+        return base
+    problems = policy_problems({**{k: v for k, v in base.to_dict().items() if k in ("min_reps", "max_reps")}, **raw})
+    for key, message in problems.items():
+        bad(key_path + (key,), f"{label}.{key}", message)
+    if problems:
+        return base
+    return dataclasses.replace(base, **{k: float(v) if POLICY_FIELDS[k][0] is float else v
+                                        for k, v in raw.items()})
+
+
+def _entry(raw: Any, i: int, scenario_policy: Policy, bad) -> Entry | None:
+    where = ("entries", i)
+    if not isinstance(raw, dict):
+        bad(where, f"entries[{i}]", "must be a mapping with keys technique, params")
+        return None
+    for key in raw:
+        if key not in ENTRY_KEYS:
+            bad(where + (key,), f"entries[{i}].{key}", f"unknown key; allowed: {', '.join(ENTRY_KEYS)}")
+    name = raw.get("technique")
+    registry = techniques.all_techniques()
+    if not isinstance(name, str) or name not in registry:
+        hint = difflib.get_close_matches(str(name), registry, n=1)
+        bad(where + ("technique",), f"entries[{i}].technique",
+            f"{name!r} is not a registered technique" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; allowed: {', '.join(registry)}")
+        return None
+    tech = registry[name]
+    ok = True
+
+    grid: dict[str, list[Any]] = {}
+    params = raw.get("params", {}) or {}
+    if not isinstance(params, dict):
+        bad(where + ("params",), f"{name}.params", "must be a mapping of param: value or [values]")
+        params, ok = {}, False
+    for key, value in params.items():
+        spec = tech.param(key)
+        if spec is None:
+            bad(where + ("params", key), f"{name}.{key}",
+                f"unknown param; allowed: {', '.join(p.name for p in tech.params)}")
+            ok = False
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            bad(where + ("params", key), f"{name}.{key}", "an empty list sweeps nothing; give at least one value")
+            ok = False
+        coerced = []
+        for j, v in enumerate(values):
+            item_path = where + ("params", key) + ((j,) if isinstance(value, list) else ())
+            problem = spec.problem(v)
+            if problem is not None:
+                bad(item_path, f"{name}.{key}", problem)
+                ok = False
+            else:
+                coerced.append(spec.coerce(v))
+        grid[key] = coerced
+
+    policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
+
+    variants = raw.get("variants")
+    if variants is not None:
+        if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants) or not variants:
+            bad(where + ("variants",), f"{name}.variants", f"must be a list of variant names; allowed: {', '.join(tech.variants)}")
+            variants, ok = None, False
+        else:
+            for j, v in enumerate(variants):
+                if v not in tech.variants:
+                    bad(where + ("variants", j), f"{name}.variants",
+                        f"{v!r} is not a variant of {name}; allowed: {', '.join(tech.variants)}")
+                    ok = False
+            variants = tuple(dict.fromkeys([tech.baseline.name, *variants]))
+
+    if ok and tech.validate_fn is not None:
+        seen = set()
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            full = {**tech.defaults(), **dict(zip(keys, combo))}
+            for problem in tech.validate_fn(full):
+                if problem not in seen:
+                    seen.add(problem)
+                    bad(where + ("params",), f"{name}.params", problem)
+    return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None

@@ -1,0 +1,114 @@
+"""Statistics over raw timing samples. Pure functions: samples in, figures out.
+
+Speedups are ``median(baseline) / median(variant)``: above 1 means the variant is faster.
+Confidence intervals are percentile bootstraps (resampling each sample set independently),
+seeded so the same samples always give the same interval.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2000
+CI_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class SampleStats:
+    n: int
+    median: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    q25: float
+    q75: float
+    iqr: float
+    ci_low: float  # bootstrap 95% CI of the median
+    ci_high: float
+
+    @property
+    def iqr_over_median(self) -> float:
+        return self.iqr / self.median if self.median > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d["iqr_over_median"] = self.iqr_over_median
+        return d
+
+
+@dataclass(frozen=True)
+class RatioCI:
+    ratio: float  # median(numerator) / median(denominator)
+    ci_low: float
+    ci_high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _array(samples: Sequence[float]) -> np.ndarray:
+    a = np.asarray(samples, dtype=np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError("need a non-empty 1-D sequence of samples")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("samples must be finite")
+    return a
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(np.median(_array(samples)))
+
+
+def iqr(samples: Sequence[float]) -> float:
+    q25, q75 = np.percentile(_array(samples), [25, 75])
+    return float(q75 - q25)
+
+
+def bootstrap_medians(samples: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = 0) -> np.ndarray:
+    """Medians of ``resamples`` bootstrap resamples (with replacement) of ``samples``."""
+    a = _array(samples)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(resamples, a.size))
+    return np.median(a[idx], axis=1)
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def summarize(samples: Sequence[float], level: float = CI_LEVEL, seed: int = 0) -> SampleStats:
+    a = _array(samples)
+    q25, med, q75 = np.percentile(a, [25, 50, 75])
+    lo, hi = _interval(bootstrap_medians(a, seed=seed), level) if a.size > 1 else (float(med), float(med))
+    return SampleStats(
+        n=int(a.size), median=float(med), mean=float(a.mean()),
+        std=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        min=float(a.min()), max=float(a.max()), q25=float(q25), q75=float(q75),
+        iqr=float(q75 - q25), ci_low=lo, ci_high=hi,
+    )
+
+
+def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
+                       level: float = CI_LEVEL, seed: int = 0) -> RatioCI:
+    """Ratio of medians ``median(numerator) / median(denominator)`` with a bootstrap CI.
+
+    For a speedup pass the baseline's times as ``numerator`` and the variant's as ``denominator``.
+    """
+    num, den = _array(numerator), _array(denominator)
+    if np.median(den) <= 0:
+        raise ValueError("denominator median must be positive")
+    ratio = float(np.median(num) / np.median(den))
+    boot_num = bootstrap_medians(num, seed=seed)
+    boot_den = bootstrap_medians(den, seed=seed + 1)
+    boot_den = np.where(boot_den > 0, boot_den, np.nan)
+    boot = boot_num / boot_den
+    boot = boot[np.isfinite(boot)]
+    lo, hi = _interval(boot, level) if boot.size else (ratio, ratio)
+    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi)

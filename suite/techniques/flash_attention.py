@@ -1,0 +1,238 @@
+"""flash_attention: eager attention (N x N scores in memory) against tiled online softmax.
+
+Peers: torch SDPA with its default dispatch, SDPA pinned to each CUDA backend, and the
+flash-attn package when it is installed. The ground truth is float64 attention.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.torch_version import TorchVersion
+
+from gpubench.baselines.flash_attention import attention
+from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
+from gpubench.optimizations.flash_attention import flash_attention
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Relative L2 error allowed against the float64 reference, by the output's dtype.
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# Scores held at once by the reference, in float64 elements (256 MiB).
+REFERENCE_CHUNK_ELEMENTS = 2**25
+
+TECHNIQUE = Technique(
+    name="flash_attention",
+    shape="kernel",
+    summary="Exact attention by tiles with an online softmax, never storing the N x N scores.",
+    anchor="FA2: 50-73% of peak on A100; FA3: 740 TFLOP/s fp16 on H100 (75% of peak)",
+    gpu_specific=(
+        "The win is HBM traffic: on a GPU the fused kernel keeps each score tile on chip instead "
+        "of writing N x N scores to memory and reading them back. A CPU runs the tiled loop from "
+        "caches and pays Python overhead per tile, so its ratio says little about a GPU's."
+    ),
+    params=[
+        Param("batch", int, 2, "sequences per call", min=1),
+        Param("heads", int, 4, "query heads", min=1),
+        Param("kv_heads", int, 0, "key/value heads (GQA); 0 means the same as heads", min=0),
+        Param("seq_len", int, 256, "tokens per sequence (queries and keys)", min=1),
+        Param("head_dim", int, 64, "channels per head", choices=[32, 64, 96, 128]),
+        Param("dtype", str, "float32", "dtype of q, k, v and the output",
+              choices=["float32", "float16", "bfloat16"]),
+        Param("causal", bool, False, "query i sees keys 0..i only"),
+    ],
+)
+
+
+def _kv_heads(params: dict[str, Any]) -> int:
+    return params["kv_heads"] or params["heads"]
+
+
+@TECHNIQUE.validate
+def validate(params: dict[str, Any]) -> list[str]:
+    heads, kv_heads = params["heads"], _kv_heads(params)
+    if heads % kv_heads != 0:
+        return [f"heads ({heads}) must be divisible by kv_heads ({kv_heads})"]
+    return []
+
+
+@TECHNIQUE.build
+def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
+    workload = Workload(params=dict(params), device=torch.device(device), seed=seed)
+    batch, heads, seq, dim = params["batch"], params["heads"], params["seq_len"], params["head_dim"]
+    kv_heads = _kv_heads(params)
+    dtype = DTYPES[params["dtype"]]
+    gen = workload.generator()
+    # Drawn on the CPU in float32, then moved: the same values on every device.
+    q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=workload.device, dtype=dtype)
+               for h in (heads, kv_heads, kv_heads))
+    workload.inputs.update(q=q, k=k, v=v, causal=params["causal"])
+    return workload
+
+
+# -- variants ---------------------------------------------------------------------------------
+
+@TECHNIQUE.variant("baseline", role="baseline")
+def run_baseline(w: Workload) -> torch.Tensor:
+    """Eager attention: materialized scores, float32 softmax, @ V (Hugging Face's eager path)."""
+    return attention(w.q, w.k, w.v, causal=w.causal)
+
+
+@TECHNIQUE.variant("optimized", role="optimized")
+def run_optimized(w: Workload) -> torch.Tensor:
+    """Tiled online-softmax attention in PyTorch; never stores N x N."""
+    return flash_attention(w.q, w.k, w.v, causal=w.causal)
+
+
+def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool) -> torch.Tensor:
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if gqa:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    heads = q.shape[1]
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads), is_causal=causal)
+
+
+SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
+
+
+@TECHNIQUE.variant("sdpa")
+def run_sdpa(w: Workload) -> torch.Tensor:
+    """torch SDPA, default backend dispatch (enable_gqa when torch has it)."""
+    return _sdpa(w.q, w.k, w.v, w.causal, gqa=SDPA_HAS_GQA)
+
+
+def _needs_cuda(device: torch.device) -> str | None:
+    return None if torch.device(device).type == "cuda" else "needs CUDA"
+
+
+# Backends that rejected enable_gqa but ran with repeated k/v heads: later calls go straight to
+# repeating. Learned on the first (warm-up) call, so timed calls never pay for a failed attempt.
+_NO_GQA_BACKENDS: set[str] = set()
+
+
+def _pinned_sdpa(name: str, backend: SDPBackend) -> Callable[[Workload], torch.Tensor]:
+    def run(w: Workload) -> torch.Tensor:
+        grouped = w.q.shape[1] != w.k.shape[1]
+        with sdpa_kernel(backend):
+            try:
+                if grouped and SDPA_HAS_GQA and name not in _NO_GQA_BACKENDS:
+                    try:
+                        return _sdpa(w.q, w.k, w.v, w.causal, gqa=True)
+                    except RuntimeError:
+                        out = _sdpa(w.q, w.k, w.v, w.causal, gqa=False)
+                        _NO_GQA_BACKENDS.add(name)
+                        return out
+                return _sdpa(w.q, w.k, w.v, w.causal, gqa=False)
+            except RuntimeError as exc:  # e.g. the flash backend has no float32 kernel
+                raise RuntimeError(f"SDPA backend {backend.name} cannot run this case: {exc}") from exc
+
+    return run
+
+
+for _name, _backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                        ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
+                        ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_math", SDPBackend.MATH)):
+    TECHNIQUE.variant(_name, description=f"torch SDPA pinned to the {_backend.name} backend "
+                      "(repeats k/v heads when that backend has no GQA path)",
+                      unavailable=_needs_cuda)(_pinned_sdpa(_name, _backend))
+
+
+@functools.cache
+def _flash_attn_func() -> Callable[..., torch.Tensor] | str:
+    """flash_attn_func, or why it cannot be imported."""
+    try:
+        from flash_attn import flash_attn_func
+    except ModuleNotFoundError:
+        return "flash_attn is not installed"
+    except Exception as exc:  # an absent package or a build that does not match this torch
+        return f"flash_attn does not import ({type(exc).__name__}: {exc})"
+    return flash_attn_func
+
+
+def _flash_attn_unavailable(device: torch.device) -> str | None:
+    imported = _flash_attn_func()
+    if isinstance(imported, str):
+        return imported
+    return _needs_cuda(device)
+
+
+@TECHNIQUE.variant("flash_attn", unavailable=_flash_attn_unavailable)
+def run_flash_attn(w: Workload) -> torch.Tensor:
+    """The flash-attn package (Dao et al.), layout (batch, seq, heads, head_dim)."""
+    fn = _flash_attn_func()
+    out = fn(w.q.transpose(1, 2), w.k.transpose(1, 2), w.v.transpose(1, 2), causal=w.causal)
+    return out.transpose(1, 2)
+
+
+# -- correctness ------------------------------------------------------------------------------
+
+@TECHNIQUE.reference
+def reference(w: Workload) -> torch.Tensor:
+    """Attention in float64, a chunk of query rows at a time so memory stays bounded."""
+    q, k, v = (t.to(torch.float64) for t in (w.q, w.k, w.v))
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (b, kv_heads, group, s, d)
+    out = torch.empty_like(q)
+    rows = max(1, REFERENCE_CHUNK_ELEMENTS // (batch * heads * seq_k))
+    key_pos = torch.arange(seq_k, device=q.device)
+    for start in range(0, seq_q, rows):
+        stop = min(start + rows, seq_q)
+        scores = torch.einsum("bkgqd,bknd->bkgqn", q[:, :, :, start:stop], k) * head_dim ** -0.5
+        if w.causal:
+            query_pos = torch.arange(start, stop, device=q.device)
+            scores.masked_fill_(key_pos[None, :] > query_pos[:, None], float("-inf"))
+        out[:, :, :, start:stop] = torch.einsum("bkgqn,bknd->bkgqd", scores.softmax(dim=-1), v)
+    return out.flatten(1, 2)
+
+
+@TECHNIQUE.check
+def check(reference_output: torch.Tensor, output: torch.Tensor) -> CheckResult:
+    """Relative L2 (Frobenius) error in float64, with a tolerance set by the output's dtype."""
+    tolerance = TOLERANCE.get(output.dtype, 1e-2)
+    if output.shape != reference_output.shape:
+        return CheckResult(False, None, tolerance, "rel_l2",
+                           f"shape {tuple(output.shape)} != reference {tuple(reference_output.shape)}")
+    nan, inf = int(output.isnan().sum()), int(output.isinf().sum())
+    if nan or inf:
+        return CheckResult(False, float("nan"), tolerance, "rel_l2",
+                           f"output has {nan} NaN and {inf} Inf values of {output.numel()}")
+    ref = reference_output.to(torch.float64)
+    diff = torch.linalg.vector_norm(output.to(torch.float64) - ref).item()
+    scale = torch.linalg.vector_norm(ref).item()
+    error = diff / scale if scale > 0 else diff
+    passed = error <= tolerance
+    detail = "" if passed else f"relative L2 error {error:.3g} exceeds {tolerance:g} for {output.dtype}"
+    return CheckResult(passed, error, tolerance, "rel_l2", detail)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> int:
+    """Forward FLOPs as the flash-attention repository counts them: two matmuls of
+    2 * seq^2 * head_dim each per head, halved when causal."""
+    flops = 4 * batch * seq_len * seq_len * heads * head_dim
+    return flops // 2 if causal else flops
+
+
+def attention_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Least HBM traffic one call can do: read q, k, v once and write an output shaped like q."""
+    return (2 * q.numel() * q.element_size() + k.numel() * k.element_size()
+            + v.numel() * v.element_size())
+
+
+@TECHNIQUE.metrics
+def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
+    batch, heads, seq_len, head_dim = w.q.shape
+    return {
+        "flops": attention_flops(batch, heads, seq_len, head_dim, w.causal),
+        "bytes_moved": attention_bytes(w.q, w.k, w.v),
+        "tokens_per_s": batch * seq_len / measured.median_s,
+    }

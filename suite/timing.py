@@ -1,0 +1,259 @@
+"""Timing: warm-up, interleaved repetitions, adaptive stopping; CUDA events on a GPU,
+``perf_counter_ns`` on a CPU.
+
+Every repetition is timed on its own and the raw samples are kept; statistics are computed
+elsewhere (:mod:`gpubench.stats`). Variants of a case are interleaved (A B A B ...) so that
+drift of the machine (clocks, temperature, other load) hits each equally.
+
+On a GPU, before each repetition a 256 MB buffer is overwritten so no variant profits from data
+a previous repetition left in L2 (as triton's ``do_bench`` does); the flush happens outside the
+timed region. Optionally a variant is captured once in a CUDA graph and replayed, which removes
+launch overhead for launch-bound kernels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from gpubench import stats
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How long and how often to measure. Scenario files set these under ``policy:``."""
+
+    warmup_s: float = 0.05  # per variant, before timing (at least one call)
+    min_reps: int = 5  # per variant
+    max_reps: int = 200  # per variant
+    min_time_s: float = 0.2  # measured time per variant before stopping is allowed
+    max_time_s: float = 10.0  # cap on one case's timing loop (wall clock, all variants)
+    target_iqr: float = 0.05  # stop once IQR/median of every variant is at or below this
+    case_timeout_s: float = 300.0  # a case taking longer is stopped and recorded as failed
+    flush_l2: bool = True  # GPU only
+    cuda_graph: bool = False  # GPU only: replay a captured graph (stateless variants only)
+    energy_s: float = 0.3  # per variant, when the NVML energy counter is available
+
+    def scaled(self, factor: float) -> "Policy":
+        """Scale repetition counts and times by ``factor`` (``--repeat-scale``)."""
+        min_reps = max(1, round(self.min_reps * factor))
+        return dataclasses.replace(
+            self,
+            warmup_s=self.warmup_s * factor,
+            min_reps=min_reps,
+            max_reps=max(min_reps, round(self.max_reps * factor)),
+            min_time_s=self.min_time_s * factor,
+            max_time_s=self.max_time_s * factor,
+            energy_s=self.energy_s * factor,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+POLICY_FIELDS: dict[str, tuple[type, str]] = {
+    "warmup_s": (float, "seconds >= 0"),
+    "min_reps": (int, "integer >= 1"),
+    "max_reps": (int, "integer >= 1"),
+    "min_time_s": (float, "seconds >= 0"),
+    "max_time_s": (float, "seconds > 0"),
+    "target_iqr": (float, "fraction >= 0 (IQR / median)"),
+    "case_timeout_s": (float, "seconds > 0"),
+    "flush_l2": (bool, "true or false"),
+    "cuda_graph": (bool, "true or false"),
+    "energy_s": (float, "seconds >= 0"),
+}
+
+
+def policy_problems(values: dict[str, Any]) -> dict[str, str]:
+    """Per-key problems with a ``policy:`` mapping (empty when valid)."""
+    problems: dict[str, str] = {}
+    for key, value in values.items():
+        if key not in POLICY_FIELDS:
+            problems[key] = f"unknown policy key; allowed: {', '.join(POLICY_FIELDS)}"
+            continue
+        typ, allowed = POLICY_FIELDS[key]
+        if typ is bool:
+            ok = isinstance(value, bool)
+        elif typ is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            if ok and key in ("max_time_s", "case_timeout_s"):
+                ok = value > 0
+        if not ok:
+            problems[key] = f"{value!r} is not valid; allowed: {allowed}"
+    if not problems and values.get("min_reps", 1) > values.get("max_reps", 10**9):
+        problems["min_reps"] = f"{values['min_reps']} is above max_reps ({values['max_reps']})"
+    return problems
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Clock:
+    """Times one call. ``perf_counter_ns`` on the CPU; CUDA events on a GPU, with the L2 flushed
+    before the start event."""
+
+    def __init__(self, device: torch.device, flush_l2: bool = True):
+        self.device = device
+        self.method = "cuda_event" if device.type == "cuda" else "perf_counter_ns"
+        self._flush_buffer = None
+        if device.type == "cuda" and flush_l2:
+            self._flush_buffer = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+        if device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    @property
+    def flushes_l2(self) -> bool:
+        return self._flush_buffer is not None
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        """Seconds taken by ``fn()``."""
+        if self.device.type != "cuda":
+            t0 = time.perf_counter_ns()
+            fn()
+            return (time.perf_counter_ns() - t0) * 1e-9
+        if self._flush_buffer is not None:
+            self._flush_buffer.zero_()
+        self._start.record()
+        fn()
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) * 1e-3
+
+
+def capture_cuda_graph(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """Capture ``fn`` in a CUDA graph and return its replay. Raises if capture is impossible."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    synchronize(device)
+    return graph.replay
+
+
+@dataclass
+class VariantTiming:
+    name: str
+    samples_s: list[float] = field(default_factory=list)
+    error: BaseException | None = None  # the exception that stopped this variant, if any
+    cuda_graph: str = "off"  # "off", "on", or "failed: <reason>"
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_s)
+
+    def settled(self, policy: Policy) -> bool:
+        # The spread of fewer than three samples says nothing; keep measuring (max_reps and
+        # max_time_s still bound the loop).
+        if self.n < max(policy.min_reps, 3) or sum(self.samples_s) < policy.min_time_s:
+            return False
+        median = stats.median(self.samples_s)
+        return median > 0 and stats.iqr(self.samples_s) / median <= policy.target_iqr
+
+
+def measure_interleaved(
+    calls: dict[str, Callable[[], Any]],
+    clock: Clock,
+    policy: Policy,
+    reset: Callable[[], None] | None = None,
+    on_switch: Callable[[str | None], None] | None = None,
+    timings: dict[str, VariantTiming] | None = None,
+) -> dict[str, VariantTiming]:
+    """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
+    ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
+    ``target_iqr``; or ``max_reps`` is reached; or ``max_time_s`` of wall time has passed.
+
+    A call that raises is dropped from the rotation with its exception kept; the others go on.
+    Pass ``timings`` to have samples land in a caller-owned dict as they are taken (so nothing
+    measured is lost if the caller is interrupted).
+    """
+    timings = {} if timings is None else timings
+    for name in calls:
+        timings.setdefault(name, VariantTiming(name))
+    device = clock.device
+
+    def tag(name: str | None) -> None:
+        if on_switch is not None:
+            on_switch(name)
+
+    def one(name: str) -> float:
+        if reset is not None:
+            reset()
+            synchronize(device)
+        tag(name)
+        return clock.time_call(calls[name])
+
+    active = list(calls)
+    if policy.cuda_graph and device.type == "cuda":
+        for name in list(active):
+            if reset is not None:
+                timings[name].cuda_graph = "failed: stateful workload (reset before every call)"
+                continue
+            try:
+                calls[name] = capture_cuda_graph(calls[name], device)
+                timings[name].cuda_graph = "on"
+            except Exception as exc:  # noqa: BLE001 - graph capture is best-effort
+                timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"
+                synchronize(device)
+
+    # Warm-up: each variant on its own until warmup_s has passed (at least one call).
+    for name in list(active):
+        try:
+            t_end = time.perf_counter() + policy.warmup_s
+            while True:
+                one(name)
+                if time.perf_counter() >= t_end:
+                    break
+        except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
+            timings[name].error = exc
+            active.remove(name)
+    tag(None)
+
+    t_start = time.perf_counter()
+    while active:
+        for name in list(active):
+            try:
+                timings[name].samples_s.append(one(name))
+            except Exception as exc:  # noqa: BLE001
+                timings[name].error = exc
+                active.remove(name)
+        tag(None)
+        if not active:
+            break
+        reps = [timings[n].n for n in active]
+        if min(reps) >= policy.max_reps:
+            break
+        if time.perf_counter() - t_start >= policy.max_time_s:
+            break
+        if all(timings[n].settled(policy) for n in active):
+            break
+    return timings
+
+
+def harness_overhead_s(device: torch.device, reps: int = 2000) -> float:
+    """Median time the harness reports for a call that does nothing: its per-repetition
+    overhead (without the L2 flush, which happens outside the timed region)."""
+    clock = Clock(device, flush_l2=False)
+
+    def noop() -> None:
+        return None
+
+    for _ in range(50):
+        clock.time_call(noop)
+    samples = [clock.time_call(noop) for _ in range(reps if device.type != "cuda" else reps // 4)]
+    return stats.summarize(samples).median

@@ -1,0 +1,47 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def toys():
+    """Register the toy techniques (tests/toys.py) for the duration of a test."""
+    import toys as toy_module
+
+    from gpubench import techniques
+
+    for t in toy_module.ALL:
+        techniques.register(t)
+    yield toy_module
+    for t in toy_module.ALL:
+        techniques.unregister(t.name)
+
+
+FAST_POLICY = """
+policy:
+  warmup_s: 0.0
+  min_reps: 3
+  max_reps: 5
+  min_time_s: 0.0
+  max_time_s: 0.5
+  target_iqr: 1.0
+  case_timeout_s: 5
+  energy_s: 0
+"""
+
+
+@pytest.fixture
+def write_scenario(tmp_path):
+    """Write a scenario YAML (a fast policy is added unless the text has one) and return its path."""
+
+    def write(body: str, name: str = "t.yaml", policy: bool = True) -> Path:
+        has_policy = any(line.startswith("policy:") for line in body.splitlines())
+        text = body if (not policy or has_policy) else body + FAST_POLICY
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write

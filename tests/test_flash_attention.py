@@ -1,0 +1,196 @@
+"""flash_attention: the tiled online-softmax path is exact attention, never stores N x N, and the
+technique's build / check / validate / peers behave as the harness relies on."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from gpubench.baselines.flash_attention import attention
+from gpubench.contract import Measured
+from gpubench.optimizations.flash_attention import flash_attention
+from gpubench.techniques.flash_attention import TECHNIQUE, reference
+
+CPU = torch.device("cpu")
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+def make_workload(seed: int = 0, **overrides):
+    params = TECHNIQUE.defaults()
+    params.update(overrides)
+    assert TECHNIQUE.validate_fn(params) == []
+    return TECHNIQUE.build_fn(params, CPU, seed)
+
+
+def rel_err(output: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return ((output.double() - ref).norm() / ref.norm()).item()
+
+
+CASES = [
+    # (seq_len, heads, kv_heads, head_dim, dtype)
+    (1, 4, 0, 64, "float32"),
+    (77, 4, 0, 32, "float32"),
+    (77, 8, 2, 96, "float32"),
+    (77, 8, 2, 128, "bfloat16"),
+    (130, 4, 0, 64, "bfloat16"),
+    (1, 8, 2, 32, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq_len,heads,kv_heads,head_dim,dtype", CASES)
+def test_optimized_matches_float64_reference_and_baseline(seq_len, heads, kv_heads, head_dim, dtype, causal):
+    # Small blocks so even short sequences span several query and key tiles, with ragged edges.
+    w = make_workload(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                      dtype=dtype, causal=causal, batch=2)
+    out = flash_attention(w.q, w.k, w.v, causal=causal, block_m=32, block_n=16)
+    assert out.dtype == w.q.dtype and out.shape == w.q.shape
+    assert rel_err(out, reference(w)) <= TOL[dtype]
+    assert rel_err(out, attention(w.q, w.k, w.v, causal=causal)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_optimized_exact_at_1000_tokens_with_default_blocks(causal):
+    # 1000 is not a multiple of either default block, and causal skips whole key tiles.
+    w = make_workload(seq_len=1000, heads=2, batch=1, causal=causal)
+    assert rel_err(flash_attention(w.q, w.k, w.v, causal=causal), reference(w)) <= 1e-5
+    # and with more query tiles than key tiles and the other way round
+    for block_m, block_n in ((128, 512), (512, 96)):
+        out = flash_attention(w.q, w.k, w.v, causal=causal, block_m=block_m, block_n=block_n)
+        assert rel_err(out, reference(w)) <= 1e-5
+
+
+def test_causal_query_does_not_see_later_keys():
+    w = make_workload(seq_len=40, heads=2, causal=True)
+    out = flash_attention(w.q, w.k, w.v, causal=True, block_m=16, block_n=8)
+    # Changing keys and values after position 20 must leave queries 0..20 untouched.
+    k, v = w.k.clone(), w.v.clone()
+    k[:, :, 21:] += 5.0
+    v[:, :, 21:] -= 5.0
+    changed = flash_attention(w.q, k, v, causal=True, block_m=16, block_n=8)
+    assert torch.equal(out[:, :, :21], changed[:, :, :21])
+    assert not torch.allclose(out[:, :, 21:], changed[:, :, 21:])
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest numel among the tensors every aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for t in tree_leaves(result):
+            if isinstance(t, torch.Tensor):
+                self.max_numel = max(self.max_numel, t.numel())
+        return result
+
+
+@pytest.mark.parametrize("seq_len,causal,kv_heads,blocks", [
+    (512, False, 0, {"block_m": 128, "block_n": 64}),
+    (512, True, 1, {"block_m": 128, "block_n": 64}),
+    (2048, True, 0, {}),  # the default blocks
+])
+def test_optimized_never_allocates_n_by_n(seq_len, causal, kv_heads, blocks):
+    w = make_workload(seq_len=seq_len, heads=2, kv_heads=kv_heads, batch=1, head_dim=32, causal=causal)
+    n_by_n = 1 * 2 * seq_len * seq_len
+    with LargestTensor() as seen_baseline:
+        attention(w.q, w.k, w.v, causal=causal)
+    assert seen_baseline.max_numel >= n_by_n  # the detector does see the baseline's scores
+    with LargestTensor() as seen_optimized:
+        flash_attention(w.q, w.k, w.v, causal=causal, **blocks)
+    assert seen_optimized.max_numel < n_by_n
+    block_m, block_n = blocks.get("block_m", 1024), blocks.get("block_n", 512)
+    batch_heads = w.q.shape[0] * w.q.shape[1]
+    assert seen_optimized.max_numel <= max(batch_heads * block_m * block_n, w.q.numel())
+
+
+def test_check_fails_on_nan_and_inf_with_detail():
+    w = make_workload(seq_len=16)
+    ref = reference(w)
+    out = flash_attention(w.q, w.k, w.v)
+    assert TECHNIQUE.check_fn(ref, out).passed
+    poisoned = out.clone()
+    poisoned[0, 0, 3, 5] = float("nan")
+    result = TECHNIQUE.check_fn(ref, poisoned)
+    assert not result.passed and "NaN" in result.detail
+    poisoned[0, 0, 3, 5] = float("inf")
+    assert not TECHNIQUE.check_fn(ref, poisoned).passed
+
+
+def test_check_records_error_and_fails_beyond_tolerance():
+    w = make_workload(seq_len=16)
+    ref = reference(w)
+    result = TECHNIQUE.check_fn(ref, flash_attention(w.q, w.k, w.v))
+    assert result.metric == "rel_l2" and result.tolerance == 1e-5 and 0 <= result.error <= 1e-5
+    off = TECHNIQUE.check_fn(ref, (ref * (1 + 1e-3)).float())
+    assert not off.passed and off.error == pytest.approx(1e-3, rel=1e-2)
+    bf16 = TECHNIQUE.check_fn(ref, ref.bfloat16())
+    assert bf16.passed and bf16.tolerance == 1e-2
+
+
+def test_validate_rejects_heads_not_divisible_by_kv_heads():
+    params = dict(TECHNIQUE.defaults(), heads=8, kv_heads=3)
+    assert TECHNIQUE.validate_fn(params) == ["heads (8) must be divisible by kv_heads (3)"]
+    assert TECHNIQUE.validate_fn(dict(params, kv_heads=2)) == []
+    assert TECHNIQUE.validate_fn(dict(params, kv_heads=0)) == []  # 0 means kv_heads = heads
+
+
+def test_build_is_deterministic_per_seed_and_differs_across_seeds():
+    a, b, c = make_workload(seed=7), make_workload(seed=7), make_workload(seed=8)
+    for name in ("q", "k", "v"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+        assert not torch.equal(getattr(a, name), getattr(c, name))
+    assert not torch.equal(a.q, a.k)  # q, k, v are independent draws
+    assert a.q.abs().sum() > 0  # never timed on zeros
+
+
+def test_build_shapes_dtype_and_kv_heads_default():
+    w = make_workload(batch=3, heads=8, kv_heads=2, seq_len=5, head_dim=96, dtype="bfloat16")
+    assert w.q.shape == (3, 8, 5, 96) and w.k.shape == (3, 2, 5, 96) and w.v.shape == (3, 2, 5, 96)
+    assert w.q.dtype == torch.bfloat16
+    assert make_workload(heads=4, kv_heads=0).k.shape[1] == 4
+
+
+@pytest.mark.parametrize("kv_heads", [0, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_peers_agree_with_baseline(kv_heads, causal):
+    w = make_workload(seq_len=50, heads=4, kv_heads=kv_heads, causal=causal)
+    baseline = TECHNIQUE.variants["baseline"].fn(w)
+    ref = reference(w)
+    # sdpa_math is CUDA-only as a peer, but the MATH backend also runs on the CPU: exercise it.
+    for name in ("sdpa", "sdpa_math"):
+        out = TECHNIQUE.variants[name].fn(w)
+        assert rel_err(out, baseline) <= 1e-5
+        assert TECHNIQUE.check_fn(ref, out).passed
+
+
+def test_cuda_only_peers_say_why_on_cpu():
+    for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
+        assert TECHNIQUE.variants[name].unavailable_reason(CPU)
+    for name in ("baseline", "optimized", "sdpa"):
+        assert TECHNIQUE.variants[name].unavailable_reason(CPU) is None
+
+
+def test_metrics_count_flops_bytes_and_tokens():
+    w = make_workload(batch=2, heads=4, kv_heads=2, seq_len=64, head_dim=32, dtype="bfloat16")
+    m = TECHNIQUE.metrics_fn(w, Measured("optimized", [0.5], 0.5, None, CPU))
+    assert m["flops"] == 4 * 2 * 64 * 64 * 4 * 32
+    # read q (2x4 heads), k and v (2x2 heads each), write out (like q); 2 bytes each
+    assert m["bytes_moved"] == 2 * (2 * 4 * 64 * 32 * 2 + 2 * 2 * 2 * 64 * 32)
+    assert m["tokens_per_s"] == 2 * 64 / 0.5
+    causal = TECHNIQUE.metrics_fn(make_workload(batch=2, heads=4, kv_heads=2, seq_len=64, head_dim=32,
+                                                dtype="bfloat16", causal=True),
+                                  Measured("optimized", [0.5], 0.5, None, CPU))
+    assert causal["flops"] == m["flops"] // 2
+
+
+def test_technique_registered_and_complete():
+    from gpubench import techniques
+
+    assert techniques.get("flash_attention") is TECHNIQUE
+    assert TECHNIQUE.incomplete() == []
+    assert TECHNIQUE.gpu_specific and TECHNIQUE.anchor

@@ -1,0 +1,51 @@
+"""Statistics: medians, IQR and bootstrap intervals that cover what they claim to."""
+import numpy as np
+import pytest
+
+from gpubench import stats
+
+
+def test_summary_figures_match_numpy_on_known_samples():
+    s = stats.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.n == 5 and s.median == 3.0 and s.min == 1.0 and s.max == 100.0
+    assert s.q25 == 2.0 and s.q75 == 4.0 and s.iqr == 2.0
+    assert s.ci_low <= s.median <= s.ci_high
+
+
+def test_bootstrap_ratio_ci_covers_a_known_ratio_at_about_the_stated_rate():
+    # Baseline samples are the variant's scaled by exactly 1.5 in distribution; over many
+    # independent experiments the 95% interval must contain 1.5 about 95% of the time.
+    rng = np.random.default_rng(7)
+    trials, covered = 200, 0
+    for t in range(trials):
+        fast = rng.lognormal(mean=0.0, sigma=0.1, size=40)
+        slow = 1.5 * rng.lognormal(mean=0.0, sigma=0.1, size=40)
+        ci = stats.bootstrap_ratio_ci(slow, fast, seed=t)
+        covered += ci.ci_low <= 1.5 <= ci.ci_high
+    assert 0.88 <= covered / trials <= 0.995
+
+
+def test_ratio_ci_excludes_one_for_a_real_difference_and_includes_it_for_none():
+    rng = np.random.default_rng(1)
+    a = rng.normal(10.0, 0.2, size=50)
+    b = rng.normal(10.0, 0.2, size=50)
+    same = stats.bootstrap_ratio_ci(a, b)
+    assert same.ci_low < 1.0 < same.ci_high
+    faster = stats.bootstrap_ratio_ci(a, b * 0.8)
+    assert faster.ci_low > 1.15 and faster.ratio == pytest.approx(np.median(a) / np.median(b * 0.8))
+
+
+def test_intervals_are_reproducible_for_the_same_samples():
+    x = list(np.random.default_rng(3).exponential(size=30))
+    assert stats.summarize(x) == stats.summarize(x)
+
+
+def test_single_sample_has_a_degenerate_interval():
+    s = stats.summarize([2.5])
+    assert s.ci_low == s.ci_high == s.median == 2.5 and s.std == 0.0
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])
+def test_empty_or_non_finite_samples_are_rejected(bad):
+    with pytest.raises(ValueError):
+        stats.summarize(bad)
