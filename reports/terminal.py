@@ -29,13 +29,19 @@ def case_params(case: dict[str, Any], swept: set[str] | None = None) -> str:
     return " ".join(f"{k}={params[k]}" for k in keys)
 
 
-def _swept_params(doc: dict[str, Any], technique: str) -> set[str]:
-    """Params the scenario sets for a technique (the rest are defaults and add only noise)."""
-    keys: set[str] = set()
+def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
+    """The params worth printing for a technique's cases: those whose value differs between
+    cases; for a single case, those the scenario set. The rest are the same everywhere."""
+    keys = {k for k in swept if len({repr(p.get(k)) for p in cases_params}) > 1}
+    return keys or set(swept)
+
+
+def _shown_by_technique(doc: dict[str, Any]) -> dict[str, set[str]]:
+    swept: dict[str, set[str]] = {}
     for entry in doc.get("scenario", {}).get("entries", []):
-        if entry["technique"] == technique:
-            keys.update(entry.get("params", {}))
-    return keys
+        swept.setdefault(entry["technique"], set()).update(entry.get("params", {}))
+    return {t: shown_params([c["params"] for c in doc["cases"] if c["technique"] == t], keys)
+            for t, keys in swept.items()}
 
 
 def check_text(case: dict[str, Any], name: str) -> Text:
@@ -56,6 +62,7 @@ def summary_table(doc: dict[str, Any]) -> Table:
     for column, justify in (("case", "left"), ("baseline", "right"), ("optimized", "right"),
                             ("speedup [95% CI]", "right"), ("check", "left"), ("status", "left")):
         table.add_column(column, justify=justify)
+    shown = _shown_by_technique(doc)
     for case in doc["cases"]:
         variants = case["variants"]
         base = next((n for n, v in variants.items() if v.get("role") == "baseline"), None)
@@ -65,7 +72,7 @@ def summary_table(doc: dict[str, Any]) -> Table:
         if case["status"] != "passed" and case.get("failure"):
             status.append(f": {case['failure']['message']}"[:160], style="red")
         table.add_row(
-            f"{case['technique']} {case_params(case, _swept_params(doc, case['technique']))}",
+            f"{case['technique']} {case_params(case, shown.get(case['technique']))}",
             format_seconds(med(base).get("median")), format_seconds(med(opt).get("median")),
             format_speedup(case["speedups"].get(opt) if opt else None),
             check_text(case, opt) if opt else Text("-"), status,

@@ -20,7 +20,7 @@ from rich.table import Table
 from gpubench import env as envmod
 from gpubench import runner, scenario as scenariomod, techniques, timing
 from gpubench.errors import BadInput
-from gpubench.reports.terminal import case_params, format_seconds, format_speedup, print_summary
+from gpubench.reports.terminal import case_params, format_speedup, print_summary, shown_params
 
 
 def _console(stderr: bool = False) -> Console:
@@ -49,8 +49,9 @@ class _CaseProgress:
     """A progress bar on a terminal (case i/n, technique, params, elapsed); one line per case
     otherwise (CI logs)."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, shown: dict[str, set[str]]):
         self.console = console
+        self.shown = shown
         self.interactive = console.is_terminal
         self.bar: Progress | None = None
         self.task = None
@@ -67,18 +68,21 @@ class _CaseProgress:
     def case_started(self, index: int, case: scenariomod.Case) -> None:
         self.case_t0 = time.perf_counter()
         if self.bar is not None:
-            self.bar.update(self.task, description=f"{case.technique} {case_params({'params': case.params})}")
+            self.bar.update(self.task, description=f"{case.technique} {self._params(case.technique, case.params)}")
 
     def case_finished(self, index: int, case: scenariomod.Case, record: dict[str, Any]) -> None:
         if self.bar is not None:
             self.bar.advance(self.task)
         opt = next((n for n, v in record["variants"].items() if v.get("role") == "optimized"), None)
         line = (f"[{index + 1}/{self.total}] {record['status']:<7} {case.technique} "
-                f"{case_params(record)}  speedup {format_speedup(record['speedups'].get(opt))}  "
+                f"{self._params(case.technique, record['params'])}  speedup {format_speedup(record['speedups'].get(opt))}  "
                 f"({record['elapsed_s']:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
         if record["status"] != "passed" and record.get("failure"):
             line += f"\n    {record['failure']['message']}"
         self.console.print(line, markup=False)
+
+    def _params(self, technique: str, params: dict[str, Any]) -> str:
+        return case_params({"params": params}, self.shown.get(technique))
 
     def run_finished(self) -> None:
         if self.bar is not None:
@@ -127,7 +131,12 @@ def run(scenario_name: str | None, device: str | None, out_root: str, only: str 
                                f"its techniques: {', '.join(in_scenario)}.")
     out = _console()
     out.print(f"gpubench run: scenario [bold]{scen.name}[/] ({scen.path}) on {envmod.device_label(dev)}")
-    progress = _CaseProgress(out)
+    cases = scen.cases(only=only_list)
+    swept: dict[str, set[str]] = {}
+    for entry in scen.entries:
+        swept.setdefault(entry.technique, set()).update(entry.grid)
+    shown = {t: shown_params([c.params for c in cases if c.technique == t], keys) for t, keys in swept.items()}
+    progress = _CaseProgress(out, shown)
     outcome = runner.run_scenario(scen, dev, Path(out_root), only=only_list, repeat_scale=repeat_scale,
                                   progress=progress, telemetry_interval_s=telemetry_interval,
                                   calibrate=not no_calibrate)

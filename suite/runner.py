@@ -118,6 +118,8 @@ def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str 
                  progress: ProgressListener | None = None, telemetry_interval_s: float = 0.05,
                  calibrate: bool = True) -> RunOutcome:
     progress = progress or _Silent()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # events, streams and allocations default to this GPU
     cases = scenario.cases(only=only, repeat_scale=repeat_scale)
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     env = envmod.capture_env(device)

@@ -93,3 +93,12 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
     fa = [c for c in doc["cases"] if c["technique"] == "flash_attention"]
     assert all(c["variants"]["optimized"]["check"]["passed"] for c in fa)
     assert "flash_attention" in proc.stdout and "passed" in proc.stdout
+
+
+def test_calibration_measures_positive_ceilings_on_this_device():
+    from gpubench import env
+
+    c = env.calibrate(torch.device("cpu"), quick=True)
+    assert c["matmul"]["dtype"] == "float32" and c["matmul"]["peak_tflops"] > 0
+    assert c["matmul"]["peak_tflops"] >= c["matmul"]["median_tflops"]
+    assert c["copy"]["peak_gbps"] > 0 and c["harness_overhead_us"] > 0
