@@ -19,6 +19,7 @@ env:
 # calibrate, run gpu-quick, and copy the run directory to $(OUT) (default results/).
 OUT ?= results
 gpu-check:
+	mkdir -p $(OUT)
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 	python3 -m gpubench.cli env --calibrate --json > $(OUT)/env-calibrate.json
 	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs || true

@@ -86,6 +86,8 @@ def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, st
     console.print(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
                   + f" ({doc['status']})")
+    if doc.get("abort_reason"):
+        console.print(f"[bold red]run {doc['status']}[/]: {doc['abort_reason']}", markup=True)
     if doc["device"] == "cpu" and gpu_notes:
         ran = {c["technique"] for c in doc["cases"]}
         for name, note in sorted(gpu_notes.items()):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import gpubench
-from gpubench import stats, timing
+from gpubench import stats, telemetry, timing
 from gpubench.errors import BadInput
 
 
@@ -80,28 +80,28 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _nvml_info(index: int) -> dict[str, Any]:
+def _nvml_info(device: torch.device) -> dict[str, Any]:
+    """Driver, clocks, temperature and power limit of ``device`` at this moment, from NVML (the
+    GPU is matched by its UUID, so CUDA_VISIBLE_DEVICES and device ordering cannot mislead)."""
     try:
-        import pynvml
-    except ImportError:
-        return {"nvml": "unavailable: nvidia-ml-py not installed"}
-    try:
-        pynvml.nvmlInit()
+        source = telemetry.nvml_source_for(device)
     except Exception as exc:  # noqa: BLE001 - any NVML failure means "no NVML info"
         return {"nvml": f"unavailable: {exc}"}
-    info: dict[str, Any] = {"nvml": "ok"}
+    import pynvml
+
+    handle = source.handle
+    info: dict[str, Any] = {"nvml": "ok", "uuid": source.info.get("uuid")}
+    fields = {
+        "driver_version": lambda: pynvml.nvmlSystemGetDriverVersion(),
+        "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+        "persistence_mode": lambda: bool(pynvml.nvmlDeviceGetPersistenceMode(handle)),
+    }
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        fields = {
-            "driver_version": lambda: pynvml.nvmlSystemGetDriverVersion(),
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "max_mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
-            "persistence_mode": lambda: bool(pynvml.nvmlDeviceGetPersistenceMode(handle)),
-        }
         for key, read in fields.items():
             try:
                 value = read()
@@ -109,10 +109,7 @@ def _nvml_info(index: int) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 - a field this GPU does not report
                 info[key] = None
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        source.close()
     return info
 
 
@@ -150,7 +147,7 @@ def capture_env(device: torch.device) -> dict[str, Any]:
             "multiprocessors": props.multi_processor_count,
             "compute_capability": f"{props.major}.{props.minor}",
             "cudnn": torch.backends.cudnn.version(),
-            **_nvml_info(device.index if device.index is not None else torch.cuda.current_device()),
+            **_nvml_info(device),
         }
     else:
         env["gpu"] = None
@@ -167,6 +164,8 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     copy bandwidth (bytes read + written), host<->device bandwidth on a GPU, and the harness's
     per-repetition overhead."""
     on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)  # the harness's events record on the current device
     policy = timing.Policy(warmup_s=0.1, min_reps=5, max_reps=30 if quick else 100,
                            min_time_s=0.2 if quick else 1.0, max_time_s=2.0 if quick else 8.0,
                            target_iqr=0.02, flush_l2=False)

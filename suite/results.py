@@ -42,14 +42,18 @@ class RunDirectory:
     def create(cls, out_root: Path, scenario_name: str, now: _dt.datetime | None = None) -> "RunDirectory":
         stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_name)
-        out_root.mkdir(parents=True, exist_ok=True)
-        for suffix in [""] + [f"-{i}" for i in range(1, 1000)]:
-            path = out_root / f"{stamp}-{safe}{suffix}"
-            try:
-                path.mkdir()
-                return cls(path)
-            except FileExistsError:
-                continue
+        try:
+            out_root.mkdir(parents=True, exist_ok=True)
+            for suffix in [""] + [f"-{i}" for i in range(1, 1000)]:
+                path = out_root / f"{stamp}-{safe}{suffix}"
+                try:
+                    path.mkdir()
+                    return cls(path)
+                except FileExistsError:
+                    continue
+        except OSError as exc:
+            raise BadInput(f"--out {out_root}: cannot create the run directory there ({exc.strerror or exc}); "
+                           f"give a writable directory.") from None
         raise BadInput(f"{out_root}: cannot create a new run directory for {scenario_name}")
 
     @property

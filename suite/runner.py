@@ -62,7 +62,8 @@ def deadline(seconds: float) -> Iterator[None]:
 def _is_oom(exc: BaseException) -> bool:
     oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
                                   getattr(torch.cuda, "OutOfMemoryError", None), MemoryError) if t)
-    return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, oom_types) or "out of memory" in text or "can't allocate memory" in text
 
 
 def _free_memory(device: torch.device) -> None:
@@ -72,15 +73,32 @@ def _free_memory(device: torch.device) -> None:
 
 
 def describe(exc: BaseException) -> dict[str, str]:
-    """A failure record: kind (oom, timeout, exception), message and traceback."""
+    """A failure record: kind (oom, timeout, exception), message and traceback. The frames'
+    locals are released (see :func:`timing.release_frames`)."""
     if isinstance(exc, CaseTimeout):
         kind = "timeout"
     elif _is_oom(exc):
         kind = "oom"
     else:
         kind = "exception"
-    return {"kind": kind, "message": f"{type(exc).__name__}: {exc}",
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+    record = {"kind": kind, "message": f"{type(exc).__name__}: {exc}",
+              "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+    timing.release_frames(exc)
+    return record
+
+
+def cuda_context_broken(device: torch.device) -> str | None:
+    """After a failure on a GPU: None if the CUDA context still works, else the error. Errors
+    such as an illegal memory access are sticky: every later call would fail the same way."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.empty(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class ProgressListener(Protocol):
@@ -106,6 +124,8 @@ class RunOutcome:
     def exit_code(self) -> int:
         if self.doc["status"] == "interrupted":
             return EXIT_INTERRUPTED
+        if self.doc["status"] != "complete":  # aborted or crashed: not every case ran
+            return EXIT_FAILED
         return EXIT_OK if self.doc["summary"]["failed"] == 0 else EXIT_FAILED
 
 
@@ -166,8 +186,19 @@ def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str 
                 _finish_doc(doc, sampler, final=False)
                 run_dir.write_results(doc)
                 progress.case_finished(index, case, record)
+            if record["status"] == "failed":
+                broken = cuda_context_broken(device)
+                if broken is not None:
+                    doc["status"] = "aborted"
+                    doc["abort_reason"] = (f"the CUDA context is unusable after case {case.id} ({broken}); "
+                                           f"{len(cases) - index - 1} later case(s) not run")
+                    break
     except KeyboardInterrupt:
         doc["status"] = "interrupted"
+    except Exception as exc:  # noqa: BLE001 - a harness fault: keep what was measured, say so
+        doc["status"] = "crashed"
+        doc["abort_reason"] = describe(exc)["message"]
+        doc["crash"] = describe(exc)
     finally:
         sampler.close()
         if doc["status"] == "running":
@@ -214,7 +245,6 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         raise
     except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
         record["failure"] = describe(exc)
-        _free_memory(device)
     finally:
         sampler.set_tag(None, None)
         # Whatever was measured before a failure is kept.
@@ -226,6 +256,9 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         record["elapsed_s"] = time.perf_counter() - t0
         if record["status"] == "running":
             record["status"] = _case_status(tech, record)
+    # Outside the except block, so the failed call's frames (and tensors) are gone by now.
+    if device.type == "cuda" or record["failure"] is not None:
+        _free_memory(device)
 
 
 def _variant_record(role: str) -> dict[str, Any]:
@@ -261,8 +294,9 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
             outputs[v.name], vrec["peak_memory_bytes"] = _call_once(v.fn, workload, device)
             vrec["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - recorded per variant
-            vrec.update(status="error", reason=describe(exc)["message"], error=describe(exc))
-            if _is_oom(exc):
+            failure = describe(exc)
+            vrec.update(status="error", reason=failure["message"], error=failure)
+            if failure["kind"] == "oom":
                 _free_memory(device)
 
     base = tech.baseline.name
@@ -277,6 +311,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
                                              "metric": "reference", "detail": "the baseline is the reference"}
     else:
         reference, to_check = None, []
+        for name in outputs:  # ran, but nothing to compare with
+            record["variants"][name].update(status="unchecked", reason=f"no reference: baseline {base} did not run")
     for name in to_check:
         try:
             result = tech.check_fn(reference, outputs[name])
@@ -296,8 +332,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
         vrec = record["variants"][name]
         vrec["timing"] = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
         if t.error is not None:
-            vrec.update(status="error", reason=f"during timing: {describe(t.error)['message']}",
-                        error=describe(t.error))
+            failure = describe(t.error)
+            vrec.update(status="error", reason=f"during timing: {failure['message']}", error=failure)
         _store_samples(vrec, t)
 
     # 3. Metrics from the median time (and the checked call's output, for serving/generation runs).
@@ -317,10 +353,14 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
     #    too coarse for single short calls).
     if sampler.energy_mj() is not None and case.policy.energy_s > 0:
         for name, call in calls.items():
-            if record["variants"][name]["status"] in ("ok", "check_failed"):
+            vrec = record["variants"][name]
+            if vrec["status"] in ("ok", "check_failed"):
                 sampler.set_tag(case.id, f"{name}:energy")
-                record["variants"][name]["energy_mj_per_call"] = _energy_per_call(
-                    call, workload, device, sampler, case.policy.energy_s)
+                try:
+                    vrec["energy_mj_per_call"] = _energy_per_call(call, workload, device, sampler,
+                                                                  case.policy.energy_s)
+                except Exception as exc:  # noqa: BLE001 - the timing and check stand
+                    vrec["energy_error"] = describe(exc)["message"]
 
 
 def _call_once(fn: Callable[[Workload], Any], workload: Workload, device: torch.device) -> tuple[Any, int | None]:
@@ -356,12 +396,14 @@ def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, A
     """Add TFLOP/s, GB/s and % of the measured device peak to a technique's ``flops`` and
     ``bytes_moved`` counts."""
     out = dict(metrics)
-    peak_flops = (ceilings or {}).get("matmul", {}).get("peak_tflops")
+    matmul = (ceilings or {}).get("matmul", {})
+    peak_flops = matmul.get("peak_tflops")
     peak_bw = (ceilings or {}).get("copy", {}).get("peak_gbps")
     if isinstance(out.get("flops"), (int, float)) and median_s > 0:
         out["tflops"] = out["flops"] / median_s / 1e12
         if peak_flops:
             out["pct_peak_flops"] = 100.0 * out["tflops"] / peak_flops
+            out["peak_flops_basis"] = f"{matmul.get('dtype')} matmul, measured"
     if isinstance(out.get("bytes_moved"), (int, float)) and median_s > 0:
         out["gbps"] = out["bytes_moved"] / median_s / 1e9
         if peak_bw:
@@ -381,14 +423,18 @@ def _store_speedups(record: dict[str, Any]) -> None:
         return
     for name, v in variants.items():
         if name != base and v.get("samples_s"):
-            record["speedups"][name] = stats.bootstrap_ratio_ci(variants[base]["samples_s"], v["samples_s"]).to_dict()
+            try:
+                record["speedups"][name] = stats.bootstrap_ratio_ci(variants[base]["samples_s"], v["samples_s"]).to_dict()
+            except ValueError as exc:  # e.g. a median of 0 s: below the clock's resolution
+                record["speedups"][name] = {"ratio": None, "ci_low": None, "ci_high": None, "error": str(exc)}
 
 
 def _case_status(tech: Technique, record: dict[str, Any]) -> str:
     if record["failure"] is not None:
         return "failed"
     variants = record["variants"]
-    problems = []
+    problems: list[str] = []
+    only_checks = True
     for role in ("baseline", "optimized"):
         name = tech.baseline.name if role == "baseline" else tech.optimized.name
         v = variants.get(name)
@@ -397,12 +443,13 @@ def _case_status(tech: Technique, record: dict[str, Any]) -> str:
         if v["status"] == "check_failed":
             problems.append(_check_problem(role, name, v["check"]))
         elif v["status"] != "ok":
+            only_checks = False
             problems.append(f"{role} {name}: {v['status']}" + (f" ({v['reason']})" if v["reason"] else ""))
     for name, v in variants.items():
         if v["role"] == "peer" and v["status"] == "check_failed":
             problems.append(_check_problem("peer", name, v["check"]))
     if problems:
-        record["failure"] = {"kind": "check" if all("check" in p for p in problems) else "variant",
+        record["failure"] = {"kind": "check" if only_checks else "variant",
                              "message": "; ".join(problems), "traceback": ""}
         return "failed"
     return "passed"

@@ -151,6 +151,7 @@ class _Located:
     def __init__(self, node: yaml.Node):
         self.lines: dict[tuple, int] = {}
         self.duplicates: list[tuple[tuple, int]] = []
+        self.bad_keys: list[tuple[tuple, int]] = []
         self._constructor = yaml.constructor.SafeConstructor()
         self.value = self._convert(node, ())
 
@@ -160,6 +161,9 @@ class _Located:
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
                 key = self._constructor.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)) and key is not None:
+                    self.bad_keys.append((path, key_node.start_mark.line + 1))
+                    continue
                 if key in out:
                     self.duplicates.append((path + (key,), key_node.start_mark.line + 1))
                 out[key] = self._convert(value_node, path + (key,))
@@ -201,6 +205,9 @@ def parse(text: str, path: Path) -> Scenario:
     def bad(key_path: tuple, label: str, message: str) -> None:
         problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
 
+    for key_path, line in doc.bad_keys:
+        problems.append(f"{path}:{line}: {'.'.join(map(str, key_path)) or '(top level)'}: "
+                        f"a key must be a plain name, not a list or mapping")
     for dup_path, line in doc.duplicates:
         problems.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: key given twice")
 

@@ -321,6 +321,11 @@ class NvmlSource:
                 self.unsupported.add("energy_mj")
             return None
 
+    @property
+    def handle(self) -> Any:
+        """The NVML device handle (for one-off queries such as env capture)."""
+        return self._handle
+
     def close(self) -> None:
         if self._open:
             self._open = False
@@ -461,23 +466,7 @@ class TelemetrySampler:
         if kind != "cuda":
             return cls(None, interval_s, unavailable_reason=f"device is {kind} (NVML reports NVIDIA GPUs only)")
         try:
-            import pynvml  # noqa: F401
-        except ImportError:
-            return cls(None, interval_s, unavailable_reason="nvidia-ml-py not installed")
-        try:
-            cuda_index = int(idx) if idx else _current_cuda_index()
-            index, uuid = resolve_cuda_index(cuda_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            source = None
-            torch_uuid = _torch_gpu_uuid(cuda_index)
-            if torch_uuid is not None:
-                # CUDA's own name for the device beats any index mapping (CUDA orders devices
-                # fastest-first by default, NVML by PCI bus).
-                try:
-                    source = NvmlSource(index=None, uuid=torch_uuid)
-                except TelemetryUnavailable:
-                    source = None
-            if source is None:
-                source = NvmlSource(index=index, uuid=uuid)
+            source = nvml_source_for(text)
         except TelemetryUnavailable as e:
             return cls(None, interval_s, unavailable_reason=str(e))
         except Exception as e:  # never let telemetry take a run down
@@ -667,6 +656,27 @@ class TelemetrySampler:
         """Write the samples as CSV, atomically. With no samples (or no telemetry) the file has the
         header row only, so readers always find the same columns; run_summary() says why."""
         atomic_write_text(path, self.to_dataframe().to_csv(index=False))
+
+
+def nvml_source_for(device: Any) -> NvmlSource:
+    """The :class:`NvmlSource` of a CUDA torch device (``cuda`` or ``cuda:N``); raises
+    :class:`TelemetryUnavailable` when NVML or the GPU cannot be had."""
+    try:
+        import pynvml  # noqa: F401
+    except ImportError as e:
+        raise TelemetryUnavailable("nvidia-ml-py not installed") from e
+    _, _, idx = str(device).partition(":")
+    cuda_index = int(idx) if idx else _current_cuda_index()
+    torch_uuid = _torch_gpu_uuid(cuda_index)
+    if torch_uuid is not None:
+        # CUDA's own name for the device beats any index mapping (CUDA orders devices
+        # fastest-first by default, NVML by PCI bus).
+        try:
+            return NvmlSource(index=None, uuid=torch_uuid)
+        except TelemetryUnavailable:
+            pass
+    index, uuid = resolve_cuda_index(cuda_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return NvmlSource(index=index, uuid=uuid)
 
 
 def _current_cuda_index() -> int:

@@ -13,7 +13,9 @@ launch overhead for launch-bound kernels.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,6 +52,8 @@ class Policy:
             min_time_s=self.min_time_s * factor,
             max_time_s=self.max_time_s * factor,
             energy_s=self.energy_s * factor,
+            # Building inputs and checking do not shrink with the scale; longer timing does grow.
+            case_timeout_s=self.case_timeout_s * max(1.0, factor),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +87,8 @@ def policy_problems(values: dict[str, Any]) -> dict[str, str]:
         elif typ is int:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
         else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value) and value >= 0)
             if ok and key in ("max_time_s", "case_timeout_s"):
                 ok = value > 0
         if not ok:
@@ -91,6 +96,14 @@ def policy_problems(values: dict[str, Any]) -> dict[str, str]:
     if not problems and values.get("min_reps", 1) > values.get("max_reps", 10**9):
         problems["min_reps"] = f"{values['min_reps']} is above max_reps ({values['max_reps']})"
     return problems
+
+
+def release_frames(exc: BaseException) -> BaseException:
+    """Drop the local variables of the frames in ``exc``'s traceback (the traceback text stays
+    printable). A kept exception otherwise keeps every tensor of the failed call alive, which
+    after an out-of-memory error makes the next variants run out of memory too."""
+    traceback.clear_frames(exc.__traceback__)
+    return exc
 
 
 def synchronize(device: torch.device) -> None:
@@ -124,6 +137,9 @@ class Clock:
             return (time.perf_counter_ns() - t0) * 1e-9
         if self._flush_buffer is not None:
             self._flush_buffer.zero_()
+            # Wait for the flush: otherwise the start event queues behind it while the host
+            # already runs fn(), and up to ~80 us of host work would go uncounted.
+            torch.cuda.synchronize(self.device)
         self._start.record()
         fn()
         self._end.record()
@@ -131,8 +147,10 @@ class Clock:
         return self._start.elapsed_time(self._end) * 1e-3
 
 
-def capture_cuda_graph(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
-    """Capture ``fn`` in a CUDA graph and return its replay. Raises if capture is impossible."""
+def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None) -> Callable[[], Any]:
+    """Capture ``fn`` in a CUDA graph and return its replay. Raises if capture is impossible.
+    Graphs given the same ``pool`` share memory: safe here because replays never overlap and
+    their outputs are discarded."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
@@ -140,7 +158,7 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device) -> Callable[
             fn()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         fn()
     synchronize(device)
     return graph.replay
@@ -198,17 +216,20 @@ def measure_interleaved(
         tag(name)
         return clock.time_call(calls[name])
 
+    calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
     active = list(calls)
     if policy.cuda_graph and device.type == "cuda":
+        pool = torch.cuda.graph_pool_handle()
         for name in list(active):
             if reset is not None:
                 timings[name].cuda_graph = "failed: stateful workload (reset before every call)"
                 continue
             try:
-                calls[name] = capture_cuda_graph(calls[name], device)
+                calls[name] = capture_cuda_graph(calls[name], device, pool)
                 timings[name].cuda_graph = "on"
-            except Exception as exc:  # noqa: BLE001 - graph capture is best-effort
+            except Exception as exc:  # noqa: BLE001 - graph capture is best-effort: time eagerly
                 timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"
+                release_frames(exc)
                 synchronize(device)
 
     # Warm-up: each variant on its own until warmup_s has passed (at least one call).
@@ -220,7 +241,7 @@ def measure_interleaved(
                 if time.perf_counter() >= t_end:
                     break
         except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
-            timings[name].error = exc
+            timings[name].error = release_frames(exc)
             active.remove(name)
     tag(None)
 
@@ -230,7 +251,7 @@ def measure_interleaved(
             try:
                 timings[name].samples_s.append(one(name))
             except Exception as exc:  # noqa: BLE001
-                timings[name].error = exc
+                timings[name].error = release_frames(exc)
                 active.remove(name)
         tag(None)
         if not active:

@@ -54,6 +54,13 @@ def test_cuda_asked_on_a_machine_without_it_exits_2():
     assert_bad_input(invoke("run", "--scenario", "gpu-quick"), "gpu-quick.yaml: device")
 
 
+def test_unwritable_out_directory_exits_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert_bad_input(invoke("run", "--scenario", "smoke", "--out", str(blocker / "runs")),
+                     f"--out {blocker / 'runs'}: cannot create the run directory there")
+
+
 def test_bad_repeat_scale_exits_2():
     assert_bad_input(invoke("run", "--repeat-scale", "0"), "--repeat-scale: 0.0 is not valid")
 

@@ -22,7 +22,7 @@ entries:
   - technique: toy_kernel
     params:
       n: 16
-      mode: [optimized_raises, build_raises, oom, hang, ok, peer_raises, metrics_raises, optimized_wrong]
+      mode: [optimized_raises, build_raises, oom, hang, ok, peer_raises, metrics_raises, optimized_wrong, baseline_raises]
 policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, case_timeout_s: 1, energy_s: 0}
 """
 
@@ -31,7 +31,7 @@ def test_failing_cases_are_recorded_with_their_reason_and_the_run_goes_on(toys, 
     outcome = run(write_scenario, tmp_path, FAILURES)
     doc = outcome.doc
     cases = by_mode(doc)
-    assert doc["status"] == "complete" and len(doc["cases"]) == 8
+    assert doc["status"] == "complete" and len(doc["cases"]) == 9
     assert outcome.exit_code == runner.EXIT_FAILED
 
     raised = cases["optimized_raises"]
@@ -59,6 +59,12 @@ def test_failing_cases_are_recorded_with_their_reason_and_the_run_goes_on(toys, 
     assert cases["peer_raises"]["variants"]["peer"]["status"] == "error"
     assert cases["metrics_raises"]["status"] == "passed"
     assert "bad metric" in cases["metrics_raises"]["variants"]["optimized"]["metrics"]["metrics_error"]
+
+    # Without a baseline nothing was compared: the optimized output must not look verified.
+    no_base = cases["baseline_raises"]
+    assert no_base["status"] == "failed" and no_base["failure"]["kind"] == "variant"
+    assert no_base["variants"]["optimized"]["status"] == "unchecked"
+    assert no_base["variants"]["optimized"]["check"] is None
 
     # The case after all those failures measured normally.
     ok = cases["ok"]
@@ -152,8 +158,38 @@ def test_run_directory_holds_every_file(toys, write_scenario, tmp_path):
 
 
 def test_derived_rates_use_the_measured_peak():
-    ceilings = {"matmul": {"peak_tflops": 2.0}, "copy": {"peak_gbps": 100.0}}
+    ceilings = {"matmul": {"peak_tflops": 2.0, "dtype": "bfloat16"}, "copy": {"peak_gbps": 100.0}}
     m = runner.derive_rates({"flops": 1e12, "bytes_moved": 5e9, "tokens_per_s": 3}, 1.0, ceilings)
     assert m["tflops"] == pytest.approx(1.0) and m["pct_peak_flops"] == pytest.approx(50.0)
+    assert m["peak_flops_basis"] == "bfloat16 matmul, measured"  # % of which peak, stated
     assert m["gbps"] == pytest.approx(5.0) and m["pct_peak_bandwidth"] == pytest.approx(5.0)
     assert "pct_peak_flops" not in runner.derive_rates({"flops": 1.0}, 1.0, None)
+
+
+def test_a_harness_fault_marks_the_run_crashed_and_keeps_finished_cases(toys, write_scenario, tmp_path, monkeypatch):
+    real = runner.run_case
+    calls = []
+
+    def second_call_breaks(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("harness bug")
+        return real(*args)
+
+    monkeypatch.setattr(runner, "run_case", second_call_breaks)
+    outcome = run(write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n")
+    on_disk = json.loads((outcome.run_dir / "results.json").read_text())
+    assert on_disk["status"] == "crashed" and "harness bug" in on_disk["abort_reason"]
+    assert on_disk["cases"][0]["status"] == "passed"
+    assert outcome.exit_code == runner.EXIT_FAILED
+
+
+def test_a_broken_cuda_context_stops_the_run_with_the_reason(toys, write_scenario, tmp_path, monkeypatch):
+    # On a GPU an illegal memory access poisons the context; every later case would fail the
+    # same way. Simulated here: the probe after a failed case reports the context broken.
+    monkeypatch.setattr(runner, "cuda_context_broken", lambda device: "CUDA error: an illegal memory access")
+    body = "name: t\nentries:\n  - technique: toy_kernel\n    params: {mode: [ok, optimized_raises, ok, ok]}\n"
+    outcome = run(write_scenario, tmp_path, body)
+    assert outcome.doc["status"] == "aborted" and len(outcome.doc["cases"]) == 2
+    assert "illegal memory access" in outcome.doc["abort_reason"] and "2 later case(s) not run" in outcome.doc["abort_reason"]
+    assert outcome.exit_code == runner.EXIT_FAILED

@@ -134,3 +134,9 @@ def test_repeat_scale_scales_reps_and_times(toys, write_scenario):
     case = scen.cases(repeat_scale=2.0)[0]
     assert case.policy.max_reps == 10 and case.policy.min_reps == 6
     assert case.policy.max_time_s == pytest.approx(1.0)
+
+
+def test_a_non_scalar_key_is_reported_not_a_crash(toys, write_scenario):
+    path = write_scenario(GOOD.replace("name: t", "name: t\n? [a, b]\n: 1"))
+    _, problems = problems_of(path)
+    assert problems == [f"{path}:2: (top level): a key must be a plain name, not a list or mapping"]

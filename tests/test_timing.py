@@ -1,5 +1,7 @@
 """Timing harness: accurate on a known-duration workload, interleaved, adaptive, fault-tolerant."""
 import time
+import traceback
+import weakref
 
 import pytest
 import torch
@@ -84,3 +86,26 @@ def test_policy_validation_names_bad_keys_and_values():
     assert set(problems) == {"min_reps", "flush_l2", "warm"}
     assert timing.policy_problems({"min_reps": 10, "max_reps": 5}) == {"min_reps": "10 is above max_reps (5)"}
     assert timing.policy_problems({"min_reps": 2, "max_time_s": 1.5, "cuda_graph": True}) == {}
+    assert set(timing.policy_problems({"case_timeout_s": float("inf"), "warmup_s": float("nan")})) == {"case_timeout_s", "warmup_s"}
+
+
+def test_a_failed_call_does_not_keep_its_tensors_alive():
+    # A kept exception pins its frames' locals; after an out-of-memory error that would keep the
+    # failed variant's tensors allocated while the next variants run.
+    refs = []
+
+    def fails():
+        scratch = torch.randn(1000)
+        refs.append(weakref.ref(scratch))
+        raise MemoryError("simulated out of memory")
+
+    policy = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=1, min_time_s=0.0, target_iqr=1.0)
+    out = timing.measure_interleaved({"a": fails}, timing.Clock(CPU), policy)
+    assert refs and refs[0]() is None
+    assert "simulated out of memory" in "".join(traceback.format_exception(out["a"].error))
+
+
+def test_repeat_scale_never_shrinks_the_case_time_limit():
+    policy = timing.Policy(case_timeout_s=100.0)
+    assert policy.scaled(0.1).case_timeout_s == 100.0
+    assert policy.scaled(3.0).case_timeout_s == 300.0

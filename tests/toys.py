@@ -19,7 +19,7 @@ def _close(ref: torch.Tensor, out: torch.Tensor) -> CheckResult:
 KERNEL = Technique(
     "toy_kernel", summary="cumulative sum, two ways", shape="kernel",
     params=[Param("n", int, 256, min=1),
-            Param("mode", str, "ok", choices=["ok", "optimized_raises", "optimized_wrong", "build_raises",
+            Param("mode", str, "ok", choices=["ok", "baseline_raises", "optimized_raises", "optimized_wrong", "build_raises",
                                                "oom", "hang", "interrupt", "peer_raises", "metrics_raises"])],
 )
 
@@ -34,6 +34,8 @@ def _build_kernel(params, device, seed):
 
 @KERNEL.variant("baseline", role="baseline")
 def _kernel_baseline(w):
+    if w.params["mode"] == "baseline_raises":
+        raise RuntimeError("baseline cannot run")
     out = torch.empty_like(w.x)
     acc = 0.0
     for i, v in enumerate(w.x.tolist()):

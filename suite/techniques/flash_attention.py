@@ -31,7 +31,9 @@ TECHNIQUE = Technique(
     gpu_specific=(
         "The win is HBM traffic: on a GPU the fused kernel keeps each score tile on chip instead "
         "of writing N x N scores to memory and reading them back. A CPU runs the tiled loop from "
-        "caches and pays Python overhead per tile, so its ratio says little about a GPU's."
+        "caches and pays Python overhead per tile, so its ratio says little about a GPU's. Until "
+        "the Triton kernel lands, a GPU ratio measures this PyTorch tiling (each tile still goes "
+        "through HBM), not a fused flash-attention kernel."
     ),
     params=[
         Param("batch", int, 2, "sequences per call", min=1),
