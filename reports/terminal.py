@@ -56,11 +56,28 @@ def check_text(case: dict[str, Any], name: str) -> Text:
     return Text(("pass" if check["passed"] else "FAIL") + figure, style="green" if check["passed"] else "bold red")
 
 
+def _figure(value: Any, key: str) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{100 * value:.1f}%" if key in ("utilization",) or key.startswith("pct_") else f"{value:.3g}"
+
+
+def headline_text(case: dict[str, Any], base: str | None, opt: str | None) -> str:
+    """The technique's headline metric, baseline -> optimized (for wins that are not time)."""
+    key = case.get("headline")
+    if not key or base is None or opt is None:
+        return ""
+    before = (case["variants"][base].get("metrics") or {}).get(key)
+    after = (case["variants"][opt].get("metrics") or {}).get(key)
+    return f"{key} {_figure(before, key)} -> {_figure(after, key)}"
+
+
 def summary_table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"{doc['scenario']['name']} on {doc.get('device_label', doc['device'])}",
                   title_justify="left")
     for column, justify in (("case", "left"), ("baseline", "right"), ("optimized", "right"),
-                            ("speedup [95% CI]", "right"), ("check", "left"), ("status", "left")):
+                            ("speedup [95% CI]", "right"), ("headline", "left"), ("check", "left"),
+                            ("status", "left")):
         table.add_column(column, justify=justify)
     shown = _shown_by_technique(doc)
     for case in doc["cases"]:
@@ -75,7 +92,7 @@ def summary_table(doc: dict[str, Any]) -> Table:
             f"{case['technique']} {case_params(case, shown.get(case['technique']))}",
             format_seconds(med(base).get("median")), format_seconds(med(opt).get("median")),
             format_speedup(case["speedups"].get(opt) if opt else None),
-            check_text(case, opt) if opt else Text("-"), status,
+            headline_text(case, base, opt), check_text(case, opt) if opt else Text("-"), status,
         )
     return table
 

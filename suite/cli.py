@@ -6,6 +6,7 @@ Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph,
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,9 @@ from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 
 def _console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    # Logs (not a terminal, no COLUMNS) get a wide fixed width rather than rich's 80 columns.
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=wide)
 
 
 class _Group(click.Group):
@@ -220,6 +223,120 @@ def env_(device: str, calibrate: bool, as_json: bool) -> None:
     for k, v in rows:
         table.add_row(k, str(v))
     out.print(table)
+
+
+# --------------------------------------------------------------------------------------------
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str, option: str, default_unit: str = "b") -> int:
+    """'80' (in ``default_unit``), '80GiB', '141GB', '13.5G' -> bytes; BadInput otherwise."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = (m.group(2) or default_unit).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise BadInput(f"{option}: {text!r} is not a size; allowed: a number with an optional unit "
+                       f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 80GiB.")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@main.command(name="kv-cache")
+@click.option("--model", "-m", metavar="PRESET", help="A built-in preset (see --list).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A Hugging Face config.json.")
+@click.option("--list", "list_presets", is_flag=True, help="List the presets and exit.")
+@click.option("--seq-len", default=4096, show_default=True, type=int, help="Tokens per sequence.")
+@click.option("--batch", default="fit", show_default=True, help="Sequences, or 'fit' for as many as fit.")
+@click.option("--kv-dtype", default="bf16", show_default=True,
+              help="fp32, bf16, fp16, fp8, int8, int4, mxfp4, nvfp4 (scale overheads are shown).")
+@click.option("--block-size", default=16, show_default=True, type=int, help="Tokens per paged block.")
+@click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel GPUs.")
+@click.option("--gpu-memory", metavar="SIZE", help="Per GPU, e.g. 80GiB (a bare number is GiB). Default: this GPU's, else 80GiB.")
+@click.option("--utilization", default=0.9, show_default=True, type=float, help="Fraction of GPU memory the engine may use.")
+@click.option("--weight-bytes", metavar="SIZE", help="Whole-model weight storage; default: from the config's parameter count.")
+@click.option("--weight-dtype", help="Weight dtype for that count (default: the checkpoint's, quantization included).")
+@click.option("--max-len", type=int, help="What contiguous allocation reserves per sequence (default: the model's max positions).")
+@click.option("--overhead", metavar="SIZE", default="0", help="Other memory per GPU (activations, CUDA graphs), e.g. 4GiB.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_size, tp, gpu_memory,
+             utilization, weight_bytes, weight_dtype, max_len, overhead, as_json) -> None:
+    """KV-cache memory per token, per sequence and per GPU; how many sequences fit."""
+    from gpubench import kvmath
+    from gpubench.models import config as model_config
+    from gpubench.models import params as model_params
+    from gpubench.reports import kv_table
+
+    if list_presets:
+        _list_presets(as_json)
+        return
+    if (model is None) == (config_path is None):
+        raise BadInput("kv-cache: give exactly one of --model PRESET or --config path/to/config.json "
+                       f"(presets: {', '.join(model_config.preset_names())}).")
+    cfg = model_config.load_preset(model) if model else model_config.load_config_file(config_path)
+    kv_fmt = kvmath.kv_format(kv_dtype)
+    if batch == "fit":
+        n_batch = None
+    else:
+        try:
+            n_batch = int(batch)
+        except ValueError:
+            raise BadInput(f"--batch: {batch!r} is not valid; allowed: a positive integer or 'fit'.") from None
+    if gpu_memory is not None:
+        gpu_bytes = parse_size(gpu_memory, "--gpu-memory", default_unit="gib")
+        memory_note = ""
+    elif torch.cuda.is_available():
+        gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        memory_note = f" ({torch.cuda.get_device_name()})"
+    else:
+        gpu_bytes, memory_note = 80 * 2**30, " (assumed: no GPU here; pass --gpu-memory)"
+    if weight_dtype is not None and model_params.normalize_dtype(weight_dtype) not in model_config.DTYPE_BYTES:
+        raise BadInput(f"--weight-dtype: {weight_dtype!r} is not supported; allowed: "
+                       f"{', '.join(model_config.DTYPE_BYTES)} (and aliases fp32, fp16, bf16).")
+    if weight_bytes is not None:
+        wb, wnote = parse_size(weight_bytes, "--weight-bytes"), "given (--weight-bytes)"
+    else:
+        computed = model_params.weight_bytes(cfg, weight_dtype)
+        wb, wnote = computed.bytes, computed.note
+    plan = kvmath.plan(cfg, seq_len=seq_len, batch=n_batch, kv_dtype=kv_fmt.name, block_size=block_size, tp=tp,
+                       gpu_memory_bytes=gpu_bytes, utilization=utilization, weight_bytes=wb,
+                       weight_note=wnote, max_len=max_len,
+                       overhead_bytes=parse_size(overhead, "--overhead", default_unit="gib"))
+    if as_json:
+        click.echo(json.dumps({**plan.to_dict(), "gpu_memory_note": memory_note.strip(" ()")}, indent=2))
+        return
+    out = _console()
+    if memory_note:
+        out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
+    kv_table.render(plan, out)
+
+
+def _list_presets(as_json: bool) -> None:
+    from gpubench.models import config as model_config
+    from gpubench.models import params as model_params
+
+    rows = []
+    for name in model_config.preset_names():
+        raw = model_config.preset_raw(name)
+        cfg = model_config.from_dict(raw, name, f"preset {name}")
+        rows.append({"preset": name, "model_type": cfg.model_type, "attention": cfg.attention,
+                     "layers": cfg.num_layers, "kv_heads": cfg.num_kv_heads if not cfg.mla else None,
+                     "head_dim": cfg.head_dim if not cfg.mla else cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim,
+                     "sliding_layers": cfg.sliding_layers,
+                     "params": model_params.count_parameters(cfg).total,
+                     "published_params": raw.get("_published_params"), "source": raw.get("_source")})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="presets (published configs)", title_justify="left")
+    for col in ("preset", "type", "attention", "layers", "KV heads", "KV vector", "sliding layers",
+                "params (counted)", "published"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["preset"], r["model_type"], r["attention"], str(r["layers"]), str(r["kv_heads"] or "-"),
+                      str(r["head_dim"]), str(r["sliding_layers"]), f"{r['params'] / 1e9:.2f}B",
+                      f"{r['published_params'] / 1e9:.2f}B" if r["published_params"] else "-")
+    _console().print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

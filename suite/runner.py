@@ -223,7 +223,9 @@ def _finish_doc(doc: dict[str, Any], sampler: TelemetrySampler, final: bool) -> 
 
 
 def new_record(case: Case) -> dict[str, Any]:
+    tech = techniques.get(case.technique)
     return {"id": case.id, "technique": case.technique, "params": case.params, "seed": case.seed,
+            "headline": tech.headline if tech is not None else "",
             "policy": case.policy.to_dict(), "status": "running", "failure": None,
             "started_at": _now(), "elapsed_s": None, "variants": {}, "speedups": {}, "telemetry": None}
 

@@ -1,0 +1,90 @@
+"""Paged KV cache: fixed-size blocks of ``block_size`` tokens, allocated on demand from a pool,
+found through a per-sequence block table (vLLM's PagedAttention memory manager).
+
+A sequence holds ceil(length / block_size) blocks, so at most block_size - 1 slots per sequence
+and layer are wasted, instead of max_len - length. Sliding-window layers keep only the blocks
+that still hold tokens inside the window. vLLM reports under 4% of KV memory wasted this way,
+against 60-80% for contiguous reservation, and 2-4x the throughput it buys (Kwon et al., 2023).
+
+Tokens are written through a slot mapping (block_table[t // B] * B + t % B), as vLLM's
+reshape_and_cache does; blocks come from a shuffled free list, so a sequence's blocks are
+scattered through the pool the way they are in a long-running engine.
+"""
+from __future__ import annotations
+
+import torch
+
+from gpubench.kvmath import KVLayout
+from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, tensor_scales
+
+
+class PagedKVCache:
+    allocator = "paged"
+
+    def __init__(self, layout: KVLayout, lengths: list[int], block_size: int, device: torch.device,
+                 generator: torch.Generator | None = None):
+        self.layout, self.block_size, self.lengths = layout, block_size, list(lengths)
+        self.pools: list[TokenRows] = []
+        self.first_block: list[list[int]] = []  # per layer, per sequence: first logical block kept
+        self.block_tables: list[list[torch.Tensor]] = []  # per layer, per sequence: physical blocks
+        self.scales = [tensor_scales(layout, device) for _ in range(layout.num_layers)]
+        for window in layout.windows:
+            firsts = [max(0, n - window) // block_size if window else 0 for n in lengths]
+            counts = [(n - 1) // block_size - f + 1 if n > 0 else 0 for n, f in zip(lengths, firsts)]
+            free_list = torch.randperm(sum(counts), generator=generator).to(torch.int32)
+            tables, start = [], 0
+            for count in counts:
+                tables.append(free_list[start:start + count].to(device).clone())
+                start += count
+            self.pools.append(empty_rows(layout, (sum(counts), block_size), device))
+            self.first_block.append(firsts)
+            self.block_tables.append(tables)
+
+    def _slots(self, index: int, layer: int, start: int, end: int) -> torch.Tensor:
+        """Flat pool slots of tokens start..end-1 of a sequence."""
+        table = self.block_tables[layer][index]
+        device = table.device
+        tokens = torch.arange(start, end, device=device)
+        blocks = table[tokens // self.block_size - self.first_block[layer][index]].long()
+        return blocks * self.block_size + tokens % self.block_size
+
+    @staticmethod
+    def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+        """(blocks, block_size, ...) -> (slots, ...) viewed as raw bytes: the copy is the same
+        for every format, fp8 included (whose index kernels torch lacks on some devices)."""
+        return t.view(-1, *t.shape[2:]).view(torch.uint8)
+
+    def write(self, index: int, layer: int, rows: TokenRows, start: int = 0) -> None:
+        slots = self._slots(index, layer, start, start + rows.values.shape[0])
+        pool = self.pools[layer]
+        self._flat_bytes(pool.values).index_copy_(0, slots, rows.values.contiguous().view(torch.uint8))
+        if rows.scales is not None:
+            self._flat_bytes(pool.scales).index_copy_(0, slots, rows.scales.contiguous())
+
+    def read(self, index: int, layer: int, start: int, end: int) -> TokenRows:
+        slots = self._slots(index, layer, start, end)
+        pool = self.pools[layer]
+        values = self._flat_bytes(pool.values).index_select(0, slots).view(pool.values.dtype)
+        scales = None if pool.scales is None else self._flat_bytes(pool.scales).index_select(0, slots)
+        return TokenRows(values, scales)
+
+    def storage_bytes(self) -> int:
+        return (sum(rows.storage_bytes() for rows in self.pools)
+                + sum(s.untyped_storage().nbytes() for s in self.scales if s is not None))
+
+    def metadata_bytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for tables in self.block_tables for t in tables)
+
+
+def build_cache(layout: KVLayout, sequences: list[SequenceKV], *, max_len: int, block_size: int,
+                device: torch.device, generator: torch.Generator | None = None) -> PagedKVCache:
+    """Take the blocks each sequence needs (window-aware), then write each sequence's tokens
+    through its block table. (``max_len`` is unused: nothing is reserved ahead.)"""
+    cache = PagedKVCache(layout, [s.length for s in sequences], block_size, device, generator)
+    for i, seq in enumerate(sequences):
+        for layer, rows in enumerate(seq.layers):
+            # Tokens in blocks the window already left are not kept; the rest is written.
+            first_token = cache.first_block[layer][i] * block_size
+            cache.write(i, layer, TokenRows(rows.values[first_token:],
+                                            None if rows.scales is None else rows.scales[first_token:]), first_token)
+    return cache

@@ -1,0 +1,295 @@
+"""KV-cache arithmetic: exact bytes per token, per sequence and per GPU (pure functions).
+
+Per layer and token a standard attention layer stores K and V:
+``2 x kv_heads (per GPU) x head_dim x bytes``; an MLA layer (DeepSeek-V2/V3) stores one latent
+of ``kv_lora_rank + qk_rope_head_dim`` values, with no factor 2. Quantized formats add their
+scales (stated per format below). How many tokens each layer holds depends on the allocator:
+
+- ``paged``: blocks of ``block_size`` tokens on demand, window-aware: a sliding-window layer keeps
+  only the blocks that still hold tokens inside its window (what vLLM's hybrid allocator does);
+- ``paged_full``: blocks on demand, but every layer keeps the whole sequence (an engine that
+  ignores windows);
+- ``contiguous``: every layer reserves ``max_len`` slots per sequence up front (static caches);
+- ``contiguous_ring``: as contiguous, but sliding-window layers reserve a ring of ``window`` slots.
+
+Tensor parallelism splits KV heads across GPUs; with fewer KV heads than GPUs each GPU keeps one
+(replicated). An MLA latent is shared by all heads, so each GPU keeps all of it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpubench.errors import BadInput
+from gpubench.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str
+    value_bits: int  # bits per stored value
+    group: int  # values per scale group; 0 = one scale per stored vector (per token and head)
+    group_scale_bytes: int  # bytes of scale (and zero-point) per group
+    tensor_scale_bytes: int  # per K (or V, or latent) cache tensor per layer
+    torch_dtype: str | None  # storage dtype of the values where torch has one, else packed bytes
+    overhead: str  # what the scales cost, in words
+
+    def vector_bytes(self, values: int) -> int:
+        """Bytes of one stored vector of ``values`` values, scales included."""
+        groups = 0 if self.group_scale_bytes == 0 else (1 if self.group == 0 else math.ceil(values / self.group))
+        return self.value_bytes(values) + groups * self.group_scale_bytes
+
+    def value_bytes(self, values: int) -> int:
+        return math.ceil(values * self.value_bits / 8)
+
+    def scale_bytes(self, values: int) -> int:
+        return self.vector_bytes(values) - self.value_bytes(values)
+
+
+KV_FORMATS: dict[str, KVFormat] = {
+    "fp32": KVFormat("fp32", 32, 0, 0, 0, "float32", "none"),
+    "bf16": KVFormat("bf16", 16, 0, 0, 0, "bfloat16", "none"),
+    "fp16": KVFormat("fp16", 16, 0, 0, 0, "float16", "none"),
+    "fp8": KVFormat("fp8", 8, 0, 0, 4, "float8_e4m3fn",
+                    "one fp32 scale per layer for K and one for V (per-tensor, as vLLM's fp8 KV cache)"),
+    "int8": KVFormat("int8", 8, 0, 2, 0, None,
+                     "one fp16 scale per stored vector (per token and head): +2 bytes per head_dim values"),
+    "int4": KVFormat("int4", 4, 32, 4, 0, None,
+                     "asymmetric groups of 32 values, fp16 scale + fp16 zero-point each: 5 bits per value"),
+    "mxfp4": KVFormat("mxfp4", 4, 32, 1, 0, None,
+                      "OCP MX: one 8-bit (e8m0) scale per 32 values: 4.25 bits per value"),
+    "nvfp4": KVFormat("nvfp4", 4, 16, 1, 4, None,
+                      "one fp8 (e4m3) scale per 16 values: 4.5 bits per value, + one fp32 scale per tensor"),
+}
+KV_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8": "fp8"}
+POLICIES = ("paged", "paged_full", "contiguous", "contiguous_ring")
+
+
+def kv_format(name: str, source: str = "--kv-dtype") -> KVFormat:
+    key = KV_DTYPE_ALIASES.get(name.lower(), name.lower())
+    if key not in KV_FORMATS:
+        raise BadInput(f"{source}: {name!r} is not a supported KV dtype; allowed: {', '.join(KV_FORMATS)} "
+                       f"(aliases: {', '.join(KV_DTYPE_ALIASES)}).")
+    return KV_FORMATS[key]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one GPU stores per token per layer."""
+
+    model: str
+    attention: str  # MHA, GQA, MQA, MLA
+    fmt: KVFormat
+    tp: int
+    kv_heads_per_gpu: int  # MLA: 1 latent
+    vectors_per_token: int  # per layer: 2 x kv heads (K and V), or 1 latent for MLA
+    vector_len: int  # head_dim, or kv_lora_rank + qk_rope_head_dim
+    windows: tuple[int | None, ...]  # per layer
+    tp_note: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.windows)
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return self.vectors_per_token * self.fmt.vector_bytes(self.vector_len)
+
+    @property
+    def tensors_per_layer(self) -> int:
+        return 1 if self.attention == "MLA" else 2
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Per-tensor scales: a constant per GPU, whatever the number of tokens."""
+        return self.num_layers * self.tensors_per_layer * self.fmt.tensor_scale_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """All layers, every layer holding the token (no window)."""
+        return self.num_layers * self.bytes_per_token_per_layer
+
+
+def layout_for(cfg: ModelConfig, kv_dtype: str = "bf16", tp: int = 1) -> KVLayout:
+    fmt = kv_format(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+    if tp < 1:
+        raise BadInput(f"--tp: {tp} is not valid; allowed: an integer >= 1.")
+    if cfg.mla is not None:
+        return KVLayout(cfg.name, "MLA", fmt, tp, 1, 1, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim,
+                        cfg.layer_windows, "MLA latent is shared by all heads: every GPU keeps all of it"
+                        if tp > 1 else "")
+    kv = cfg.num_kv_heads
+    if kv >= tp:
+        if kv % tp:
+            raise BadInput(f"--tp: {cfg.name} has {kv} KV heads, which {tp} GPUs cannot split evenly; "
+                           f"allowed: a divisor of {kv}, or a multiple of it (heads replicated).")
+        per_gpu, note = kv // tp, (f"{kv} KV heads split over {tp} GPUs" if tp > 1 else "")
+    else:
+        if tp % kv:
+            raise BadInput(f"--tp: {tp} GPUs cannot share {kv} KV heads evenly; allowed: a multiple of {kv} or a divisor of it.")
+        per_gpu, note = 1, f"{kv} KV heads < {tp} GPUs: each GPU keeps one head (replicated {tp // kv}x)"
+    return KVLayout(cfg.name, cfg.attention, fmt, tp, per_gpu, 2 * per_gpu, cfg.head_dim, cfg.layer_windows, note)
+
+
+# --------------------------------------------------------------------------------------------
+# Tokens held
+
+def blocks_for(length: int, block_size: int) -> int:
+    return math.ceil(length / block_size)
+
+
+def window_blocks(length: int, window: int, block_size: int) -> int:
+    """Blocks a window-aware paged allocator still holds for a sliding layer once ``length``
+    tokens were written: those containing positions length-window .. length-1 (a window that
+    does not start on a block boundary touches one block more)."""
+    if length <= 0:
+        return 0
+    first = max(0, length - window)
+    return (length - 1) // block_size - first // block_size + 1
+
+
+def slots_per_layer(layout: KVLayout, length: int, policy: str, block_size: int, max_len: int) -> list[int]:
+    """Token slots each layer reserves for one sequence of ``length`` tokens."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; allowed: {POLICIES}")
+    slots = []
+    for window in layout.windows:
+        if policy == "paged":
+            n = window_blocks(length, window, block_size) if window else blocks_for(length, block_size)
+            slots.append(n * block_size)
+        elif policy == "paged_full":
+            slots.append(blocks_for(length, block_size) * block_size)
+        elif policy == "contiguous":
+            slots.append(max_len)
+        else:  # contiguous_ring
+            slots.append(min(max_len, window) if window else max_len)
+    return slots
+
+
+def live_tokens_per_layer(layout: KVLayout, length: int) -> list[int]:
+    """Tokens each layer still needs: the whole sequence, or the window for sliding layers."""
+    return [min(length, w) if w else length for w in layout.windows]
+
+
+def sequence_bytes(layout: KVLayout, length: int, policy: str, block_size: int, max_len: int) -> int:
+    """Bytes one sequence occupies on one GPU (per-tensor scales not included: see fixed_bytes)."""
+    return sum(slots_per_layer(layout, length, policy, block_size, max_len)) * layout.bytes_per_token_per_layer
+
+
+def cache_bytes(layout: KVLayout, lengths: list[int], policy: str, block_size: int, max_len: int) -> int:
+    """Bytes of the whole cache on one GPU for these sequences, fixed per-tensor scales included:
+    exactly what an allocator of that policy holds in tensor storage."""
+    return layout.fixed_bytes + sum(sequence_bytes(layout, n, policy, block_size, max_len) for n in lengths)
+
+
+def token_bytes(layout: KVLayout, lengths: list[int]) -> int:
+    """Bytes that actually hold live tokens (what an ideal allocator would need)."""
+    return sum(sum(live_tokens_per_layer(layout, n)) for n in lengths) * layout.bytes_per_token_per_layer
+
+
+def naive_bytes_per_token(cfg: ModelConfig, fmt: KVFormat) -> float:
+    """The back-of-envelope formula: 2 x layers x hidden_size x bytes per value (assumes MHA,
+    head_dim = hidden / heads, no windows, no scales)."""
+    return 2 * cfg.num_layers * cfg.hidden_size * fmt.value_bits / 8
+
+
+# --------------------------------------------------------------------------------------------
+# A capacity plan
+
+@dataclass
+class PolicyPlan:
+    policy: str
+    bytes_per_sequence: int
+    batch_bytes: int | None  # for the requested batch
+    max_sequences: int  # that fit in the free memory at this length
+    utilization: float  # bytes holding live tokens / bytes reserved, at this length
+
+
+@dataclass
+class KVPlan:
+    model: str
+    attention: str
+    kv_dtype: str
+    kv_overhead: str
+    seq_len: int
+    max_len: int
+    batch: int | None
+    block_size: int
+    tp: int
+    tp_note: str
+    num_layers: int
+    sliding_layers: int
+    windows: list[int | None]
+    head_dim: int
+    head_dim_source: str
+    kv_heads_per_gpu: int
+    bytes_per_token_per_layer: int
+    bytes_per_token: int  # per GPU, all layers
+    fixed_bytes: int
+    naive_bytes_per_token: float  # whole model, one GPU
+    exact_bytes_per_token_tp1: int  # whole model, one GPU, every layer
+    naive_vs_exact: float  # naive / exact
+    gpu_memory_bytes: int
+    utilization_target: float
+    weight_bytes: int  # whole model
+    weight_bytes_per_gpu: int
+    weight_note: str
+    overhead_bytes: int
+    free_bytes: int  # per GPU, for KV
+    max_tokens: int  # paged blocks that fit, every layer holding every token
+    policies: dict[str, PolicyPlan]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "bf16", block_size: int = 16,
+         tp: int = 1, gpu_memory_bytes: int, utilization: float = 0.9, weight_bytes: int,
+         weight_note: str = "", max_len: int | None = None, overhead_bytes: int = 0) -> KVPlan:
+    problems = []
+    for name, value in (("--seq-len", seq_len), ("--block-size", block_size), ("--tp", tp),
+                        ("--gpu-memory", gpu_memory_bytes)):
+        if value <= 0:
+            problems.append(f"{name}: {value} must be > 0")
+    if batch is not None and batch <= 0:
+        problems.append(f"--batch: {batch} must be > 0 (or 'fit')")
+    if not 0 < utilization <= 1:
+        problems.append(f"--utilization: {utilization} must be in (0, 1]")
+    if weight_bytes < 0 or overhead_bytes < 0:
+        problems.append("--weight-bytes / --overhead-bytes must be >= 0")
+    max_len = max_len if max_len is not None else max(seq_len, cfg.max_position_embeddings or seq_len)
+    if max_len < seq_len:
+        problems.append(f"--max-len: {max_len} is shorter than --seq-len {seq_len}")
+    if problems:
+        raise BadInput("invalid sizes: " + "; ".join(problems) + ".")
+    layout = layout_for(cfg, kv_dtype, tp)
+    tp1 = layout_for(cfg, kv_dtype, 1)
+    exact_tp1 = tp1.bytes_per_token
+    naive = naive_bytes_per_token(cfg, layout.fmt)
+    per_gpu_weights = math.ceil(weight_bytes / tp)
+    free = int(gpu_memory_bytes * utilization) - per_gpu_weights - overhead_bytes
+    usable = max(0, free - layout.fixed_bytes)
+    policies = {}
+    for policy in POLICIES:
+        per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
+        live = token_bytes(layout, [seq_len])
+        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch + layout.fixed_bytes if batch else None,
+                                      usable // per_seq if per_seq else 0, live / per_seq if per_seq else 0.0)
+    block_bytes = block_size * layout.bytes_per_token
+    return KVPlan(
+        model=cfg.name, attention=layout.attention, kv_dtype=layout.fmt.name, kv_overhead=layout.fmt.overhead,
+        seq_len=seq_len, max_len=max_len, batch=batch, block_size=block_size, tp=tp, tp_note=layout.tp_note,
+        num_layers=cfg.num_layers, sliding_layers=cfg.sliding_layers, windows=list(cfg.layer_windows),
+        head_dim=layout.vector_len,
+        head_dim_source=("kv_lora_rank + qk_rope_head_dim" if cfg.mla else
+                         "config head_dim" if cfg.head_dim_from_config else "hidden_size / num_attention_heads"),
+        kv_heads_per_gpu=layout.kv_heads_per_gpu, bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
+        bytes_per_token=layout.bytes_per_token, fixed_bytes=layout.fixed_bytes,
+        naive_bytes_per_token=naive, exact_bytes_per_token_tp1=exact_tp1, naive_vs_exact=naive / exact_tp1,
+        gpu_memory_bytes=gpu_memory_bytes, utilization_target=utilization, weight_bytes=weight_bytes,
+        weight_bytes_per_gpu=per_gpu_weights, weight_note=weight_note, overhead_bytes=overhead_bytes,
+        free_bytes=free, max_tokens=(usable // block_bytes) * block_size if block_bytes else 0,
+        policies=policies,
+    )

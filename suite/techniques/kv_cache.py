@@ -1,0 +1,152 @@
+"""kv_cache: allocate a model's real KV cache, contiguous at max length vs paged blocks, and check
+the bytes each holds against the calculator's prediction (to the byte).
+
+The calculator (:mod:`gpubench.kvmath`, ``gpubench kv-cache``) plans memory; this technique
+proves its arithmetic on real allocations: the layout (KV heads per GPU, head_dim, MLA latent,
+sliding-window layers, KV dtype with its scales) comes from a preset's published config, the
+first ``layers`` layers of it so the cache fits any machine, and sequence lengths are drawn at
+random up to ``max_len``. Each variant writes every sequence's tokens (random data, never zeros)
+and the check reads them back through the variant's addressing (block tables for paged).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpubench import kvmath
+from gpubench.baselines import kv_cache as contiguous
+from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
+from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
+from gpubench.models import config as model_config
+from gpubench.optimizations import kv_cache as paged
+
+TECHNIQUE = Technique(
+    name="kv_cache",
+    shape="analytic",
+    summary="KV memory of a real model layout: contiguous max-length reservation vs paged blocks, "
+            "measured bytes checked against the calculator.",
+    anchor="vLLM: prior systems use 20.4-38.2% of KV memory for token states; vLLM wastes under 4%",
+    headline="utilization",
+    gpu_specific="The bytes are the same on any device; the time (allocate and write the cache) "
+                 "is a device figure, and on a CPU it says little about a GPU allocator.",
+    params=[
+        Param("model", str, "llama-2-7b", "published config whose layout is allocated",
+              choices=model_config.preset_names()),
+        Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),
+        Param("layers", int, 2, "first N layers of the model (0 = all)", min=0),
+        Param("requests", int, 4, "sequences in the cache", min=1),
+        Param("max_len", int, 1024, "longest sequence; what contiguous reserves", min=1),
+        Param("block_size", int, 16, "tokens per paged block", min=1),
+        Param("tp", int, 1, "tensor-parallel degree (one GPU's share is allocated)", min=1),
+    ],
+)
+
+
+@TECHNIQUE.validate
+def validate(params: dict[str, Any]) -> list[str]:
+    cfg = model_config.load_preset(params["model"])
+    if params["layers"] > cfg.num_layers:
+        return [f"layers ({params['layers']}) exceeds {params['model']}'s {cfg.num_layers} layers"]
+    try:
+        kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])
+    except Exception as exc:  # noqa: BLE001 - BadInput with the reason
+        return [str(exc)]
+    return []
+
+
+@TECHNIQUE.build
+def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
+    cfg = model_config.load_preset(params["model"])
+    if params["layers"]:
+        cfg = cfg.with_layers(params["layers"])
+    layout = kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])
+    w = Workload(dict(params), torch.device(device), seed)
+    lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],), generator=w.generator()).tolist()
+    # Token data is drawn on the device itself (gigabytes at real sizes): the same for a seed on
+    # a given device type.
+    data_gen = torch.Generator(device=w.device).manual_seed(seed + 1)
+    sequences = [SequenceKV(n, [random_rows(layout, n, data_gen) for _ in range(layout.num_layers)])
+                 for n in lengths]
+    w.inputs.update(layout=layout, lengths=lengths, sequences=sequences)
+    return w
+
+
+@dataclass
+class Allocation:
+    """A variant's output: the cache it built and what it was asked to hold."""
+
+    cache: Any  # ContiguousKVCache or PagedKVCache
+    workload: Workload
+
+    def storage_bytes(self) -> int:
+        return self.cache.storage_bytes()
+
+
+def _build(module, w: Workload) -> Allocation:
+    cache = module.build_cache(w.layout, w.sequences, max_len=w.params["max_len"],
+                               block_size=w.params["block_size"], device=w.device, generator=w.generator(2))
+    return Allocation(cache, w)
+
+
+@TECHNIQUE.variant("baseline", role="baseline")
+def run_contiguous(w: Workload) -> Allocation:
+    """Contiguous: max_len slots per sequence in every layer, reserved up front."""
+    return _build(contiguous, w)
+
+
+@TECHNIQUE.variant("optimized", role="optimized")
+def run_paged(w: Workload) -> Allocation:
+    """Paged: block_size-token blocks on demand, window-aware for sliding layers."""
+    return _build(paged, w)
+
+
+ALLOCATORS = ("contiguous", "paged")  # each is also the kvmath policy it must match
+
+
+@TECHNIQUE.reference
+def reference(w: Workload) -> dict[str, int]:
+    """The calculator's prediction of each allocator's tensor storage, in bytes."""
+    p = w.params
+    return {name: kvmath.cache_bytes(w.layout, w.lengths, name, p["block_size"], p["max_len"])
+            for name in ALLOCATORS}
+
+
+@TECHNIQUE.check
+def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
+    """Measured storage must equal the prediction to the byte, and every live token must read
+    back bit-exact through the allocator's addressing."""
+    cache, w = output.cache, output.workload
+    predicted = reference_bytes[cache.allocator]
+    measured = cache.storage_bytes()
+    mismatched = 0
+    for i, seq in enumerate(w.sequences):
+        for layer, window in enumerate(w.layout.windows):
+            start = max(0, seq.length - window) if window else 0
+            got = cache.read(i, layer, start, seq.length)
+            src = seq.layers[layer]
+            ok = same_bytes(got.values, src.values[start:])
+            if src.scales is not None:
+                ok = ok and same_bytes(got.scales, src.scales[start:])
+            mismatched += not ok
+    error = abs(measured - predicted)
+    passed = error == 0 and mismatched == 0
+    detail = "" if passed else (f"measured {measured} B vs predicted {predicted} B; "
+                                f"{mismatched} (sequence, layer) read-backs differ")
+    return CheckResult(passed, float(error), 0.0, "bytes_off_prediction", detail)
+
+
+@TECHNIQUE.metrics
+def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
+    out: Allocation = measured.output
+    reserved = out.storage_bytes()
+    holding = kvmath.token_bytes(w.layout, w.lengths)
+    return {
+        "bytes_reserved": reserved,
+        "bytes_predicted": reference(w)[out.cache.allocator],
+        "bytes_holding_tokens": holding,
+        "utilization": holding / reserved if reserved else 0.0,
+        "metadata_bytes": out.cache.metadata_bytes(),
+        "tokens": sum(w.lengths),
+    }

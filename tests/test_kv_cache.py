@@ -1,0 +1,253 @@
+"""KV-cache calculator: exact per-family formulas (hand-computed), allocation checked to the byte."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gpubench import kvmath
+from gpubench.cli import main
+from gpubench.errors import BadInput
+from gpubench.models import config as model_config
+from gpubench.models import params as model_params
+
+GiB = 2**30
+
+
+def preset_layout(name, kv_dtype="bf16", tp=1):
+    return kvmath.layout_for(model_config.load_preset(name), kv_dtype, tp)
+
+
+def test_llama2_7b_classic_example_4096_tokens_fp16_is_2_gib():
+    layout = preset_layout("llama-2-7b", "fp16")
+    assert layout.bytes_per_token_per_layer == 2 * 32 * 128 * 2
+    assert kvmath.sequence_bytes(layout, 4096, "paged", 16, 4096) == 4096 * 2 * 32 * 4096 * 2 == 2 * GiB
+    cfg = model_config.load_preset("llama-2-7b")
+    assert kvmath.naive_bytes_per_token(cfg, layout.fmt) == layout.bytes_per_token  # MHA: naive is right
+
+
+def test_gqa_divides_by_the_group_and_the_naive_formula_overstates_it():
+    cfg = model_config.load_preset("llama-3.1-8b")
+    layout = kvmath.layout_for(cfg, "bf16")
+    assert layout.attention == "GQA" and layout.bytes_per_token_per_layer == 2 * 8 * 128 * 2  # 4 KiB
+    assert layout.bytes_per_token == 32 * 4096  # 128 KiB per token
+    assert kvmath.naive_bytes_per_token(cfg, layout.fmt) / layout.bytes_per_token == 4.0
+
+
+def test_mqa_keeps_one_head():
+    raw = {"hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 1}
+    layout = kvmath.layout_for(model_config.from_dict(raw, "mqa", "test"), "fp32")
+    assert layout.attention == "MQA" and layout.bytes_per_token == 4 * 2 * 1 * 128 * 4
+
+
+def test_head_dim_is_read_from_the_config_not_derived():
+    cfg = model_config.load_preset("gpt-oss-20b")
+    assert cfg.hidden_size // cfg.num_heads == 45 and cfg.head_dim == 64 and cfg.head_dim_from_config
+    assert kvmath.layout_for(cfg, "bf16").bytes_per_token_per_layer == 2 * 8 * 64 * 2
+
+
+def test_mla_stores_one_latent_without_the_factor_two():
+    cfg = model_config.load_preset("deepseek-v3")
+    layout = kvmath.layout_for(cfg, "bf16")
+    assert layout.attention == "MLA" and layout.bytes_per_token_per_layer == (512 + 64) * 2
+    assert layout.bytes_per_token == 61 * 1152
+    # tensor parallelism does not split the latent
+    assert kvmath.layout_for(cfg, "bf16", tp=8).bytes_per_token_per_layer == 1152
+
+
+def test_sliding_window_conventions_of_each_family():
+    mistral = model_config.load_preset("mistral-7b-v0.1")
+    assert mistral.layer_windows == (4096,) * 32
+    gpt_oss = model_config.load_preset("gpt-oss-120b")
+    assert gpt_oss.layer_windows[:4] == (128, None, 128, None) and gpt_oss.sliding_layers == 18
+    qwen = model_config.load_preset("qwen2.5-7b")
+    assert qwen.sliding_layers == 0  # sliding_window is set but use_sliding_window is false
+    raw = {**model_config.preset_raw("qwen2.5-7b"), "use_sliding_window": True, "sliding_window": 4096,
+           "max_window_layers": 20}
+    on = model_config.from_dict(raw, "qwen-swa", "test")
+    assert on.layer_windows[:20] == (None,) * 20 and on.layer_windows[20:] == (4096,) * 8
+
+
+def test_window_aware_blocks_hand_computed():
+    # Mistral window 4096, block 16: aligned end -> 256 blocks; one token more -> the window
+    # starts inside a block, so it touches 257 blocks.
+    assert kvmath.window_blocks(8192, 4096, 16) == 256
+    assert kvmath.window_blocks(8200, 4096, 16) == 257
+    assert kvmath.window_blocks(100, 4096, 16) == 7  # shorter than the window: the whole sequence
+    layout = preset_layout("mistral-7b-v0.1")
+    per_layer = 2 * 8 * 128 * 2
+    assert kvmath.sequence_bytes(layout, 8200, "paged", 16, 32768) == 32 * 257 * 16 * per_layer
+    assert kvmath.sequence_bytes(layout, 8200, "paged_full", 16, 32768) == 32 * 513 * 16 * per_layer
+    assert kvmath.sequence_bytes(layout, 8200, "contiguous", 16, 32768) == 32 * 32768 * per_layer
+    assert kvmath.sequence_bytes(layout, 8200, "contiguous_ring", 16, 32768) == 32 * 4096 * per_layer
+
+
+def test_paged_rounds_up_to_blocks_and_contiguous_reserves_max_len():
+    layout = preset_layout("llama-2-7b")
+    per_token = layout.bytes_per_token
+    assert kvmath.sequence_bytes(layout, 100, "paged", 16, 4096) == 112 * per_token
+    assert kvmath.sequence_bytes(layout, 100, "contiguous", 16, 4096) == 4096 * per_token
+    assert kvmath.token_bytes(layout, [100]) == 100 * per_token
+
+
+def test_tensor_parallel_splits_or_replicates_kv_heads():
+    assert preset_layout("llama-2-7b", tp=2).kv_heads_per_gpu == 16
+    assert preset_layout("llama-3.1-70b", tp=8).kv_heads_per_gpu == 1
+    replicated = preset_layout("llama-3.1-70b", tp=16)
+    assert replicated.kv_heads_per_gpu == 1 and "replicated" in replicated.tp_note
+    with pytest.raises(BadInput, match="cannot split evenly"):
+        preset_layout("llama-3.1-70b", tp=3)
+
+
+@pytest.mark.parametrize("fmt,vector_bytes", [
+    ("fp32", 512), ("bf16", 256), ("fp16", 256), ("fp8", 128),
+    ("int8", 128 + 2),            # one fp16 scale per vector
+    ("int4", 64 + 4 * 4),         # 4 groups of 32, fp16 scale + zero each
+    ("mxfp4", 64 + 4 * 1),        # 4 groups of 32, one e8m0 byte each
+    ("nvfp4", 64 + 8 * 1),        # 8 groups of 16, one fp8 byte each
+])
+def test_kv_formats_count_their_scales(fmt, vector_bytes):
+    assert kvmath.KV_FORMATS[fmt].vector_bytes(128) == vector_bytes
+
+
+def test_per_tensor_scales_are_a_fixed_cost():
+    layout = preset_layout("llama-2-7b", "fp8")
+    assert layout.fixed_bytes == 32 * 2 * 4
+    assert kvmath.cache_bytes(layout, [10], "paged", 16, 4096) == 32 * 2 * 4 + 16 * layout.bytes_per_token
+
+
+@pytest.mark.parametrize("name", model_config.preset_names())
+def test_parameter_counts_match_the_published_figures(name):
+    raw = model_config.preset_raw(name)
+    counted = model_params.count_parameters(model_config.load_preset(name)).total
+    assert counted == pytest.approx(raw["_published_params"], rel=0.01)
+
+
+def test_weight_bytes_follow_the_checkpoint_quantization():
+    gpt = model_params.weight_bytes(model_config.load_preset("gpt-oss-20b"))
+    assert 12.5 * GiB < gpt.bytes < 13.2 * GiB and "mxfp4" in gpt.note  # MXFP4 experts, bf16 rest
+    llama = model_params.weight_bytes(model_config.load_preset("llama-2-7b"), "fp32")
+    assert llama.bytes == model_params.count_parameters(model_config.load_preset("llama-2-7b")).total * 4
+
+
+def test_plan_capacity_figures_are_consistent():
+    cfg = model_config.load_preset("llama-2-7b")
+    p = kvmath.plan(cfg, seq_len=4096, batch=None, kv_dtype="fp16", gpu_memory_bytes=80 * GiB, utilization=0.9,
+                    weight_bytes=13 * 10**9)
+    free = int(80 * GiB * 0.9) - 13 * 10**9
+    assert p.free_bytes == free
+    assert p.policies["paged"].max_sequences == free // (2 * GiB)
+    assert p.max_tokens == free // (16 * p.bytes_per_token) * 16
+
+
+def test_bad_input_is_named():
+    with pytest.raises(BadInput, match="did you mean 'llama-2-7b'"):
+        model_config.load_preset("llama2-7b")
+    with pytest.raises(BadInput, match="num_hidden_layers, num_attention_heads"):
+        model_config.from_dict({"hidden_size": 8}, "x", "cfg.json")
+    with pytest.raises(BadInput, match="'fp6' is not a supported KV dtype"):
+        kvmath.kv_format("fp6")
+    with pytest.raises(BadInput, match="--seq-len: 0 must be > 0"):
+        kvmath.plan(model_config.load_preset("llama-2-7b"), seq_len=0, batch=None, gpu_memory_bytes=GiB, weight_bytes=0)
+
+
+def cli(*args):
+    return CliRunner().invoke(main, ["kv-cache", *args], catch_exceptions=False)
+
+
+def test_cli_table_json_and_list():
+    result = cli("--model", "llama-2-7b", "--seq-len", "4096", "--kv-dtype", "fp16", "--batch", "1", "--gpu-memory", "80")
+    assert result.exit_code == 0 and "2 GiB" in result.output and "naive" in result.output
+    data = json.loads(cli("--model", "gpt-oss-20b", "--gpu-memory", "80GiB", "--json").output)
+    assert data["policies"]["paged"]["max_sequences"] > data["policies"]["contiguous"]["max_sequences"]
+    assert data["naive_vs_exact"] > 5
+    listing = cli("--list").output
+    assert all(name in listing for name in ("llama-3.1-70b", "deepseek-v3", "qwen2.5-7b", "gpt-oss-120b"))
+
+
+def test_cli_reads_a_hugging_face_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+                                "num_key_value_heads": 2, "vocab_size": 1000, "model_type": "llama"}))
+    data = json.loads(cli("--config", str(path), "--seq-len", "10", "--gpu-memory", "1", "--json").output)
+    assert data["bytes_per_token"] == 2 * 2 * 2 * 128 * 2
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "lama-2-7b"], "did you mean"),
+    (["--model", "llama-2-7b", "--kv-dtype", "fp6"], "not a supported KV dtype"),
+    (["--model", "llama-2-7b", "--seq-len", "-5"], "--seq-len: -5 must be > 0"),
+    (["--model", "llama-2-7b", "--batch", "zero"], "--batch: 'zero' is not valid"),
+    (["--model", "llama-2-7b", "--gpu-memory", "lots"], "--gpu-memory: 'lots' is not a size"),
+    (["--config", "/no/such/config.json"], "no such config file"),
+    ([], "give exactly one of --model"),
+])
+def test_cli_bad_input_exits_2(args, fragment):
+    result = cli(*args)
+    assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
+
+
+def test_cli_names_missing_config_fields(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 1024, "kv_lora_rank": 512}))
+    result = cli("--config", str(path))
+    assert result.exit_code == 2
+    assert "num_hidden_layers, num_attention_heads, qk_rope_head_dim, qk_nope_head_dim, v_head_dim" in result.output
+
+
+# -- the technique: real allocations against the prediction ----------------------------------
+
+from gpubench.techniques import kv_cache as technique  # noqa: E402
+
+
+def build(**params):
+    full = {**technique.TECHNIQUE.defaults(), "max_len": 200, **params}
+    return technique.build(full, torch.device("cpu"), seed=3)
+
+
+@pytest.mark.parametrize("model,kv_dtype", [
+    ("llama-2-7b", "bf16"), ("llama-3.1-8b", "fp8"), ("gpt-oss-20b", "bf16"), ("deepseek-v3", "int4"),
+    ("mistral-7b-v0.1", "nvfp4"), ("qwen2.5-7b", "int8"), ("llama-2-7b", "fp32"),
+])
+def test_allocations_match_the_prediction_to_the_byte_and_read_back_exactly(model, kv_dtype):
+    w = build(model=model, kv_dtype=kv_dtype, block_size=16)
+    if model == "mistral-7b-v0.1":
+        w = build(model=model, kv_dtype=kv_dtype, max_len=300)
+    predicted = technique.reference(w)
+    for variant in ("baseline", "optimized"):
+        out = technique.TECHNIQUE.variants[variant].fn(w)
+        result = technique.check(predicted, out)
+        assert result.passed, result.detail
+        assert out.storage_bytes() == predicted[out.cache.allocator]
+    assert predicted["paged"] < predicted["contiguous"]
+
+
+def test_sliding_layers_hold_only_their_window_when_paged():
+    w = technique.build({**technique.TECHNIQUE.defaults(), "model": "gpt-oss-20b", "max_len": 2000, "requests": 2},
+                        torch.device("cpu"), seed=5)
+    out = technique.run_paged(w)
+    sliding, full = out.cache.pools[0], out.cache.pools[1]  # gpt-oss: layer 0 slides (window 128)
+    assert sliding.values.shape[0] * 16 <= 2 * (128 + 16) < full.values.shape[0] * 16
+
+
+def test_check_catches_a_byte_off_and_a_misplaced_block():
+    w = build(model="llama-2-7b")
+    predicted = technique.reference(w)
+    out = technique.run_paged(w)
+    off = technique.check({**predicted, "paged": predicted["paged"] + 1}, out)
+    assert not off.passed and off.error == 1.0
+    table = out.cache.block_tables[0][0]
+    if len(table) > 1:
+        table[[0, 1]] = table[[1, 0]]  # swap two blocks of the first sequence
+        assert "read-backs differ" in technique.check(predicted, out).detail
+
+
+def test_metrics_report_reserved_holding_and_utilization():
+    w = build(model="llama-2-7b")
+    from gpubench.contract import Measured
+
+    out = technique.run_contiguous(w)
+    m = technique.metrics(w, Measured("baseline", [1e-3], 1e-3, out, torch.device("cpu")))
+    assert m["bytes_reserved"] == m["bytes_predicted"]
+    assert m["utilization"] == pytest.approx(m["bytes_holding_tokens"] / m["bytes_reserved"])
+    assert 0 < m["utilization"] < 1
