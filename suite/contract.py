@@ -192,6 +192,9 @@ class Technique:
     reference_fn: Callable[[Workload], Any] | None = None
     metrics_fn: Callable[[Workload, Measured], dict[str, Any]] | None = None
     validate_fn: Callable[[dict[str, Any]], list[str]] | None = None
+    # Report hook: case records of this technique (from results.json) -> [(title, matplotlib
+    # Figure)]. Reads results only; never re-runs anything.
+    figures_fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -233,6 +236,11 @@ class Technique:
 
     def metrics(self, fn: Callable[[Workload, Measured], dict[str, Any]]):
         self.metrics_fn = fn
+        return fn
+
+    def figures(self, fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]]):
+        """Optional: the technique's own report figures, built from its case records."""
+        self.figures_fn = fn
         return fn
 
     def validate(self, fn: Callable[[dict[str, Any]], list[str]]):
