@@ -251,3 +251,17 @@ def test_metrics_report_reserved_holding_and_utilization():
     assert m["bytes_reserved"] == m["bytes_predicted"]
     assert m["utilization"] == pytest.approx(m["bytes_holding_tokens"] / m["bytes_reserved"])
     assert 0 < m["utilization"] < 1
+
+
+def test_report_figures_hook_draws_from_case_records(tmp_path):
+    from gpubench import runner, scenario
+
+    path = tmp_path / "kv.yaml"
+    path.write_text("name: kv\nentries:\n  - technique: kv_cache\n    params: {model: [llama-2-7b, gpt-oss-20b], max_len: 128}\n"
+                    "policy: {warmup_s: 0, min_reps: 2, max_reps: 3, min_time_s: 0, max_time_s: 0.3, target_iqr: 1.0}\n")
+    doc = runner.run_scenario(scenario.load(path), torch.device("cpu"), tmp_path / "runs", calibrate=False).doc
+    figs = technique.figures(doc["cases"])
+    assert [title.split(":")[0] for title, _ in figs] == ["KV bytes", "Memory breakdown of one GPU"]
+    for _, fig in figs:
+        assert fig.axes and fig.axes[0].patches  # bars were drawn
+    assert technique.figures([]) == []

@@ -20,6 +20,7 @@ from gpubench.baselines import kv_cache as contiguous
 from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
 from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
 from gpubench.models import config as model_config
+from gpubench.models import params as model_params
 from gpubench.optimizations import kv_cache as paged
 
 TECHNIQUE = Technique(
@@ -137,12 +138,34 @@ def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
     return CheckResult(passed, float(error), 0.0, "bytes_off_prediction", detail)
 
 
+REFERENCE_GPU_BYTES = 80 * 2**30  # for the memory breakdown when the run is not on a GPU
+
+
+def _full_model_breakdown(w: Workload) -> dict[str, Any]:
+    """The whole model (all layers) with this case's sequences, on one GPU of the tp group: what
+    the memory breakdown figure shows."""
+    cfg = model_config.load_preset(w.params["model"])
+    layout = kvmath.layout_for(cfg, w.params["kv_dtype"], w.params["tp"])
+    on_gpu = w.device.type == "cuda"
+    gpu = torch.cuda.get_device_properties(w.device).total_memory if on_gpu else REFERENCE_GPU_BYTES
+    return {
+        "full_model_weight_bytes_per_gpu": -(-model_params.weight_bytes(cfg).bytes // w.params["tp"]),
+        "full_model_kv_contiguous_bytes": kvmath.cache_bytes(layout, w.lengths, "contiguous",
+                                                             w.params["block_size"], w.params["max_len"]),
+        "full_model_kv_paged_bytes": kvmath.cache_bytes(layout, w.lengths, "paged", w.params["block_size"],
+                                                        w.params["max_len"]),
+        "gpu_memory_bytes": gpu,
+        "gpu_memory_source": torch.cuda.get_device_name(w.device) if on_gpu else "reference 80 GiB GPU (run on CPU)",
+    }
+
+
 @TECHNIQUE.metrics
 def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
     out: Allocation = measured.output
     reserved = out.storage_bytes()
     holding = kvmath.token_bytes(w.layout, w.lengths)
     return {
+        **_full_model_breakdown(w),
         "bytes_reserved": reserved,
         "bytes_predicted": reference(w)[out.cache.allocator],
         "bytes_holding_tokens": holding,
@@ -150,3 +173,57 @@ def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
         "metadata_bytes": out.cache.metadata_bytes(),
         "tokens": sum(w.lengths),
     }
+
+
+@TECHNIQUE.figures
+def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """Predicted vs measured bytes per case and allocator; a memory breakdown (weights, KV,
+    free) of one GPU per model, full model, with each case's sequences."""
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for case in cases:
+        v = case.get("variants", {})
+        base = (v.get("baseline") or {}).get("metrics") or {}
+        opt = (v.get("optimized") or {}).get("metrics") or {}
+        if "bytes_reserved" in base and "bytes_reserved" in opt:
+            label = f"{case['params'].get('model')} {case['params'].get('kv_dtype')}"
+            rows.append((label, base, opt))
+    if not rows:
+        return []
+    mib = 2**20
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(rows)))
+    y = range(len(rows))
+    for offset, (name, key) in enumerate((("contiguous", 1), ("paged", 2))):
+        measured = [r[key]["bytes_reserved"] / mib for r in rows]
+        predicted = [r[key]["bytes_predicted"] / mib for r in rows]
+        pos = [i + (offset - 0.5) * 0.38 for i in y]
+        ax.barh(pos, measured, height=0.36, label=f"{name}: measured", color=("#c44e52", "#4c72b0")[offset])
+        ax.scatter(predicted, pos, marker="|", s=300, color="black", zorder=3,
+                   label="predicted" if offset else None)
+    ax.set_yticks(list(y), [r[0] for r in rows])
+    ax.set_xlabel("KV tensor storage (MiB)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out = [("KV bytes: measured allocation vs the calculator's prediction", fig)]
+
+    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.8 * len(rows)))
+    gib = 2**30
+    labels = []
+    for i, (label, base, opt) in enumerate(rows):
+        total = base["gpu_memory_bytes"]
+        for j, (alloc, kv) in enumerate((("contiguous", base["full_model_kv_contiguous_bytes"]),
+                                         ("paged", opt["full_model_kv_paged_bytes"]))):
+            weights = base["full_model_weight_bytes_per_gpu"]
+            free = max(0, total - weights - kv)
+            pos = 2 * i + j
+            ax.barh(pos, weights / gib, color="#4c72b0", label="weights" if pos == 0 else None)
+            ax.barh(pos, kv / gib, left=weights / gib, color="#55a868", label="KV" if pos == 0 else None)
+            ax.barh(pos, free / gib, left=(weights + kv) / gib, color="#dddddd", label="free" if pos == 0 else None)
+            labels.append(f"{label} {alloc}")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel(f"GiB of one GPU ({rows[0][1]['gpu_memory_source']})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    out.append(("Memory breakdown of one GPU: full model weights, KV of this case's sequences (all layers), free", fig))
+    return out
