@@ -11,6 +11,7 @@ Format::
     device: auto                     # auto | cpu | cuda | cuda:N
     seed: 0                          # optional; added to each case's own seed
     policy: {min_reps: 5, ...}       # see gpubench.timing.Policy
+    thresholds: {flash_attention: 10%}  # optional: per-technique slowdown the gate tolerates
     entries:                         # required, non-empty
       - technique: flash_attention
         params: {seq_len: [128, 256], causal: [false, true]}   # lists expand as a cartesian product
@@ -35,7 +36,7 @@ from gpubench import techniques
 from gpubench.errors import BadInput
 from gpubench.timing import POLICY_FIELDS, Policy, policy_problems
 
-TOP_KEYS = ("name", "description", "device", "seed", "policy", "entries")
+TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DEVICE_ALLOWED = "auto, cpu, cuda or cuda:N"
@@ -80,6 +81,7 @@ class Scenario:
     entries: list[Entry]
     path: Path
     text: str = field(repr=False, default="")
+    thresholds: dict[str, float] = field(default_factory=dict)  # technique -> slowdown fraction
 
     @property
     def sha256(self) -> str:
@@ -105,7 +107,7 @@ class Scenario:
         return {
             "name": self.name, "description": self.description, "device": self.device,
             "seed": self.seed, "path": str(self.path), "sha256": self.sha256,
-            "policy": self.policy.to_dict(),
+            "policy": self.policy.to_dict(), "thresholds": self.thresholds,
             "entries": [{"technique": e.technique, "params": e.grid, "policy": e.policy.to_dict(),
                          "variants": list(e.variants) if e.variants else None} for e in self.entries],
         }
@@ -237,6 +239,8 @@ def parse(text: str, path: Path) -> Scenario:
 
     policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
 
+    thresholds = _thresholds(data.get("thresholds", {}), bad)
+
     raw_entries = data.get("entries")
     entries: list[Entry] = []
     if not isinstance(raw_entries, list) or not raw_entries:
@@ -252,7 +256,27 @@ def parse(text: str, path: Path) -> Scenario:
         raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
                        f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
     return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
-                    entries=entries, path=path, text=text)
+                    entries=entries, path=path, text=text, thresholds=thresholds)
+
+
+def _thresholds(raw: Any, bad) -> dict[str, float]:
+    """``thresholds: {technique: 10%}``: the slowdown the regression gate tolerates per technique."""
+    from gpubench.compare import parse_threshold
+
+    if not isinstance(raw, dict):
+        bad(("thresholds",), "thresholds", "must be a mapping of technique: slowdown (e.g. 10% or 0.1)")
+        return {}
+    out = {}
+    registry = techniques.all_techniques()
+    for key, value in raw.items():
+        if key not in registry:
+            bad(("thresholds", key), f"thresholds.{key}", f"not a registered technique; allowed: {', '.join(registry)}")
+            continue
+        try:
+            out[key] = parse_threshold(value, "")
+        except BadInput:
+            bad(("thresholds", key), f"thresholds.{key}", f"{value!r} is not valid; allowed: a slowdown such as 10% or 0.1")
+    return out
 
 
 def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:

@@ -140,3 +140,13 @@ def test_a_non_scalar_key_is_reported_not_a_crash(toys, write_scenario):
     path = write_scenario(GOOD.replace("name: t", "name: t\n? [a, b]\n: 1"))
     _, problems = problems_of(path)
     assert problems == [f"{path}:2: (top level): a key must be a plain name, not a list or mapping"]
+
+
+def test_per_technique_thresholds_are_validated_and_kept(toys, write_scenario):
+    scen = scenario.load(write_scenario(GOOD + "thresholds: {toy_kernel: 10%, toy_generation: 0.2}\n"))
+    assert scen.thresholds == {"toy_kernel": pytest.approx(0.1), "toy_generation": pytest.approx(0.2)}
+    assert scen.to_dict()["thresholds"] == scen.thresholds
+    path = write_scenario(GOOD + "thresholds: {toy_kernal: 10%, toy_kernel: lots}\n")
+    _, problems = problems_of(path)
+    assert any("thresholds.toy_kernal: not a registered technique" in p for p in problems)
+    assert any("thresholds.toy_kernel: 'lots' is not valid" in p for p in problems)

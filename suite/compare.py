@@ -1,0 +1,250 @@
+"""The regression gate: compare a current run with a stored baseline, from results files only.
+
+For each case in both runs, the optimized variant's time ratio ``median(current) /
+median(baseline)`` gets a bootstrap 95% CI from the raw samples and a Mann-Whitney U p-value.
+A case **regresses** only when the slowdown is beyond the threshold *and* statistically real:
+the whole CI lies beyond the threshold, or p < 0.002 with the median effect beyond it (the rule
+asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy machine passes.
+
+The gate fails (exit 1) on a regression, on any case that failed in the current run (a wrong
+result, an error, a timeout), and on a case missing from the current run unless allowed.
+Runs from different hardware or different scenario definitions are refused unless forced.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpubench import stats
+from gpubench.errors import BadInput
+from gpubench.results import SCHEMA_VERSION, load_results
+
+DEFAULT_THRESHOLD = 0.05
+P_SIGNIFICANT = 0.002
+ORDER = ("regressed", "failed", "missing", "no_samples", "improved", "unchanged", "new")
+
+
+def parse_threshold(text: str | float, source: str = "--threshold") -> float:
+    """'5%', '0.05' or 0.05 -> 0.05."""
+    try:
+        value = float(str(text).strip().rstrip("%")) / (100.0 if str(text).strip().endswith("%") else 1.0)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 10:
+        raise BadInput(f"{source}: {text!r} is not a valid threshold; allowed: a slowdown fraction "
+                       f"such as 5% or 0.05 (greater than 0).")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: gpubench results, or pytest-benchmark JSON
+
+def load_any(path: str | Path) -> dict[str, Any]:
+    """A gpubench run directory / results.json, or a pytest-benchmark JSON file, as a results doc."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raw = None  # load_results gives the clear message
+        if isinstance(raw, dict) and "benchmarks" in raw and "machine_info" in raw:
+            return from_pytest_benchmark(raw, path)
+    return load_results(path)
+
+
+def from_pytest_benchmark(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """pytest-benchmark's --benchmark-json output as a results doc: one case per benchmark, its
+    raw times (saved with --benchmark-save-data) as the samples."""
+    machine = raw.get("machine_info") or {}
+    cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "unknown CPU"
+    cases = []
+    for bench in raw.get("benchmarks") or []:
+        st = bench.get("stats") or {}
+        data = st.get("data") or []
+        name = bench.get("fullname") or bench.get("name")
+        variant = {"role": "optimized", "status": "ok", "samples_s": [float(x) for x in data],
+                   "stats": {"median": st.get("median"), "n": st.get("rounds")}}
+        cases.append({"id": name, "technique": bench.get("group") or "pytest-benchmark",
+                      "params": bench.get("params") or {}, "status": "passed", "failure": None,
+                      "variants": {"benchmark": variant}})
+    return {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "source": "pytest-benchmark",
+            "path": str(path), "device_label": f"CPU: {cpu}", "run_id": path.stem,
+            "scenario": {"name": "pytest-benchmark", "entries": None}, "cases": cases}
+
+
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Change:
+    case_id: str
+    technique: str
+    verdict: str  # one of ORDER
+    variant: str | None = None
+    baseline_median_s: float | None = None
+    current_median_s: float | None = None
+    ratio: float | None = None  # current / baseline time: above 1 is slower
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    reason: str = ""
+    context: dict[str, Any] = field(default_factory=dict)  # the baseline variant's change, for reading
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Comparison:
+    baseline: dict[str, Any]  # run_id, scenario, device_label of each side
+    current: dict[str, Any]
+    changes: list[Change]
+    allow_missing: bool
+    forced: list[str]  # refusals overridden with --force
+
+    @property
+    def failing(self) -> list[Change]:
+        bad = {"regressed", "failed"} | (set() if self.allow_missing else {"missing"})
+        return [c for c in self.changes if c.verdict in bad]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failing
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(c.verdict == v for c in self.changes) for v in ORDER}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "baseline": self.baseline, "current": self.current,
+                "counts": self.counts(), "forced": self.forced, "changes": [c.to_dict() for c in self.changes]}
+
+
+def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
+             seed: int = 0) -> tuple[str, float, float, float, float]:
+    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times."""
+    ci = stats.bootstrap_ratio_ci(current_samples, baseline_samples, seed=seed)
+    p = stats.mann_whitney_u(current_samples, baseline_samples) if min(len(current_samples), len(baseline_samples)) > 1 else 1.0
+    slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
+        verdict = "regressed"
+    elif ci.ratio < faster and (ci.ci_high < faster or p < P_SIGNIFICANT):
+        verdict = "improved"
+    else:
+        verdict = "unchanged"
+    return verdict, ci.ratio, ci.ci_low, ci.ci_high, p
+
+
+def _primary_variant(case: dict[str, Any]) -> str | None:
+    variants = case.get("variants") or {}
+    return next((n for n, v in variants.items() if v.get("role") == "optimized"), None)
+
+
+def _role_variant(case: dict[str, Any], role: str) -> str | None:
+    return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
+
+
+def _meta(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"run_id": doc.get("run_id"), "scenario": (doc.get("scenario") or {}).get("name"),
+            "device_label": doc.get("device_label"), "source": doc.get("source", "gpubench"),
+            "path": doc.get("path")}
+
+
+def _definition(doc: dict[str, Any]) -> Any:
+    s = doc.get("scenario") or {}
+    return s.get("name"), json.dumps(s.get("entries"), sort_keys=True)
+
+
+def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: float = DEFAULT_THRESHOLD,
+            allow_missing: bool = False, force: bool = False) -> Comparison:
+    forced = []
+    if baseline.get("device_label") != current.get("device_label"):
+        message = (f"the runs were measured on different hardware: baseline on "
+                   f"{baseline.get('device_label')!r}, current on {current.get('device_label')!r}")
+        if not force:
+            raise BadInput(f"compare: {message}. Timings do not transfer between devices; compare runs of "
+                           f"one GPU model (keep one baseline per model with `gpubench baseline save`), "
+                           f"or pass --force.")
+        forced.append(message)
+    if _definition(baseline) != _definition(current):
+        message = (f"the scenario definitions differ (baseline {_definition(baseline)[0]!r}, current "
+                   f"{_definition(current)[0]!r}, or their entries)")
+        if not force:
+            raise BadInput(f"compare: {message}; cases would not be like for like. Re-run the same scenario, "
+                           f"or pass --force to compare the cases they share.")
+        forced.append(message)
+    per_technique = ((current.get("scenario") or {}).get("thresholds") or {})
+    base_cases = {c["id"]: c for c in baseline.get("cases", [])}
+    cur_cases = {c["id"]: c for c in current.get("cases", [])}
+    changes = []
+    for index, (case_id, cur) in enumerate(cur_cases.items()):
+        t = float(per_technique.get(cur.get("technique"), threshold))
+        change = Change(case_id, cur.get("technique", "?"), "new", threshold=t)
+        if cur.get("status") != "passed":
+            failure = cur.get("failure") or {}
+            change.verdict = "failed"
+            change.reason = failure.get("message") or f"case {cur.get('status')}"
+        elif case_id in base_cases:
+            _fill(change, base_cases[case_id], cur, seed=index)
+        changes.append(change)
+    for case_id, base in base_cases.items():
+        if case_id not in cur_cases:
+            changes.append(Change(case_id, base.get("technique", "?"), "missing",
+                                  threshold=float(per_technique.get(base.get("technique"), threshold)),
+                                  reason="in the baseline, not in the current run"))
+    changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
+                                else (c.ratio or 0.0)))
+    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced)
+
+
+def _samples(case: dict[str, Any], name: str | None) -> list[float]:
+    if name is None:
+        return []
+    return list(((case.get("variants") or {}).get(name) or {}).get("samples_s") or [])
+
+
+def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) -> None:
+    name = _primary_variant(cur)
+    a, b = _samples(base, name), _samples(cur, name)
+    change.variant = name
+    if not a or not b:
+        change.verdict = "no_samples"
+        change.reason = f"no raw samples of {name or 'an optimized variant'} in " + ("the baseline" if not a else "the current run")
+        return
+    change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
+    change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
+    ref = _role_variant(cur, "baseline")
+    ra, rb = _samples(base, ref), _samples(cur, ref)
+    if ra and rb and ref != name:
+        ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
+        change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline store: one stored results file per GPU model and scenario
+
+def device_slug(label: str | None) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3' (a directory name)."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", label or "unknown-device").strip("-")
+    return slug or "unknown-device"
+
+
+def store_path(store: Path, doc: dict[str, Any], name: str | None = None) -> Path:
+    scenario = name or (doc.get("scenario") or {}).get("name") or "run"
+    return Path(store) / device_slug(doc.get("device_label")) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', scenario)}.json"
+
+
+def find_in_store(store: Path, current: dict[str, Any]) -> Path:
+    path = store_path(store, current)
+    if path.is_file():
+        return path
+    available = sorted(str(p.relative_to(store)) for p in Path(store).glob("*/*.json")) if Path(store).is_dir() else []
+    raise BadInput(f"--baseline-store {store}: no baseline for this device and scenario (looked for {path}); "
+                   f"stored: {', '.join(available) or 'none'}. Save one with "
+                   f"`gpubench baseline save RUN_DIR --baseline-dir {store}`.")

@@ -1,0 +1,159 @@
+"""The regression gate: passes unchanged builds on a noisy machine, catches real slowdowns,
+fails on wrong results, refuses apples-to-oranges comparisons."""
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gpubench import compare, stats, timing
+from gpubench.errors import BadInput
+
+
+def test_mann_whitney_matches_the_textbook_value():
+    # U = 0 for fully separated groups of 5: z = (12.5 - 0.5) / sqrt(25 * 11 / 12) -> p = 0.0122
+    assert stats.mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.01219, rel=1e-3)
+    assert stats.mann_whitney_u([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def machine_noise():
+    """Real timing samples of a real workload on this machine (flash attention's baseline at a
+    small size): the noise the gate must live with."""
+    from gpubench.techniques import flash_attention as fa
+
+    w = fa.build({**fa.TECHNIQUE.defaults(), "seq_len": 128, "heads": 2}, torch.device("cpu"), seed=1)
+    policy = timing.Policy(warmup_s=0.05, min_reps=300, max_reps=300, min_time_s=0, max_time_s=30, target_iqr=0)
+    samples = timing.measure_interleaved({"x": lambda: fa.run_baseline(w)}, timing.Clock(torch.device("cpu")), policy)["x"].samples_s
+    assert len(samples) == 300
+    return np.array(samples)
+
+
+def test_gate_passes_a_a_comparisons_and_catches_a_15_percent_slowdown(machine_noise):
+    # 100 samples a side: what gpu-quick's policy (max_reps 100) takes when the noise is high.
+    # This machine's noise is heavy-tailed (a quarter of the calls 20-40% slow), so fewer samples
+    # cannot resolve a 15% shift reliably; the A/A side is the guarantee that matters for a gate.
+    rng = np.random.default_rng(2026)
+    n = 100
+    a_a_passes = slowdowns_caught = 0
+    for trial in range(100):
+        base = rng.choice(machine_noise, n)
+        same = rng.choice(machine_noise, n)
+        slow = rng.choice(machine_noise, n) * 1.15
+        a_a_passes += compare.classify(list(base), list(same), compare.DEFAULT_THRESHOLD, seed=trial)[0] != "regressed"
+        slowdowns_caught += compare.classify(list(base), list(slow), compare.DEFAULT_THRESHOLD, seed=trial)[0] == "regressed"
+    assert a_a_passes >= 99, a_a_passes
+    assert slowdowns_caught >= 95, slowdowns_caught
+
+
+def test_a_slowdown_within_the_threshold_or_within_the_noise_is_not_a_regression():
+    rng = np.random.default_rng(0)
+    base = list(rng.normal(1.0, 0.002, 40))
+    assert compare.classify(base, [x * 1.03 for x in base], 0.05)[0] == "unchanged"  # real but small
+    noisy = list(rng.lognormal(0, 0.5, 6))
+    assert compare.classify(noisy, [x * 1.2 for x in rng.permutation(noisy)], 0.05)[0] == "unchanged"  # too noisy to tell
+    assert compare.classify(base, [x * 0.8 for x in base], 0.05)[0] == "improved"
+
+
+def _doc(device="CPU: test", scenario="s", entries=None, cases=None, thresholds=None):
+    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "device_label": device,
+            "scenario": {"name": scenario, "entries": entries or [{"technique": "t"}], "thresholds": thresholds or {}},
+            "cases": cases or []}
+
+
+def _case(case_id, samples, status="passed", technique="t"):
+    return {"id": case_id, "technique": technique, "status": status,
+            "failure": None if status == "passed" else {"message": "optimized optimized: check failed"},
+            "variants": {"baseline": {"role": "baseline", "samples_s": list(samples)},
+                         "optimized": {"role": "optimized", "samples_s": list(samples)}}}
+
+
+def test_failed_missing_and_new_cases():
+    rng = np.random.default_rng(1)
+    s = list(rng.normal(1.0, 0.01, 20))
+    base = _doc(cases=[_case("a", s), _case("b", s), _case("c", s)])
+    cur = _doc(cases=[_case("a", s), _case("b", s, status="failed"), _case("d", s)])
+    result = compare.compare(base, cur)
+    verdicts = {c.case_id: c.verdict for c in result.changes}
+    assert verdicts == {"a": "unchanged", "b": "failed", "c": "missing", "d": "new"}
+    assert [c.verdict for c in result.changes][:2] == ["failed", "missing"]  # bad news first
+    assert not result.passed and result.exit_code == 1
+    only_missing = compare.compare(base, _doc(cases=[_case("a", s), _case("b", s)]), allow_missing=True)
+    assert only_missing.passed
+
+
+def test_regressions_come_first_largest_slowdown_first():
+    rng = np.random.default_rng(3)
+    s = list(rng.normal(1.0, 0.005, 25))
+    base = _doc(cases=[_case(x, s) for x in "abc"])
+    cur = _doc(cases=[_case("a", [v * 1.2 for v in s]), _case("b", s), _case("c", [v * 1.5 for v in s])])
+    result = compare.compare(base, cur)
+    assert [c.case_id for c in result.changes] == ["c", "a", "b"]
+    assert result.changes[0].context["variant"] == "baseline"
+
+
+def test_per_technique_thresholds_from_the_scenario_apply():
+    rng = np.random.default_rng(4)
+    s = list(rng.normal(1.0, 0.005, 25))
+    base = _doc(cases=[_case("a", s)])
+    cur = _doc(cases=[_case("a", [v * 1.2 for v in s])], thresholds={"t": 0.3})
+    result = compare.compare(base, cur)
+    assert result.changes[0].verdict == "unchanged" and result.changes[0].threshold == 0.3
+
+
+def test_different_hardware_or_scenario_is_refused_unless_forced():
+    with pytest.raises(BadInput, match="different hardware"):
+        compare.compare(_doc(device="NVIDIA H100"), _doc(device="NVIDIA H200"))
+    with pytest.raises(BadInput, match="scenario definitions differ"):
+        compare.compare(_doc(entries=[{"technique": "t", "params": {"n": [1]}}]), _doc())
+    assert compare.compare(_doc(device="NVIDIA H100"), _doc(device="NVIDIA H200"), force=True).forced
+
+
+def test_threshold_parsing():
+    assert compare.parse_threshold("5%") == pytest.approx(0.05)
+    assert compare.parse_threshold("0.1") == pytest.approx(0.1)
+    for bad in ("-5%", "0", "five"):
+        with pytest.raises(BadInput):
+            compare.parse_threshold(bad)
+
+
+def test_pytest_benchmark_json_is_accepted(tmp_path):
+    rng = np.random.default_rng(5)
+    data = list(rng.normal(1e-3, 1e-5, 20))
+
+    def bench_file(name, scale):
+        path = tmp_path / name
+        path.write_text(json.dumps({"machine_info": {"cpu": {"brand_raw": "Test CPU"}}, "benchmarks": [
+            {"name": "test_x", "fullname": "benchmarks/test_b.py::test_x", "group": "flash_attention",
+             "params": None, "stats": {"median": 1e-3, "rounds": 20, "data": [d * scale for d in data]}}]}))
+        return path
+
+    result = compare.compare(compare.load_any(bench_file("a.json", 1.0)), compare.load_any(bench_file("b.json", 1.4)))
+    assert result.changes[0].verdict == "regressed" and result.baseline["device_label"] == "CPU: Test CPU"
+
+
+def test_baseline_store_paths_are_per_device_model(tmp_path):
+    doc = _doc(device="NVIDIA H100 80GB HBM3", scenario="gpu-quick")
+    assert compare.store_path(tmp_path, doc) == tmp_path / "NVIDIA-H100-80GB-HBM3" / "gpu-quick.json"
+    with pytest.raises(BadInput, match="no baseline for this device and scenario"):
+        compare.find_in_store(tmp_path, doc)
+
+
+def test_benchmarks_run_and_their_json_feeds_the_gate(tmp_path):
+    # benchmarks/ must not rot: run them (briefly) with pytest-benchmark and read the JSON back.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "bench.json"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(root / "benchmarks"), "-q", "-p", "no:cacheprovider",
+                           "--benchmark-min-rounds=3", "--benchmark-max-time=0.01", "--benchmark-save-data",
+                           f"--benchmark-json={out}"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    doc = compare.load_any(out)
+    groups = {c["technique"] for c in doc["cases"]}
+    assert {"flash_attention", "kv_cache"} <= groups
+    assert all(len(c["variants"]["benchmark"]["samples_s"]) >= 3 for c in doc["cases"])
+    assert compare.compare(doc, doc).passed  # a file against itself: nothing changed
