@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpubench.results import role_variant
+
 
 def format_seconds(seconds: float | None) -> str:
     if seconds is None:
@@ -36,7 +38,7 @@ def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str
     return keys or set(swept)
 
 
-def _shown_by_technique(doc: dict[str, Any]) -> dict[str, set[str]]:
+def shown_by_technique(doc: dict[str, Any]) -> dict[str, set[str]]:
     swept: dict[str, set[str]] = {}
     for entry in doc.get("scenario", {}).get("entries", []):
         swept.setdefault(entry["technique"], set()).update(entry.get("params", {}))
@@ -79,11 +81,10 @@ def summary_table(doc: dict[str, Any]) -> Table:
                             ("speedup [95% CI]", "right"), ("headline", "left"), ("check", "left"),
                             ("status", "left")):
         table.add_column(column, justify=justify)
-    shown = _shown_by_technique(doc)
+    shown = shown_by_technique(doc)
     for case in doc["cases"]:
         variants = case["variants"]
-        base = next((n for n, v in variants.items() if v.get("role") == "baseline"), None)
-        opt = next((n for n, v in variants.items() if v.get("role") == "optimized"), None)
+        base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
         med = lambda n: (variants.get(n) or {}).get("stats", {}) or {}  # noqa: E731
         status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
         if case["status"] != "passed" and case.get("failure"):

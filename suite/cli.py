@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpubench import env as envmod
-from gpubench import runner, scenario as scenariomod, techniques, timing
+from gpubench import results, runner, scenario as scenariomod, techniques, timing
 from gpubench.errors import BadInput
 from gpubench.reports.terminal import case_params, format_speedup, print_summary, shown_params
 
@@ -76,7 +76,7 @@ class _CaseProgress:
     def case_finished(self, index: int, case: scenariomod.Case, record: dict[str, Any]) -> None:
         if self.bar is not None:
             self.bar.advance(self.task)
-        opt = next((n for n, v in record["variants"].items() if v.get("role") == "optimized"), None)
+        opt = results.role_variant(record, "optimized")
         line = (f"[{index + 1}/{self.total}] {record['status']:<7} {case.technique} "
                 f"{self._params(case.technique, record['params'])}  speedup {format_speedup(record['speedups'].get(opt))}  "
                 f"({record['elapsed_s']:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
@@ -147,7 +147,105 @@ def run(scenario_name: str | None, device: str | None, out_root: str, only: str 
     print_summary(outcome.doc, out, notes)
     out.print(f"run directory: {outcome.run_dir}")
     out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)")
+    try:  # the run is on disk already; a report that fails costs the report only
+        from gpubench.reports import html as html_report
+
+        written = html_report.write_report(outcome.run_dir)
+        out.print(f"report: {written.html} (+ {written.markdown.name})")
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001
+        out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
+                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False)
     sys.exit(outcome.exit_code)
+
+
+# --------------------------------------------------------------------------------------------
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
+@click.option("--compare", "other_dir", type=click.Path(path_type=Path), default=None, metavar="OTHER_RUN_DIR",
+              help="Another run to compare with: per case the change with its CI, regressions first.")
+def report(run_dir: Path, output: Path | None, other_dir: Path | None) -> None:
+    """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it."""
+    from gpubench.reports import html as html_report
+
+    written = html_report.write_report(run_dir, output, compare=other_dir)
+    click.echo(f"report: {written.html}")
+    click.echo(f"summary: {written.markdown}")
+
+
+# --------------------------------------------------------------------------------------------
+@main.command(name="compare")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path), metavar="[BASELINE] CURRENT")
+@click.option("--threshold", default="5%", show_default=True,
+              help="Slowdown tolerated before a case can regress (scenario thresholds per technique win).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the Markdown summary here (e.g. for $GITHUB_STEP_SUMMARY).")
+@click.option("--allow-missing", is_flag=True, help="A case missing from CURRENT does not fail the gate.")
+@click.option("--force", is_flag=True, help="Compare runs of different GPU models or scenario definitions anyway.")
+@click.option("--baseline-store", type=click.Path(file_okay=False, path_type=Path),
+              help="Pick BASELINE from this store by CURRENT's GPU model and scenario (then give CURRENT only).")
+@click.option("--strict", is_flag=True,
+              help="Also fail on inconclusive cases (a slowdown the same-run baseline variant shows too).")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | None, allow_missing: bool,
+                force: bool, baseline_store: Path | None, strict: bool, as_json: bool) -> None:
+    """The regression gate: exit 0 pass, 1 regression or correctness failure, 2 bad input.
+
+    BASELINE and CURRENT are run directories, results.json files or pytest-benchmark JSON files."""
+    from gpubench import compare as gate
+    from gpubench.reports import gate as gate_report
+
+    expected = 1 if baseline_store else 2
+    if len(paths) != expected:
+        raise BadInput("compare: give BASELINE and CURRENT (run directories, results.json or pytest-benchmark "
+                       "JSON), or --baseline-store DIR and CURRENT alone.")
+    current = gate.load_any(paths[-1])
+    baseline_path = gate.find_in_store(baseline_store, current) if baseline_store else paths[0]
+    baseline = gate.load_any(baseline_path)
+    result = gate.compare(baseline, current, threshold=gate.parse_threshold(threshold),
+                          allow_missing=allow_missing, force=force, strict=strict)
+    if markdown_path is not None:
+        from gpubench.atomic import atomic_write_text
+
+        atomic_write_text(markdown_path, gate_report.to_markdown(result))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        out = _console()
+        out.print(f"baseline: {baseline_path}")
+        gate_report.print_table(result, out)
+        if markdown_path is not None:
+            out.print(f"markdown: {markdown_path}")
+    sys.exit(result.exit_code)
+
+
+@main.group(name="baseline")
+def baseline_group() -> None:
+    """Keep stored baselines for the regression gate, one per GPU model and scenario."""
+
+
+@baseline_group.command(name="save")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--baseline-dir", default="baselines-store", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="The store (commit it to the repository).")
+@click.option("--name", help="Stored name (default: the run's scenario name).")
+def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
+    """Store RUN_DIR's results as the baseline for its GPU model: DIR/<GPU>/<scenario>.json."""
+    from gpubench import compare as gate
+    from gpubench.atomic import atomic_write_text
+    from gpubench.results import load_results
+
+    doc = load_results(run_dir)
+    if doc.get("status") != "complete" or doc.get("summary", {}).get("failed"):
+        raise BadInput(f"{run_dir}: only a complete run with no failed case can be a baseline "
+                       f"(status {doc.get('status')!r}, {doc.get('summary', {}).get('failed', '?')} failed).")
+    target = gate.store_path(baseline_dir, doc, name)
+    try:
+        atomic_write_text(target, json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        raise BadInput(f"--baseline-dir {baseline_dir}: cannot write {target} ({exc.strerror or exc}).") from None
+    click.echo(f"baseline saved: {target}")
 
 
 # --------------------------------------------------------------------------------------------

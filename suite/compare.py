@@ -9,10 +9,16 @@ asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy 
 The gate fails (exit 1) on a regression, on any case that failed in the current run (a wrong
 result, an error, a timeout), and on a case missing from the current run unless allowed.
 Runs from different hardware or different scenario definitions are refused unless forced.
+A slowdown the case's baseline variant shows too (timed interleaved with the optimized one in
+each run: clearly, the same way, at least half as much) is **inconclusive**, not a regression: the machine changed between
+the runs (a noisy neighbour, other clocks), and the gate says so instead of failing at random;
+``--strict`` fails on it. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
+reserved); its cases are gated on that deterministic figure instead (no CI needed).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,11 +26,11 @@ from typing import Any
 
 from gpubench import stats
 from gpubench.errors import BadInput
-from gpubench.results import SCHEMA_VERSION, load_results
+from gpubench.results import SCHEMA_VERSION, load_results, role_variant
 
 DEFAULT_THRESHOLD = 0.05
 P_SIGNIFICANT = 0.002
-ORDER = ("regressed", "failed", "missing", "no_samples", "improved", "unchanged", "new")
+ORDER = ("regressed", "failed", "missing", "no_samples", "inconclusive", "improved", "unchanged", "new")
 
 
 def parse_threshold(text: str | float, source: str = "--threshold") -> float:
@@ -104,10 +110,12 @@ class Comparison:
     changes: list[Change]
     allow_missing: bool
     forced: list[str]  # refusals overridden with --force
+    strict: bool = False  # inconclusive cases fail too
 
     @property
     def failing(self) -> list[Change]:
-        bad = {"regressed", "failed"} | (set() if self.allow_missing else {"missing"})
+        bad = ({"regressed", "failed"} | (set() if self.allow_missing else {"missing"})
+               | ({"inconclusive"} if self.strict else set()))
         return [c for c in self.changes if c.verdict in bad]
 
     @property
@@ -122,8 +130,18 @@ class Comparison:
         return {v: sum(c.verdict == v for c in self.changes) for v in ORDER}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "baseline": self.baseline, "current": self.current,
-                "counts": self.counts(), "forced": self.forced, "changes": [c.to_dict() for c in self.changes]}
+        return {"passed": self.passed, "baseline": self.baseline, "current": self.current, "counts": self.counts(),
+                "forced": self.forced, "strict": self.strict, "changes": [c.to_dict() for c in self.changes]}
+
+
+def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
+    """Beyond the threshold, and real: the CI lies beyond it, or p < 0.002."""
+    slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
+        return "regressed"
+    if ci.ratio < faster and (ci.ci_high < faster or p < P_SIGNIFICANT):
+        return "improved"
+    return "unchanged"
 
 
 def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
@@ -131,23 +149,7 @@ def classify(baseline_samples: list[float], current_samples: list[float], thresh
     """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times."""
     ci = stats.bootstrap_ratio_ci(current_samples, baseline_samples, seed=seed)
     p = stats.mann_whitney_u(current_samples, baseline_samples) if min(len(current_samples), len(baseline_samples)) > 1 else 1.0
-    slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
-        verdict = "regressed"
-    elif ci.ratio < faster and (ci.ci_high < faster or p < P_SIGNIFICANT):
-        verdict = "improved"
-    else:
-        verdict = "unchanged"
-    return verdict, ci.ratio, ci.ci_low, ci.ci_high, p
-
-
-def _primary_variant(case: dict[str, Any]) -> str | None:
-    variants = case.get("variants") or {}
-    return next((n for n, v in variants.items() if v.get("role") == "optimized"), None)
-
-
-def _role_variant(case: dict[str, Any], role: str) -> str | None:
-    return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
+    return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
 
 def _meta(doc: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +164,7 @@ def _definition(doc: dict[str, Any]) -> Any:
 
 
 def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: float = DEFAULT_THRESHOLD,
-            allow_missing: bool = False, force: bool = False) -> Comparison:
+            allow_missing: bool = False, force: bool = False, strict: bool = False) -> Comparison:
     forced = []
     if baseline.get("device_label") != current.get("device_label"):
         message = (f"the runs were measured on different hardware: baseline on "
@@ -200,7 +202,7 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
                                   reason="in the baseline, not in the current run"))
     changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
                                 else (c.ratio or 0.0)))
-    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced)
+    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced, strict)
 
 
 def _samples(case: dict[str, Any], name: str | None) -> list[float]:
@@ -209,8 +211,36 @@ def _samples(case: dict[str, Any], name: str | None) -> list[float]:
     return list(((case.get("variants") or {}).get(name) or {}).get("samples_s") or [])
 
 
+def _explains(control: stats.RatioCI, ratio: float) -> bool:
+    """Does the control's (baseline variant's) own change account for the optimized variant's?
+    Yes when the control moved the same way, clearly (its CI excludes no change), by at least
+    half as much (in log terms)."""
+    if ratio > 1:
+        moved = control.ci_low > 1.0
+    else:
+        moved = control.ci_high < 1.0
+    return moved and math.log(control.ratio) / math.log(ratio) >= 0.5
+
+
+def _metric(case: dict[str, Any], variant: str | None, key: str) -> float | None:
+    value = (((case.get("variants") or {}).get(variant) or {}).get("metrics") or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) -> None:
-    name = _primary_variant(cur)
+    name = role_variant(cur, "optimized")
+    key = cur.get("gate_metric")
+    if key:
+        change.variant = name
+        a, b = _metric(base, name, key), _metric(cur, name, key)
+        if a is None or b is None or a <= 0:
+            change.verdict, change.reason = "no_samples", f"no {key} figure to gate on"
+            return
+        ratio = b / a
+        change.verdict = verdict_of(stats.RatioCI(ratio, ratio, ratio), 1.0, change.threshold)
+        change.ratio = change.ci_low = change.ci_high = ratio
+        change.reason = f"gated on {key} ({a:,.0f} -> {b:,.0f}; exact, no CI needed)"
+        return
     a, b = _samples(base, name), _samples(cur, name)
     change.variant = name
     if not a or not b:
@@ -219,11 +249,16 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
         return
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
-    ref = _role_variant(cur, "baseline")
+    ref = role_variant(cur, "baseline")
     ra, rb = _samples(base, ref), _samples(cur, ref)
     if ra and rb and ref != name:
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
         change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}
+        if change.verdict in ("regressed", "improved") and _explains(ci, change.ratio):
+            change.reason = (f"{change.verdict.replace('ed', 'ing')} by {(change.ratio - 1) * 100:+.0f}%, but the "
+                             f"baseline variant timed alongside it moved {(ci.ratio - 1) * 100:+.0f}% too: the "
+                             f"machine changed between the runs")
+            change.verdict = "inconclusive"
 
 
 # --------------------------------------------------------------------------------------------

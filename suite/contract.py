@@ -186,6 +186,9 @@ class Technique:
     anchor: str = ""  # the published figure the pair is measured against
     gpu_specific: str = ""  # non-empty: why a CPU ratio is not the GPU's win
     headline: str = ""  # a metric key shown beside the speedup when the win is not time (e.g. utilization)
+    # The regression gate compares this metric (per call, lower is better, deterministic) instead of
+    # time, for techniques whose figure of merit is not time (kv_cache: bytes_reserved).
+    gate_metric: str = ""
     build_fn: Callable[[dict[str, Any], torch.device, int], Workload] | None = None
     variants: dict[str, Variant] = field(default_factory=dict)
     check_fn: Callable[[Any, Any], CheckResult] | None = None

@@ -70,6 +70,11 @@ class RunDirectory:
         atomic_write_text(self.path / "results.csv", cases_frame(doc).to_csv(index=False))
 
 
+def role_variant(case: dict[str, Any], role: str) -> str | None:
+    """The name of a case record's variant with this role (baseline, optimized), if any."""
+    return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
+
+
 def cases_frame(doc: dict[str, Any]) -> pd.DataFrame:
     """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``."""
     rows = []

@@ -226,6 +226,7 @@ def new_record(case: Case) -> dict[str, Any]:
     tech = techniques.get(case.technique)
     return {"id": case.id, "technique": case.technique, "params": case.params, "seed": case.seed,
             "headline": tech.headline if tech is not None else "",
+            "gate_metric": tech.gate_metric if tech is not None else "",
             "policy": case.policy.to_dict(), "status": "running", "failure": None,
             "started_at": _now(), "elapsed_s": None, "variants": {}, "speedups": {}, "telemetry": None}
 
@@ -420,7 +421,7 @@ def _store_samples(vrec: dict[str, Any], t: timing.VariantTiming) -> None:
 
 def _store_speedups(record: dict[str, Any]) -> None:
     variants = record["variants"]
-    base = next((n for n, v in variants.items() if v.get("role") == "baseline"), None)
+    base = results.role_variant(record, "baseline")
     if base is None or not variants[base].get("samples_s"):
         return
     for name, v in variants.items():

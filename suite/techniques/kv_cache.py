@@ -30,6 +30,7 @@ TECHNIQUE = Technique(
             "measured bytes checked against the calculator.",
     anchor="vLLM: prior systems use 20.4-38.2% of KV memory for token states; vLLM wastes under 4%",
     headline="utilization",
+    gate_metric="bytes_reserved",
     gpu_specific="The bytes are the same on any device; the time (allocate and write the cache) "
                  "is a device figure, and on a CPU it says little about a GPU allocator.",
     params=[
@@ -186,7 +187,9 @@ def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
         v = case.get("variants", {})
         base = (v.get("baseline") or {}).get("metrics") or {}
         opt = (v.get("optimized") or {}).get("metrics") or {}
-        if "bytes_reserved" in base and "bytes_reserved" in opt:
+        needed = ("bytes_reserved", "bytes_predicted", "gpu_memory_bytes", "full_model_weight_bytes_per_gpu",
+                  "full_model_kv_contiguous_bytes")
+        if all(k in base for k in needed) and "full_model_kv_paged_bytes" in opt and "bytes_predicted" in opt:
             label = f"{case['params'].get('model')} {case['params'].get('kv_dtype')}"
             rows.append((label, base, opt))
     if not rows:

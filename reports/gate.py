@@ -1,0 +1,83 @@
+"""Rendering of a regression-gate comparison: a terminal table and a Markdown summary
+(regressions first), both from a :class:`gpubench.compare.Comparison`."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpubench.compare import Comparison
+from gpubench.reports.terminal import format_seconds
+
+STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_samples": "yellow",
+         "inconclusive": "yellow",
+         "improved": "green", "unchanged": "", "new": "cyan"}
+MARK = {"regressed": "❌ regressed", "failed": "❌ failed", "missing": "❌ missing", "no_samples": "⚠️ no samples",
+        "inconclusive": "⚠️ inconclusive",
+        "improved": "✅ improved", "unchanged": "unchanged", "new": "new"}
+
+
+def _change(c) -> str:
+    if c.ratio is None:
+        return "-"
+    return f"{(c.ratio - 1) * 100:+.1f}% [{(c.ci_low - 1) * 100:+.1f}, {(c.ci_high - 1) * 100:+.1f}]"
+
+
+def _context(c) -> str:
+    ctx = c.context or {}
+    return f"{(ctx['ratio'] - 1) * 100:+.1f}%" if ctx.get("ratio") is not None else "-"
+
+
+def headline(comp: Comparison) -> str:
+    counts = comp.counts()
+    parts = [f"{n} {v.replace('_', ' ')}" for v, n in counts.items() if n]
+    verdict = "PASS" if comp.passed else "FAIL"
+    missing_note = " (missing cases allowed)" if comp.allow_missing and counts["missing"] else ""
+    return (f"{verdict}: {', '.join(parts) or 'no cases'}{missing_note}; current {comp.current['run_id']} vs "
+            f"baseline {comp.baseline['run_id']} on {comp.current['device_label']}")
+
+
+def print_table(comp: Comparison, console: Console) -> None:
+    table = Table(title=headline(comp), title_justify="left")
+    table.add_column("case", overflow="fold", min_width=30, ratio=3)
+    for col, justify in (("verdict", "left"), ("baseline", "right"), ("current", "right"),
+                         ("change [95% CI]", "right"), ("p", "right"), ("threshold", "right"),
+                         ("baseline variant", "right"), ("note", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for c in comp.changes:
+        table.add_row(c.case_id, Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
+                      format_seconds(c.current_median_s), _change(c),
+                      f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
+                      _context(c), c.reason[:120])
+    console.print(table)
+    for message in comp.forced:
+        console.print(f"[yellow]forced[/]: {message}")
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
+    lines = [f"## gpubench compare: {'✅' if comp.passed else '❌'} {_cell(headline(comp))}", "",
+             "Change is the optimized variant's median time, current vs baseline, with a bootstrap 95% CI "
+             "(positive = slower). A case regresses only when the slowdown exceeds its threshold and is "
+             "statistically real (CI beyond the threshold, or Mann-Whitney p < 0.002); it is inconclusive "
+             "when the baseline variant, timed alongside, moved the same way (the machine changed).", "",
+             "| case | verdict | baseline | current | change [95% CI] | p | threshold | baseline variant | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for message in comp.forced:
+        lines.insert(2, f"> forced: {_cell(message)}")
+    size = sum(len(x) + 1 for x in lines)
+    for i, c in enumerate(comp.changes):
+        row = (f"| `{_cell(c.case_id)}` | {MARK[c.verdict]} | {format_seconds(c.baseline_median_s)} | "
+               f"{format_seconds(c.current_median_s)} | {_change(c)} | "
+               f"{f'{c.p_value:.2g}' if c.p_value is not None else '-'} | {c.threshold * 100:g}% | {_context(c)} | "
+               f"{_cell(c.reason[:200])} |")
+        if size + len(row) + 200 > limit_bytes:
+            lines.append(f"\n_{len(comp.changes) - i} more case(s) left out to stay under "
+                         f"{limit_bytes // 1000} KB; see the terminal output or --json._")
+            break
+        lines.append(row)
+        size += len(row) + 1
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,453 @@
+"""The HTML report of a run directory: one self-contained file (inline CSS, inline SVG figures).
+
+It reads what the run wrote (``results.json``, ``telemetry.csv``, ``env.json``) and never re-runs
+anything. :func:`load_run` reads the directory; the functions below turn result documents into
+the template's context (pure: documents in, plain dicts of strings and numbers out); :func:`render`
+fills ``templates/report.html.j2``; :func:`write_report` writes ``report.html`` and, beside it,
+``summary.md``. Everything taken from results (params, descriptions, failure messages) is escaped
+by jinja2's autoescaping; only matplotlib's SVG markup is inserted as it is.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jinja2
+import pandas as pd
+
+from gpubench import compare as gate
+from gpubench import techniques
+from gpubench.atomic import atomic_write_text
+from gpubench.errors import BadInput
+from gpubench.reports import figures, markdown
+from gpubench.reports.kv_table import human_bytes
+from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
+                                       format_speedup, headline_text)
+from gpubench.results import load_results, role_variant
+from gpubench.telemetry import BENIGN_REASONS
+
+TELEMETRY_PANELS = (("power_w", "power (W)"), ("sm_clock_mhz", "SM clock (MHz)"),
+                    ("temp_c", "temperature (C)"), ("mem_used_mb", "memory used (MiB)"))
+# The gate's verdicts, in the order the comparison lists them, and how the report words them.
+COMPARE_ORDER = ("regressed", "failed", "no_samples", "unchanged", "improved")
+VERDICT_TEXT = {"regressed": "regressed", "failed": "failed now", "no_samples": "not comparable",
+                "unchanged": "unchanged", "improved": "improved"}
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+    autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+)
+
+
+@dataclass
+class Run:
+    """A run directory as the report sees it."""
+
+    path: Path
+    doc: dict[str, Any]
+    env: dict[str, Any] | None
+    telemetry: pd.DataFrame | None  # None when there is none; telemetry_note says why
+    telemetry_note: str | None
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run directory (or its results.json); BadInput when results.json is missing or
+    corrupt. A missing env.json or telemetry.csv is not an error: the report says so."""
+    path = Path(path)
+    doc = load_results(path)
+    root = path if path.is_dir() else path.parent
+    frame, note = _read_telemetry(root, doc)
+    return Run(root, doc, _read_env(root, doc), frame, note)
+
+
+def _read_env(root: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return json.loads((root / "env.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return doc.get("env")
+
+
+def _read_telemetry(root: Path, doc: dict[str, Any]) -> tuple[pd.DataFrame | None, str | None]:
+    summary = doc.get("telemetry") or {}
+    if summary.get("status") != "ok":
+        return None, summary.get("reason") or "the run recorded no telemetry"
+    try:
+        frame = pd.read_csv(root / "telemetry.csv")
+    except FileNotFoundError:
+        return None, "telemetry.csv is missing from the run directory"
+    except (OSError, ValueError) as exc:
+        return None, f"telemetry.csv cannot be read ({exc})"
+    if frame.empty or "t_s" not in frame:
+        return None, "no samples were recorded"
+    return frame, None
+
+
+# -- small readers of a case record ----------------------------------------------------------
+def _median(case: dict[str, Any], name: str | None) -> float | None:
+    return (((case.get("variants", {}).get(name) or {}).get("stats")) or {}).get("median") if name else None
+
+
+def _samples(case: dict[str, Any], name: str | None) -> list[float]:
+    raw = (case.get("variants", {}).get(name) or {}).get("samples_s") or [] if name else []
+    return [x for x in raw if isinstance(x, (int, float)) and math.isfinite(x)]
+
+
+def _ratio(case: dict[str, Any], name: str | None) -> dict[str, float] | None:
+    ratio = case.get("speedups", {}).get(name) if name else None
+    if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
+        return ratio
+    return None
+
+
+def _label(case: dict[str, Any], shown: dict[str, set[str]]) -> str:
+    return f"{case['technique']} {case_params(case, shown.get(case['technique']))}".strip()
+
+
+def _date(iso: str | None) -> str:
+    try:
+        return _dt.datetime.fromisoformat(iso).astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    except (TypeError, ValueError):
+        return iso or "-"
+
+
+def _duration(doc: dict[str, Any]) -> str:
+    try:
+        start, end = (_dt.datetime.fromisoformat(doc[k]) for k in ("started_at", "finished_at"))
+    except (KeyError, TypeError, ValueError):
+        return "-"
+    return format_seconds((end - start).total_seconds()) if end >= start else "-"
+
+
+# -- headline and summary table (shared with summary.md) -------------------------------------
+def headline(doc: dict[str, Any]) -> dict[str, Any]:
+    """Scenario, device, date, pass/fail counts, best and worst speedups, and warnings that
+    belong at the top (a run that did not complete, a GPU that throttled)."""
+    cases = doc.get("cases", [])
+    shown = shown_by_technique(doc)
+    counts = {s: sum(c.get("status") == s for c in cases) for s in ("passed", "failed", "interrupted")}
+    measured = [(r["ratio"], _label(c, shown)) for c in cases if c.get("status") == "passed"
+                for r in [_ratio(c, role_variant(c, "optimized"))] if r]
+    warnings = []
+    status = doc.get("status", "unknown")
+    if status != "complete":
+        why = doc.get("abort_reason") or {"running": "still writing, or the process died",
+                                          "interrupted": "stopped by Ctrl-C"}.get(status, "")
+        warnings.append(f"run {status}" + (f": {why}" if why else "") + "; not every case may have run.")
+    tele = doc.get("telemetry") or {}
+    if tele.get("throttled"):
+        share = tele.get("throttled_fraction")
+        warnings.append("the GPU throttled during the run (" + ", ".join(tele.get("throttle_reasons", []))
+                        + (f", {share:.0%} of samples" if isinstance(share, (int, float)) else "")
+                        + "): timings may be slower than the hardware allows.")
+    scenario = doc.get("scenario") or {}
+    return {
+        "scenario": scenario.get("name", "?"), "description": scenario.get("description") or "",
+        "device": doc.get("device_label") or doc.get("device", "?"), "date": _date(doc.get("started_at")),
+        "duration": _duration(doc), "run_id": doc.get("run_id", ""), "status": status,
+        "cases": len(cases), **counts,
+        "best": _extreme(max, measured), "worst": _extreme(min, measured),
+        "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
+        "on_cpu": doc.get("device") == "cpu",
+    }
+
+
+def _extreme(pick: Callable, measured: list[tuple[float, str]]) -> str:
+    if not measured:
+        return "-"
+    ratio, label = pick(measured, key=lambda m: m[0])
+    return f"{ratio:.2f}x ({label})"
+
+
+def _ceilings_text(ceilings: dict[str, Any] | None) -> str:
+    if not ceilings:
+        return "not measured (--no-calibrate)"
+    if "error" in ceilings:
+        return f"calibration failed: {ceilings['error']}"
+    parts = []
+    if (ceilings.get("matmul") or {}).get("peak_tflops"):
+        parts.append(f"{ceilings['matmul']['peak_tflops']:.3g} TFLOP/s {ceilings['matmul'].get('dtype', '')} matmul")
+    if (ceilings.get("copy") or {}).get("peak_gbps"):
+        parts.append(f"{ceilings['copy']['peak_gbps']:.4g} GB/s copy")
+    return ", ".join(parts) or "-"
+
+
+def _pair(variants: dict[str, Any], base: str | None, opt: str | None, key: str,
+          fmt: Callable[[float], str]) -> str:
+    values = [(variants.get(n) or {}).get(key) if n else None for n in (base, opt)]
+    if all(v is None for v in values):
+        return "-"
+    return " / ".join("-" if v is None else fmt(v) for v in values)
+
+
+def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per case, numbered in run order: params, medians, speedup with CI, headline metric,
+    check, peak memory and energy (baseline / optimized), status and failure reason."""
+    shown = shown_by_technique(doc)
+    rows = []
+    for number, case in enumerate(doc.get("cases", []), 1):
+        variants = case.get("variants", {})
+        base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
+        passed = case.get("status") == "passed"
+        rows.append({
+            "number": number, "id": case["id"], "technique": case["technique"],
+            "params": case_params(case, shown.get(case["technique"])),
+            "baseline": format_seconds(_median(case, base)), "optimized": format_seconds(_median(case, opt)),
+            "speedup": format_speedup(_ratio(case, opt)), "headline": headline_text(case, base, opt),
+            "check": check_text(case, opt).plain if opt else "-",
+            "check_passed": ((variants.get(opt) or {}).get("check") or {}).get("passed"),
+            "memory": _pair(variants, base, opt, "peak_memory_bytes", human_bytes),
+            "energy": _pair(variants, base, opt, "energy_mj_per_call", lambda mj: f"{mj:.3g} mJ"),
+            "status": case.get("status", "?"), "failed": not passed,
+            "reason": "" if passed else (case.get("failure") or {}).get("message", ""),
+        })
+    return rows
+
+
+# -- one section per technique ----------------------------------------------------------------
+def _figure(title: str, fig: Any, empty_note: str) -> dict[str, str | None]:
+    """A figure for the template: its SVG, or ``empty_note`` when there is no figure or it has no
+    data (empty axes are never shown)."""
+    if fig is None or figures.mark_data(fig) == 0:
+        if fig is not None:
+            figures.close(fig)
+        return {"title": title, "svg": None, "note": empty_note}
+    return {"title": title, "svg": figures.to_svg(fig), "note": None}
+
+
+def speedup_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+    """Speedup against the swept numeric param (one line per combination of the other varying
+    params); without a numeric sweep (one case, categorical params) one point per case."""
+    title = "speedup of optimized over baseline (95% CI)"
+    points = [(c, r, label) for c, label in zip(cases, labels)
+              for r in [_ratio(c, role_variant(c, "optimized"))] if r]
+    if not points:
+        return _figure(title, None, "no speedup to show: no case has both a baseline and an optimized timing.")
+    params = list(dict.fromkeys(k for c, _, _ in points for k in c["params"]))
+    varying = [k for k in params if len({repr(c["params"].get(k)) for c, _, _ in points}) > 1]
+    numeric = [k for k in varying if all(isinstance(c["params"].get(k), (int, float))
+                                         and not isinstance(c["params"].get(k), bool) for c, _, _ in points)]
+    if numeric:
+        x = max(numeric, key=lambda k: len({c["params"][k] for c, _, _ in points}))
+        series: dict[str, list[tuple[float, float, float, float]]] = {}
+        for c, r, _ in points:
+            key = " ".join(f"{k}={c['params'].get(k)}" for k in varying if k != x)
+            series.setdefault(key, []).append((c["params"][x], r["ratio"], r["ci_low"], r["ci_high"]))
+        return _figure(f"{title} vs {x}", figures.speedup_sweep(series, x), "")
+    ratios = [(r["ratio"], r["ci_low"], r["ci_high"]) for _, r, _ in points]
+    fig = figures.ratio_points([p[2] for p in points], *zip(*ratios), x_label="speedup over baseline (x)")
+    return _figure(title, fig, "")
+
+
+def latency_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+    rows = [(label, {n: _samples(c, n) for n in (role_variant(c, "baseline"), role_variant(c, "optimized")) if n})
+            for c, label in zip(cases, labels)]
+    return _figure("time per call, raw samples (box: quartiles, line: median)", figures.latency_boxes(rows),
+                   "no timing samples: no variant of these cases was timed.")
+
+
+def peak_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+    roles = ("baseline", "optimized")
+    def metric(case: dict[str, Any], role: str, key: str) -> Any:
+        return ((case["variants"].get(role_variant(case, role)) or {}).get("metrics") or {}).get(key)
+
+    panels = {title: {role: [metric(c, role, key) for c in cases] for role in roles}
+              for key, title in (("pct_peak_flops", "% of measured peak FLOP/s"),
+                                 ("pct_peak_bandwidth", "% of measured peak bandwidth"))}
+    counted = any(metric(c, role, k) is not None for c in cases for role in roles for k in ("flops", "bytes_moved"))
+    note = ("no % of peak: the run has no measured device peak (calibration off or failed)." if counted
+            else "no % of peak: this technique reports no FLOP or byte counts.")
+    return _figure("share of the measured device peak", figures.peak_bars(labels, panels), note)
+
+
+def hook_figures(tech: Any, cases: list[dict[str, Any]]) -> list[dict[str, str | None]]:
+    """The technique's own figures (Technique.figures_fn); a hook that fails costs its figures
+    only, with the reason shown."""
+    if tech is None or tech.figures_fn is None:
+        return []
+    try:
+        with figures.styled():
+            made = list(tech.figures_fn(cases))
+        return [_figure(str(title), fig, "no data for this figure in this run.") for title, fig in made]
+    except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
+        return [{"title": f"{tech.name} figures", "svg": None,
+                 "note": f"the technique's figure hook failed: {type(exc).__name__}: {exc}"}]
+
+
+def variant_rows(case: dict[str, Any], number: int) -> list[dict[str, Any]]:
+    rows = []
+    for name, v in case.get("variants", {}).items():
+        s = v.get("stats") or {}
+        rows.append({"case": number, "variant": name, "role": v.get("role", ""), "status": v.get("status", ""),
+                     "reason": v.get("reason") or "", "median": format_seconds(s.get("median")),
+                     "ci": (f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]" if s else ""),
+                     "n": s.get("n", 0), "speedup": format_speedup(_ratio(case, name)),
+                     "check": check_text(case, name).plain})
+    return rows
+
+
+def technique_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per technique: what it does, the published figure, a CPU caveat where the win is
+    GPU-specific, generic figures, its own figures, and every variant of every case."""
+    shown = shown_by_technique(doc)
+    by_technique: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for number, case in enumerate(doc.get("cases", []), 1):
+        by_technique.setdefault(case["technique"], []).append((number, case))
+    sections = []
+    for name, group in by_technique.items():
+        cases = [c for _, c in group]
+        labels = [f"#{n} {case_params(c, shown.get(name))}".strip() for n, c in group]
+        tech = techniques.get(name)
+        roles = {v.role: v for v in tech.variants.values()} if tech else {}
+        sections.append({
+            "name": name, "registered": tech is not None,
+            "summary": tech.summary if tech else "",
+            "baseline": roles["baseline"].description if "baseline" in roles else "",
+            "optimized": roles["optimized"].description if "optimized" in roles else "",
+            "anchor": tech.anchor if tech else "",
+            "cpu_note": tech.gpu_specific if tech and doc.get("device") == "cpu" else "",
+            "figures": [speedup_figure(cases, labels), latency_figure(cases, labels), peak_figure(cases, labels)]
+                       + hook_figures(tech, cases),
+            "variants": [row for n, c in group for row in variant_rows(c, n)],
+        })
+    return sections
+
+
+# -- telemetry ---------------------------------------------------------------------------------
+def telemetry_section(run: Run) -> dict[str, Any]:
+    """Power, SM clock, temperature and memory over time with each case's span shaded, and the
+    throttle reasons that fired (run-wide and per case)."""
+    doc = run.doc
+    summary = doc.get("telemetry") or {}
+    numbers = {c["id"]: n for n, c in enumerate(doc.get("cases", []), 1)}
+    shown = shown_by_technique(doc)
+    throttled_cases = [f"#{numbers[c['id']]} {_label(c, shown)}: "
+                       + ", ".join(c["telemetry"].get("throttle_reasons", []))
+                       for c in doc.get("cases", []) if (c.get("telemetry") or {}).get("throttled")]
+    section = {"available": run.telemetry is not None, "note": f"telemetry unavailable: {run.telemetry_note}",
+               "figure": None, "reasons": summary.get("throttle_reasons") or [],
+               "benign": summary.get("benign_reasons") or [], "throttled_cases": throttled_cases,
+               "samples": summary.get("n_samples"), "interval": summary.get("interval_s")}
+    if run.telemetry is None:
+        return section
+    frame = run.telemetry
+    t = pd.to_numeric(frame["t_s"], errors="coerce")
+    t = (t - t.min()).tolist()
+    half = (summary.get("interval_s") or 0.0) / 2
+    spans = []
+    case_col = frame["case"] if "case" in frame else pd.Series([None] * len(frame))
+    for case_id, rows in itertools.groupby(zip(t, case_col), key=lambda r: r[1]):
+        times = [r[0] for r in rows]
+        if case_id in numbers:
+            spans.append((times[0] - half, times[-1] + half, f"#{numbers[case_id]}"))
+    reasons = frame["throttle_reasons"].fillna("") if "throttle_reasons" in frame else pd.Series([""] * len(frame))
+    throttled_t = [ts for ts, r in zip(t, reasons) if set(str(r).split("|")) - BENIGN_REASONS - {""}]
+    panels = [(label, pd.to_numeric(frame[col], errors="coerce").tolist()) for col, label in TELEMETRY_PANELS
+              if col in frame]
+    section["figure"] = _figure("telemetry over the run (shaded: cases, numbered as in the summary table)",
+                                figures.telemetry_timeline(t, panels, spans, throttled_t),
+                                "telemetry unavailable: the samples hold no power, clock, temperature "
+                                "or memory readings.")
+    return section
+
+
+# -- comparison of two runs --------------------------------------------------------------------
+def _change_text(ratio: float | None, low: float | None, high: float | None) -> str:
+    if ratio is None or low is None or high is None:
+        return "-"
+    pct = lambda r: f"{(r - 1) * 100:+.1f}"  # noqa: E731
+    return f"{pct(ratio)}% [{pct(low)}, {pct(high)}]"
+
+
+def compare_runs(current: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Both runs side by side, per case the change with its CI, as the regression gate
+    (:func:`gpubench.compare.compare`) decides it: cases matched by id; the optimized variant's
+    median time now / in ``other`` with a bootstrap CI from both runs' raw samples, and the
+    baseline variant's change beside it. Regressions first (largest slowdown first), then failed
+    and not comparable cases, unchanged, improvements; cases of one run only listed apart. Runs of
+    different devices or scenarios are compared anyway, with a warning."""
+    result = gate.compare(other, current, force=True)
+    now = {c["id"]: c for c in current.get("cases", [])}
+    before = {c["id"]: c for c in other.get("cases", [])}
+    shown_now, shown_before = shown_by_technique(current), shown_by_technique(other)
+    rows = [_change_row(change, now[change.case_id], before[change.case_id], shown_now)
+            for change in result.changes if change.case_id in now and change.case_id in before]
+    rows.sort(key=lambda r: (COMPARE_ORDER.index(r["class"]), -(r["ratio"] or 0.0)))
+    return {"rows": rows, "counts": {VERDICT_TEXT[v]: sum(r["class"] == v for r in rows) for v in COMPARE_ORDER},
+            "threshold": gate.DEFAULT_THRESHOLD, "p_significant": gate.P_SIGNIFICANT,
+            "only_current": [_label(c, shown_now) for i, c in now.items() if i not in before],
+            "only_other": [_label(c, shown_before) for i, c in before.items() if i not in now],
+            "current": headline(current), "other": headline(other),
+            "warnings": [f"{m}: the changes mix that difference with the code's." for m in result.forced]}
+
+
+def _change_row(change: gate.Change, case: dict[str, Any], old: dict[str, Any],
+                shown: dict[str, set[str]]) -> dict[str, Any]:
+    ctx = change.context or {}
+    opt, old_opt = role_variant(case, "optimized"), role_variant(old, "optimized")
+    return {"id": change.case_id, "label": _label(case, shown), "class": change.verdict,
+            "verdict": VERDICT_TEXT.get(change.verdict, change.verdict), "note": change.reason,
+            "ratio": change.ratio,
+            "ci": None if change.ratio is None else (change.ratio, change.ci_low, change.ci_high),
+            "change": _change_text(change.ratio, change.ci_low, change.ci_high),
+            "baseline_change": _change_text(ctx.get("ratio"), ctx.get("ci_low"), ctx.get("ci_high")),
+            "before": format_seconds(_median(old, old_opt)), "after": format_seconds(_median(case, opt)),
+            "speedup_before": format_speedup(_ratio(old, old_opt)), "speedup_after": format_speedup(_ratio(case, opt))}
+
+
+def comparison_figure(comparison: dict[str, Any]) -> dict[str, str | None]:
+    colors = {"regressed": "#c0392b", "improved": "#2e9b45", "unchanged": "#8c8c8c"}
+    rows = [r for r in comparison["rows"] if r["ci"] is not None and r["class"] in colors]
+    fig = figures.ratio_points([r["label"] for r in rows], *zip(*[r["ci"] for r in rows]),
+                               x_label="optimized time, this run / the other (> 1: slower now)",
+                               colors=[colors[r["class"]] for r in rows]) if rows else None
+    return _figure("change per case (95% CI)", fig, "no case has timings in both runs.")
+
+
+# -- the document ------------------------------------------------------------------------------
+def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None) -> str:
+    """The report as one HTML string (with a comparison section when ``other`` is given)."""
+    doc = run.doc
+    if other is not None and comparison is None:
+        comparison = compare_runs(doc, other.doc)
+    rows = summary_rows(doc)
+    context = {
+        "head": headline(doc), "rows": rows,
+        "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
+        "techniques": technique_sections(doc), "telemetry": telemetry_section(run),
+        "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
+        "scenario": json.dumps(doc.get("scenario"), indent=2, default=str),
+        "comparison": comparison, "comparison_figure": comparison_figure(comparison) if comparison else None,
+        "other_run": str(other.path) if other else "",
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    return _TEMPLATES.get_template("report.html.j2").render(**context)
+
+
+@dataclass
+class Written:
+    html: Path
+    markdown: Path
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None,
+                 compare: str | Path | None = None) -> Written:
+    """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it."""
+    run = load_run(run_dir)
+    other = load_run(compare) if compare is not None else None
+    comparison = compare_runs(run.doc, other.doc) if other else None
+    html_path = Path(output) if output is not None else run.path / "report.html"
+    md_path = html_path.with_name("summary.md")
+    text = render(run, other, comparison)
+    summary = markdown.render_summary(headline(run.doc), summary_rows(run.doc), comparison)
+    try:
+        atomic_write_text(html_path, text)
+        atomic_write_text(md_path, summary)
+    except OSError as exc:
+        raise BadInput(f"{html_path}: cannot write the report there ({exc.strerror or exc}); "
+                       f"give a writable file with -o/--output.") from None
+    return Written(html_path, md_path)

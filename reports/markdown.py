@@ -1,0 +1,86 @@
+"""summary.md: the run's headline and summary table (and, with --compare, the count of changes)
+in GitHub-flavoured Markdown, for a CI job summary or a pull-request comment.
+
+It formats what :mod:`gpubench.reports.html` has already read out of the results (the headline
+and summary rows), escapes every cell, and stays under :data:`MAX_BYTES`: rows past the budget
+are left out with a note pointing to the HTML report.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BYTES = 60_000
+_NOTE_RESERVE = 300  # room kept for a "rows left out" note
+
+
+def cell(value: Any) -> str:
+    """Text safe inside a table cell: no line breaks, pipes escaped, no HTML tag (``<`` as ``&lt;``)."""
+    text = " ".join(str(value).split())
+    return text.replace("<", "&lt;").replace("|", "\\|")
+
+
+def _size(parts: list[str]) -> int:
+    return sum(len(p.encode("utf-8")) + 1 for p in parts)
+
+
+def _row(values: list[Any]) -> str:
+    return "| " + " | ".join(cell(v) for v in values) + " |"
+
+
+def _table(header: list[str], rows: list[list[Any]], budget: int) -> list[str]:
+    lines = [_row(header), "|" + "---|" * len(header)]
+    for i, row in enumerate(rows):
+        line = _row(row)
+        if _size(lines) + len(line.encode("utf-8")) + _NOTE_RESERVE > budget:
+            lines.append(f"\n_{len(rows) - i} more cases left out to keep this summary under "
+                         f"{MAX_BYTES // 1000} KB; report.html has them all._")
+            break
+        lines.append(line)
+    return lines
+
+
+def _headline(head: dict[str, Any]) -> list[str]:
+    counts = f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
+    if head.get("interrupted"):
+        counts += f", {head['interrupted']} interrupted"
+    lines = [f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}", "",
+             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. "
+             f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}."]
+    if head.get("description"):
+        lines += ["", f"_{cell(head['description'])}_"]
+    lines += [f"\n> **Warning:** {cell(w)}" for w in head.get("warnings", [])]
+    if head.get("on_cpu"):
+        lines += ["", "Measured on a CPU: where a technique's win is GPU-specific, these ratios are not the GPU's."]
+    return lines + [""]
+
+
+def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
+    memory = any(r["memory"] != "-" for r in rows)
+    energy = any(r["energy"] != "-" for r in rows)
+    header = ["#", "technique", "case", "baseline", "optimized", "speedup [95% CI]", "headline", "check"]
+    header += ["peak memory (base / opt)"] * memory + ["energy/call (base / opt)"] * energy + ["status"]
+    body = []
+    for r in rows:
+        status = "passed" if not r["failed"] else f"**{r['status'].upper()}**: {r['reason'][:300]}"
+        body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"],
+                     r["headline"] or "-", r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy + [status])
+    return _table(header, body, budget)
+
+
+def _comparison(comparison: dict[str, Any]) -> list[str]:
+    """One line: the per-case table is in report.html (and ``gpubench compare`` writes the gate's)."""
+    counts = ", ".join(f"{n} {v}" for v, n in comparison["counts"].items() if n) or "no case in common"
+    lines = [f"Compared with run {cell(comparison['other']['run_id'])} ({cell(comparison['other']['date'])}): "
+             f"**{counts}**; per case in report.html."]
+    lines += [f"\n> **Warning:** {cell(w)}" for w in comparison["warnings"]]
+    return lines + [""]
+
+
+def render_summary(head: dict[str, Any], rows: list[dict[str, Any]],
+                   comparison: dict[str, Any] | None = None, max_bytes: int = MAX_BYTES) -> str:
+    """The headline, the comparison's counts (if any) and the summary table."""
+    lines = _headline(head)
+    if comparison is not None:
+        lines += _comparison(comparison)
+    lines += _summary(rows, max_bytes - _size(lines))
+    return "\n".join(lines) + "\n"
