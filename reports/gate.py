@@ -28,6 +28,21 @@ def _context(c) -> str:
     return f"{(ctx['ratio'] - 1) * 100:+.1f}%" if ctx.get("ratio") is not None else "-"
 
 
+def case_labels(changes) -> dict[str, str]:
+    """Short labels: the technique and only the params whose values differ between its cases."""
+    parsed = {}
+    for c in changes:
+        name, _, inner = c.case_id.partition("[")
+        params = dict(kv.split("=", 1) for kv in inner.rstrip("]").split(",") if "=" in kv)
+        parsed[c.case_id] = (name, params)
+    labels = {}
+    for case_id, (name, params) in parsed.items():
+        peers = [p for n, p in parsed.values() if n == name]
+        varying = [k for k in params if len({p.get(k) for p in peers}) > 1]
+        labels[case_id] = f"{name} " + " ".join(f"{k}={params[k]}" for k in varying) if varying else case_id
+    return labels
+
+
 def headline(comp: Comparison) -> str:
     counts = comp.counts()
     parts = [f"{n} {v.replace('_', ' ')}" for v, n in counts.items() if n]
@@ -39,13 +54,14 @@ def headline(comp: Comparison) -> str:
 
 def print_table(comp: Comparison, console: Console) -> None:
     table = Table(title=headline(comp), title_justify="left")
-    table.add_column("case", overflow="fold", min_width=30, ratio=3)
+    labels = case_labels(comp.changes)
+    table.add_column("case", overflow="fold")
     for col, justify in (("verdict", "left"), ("baseline", "right"), ("current", "right"),
                          ("change [95% CI]", "right"), ("p", "right"), ("threshold", "right"),
                          ("baseline variant", "right"), ("note", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for c in comp.changes:
-        table.add_row(c.case_id, Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
+        table.add_row(labels[c.case_id], Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
                       _context(c), c.reason[:120])
