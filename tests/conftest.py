@@ -1,7 +1,14 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter. It is chosen when a kernel is
+# decorated, so this must be set before any module defining a kernel is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
