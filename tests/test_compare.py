@@ -275,3 +275,13 @@ def test_a_slowdown_the_control_shows_too_is_inconclusive_not_a_regression():
     only_opt = _case("a", s)
     only_opt["variants"]["optimized"]["samples_s"] = [v * 1.4 for v in s]
     assert compare.compare(base, _doc(cases=[only_opt])).changes[0].verdict == "regressed"
+
+
+def test_every_technique_has_a_pytest_benchmark_file():
+    from pathlib import Path
+
+    from gpubench import techniques
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    missing = [n for n in techniques.all_techniques() if not (root / f"test_bench_{n}.py").exists()]
+    assert not missing, missing

@@ -1,0 +1,18 @@
+"""paged_attention: gather-then-attend baseline vs reading K/V through the block table, checked
+against float64."""
+import pytest
+
+from gpubench.techniques import paged_attention as technique
+
+
+@pytest.fixture(scope="module")
+def workload(device):
+    params = {**technique.TECHNIQUE.defaults(), "batch": 4, "heads": 8, "kv_heads": 2, "context_len": 512}
+    return technique.build(params, device, seed=0)
+
+
+@pytest.mark.benchmark(group="paged_attention")
+@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+def test_paged_attention(benchmark, workload, variant):
+    out = benchmark(technique.TECHNIQUE.variants[variant].fn, workload)
+    assert technique.check(technique.reference(workload), out).passed

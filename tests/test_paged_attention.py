@@ -1,0 +1,245 @@
+"""paged_attention: the PyTorch block loop and the Triton kernel (in Triton's interpreter here)
+both compute the attention of the contiguous cache while reading K/V only through the block
+table, and the technique's build / check / metrics / figures behave as the harness relies on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
+from gpubench.contract import Measured
+from gpubench.optimizations.paged_attention import (paged_decode_attention, paged_decode_attention_torch,
+                                                    paged_decode_attention_triton)
+from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
+
+CPU = torch.device("cpu")
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+def make_workload(seed: int = 0, **overrides):
+    params = TECHNIQUE.defaults()
+    params.update(batch=3, heads=4, context_len=40)  # tiny: the kernel runs in the interpreter
+    params.update(overrides)
+    assert TECHNIQUE.validate_fn(params) == []
+    return TECHNIQUE.build_fn(params, CPU, seed)
+
+
+def args(w):
+    return w.q, w.k_cache, w.v_cache, w.block_tables, w.context_lens
+
+
+def rel_err(output: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return ((output.double() - ref).norm() / ref.norm()).item()
+
+
+def torch_path(*a, **kw):
+    return paged_decode_attention_torch(*a, tokens_per_step=16, **kw)  # several steps even when short
+
+
+def kernel(*a, **kw):
+    return paged_decode_attention_triton(*a, tokens_per_step=16, **kw)
+
+
+PATHS = {"torch": torch_path, "triton": kernel}
+
+CASES = [
+    # (batch, heads, kv_heads, head_dim, block_size, context_len, dtype)
+    (3, 4, 0, 64, 16, 40, "float32"),  # MHA, mixed lengths, partial last blocks
+    (3, 4, 2, 64, 8, 40, "float32"),  # GQA (2 query heads per kv head), two blocks per step
+    (2, 4, 1, 128, 32, 50, "float32"),  # MQA, a block bigger than a step
+    (3, 4, 0, 128, 16, 1, "float32"),  # every context is one token
+    (3, 4, 2, 64, 16, 40, "bfloat16"),
+    (2, 4, 1, 128, 8, 30, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("batch,heads,kv_heads,head_dim,block_size,context_len,dtype", CASES)
+def test_paged_paths_equal_contiguous_cache_attention(path, batch, heads, kv_heads, head_dim, block_size,
+                                                      context_len, dtype):
+    w = make_workload(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+                      context_len=context_len, dtype=dtype)
+    out = PATHS[path](*args(w))
+    assert out.dtype == w.q.dtype and out.shape == w.q.shape
+    assert rel_err(out, reference(w)) <= TOL[dtype]
+
+
+def test_workload_exercises_shuffled_blocks_partial_tails_and_mixed_lengths():
+    # What the equality test above relies on to mean anything.
+    w = make_workload(batch=6, context_len=100, block_size=16, seed=3)
+    lens, tables = w.lens, w.block_tables
+    assert max(lens) == 100 and len(set(lens)) > 1 and min(lens) >= 1
+    assert any(n % 16 for n in lens)  # some last block is only partly filled
+    live = [tables[b, :-(-n // 16)] for b, n in enumerate(lens)]
+    used = torch.cat(live)
+    assert len(set(used.tolist())) == len(used)  # no block shared
+    assert not torch.equal(used, torch.arange(len(used), dtype=used.dtype))  # not in pool order
+    spare = set(range(w.k_cache.shape[0])) - set(used.tolist())
+    assert spare  # unreferenced blocks exist...
+    assert all(w.k_cache[s].abs().sum() > 0 for s in spare)  # ...and hold data, not zeros
+    for b, n in enumerate(lens):  # table entries past a sequence's end name spare blocks
+        assert set(tables[b, -(-n // 16):].tolist()) <= spare
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_slots_past_each_context_and_spare_blocks_are_never_used(path):
+    w = make_workload(kv_heads=2, block_size=8)
+    ref = reference(w)
+    k, v = w.k_cache.clone(), w.v_cache.clone()
+    keep = torch.zeros(k.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(w.lens):
+        for t in range(n):
+            keep[w.block_tables[b, t // 8], t % 8] = True
+    assert (~keep).sum() > 0
+    k[~keep] = float("nan")  # an engine's unwritten slots may hold anything, NaN included
+    v[~keep] = float("nan")
+    out = PATHS[path](w.q, k, v, w.block_tables, w.context_lens)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("variant", ["optimized", "triton"])
+def test_corrupted_block_table_is_caught_by_check(variant):
+    w = make_workload()
+    ref = reference(w)
+    fn = TECHNIQUE.variants["optimized"].fn if variant == "optimized" else (lambda w: kernel(*args(w)))
+    assert TECHNIQUE.check_fn(ref, fn(w)).passed
+    # Point one live entry of the longest sequence at a spare block.
+    b = max(range(len(w.lens)), key=lambda i: w.lens[i])
+    live = set(torch.cat([w.block_tables[i, :-(-n // 16)] for i, n in enumerate(w.lens)]).tolist())
+    spare = next(s for s in range(w.k_cache.shape[0]) if s not in live)
+    w.block_tables[b, 0] = spare
+    result = TECHNIQUE.check_fn(ref, fn(w))
+    assert not result.passed and result.error > 1e-3
+
+
+def test_kernel_overwrites_every_element_of_a_poisoned_output():
+    w = make_workload(kv_heads=2)
+    out = torch.full_like(w.q, float("nan"))
+    returned = kernel(*args(w), out=out)
+    assert returned is out
+    assert not out.isnan().any()
+    assert rel_err(out, reference(w)) <= 1e-5
+
+
+def test_kernel_handles_head_dim_not_a_power_of_two():
+    # DIM_PAD > HEAD_DIM: the padded channels are masked on load and store.
+    gen = torch.Generator().manual_seed(0)
+    lens = [5, 19]
+    tables, num_blocks = build_block_tables(lens, 8, gen)
+    q = torch.randn(2, 4, 96, generator=gen)
+    k, v = (torch.randn(num_blocks, 8, 2, 96, generator=gen) for _ in range(2))
+    a = (q, k, v, tables, torch.tensor(lens, dtype=torch.int32))
+    assert rel_err(kernel(*a), gather_then_attend(*a)) <= 1e-5
+
+
+@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend], ids=["torch", "triton", "baseline"])
+def test_empty_context_gives_zeros_not_nan(fn):
+    w = make_workload()
+    lens = w.context_lens.clone()
+    lens[0] = 0
+    out = fn(w.q, w.k_cache, w.v_cache, w.block_tables, lens)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_baseline_and_variants_equal_float64_reference(dtype):
+    w = make_workload(kv_heads=2, dtype=dtype)
+    ref = reference(w)
+    for name in ("baseline", "optimized"):
+        result = TECHNIQUE.check_fn(ref, TECHNIQUE.variants[name].fn(w))
+        assert result.passed and result.error <= TOL[dtype], name
+    assert rel_err(paged_decode_attention(*args(w)), ref) <= TOL[dtype]  # CPU dispatch -> PyTorch path
+    # the PyTorch path with its default step (one step covers this whole context)
+    assert rel_err(paged_decode_attention_torch(*args(w)), ref) <= TOL[dtype]
+
+
+def test_reference_equals_attention_over_the_contiguous_cache():
+    # The reference is independent of the paged layout: the same keys stored contiguously.
+    w = make_workload(heads=2, kv_heads=1, batch=2)
+    ref = reference(w)
+    for b, n in enumerate(w.lens):
+        blocks = w.block_tables[b].long()
+        k = w.k_cache[blocks].flatten(0, 1)[:n, 0].double()
+        v = w.v_cache[blocks].flatten(0, 1)[:n, 0].double()
+        for h in range(2):
+            p = torch.softmax(k @ w.q[b, h].double() / 8.0, dim=0)
+            assert torch.allclose(ref[b, h], p @ v, atol=1e-12)
+
+
+def test_check_fails_on_nan_and_beyond_tolerance():
+    w = make_workload()
+    ref = reference(w)
+    out = TECHNIQUE.variants["optimized"].fn(w)
+    poisoned = out.clone()
+    poisoned[1, 2, 3] = float("nan")
+    result = TECHNIQUE.check_fn(ref, poisoned)
+    assert not result.passed and "NaN" in result.detail
+    off = TECHNIQUE.check_fn(ref, (ref * (1 + 1e-3)).float())
+    assert not off.passed and off.error == pytest.approx(1e-3, rel=1e-2)
+    assert TECHNIQUE.check_fn(ref, ref.bfloat16()).passed
+
+
+def test_build_is_deterministic_per_seed_and_differs_across_seeds():
+    a, b, c = make_workload(seed=7), make_workload(seed=7), make_workload(seed=8)
+    for name in ("q", "k_cache", "v_cache", "block_tables", "context_lens"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert not torch.equal(a.q, c.q) and not torch.equal(a.k_cache[0], c.k_cache[0])
+    assert a.block_tables.dtype == a.context_lens.dtype == torch.int32
+
+
+def test_validate_rejects_heads_not_divisible_by_kv_heads():
+    params = dict(TECHNIQUE.defaults(), heads=8, kv_heads=3)
+    assert TECHNIQUE.validate_fn(params) == ["heads (8) must be divisible by kv_heads (3)"]
+    assert TECHNIQUE.validate_fn(dict(params, kv_heads=2)) == []
+    assert TECHNIQUE.validate_fn(dict(params, kv_heads=0)) == []
+    assert TECHNIQUE.param("block_size").problem(12) is not None
+    assert TECHNIQUE.param("head_dim").problem(96) is not None
+
+
+def test_metrics_count_kv_bytes_read_once_and_decode_steps():
+    w = make_workload(batch=3, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
+    m = TECHNIQUE.metrics_fn(w, Measured("optimized", [0.5], 0.5, None, CPU))
+    kv = sum(w.lens) * 2 * 64 * 2 * 2  # tokens x kv_heads x head_dim x (K, V) x 2 bytes
+    assert m["bytes_moved"] == kv + 2 * (3 * 4 * 64 * 2)  # + q read + output written
+    assert m["tokens_per_s"] == 3 / 0.5
+    assert m["context_tokens"] == sum(w.lens)
+
+
+def _case(context_len, batch, base_s, opt_s):
+    def variant(role, s):
+        return {"role": role, "stats": {"median": s}, "metrics": {"gbps": 1.0 / s}}
+
+    params = {**TECHNIQUE.defaults(), "context_len": context_len, "batch": batch}
+    return {"technique": "paged_attention", "params": params,
+            "variants": {"baseline": variant("baseline", base_s), "optimized": variant("optimized", opt_s),
+                         "torch_blocks": {"role": "peer", "status": "unavailable"}}}
+
+
+def test_figures_bandwidth_vs_context_and_latency_only_when_batch_varies():
+    from matplotlib.figure import Figure
+
+    one_batch = [_case(256, 4, 2.0, 1.0), _case(512, 4, 3.0, 1.5)]
+    made = TECHNIQUE.figures_fn(one_batch)
+    assert [t for t, _ in made] == ["Decode bandwidth (KV bytes read once, per second) vs context length"]
+    lines = made[0][1].axes[0].lines
+    assert isinstance(made[0][1], Figure) and len(lines) == 2
+    assert sorted(tuple(line.get_ydata()) for line in lines) == [(0.5, 1 / 3), (1.0, 1 / 1.5)]
+
+    made = TECHNIQUE.figures_fn(one_batch + [_case(256, 16, 4.0, 2.0)])
+    assert len(made) == 2 and "batch" in made[1][0]
+    assert TECHNIQUE.figures_fn([]) == []
+    no_data = [{"technique": "paged_attention", "params": TECHNIQUE.defaults(),
+                "variants": {"baseline": {"role": "baseline", "status": "failed"}}}]
+    assert TECHNIQUE.figures_fn(no_data) == []
+
+
+def test_technique_registered_complete_and_peer_says_why_on_cpu():
+    from gpubench import techniques
+
+    assert techniques.get("paged_attention") is TECHNIQUE
+    assert TECHNIQUE.incomplete() == [] and TECHNIQUE.gpu_specific and TECHNIQUE.anchor
+    assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(CPU)
+    assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(torch.device("cuda")) is None
