@@ -8,14 +8,28 @@ what was accumulated so far, so the result is exact, and the largest intermediat
 (block_m x block_n) tile per head, O(N * block) instead of O(N^2). With causal masking, tiles
 wholly above the diagonal are skipped, so causal attention does about half the work.
 
-This is the algorithm in plain PyTorch, checkable on any device; on a GPU the same loop as one
-fused kernel keeps each tile in on-chip SRAM, which is where the HBM saving is realised.
+:func:`flash_attention` runs the fused Triton kernel (:mod:`.flash_attention_triton`) on CUDA
+tensors: each tile lives in registers and shared memory, so the only HBM traffic is q, k, v in
+and the output out, which is where the win comes from. Elsewhere (CPU, or no Triton) it runs
+:func:`flash_attention_torch`, the same algorithm as a loop of PyTorch tile operations:
+checkable on any device, but each tile goes through memory, so it does not realise the saving.
 Published figures: FlashAttention-2 reaches 50-73% of the A100's peak; FlashAttention-3 reaches
 740 TFLOP/s in fp16 on an H100 (75% of peak).
 """
 from __future__ import annotations
 
 import torch
+
+try:
+    from gpubench.optimizations.flash_attention_triton import flash_attention_triton
+except ImportError as exc:  # Triton is a dependency on Linux x86-64 only
+    _TRITON_MISSING = f"Triton is not importable ({exc})"
+
+    def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                               scale: float | None = None, **blocks: int) -> torch.Tensor:
+        raise RuntimeError(f"the Triton flash-attention kernel cannot run: {_TRITON_MISSING}")
+else:
+    _TRITON_MISSING = ""
 
 # A query tile of 1024 rows and key tiles of 512 keep the Python loop to (N/1024) x (N/512)
 # iterations, so at long sequence lengths on a GPU each iteration is big enough to hide the
@@ -25,12 +39,23 @@ BLOCK_N = 512
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, *, block_m: int = BLOCK_M,
-                    block_n: int = BLOCK_N) -> torch.Tensor:
+                    scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v with SDPA's layout: q (batch, heads, seq, head_dim), k and v
     (batch, kv_heads, seq, head_dim) where heads is a multiple of kv_heads (GQA/MQA).
 
     ``causal``: query i sees keys 0..i (top-left aligned, as SDPA's ``is_causal``).
+    CUDA tensors run the Triton kernel; anything else runs the tiled PyTorch loop.
+    """
+    if q.is_cuda and not _TRITON_MISSING:
+        return flash_attention_triton(q, k, v, causal=causal, scale=scale)
+    return flash_attention_torch(q, k, v, causal=causal, scale=scale)
+
+
+def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                          scale: float | None = None, *, block_m: int = BLOCK_M,
+                          block_n: int = BLOCK_N) -> torch.Tensor:
+    """:func:`flash_attention` as a loop of PyTorch tile operations, on any device.
+
     ``block_m`` / ``block_n``: rows per query tile / keys per key-value tile.
     """
     batch, heads, seq_q, head_dim = q.shape

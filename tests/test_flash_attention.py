@@ -1,5 +1,5 @@
-"""flash_attention: the tiled online-softmax path is exact attention, never stores N x N, and the
-technique's build / check / validate / peers behave as the harness relies on."""
+"""flash_attention: the tiled online-softmax PyTorch path (what runs on a CPU) is exact attention,
+never stores N x N, and the technique's build / check / validate / peers behave as the harness relies on."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from gpubench.baselines.flash_attention import attention
 from gpubench.contract import Measured
-from gpubench.optimizations.flash_attention import flash_attention
+from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
 from gpubench.techniques.flash_attention import TECHNIQUE, reference
 
 CPU = torch.device("cpu")
@@ -45,7 +45,7 @@ def test_optimized_matches_float64_reference_and_baseline(seq_len, heads, kv_hea
     # Small blocks so even short sequences span several query and key tiles, with ragged edges.
     w = make_workload(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                       dtype=dtype, causal=causal, batch=2)
-    out = flash_attention(w.q, w.k, w.v, causal=causal, block_m=32, block_n=16)
+    out = flash_attention_torch(w.q, w.k, w.v, causal=causal, block_m=32, block_n=16)
     assert out.dtype == w.q.dtype and out.shape == w.q.shape
     assert rel_err(out, reference(w)) <= TOL[dtype]
     assert rel_err(out, attention(w.q, w.k, w.v, causal=causal)) <= TOL[dtype]
@@ -58,18 +58,18 @@ def test_optimized_exact_at_1000_tokens_with_default_blocks(causal):
     assert rel_err(flash_attention(w.q, w.k, w.v, causal=causal), reference(w)) <= 1e-5
     # and with more query tiles than key tiles and the other way round
     for block_m, block_n in ((128, 512), (512, 96)):
-        out = flash_attention(w.q, w.k, w.v, causal=causal, block_m=block_m, block_n=block_n)
+        out = flash_attention_torch(w.q, w.k, w.v, causal=causal, block_m=block_m, block_n=block_n)
         assert rel_err(out, reference(w)) <= 1e-5
 
 
 def test_causal_query_does_not_see_later_keys():
     w = make_workload(seq_len=40, heads=2, causal=True)
-    out = flash_attention(w.q, w.k, w.v, causal=True, block_m=16, block_n=8)
+    out = flash_attention_torch(w.q, w.k, w.v, causal=True, block_m=16, block_n=8)
     # Changing keys and values after position 20 must leave queries 0..20 untouched.
     k, v = w.k.clone(), w.v.clone()
     k[:, :, 21:] += 5.0
     v[:, :, 21:] -= 5.0
-    changed = flash_attention(w.q, k, v, causal=True, block_m=16, block_n=8)
+    changed = flash_attention_torch(w.q, k, v, causal=True, block_m=16, block_n=8)
     assert torch.equal(out[:, :, :21], changed[:, :, :21])
     assert not torch.allclose(out[:, :, 21:], changed[:, :, 21:])
 
@@ -101,7 +101,7 @@ def test_optimized_never_allocates_n_by_n(seq_len, causal, kv_heads, blocks):
         attention(w.q, w.k, w.v, causal=causal)
     assert seen_baseline.max_numel >= n_by_n  # the detector does see the baseline's scores
     with LargestTensor() as seen_optimized:
-        flash_attention(w.q, w.k, w.v, causal=causal, **blocks)
+        flash_attention_torch(w.q, w.k, w.v, causal=causal, **blocks)
     assert seen_optimized.max_numel < n_by_n
     block_m, block_n = blocks.get("block_m", 1024), blocks.get("block_n", 512)
     batch_heads = w.q.shape[0] * w.q.shape[1]
@@ -194,3 +194,43 @@ def test_technique_registered_and_complete():
     assert techniques.get("flash_attention") is TECHNIQUE
     assert TECHNIQUE.incomplete() == []
     assert TECHNIQUE.gpu_specific and TECHNIQUE.anchor
+
+
+def _case(seq_len, head_dim, causal, tflops, peak_bytes, dtype="bfloat16"):
+    # As gpu-quick sweeps: 16k tokens per call (batch moves with seq_len), model dim 2048.
+    params = dict(TECHNIQUE.defaults(), seq_len=seq_len, head_dim=head_dim, causal=causal, dtype=dtype,
+                  batch=16384 // seq_len, heads=2048 // head_dim)
+    return {"technique": "flash_attention", "params": params, "variants": {
+        name: {"role": name, "metrics": {"tflops": tflops * (2 if name == "optimized" else 1)},
+               "peak_memory_bytes": None if peak_bytes is None else peak_bytes * (1 if name == "optimized" else 4)}
+        for name in ("baseline", "optimized")}}
+
+
+def test_report_figures_draw_tflops_and_peak_memory_per_head_dim_and_causal():
+    cases = [_case(s, d, c, tflops=s / 100, peak_bytes=s * 2**20)
+             for s in (512, 1024, 2048) for d in (64, 128) for c in (False, True)]
+    figs = TECHNIQUE.figures_fn(cases)
+    assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput", "Peak memory of one call"]
+    for _, fig in figs:
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(panels) == 4  # (64, 128) x (full, causal)
+        for ax in panels:
+            # batch and heads vary across the run but move with seq_len and head_dim: one line each
+            lines = {line.get_label(): line for line in ax.get_lines()}
+            assert set(lines) == {"baseline", "optimized"}
+            assert list(lines["optimized"].get_xdata()) == [512, 1024, 2048]
+    tflops_panel = figs[0][1].axes[0]
+    assert list(tflops_panel.get_lines()[1].get_ydata()) == [2 * s / 100 for s in (512, 1024, 2048)]
+
+
+def test_report_figures_leave_out_what_has_no_data():
+    # On a CPU peak memory is null: only the TFLOP/s figure, and a dtype sweep labels its lines.
+    cases = [_case(s, 64, False, tflops=1.0, peak_bytes=None, dtype=d)
+             for s in (256, 512) for d in ("float32", "bfloat16")]
+    figs = TECHNIQUE.figures_fn(cases)
+    assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput"]
+    labels = {line.get_label() for line in figs[0][1].axes[0].get_lines()}
+    assert labels == {f"{v} (dtype={d})" for v in ("baseline", "optimized") for d in ("float32", "bfloat16")}
+    assert TECHNIQUE.figures_fn([]) == []
+    failed = {"technique": "flash_attention", "params": TECHNIQUE.defaults(), "variants": {}}
+    assert TECHNIQUE.figures_fn([failed]) == []

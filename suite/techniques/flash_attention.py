@@ -1,4 +1,5 @@
-"""flash_attention: eager attention (N x N scores in memory) against tiled online softmax.
+"""flash_attention: eager attention (N x N scores in memory) against tiled online softmax (a
+fused Triton kernel on CUDA, a PyTorch tile loop on CPU).
 
 Peers: torch SDPA with its default dispatch, SDPA pinned to each CUDA backend, and the
 flash-attn package when it is installed. The ground truth is float64 attention.
@@ -31,9 +32,8 @@ TECHNIQUE = Technique(
     gpu_specific=(
         "The win is HBM traffic: on a GPU the fused kernel keeps each score tile on chip instead "
         "of writing N x N scores to memory and reading them back. A CPU runs the tiled loop from "
-        "caches and pays Python overhead per tile, so its ratio says little about a GPU's. Until "
-        "the Triton kernel lands, a GPU ratio measures this PyTorch tiling (each tile still goes "
-        "through HBM), not a fused flash-attention kernel."
+        "caches and pays Python overhead per tile, so its ratio says little about a GPU's. On a "
+        "CPU the optimized variant is the tiled PyTorch loop; on CUDA it is the fused Triton kernel."
     ),
     params=[
         Param("batch", int, 2, "sequences per call", min=1),
@@ -82,9 +82,10 @@ def run_baseline(w: Workload) -> torch.Tensor:
     return attention(w.q, w.k, w.v, causal=w.causal)
 
 
-@TECHNIQUE.variant("optimized", role="optimized")
+@TECHNIQUE.variant("optimized", role="optimized",
+                   description="Online-softmax attention by tiles, never storing N x N: the fused Triton "
+                               "kernel on CUDA, the tiled PyTorch loop on CPU.")
 def run_optimized(w: Workload) -> torch.Tensor:
-    """Tiled online-softmax attention in PyTorch; never stores N x N."""
     return flash_attention(w.q, w.k, w.v, causal=w.causal)
 
 
@@ -238,3 +239,90 @@ def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
         "bytes_moved": attention_bytes(w.q, w.k, w.v),
         "tokens_per_s": batch * seq_len / measured.median_s,
     }
+
+
+# -- report figures ---------------------------------------------------------------------------
+
+PAIR = ("baseline", "optimized")
+
+
+def _series(cases: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]
+            ) -> dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]]:
+    """(head_dim, causal) -> (variant, label) -> [(seq_len, value)], sorted by seq_len.
+
+    Within one (head_dim, causal) panel, a param that takes several values at the same seq_len
+    (a dtype sweep, say) splits the cases into separate lines, named by the label. A param that
+    only moves with seq_len (gpu-quick's batch = 16k tokens / seq_len) stays on one line.
+    """
+    panels: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    for case in cases:
+        p = case.get("params") or {}
+        if "seq_len" in p:
+            panels.setdefault((p.get("head_dim"), bool(p.get("causal"))), []).append(case)
+    grouping = ("head_dim", "causal", "seq_len")
+    out: dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]] = {}
+    for key, members in panels.items():
+        names = sorted({k for c in members for k in c["params"] if k not in grouping})
+        splitting = [k for k in names
+                     if any(len({repr(c["params"].get(k)) for c in members if c["params"]["seq_len"] == seq}) > 1
+                            for seq in {c["params"]["seq_len"] for c in members})]
+        for case in members:
+            p = case["params"]
+            label = ", ".join(f"{k}={p.get(k)}" for k in splitting)
+            for name in PAIR:
+                value = read((case.get("variants") or {}).get(name) or {})
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out.setdefault(key, {}).setdefault((name, label), []).append((p["seq_len"], float(value)))
+    for panel in out.values():
+        for points in panel.values():
+            points.sort()
+    return out
+
+
+def _sweep_figure(panels: dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]],
+                  ylabel: str, log_y: bool = False) -> Any:
+    """One panel per (head_dim, causal), value against seq_len, a line per variant (and label).
+    ``log_y``: a log value axis, used only when every value is positive."""
+    from matplotlib.figure import Figure
+
+    from gpubench.reports.figures import COLORS, WIDTH_IN
+
+    keys = sorted(panels, key=lambda hk: (hk[0] is None, hk[0] or 0, hk[1]))
+    cols = min(2, len(keys))
+    rows = -(-len(keys) // cols)
+    fig = Figure(figsize=(WIDTH_IN, 2.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for (name, label), points in sorted(panels[key].items()):
+            seq, values = zip(*points)
+            ax.plot(seq, values, marker="o", color=COLORS[name],
+                    linestyle="-" if name == "optimized" else "--",
+                    label=name if not label else f"{name} ({label})")
+        ax.set_xscale("log", base=2)
+        if log_y and all(value > 0 for points in panels[key].values() for _, value in points):
+            ax.set_yscale("log", base=2)
+        ax.set_title(f"head_dim {key[0]}, {'causal' if key[1] else 'full'}")
+        ax.set_xlabel("seq_len")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+@TECHNIQUE.figures
+def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """TFLOP/s and peak memory against seq_len, baseline vs optimized, per (head_dim, causal).
+    Peak memory is only recorded on CUDA; a figure without data is left out. The baseline's
+    memory grows as seq_len^2 (its scores), the optimized one's as seq_len: hence a log axis."""
+    out = []
+    tflops = _series(cases, lambda v: (v.get("metrics") or {}).get("tflops"))
+    if tflops:
+        out.append(("Attention throughput (TFLOP/s) against sequence length", _sweep_figure(tflops, "TFLOP/s")))
+    peak = _series(cases, lambda v: None if v.get("peak_memory_bytes") is None
+                   else v["peak_memory_bytes"] / 2**20)
+    if peak:
+        out.append(("Peak memory of one call (MiB) against sequence length",
+                    _sweep_figure(peak, "peak MiB", log_y=True)))
+    return out
