@@ -39,16 +39,19 @@ BLOCK_N = 512
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v with SDPA's layout: q (batch, heads, seq, head_dim), k and v
     (batch, kv_heads, seq, head_dim) where heads is a multiple of kv_heads (GQA/MQA).
 
     ``causal``: query i sees keys 0..i (top-left aligned, as SDPA's ``is_causal``).
     CUDA tensors run the Triton kernel; anything else runs the tiled PyTorch loop.
+    ``out``: write the result here (shaped and typed like q) instead of a new tensor; the suite
+    passes a NaN-filled one to its checked call, so an element the kernel never writes fails.
     """
     if q.is_cuda and not _TRITON_MISSING:
-        return flash_attention_triton(q, k, v, causal=causal, scale=scale)
-    return flash_attention_torch(q, k, v, causal=causal, scale=scale)
+        return flash_attention_triton(q, k, v, causal=causal, scale=scale, out=out)
+    result = flash_attention_torch(q, k, v, causal=causal, scale=scale)
+    return result if out is None else out.copy_(result)
 
 
 def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

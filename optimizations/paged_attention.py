@@ -65,7 +65,7 @@ def _check_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
+                           scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v for one query token per sequence, keys and values read from a paged
     cache through the block table.
 
@@ -73,11 +73,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_tables: (batch, max_blocks_per_seq) int32 physical block ids (entries past a sequence's
     last block are never read); context_lens: (batch,) int32, tokens each sequence attends to
     (a sequence with 0 gets zeros). heads is a multiple of kv_heads (query head h uses kv head
-    h // (heads // kv_heads)). Returns (batch, heads, head_dim) in q's dtype.
+    h // (heads // kv_heads)). Returns (batch, heads, head_dim) in q's dtype, written into ``out``
+    when given (the suite passes a NaN-filled one to its checked call).
     """
     if q.is_cuda and triton is not None:
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=out)
+    result = paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return result if out is None else out.copy_(result)
 
 
 def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

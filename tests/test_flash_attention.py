@@ -234,3 +234,23 @@ def test_report_figures_leave_out_what_has_no_data():
     assert TECHNIQUE.figures_fn([]) == []
     failed = {"technique": "flash_attention", "params": TECHNIQUE.defaults(), "variants": {}}
     assert TECHNIQUE.figures_fn([failed]) == []
+
+
+def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
+    """The checked call's output starts as NaN: a kernel that skips an element cannot pass by
+    inheriting a correct value from reused memory."""
+    import gpubench.techniques.flash_attention as module
+
+    w = make_workload(seq_len=33, causal=True)
+    assert w.out.isnan().all() and w.out.shape == w.q.shape
+
+    def skips_last_row(q, k, v, causal=False, scale=None, *, out):
+        out[:, :, :-1] = flash_attention_torch(q, k, v, causal=causal)[:, :, :-1]
+        return out
+
+    monkeypatch.setattr(module, "flash_attention", skips_last_row)
+    result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["optimized"].fn(w))
+    assert not result.passed and "NaN" in result.detail
+    monkeypatch.undo()
+    w = make_workload(seq_len=33, causal=True)
+    assert TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["optimized"].fn(w)).passed

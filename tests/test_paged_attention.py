@@ -243,3 +243,20 @@ def test_technique_registered_complete_and_peer_says_why_on_cpu():
     assert TECHNIQUE.incomplete() == [] and TECHNIQUE.gpu_specific and TECHNIQUE.anchor
     assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(CPU)
     assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(torch.device("cuda")) is None
+
+
+def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
+    """The checked call's output starts as NaN: a kernel that skips a sequence cannot pass by
+    inheriting a correct value from reused memory."""
+    import gpubench.techniques.paged_attention as module
+
+    w = make_workload()
+    assert w.out.isnan().all() and w.out.shape == w.q.shape
+
+    def skips_last_sequence(q, k_cache, v_cache, block_tables, context_lens, scale=None, *, out):
+        out[:-1] = paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens)[:-1]
+        return out
+
+    monkeypatch.setattr(module, "paged_decode_attention", skips_last_sequence)
+    result = TECHNIQUE.check_fn(TECHNIQUE.reference_fn(w), TECHNIQUE.variants["optimized"].fn(w))
+    assert not result.passed and "NaN" in result.detail

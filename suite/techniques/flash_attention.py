@@ -70,7 +70,10 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
     # Drawn on the CPU in float32, then moved: the same values on every device.
     q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=workload.device, dtype=dtype)
                for h in (heads, kv_heads, kv_heads))
-    workload.inputs.update(q=q, k=k, v=v, causal=params["causal"])
+    # The optimized variant writes into this NaN-filled buffer: its checked call is its first, so
+    # an element the kernel never writes stays NaN and fails the check (a fresh torch.empty could
+    # hand back memory that already holds a correct answer from an earlier call).
+    workload.inputs.update(q=q, k=k, v=v, causal=params["causal"], out=torch.full_like(q, float("nan")))
     return workload
 
 
@@ -86,7 +89,7 @@ def run_baseline(w: Workload) -> torch.Tensor:
                    description="Online-softmax attention by tiles, never storing N x N: the fused Triton "
                                "kernel on CUDA, the tiled PyTorch loop on CPU.")
 def run_optimized(w: Workload) -> torch.Tensor:
-    return flash_attention(w.q, w.k, w.v, causal=w.causal)
+    return flash_attention(w.q, w.k, w.v, causal=w.causal, out=w.out)
 
 
 def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:

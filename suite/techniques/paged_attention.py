@@ -115,6 +115,9 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
         # The table as built, for the reference only: a variant given a corrupted block_tables
         # is then checked against what the sequences really hold.
         reference_tables=tables.clone(),
+        # The optimized variant writes here; NaN until its first (checked) call, so an element the
+        # kernel never writes fails the check instead of inheriting a correct value from memory.
+        out=torch.full((batch, heads, dim), float("nan"), **move),
     )
     return workload
 
@@ -135,7 +138,7 @@ def run_baseline(w: Workload) -> torch.Tensor:
 def run_optimized(w: Workload) -> torch.Tensor:
     """Reads K/V through the block table in place: the Triton kernel on CUDA, the same block loop
     with an online softmax in PyTorch elsewhere."""
-    return _call(paged_decode_attention, w)
+    return paged_decode_attention(w.q, w.k_cache, w.v_cache, w.block_tables, w.context_lens, out=w.out)
 
 
 def _cpu_is_optimized(device: torch.device) -> str | None:
