@@ -100,10 +100,12 @@ def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     blocks_per_step = max(1, tokens_per_step // block_size)
 
     # GQA without copying K/V: the `group` query heads sharing a kv head sit side by side.
-    qg = q.reshape(batch, kv_heads, group, head_dim).float() * scale
-    m = torch.full((batch, kv_heads, group), -math.inf, device=device)  # running max of scores
-    l = torch.zeros(batch, kv_heads, group, device=device)  # running softmax denominator
-    acc = torch.zeros(batch, kv_heads, group, head_dim, device=device)  # running sum of p * v
+    # fp32 accumulation (fp64 when the inputs are fp64, so a float64 engine stays float64 throughout).
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    qg = q.reshape(batch, kv_heads, group, head_dim).to(acc_dtype) * scale
+    m = torch.full((batch, kv_heads, group), -math.inf, device=device, dtype=acc_dtype)  # running max
+    l = torch.zeros(batch, kv_heads, group, device=device, dtype=acc_dtype)  # running softmax denominator
+    acc = torch.zeros(batch, kv_heads, group, head_dim, device=device, dtype=acc_dtype)  # running sum of p * v
 
     slot = torch.arange(blocks_per_step * block_size, device=device)
     for first in range(0, -(-longest // block_size), blocks_per_step):
@@ -115,8 +117,8 @@ def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         # are pointed at block 0 (read, then masked out) instead of trusted.
         blocks = tables[:, first:last]
         blocks = torch.where(live[:, ::block_size], blocks, torch.zeros_like(blocks))
-        k = k_cache[blocks].reshape(batch, n_tokens, kv_heads, head_dim).float()
-        v = v_cache[blocks].reshape(batch, n_tokens, kv_heads, head_dim).float()
+        k = k_cache[blocks].reshape(batch, n_tokens, kv_heads, head_dim).to(acc_dtype)
+        v = v_cache[blocks].reshape(batch, n_tokens, kv_heads, head_dim).to(acc_dtype)
         # Slots past a context may hold anything (an engine's pool is torch.empty): 0 * NaN would
         # leak into the sum below, so dead values are zeroed (dead scores are masked to -inf).
         v = v.masked_fill(~live[:, :, None, None], 0.0)

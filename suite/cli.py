@@ -439,3 +439,100 @@ def _list_presets(as_json: bool) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# --------------------------------------------------------------------------------------------
+@main.command(name="serve")
+@click.option("--model", "-m", default="tiny", show_default=True,
+              help="A built-in size (tiny, small, 100m, 1b; seeded random weights) or a local Hugging Face "
+                   "Llama-style checkpoint directory (needs transformers: pip install 'gpubench[hf]').")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16", "float64"]))
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
+              help="JSONL trace: {arrival_s, prompt_len | prompt, output_len} per line (else a synthetic one).")
+@click.option("--requests", default=50, show_default=True, type=int, help="Synthetic trace: requests.")
+@click.option("--arrival", default="poisson:40", show_default=True, help="Synthetic trace: poisson:RATE, gamma:RATE:BURSTINESS or all.")
+@click.option("--prompt-len", default="uniform:16:64", show_default=True, help="Synthetic trace: fixed:N, uniform:LO:HI, exp:MEAN:CAP, lognormal:MEAN:SIGMA:CAP.")
+@click.option("--output-len", default="exp:48:160", show_default=True, help="Synthetic trace: as --prompt-len.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the weights and the synthetic trace.")
+@click.option("--engine", "engines", multiple=True, default=["static+contiguous", "continuous+paged"], show_default=True,
+              help="SCHEDULER+KV, repeatable: static|continuous + contiguous|paged.")
+@click.option("--kv-budget", default="2MiB", show_default=True, metavar="SIZE", help="KV-cache memory of every engine.")
+@click.option("--max-len", default=256, show_default=True, type=int, help="Longest request (prompt + output).")
+@click.option("--max-batch", default=16, show_default=True, type=int, help="Most requests decoding at once.")
+@click.option("--block-size", default=16, show_default=True, type=click.Choice(["8", "16", "32"]))
+@click.option("--batch-timeout-ms", default=50.0, show_default=True, type=float, help="Static batching's wait for a full batch.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy; > 0: sampled.")
+@click.option("--no-wait", is_flag=True, help="Every request at time 0 (offline throughput) instead of at its arrival time.")
+@click.option("--slo-ttft-ms", default=1000.0, show_default=True, type=float, help="Goodput: TTFT target.")
+@click.option("--slo-tpot-ms", default=100.0, show_default=True, type=float, help="Goodput: TPOT target.")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, output_len, seed, engines, kv_budget,
+          max_len, max_batch, block_size, batch_timeout_ms, temperature, no_wait, slo_ttft_ms, slo_tpot_ms, as_json):
+    """Serve a request trace through one or more engines and print vLLM-style serving metrics
+    (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
+    from gpubench.models.llama import model_from
+    from gpubench.serving.bench import DTYPES
+    from gpubench.serving.engine import KV_LAYOUTS, SCHEDULERS, Engine, EngineConfig, serving_metrics
+    from gpubench.serving.traces import TraceSpec, generate, parse_arrival, parse_length
+
+    pairs = []
+    for text in engines:
+        scheduler, _, kv = text.partition("+")
+        if scheduler not in SCHEDULERS or kv not in KV_LAYOUTS:
+            raise BadInput(f"--engine: {text!r} is not valid; allowed: SCHEDULER+KV with SCHEDULER one of "
+                           f"{list(SCHEDULERS)} and KV one of {list(KV_LAYOUTS)}, e.g. continuous+paged.")
+        pairs.append((scheduler, kv))
+    for option, value, parse in (("--arrival", arrival, parse_arrival), ("--prompt-len", prompt_len, parse_length),
+                                 ("--output-len", output_len, parse_length)):
+        try:
+            parse(value)
+        except ValueError as exc:
+            raise BadInput(f"{option}: {exc}.") from None
+    for option, value in (("--requests", requests), ("--max-len", max_len), ("--max-batch", max_batch)):
+        if value < 1:
+            raise BadInput(f"{option}: {value} is not valid; allowed: an integer >= 1.")
+    dev = envmod.resolve_device(device)
+    weights = model_from(model, seed, DTYPES[dtype], dev)
+    reqs = generate(TraceSpec(requests, arrival, prompt_len, output_len, weights.config.vocab_size, trace_file), seed + 1)
+    longest = max(r.prompt_len + r.output_len for r in reqs)
+    if longest > max_len:
+        raise BadInput(f"--max-len: {max_len} is below the trace's longest request ({longest} tokens, prompt + "
+                       f"output); allowed: a value >= {longest}.")
+    budget = parse_size(kv_budget, "--kv-budget", default_unit="mib")
+    results_by_engine = {}
+    for scheduler, kv in pairs:
+        cfg = EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=budget, block_size=int(block_size),
+                           max_len=max_len, max_batch=max_batch, batch_timeout_s=batch_timeout_ms / 1e3,
+                           temperature=temperature, wait=not no_wait)
+        try:
+            run = Engine(weights, cfg).run(reqs)
+        except ValueError as exc:  # a budget that holds no slab / block
+            raise BadInput(f"--kv-budget: {exc}; allowed: a larger size.") from None
+        m = serving_metrics(run, slo_ttft_ms, slo_tpot_ms)
+        m.pop("series")
+        m["accounting_problems"] = run["accounting_problems"]
+        results_by_engine[f"{scheduler}+{kv}"] = m
+    if as_json:
+        click.echo(json.dumps({"model": model, "params": weights.config.num_params(), "device": str(dev),
+                               "engines": results_by_engine}, indent=2))
+        return
+    out = _console()
+    table = Table(title=f"{len(reqs)} requests, model {model} ({weights.config.num_params() / 1e6:.1f}M params, "
+                        f"{dtype}) on {envmod.device_label(dev)}, KV budget {budget / 2**20:.1f} MiB"
+                        + (", all at once" if no_wait else ""), title_justify="left")
+    table.add_column("metric")
+    for name in results_by_engine:
+        table.add_column(name, justify="right")
+    rows = [("output tokens/s", "output_tokens_per_s", "{:.0f}"), ("requests/s", "request_throughput", "{:.2f}"),
+            ("goodput requests/s", "goodput_requests_per_s", "{:.2f}")]
+    rows += [(f"{stat} {name.upper()} ms", f"{stat}_{name}_ms", "{:.1f}")
+             for name in ("ttft", "tpot", "itl", "e2e") for stat in ("median", "p99")]
+    rows += [("KV utilization (live/reserved)", "kv_utilization", "{:.1%}"), ("max concurrency", "max_concurrency", "{}"),
+             ("preemptions", "preemptions", "{}"), ("duration s", "duration_s", "{:.2f}")]
+    for label, key, fmt in rows:
+        table.add_row(label, *[("-" if m.get(key) is None else fmt.format(m[key])) for m in results_by_engine.values()])
+    out.print(table)
+    for name, m in results_by_engine.items():
+        if m["accounting_problems"]:
+            out.print(f"[bold red]{name}: KV accounting problems: {'; '.join(m['accounting_problems'][:3])}[/]")

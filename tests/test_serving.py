@@ -1,0 +1,437 @@
+"""The serving engine and its two techniques: batching must never change what a request generates,
+KV bookkeeping is exact under any sequence of operations, the schedulers do what their names say,
+traces follow their stated distributions, and the metrics mean what vLLM's benchmark means."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from gpubench.contract import Measured
+from gpubench.errors import BadInput
+from gpubench.models.llama import SIZES, LlamaConfig, load_hf, random_weights
+from gpubench.serving.blocks import BlockManager, SlabAllocator
+from gpubench.serving.bench import check, reference
+from gpubench.serving.engine import Engine, EngineConfig, reference_generate, serving_metrics
+from gpubench.serving.traces import (Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length,
+                                     read_jsonl)
+from gpubench.techniques import continuous_batching, paged_kv_serving
+
+CPU = torch.device("cpu")
+TINY = LlamaConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                   intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def weights64():
+    return random_weights(TINY, seed=3, dtype=torch.float64)
+
+
+def trace(n=10, seed=0, arrival="all", prompt="uniform:3:20", output="uniform:1:24", vocab=128):
+    return generate(TraceSpec(n, arrival, prompt, output, vocab), seed)
+
+
+ENGINES = [(s, k) for s in ("static", "continuous") for k in ("contiguous", "paged")]
+
+
+# -- exactness --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduler,kv", ENGINES)
+def test_greedy_tokens_equal_one_request_at_a_time_in_every_engine(weights64, scheduler, kv):
+    """Batching, KV layout, padding and preemption-with-recompute never change a greedy request's
+    tokens (float64, so no near-ties: exact equality with the lone reference)."""
+    requests = trace(12, seed=1)
+    # A budget of 16 blocks of 8 tokens: tight enough that the paged engine preempts.
+    cfg = EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
+                       block_size=8, max_len=48, max_batch=8, wait=False)
+    run = Engine(weights64, cfg).run(requests)
+    assert run["accounting_problems"] == []
+    for r in requests:
+        expected, _ = reference_generate(weights64, r)
+        assert run["tokens"][r.id] == expected, f"request {r.id} under {scheduler}+{kv}"
+    if kv == "paged" and scheduler == "continuous":
+        assert run["preemptions"] > 0, "the budget was meant to force preemption"
+
+
+def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
+    """Each request samples from its own seeded generator: the same tokens alone, in a static batch
+    and under continuous batching."""
+    requests = trace(6, seed=2)
+    runs = [Engine(weights64, EngineConfig(scheduler=s, kv="paged", kv_budget_bytes=1 << 20, max_len=48,
+                                           temperature=0.8, wait=False)).run(requests)
+            for s in ("static", "continuous")]
+    for r in requests:
+        alone, _ = reference_generate(weights64, r, temperature=0.8)
+        assert runs[0]["tokens"][r.id] == runs[1]["tokens"][r.id] == alone
+    greedy = [reference_generate(weights64, r)[0] for r in requests]
+    assert greedy != [runs[0]["tokens"][r.id] for r in requests], "sampling at T=0.8 should differ from greedy"
+
+
+# -- the check --------------------------------------------------------------------------------
+
+def _ref(tokens, gaps, temperature=0.0, dtype="float32"):
+    return {"tokens": tokens, "gaps": gaps, "temperature": temperature, "dtype": dtype}
+
+
+def test_check_fails_on_a_real_divergence_and_names_it():
+    """A token that differs where the reference had a clear winner fails, with the request named."""
+    ref = _ref({0: [5, 6, 7]}, {0: [2.0, 2.0, 2.0]})
+    result = check(ref, {"tokens": {0: [5, 9, 7]}, "accounting_problems": []})
+    assert not result.passed and result.error == 1.0 and "request 0: token 1" in result.detail
+
+
+def test_check_allows_a_divergence_at_a_near_tie_and_reports_it():
+    """Where the lone reference's top-2 logits were within the margin, the other choice is allowed
+    (batching changes rounding) but counted in the detail."""
+    ref = _ref({0: [5, 6, 7], 1: [1, 2]}, {0: [2.0, 1e-5, 2.0], 1: [1.0, 1.0]})
+    result = check(ref, {"tokens": {0: [5, 8, 9], 1: [1, 2]}, "accounting_problems": []})
+    assert result.passed and "1 request(s) diverged at a near-tie" in result.detail
+
+
+def test_check_fails_on_accounting_problems_and_short_outputs():
+    """Leaked or doubly owned KV fails the run whatever the tokens; so does a request cut short."""
+    ref = _ref({0: [5, 6]}, {0: [1.0, 1.0]})
+    assert not check(ref, {"tokens": {0: [5, 6]}, "accounting_problems": ["3 blocks leaked"]}).passed
+    assert not check(ref, {"tokens": {0: [5]}, "accounting_problems": []}).passed
+    sampled = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, temperature=1.0)
+    assert check(sampled, {"tokens": {0: [9, 9]}, "accounting_problems": []}).passed
+
+
+# -- KV bookkeeping ---------------------------------------------------------------------------
+
+def test_block_manager_invariants_under_random_operations():
+    """Over thousands of random allocate / grow / release operations, checked against a shadow
+    model: no block owned twice, none lost, tables exactly as long as their tokens need, and a
+    request the pool cannot hold takes nothing."""
+    rng = random.Random(7)
+    bm = BlockManager(num_blocks=37, block_size=5)
+    shadow: dict[int, int] = {}  # seq -> tokens covered
+    next_id = 0
+    for _ in range(4000):
+        op = rng.random()
+        if op < 0.35 or not shadow:
+            tokens = rng.randint(1, 40)
+            if bm.can_allocate(tokens):
+                bm.allocate(next_id, tokens)
+                shadow[next_id] = tokens
+                next_id += 1
+            else:
+                free_before = bm.num_free
+                with pytest.raises(MemoryError):
+                    bm.allocate(next_id, tokens)
+                assert bm.num_free == free_before and next_id not in bm.tables
+        elif op < 0.8:
+            seq = rng.choice(list(shadow))
+            want = shadow[seq] + rng.randint(1, 12)
+            free_before = bm.num_free
+            if bm.ensure(seq, want):
+                shadow[seq] = want
+            else:
+                assert bm.num_free == free_before
+        else:
+            seq = rng.choice(list(shadow))
+            bm.release(seq)
+            del shadow[seq]
+        assert bm.check() == []
+        assert bm.num_owned + bm.num_free == bm.num_blocks
+        for seq, tokens in shadow.items():
+            assert len(bm.tables[seq]) == bm.blocks_for(tokens)
+    for seq in list(shadow):
+        bm.release(seq)
+    assert bm.num_free == bm.num_blocks and bm.check() == []
+
+
+def test_block_manager_check_reports_leaks_and_double_ownership():
+    """check() is what a run records; it must see a leaked block and a block owned twice."""
+    bm = BlockManager(8, 4)
+    bm.allocate(1, 8)
+    bm.free.popleft()  # lose a block
+    assert any("leaked" in p for p in bm.check())
+    bm = BlockManager(8, 4)
+    bm.allocate(1, 4)
+    bm.allocate(2, 4)
+    bm.tables[2][0] = bm.tables[1][0]
+    assert any("also owned" in p for p in bm.check())
+
+
+def test_slab_allocator_holds_whole_slabs_and_never_double_books():
+    """Contiguous KV: one max_len slab per request however short, nothing past the slab count."""
+    slabs = SlabAllocator(3, 64)
+    for seq in range(3):
+        assert slabs.can_allocate(10)
+        slabs.allocate(seq, 10)
+    assert not slabs.can_allocate(1)
+    assert not SlabAllocator(1, 64).can_allocate(65)
+    slabs.release(1)
+    assert slabs.check() == [] and slabs.num_free == 1
+
+
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_engine_never_exceeds_its_budget_and_frees_everything(weights64, kv):
+    """At every step the reserved KV bytes stay within the budget; at the end nothing is held."""
+    budget = 12 * 8 * TINY.kv_bytes_per_token(8)
+    run = Engine(weights64, EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8,
+                                         max_len=48, wait=False)).run(trace(10, seed=4))
+    assert max(run["timeline"]["reserved_bytes"]) <= budget
+    assert run["timeline"]["reserved_bytes"][0] > 0 and run["accounting_problems"] == []
+
+
+def test_paged_holds_more_requests_than_contiguous_in_the_same_bytes(weights64):
+    """Same budget, same scheduler: contiguous admits at most budget / max_len requests, paged
+    admits by the tokens actually held, so more run at once and memory holds tokens, not padding."""
+    budget = 4 * 48 * TINY.kv_bytes_per_token(8)  # four 48-token slabs
+    runs = {kv: Engine(weights64, EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8,
+                                               max_len=48, max_batch=32, wait=False)).run(trace(16, seed=5))
+            for kv in ("contiguous", "paged")}
+    m = {kv: serving_metrics(run, 1e9, 1e9) for kv, run in runs.items()}
+    assert m["contiguous"]["max_concurrency"] <= 4 < m["paged"]["max_concurrency"]
+    assert m["paged"]["kv_utilization"] > m["contiguous"]["kv_utilization"]
+
+
+# -- scheduling -------------------------------------------------------------------------------
+
+def _first_last(run):
+    return {r["id"]: (r["token_times_s"][0], r["finish_s"]) for r in run["requests"]}
+
+
+def test_static_batches_run_until_their_longest_request_finishes(weights64):
+    """Static: the second batch's first token comes after every request of the first batch
+    finished; continuous: a waiting request starts before the first ones are all done."""
+    requests = trace(8, seed=6, output="uniform:2:30")
+    runs = {s: Engine(weights64, EngineConfig(scheduler=s, kv="contiguous", kv_budget_bytes=1 << 22, max_len=64,
+                                              max_batch=4, wait=False)).run(requests) for s in ("static", "continuous")}
+    static = _first_last(runs["static"])
+    first_batch_end = max(static[i][1] for i in range(4))
+    assert all(static[i][0] >= first_batch_end for i in range(4, 8))
+    cont = _first_last(runs["continuous"])
+    assert min(cont[i][0] for i in range(4, 8)) < max(cont[i][1] for i in range(4))
+
+
+def test_static_batch_starts_on_timeout_when_not_full(weights64):
+    """With arrivals honoured and a batch that never fills, the batch starts once its oldest request
+    has waited batch_timeout_s (not before), and the run completes."""
+    requests = [Request(i, 0.01 * i, [1, 2, 3], 2) for i in range(3)]
+    cfg = EngineConfig(scheduler="static", kv="contiguous", kv_budget_bytes=1 << 22, max_len=16, max_batch=8,
+                       batch_timeout_s=0.1, wait=True)
+    run = Engine(weights64, cfg).run(requests)
+    first = min(r["token_times_s"][0] for r in run["requests"])
+    assert first >= 0.1 and all(len(t) == 2 for t in run["tokens"].values())
+
+
+def test_requests_are_not_served_before_they_arrive(weights64):
+    """Real arrivals: no request's first token precedes its arrival time."""
+    requests = generate(TraceSpec(6, "poisson:50", "fixed:4", "fixed:3", 128), 9)
+    run = Engine(weights64, EngineConfig(kv_budget_bytes=1 << 22, max_len=16, wait=True)).run(requests)
+    assert all(r["token_times_s"][0] >= r["arrival_s"] for r in run["requests"])
+    assert run["duration_s"] >= requests[-1].arrival_s
+
+
+# -- traces -----------------------------------------------------------------------------------
+
+def test_poisson_and_gamma_arrivals_have_their_stated_rate_and_burstiness():
+    """Mean gap 1/rate for both; coefficient of variation 1 for Poisson, 1/sqrt(k) for gamma."""
+    g = torch.Generator().manual_seed(0)
+    for spec, cv in (("poisson:20", 1.0), ("gamma:20:0.25", 2.0), ("gamma:20:4", 0.5)):
+        t = torch.tensor(arrival_times(spec, 20000, g), dtype=torch.float64)
+        gaps = torch.diff(t, prepend=torch.zeros(1, dtype=torch.float64))
+        assert abs(gaps.mean().item() * 20 - 1) < 0.05, spec
+        assert abs(gaps.std().item() / gaps.mean().item() - cv) < 0.1 * cv, spec
+    assert arrival_times("all", 5, g) == [0.0] * 5
+
+
+def test_length_distributions_match_their_parameters():
+    """fixed is constant; uniform stays in [lo, hi] with the midpoint mean; capped exponential and
+    lognormal have their stated mean (the cap far away) and never leave [1, cap]."""
+    g = torch.Generator().manual_seed(1)
+    assert parse_length("fixed:7").sample(5, g) == [7] * 5
+    u = parse_length("uniform:10:20").sample(20000, g)
+    assert min(u) == 10 and max(u) == 20 and abs(sum(u) / len(u) - 15) < 0.2
+    for spec, mean in (("exp:50:100000", 50), ("lognormal:50:0.8:100000", 50)):
+        x = parse_length(spec).sample(20000, g)
+        assert abs(sum(x) / len(x) / mean - 1) < 0.05, spec
+    capped = parse_length("exp:50:60").sample(5000, g)
+    assert max(capped) == 60 and min(capped) >= 1
+
+
+@pytest.mark.parametrize("spec", ["exp:50", "uniform:9:3", "normal:4", "fixed:x", "poisson", "gamma:2"])
+def test_bad_specs_say_what_is_allowed(spec):
+    """A malformed length or arrival spec is a ValueError naming the forms allowed."""
+    with pytest.raises(ValueError):
+        (parse_arrival if spec.startswith(("poisson", "gamma")) else parse_length)(spec)
+
+
+def test_generated_traces_are_seeded():
+    """Same seed, same trace; another seed, another."""
+    spec = TraceSpec(20, "poisson:10", "uniform:4:30", "exp:20:60", 100)
+    a, b, c = generate(spec, 1), generate(spec, 1), generate(spec, 2)
+    key = lambda t: [(r.arrival_s, r.prompt, r.output_len) for r in t]  # noqa: E731
+    assert key(a) == key(b) != key(c)
+
+
+def test_jsonl_trace_reads_lengths_and_text_and_rejects_bad_lines(tmp_path):
+    """A JSONL trace gives requests sorted by arrival (prompt text becomes byte tokens); a bad line
+    is BadInput naming the file, the line and the key."""
+    good = tmp_path / "t.jsonl"
+    good.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n\n'
+                    '{"arrival_s": 0.1, "prompt": "hi", "output_len": 2}\n')
+    reqs = read_jsonl(good, vocab_size=100)
+    assert [r.arrival_s for r in reqs] == [0.1, 0.5] and reqs[0].prompt == [104 % 100, 105 % 100]
+    assert reqs[1].prompt_len == 4 and [r.id for r in reqs] == [0, 1]
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n{"arrival_s": 1, "output_len": 0, "prompt_len": 2}\n')
+    with pytest.raises(BadInput, match=r"b.jsonl:2: key 'output_len'"):
+        read_jsonl(bad, 100)
+    (tmp_path / "c.jsonl").write_text("not json\n")
+    with pytest.raises(BadInput, match=r"c.jsonl:1: not JSON"):
+        read_jsonl(tmp_path / "c.jsonl", 100)
+    with pytest.raises(BadInput, match="cannot read"):
+        read_jsonl(tmp_path / "missing.jsonl", 100)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+def test_serving_metrics_follow_vllm_definitions():
+    """TTFT = first token - arrival; TPOT = (last - first) / (n - 1); ITL = gaps between tokens;
+    throughput over first arrival to last finish; goodput counts requests meeting both SLOs;
+    KV utilization = live / reserved bytes averaged over steps."""
+    run = {
+        "requests": [
+            {"id": 0, "arrival_s": 0.0, "prompt_len": 10, "output_len": 3, "token_times_s": [0.1, 0.2, 0.4], "finish_s": 0.4},
+            {"id": 1, "arrival_s": 0.2, "prompt_len": 6, "output_len": 1, "token_times_s": [0.3], "finish_s": 0.3},
+        ],
+        "timeline": {"t_s": [0.1, 0.2], "running": [1, 2], "live_bytes": [50, 100], "reserved_bytes": [100, 400],
+                     "waiting": [0, 0], "step_tokens": [10, 7]},
+        "preemptions": 0, "kv_budget_bytes": 1000, "kv_capacity_tokens": 10,
+    }
+    m = serving_metrics(run, slo_ttft_ms=150, slo_tpot_ms=500)
+    assert m["duration_s"] == pytest.approx(0.4)
+    assert m["output_tokens_per_s"] == pytest.approx(4 / 0.4) and m["total_tokens_per_s"] == pytest.approx(20 / 0.4)
+    assert m["mean_ttft_ms"] == pytest.approx(100.0)
+    assert m["median_tpot_ms"] == pytest.approx(150.0)
+    assert sorted(m["series"]["itl_ms"]) == pytest.approx([100.0, 200.0])
+    assert m["goodput_requests_per_s"] == pytest.approx(2 / 0.4)
+    assert m["kv_utilization"] == pytest.approx((0.5 + 0.25) / 2) and m["max_concurrency"] == 2
+    assert serving_metrics(run, slo_ttft_ms=50, slo_tpot_ms=500)["slo_attained"] == 0.0
+
+
+# -- techniques -------------------------------------------------------------------------------
+
+SMALL = {"requests": 6, "arrival": "all", "prompt_len": "uniform:4:12", "output_len": "uniform:2:10",
+         "max_len": 32, "kv_budget_mib": 0.05, "max_batch": 4}
+
+
+@pytest.mark.parametrize("module", [continuous_batching, paged_kv_serving])
+def test_techniques_check_both_engines_against_lone_generation(module):
+    """Each serving technique's baseline and optimized runs pass its check against the reference,
+    and its metrics carry the headline and the series the report draws."""
+    T = module.TECHNIQUE
+    params = {**T.defaults(), **SMALL}
+    assert T.validate_fn(params) == []
+    w = T.build_fn(params, CPU, 0)
+    ref = T.reference_fn(w)
+    for name in ("baseline", "optimized"):
+        out = T.variants[name].fn(w)
+        result = T.check_fn(ref, out)
+        assert result.passed, result.detail
+        m = T.metrics_fn(w, Measured(name, [0.1], 0.1, out, CPU))
+        assert m[T.headline] > 0 and len(m["series"]["ttft_ms"]) == 6
+    case = {"params": params, "variants": {
+        n: {"role": n, "metrics": T.metrics_fn(w, Measured(n, [0.1], 0.1, T.variants[n].fn(w), CPU))}
+        for n in ("baseline", "optimized")}}
+    titles = [t for t, _ in T.figures_fn([case])]
+    assert len(titles) == 3 and any("CDF" in t for t in titles)
+
+
+def test_validate_rejects_traces_longer_than_max_len_and_bad_specs():
+    """A trace that can draw requests longer than max_len, an unknown model or a bad spec is
+    rejected before anything runs, naming the key."""
+    T = continuous_batching.TECHNIQUE
+    problems = T.validate_fn({**T.defaults(), "max_len": 100})
+    assert any("max_len 100" in p for p in problems)
+    problems = T.validate_fn({**T.defaults(), "arrival": "poison:3", "model": "huge"})
+    assert any(p.startswith("arrival:") for p in problems) and any("model 'huge'" in p for p in problems)
+
+
+def test_hf_loader_says_what_is_missing(tmp_path):
+    """A checkpoint path that is not a checkpoint, or transformers missing, is BadInput saying so."""
+    with pytest.raises(BadInput, match="no config.json"):
+        load_hf(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        with pytest.raises(BadInput, match="transformers"):
+            load_hf(tmp_path)
+
+
+def test_model_sizes_span_cpu_tests_to_a_billion_parameters():
+    """The named sizes run from under 1M parameters (CPU tests) to about 1B (a GPU)."""
+    assert SIZES["tiny"].num_params() < 1e6 and 0.8e9 < SIZES["1b"].num_params() < 1.3e9
+    assert math.isclose(SIZES["tiny"].kv_bytes_per_token(4), 2 * 2 * 2 * 32 * 4)
+
+
+def test_check_requests_limits_the_token_check_but_still_checks_lengths():
+    """With check_requests set, requests beyond it are still checked for their full length."""
+    ref = {"tokens": {0: [5, 6]}, "gaps": {0: [1.0, 1.0]}, "temperature": 0.0, "dtype": "float32",
+           "lengths": {0: 2, 1: 3}}
+    assert check(ref, {"tokens": {0: [5, 6], 1: [1, 2, 3]}, "accounting_problems": []}).passed
+    result = check(ref, {"tokens": {0: [5, 6], 1: [1, 2]}, "accounting_problems": []})
+    assert not result.passed and "request 1: 2 tokens, expected 3" in result.detail
+
+
+def test_hf_checkpoint_loads_and_matches_transformers_logits(tmp_path):
+    """A local Hugging Face Llama checkpoint read through load_hf gives the logits transformers
+    computes (RoPE layout, GQA, RMSNorm, SwiGLU all as Llama defines them), and the engine serves it."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-5, rope_theta=5000.0, tie_word_embeddings=False,
+                                   eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # make the norms non-trivial so a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path)
+    weights = load_hf(tmp_path, dtype=torch.float64)
+    assert weights.config.num_kv_heads == 2 and weights.config.rope_theta == 5000.0
+    tokens = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model.double()(tokens).logits[0]
+    from gpubench.models.llama import causal_attention, forward
+    got = forward(weights, tokens[0], torch.arange(20), lambda i, q, k, v: causal_attention(q, k, v))
+    assert torch.allclose(got, expected, atol=1e-8), (got - expected).abs().max()
+    request = Request(0, 0.0, tokens[0].tolist(), 8)
+    run = Engine(weights, EngineConfig(kv="paged", kv_budget_bytes=1 << 20, max_len=64, wait=False)).run([request])
+    # No end-of-sequence token: the engine, like vLLM's benchmark with ignore_eos, generates output_len.
+    hf = model.generate(tokens, max_new_tokens=8, do_sample=False)[0, 20:].tolist()
+    assert run["tokens"][0] == hf
+
+
+def test_serve_command_prints_metrics_per_engine_and_rejects_bad_input(tmp_path):
+    """`gpubench serve` runs a JSONL trace through each engine and reports vLLM-style metrics;
+    a bad engine name, spec or too-small max-len is one paragraph and exit code 2."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    trace_file = tmp_path / "t.jsonl"
+    trace_file.write_text("".join(json.dumps({"arrival_s": 0.01 * i, "prompt_len": 5 + i, "output_len": 3 + i}) + "\n"
+                                  for i in range(5)))
+    runner = CliRunner()
+    result = runner.invoke(main, ["serve", "--trace", str(trace_file), "--max-len", "32", "--no-wait", "--json",
+                                  "--engine", "static+contiguous", "--engine", "continuous+paged"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    for name in ("static+contiguous", "continuous+paged"):
+        m = doc["engines"][name]
+        assert m["requests"] == 5 and m["output_tokens_per_s"] > 0 and m["accounting_problems"] == []
+    for args, needle in ((["--engine", "dynamic+paged"], "--engine"), (["--arrival", "poisson"], "--arrival"),
+                         (["--max-len", "8"], "--max-len"), (["--kv-budget", "1KiB"], "--kv-budget"),
+                         (["--model", "nope"], "model 'nope'")):
+        result = runner.invoke(main, ["serve", "--trace", str(trace_file), "--no-wait", *args])
+        assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output, args
