@@ -190,20 +190,37 @@ def forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.Tensor
     ``tokens`` plus ``(vocab,)``.
     """
     c = weights.config
-    lead = tokens.shape
     x = F.embedding(tokens, weights.embed)
     cos, sin = rope_cos_sin(weights, positions)
-    for i, layer in enumerate(weights.layers):
-        hs = rms_norm(x, layer.attn_norm, c.rms_eps)
-        q = apply_rope(F.linear(hs, layer.wq).view(*lead, c.num_heads, c.head_dim), cos, sin)
-        k = apply_rope(F.linear(hs, layer.wk).view(*lead, c.num_kv_heads, c.head_dim), cos, sin)
-        v = F.linear(hs, layer.wv).view(*lead, c.num_kv_heads, c.head_dim)
-        attn = attend(i, q, k, v)
-        x = x + F.linear(attn.reshape(*lead, c.num_heads * c.head_dim), layer.wo)
-        x = x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+    for i in range(c.num_layers):
+        x = decoder_layer(weights, i, x, cos, sin, attend)
     if logits_at is not None:
         x = x.reshape(-1, c.hidden_size)[logits_at]
     return F.linear(rms_norm(x, weights.final_norm, c.rms_eps), weights.lm_head)
+
+
+def decoder_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  attend: Attend) -> torch.Tensor:
+    """Layer ``i`` on hidden states ``x`` ``(*lead, hidden)``: pre-norm attention and SwiGLU MLP,
+    each with its residual. ``cos``/``sin`` from :func:`rope_cos_sin` at the tokens' positions."""
+    c, layer = weights.config, weights.layers[i]
+    lead = x.shape[:-1]
+    hs = rms_norm(x, layer.attn_norm, c.rms_eps)
+    q = apply_rope(F.linear(hs, layer.wq).view(*lead, c.num_heads, c.head_dim), cos, sin)
+    k = apply_rope(F.linear(hs, layer.wk).view(*lead, c.num_kv_heads, c.head_dim), cos, sin)
+    v = F.linear(hs, layer.wv).view(*lead, c.num_kv_heads, c.head_dim)
+    attn = attend(i, q, k, v)
+    x = x + F.linear(attn.reshape(*lead, c.num_heads * c.head_dim), layer.wo)
+    return x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+
+
+def batched_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over rows of a batch: q ``(batch, seq, heads, d)``, k/v ``(batch, seq,
+    kv_heads, d)`` (GQA by repeating K/V heads); SDPA."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None = None,
