@@ -1,0 +1,457 @@
+"""speculative_decoding: greedy output identical to plain decoding, sampled output distributed as
+the target's (chi-square), both KV caches rolled back, both drafters and adaptive k behaving as
+stated, a default model pair that really agrees, trained deterministically and cached, and the
+technique's build / check / metrics / figures as the harness relies on."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from gpubench.baselines.speculative_decoding import KVCache, generate
+from gpubench.contract import Measured
+from gpubench.errors import BadInput
+from gpubench.models import train_small
+from gpubench.models.llama import LlamaConfig, random_weights
+from gpubench.optimizations import speculative_decoding as spec
+from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, speculative_generate
+from gpubench.techniques.speculative_decoding import TECHNIQUE, early_layers, predicted_speedup
+
+CPU = torch.device("cpu")
+SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,
+                    intermediate_size=64)
+# Three tokens: a small vocabulary, so a few thousand draws resolve every 3-token sequence's probability.
+VOCAB3 = LlamaConfig(vocab_size=3, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
+                     intermediate_size=32)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return random_weights(SMALL, seed=11)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The default trained pair (from the user's cache; trained there on the first run, ~30 s)."""
+    return train_small.trained_pair()
+
+
+def prompt_of(seed: int, n: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# -- greedy: token for token ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("draft_kind", ["same", "early", "other"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_output_equals_plain_decoding_whatever_the_drafts(small, draft_kind, k):
+    """Greedy speculative decoding emits exactly plain greedy decoding's tokens, whether the draft
+    always agrees (every draft accepted, bonus tokens), sometimes (its first layer) or almost never
+    (an unrelated model: a rejection at nearly every step), at every k, for fixed and adaptive k,
+    and with the token budget ending inside a verification."""
+    draft = {"same": small, "early": early_layers(small, 1), "other": random_weights(SMALL, seed=99)}[draft_kind]
+    for i, new in enumerate((1, k + 1, 30)):
+        prompt = prompt_of(i, 12, SMALL.vocab_size)
+        expected, _ = generate(small, prompt, new)
+        for adaptive in (False, True):
+            out, stats = speculative_generate(small, ModelDrafter(draft, 80), prompt, new, k, adaptive)
+            assert out == expected, (draft_kind, k, new, adaptive)
+            assert stats.emitted == new and stats.accepted + stats.verifications == new
+    if draft_kind == "same":
+        assert stats.accepted == stats.drafted  # the identical draft is always accepted
+    if draft_kind == "other":
+        assert stats.accepted < stats.drafted / 4
+
+
+def test_greedy_output_equals_plain_decoding_on_the_trained_pair_with_both_drafters(pair):
+    """On the default trained pair and held-out prompts, both drafters (fixed and adaptive k)
+    reproduce plain greedy decoding exactly."""
+    held = pair.held_out
+    for i, start in enumerate((1000, 20000)):
+        prompt = held[start:start + 40].tolist()
+        expected, _ = generate(pair.target, prompt, 32)
+        for drafter, adaptive in itertools.product(("model", "ngram"), (False, True)):
+            d = ModelDrafter(pair.draft, 160) if drafter == "model" else NgramDrafter(3, 1)
+            out, _ = speculative_generate(pair.target, d, prompt, 32, 4, adaptive)
+            assert out == expected, (i, drafter, adaptive)
+
+
+def test_without_the_target_cache_rollback_the_output_would_differ(small, monkeypatch):
+    """The equality above rests on rolling the target's cache back past rejected drafts: with
+    truncation disabled, the target attends to rejected tokens' K/V (or overruns its cache) and
+    greedy output no longer equals plain decoding's. So the equality tests guard the rollback."""
+    prompt = prompt_of(3, 12, SMALL.vocab_size)
+    expected, _ = generate(small, prompt, 30)
+    monkeypatch.setattr(KVCache, "truncate", lambda self, length: None)
+    try:
+        out, _ = speculative_generate(small, ModelDrafter(random_weights(SMALL, seed=99), 200), prompt, 30, 3)
+    except ValueError as exc:  # the cache overran: also a failure the equality tests would show
+        assert "full" in str(exc) or "at least one token" in str(exc)
+    else:
+        assert out != expected
+
+
+# -- the KV cache -------------------------------------------------------------------------------
+
+def test_kv_cache_truncate_then_forward_equals_a_fresh_cache(small):
+    """Rolling the cache back and feeding other tokens gives the logits a cache that never saw
+    the discarded tokens gives: truncation really forgets them."""
+    prompt = prompt_of(5, 20, SMALL.vocab_size)
+    with torch.inference_mode():
+        cache = KVCache(small, 40)
+        cache.forward(prompt)
+        cache.forward([1, 2, 3, 4, 5], all_logits=True)  # drafts, then rejected
+        cache.truncate(len(prompt) + 1)
+        rolled = cache.forward([7, 8], all_logits=True)
+        fresh = KVCache(small, 40)
+        fresh.forward(prompt + [1])
+        expected = fresh.forward([7, 8], all_logits=True)
+    assert cache.length == fresh.length == len(prompt) + 3
+    torch.testing.assert_close(rolled, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError):
+        cache.truncate(cache.length + 1)
+    with pytest.raises(ValueError, match="full"):
+        cache.forward(list(range(40)))
+
+
+def test_model_drafter_rolls_back_to_the_accepted_prefix(small):
+    """After a proposal, rollback(valid) leaves exactly the confirmed tokens' K/V in the draft's
+    cache, so the next proposal only feeds what the cache has not seen."""
+    drafter = ModelDrafter(small, 64)
+    tokens = prompt_of(6, 10, SMALL.vocab_size)
+    drafts, q = drafter.propose(tokens, 4, 0.0, None)
+    assert len(drafts) == 4 and q is None
+    assert drafter.cache.length == len(tokens) + 3  # the last draft is never fed
+    drafter.rollback(len(tokens) + 1)  # one draft accepted
+    assert drafter.cache.length == len(tokens) + 1
+    again, _ = drafter.propose(tokens + drafts[:1] + [5], 2, 0.0, None)
+    fresh, _ = ModelDrafter(small, 64).propose(tokens + drafts[:1] + [5], 2, 0.0, None)
+    assert again == fresh
+
+
+# -- sampling: the target's distribution --------------------------------------------------------
+
+def chi_square_p(observed: dict[tuple, int], expected_prob: dict[tuple, float], draws: int) -> float:
+    """Pearson's chi-square test of observed counts against probabilities; cells expected fewer
+    than 5 times are pooled. Returns the p-value (survival function of chi-square, df = cells - 1)."""
+    cells, pooled_obs, pooled_exp = [], 0, 0.0
+    for key, p in expected_prob.items():
+        e = p * draws
+        if e < 5:
+            pooled_obs += observed.get(key, 0)
+            pooled_exp += e
+        else:
+            cells.append((observed.get(key, 0), e))
+    if pooled_exp > 0:
+        cells.append((pooled_obs, pooled_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    df = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def sequence_probs(target, prompt: list[int], length: int, temperature: float) -> dict[tuple, float]:
+    """Exact probability of every ``length``-token continuation under the target at this temperature."""
+    vocab = target.config.vocab_size
+    probs = {}
+    with torch.inference_mode():
+        for seq in itertools.product(range(vocab), repeat=length):
+            cache = KVCache(target, len(prompt) + length)
+            logits = cache.forward(prompt + list(seq[:-1]), all_logits=True)[len(prompt) - 1:]
+            p = torch.softmax(logits.double() / temperature, dim=-1)
+            probs[seq] = math.prod(float(p[i, t]) for i, t in enumerate(seq))
+    return probs
+
+
+def draw(target, make_drafter, prompt, length, k, temperature, draws, seed, adaptive=False):
+    g = torch.Generator().manual_seed(seed)
+    counts: dict[tuple, int] = {}
+    for _ in range(draws):
+        out, _ = speculative_generate(target, make_drafter(), prompt, length, k, adaptive, temperature, g)
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def vocab3():
+    target = random_weights(VOCAB3, seed=1)
+    draft = random_weights(VOCAB3, seed=2)
+    prompt = [0, 1, 2, 2, 1, 0, 1]
+    return target, draft, prompt, sequence_probs(target, prompt, 3, 2.0)
+
+
+def test_sampled_tokens_follow_the_targets_distribution_with_a_draft_model(vocab3):
+    """Chi-square over 1000 three-token continuations (27 outcomes; every path: rejection and
+    resampling at each position, all accepted plus the bonus): speculative sampling with a
+    different draft model matches the target's exact distribution, not the draft's."""
+    target, draft, prompt, probs = vocab3
+    draws = 1000
+    counts = draw(target, lambda: ModelDrafter(draft, 16), prompt, 3, 2, 2.0, draws, seed=1)
+    assert chi_square_p(counts, probs, draws) > 1e-3
+    draft_probs = sequence_probs(draft, prompt, 3, 2.0)
+    assert chi_square_p(counts, draft_probs, draws) < 1e-6  # the test can tell the two apart
+
+
+def test_sampled_tokens_follow_the_targets_distribution_with_prompt_lookup_and_adaptive_k(vocab3):
+    """The same for the deterministic n-gram drafter (one-hot q: accept with probability p(x),
+    resample from p without x) with adaptive k."""
+    target, _, prompt, probs = vocab3
+    draws = 800
+    counts = draw(target, lambda: NgramDrafter(2, 1), prompt, 3, 2, 2.0, draws, seed=1, adaptive=True)
+    assert chi_square_p(counts, probs, draws) > 1e-3
+
+
+def test_the_chi_square_test_catches_a_sampler_that_skips_the_rejection_rule(vocab3, monkeypatch):
+    """A sampler that accepts every draft (no rejection rule) yields the draft's distribution,
+    and the test rejects it: the tests above would fail if the rule broke."""
+    target, draft, prompt, probs = vocab3
+
+    def accept_all(logits, drafts, q, temperature, generator):
+        p = torch.softmax(logits.float() / temperature, dim=-1)
+        return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=generator))
+
+    monkeypatch.setattr(spec, "verify", accept_all)
+    draws = 400
+    counts = draw(target, lambda: ModelDrafter(draft, 16), prompt, 3, 2, 2.0, draws, seed=2)
+    assert chi_square_p(counts, probs, draws) < 1e-4
+
+
+def test_verify_resamples_from_the_residual_at_the_first_rejection():
+    """The acceptance rule alone, drafts drawn from q: the token it emits at the first position is
+    distributed as p (chi-square), the bonus row is used only when every draft is accepted, and
+    greedy accepts exactly the prefix that matches the target's argmax."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.0, 1.0, 0.0, -2.0]])
+    q = torch.softmax(torch.tensor([[-1.0, 2.0, 0.5, 0.0]]), dim=-1)
+    p0 = torch.softmax(logits[0], dim=-1)
+    counts: dict[tuple, int] = {}
+    draws = 4000
+    for _ in range(draws):
+        d = int(torch.multinomial(q[0], 1, generator=g))
+        n, nxt = spec.verify(logits, [d], q, 1.0, g)
+        first = d if n == 1 else nxt
+        counts[(first,)] = counts.get((first,), 0) + 1
+    assert chi_square_p(counts, {(t,): float(p0[t]) for t in range(4)}, draws) > 1e-3
+    assert spec.verify(logits, [0], None, 0.0, None) == (1, 1)  # argmax 0 matches; bonus is row 1's argmax
+    assert spec.verify(logits, [2], None, 0.0, None) == (0, 0)  # mismatch: the target's argmax instead
+
+
+# -- drafters and adaptive k --------------------------------------------------------------------
+
+def test_ngram_drafter_proposes_what_followed_the_latest_longest_match():
+    """Prompt lookup: the longest suffix (n_max down to n_min) that occurred before, its latest
+    occurrence, the k tokens after it; nothing when there is no match; token ids above 255 are
+    matched whole (never inside another token's bytes)."""
+    d = NgramDrafter(3, 1)
+    tokens = [5, 6, 7, 1, 5, 6, 7, 2, 9, 5, 6, 7]
+    assert d.propose(tokens, 2, 0.0, None) == ([2, 9], None)  # latest "5 6 7" is followed by 2, 9
+    assert NgramDrafter(3, 1).propose([1, 2, 3, 4], 3, 0.0, None) == ([], None)
+    assert NgramDrafter(1, 1).propose([4, 8, 9, 4], 5, 0.0, None) == ([8, 9, 4], None)
+    big = [256 * 3, 1, 300, 2, 300]  # 768's and 300's bytes overlap at a misaligned offset
+    assert NgramDrafter(1, 1).propose(big, 2, 0.0, None) == ([2, 300], None)
+    assert NgramDrafter(3, 2).propose([1, 2, 9, 1, 3, 2], 2, 0.0, None) == ([], None)  # only n=1 would match
+
+
+def test_adaptive_k_grows_when_all_accepted_and_shrinks_otherwise(small):
+    """With a draft identical to the target every draft is accepted and k climbs to 2k; with an
+    unrelated draft nearly every step rejects and k falls to 1."""
+    prompt = prompt_of(8, 12, SMALL.vocab_size)
+    _, agree = speculative_generate(small, ModelDrafter(small, 120), prompt, 60, 2, adaptive=True)
+    assert agree.k_used[:4] == [2, 3, 4, 4] and max(agree.k_used) == 4
+    other = random_weights(SMALL, seed=99)
+    _, disagree = speculative_generate(small, ModelDrafter(other, 120), prompt, 60, 4, adaptive=True)
+    asked = [k for k in disagree.k_used if k]  # 0: the last token needs no drafts
+    assert asked[0] == 4 and min(asked) == 1 and asked[-10:].count(1) >= 6
+    _, fixed = speculative_generate(small, ModelDrafter(other, 120), prompt, 60, 4, adaptive=False)
+    assert set(fixed.k_used[:-4]) == {4}
+
+
+# -- the model pair -----------------------------------------------------------------------------
+
+def test_default_pair_really_agrees_unlike_untrained_models(pair):
+    """The default pair's agreement is learned, not configured: greedy acceptance on held-out
+    prompts is well above that of the same draft architecture untrained."""
+    untrained = train_small.init_weights(train_small.DRAFT_CONFIG, seed=5)
+    trained, random = spec.SpecStats(), spec.SpecStats()
+    for start in (3000, 9000, 15000, 27000):
+        prompt = pair.held_out[start:start + 48].tolist()
+        trained.add(speculative_generate(pair.target, ModelDrafter(pair.draft, 200), prompt, 48, 4)[1])
+        random.add(speculative_generate(pair.target, ModelDrafter(untrained, 200), prompt, 48, 4)[1])
+    assert trained.accepted / trained.drafted > 0.35
+    assert random.accepted / random.drafted < 0.1
+    assert pair.info["target_held_out_loss"] < 2.2 and pair.info["draft_held_out_loss"] < 2.6  # ln 256 = 5.5
+
+
+MINI_T = LlamaConfig(vocab_size=256, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
+                     intermediate_size=64)
+MINI_D = LlamaConfig(vocab_size=256, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=16,
+                     intermediate_size=32)
+MINI = dict(target_config=MINI_T, draft_config=MINI_D, target_recipe=train_small.Recipe(steps=4, batch=4, seq_len=32),
+            draft_recipe=train_small.Recipe(steps=3, batch=4, seq_len=32, seed=3))
+
+
+def test_training_is_deterministic_and_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
+    """Two trainings from the same recipe give bit-identical weights; the first build is cached on
+    disk and reloaded as is; a corrupt or mismatched cache file is rebuilt, not trusted."""
+    monkeypatch.setattr(train_small, "_MEMO", {})
+    first = train_small.trained_pair(tmp_path / "a", **MINI)
+    assert not first.info["from_cache"]
+    monkeypatch.setattr(train_small, "_MEMO", {})
+    second = train_small.trained_pair(tmp_path / "b", **MINI)
+    for x, y in zip(first.target.parameters() + first.draft.parameters(),
+                    second.target.parameters() + second.draft.parameters()):
+        assert torch.equal(x, y)
+    monkeypatch.setattr(train_small, "_MEMO", {})
+    cached = train_small.trained_pair(tmp_path / "a", **MINI)
+    assert cached.info["from_cache"] and torch.equal(cached.target.lm_head, first.target.lm_head)
+    path = tmp_path / "a" / "spec_pair" / f"{first.info['key']}.pt"
+    for junk in (b"not a torch file", None):
+        if junk is None:  # a valid file whose tensors do not fit the config
+            state = torch.load(path, weights_only=True)
+            state["target"]["embed"] = torch.zeros(3, 3)
+            torch.save(state, path)
+        else:
+            path.write_bytes(junk)
+        monkeypatch.setattr(train_small, "_MEMO", {})
+        rebuilt = train_small.trained_pair(tmp_path / "a", **MINI)
+        assert not rebuilt.info["from_cache"] and rebuilt.info["rebuilt_because"]
+        assert torch.equal(rebuilt.target.embed, first.target.embed)
+    assert train_small.trained_pair(tmp_path / "a", **MINI) is rebuilt  # memoized within the process
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    """GPUBENCH_CACHE_DIR moves the cache; without it, ~/.cache/gpubench."""
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path))
+    assert train_small.cache_dir() == tmp_path
+    monkeypatch.delenv("GPUBENCH_CACHE_DIR")
+    assert train_small.cache_dir().parts[-2:] == (".cache", "gpubench")
+
+
+# -- the technique ------------------------------------------------------------------------------
+
+def make_workload(seed: int = 0, **overrides):
+    params = {**TECHNIQUE.defaults(), "prompts": 1, "prompt_len": 32, "max_new_tokens": 24, **overrides}
+    assert TECHNIQUE.validate_fn(params) == []
+    return TECHNIQUE.build_fn(params, CPU, seed)
+
+
+def run_case(w):
+    base = TECHNIQUE.baseline.fn(w)
+    out = TECHNIQUE.optimized.fn(w)
+    return base, out, TECHNIQUE.check_fn(base, out)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"drafter": "ngram", "adaptive_k": True}, {"draft": "early:2", "k": 2}],
+                         ids=["draft_model", "ngram_adaptive", "early_layers"])
+def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
+    """Each drafter passes the exact check on seeded held-out prompts; metrics carry acceptance
+    rate, mean accepted length, tokens/s, the measured c and verification cost, and Leviathan's
+    predicted speedup computed from them."""
+    w = make_workload(**overrides)
+    assert w.prompts and all(len(p) == 32 for p in w.prompts)
+    base, out, result = run_case(w)
+    assert result.passed and result.error == 0.0 and result.metric == "mismatched_tokens"
+    m = TECHNIQUE.metrics_fn(w, Measured("optimized", [0.1], 0.1, out, CPU))
+    for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "c", "verify_cost", "predicted_speedup",
+                "predicted_speedup_with_verify_cost", "per_position_acceptance", "k_mean"):
+        assert key in m, key
+    assert m["tokens_per_s"] == pytest.approx(24 / 0.1)
+    if m["acceptance_rate"] is not None:
+        assert m["predicted_speedup"] == pytest.approx(predicted_speedup(m["acceptance_rate"], m["k_mean"], m["c"]))
+        assert m["predicted_speedup_from_accepted_length"] == pytest.approx(
+            m["mean_accepted_length"] / (m["k_mean"] * m["c"] + m["verify_cost"]))
+    assert 1.0 <= m["mean_accepted_length"] <= w.params["k"] * (2 if w.params["adaptive_k"] else 1) + 1
+    mb = TECHNIQUE.metrics_fn(w, Measured("baseline", [0.2], 0.2, base, CPU))
+    assert mb["predicted_speedup"] == 1.0 and mb["target_forwards_per_token"] == 1.0
+
+
+def test_prompts_are_seeded_and_come_from_the_held_out_text():
+    """The same seed draws the same prompts; another seed others; all from the held-out bytes."""
+    a, b, c = make_workload(seed=1), make_workload(seed=1), make_workload(seed=2)
+    assert a.prompts == b.prompts and a.prompts != c.prompts
+    held = bytes(train_small.trained_pair().held_out.tolist())
+    assert bytes(a.prompts[0]) in held
+
+
+def test_sampled_run_checks_lengths_and_greedy_check_counts_mismatches():
+    """The check fails on a real greedy divergence, counting mismatched (and missing) tokens and
+    naming the first; a sampled run passes with different tokens but fails on a wrong length."""
+    ref = {"tokens": [[1, 2, 3, 4], [5, 6]], "temperature": 0.0}
+    bad = TECHNIQUE.check_fn(ref, {"tokens": [[1, 2, 9, 9], [5]], "temperature": 0.0})
+    assert not bad.passed and bad.error == 3.0 and "prompt 0 first differs at token 2" in bad.detail
+    assert TECHNIQUE.check_fn(ref, {"tokens": [[1, 2, 3, 4], [5, 6]], "temperature": 0.0}).passed
+    sref = {"tokens": [[1, 2, 3]], "temperature": 1.0}
+    assert TECHNIQUE.check_fn(sref, {"tokens": [[3, 3, 1]], "temperature": 1.0}).passed
+    assert not TECHNIQUE.check_fn(sref, {"tokens": [[3, 3]], "temperature": 1.0}).passed
+    w = make_workload(temperature=1.0, drafter="ngram")
+    assert run_case(w)[2].passed
+
+
+def test_validate_names_bad_combinations(tmp_path):
+    """Cross-parameter problems are reported before anything runs."""
+    base = TECHNIQUE.defaults()
+    assert TECHNIQUE.validate_fn({**base, "ngram_min": 3, "ngram_max": 2})
+    assert any("early" in p for p in TECHNIQUE.validate_fn({**base, "draft": "early:6"}))
+    assert TECHNIQUE.validate_fn({**base, "draft": "early:x"})
+    assert TECHNIQUE.validate_fn({**base, "target": str(tmp_path)})  # no config.json there
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
+    assert any("pairs only" in p for p in TECHNIQUE.validate_fn({**base, "target": str(tmp_path)}))
+    assert TECHNIQUE.validate_fn({**base, "target": str(tmp_path), "drafter": "ngram"}) == []
+    assert TECHNIQUE.validate_fn({**base, "draft": "early:3"}) == []
+
+
+def test_predicted_speedup_is_leviathans_formula():
+    """(1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limits at a = 0 and a = 1 and a verification
+    cost in place of the 1."""
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+    assert predicted_speedup(0.0, 3, 0.2) == pytest.approx(1 / 1.6)
+    assert predicted_speedup(1.0, 3, 0.0) == pytest.approx(4.0)
+    assert predicted_speedup(0.5, 2, 0.0, verify_cost=2.0) == pytest.approx(1.75 / 2)
+
+
+def test_hf_checkpoints_as_target_and_draft(tmp_path):
+    """Local Hugging Face checkpoints stand in for both models (no tokenizer there: byte prompts),
+    greedy still exact; a draft with another vocabulary is refused."""
+    transformers = pytest.importorskip("transformers")
+
+    def save(path, layers, vocab=256):
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                                       max_position_embeddings=512, tie_word_embeddings=False)
+        torch.manual_seed(layers + vocab)
+        transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+        return str(path)
+
+    target, draft = save(tmp_path / "t", 2), save(tmp_path / "d", 1)
+    w = make_workload(target=target, draft=draft, max_new_tokens=12)
+    assert run_case(w)[2].passed
+    w = make_workload(target=target, draft="early:1", max_new_tokens=12)
+    assert run_case(w)[2].passed
+    other = save(tmp_path / "o", 1, vocab=300)
+    with pytest.raises(BadInput, match="vocabulary"):
+        make_workload(target=target, draft=other)
+
+
+def _case(drafter, k, ratio, predicted, rate, tps):
+    metrics = {"predicted_speedup": predicted, "predicted_speedup_with_verify_cost": predicted * 0.8,
+               "acceptance_rate": rate, "mean_accepted_length": 1 + rate * k, "tokens_per_s": tps}
+    return {"params": {"drafter": drafter, "k": k, "adaptive_k": False},
+            "variants": {"baseline": {"role": "baseline", "metrics": {"tokens_per_s": 100.0}},
+                         "optimized": {"role": "optimized", "metrics": metrics}},
+            "speedups": {"optimized": {"ratio": ratio, "ci_low": ratio * 0.9, "ci_high": ratio * 1.1}}}
+
+
+def test_figures_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
+    """The report's figures: measured vs predicted speedup, acceptance and accepted length, and
+    tokens/s against k, a line per drafter; nothing when there is no data."""
+    cases = [_case("draft_model", k, 1 + 0.1 * k, 1.2, 0.5, 120.0) for k in (2, 4)]
+    cases += [_case("ngram", k, 1.5, 1.6, 0.4, 150.0) for k in (2, 4)]
+    made = TECHNIQUE.figures_fn(cases)
+    assert [t for t, _ in made] == ["Measured vs predicted speedup against k, per drafter",
+                                    "Acceptance rate and mean accepted length against k, per drafter",
+                                    "Tokens/s against k, per drafter"]
+    legend = [t.get_text() for t in made[0][1].axes[0].get_legend().get_texts()]
+    assert any("ngram: measured" in t for t in legend) and any("draft_model: predicted" in t for t in legend)
+    assert TECHNIQUE.figures_fn([]) == []
