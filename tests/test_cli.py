@@ -95,7 +95,9 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
                           cwd=tmp_path, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert time.perf_counter() - t0 < 90  # the smoke scenario's budget on 2 cores
+    # The smoke scenario's budget on 2 cores: about 70 s warm, plus the one-time ~30 s training of
+    # speculative_decoding's default model pair on a fresh machine (cached afterwards).
+    assert time.perf_counter() - t0 < 150
     run_dir = next((tmp_path / "runs").iterdir())
     doc = json.loads((run_dir / "results.json").read_text())
     assert doc["status"] == "complete" and doc["summary"]["failed"] == 0
