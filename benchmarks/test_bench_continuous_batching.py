@@ -1,23 +1,16 @@
-"""continuous_batching: a serving run, static vs continuous batching (contiguous KV for both): 16 requests all at once (offline throughput) through the tiny model;
-each run's greedy tokens checked against one-request-at-a-time generation."""
+"""continuous_batching: a serving run, static vs continuous batching (contiguous KV for both)."""
 import pytest
+from serving_case import build_case, run_and_check
 
-from gpubench.techniques import continuous_batching as technique
-
-SMALL = {"requests": 16, "arrival": "all", "prompt_len": "uniform:8:32", "output_len": "exp:24:64", "max_len": 96,
-         "kv_budget_mib": 0.5}
+from gpubench.techniques.continuous_batching import TECHNIQUE
 
 
 @pytest.fixture(scope="module")
 def case(device):
-    T = technique.TECHNIQUE
-    w = T.build_fn({**T.defaults(), **SMALL}, device, 0)
-    return w, T.reference_fn(w)
+    return build_case(TECHNIQUE, device)
 
 
 @pytest.mark.benchmark(group="continuous_batching")
 @pytest.mark.parametrize("variant", ["baseline", "optimized"])
 def test_continuous_batching(benchmark, case, variant):
-    w, ref = case
-    out = benchmark(technique.TECHNIQUE.variants[variant].fn, w)
-    assert technique.TECHNIQUE.check_fn(ref, out).passed
+    run_and_check(benchmark, TECHNIQUE, case, variant)

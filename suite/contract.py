@@ -276,3 +276,28 @@ class Technique:
         roles = {v.role for v in self.variants.values()}
         missing += [f"{r} variant" for r in ("baseline", "optimized") if r not in roles]
         return missing
+
+
+# Relative L2 error allowed against a float64 reference, by the output's dtype.
+DTYPE_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def relative_l2_check(reference: torch.Tensor, output: torch.Tensor,
+                      tolerances: dict[torch.dtype, float] = DTYPE_TOLERANCE) -> CheckResult:
+    """‖output − reference‖ / ‖reference‖ in float64 against the tolerance of the output's dtype;
+    a wrong shape or any NaN / Inf (e.g. an element a kernel never wrote) fails with the count."""
+    tolerance = tolerances.get(output.dtype, 1e-2)
+    if output.shape != reference.shape:
+        return CheckResult(False, None, tolerance, "rel_l2",
+                           f"shape {tuple(output.shape)} != reference {tuple(reference.shape)}")
+    nan, inf = int(output.isnan().sum()), int(output.isinf().sum())
+    if nan or inf:
+        return CheckResult(False, float("nan"), tolerance, "rel_l2",
+                           f"output has {nan} NaN and {inf} Inf values of {output.numel()}")
+    ref = reference.to(torch.float64)
+    diff = torch.linalg.vector_norm(output.to(torch.float64) - ref).item()
+    scale = torch.linalg.vector_norm(ref).item()
+    error = diff / scale if scale > 0 else diff
+    passed = error <= tolerance
+    detail = "" if passed else f"relative L2 error {error:.3g} exceeds {tolerance:g} for {output.dtype}"
+    return CheckResult(passed, error, tolerance, "rel_l2", detail)

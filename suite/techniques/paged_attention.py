@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
-from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
+from gpubench.contract import CheckResult, Measured, Param, Technique, Workload, relative_l2_check
 from gpubench.optimizations.paged_attention import paged_decode_attention, paged_decode_attention_torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -176,21 +176,7 @@ def reference(w: Workload) -> torch.Tensor:
 @TECHNIQUE.check
 def check(reference_output: torch.Tensor, output: torch.Tensor) -> CheckResult:
     """Relative L2 (Frobenius) error in float64, with a tolerance set by the output's dtype."""
-    tolerance = TOLERANCE.get(output.dtype, 1e-2)
-    if output.shape != reference_output.shape:
-        return CheckResult(False, None, tolerance, "rel_l2",
-                           f"shape {tuple(output.shape)} != reference {tuple(reference_output.shape)}")
-    nan, inf = int(output.isnan().sum()), int(output.isinf().sum())
-    if nan or inf:
-        return CheckResult(False, float("nan"), tolerance, "rel_l2",
-                           f"output has {nan} NaN and {inf} Inf values of {output.numel()}")
-    ref = reference_output.to(torch.float64)
-    diff = torch.linalg.vector_norm(output.to(torch.float64) - ref).item()
-    scale = torch.linalg.vector_norm(ref).item()
-    error = diff / scale if scale > 0 else diff
-    passed = error <= tolerance
-    detail = "" if passed else f"relative L2 error {error:.3g} exceeds {tolerance:g} for {output.dtype}"
-    return CheckResult(passed, error, tolerance, "rel_l2", detail)
+    return relative_l2_check(reference_output, output, TOLERANCE)
 
 
 # -- metrics ----------------------------------------------------------------------------------
