@@ -17,9 +17,12 @@ env:
 
 # On a GPU machine whose python already has torch etc. (no downloads): install without deps,
 # calibrate, run gpu-quick, and copy the run directory to $(OUT) (default results/).
+# ONLY=tech,tech runs part of gpu-quick (the whole of it no longer fits one 8-minute device call:
+# e.g. ONLY=flash_attention,paged_attention, then ONLY=continuous_batching,paged_kv_serving).
 OUT ?= results
+ONLY ?=
 gpu-check:
 	mkdir -p $(OUT)
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 	python3 -m gpubench.cli env --calibrate --json > $(OUT)/env-calibrate.json
-	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs || true
+	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs $(if $(ONLY),--only $(ONLY)) || true
