@@ -12,12 +12,14 @@ launch overhead for launch-bound kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -278,3 +280,22 @@ def harness_overhead_s(device: torch.device, reps: int = 2000) -> float:
         clock.time_call(noop)
     samples = [clock.time_call(noop) for _ in range(reps if device.type != "cuda" else reps // 4)]
     return stats.summarize(samples).median
+
+
+@contextlib.contextmanager
+def count_cuda_syncs(active: bool) -> Iterator[dict[str, int | None]]:
+    """Counts the synchronizing CUDA operations run inside the block (``torch.cuda``'s sync debug
+    mode, its warnings captured): ``box["n"]`` after the block, None when not active."""
+    box: dict[str, int | None] = {"n": None}
+    if not active:
+        yield box
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield box
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    box["n"] = sum("synchroniz" in str(c.message) for c in caught)

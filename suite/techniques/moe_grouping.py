@@ -20,14 +20,13 @@ is noted; on a CPU that is the count) and, on CUDA, measured on the first call w
 """
 from __future__ import annotations
 
-import contextlib
 import time
-import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from gpubench import stats
+from gpubench.timing import count_cuda_syncs
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
 from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route
@@ -105,25 +104,6 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
 
 
 # -- one step -----------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def count_cuda_syncs(active: bool) -> Iterator[dict[str, int | None]]:
-    """Counts the synchronizing CUDA operations run inside the block (``torch.cuda``'s sync debug
-    mode, its warnings captured): ``box["n"]`` after the block, None when not active."""
-    box: dict[str, int | None] = {"n": None}
-    if not active:
-        yield box
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield box
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    box["n"] = sum("synchroniz" in str(c.message) for c in caught)
-
 
 def step(w: Workload, name: str, forward: Callable[..., torch.Tensor]) -> dict[str, torch.Tensor]:
     """Forward and backward of one variant; records its forward and backward times in

@@ -22,10 +22,8 @@ not a backend here.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -36,6 +34,7 @@ from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
 from gpubench.errors import BadInput
 from gpubench.models.llama import SIZES, LayerWeights, LlamaWeights, random_weights, with_overrides
 from gpubench.optimizations import packed_metadata as opt
+from gpubench.timing import count_cuda_syncs
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HALF = ("float16", "bfloat16")
@@ -186,31 +185,13 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
 
 # -- variants ---------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def count_cuda_syncs(enabled: bool):
-    """Counts the host syncs CUDA's sync debug mode reports inside the block (a list holding one
-    count, filled on exit); does nothing when not ``enabled``."""
-    seen = [None]
-    if not enabled:
-        yield seen
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield seen
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    seen[0] = sum("synchroniz" in str(w.message) for w in caught)
-
-
 def _run(w: Workload, name: str, step: Callable[..., StepOutput], **extra: Any) -> dict[str, Any]:
     stats = StepStats(w.device)
     records = w.records.setdefault(name, [])
     # The first call of a variant (the runner's checked call) also counts the syncs CUDA sees.
     with count_cuda_syncs(w.device.type == "cuda" and not records) as seen:
         out = step(w.weights, w.optimizer, w.tokens, w.doc_lens, backend=w.backend, stats=stats, **extra)
-    stats.observed_syncs = seen[0]
+    stats.observed_syncs = seen["n"]
     records.append(stats)
     return {"loss": out.loss, "grads": out.grads, "params": out.params, "names": w.names, "backend": w.backend}
 
