@@ -1,33 +1,23 @@
 """Flash attention forward as one Triton kernel: each (query tile, head) is one program.
 
 A program loads its tile of queries once and keeps it in registers, then streams the K/V tiles
-past it. Scores, the softmax weights and the running row statistics exist only on chip; the
-only HBM traffic is reading q, k, v and writing the output, instead of writing and re-reading
-the N x N scores as the eager baseline does. That saving is the whole win: FlashAttention-2
-reaches 50-73% of the A100's peak, FlashAttention-3 740 TFLOP/s in fp16 on an H100 (75% of peak).
-
-What the kernel supports: layout (batch, heads, seq, head_dim) with any strides; grouped-query
-attention (query head h reads kv head h // (heads // kv_heads), by index, nothing is copied);
-any sequence lengths (masked on the ragged edge); head_dim up to 128 (the tile is the next power
-of two, masked when head_dim is not one, e.g. 96); fp16, bf16 and fp32 in, fp32 accumulation,
-output in the input dtype. Causal attention is top-left aligned (query i sees keys 0..i), as
-SDPA's ``is_causal``. Forward only: there is no backward pass.
-
-On a GPU the tile sizes are autotuned per (seq lengths, head_dim, causal, dtype). Under Triton's
-interpreter (``TRITON_INTERPRET=1``, set before this module is imported), which runs the kernel
-on CPU tensors with numpy, one small fixed tile is used instead: autotuning there would run every
-config through the slow interpreter.
+past it; scores, softmax weights and the running row statistics exist only on chip. Supports any
+strides, GQA by index (query head h reads kv head h // (heads // kv_heads)), any sequence lengths,
+head_dim up to 128, fp16 / bf16 / fp32 in with fp32 accumulation, causal top-left aligned as SDPA's
+``is_causal``. Forward only. Tiles are autotuned on a GPU; under Triton's interpreter
+(``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+from gpubench.triton_support import interpreted
+
+INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 
 # Tiles for the interpreter: small so tests stay fast, and BLOCK_M != BLOCK_N so the causal
 # split (full tiles, then diagonal tiles) is exercised in its general form.

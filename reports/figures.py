@@ -263,3 +263,308 @@ def telemetry_timeline(t_s: Sequence[float], panels: Sequence[tuple[str, Sequenc
             axes[0].legend(loc="lower right", fontsize=7)
         axes[-1].set_xlabel("time since the first sample (s)")
     return fig
+
+
+# -- figures a technique declares (gpubench.contract.Plot) -------------------------------------
+ROLE_STYLE = {"baseline": ("--", "s"), "optimized": ("-", "o"), "peer": (":", "^")}
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def read_value(case: dict[str, Any], name: str, key: str) -> Any:
+    """What ``key`` names for variant ``name`` of a case record: ``time`` (median seconds),
+    ``peak_memory`` (bytes), ``speedup`` (over the baseline: a dict with ratio and CI), else a
+    metric (a dotted key reads into a nested metric, e.g. ``series.t_s``)."""
+    record = (case.get("variants") or {}).get(name) or {}
+    if key == "time":
+        return (record.get("stats") or {}).get("median")
+    if key == "peak_memory":
+        return record.get("peak_memory_bytes")
+    if key == "speedup":
+        return (case.get("speedups") or {}).get(name)
+    value: Any = record.get("metrics") or {}
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _scalar(case: dict[str, Any], name: str, key: str, plot: Any) -> tuple[float, float, float] | None:
+    """(value, low, high) of one point, scaled; low == high == value unless it has a CI."""
+    raw = read_value(case, name, key)
+    if isinstance(raw, dict):  # a speedup with its CI
+        r, lo, hi = (_number(raw.get(k)) for k in ("ratio", "ci_low", "ci_high"))
+        return None if r is None else (r, lo if lo is not None else r, hi if hi is not None else r)
+    value = _number(raw)
+    if value is None:
+        return None
+    if plot.relative:
+        base = _number(read_value(case, _role_name(case, "baseline") or "", key))
+        if base is None or value <= 0 or name == _role_name(case, "baseline"):
+            return None
+        value = base / value
+    else:
+        value *= plot.scale
+    return value, value, value
+
+
+def _role_name(case: dict[str, Any], role: str) -> str | None:
+    return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
+
+
+def _chosen(case: dict[str, Any], plot: Any) -> list[tuple[str, str]]:
+    """(variant name, role) of the variants the plot draws, roles resolved per case."""
+    out = []
+    for want in plot.variants:
+        name = _role_name(case, want) if want in ROLE_STYLE else want
+        record = (case.get("variants") or {}).get(name) if name else None
+        if record is not None and (name, record.get("role")) not in out:
+            out.append((name, record.get("role", "peer")))
+    return out
+
+
+def _sort_key(values: tuple) -> tuple:
+    """Numbers in numeric order, anything else by its text, None last."""
+    return tuple((v is None, isinstance(v, str), v if isinstance(v, (int, float)) else 0, str(v)) for v in values)
+
+
+def _varying(cases: list[dict[str, Any]], exclude: Sequence[str]) -> list[str]:
+    keys = list(dict.fromkeys(k for c in cases for k in (c.get("params") or {})))
+    return [k for k in keys if k not in exclude and len({repr(c["params"].get(k)) for c in cases}) > 1]
+
+
+def _splitting(cases: list[dict[str, Any]], x: str, exclude: Sequence[str]) -> list[str]:
+    """Params that split the cases into lines: those taking several values at one x, or changing
+    along x in a way not tied to it (text values, or numbers that go up and down again). A number
+    that only moves with x (gpu-quick's batch = 16k tokens / seq_len) stays on one line."""
+    out = []
+    for k in _varying(cases, (x, *exclude)):
+        at_x: dict[Any, set[str]] = {}
+        for c in cases:
+            at_x.setdefault(c["params"].get(x), set()).add(repr(c["params"].get(k)))
+        if any(len(v) > 1 for v in at_x.values()):
+            out.append(k)
+            continue
+        along = [next(iter(c["params"].get(k) for c in cases if c["params"].get(x) == xv))
+                 for xv in sorted(at_x, key=lambda v: _sort_key((v,)))]
+        numeric = all(_number(v) is not None for v in along)
+        steps = [b - a for a, b in zip(along, along[1:])] if numeric else []
+        if not numeric or not (all(d >= 0 for d in steps) or all(d <= 0 for d in steps)):
+            out.append(k)
+    return out
+
+
+def _params_label(params: dict[str, Any], keys: Sequence[str], defaults: dict[str, Any] | None = None) -> str:
+    """``k=v`` for the keys, leaving out those at the technique's default (the lines a label
+    tells apart still differ in at least one key that is not)."""
+    defaults = defaults or {}
+    return ", ".join(f"{k}={params.get(k)}" for k in keys if k not in defaults or params.get(k) != defaults[k])
+
+
+def _plain_log(ax: Any, which: str, base: float = 2) -> None:
+    """A log axis with plain-number tick labels (never mathtext such as 2^7)."""
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _legend_below(fig: Figure, handles: dict[str, Any]) -> None:
+    """One legend for the whole figure, under the axes, where it covers no data."""
+    if not handles:
+        return
+    longest = max(len(text) for text in handles)
+    ncol = min(len(handles), 1 if longest > 48 else 2 if longest > 30 else 3)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7,
+               bbox_to_anchor=(0.5, 0.0))
+    rows = -(-len(handles) // ncol)
+    legend_in = 0.15 * rows + 0.2
+    fig.set_figheight(fig.get_figheight() + legend_in)  # the axes keep their height
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+
+
+def _grid(n: int, row_in: float, cols: int = 2) -> tuple[Figure, list[Any]]:
+    cols = min(cols, n)
+    rows = -(-n // cols)
+    fig = _new_figure(row_in * rows + 0.6)
+    axes = list(fig.subplots(rows, cols, squeeze=False).flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _line_figure(plot: Any, cases: list[dict[str, Any]], defaults: dict[str, Any]) -> Figure | None:
+    cases = [c for c in cases if plot.x in (c.get("params") or {})]
+    panels: dict[tuple, list[dict[str, Any]]] = {}
+    for c in cases:
+        panels.setdefault(tuple(c["params"].get(p) for p in plot.panels), []).append(c)
+    drawn: list[tuple[tuple, dict[tuple[str, str, str, str], list[tuple[float, float, float, float]]]]] = []
+    for key, members in sorted(panels.items(), key=lambda kv: _sort_key(kv[0])):
+        split = _splitting(members, plot.x, plot.panels)
+        lines: dict[tuple[str, str, str, str], list[tuple[float, float, float, float]]] = {}
+        for c in members:
+            x = _number(c["params"].get(plot.x))
+            for name, role in _chosen(c, plot):
+                for y in plot.ys:
+                    point = _scalar(c, name, y, plot)
+                    if x is not None and point is not None:
+                        lines.setdefault((name, role, y, _params_label(c["params"], split, defaults)), []).append((x, *point))
+        if any(len(points) > 1 for points in lines.values()):
+            drawn.append((key, lines))
+    if not drawn:
+        return None
+    with styled():
+        fig, axes = _grid(len(drawn), 2.6)
+        handles: dict[str, Any] = {}
+        for ax, (key, lines) in zip(axes, drawn):
+            names = list(dict.fromkeys(n for n, _, _, _ in lines))
+            labels = list(dict.fromkeys(label for *_, label in lines))
+            for (name, role, y, label), points in sorted(lines.items()):
+                points.sort()
+                xs, vs, lo, hi = zip(*points)
+                if len(plot.ys) > 1:  # several figures: a colour per line label, a dash per figure
+                    color = SERIES[labels.index(label) % len(SERIES)]
+                    style = LINESTYLES[plot.ys.index(y) % 4]
+                elif len(names) > 1:  # several variants: the variant's colour, a dash per label
+                    color = COLORS.get(role) or SERIES[(names.index(name) + 2) % len(SERIES)]
+                    style = LINESTYLES[labels.index(label) % 4] if len(labels) > 1 else ROLE_STYLE.get(role, ("-",))[0]
+                else:
+                    color, style = SERIES[labels.index(label) % len(SERIES)], "-"
+                text = name + (f" {y}" if len(plot.ys) > 1 else "") + (f" ({label})" if label else "")
+                container = ax.errorbar(xs, vs, yerr=_error_bars(vs, lo, hi) if lo != vs or hi != vs else None,
+                                        color=color, linestyle=style, marker=ROLE_STYLE.get(role, ("-", "o"))[1],
+                                        ms=3.5, capsize=2)
+                container.lines[0].set_label(text)
+                handles.setdefault(text, container.lines[0])
+            if max(p[0] for pts in lines.values() for p in pts) > 8 * max(1e-12, min(p[0] for pts in lines.values() for p in pts)):
+                _plain_log(ax, "x")
+            if plot.log_y and all(p[1] > 0 for pts in lines.values() for p in pts):
+                _plain_log(ax, "y")
+            if plot.relative or plot.ys == ("speedup",):
+                _reference(ax.axhline(1.0, color="black", lw=0.8, ls=":"))
+            ax.set_xlabel(plot.xlabel or plot.x)
+            ax.set_ylabel(plot.ylabel)
+            if plot.panels:
+                ax.set_title(_params_label(dict(zip(plot.panels, key)), plot.panels))
+        _legend_below(fig, handles)
+    return fig
+
+
+def _case_label(case: dict[str, Any], keys: Sequence[str]) -> str:
+    return _params_label(case.get("params") or {}, keys) or case.get("technique", "")
+
+
+def _stacked_figure(plot: Any, cases: list[dict[str, Any]], defaults: dict[str, Any]) -> Figure | None:
+    """Stacked bars of the metrics in ``plot.y``: per x value (or per case), a bar per variant."""
+    x = plot.x
+    groups: dict[str, list[dict[str, Any]]] = {}
+    label_keys = _varying(cases, (x,) if x else ())
+    for c in cases:
+        key = _params_label(c.get("params") or {}, label_keys, defaults) if x else ""
+        groups.setdefault(key, []).append(c)
+    bars: dict[str, list[tuple[str, str, str, list[float]]]] = {}
+    for key, members in groups.items():
+        for c in sorted(members, key=lambda c: _sort_key((c["params"].get(x),)) if x else ()):
+            tick = str(c["params"].get(x)) if x else _case_label(c, label_keys)
+            for name, role in _chosen(c, plot):
+                parts = [_scalar(c, name, y, plot) for y in plot.ys]
+                if all(p is not None for p in parts):
+                    bars.setdefault(key, []).append((tick, name, role, [p[0] for p in parts]))
+    bars = {k: v for k, v in bars.items() if v}
+    if not bars:
+        return None
+    with styled():
+        fig, axes = _grid(len(bars), 0.9 + 0.25 * max(len(v) for v in bars.values()), cols=1)
+        handles: dict[str, Any] = {}
+        for ax, (key, rows) in zip(axes, bars.items()):
+            ticks = list(dict.fromkeys(r[0] for r in rows))
+            names = list(dict.fromkeys(r[1] for r in rows))
+            width = 0.8 / len(names)
+            for tick, name, role, parts in rows:
+                pos = ticks.index(tick) + (names.index(name) - (len(names) - 1) / 2) * width
+                left = 0.0
+                for y, value, color in zip(plot.ys, parts, itertools.cycle(SERIES)):
+                    bar = ax.barh(-pos, value, left=left, height=width * 0.9, color=color,
+                                  hatch="//" if role == "baseline" else None, edgecolor="white", label=y)
+                    handles.setdefault(y, bar)
+                    left += value
+                ax.annotate(name, (left, -pos), xytext=(3, 0), textcoords="offset points", va="center", fontsize=6)
+            ax.set_yticks([-i for i in range(len(ticks))], [f"{x}={t}" if x else t for t in ticks])
+            ax.set_xlabel(plot.ylabel)
+            ax.grid(axis="y", visible=False)
+            ax.margins(x=0.15)
+            if key:
+                ax.set_title(key)
+        _legend_below(fig, handles)
+    return fig
+
+
+def _per_case_figure(plot: Any, cases: list[dict[str, Any]]) -> Figure | None:
+    """``bars``, ``series`` and ``cdf``: a panel per case (the first ``plot.max_cases``)."""
+    label_keys = _varying(cases, ())
+    panels = []
+    for c in cases[:plot.max_cases]:
+        content = []
+        for name, role in _chosen(c, plot):
+            if plot.kind == "bars":
+                values = [_scalar(c, name, y, plot) for y in plot.ys]
+                if any(v is not None for v in values):
+                    content.append((name, role, [v[0] if v else math.nan for v in values]))
+                continue
+            ys = read_value(c, name, plot.ys[0])
+            xs = read_value(c, name, plot.x) if plot.kind == "series" else None
+            if isinstance(ys, list) and ys and (plot.kind == "cdf" or isinstance(xs, list)):
+                content.append((name, role, (xs, ys)))
+        if content:
+            panels.append((_case_label(c, label_keys), content))
+    if not panels:
+        return None
+    with styled():
+        fig, axes = _grid(len(panels), 2.4, cols=1 if plot.kind == "series" else 2)
+        handles: dict[str, Any] = {}
+        for ax, (title, content) in zip(axes, panels):
+            for k, (name, role, data) in enumerate(content):
+                color = COLORS.get(role, SERIES[(k + 2) % len(SERIES)])
+                style = ROLE_STYLE.get(role, ("-", "o"))[0]
+                if plot.kind == "bars":
+                    width = 0.8 / len(content)
+                    pos = [i + (k - (len(content) - 1) / 2) * width for i in range(len(plot.ys))]
+                    artist = ax.bar(pos, data, width=width, color=color, label=name)
+                elif plot.kind == "series":
+                    xs, ys = data
+                    vals = [math.nan if v is None else v * plot.scale for v in ys]
+                    (artist,) = ax.plot(xs[:len(vals)], vals, color=color, linestyle=style, lw=1,
+                                        drawstyle="steps-post", label=name)
+                else:
+                    values = sorted(v * plot.scale for v in data[1] if _number(v) is not None)
+                    (artist,) = ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], color=color,
+                                        linestyle=style, drawstyle="steps-post", label=name)
+                handles.setdefault(name, artist)
+            if plot.kind == "bars":
+                ax.set_xticks(range(len(plot.ys)), [y.removesuffix("_ms") for y in plot.ys], fontsize=6, rotation=30)
+                ax.set_ylabel(plot.ylabel)
+            elif plot.kind == "series":
+                ax.set_xlabel(plot.xlabel or plot.x.split(".")[-1])
+                ax.set_ylabel(plot.ylabel)
+            else:
+                ax.set_xlabel(plot.ylabel)
+                ax.set_ylabel("fraction")
+            if plot.log_y and plot.kind != "cdf":
+                _plain_log(ax, "y", base=10)
+            ax.set_title(title, fontsize=8)
+        _legend_below(fig, handles)
+    return fig
+
+
+def declared(plot: Any, cases: list[dict[str, Any]], defaults: dict[str, Any] | None = None) -> Figure | None:
+    """The figure a technique declared (:class:`gpubench.contract.Plot`) drawn from its case
+    records, or None when the run holds nothing to draw. ``defaults``: the technique's param
+    defaults, left out of line labels."""
+    if plot.kind == "line":
+        return _line_figure(plot, cases, defaults or {})
+    if plot.kind == "stacked":
+        return _stacked_figure(plot, cases, defaults or {})
+    return _per_case_figure(plot, cases)

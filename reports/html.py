@@ -27,7 +27,7 @@ from gpubench.errors import BadInput
 from gpubench.reports import figures, markdown
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
-                                       format_speedup, headline_text)
+                                       format_speedup, headline_text, named_time)
 from gpubench.results import load_results, role_variant
 from gpubench.telemetry import BENIGN_REASONS
 
@@ -196,7 +196,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({
             "number": number, "id": case["id"], "technique": case["technique"],
             "params": case_params(case, shown.get(case["technique"])),
-            "baseline": format_seconds(_median(case, base)), "optimized": format_seconds(_median(case, opt)),
+            "baseline": named_time(case, base), "optimized": named_time(case, opt),
             "speedup": format_speedup(_ratio(case, opt)), "headline": headline_text(case, base, opt),
             "check": check_text(case, opt).plain if opt else "-",
             "check_passed": ((variants.get(opt) or {}).get("check") or {}).get("passed"),
@@ -264,18 +264,27 @@ def peak_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str
     return _figure("share of the measured device peak", figures.peak_bars(labels, panels), note)
 
 
-def hook_figures(tech: Any, cases: list[dict[str, Any]]) -> list[dict[str, str | None]]:
-    """The technique's own figures (Technique.figures_fn); a hook that fails costs its figures
-    only, with the reason shown."""
-    if tech is None or tech.figures_fn is None:
+def technique_figures(tech: Any, cases: list[dict[str, Any]]) -> list[dict[str, str | None]]:
+    """The figures the technique declares (``plots``), then those of its own hook
+    (``figures_fn``). A figure that fails to draw costs that figure only, with the reason shown."""
+    if tech is None:
         return []
-    try:
-        with figures.styled():
-            made = list(tech.figures_fn(cases))
-        return [_figure(str(title), fig, "no data for this figure in this run.") for title, fig in made]
-    except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
-        return [{"title": f"{tech.name} figures", "svg": None,
-                 "note": f"the technique's figure hook failed: {type(exc).__name__}: {exc}"}]
+    out = []
+    for plot in tech.plots:
+        try:
+            out.append(_figure(plot.title, figures.declared(plot, cases, tech.defaults()),
+                               "no data for this figure in this run."))
+        except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
+            out.append({"title": plot.title, "svg": None, "note": f"the figure failed: {type(exc).__name__}: {exc}"})
+    if tech.figures_fn is not None:
+        try:
+            with figures.styled():
+                made = list(tech.figures_fn(cases))
+            out += [_figure(str(title), fig, "no data for this figure in this run.") for title, fig in made]
+        except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
+            out.append({"title": f"{tech.name} figures", "svg": None,
+                        "note": f"the technique's figure hook failed: {type(exc).__name__}: {exc}"})
+    return out
 
 
 def variant_rows(case: dict[str, Any], number: int) -> list[dict[str, Any]]:
@@ -290,6 +299,13 @@ def variant_rows(case: dict[str, Any], number: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _role_description(cases: list[dict[str, Any]], role: str) -> str:
+    """'name: what it runs' for each variant that played ``role`` in these cases."""
+    seen = {n: (v.get("description") or "") for c in cases for n, v in (c.get("variants") or {}).items()
+            if v.get("role") == role}
+    return "; ".join(f"{n}: {d}" if d else n for n, d in seen.items())
+
+
 def technique_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Per technique: what it does, the published figure, a CPU caveat where the win is
     GPU-specific, generic figures, its own figures, and every variant of every case."""
@@ -301,17 +317,16 @@ def technique_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for name, group in by_technique.items():
         cases = [c for _, c in group]
         labels = [f"#{n} {case_params(c, shown.get(name))}".strip() for n, c in group]
-        tech = techniques.get(name)
-        roles = {v.role: v for v in tech.variants.values()} if tech else {}
+        tech = techniques.find(name, cases[0].get("source", ""))
         sections.append({
             "name": name, "registered": tech is not None,
             "summary": tech.summary if tech else "",
-            "baseline": roles["baseline"].description if "baseline" in roles else "",
-            "optimized": roles["optimized"].description if "optimized" in roles else "",
+            "baseline": _role_description(cases, "baseline"),
+            "optimized": _role_description(cases, "optimized"),
             "anchor": tech.anchor if tech else "",
             "cpu_note": tech.gpu_specific if tech and doc.get("device") == "cpu" else "",
             "figures": [speedup_figure(cases, labels), latency_figure(cases, labels), peak_figure(cases, labels)]
-                       + hook_figures(tech, cases),
+                       + technique_figures(tech, cases),
             "variants": [row for n, c in group for row in variant_rows(c, n)],
         })
     return sections

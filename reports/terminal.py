@@ -25,6 +25,14 @@ def format_speedup(speedup: dict[str, float] | None) -> str:
     return f"{speedup['ratio']:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
 
 
+def named_time(case: dict[str, Any], name: str | None) -> str:
+    """A variant's median time after its name (what ran: ``triton 1.2 ms``)."""
+    if name is None:
+        return "-"
+    median = (((case.get("variants") or {}).get(name) or {}).get("stats") or {}).get("median")
+    return f"{name} {format_seconds(median)}"
+
+
 def case_params(case: dict[str, Any], swept: set[str] | None = None) -> str:
     params = case["params"]
     keys = [k for k in params if swept is None or k in swept]
@@ -85,13 +93,12 @@ def summary_table(doc: dict[str, Any]) -> Table:
     for case in doc["cases"]:
         variants = case["variants"]
         base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
-        med = lambda n: (variants.get(n) or {}).get("stats", {}) or {}  # noqa: E731
         status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
         if case["status"] != "passed" and case.get("failure"):
             status.append(f": {case['failure']['message']}"[:160], style="red")
         table.add_row(
             f"{case['technique']} {case_params(case, shown.get(case['technique']))}",
-            format_seconds(med(base).get("median")), format_seconds(med(opt).get("median")),
+            named_time(case, base), named_time(case, opt),
             format_speedup(case["speedups"].get(opt) if opt else None),
             headline_text(case, base, opt), check_text(case, opt) if opt else Text("-"), status,
         )

@@ -1,4 +1,4 @@
-"""Command line: ``gpubench run | list | env``.
+"""Command line: ``gpubench run | report | compare | baseline save | list | env | kv-cache | serve``.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
 130 interrupted (what finished is saved).
@@ -73,15 +73,16 @@ class _CaseProgress:
         if self.bar is not None:
             self.bar.update(self.task, description=f"{case.technique} {self._params(case.technique, case.params)}")
 
-    def case_finished(self, index: int, case: scenariomod.Case, record: dict[str, Any]) -> None:
+    def case_finished(self, index: int, case: scenariomod.Case, record: results.CaseRecord) -> None:
         if self.bar is not None:
             self.bar.advance(self.task)
-        opt = results.role_variant(record, "optimized")
-        line = (f"[{index + 1}/{self.total}] {record['status']:<7} {case.technique} "
-                f"{self._params(case.technique, record['params'])}  speedup {format_speedup(record['speedups'].get(opt))}  "
-                f"({record['elapsed_s']:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
-        if record["status"] != "passed" and record.get("failure"):
-            line += f"\n    {record['failure']['message']}"
+        opt = record.role_variant("optimized")
+        line = (f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
+                f"{self._params(case.technique, record.params)}  {opt or 'optimized'} speedup "
+                f"{format_speedup(record.speedups.get(opt))}  "
+                f"({record.elapsed_s:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
+        if record.status != "passed" and record.failure is not None:
+            line += f"\n    {record.failure.message}"
         self.console.print(line, markup=False)
 
     def _params(self, technique: str, params: dict[str, Any]) -> str:
@@ -250,9 +251,16 @@ def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
 
 # --------------------------------------------------------------------------------------------
 @main.command(name="list")
-def list_() -> None:
-    """Show every technique (params, defaults, variants) and every shipped scenario."""
+@click.argument("modules", nargs=-1, metavar="[MODULE|FILE.py ...]")
+def list_(modules: tuple[str, ...]) -> None:
+    """Show every technique (params, defaults, variants) and every shipped scenario. Techniques of
+    installed packages (entry point group gpubench.techniques) are listed; MODULE or FILE.py adds
+    your own (validated as a scenario would)."""
+    for spec in modules:
+        techniques.load(spec, Path.cwd())
     out = _console()
+    for name, reason in techniques.broken().items():
+        out.print(f"[bold red]{name}[/] (entry point, not loaded): {reason}", markup=True)
     for name, tech in techniques.all_techniques().items():
         out.print(f"[bold]{name}[/] ({tech.shape}): {tech.summary}")
         if tech.anchor:
@@ -263,6 +271,8 @@ def list_() -> None:
         for p in tech.params:
             table.add_row(p.name, p.type_name, str(p.default), p.allowed(), p.help)
         out.print(table)
+        if tech.source and not tech.source.startswith("gpubench.techniques."):
+            out.print(f"  from: {tech.source}")
         out.print("  variants: " + ", ".join(f"{v.name} ({v.role})" for v in tech.variants.values()))
         out.print()
     out.print("[bold]scenarios[/] (gpubench run --scenario NAME):")
@@ -437,9 +447,6 @@ def _list_presets(as_json: bool) -> None:
     _console().print(table)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
 
 # --------------------------------------------------------------------------------------------
 @main.command(name="serve")
@@ -473,7 +480,9 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
     (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
     from gpubench.models.llama import model_from
     from gpubench.serving.bench import DTYPES
-    from gpubench.serving.engine import KV_LAYOUTS, SCHEDULERS, Engine, EngineConfig, serving_metrics
+    from gpubench.serving.config import KV_LAYOUTS, SCHEDULERS, EngineConfig
+    from gpubench.serving.engine import Engine
+    from gpubench.serving.metrics import serving_metrics
     from gpubench.serving.traces import TraceSpec, generate, parse_arrival, parse_length
 
     pairs = []
@@ -510,8 +519,7 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
         except ValueError as exc:  # a budget that holds no slab / block
             raise BadInput(f"--kv-budget: {exc}; allowed: a larger size.") from None
         m = serving_metrics(run, slo_ttft_ms, slo_tpot_ms)
-        m.pop("series")
-        m["accounting_problems"] = run["accounting_problems"]
+        m["accounting_problems"] = run.accounting_problems
         results_by_engine[f"{scheduler}+{kv}"] = m
     if as_json:
         click.echo(json.dumps({"model": model, "params": weights.config.num_params(), "device": str(dev),
@@ -536,3 +544,7 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
     for name, m in results_by_engine.items():
         if m["accounting_problems"]:
             out.print(f"[bold red]{name}: KV accounting problems: {'; '.join(m['accounting_problems'][:3])}[/]")
+
+
+if __name__ == "__main__":  # pragma: no cover - after every command is defined
+    main()

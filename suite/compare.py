@@ -228,11 +228,13 @@ def _metric(case: dict[str, Any], variant: str | None, key: str) -> float | None
 
 
 def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) -> None:
-    name = role_variant(cur, "optimized")
+    # Variants are matched by role: a stored baseline may name them otherwise (schema 1 called
+    # them "baseline" and "optimized"; a CPU run's optimized variant is not a GPU run's).
+    name, base_name = role_variant(cur, "optimized"), role_variant(base, "optimized")
     key = cur.get("gate_metric")
     if key:
         change.variant = name
-        a, b = _metric(base, name, key), _metric(cur, name, key)
+        a, b = _metric(base, base_name, key), _metric(cur, name, key)
         if a is None or b is None or a <= 0:
             change.verdict, change.reason = "no_samples", f"no {key} figure to gate on"
             return
@@ -241,8 +243,8 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
         change.ratio = change.ci_low = change.ci_high = ratio
         change.reason = f"gated on {key}: {a:,.0f} -> {b:,.0f} (exact)"
         return
-    a, b = _samples(base, name), _samples(cur, name)
-    change.variant = name
+    a, b = _samples(base, base_name), _samples(cur, name)
+    change.variant = name if base_name in (name, None) else f"{base_name} -> {name}"
     if not a or not b:
         change.verdict = "no_samples"
         change.reason = f"no raw samples of {name or 'an optimized variant'} in " + ("the baseline" if not a else "the current run")
@@ -250,7 +252,7 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
     ref = role_variant(cur, "baseline")
-    ra, rb = _samples(base, ref), _samples(cur, ref)
+    ra, rb = _samples(base, role_variant(base, "baseline")), _samples(cur, ref)
     if ra and rb and ref != name:
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
         change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}

@@ -1,32 +1,30 @@
-"""The technique contract: what a technique module declares so the harness can run it.
+"""The technique contract: what a technique declares so the harness can run it. This module is a
+public API (techniques outside the package are written against it): add to it, never break it.
 
-A technique is a pair (baseline, optimized) plus optional reference peers, all taking the same
-:class:`Workload`. The module declares
+A technique module defines ``TECHNIQUE = Technique(name, summary=..., shape=..., params=[...])``
+and decorates its pieces:
 
-- ``params``: names, types, defaults and allowed values a scenario may set (validated up front);
-- ``build(params, device, seed) -> Workload``: inputs and weights for one case, drawn from
-  ``seed`` (the harness derives it from the case, so every run of a case sees the same inputs);
-- variants, each ``fn(workload) -> output``, registered with :meth:`Technique.variant`;
-- ``check(reference_output, output) -> CheckResult``: exact or within a stated tolerance, with
-  the error figure recorded;
-- ``metrics(workload, measured) -> dict``: derived figures. Returning ``flops`` and/or
-  ``bytes_moved`` (per call) lets the harness add TFLOP/s, GB/s and % of the measured device peak.
+- ``@T.build``: ``(params, device, seed) -> Workload``, seeded inputs for one case (a typed
+  subclass of :class:`Workload`, or a plain one with an ``inputs`` dict);
+- ``@T.variant(name, role=...)``: ``fn(workload)`` or ``fn(workload, recorder)``, named by what it
+  runs (``eager``, ``triton``, ``sdpa``); the role (baseline / optimized / peer) is separate;
+- ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
+- ``@T.metrics``: ``(workload, measured) -> dict``; ``flops`` / ``bytes_moved`` per call become
+  TFLOP/s, GB/s and % of the measured device peak;
+- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, and declared :class:`Plot` s.
 
-Four shapes fit this contract:
-
-- a *kernel* is a pure call (attention, an MoE layer);
-- a *training step* mutates state (weights, optimizer): the workload's ``reset`` restores it,
-  untimed, before every call, so each repetition does the same work;
-- a *serving run* returns its own per-request latencies in its output; ``metrics`` reads them
-  from ``measured.output`` (TTFT percentiles, throughput) beside the harness's wall time;
-- a *generation run* returns token ids; ``check`` compares them exactly.
+Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
+every call, untimed), a *serving run* and a *generation run* (their output carries what they
+measured), and *analytic* (a calculation checked against real allocations).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -103,12 +101,12 @@ class Param:
 
 @dataclass
 class Workload:
-    """Seeded inputs for one case. Every variant of the case receives the same object.
+    """Seeded inputs for one case; every variant of the case receives the same object.
 
-    ``inputs`` holds tensors and anything else the variants need; they are reachable as
-    attributes (``workload.q``). ``reset``, when set, is called before every call of every
-    variant, outside the timed region, to restore mutable state (training steps, engines).
-    """
+    Built-in techniques subclass it with typed fields (``@dataclass(kw_only=True)``). The plain
+    form keeps its inputs in ``inputs``, reachable as attributes (``workload.q``). ``reset``, when
+    set, runs before every call of every variant, outside the timed region, to restore mutable
+    state (training steps, engines)."""
 
     params: dict[str, Any]
     device: torch.device
@@ -144,6 +142,22 @@ class CheckResult:
         return dataclasses.asdict(self)
 
 
+class Recorder:
+    """Side data of one call of a variant: phase times, sync counts, copy waits. A variant that
+    takes a second argument gets a fresh one per call; the harness hands ``metrics`` only those
+    of the timed repetitions (never the checked call, warm-up or energy calls), in
+    ``Measured.records``. ``record`` sets values, ``add`` accumulates."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def record(self, **values: Any) -> None:
+        self.values.update(values)
+
+    def add(self, name: str, amount: float = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + amount
+
+
 @dataclass
 class Measured:
     """What ``metrics`` sees of one measured variant."""
@@ -151,21 +165,88 @@ class Measured:
     variant: str
     samples_s: list[float]
     median_s: float
-    output: Any
+    output: Any  # the checked call's output
     device: torch.device
+    records: list[dict[str, Any]] = field(default_factory=list)  # Recorder values, one per timed call
+
+    def median_of(self, key: str) -> float | None:
+        """The median over the timed calls of a recorded number (None when never recorded)."""
+        values = [r[key] for r in self.records if isinstance(r.get(key), (int, float))]
+        return statistics.median(values) if values else None
 
 
 @dataclass
 class Variant:
     name: str
     role: str
-    fn: Callable[[Workload], Any]
+    fn: Callable[..., Any]
     description: str = ""
     # Returns None when the variant can run on this device, else the reason it cannot.
     unavailable: Callable[[torch.device], str | None] | None = None
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         return None if self.unavailable is None else self.unavailable(device)
+
+    @property
+    def takes_recorder(self) -> bool:
+        try:
+            positional = [p for p in inspect.signature(self.fn).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        except (TypeError, ValueError):
+            return False
+        return len(positional) >= 2
+
+    def call(self, workload: Workload, recorder: Recorder | None = None) -> Any:
+        if self.takes_recorder:
+            return self.fn(workload, recorder if recorder is not None else Recorder())
+        return self.fn(workload)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure a technique declares; ``gpubench.reports`` draws it from the run's results.
+
+    ``y`` names what is plotted, per variant: a metric key, ``time`` (median seconds per call),
+    ``peak_memory`` (bytes) or ``speedup`` (over the baseline, with its CI); a tuple draws several
+    on one axis. ``kind``:
+
+    - ``line``: y against the param ``x``, a panel per value of the ``panels`` params, a line per
+      variant and per value of any other param that varies (drawn when some line has 2 points);
+    - ``stacked``: the metrics in ``y`` stacked, a bar per variant, against ``x`` or per case;
+    - ``bars``: per case, the metrics in ``y`` side by side, a bar per variant;
+    - ``series``: per case, a list metric ``y`` against a list metric ``x`` (e.g. over time);
+    - ``cdf``: per case, the distribution of a list metric ``y``.
+
+    ``variants`` are roles or names (default the baseline and optimized ones); ``scale``
+    multiplies the values (1e3: s to ms); ``relative`` plots the baseline's value over the
+    variant's (a speedup of that figure)."""
+
+    title: str
+    y: str | tuple[str, ...]
+    x: str | None = None
+    kind: str = "line"
+    ylabel: str = ""
+    xlabel: str = ""  # default: the name of x
+    panels: tuple[str, ...] = ()
+    variants: tuple[str, ...] = ("baseline", "optimized")
+    scale: float = 1.0
+    relative: bool = False
+    log_y: bool = False
+    max_cases: int = 4  # per-case kinds: the first N cases
+
+    KINDS = ("line", "stacked", "bars", "series", "cdf")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"Plot {self.title!r}: kind must be one of {self.KINDS}")
+        if self.kind in ("line",) and self.x is None:
+            raise ValueError(f"Plot {self.title!r}: a line plot needs x (a param)")
+        if self.kind == "series" and self.x is None:
+            raise ValueError(f"Plot {self.title!r}: a series plot needs x (a list metric)")
+
+    @property
+    def ys(self) -> tuple[str, ...]:
+        return (self.y,) if isinstance(self.y, str) else tuple(self.y)
 
 
 @dataclass
@@ -175,15 +256,19 @@ class Technique:
     >>> T = Technique("demo", summary="...", shape="kernel", params=[...])
     >>> @T.build
     ... def build(params, device, seed): ...
-    >>> @T.variant("baseline", role="baseline")
-    ... def baseline(w): ...
+    >>> @T.variant("eager", role="baseline")
+    ... def eager(w): ...
+
+    Several variants may be declared for the baseline or optimized role, in order of preference:
+    on a device, the first one that can run there plays the role and the others that can run are
+    timed as peers (e.g. ``triton`` on CUDA, with ``torch_tiled`` standing in elsewhere).
     """
 
     name: str
     summary: str
     shape: str
     params: Sequence[Param]
-    anchor: str = ""  # the published figure the pair is measured against
+    anchor: str = ""  # the published figure the pair is measured against (stated here only)
     gpu_specific: str = ""  # non-empty: why a CPU ratio is not the GPU's win
     headline: str = ""  # a metric key shown beside the speedup when the win is not time (e.g. utilization)
     # The regression gate compares this metric (per call, lower is better, deterministic) instead of
@@ -196,8 +281,10 @@ class Technique:
     metrics_fn: Callable[[Workload, Measured], dict[str, Any]] | None = None
     validate_fn: Callable[[dict[str, Any]], list[str]] | None = None
     # Report hook: case records of this technique (from results.json) -> [(title, matplotlib
-    # Figure)]. Reads results only; never re-runs anything.
+    # Figure)]. Reads results only; never re-runs anything. Prefer declared ``plots``.
     figures_fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]] | None = None
+    plots: Sequence[Plot] = ()
+    source: str = ""  # where it came from: a module path or file (set by the registry)
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -205,6 +292,7 @@ class Technique:
         names = [p.name for p in self.params]
         if len(names) != len(set(names)):
             raise ValueError(f"technique {self.name}: duplicate param names")
+        self.plots = list(self.plots)
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
@@ -215,13 +303,13 @@ class Technique:
                 unavailable: Callable[[torch.device], str | None] | None = None):
         if role not in ROLES:
             raise ValueError(f"variant {name}: role must be one of {ROLES}")
+        if name in ROLES and role != name:
+            raise ValueError(f"variant {name}: a role's name can only name a variant of that role")
 
-        def register(fn: Callable[[Workload], Any]):
+        def register(fn: Callable[..., Any]):
             if name in self.variants:
                 raise ValueError(f"technique {self.name}: variant {name} registered twice")
-            if role in ("baseline", "optimized") and any(v.role == role for v in self.variants.values()):
-                raise ValueError(f"technique {self.name}: a second {role} variant ({name})")
-            doc = description or next(iter((fn.__doc__ or "").strip().splitlines()), "")
+            doc = description or " ".join((fn.__doc__ or "").split())
             self.variants[name] = Variant(name, role, fn, doc, unavailable)
             return fn
 
@@ -246,6 +334,11 @@ class Technique:
         self.figures_fn = fn
         return fn
 
+    def plot(self, plot: Plot) -> Plot:
+        """Declare a report figure (see :class:`Plot`)."""
+        self.plots.append(plot)
+        return plot
+
     def validate(self, fn: Callable[[dict[str, Any]], list[str]]):
         """Optional: cross-parameter rules (e.g. heads divisible by kv_heads); returns problems."""
         self.validate_fn = fn
@@ -258,13 +351,48 @@ class Technique:
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
 
+    def declared(self, role: str) -> list[Variant]:
+        """The variants declared for ``role``, in order of preference."""
+        return [v for v in self.variants.values() if v.role == role]
+
     @property
     def baseline(self) -> Variant:
-        return next(v for v in self.variants.values() if v.role == "baseline")
+        return self.declared("baseline")[0]
 
     @property
     def optimized(self) -> Variant:
-        return next(v for v in self.variants.values() if v.role == "optimized")
+        return self.declared("optimized")[0]
+
+    def cast(self, device: torch.device) -> dict[str, tuple[str, str | None]]:
+        """Each variant's role on ``device`` and why it cannot run there (None when it can):
+        the first runnable variant declared for baseline / optimized plays that role; every other
+        variant is a peer (a role nobody can play stays with the first declared, unrunnable)."""
+        reasons = {v.name: v.unavailable_reason(device) for v in self.variants.values()}
+        out = {name: ("peer", reason) for name, reason in reasons.items()}
+        for role in ("baseline", "optimized"):
+            declared = self.declared(role)
+            player = next((v for v in declared if reasons[v.name] is None), declared[0] if declared else None)
+            if player is not None:
+                out[player.name] = (role, reasons[player.name])
+        return out
+
+    def playing(self, role: str, device: torch.device) -> Variant | None:
+        """The variant that plays ``role`` (baseline, optimized) on ``device``, if any can."""
+        return next((self.variants[n] for n, (r, reason) in self.cast(device).items()
+                     if r == role and reason is None), None)
+
+    def resolve(self, names: Sequence[str], device: torch.device) -> list[str]:
+        """Variant names for a scenario's ``variants`` list, where a role name (baseline,
+        optimized) stands for the variant playing that role on ``device``."""
+        cast = self.cast(device)
+        out = []
+        for name in names:
+            if name in self.variants:
+                out.append(name)
+                continue
+            playing = [n for n, (role, reason) in cast.items() if role == name and reason is None]
+            out += playing or [v.name for v in self.declared(name)[:1]]
+        return list(dict.fromkeys(out))
 
     def incomplete(self) -> list[str]:
         """What the module forgot to declare (checked when the registry loads it)."""
@@ -278,26 +406,74 @@ class Technique:
         return missing
 
 
-# Relative L2 error allowed against a float64 reference, by the output's dtype.
+# -- checks shared by the techniques ----------------------------------------------------------
+
+# Relative L2 error allowed against a float64 reference, by the output's dtype. Techniques whose
+# outputs pass through more rounded steps (a backward pass) widen it with an override, saying why.
 DTYPE_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def relative_l2_check(reference: torch.Tensor, output: torch.Tensor,
-                      tolerances: dict[torch.dtype, float] = DTYPE_TOLERANCE) -> CheckResult:
-    """‖output − reference‖ / ‖reference‖ in float64 against the tolerance of the output's dtype;
-    a wrong shape or any NaN / Inf (e.g. an element a kernel never wrote) fails with the count."""
-    tolerance = tolerances.get(output.dtype, 1e-2)
-    if output.shape != reference.shape:
-        return CheckResult(False, None, tolerance, "rel_l2",
-                           f"shape {tuple(output.shape)} != reference {tuple(reference.shape)}")
-    nan, inf = int(output.isnan().sum()), int(output.isinf().sum())
-    if nan or inf:
-        return CheckResult(False, float("nan"), tolerance, "rel_l2",
-                           f"output has {nan} NaN and {inf} Inf values of {output.numel()}")
-    ref = reference.to(torch.float64)
-    diff = torch.linalg.vector_norm(output.to(torch.float64) - ref).item()
+def rel_l2(reference: torch.Tensor, output: torch.Tensor) -> float:
+    """‖output − reference‖ / ‖reference‖ in float64; the absolute norm when the reference is 0."""
+    ref = reference.detach().to(torch.float64)
+    diff = torch.linalg.vector_norm(output.detach().to(torch.float64) - ref).item()
     scale = torch.linalg.vector_norm(ref).item()
-    error = diff / scale if scale > 0 else diff
-    passed = error <= tolerance
-    detail = "" if passed else f"relative L2 error {error:.3g} exceeds {tolerance:g} for {output.dtype}"
-    return CheckResult(passed, error, tolerance, "rel_l2", detail)
+    return diff / scale if scale > 0 else diff
+
+
+def _tensor_problem(name: str, reference: Any, output: Any) -> str | None:
+    if not isinstance(output, torch.Tensor):
+        return f"{name} is missing" if output is None else f"{name} is not a tensor"
+    if output.shape != reference.shape:
+        return f"{name}: shape {tuple(output.shape)} != reference {tuple(reference.shape)}"
+    bad = output.numel() - int(output.isfinite().sum()) if output.is_floating_point() else 0
+    if bad:
+        nan = int(output.isnan().sum())
+        return f"{name} has {nan} NaN and {bad - nan} Inf values of {output.numel()}"
+    return None
+
+
+def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, torch.Tensor] | Any,
+                  tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE, *, exact: bool = False,
+                  dtype: torch.dtype | None = None) -> CheckResult:
+    """Named tensors (an output and its gradients, say) against the reference's: the worst
+    relative L2 error, within the tolerance of ``dtype`` (default: the first output tensor's);
+    ``exact``: the largest absolute difference must be 0. A missing tensor, a wrong shape or any
+    NaN / Inf (e.g. an element a kernel never wrote) fails, naming the tensor."""
+    first = next(iter(output.values()), None) if isinstance(output, Mapping) else None
+    dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
+    tolerance = None if exact else tolerances.get(dtype, 1e-2)
+    metric = "max_abs_diff" if exact else ("rel_l2" if len(reference) == 1 else "max_rel_l2")
+    if not isinstance(output, Mapping):
+        return CheckResult(False, None, tolerance, metric, f"output is a {type(output).__name__}, not named tensors")
+    errors: dict[str, float] = {}
+    for name, ref in reference.items():
+        problem = _tensor_problem(name, ref, output.get(name))
+        if problem is not None:
+            nan = "NaN" in problem or "Inf" in problem
+            return CheckResult(False, float("nan") if nan else None, tolerance, metric, problem)
+        got = output[name]
+        if exact:
+            errors[name] = (got.double() - ref.double()).abs().max().item() if got.numel() else 0.0
+        else:
+            errors[name] = rel_l2(ref, got)
+    if not errors:
+        return CheckResult(False, None, tolerance, metric, "nothing to compare")
+    worst = max(errors, key=errors.get)
+    limit = 0.0 if exact else tolerance
+    failing = [f"{k} {v:.3g}" for k, v in errors.items() if v > limit]
+    if failing:
+        what = "differs from the reference" if exact else f"relative L2 error above {tolerance:g} for {dtype}"
+        return CheckResult(False, errors[worst], tolerance, metric, f"{what}: {', '.join(failing[:6])}")
+    return CheckResult(True, errors[worst], tolerance, metric, f"worst: {worst}" if len(errors) > 1 else "")
+
+
+def relative_l2_check(reference: torch.Tensor, output: torch.Tensor,
+                      tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE) -> CheckResult:
+    """One tensor against its reference: relative L2 error in float64 within the tolerance of the
+    output's dtype (see :func:`tensors_check`)."""
+    dtype = output.dtype if isinstance(output, torch.Tensor) else None
+    result = tensors_check({"output": reference}, {"output": output}, tolerances, dtype=dtype)
+    if not result.passed and result.error is not None and result.detail.startswith("relative"):
+        result.detail = f"relative L2 error {result.error:.3g} exceeds {result.tolerance:g} for {dtype}"
+    return result

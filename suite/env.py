@@ -172,7 +172,7 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     clock = timing.Clock(device, flush_l2=False)
 
     def best_rate(fn, work: float) -> tuple[float, float]:
-        samples = timing.measure_interleaved({"x": fn}, clock, policy)["x"]
+        samples = timing.measure_interleaved({"x": lambda _: fn()}, clock, policy)["x"]
         if samples.error is not None:
             raise samples.error
         # The ceiling is what the device *can* do: use the fastest repetition, and report the

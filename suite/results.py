@@ -1,15 +1,19 @@
-"""The run directory and its files (schema documented in docs/results.md).
+"""The run's records and its directory (schema documented in docs/results.md).
 
+:class:`RunRecord`, :class:`CaseRecord` and :class:`VariantRecord` are what the runner fills;
+``to_dict`` gives the results.json form that ``compare`` and ``report`` read.
 ``runs/<timestamp>-<scenario>/`` holds ``results.json`` (everything, raw samples included),
 ``results.csv`` (one row per case x variant), ``telemetry.csv`` and ``env.json``. Every write is
 atomic: a crash leaves the last complete file.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,98 @@ import pandas as pd
 from gpubench.atomic import atomic_write_json, atomic_write_text
 from gpubench.errors import BadInput
 
-SCHEMA_VERSION = 1
+# 2: variants are named by what they run (their role is a field), side data recorded per timed
+# call (``recorded``), the technique's ``source``. Version 1 files are still read.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+@dataclass
+class Failure:
+    kind: str  # exception, oom, timeout, check, variant, interrupted
+    message: str
+    traceback: str = ""
+
+
+@dataclass
+class VariantRecord:
+    role: str  # the role it played on this device: baseline, optimized, peer
+    description: str = ""
+    status: str = "pending"  # ok, check_failed, error, skipped, unchecked
+    reason: str | None = None
+    error: Failure | None = None
+    check: dict[str, Any] | None = None
+    samples_s: list[float] = field(default_factory=list)
+    stats: dict[str, Any] | None = None
+    timing: dict[str, Any] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    recorded: list[dict[str, Any]] = field(default_factory=list)  # numbers a call recorded, per timed call
+    peak_memory_bytes: int | None = None
+    energy_mj_per_call: float | None = None
+    energy_error: str | None = None
+
+    def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
+        self.status, self.reason, self.error = status, prefix + failure.message, failure
+
+
+@dataclass
+class CaseRecord:
+    id: str
+    technique: str
+    params: dict[str, Any]
+    seed: int
+    policy: dict[str, Any]
+    source: str = ""  # the technique's module or file, for readers in another process
+    headline: str = ""
+    gate_metric: str = ""
+    status: str = "running"  # passed, failed, interrupted
+    failure: Failure | None = None
+    started_at: str = ""
+    elapsed_s: float | None = None
+    variants: dict[str, VariantRecord] = field(default_factory=dict)
+    speedups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    telemetry: dict[str, Any] | None = None
+
+    def role_variant(self, role: str) -> str | None:
+        return next((n for n, v in self.variants.items() if v.role == role), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    device: str
+    device_label: str
+    scenario: dict[str, Any]
+    env: dict[str, Any]
+    repeat_scale: float = 1.0
+    only: list[str] | None = None
+    status: str = "running"  # complete, interrupted, aborted, crashed
+    started_at: str = ""
+    finished_at: str | None = None
+    ceilings: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    cases: list[CaseRecord] = field(default_factory=list)
+    abort_reason: str | None = None
+    crash: Failure | None = None
+
+    @property
+    def summary(self) -> dict[str, int]:
+        statuses = [c.status for c in self.cases]
+        return {"cases": len(statuses), "passed": statuses.count("passed"),
+                "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
+
+    def to_dict(self) -> dict[str, Any]:
+        from gpubench import __version__
+
+        doc = {"schema_version": SCHEMA_VERSION, "kind": "gpubench.results", "gpubench_version": __version__,
+               **dataclasses.asdict(self), "summary": self.summary}
+        for key in ("abort_reason", "crash"):
+            if doc[key] is None:
+                del doc[key]
+        return doc
 
 
 def json_safe(value: Any) -> Any:
@@ -63,8 +158,8 @@ class RunDirectory:
     def write_env(self, env: dict[str, Any]) -> None:
         atomic_write_json(self.path / "env.json", json_safe(env))
 
-    def write_results(self, doc: dict[str, Any]) -> None:
-        atomic_write_json(self.results_json, json_safe(doc))
+    def write_results(self, doc: dict[str, Any] | RunRecord) -> None:
+        atomic_write_json(self.results_json, json_safe(doc.to_dict() if isinstance(doc, RunRecord) else doc))
 
     def write_cases_csv(self, doc: dict[str, Any]) -> None:
         atomic_write_text(self.path / "results.csv", cases_frame(doc).to_csv(index=False))
@@ -123,6 +218,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != "gpubench.results":
         raise BadInput(f"{file}: not a gpubench results file (key 'kind' should be 'gpubench.results').")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise BadInput(f"{file}: schema_version is {version!r}; this gpubench reads version {SCHEMA_VERSION}.")
+    if version not in READABLE_VERSIONS:
+        raise BadInput(f"{file}: schema_version is {version!r}; this gpubench reads versions "
+                       f"{', '.join(map(str, READABLE_VERSIONS))}.")
     return doc

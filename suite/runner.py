@@ -26,10 +26,10 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-import gpubench
 from gpubench import env as envmod
 from gpubench import results, stats, techniques, timing
-from gpubench.contract import CheckResult, Measured, Technique, Workload
+from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
+from gpubench.results import CaseRecord, Failure, RunRecord, VariantRecord
 from gpubench.scenario import Case, Scenario
 from gpubench.telemetry import TelemetrySampler
 
@@ -72,7 +72,7 @@ def _free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def describe(exc: BaseException) -> dict[str, str]:
+def describe(exc: BaseException) -> Failure:
     """A failure record: kind (oom, timeout, exception), message and traceback. The frames'
     locals are released (see :func:`timing.release_frames`)."""
     if isinstance(exc, CaseTimeout):
@@ -81,10 +81,10 @@ def describe(exc: BaseException) -> dict[str, str]:
         kind = "oom"
     else:
         kind = "exception"
-    record = {"kind": kind, "message": f"{type(exc).__name__}: {exc}",
-              "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+    failure = Failure(kind, f"{type(exc).__name__}: {exc}",
+                      "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:])
     timing.release_frames(exc)
-    return record
+    return failure
 
 
 def cuda_context_broken(device: torch.device) -> str | None:
@@ -104,29 +104,34 @@ def cuda_context_broken(device: torch.device) -> str | None:
 class ProgressListener(Protocol):
     def run_started(self, total: int) -> None: ...
     def case_started(self, index: int, case: Case) -> None: ...
-    def case_finished(self, index: int, case: Case, record: dict[str, Any]) -> None: ...
+    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: ...
     def run_finished(self) -> None: ...
 
 
 class _Silent:
     def run_started(self, total: int) -> None: pass
     def case_started(self, index: int, case: Case) -> None: pass
-    def case_finished(self, index: int, case: Case, record: dict[str, Any]) -> None: pass
+    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: pass
     def run_finished(self) -> None: pass
 
 
 @dataclass
 class RunOutcome:
     run_dir: Path
-    doc: dict[str, Any]
+    record: RunRecord
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The run as results.json holds it."""
+        return self.record.to_dict()
 
     @property
     def exit_code(self) -> int:
-        if self.doc["status"] == "interrupted":
+        if self.record.status == "interrupted":
             return EXIT_INTERRUPTED
-        if self.doc["status"] != "complete":  # aborted or crashed: not every case ran
+        if self.record.status != "complete":  # aborted or crashed: not every case ran
             return EXIT_FAILED
-        return EXIT_OK if self.doc["summary"]["failed"] == 0 else EXIT_FAILED
+        return EXIT_OK if self.record.summary["failed"] == 0 else EXIT_FAILED
 
 
 def _now() -> str:
@@ -144,165 +149,150 @@ def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str 
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     env = envmod.capture_env(device)
     run_dir.write_env(env)
-    doc: dict[str, Any] = {
-        "schema_version": results.SCHEMA_VERSION,
-        "kind": "gpubench.results",
-        "gpubench_version": gpubench.__version__,
-        "run_id": run_dir.path.name,
-        "status": "running",
-        "started_at": _now(),
-        "finished_at": None,
-        "device": str(device),
-        "device_label": env["device_label"],
-        "scenario": scenario.to_dict(),
-        "repeat_scale": repeat_scale,
-        "only": only,
-        "env": env,
-        "ceilings": None,
-        "telemetry": None,
-        "cases": [],
-        "summary": {},
-    }
+    run = RunRecord(run_id=run_dir.path.name, device=str(device), device_label=env["device_label"],
+                    scenario=scenario.to_dict(), env=env, repeat_scale=repeat_scale, only=only,
+                    started_at=_now())
     sampler = TelemetrySampler.for_device(device, interval_s=telemetry_interval_s)
     progress.run_started(len(cases))
     try:
         if calibrate:
             try:
-                doc["ceilings"] = envmod.calibrate(device, quick=True)
+                run.ceilings = envmod.calibrate(device, quick=True)
             except Exception as exc:  # noqa: BLE001 - metrics lose their % of peak, nothing else
-                doc["ceilings"] = {"error": describe(exc)["message"]}
+                run.ceilings = {"error": describe(exc).message}
         clocks: dict[bool, timing.Clock] = {}
+        record: CaseRecord | None = None
         sampler.start()
         for index, case in enumerate(cases):
             progress.case_started(index, case)
             flush = case.policy.flush_l2
             if flush not in clocks:
                 clocks[flush] = timing.Clock(device, flush_l2=flush)
-            record = new_record(case)
-            doc["cases"].append(record)
             try:
-                run_case(case, device, clocks[flush], sampler, doc["ceilings"], record)
+                record = run_case(case, device, clocks[flush], sampler, run.ceilings)
+            except CaseInterrupted as stop:
+                record = stop.record
+                raise KeyboardInterrupt from None
             finally:
-                _finish_doc(doc, sampler, final=False)
-                run_dir.write_results(doc)
-                progress.case_finished(index, case, record)
-            if record["status"] == "failed":
+                if record is not None:
+                    run.cases.append(record)
+                    run_dir.write_results(run)
+                    progress.case_finished(index, case, record)
+                    record = None
+            if run.cases[-1].status == "failed":
                 broken = cuda_context_broken(device)
                 if broken is not None:
-                    doc["status"] = "aborted"
-                    doc["abort_reason"] = (f"the CUDA context is unusable after case {case.id} ({broken}); "
-                                           f"{len(cases) - index - 1} later case(s) not run")
+                    run.status = "aborted"
+                    run.abort_reason = (f"the CUDA context is unusable after case {case.id} ({broken}); "
+                                        f"{len(cases) - index - 1} later case(s) not run")
                     break
     except KeyboardInterrupt:
-        doc["status"] = "interrupted"
+        run.status = "interrupted"
     except Exception as exc:  # noqa: BLE001 - a harness fault: keep what was measured, say so
-        doc["status"] = "crashed"
-        doc["abort_reason"] = describe(exc)["message"]
-        doc["crash"] = describe(exc)
+        run.status = "crashed"
+        run.crash = describe(exc)
+        run.abort_reason = run.crash.message
     finally:
         sampler.close()
-        if doc["status"] == "running":
-            doc["status"] = "complete"
-        doc["finished_at"] = _now()
-        _finish_doc(doc, sampler, final=True)
-        run_dir.write_results(doc)
+        if run.status == "running":
+            run.status = "complete"
+        run.finished_at = _now()
+        run.telemetry = sampler.run_summary()
+        for record in run.cases:
+            record.telemetry = sampler.case_summary(record.id) if sampler.available else None
+        run_dir.write_results(run)
+        doc = run.to_dict()
         run_dir.write_cases_csv(doc)
         sampler.write_csv(run_dir.path / "telemetry.csv")
         progress.run_finished()
-    return RunOutcome(run_dir.path, doc)
+    return RunOutcome(run_dir.path, run)
 
 
-def _finish_doc(doc: dict[str, Any], sampler: TelemetrySampler, final: bool) -> None:
-    statuses = [c["status"] for c in doc["cases"]]
-    doc["summary"] = {"cases": len(statuses), "passed": statuses.count("passed"),
-                      "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
-    if final:
-        doc["telemetry"] = sampler.run_summary()
-        for record in doc["cases"]:
-            record["telemetry"] = sampler.case_summary(record["id"]) if sampler.available else None
-
-
-def new_record(case: Case) -> dict[str, Any]:
+def new_record(case: Case) -> CaseRecord:
     tech = techniques.get(case.technique)
-    return {"id": case.id, "technique": case.technique, "params": case.params, "seed": case.seed,
-            "headline": tech.headline if tech is not None else "",
-            "gate_metric": tech.gate_metric if tech is not None else "",
-            "policy": case.policy.to_dict(), "status": "running", "failure": None,
-            "started_at": _now(), "elapsed_s": None, "variants": {}, "speedups": {}, "telemetry": None}
+    return CaseRecord(id=case.id, technique=case.technique, params=case.params, seed=case.seed,
+                      policy=case.policy.to_dict(), source=tech.source if tech is not None else "",
+                      headline=tech.headline if tech is not None else "",
+                      gate_metric=tech.gate_metric if tech is not None else "", started_at=_now())
+
+
+class CaseInterrupted(KeyboardInterrupt):
+    """Ctrl-C inside a case; carries what the case measured before it (marked interrupted)."""
+
+    def __init__(self, record: CaseRecord):
+        super().__init__("stopped by Ctrl-C")
+        self.record = record
 
 
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
-             ceilings: dict[str, Any] | None, record: dict[str, Any]) -> None:
-    """Measure one case into ``record``. Never raises, except KeyboardInterrupt (after marking the
-    record interrupted)."""
+             ceilings: dict[str, Any] | None) -> CaseRecord:
+    """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
+    partial record)."""
     tech = techniques.get(case.technique)
     assert tech is not None
+    record = new_record(case)
     t0 = time.perf_counter()
     timings: dict[str, timing.VariantTiming] = {}
+    interrupted = False
     try:
         with deadline(case.policy.case_timeout_s):
             _measure_case(tech, case, device, clock, sampler, ceilings, record, timings)
     except KeyboardInterrupt:
-        record["status"] = "interrupted"
-        record["failure"] = {"kind": "interrupted", "message": "stopped by Ctrl-C", "traceback": ""}
-        raise
+        record.status = "interrupted"
+        record.failure = Failure("interrupted", "stopped by Ctrl-C")
+        interrupted = True
     except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
-        record["failure"] = describe(exc)
+        record.failure = describe(exc)
     finally:
         sampler.set_tag(None, None)
         # Whatever was measured before a failure is kept.
         for name, t in timings.items():
-            vrec = record["variants"][name]
-            if len(vrec["samples_s"]) != t.n:
+            vrec = record.variants[name]
+            if len(vrec.samples_s) != t.n:
                 _store_samples(vrec, t)
         _store_speedups(record)
-        record["elapsed_s"] = time.perf_counter() - t0
-        if record["status"] == "running":
-            record["status"] = _case_status(tech, record)
+        record.elapsed_s = time.perf_counter() - t0
+        if record.status == "running":
+            record.status = _case_status(record)
     # Outside the except block, so the failed call's frames (and tensors) are gone by now.
-    if device.type == "cuda" or record["failure"] is not None:
+    if device.type == "cuda" or record.failure is not None:
         _free_memory(device)
-
-
-def _variant_record(role: str) -> dict[str, Any]:
-    return {"role": role, "status": "pending", "reason": None, "error": None, "check": None, "samples_s": [],
-            "stats": None, "timing": None, "metrics": {}, "peak_memory_bytes": None,
-            "energy_mj_per_call": None}
+    if interrupted:
+        raise CaseInterrupted(record)
+    return record
 
 
 def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timing.Clock,
-                  sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: dict[str, Any],
+                  sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: CaseRecord,
                   timings: dict[str, timing.VariantTiming]) -> None:
-    variants = [v for v in tech.variants.values() if case.variants is None or v.name in case.variants]
-    variants.sort(key=lambda v: ("baseline", "optimized", "peer").index(v.role))
-    for v in variants:
-        record["variants"][v.name] = _variant_record(v.role)
+    cast = tech.cast(device)
+    wanted = tech.resolve(case.variants, device) if case.variants is not None else list(tech.variants)
+    names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
+    for name in names:
+        role, reason = cast[name]
+        record.variants[name] = VariantRecord(role=role, description=tech.variants[name].description)
+        if reason:
+            record.variants[name].status, record.variants[name].reason = "skipped", reason
+    runnable = [tech.variants[n] for n in names if record.variants[n].status != "skipped"]
 
     sampler.set_tag(case.id, "build")
     workload = tech.build_fn(case.params, device, case.seed)
-    runnable = []
-    for v in variants:
-        reason = v.unavailable_reason(device)
-        if reason:
-            record["variants"][v.name].update(status="skipped", reason=reason)
-        else:
-            runnable.append(v)
 
     # 1. One checked call per variant (also the first warm-up call).
     outputs: dict[str, Any] = {}
     for v in runnable:
-        vrec = record["variants"][v.name]
+        vrec = record.variants[v.name]
         sampler.set_tag(case.id, v.name)
         try:
-            outputs[v.name], vrec["peak_memory_bytes"] = _call_once(v.fn, workload, device)
-            vrec["status"] = "ok"
+            outputs[v.name], vrec.peak_memory_bytes = _call_once(v, workload, device)
+            vrec.status = "ok"
         except Exception as exc:  # noqa: BLE001 - recorded per variant
             failure = describe(exc)
-            vrec.update(status="error", reason=failure["message"], error=failure)
-            if failure["kind"] == "oom":
+            vrec.fail("error", failure)
+            if failure.kind == "oom":
                 _free_memory(device)
 
-    base = tech.baseline.name
+    base = record.role_variant("baseline")
     if tech.reference_fn is not None:
         sampler.set_tag(case.id, "reference")
         reference = tech.reference_fn(workload)
@@ -310,83 +300,84 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
     elif base in outputs:
         reference = outputs[base]
         to_check = [n for n in outputs if n != base]
-        record["variants"][base]["check"] = {"passed": True, "error": 0.0, "tolerance": None,
-                                             "metric": "reference", "detail": "the baseline is the reference"}
+        record.variants[base].check = {"passed": True, "error": 0.0, "tolerance": None,
+                                       "metric": "reference", "detail": "the baseline is the reference"}
     else:
         reference, to_check = None, []
         for name in outputs:  # ran, but nothing to compare with
-            record["variants"][name].update(status="unchecked", reason=f"no reference: baseline {base} did not run")
+            record.variants[name].status = "unchecked"
+            record.variants[name].reason = f"no reference: baseline {base} did not run"
     for name in to_check:
         try:
             result = tech.check_fn(reference, outputs[name])
         except Exception as exc:  # noqa: BLE001 - a check that cannot compare is a failed check
-            result = CheckResult(False, None, None, "error", f"check raised {describe(exc)['message']}")
-        record["variants"][name]["check"] = result.to_dict()
+            result = CheckResult(False, None, None, "error", f"check raised {describe(exc).message}")
+        record.variants[name].check = result.to_dict()
         if not result.passed:
-            record["variants"][name]["status"] = "check_failed"
+            record.variants[name].status = "check_failed"
     del reference
 
     # 2. Timing, interleaved, of every variant that ran (a wrong result is still timed, and the
     #    case is failed by its check).
-    calls = {n: functools.partial(tech.variants[n].fn, workload) for n in outputs}
+    calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs}
     timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
                                on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings)
     for name, t in timings.items():
-        vrec = record["variants"][name]
-        vrec["timing"] = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
+        vrec = record.variants[name]
+        vrec.timing = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
         if t.error is not None:
-            failure = describe(t.error)
-            vrec.update(status="error", reason=f"during timing: {failure['message']}", error=failure)
+            vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)
 
-    # 3. Metrics from the median time (and the checked call's output, for serving/generation runs).
+    # 3. Metrics from the median time, what the timed calls recorded, and the checked call's output.
     for name, t in timings.items():
-        vrec = record["variants"][name]
+        vrec = record.variants[name]
         if not t.samples_s:
             continue
-        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), device)
+        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), device,
+                            records=list(t.records))
         try:
             metrics = dict(tech.metrics_fn(workload, measured)) if tech.metrics_fn else {}
         except Exception as exc:  # noqa: BLE001 - the timing stands; the metric is marked broken
-            metrics = {"metrics_error": describe(exc)["message"]}
-        vrec["metrics"] = derive_rates(metrics, measured.median_s, ceilings)
+            metrics = {"metrics_error": describe(exc).message}
+        vrec.metrics = derive_rates(metrics, measured.median_s, ceilings)
     outputs.clear()
 
     # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter is
     #    too coarse for single short calls).
     if sampler.energy_mj() is not None and case.policy.energy_s > 0:
         for name, call in calls.items():
-            vrec = record["variants"][name]
-            if vrec["status"] in ("ok", "check_failed"):
+            vrec = record.variants[name]
+            if vrec.status in ("ok", "check_failed"):
                 sampler.set_tag(case.id, f"{name}:energy")
                 try:
-                    vrec["energy_mj_per_call"] = _energy_per_call(call, workload, device, sampler,
-                                                                  case.policy.energy_s)
+                    vrec.energy_mj_per_call = _energy_per_call(call, workload, device, sampler,
+                                                               case.policy.energy_s)
                 except Exception as exc:  # noqa: BLE001 - the timing and check stand
-                    vrec["energy_error"] = describe(exc)["message"]
+                    vrec.energy_error = describe(exc).message
 
 
-def _call_once(fn: Callable[[Workload], Any], workload: Workload, device: torch.device) -> tuple[Any, int | None]:
+def _call_once(variant: Variant, workload: Workload, device: torch.device) -> tuple[Any, int | None]:
     if workload.reset is not None:
         workload.reset()
     if device.type == "cuda":
         timing.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        out = fn(workload)
+        out = variant.call(workload)
         timing.synchronize(device)
         return out, torch.cuda.max_memory_allocated(device) - before
-    return fn(workload), None
+    return variant.call(workload), None
 
 
-def _energy_per_call(call: Callable[[], Any], workload: Workload, device: torch.device,
+def _energy_per_call(call: Callable[[Recorder], Any], workload: Workload, device: torch.device,
                      sampler: TelemetrySampler, seconds: float) -> float | None:
     timing.synchronize(device)
     start_mj, n, t_end = sampler.energy_mj(), 0, time.perf_counter() + seconds
     while n == 0 or time.perf_counter() < t_end:
         if workload.reset is not None:
             workload.reset()
-        call()
+        call(Recorder())
         n += 1
     timing.synchronize(device)
     end_mj = sampler.energy_mj()
@@ -414,46 +405,47 @@ def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, A
     return out
 
 
-def _store_samples(vrec: dict[str, Any], t: timing.VariantTiming) -> None:
-    vrec["samples_s"] = list(t.samples_s)
-    vrec["stats"] = stats.summarize(t.samples_s).to_dict() if t.samples_s else None
+def _store_samples(vrec: VariantRecord, t: timing.VariantTiming) -> None:
+    vrec.samples_s = list(t.samples_s)
+    vrec.stats = stats.summarize(t.samples_s).to_dict() if t.samples_s else None
+    vrec.recorded = [{k: v for k, v in r.items() if isinstance(v, (int, float, bool))} for r in t.records]
+    if not any(vrec.recorded):
+        vrec.recorded = []
 
 
-def _store_speedups(record: dict[str, Any]) -> None:
-    variants = record["variants"]
-    base = results.role_variant(record, "baseline")
-    if base is None or not variants[base].get("samples_s"):
+def _store_speedups(record: CaseRecord) -> None:
+    variants = record.variants
+    base = record.role_variant("baseline")
+    if base is None or not variants[base].samples_s:
         return
     for name, v in variants.items():
-        if name != base and v.get("samples_s"):
+        if name != base and v.samples_s:
             try:
-                record["speedups"][name] = stats.bootstrap_ratio_ci(variants[base]["samples_s"], v["samples_s"]).to_dict()
+                record.speedups[name] = stats.bootstrap_ratio_ci(variants[base].samples_s, v.samples_s).to_dict()
             except ValueError as exc:  # e.g. a median of 0 s: below the clock's resolution
-                record["speedups"][name] = {"ratio": None, "ci_low": None, "ci_high": None, "error": str(exc)}
+                record.speedups[name] = {"ratio": None, "ci_low": None, "ci_high": None, "error": str(exc)}
 
 
-def _case_status(tech: Technique, record: dict[str, Any]) -> str:
-    if record["failure"] is not None:
+def _case_status(record: CaseRecord) -> str:
+    if record.failure is not None:
         return "failed"
-    variants = record["variants"]
     problems: list[str] = []
     only_checks = True
     for role in ("baseline", "optimized"):
-        name = tech.baseline.name if role == "baseline" else tech.optimized.name
-        v = variants.get(name)
-        if v is None:
+        name = record.role_variant(role)
+        if name is None:
             continue  # excluded by the scenario's variants list (baseline is always kept)
-        if v["status"] == "check_failed":
-            problems.append(_check_problem(role, name, v["check"]))
-        elif v["status"] != "ok":
+        v = record.variants[name]
+        if v.status == "check_failed":
+            problems.append(_check_problem(role, name, v.check))
+        elif v.status != "ok":
             only_checks = False
-            problems.append(f"{role} {name}: {v['status']}" + (f" ({v['reason']})" if v["reason"] else ""))
-    for name, v in variants.items():
-        if v["role"] == "peer" and v["status"] == "check_failed":
-            problems.append(_check_problem("peer", name, v["check"]))
+            problems.append(f"{role} {name}: {v.status}" + (f" ({v.reason})" if v.reason else ""))
+    for name, v in record.variants.items():
+        if v.role == "peer" and v.status == "check_failed":
+            problems.append(_check_problem("peer", name, v.check))
     if problems:
-        record["failure"] = {"kind": "check" if only_checks else "variant",
-                             "message": "; ".join(problems), "traceback": ""}
+        record.failure = Failure("check" if only_checks else "variant", "; ".join(problems))
         return "failed"
     return "passed"
 

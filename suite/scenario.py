@@ -13,10 +13,10 @@ Format::
     policy: {min_reps: 5, ...}       # see gpubench.timing.Policy
     thresholds: {flash_attention: 10%}  # optional: per-technique slowdown the gate tolerates
     entries:                         # required, non-empty
-      - technique: flash_attention
+      - technique: flash_attention   # or a module (my_pkg.my_pair) or a .py file beside this one
         params: {seq_len: [128, 256], causal: [false, true]}   # lists expand as a cartesian product
         policy: {max_reps: 20}       # optional per-entry override
-        variants: [baseline, optimized]   # optional subset (baseline is always kept)
+        variants: [optimized, sdpa]  # optional subset: names or roles (the baseline is always kept)
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Case:
     params: dict[str, Any]  # every param of the technique: scenario values over defaults
     policy: Policy
     seed: int
-    variants: tuple[str, ...] | None = None  # None: every variant available on the device
+    variants: tuple[str, ...] | None = None  # None: all; names, or roles resolved on the device
 
     @property
     def id(self) -> str:
@@ -239,18 +239,18 @@ def parse(text: str, path: Path) -> Scenario:
 
     policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
 
-    thresholds = _thresholds(data.get("thresholds", {}), bad)
-
     raw_entries = data.get("entries")
     entries: list[Entry] = []
     if not isinstance(raw_entries, list) or not raw_entries:
         bad(("entries",), "entries", "required, a non-empty list of {technique, params} mappings")
         raw_entries = []
     for i, raw in enumerate(raw_entries):
-        entry = _entry(raw, i, policy, bad)
+        entry = _entry(raw, i, policy, bad, Path(path).resolve().parent)
         if entry is not None:
             entry.line = doc.line(("entries", i))
             entries.append(entry)
+
+    thresholds = _thresholds(data.get("thresholds", {}), bad)
 
     if problems:
         raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
@@ -292,7 +292,7 @@ def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
                                         for k, v in raw.items()})
 
 
-def _entry(raw: Any, i: int, scenario_policy: Policy, bad) -> Entry | None:
+def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None) -> Entry | None:
     where = ("entries", i)
     if not isinstance(raw, dict):
         bad(where, f"entries[{i}]", "must be a mapping with keys technique, params")
@@ -300,15 +300,24 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad) -> Entry | None:
     for key in raw:
         if key not in ENTRY_KEYS:
             bad(where + (key,), f"entries[{i}].{key}", f"unknown key; allowed: {', '.join(ENTRY_KEYS)}")
-    name = raw.get("technique")
+    spec = raw.get("technique")
     registry = techniques.all_techniques()
-    if not isinstance(name, str) or name not in registry:
-        hint = difflib.get_close_matches(str(name), registry, n=1)
+    if not isinstance(spec, str) or not spec.strip():
         bad(where + ("technique",), f"entries[{i}].technique",
-            f"{name!r} is not a registered technique" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-            + f"; allowed: {', '.join(registry)}")
+            f"{spec!r} is not valid; allowed: {', '.join(registry)}, a module (my_pkg.my_pair) or a .py file")
         return None
-    tech = registry[name]
+    if spec not in registry and "." not in spec and "/" not in spec and difflib.get_close_matches(spec, registry, n=1):
+        hint = difflib.get_close_matches(spec, registry, n=1)[0]
+        bad(where + ("technique",), f"entries[{i}].technique",
+            f"{spec!r} is not a registered technique (did you mean {hint!r}?); allowed: {', '.join(registry)}, "
+            "a module (my_pkg.my_pair) or a .py file")
+        return None
+    try:
+        tech = techniques.load(spec, base_dir)
+    except BadInput as exc:
+        bad(where + ("technique",), f"entries[{i}].technique", str(exc))
+        return None
+    name = tech.name
     ok = True
 
     grid: dict[str, list[Any]] = {}
@@ -341,17 +350,20 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad) -> Entry | None:
     policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
 
     variants = raw.get("variants")
+    allowed = ", ".join([*tech.variants, "baseline", "optimized"])
     if variants is not None:
         if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants) or not variants:
-            bad(where + ("variants",), f"{name}.variants", f"must be a list of variant names; allowed: {', '.join(tech.variants)}")
+            bad(where + ("variants",), f"{name}.variants", f"must be a list of variant names or roles; allowed: {allowed}")
             variants, ok = None, False
         else:
             for j, v in enumerate(variants):
-                if v not in tech.variants:
+                if v not in tech.variants and v not in ("baseline", "optimized"):
                     bad(where + ("variants", j), f"{name}.variants",
-                        f"{v!r} is not a variant of {name}; allowed: {', '.join(tech.variants)}")
+                        f"{v!r} is not a variant of {name}; allowed: {allowed} (a role names the variant "
+                        "playing it on the device)")
                     ok = False
-            variants = tuple(dict.fromkeys([tech.baseline.name, *variants]))
+            # The baseline is always measured: every other variant is checked and timed against it.
+            variants = tuple(dict.fromkeys(["baseline", *variants]))
 
     if ok and tech.validate_fn is not None:
         seen = set()

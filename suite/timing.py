@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 import traceback
@@ -24,6 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpubench import stats
+from gpubench.contract import Recorder
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -170,6 +172,7 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = 
 class VariantTiming:
     name: str
     samples_s: list[float] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)  # what each timed call recorded
     error: BaseException | None = None  # the exception that stopped this variant, if any
     cuda_graph: str = "off"  # "off", "on", or "failed: <reason>"
 
@@ -187,7 +190,7 @@ class VariantTiming:
 
 
 def measure_interleaved(
-    calls: dict[str, Callable[[], Any]],
+    calls: dict[str, Callable[[Recorder], Any]],
     clock: Clock,
     policy: Policy,
     reset: Callable[[], None] | None = None,
@@ -198,9 +201,10 @@ def measure_interleaved(
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
     ``target_iqr``; or ``max_reps`` is reached; or ``max_time_s`` of wall time has passed.
 
-    A call that raises is dropped from the rotation with its exception kept; the others go on.
-    Pass ``timings`` to have samples land in a caller-owned dict as they are taken (so nothing
-    measured is lost if the caller is interrupted).
+    Each call gets a fresh :class:`Recorder`; what the timed calls record is kept beside their
+    samples (warm-up calls' is dropped). A call that raises is dropped from the rotation with its
+    exception kept; the others go on. Pass ``timings`` to have samples land in a caller-owned dict
+    as they are taken (so nothing measured is lost if the caller is interrupted).
     """
     timings = {} if timings is None else timings
     for name in calls:
@@ -211,12 +215,18 @@ def measure_interleaved(
         if on_switch is not None:
             on_switch(name)
 
-    def one(name: str) -> float:
+    def one(name: str, timed: bool) -> float:
         if reset is not None:
             reset()
             synchronize(device)
         tag(name)
-        return clock.time_call(calls[name])
+        recorder = Recorder()
+        call = calls[name]
+        seconds = clock.time_call(lambda: call(recorder))
+        if timed:
+            timings[name].samples_s.append(seconds)
+            timings[name].records.append(recorder.values)
+        return seconds
 
     calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
     active = list(calls)
@@ -227,7 +237,8 @@ def measure_interleaved(
                 timings[name].cuda_graph = "failed: stateful workload (reset before every call)"
                 continue
             try:
-                calls[name] = capture_cuda_graph(calls[name], device, pool)
+                replay = capture_cuda_graph(functools.partial(calls[name], Recorder()), device, pool)
+                calls[name] = lambda recorder, replay=replay: replay()
                 timings[name].cuda_graph = "on"
             except Exception as exc:  # noqa: BLE001 - graph capture is best-effort: time eagerly
                 timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"
@@ -239,7 +250,7 @@ def measure_interleaved(
         try:
             t_end = time.perf_counter() + policy.warmup_s
             while True:
-                one(name)
+                one(name, timed=False)
                 if time.perf_counter() >= t_end:
                     break
         except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
@@ -251,7 +262,7 @@ def measure_interleaved(
     while active:
         for name in list(active):
             try:
-                timings[name].samples_s.append(one(name))
+                one(name, timed=True)
             except Exception as exc:  # noqa: BLE001
                 timings[name].error = release_frames(exc)
                 active.remove(name)

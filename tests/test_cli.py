@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from gpubench.results import role_variant
 from gpubench.cli import main
 
 
@@ -30,7 +31,7 @@ def test_list_shows_techniques_params_defaults_and_scenarios():
     assert result.exit_code == 0
     out = result.output
     assert "flash_attention" in out and "head_dim" in out and "one of [32, 64, 96, 128]" in out
-    assert "baseline (baseline)" in out and "optimized (optimized)" in out
+    assert "eager (baseline)" in out and "triton (optimized)" in out and "torch_tiled (optimized)" in out
     assert "smoke" in out and "gpu-quick" in out
 
 
@@ -103,7 +104,7 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
     assert doc["status"] == "complete" and doc["summary"]["failed"] == 0
     assert {c["technique"] for c in doc["cases"]} >= {"flash_attention"}
     fa = [c for c in doc["cases"] if c["technique"] == "flash_attention"]
-    assert all(c["variants"]["optimized"]["check"]["passed"] for c in fa)
+    assert all(c["variants"][role_variant(c, "optimized")]["check"]["passed"] for c in fa)
     assert "flash_attention" in proc.stdout and "passed" in proc.stdout
 
 

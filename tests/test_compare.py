@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpubench.results import role_variant
 from gpubench import compare, stats, timing
 from gpubench.errors import BadInput
 
@@ -31,7 +32,7 @@ def machine_noise():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        samples = timing.measure_interleaved({"x": lambda: fa.run_baseline(w)}, timing.Clock(torch.device("cpu")),
+        samples = timing.measure_interleaved({"x": lambda _: fa.eager(w)}, timing.Clock(torch.device("cpu")),
                                              policy)["x"].samples_s
     finally:
         torch.set_num_threads(threads)
@@ -234,11 +235,11 @@ def test_kv_cache_is_gated_on_bytes_not_time(two_smoke_runs, tmp_path):
     doc = json.loads((two_smoke_runs[0] / "results.json").read_text())
     grown = copy.deepcopy(doc)
     case = next(c for c in grown["cases"] if c["technique"] == "kv_cache")
-    case["variants"]["optimized"]["samples_s"] = [x * 10 for x in case["variants"]["optimized"]["samples_s"]]
+    case["variants"][role_variant(case, "optimized")]["samples_s"] = [x * 10 for x in case["variants"][role_variant(case, "optimized")]["samples_s"]]
     result = compare.compare(doc, grown)
     change = next(c for c in result.changes if c.case_id == case["id"])
     assert change.verdict == "unchanged" and "bytes_reserved" in change.reason  # time is not its figure
-    case["variants"]["optimized"]["metrics"]["bytes_reserved"] *= 1.5
+    case["variants"][role_variant(case, "optimized")]["metrics"]["bytes_reserved"] *= 1.5
     change = next(c for c in compare.compare(doc, grown).changes if c.case_id == case["id"])
     assert change.verdict == "regressed" and change.ratio == pytest.approx(1.5)
 
@@ -288,7 +289,7 @@ def test_a_slowdown_the_control_shows_too_is_inconclusive_not_a_regression():
     assert result.changes[0].verdict == "inconclusive" and "machine changed" in result.changes[0].reason
     assert result.passed and not compare.compare(base, _doc(cases=[both_slow]), strict=True).passed
     only_opt = _case("a", s)
-    only_opt["variants"]["optimized"]["samples_s"] = [v * 1.4 for v in s]
+    only_opt["variants"][role_variant(only_opt, "optimized")]["samples_s"] = [v * 1.4 for v in s]
     assert compare.compare(base, _doc(cases=[only_opt])).changes[0].verdict == "regressed"
 
 
@@ -300,3 +301,17 @@ def test_every_technique_has_a_pytest_benchmark_file():
     root = Path(__file__).resolve().parent.parent / "benchmarks"
     missing = [n for n in techniques.all_techniques() if not (root / f"test_bench_{n}.py").exists()]
     assert not missing, missing
+
+
+def test_a_stored_schema_1_baseline_is_compared_by_role_with_a_run_whose_variants_are_named():
+    # Schema 1 named variants by role; schema 2 by what they run. The gate pairs them by role.
+    rng = np.random.default_rng(5)
+    s = list(rng.normal(1.0, 0.005, 25))
+    old = _doc(cases=[_case("a", s)])
+    renamed = {"id": "a", "technique": "t", "status": "passed", "failure": None,
+               "variants": {"eager": {"role": "baseline", "samples_s": list(s)},
+                            "triton": {"role": "optimized", "samples_s": [x * 1.5 for x in s]}}}
+    new = {**_doc(cases=[renamed]), "schema_version": 2}
+    change = compare.compare(old, new).changes[0]
+    assert change.verdict == "regressed" and change.ratio == pytest.approx(1.5, rel=0.01)
+    assert change.variant == "optimized -> triton" and change.context["variant"] == "eager"

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_leaves
 from gpubench.baselines.flash_attention import attention
 from gpubench.contract import Measured
 from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
+from gpubench.reports import figures
 from gpubench.techniques.flash_attention import TECHNIQUE, reference
 
 CPU = torch.device("cpu")
@@ -159,7 +160,7 @@ def test_build_shapes_dtype_and_kv_heads_default():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sdpa_peers_agree_with_baseline(kv_heads, causal):
     w = make_workload(seq_len=50, heads=4, kv_heads=kv_heads, causal=causal)
-    baseline = TECHNIQUE.variants["baseline"].fn(w)
+    baseline = TECHNIQUE.variants["eager"].fn(w)
     ref = reference(w)
     # sdpa_math is CUDA-only as a peer, but the MATH backend also runs on the CPU: exercise it.
     for name in ("sdpa", "sdpa_math"):
@@ -168,11 +169,15 @@ def test_sdpa_peers_agree_with_baseline(kv_heads, causal):
         assert TECHNIQUE.check_fn(ref, out).passed
 
 
-def test_cuda_only_peers_say_why_on_cpu():
-    for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
+def test_cuda_only_variants_say_why_on_cpu_and_the_tiled_loop_plays_optimized_there():
+    for name in ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
         assert TECHNIQUE.variants[name].unavailable_reason(CPU)
-    for name in ("baseline", "optimized", "sdpa"):
+    for name in ("eager", "torch_tiled", "sdpa"):
         assert TECHNIQUE.variants[name].unavailable_reason(CPU) is None
+    assert TECHNIQUE.playing("optimized", CPU).name == "torch_tiled"
+    # On CUDA the kernel plays optimized and the loop is timed beside it as a peer.
+    cast = TECHNIQUE.cast(torch.device("cuda"))
+    assert cast["triton"] == ("optimized", None) and cast["torch_tiled"][0] == "peer"
 
 
 def test_metrics_count_flops_bytes_and_tokens():
@@ -201,39 +206,45 @@ def _case(seq_len, head_dim, causal, tflops, peak_bytes, dtype="bfloat16"):
     params = dict(TECHNIQUE.defaults(), seq_len=seq_len, head_dim=head_dim, causal=causal, dtype=dtype,
                   batch=16384 // seq_len, heads=2048 // head_dim)
     return {"technique": "flash_attention", "params": params, "variants": {
-        name: {"role": name, "metrics": {"tflops": tflops * (2 if name == "optimized" else 1)},
-               "peak_memory_bytes": None if peak_bytes is None else peak_bytes * (1 if name == "optimized" else 4)}
-        for name in ("baseline", "optimized")}}
+        name: {"role": role, "metrics": {"tflops": tflops * (2 if role == "optimized" else 1)},
+               "peak_memory_bytes": None if peak_bytes is None else peak_bytes * (1 if role == "optimized" else 4)}
+        for name, role in (("eager", "baseline"), ("triton", "optimized"))}}
+
+
+def _drawn(cases):
+    return [(plot.title, fig) for plot in TECHNIQUE.plots
+            for fig in [figures.declared(plot, cases)] if fig is not None]
 
 
 def test_report_figures_draw_tflops_and_peak_memory_per_head_dim_and_causal():
     cases = [_case(s, d, c, tflops=s / 100, peak_bytes=s * 2**20)
              for s in (512, 1024, 2048) for d in (64, 128) for c in (False, True)]
-    figs = TECHNIQUE.figures_fn(cases)
+    figs = _drawn(cases)
     assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput", "Peak memory of one call"]
     for _, fig in figs:
         panels = [ax for ax in fig.axes if ax.get_visible()]
         assert len(panels) == 4  # (64, 128) x (full, causal)
         for ax in panels:
             # batch and heads vary across the run but move with seq_len and head_dim: one line each
-            lines = {line.get_label(): line for line in ax.get_lines()}
-            assert set(lines) == {"baseline", "optimized"}
-            assert list(lines["optimized"].get_xdata()) == [512, 1024, 2048]
+            lines = {line.get_label(): line for line in ax.get_lines() if len(line.get_xdata())}
+            assert set(lines) == {"eager", "triton"}
+            assert list(lines["triton"].get_xdata()) == [512, 1024, 2048]
     tflops_panel = figs[0][1].axes[0]
-    assert list(tflops_panel.get_lines()[1].get_ydata()) == [2 * s / 100 for s in (512, 1024, 2048)]
+    triton_line = next(line for line in tflops_panel.get_lines() if line.get_label() == "triton")
+    assert list(triton_line.get_ydata()) == [2 * s / 100 for s in (512, 1024, 2048)]
 
 
 def test_report_figures_leave_out_what_has_no_data():
     # On a CPU peak memory is null: only the TFLOP/s figure, and a dtype sweep labels its lines.
     cases = [_case(s, 64, False, tflops=1.0, peak_bytes=None, dtype=d)
              for s in (256, 512) for d in ("float32", "bfloat16")]
-    figs = TECHNIQUE.figures_fn(cases)
+    figs = _drawn(cases)
     assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput"]
-    labels = {line.get_label() for line in figs[0][1].axes[0].get_lines()}
-    assert labels == {f"{v} (dtype={d})" for v in ("baseline", "optimized") for d in ("float32", "bfloat16")}
-    assert TECHNIQUE.figures_fn([]) == []
+    labels = {line.get_label() for line in figs[0][1].axes[0].get_lines() if len(line.get_xdata())}
+    assert labels == {f"{v} (dtype={d})" for v in ("eager", "triton") for d in ("float32", "bfloat16")}
+    assert _drawn([]) == []
     failed = {"technique": "flash_attention", "params": TECHNIQUE.defaults(), "variants": {}}
-    assert TECHNIQUE.figures_fn([failed]) == []
+    assert _drawn([failed]) == []
 
 
 def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
@@ -242,15 +253,16 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
     import gpubench.techniques.flash_attention as module
 
     w = make_workload(seq_len=33, causal=True)
-    assert w.out.isnan().all() and w.out.shape == w.q.shape
+    assert w.tiled_out.isnan().all() and w.triton_out.isnan().all() and w.tiled_out.shape == w.q.shape
+    assert w.tiled_out.data_ptr() != w.triton_out.data_ptr()  # checked calls all run before any check
 
     def skips_last_row(q, k, v, causal=False, scale=None, *, out):
         out[:, :, :-1] = flash_attention_torch(q, k, v, causal=causal)[:, :, :-1]
         return out
 
-    monkeypatch.setattr(module, "flash_attention", skips_last_row)
-    result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["optimized"].fn(w))
+    monkeypatch.setattr(module, "flash_attention_torch", skips_last_row)
+    result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["torch_tiled"].fn(w))
     assert not result.passed and "NaN" in result.detail
     monkeypatch.undo()
     w = make_workload(seq_len=33, causal=True)
-    assert TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["optimized"].fn(w)).passed
+    assert TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["torch_tiled"].fn(w)).passed

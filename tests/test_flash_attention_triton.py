@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.optimizations.flash_attention import flash_attention_triton
+from gpubench.optimizations.flash_attention_triton import flash_attention_triton
 from gpubench.techniques.flash_attention import TECHNIQUE, check, reference
 
 CPU = torch.device("cpu")

@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 from markupsafe import escape
 
+from gpubench.results import role_variant
 from gpubench import runner, scenario, techniques
 from gpubench.cli import main
 from gpubench.reports import figures, html, markdown
@@ -75,7 +76,7 @@ def test_headline_counts_and_every_case_with_its_speedup(smoke_report):
     assert str(escape(doc["device_label"])) in page and "smoke" in page
     for case in doc["cases"]:
         assert f'title="{escape(case["id"])}"' in page
-        assert format_speedup(case["speedups"]["optimized"]) in page
+        assert format_speedup(case["speedups"][role_variant(case, "optimized")]) in page
 
 
 def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(smoke_report):
@@ -241,6 +242,32 @@ def test_a_technique_adds_its_own_figures_and_a_failing_hook_costs_only_its_figu
     assert "the technique&#39;s figure hook failed: ZeroDivisionError" in page and "</html>" in page
 
 
+def test_declared_plots_are_drawn_from_results_and_a_failing_one_costs_only_itself(toys, tmp_path, monkeypatch):
+    from gpubench.contract import Plot
+
+    def case(n):
+        return {"id": f"toy_kernel[n={n}]", "technique": "toy_kernel", "params": {"n": n, "mode": "ok"},
+                "status": "passed", "speedups": {},
+                "variants": {"baseline": {"role": "baseline", "metrics": {"gbps": n / 10}},
+                             "optimized": {"role": "optimized", "metrics": {"gbps": n / 5}}}}
+
+    doc = {"kind": "gpubench.results", "schema_version": 2, "run_id": "r", "status": "complete", "device": "cpu",
+           "scenario": {"name": "toy", "entries": []}, "cases": [case(8), case(64)], "summary": {}}
+    run = html.load_run(make_run(tmp_path / "run", doc))
+    monkeypatch.setattr(toys.KERNEL, "plots", [Plot("GB/s against n", y="gbps", x="n", ylabel="GB/s"),
+                                               Plot("nothing recorded", y="absent", x="n")])
+    page = html.render(run)
+    assert DATA.search(figures_of(page)["GB/s against n"][0])
+    assert "no data for this figure in this run." in figures_of(page)["nothing recorded"][0]
+
+    def broken(plot, cases, defaults=None):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(figures, "declared", broken)
+    page = html.render(run)
+    assert "the figure failed: KeyError" in page and "</html>" in page
+
+
 def test_figure_builders_return_none_without_data():
     assert figures.speedup_sweep({}, "x") is None
     assert figures.ratio_points([], [], [], [], "x") is None
@@ -265,12 +292,12 @@ def test_compare_lists_regressions_first_and_cases_of_one_run_apart(smoke_dir, t
     before = json.loads((smoke_dir / "results.json").read_text())
     steady = [1e-3 * (1 + 0.01 * i) for i in range(10)]  # the same samples in both runs: unchanged
     for case in before["cases"]:
-        case["variants"]["optimized"]["samples_s"] = steady
+        case["variants"][role_variant(case, "optimized")]["samples_s"] = steady
     other = make_run(tmp_path / "before", before)
     doc = copy.deepcopy(before)
     slower, faster = doc["cases"][1], doc["cases"][3]
-    slower["variants"]["optimized"]["samples_s"] = [3 * x for x in steady]
-    faster["variants"]["optimized"]["samples_s"] = [0.2 * x for x in steady]
+    slower["variants"][role_variant(slower, "optimized")]["samples_s"] = [3 * x for x in steady]
+    faster["variants"][role_variant(faster, "optimized")]["samples_s"] = [0.2 * x for x in steady]
     dropped = doc["cases"].pop()
     current = make_run(tmp_path / "now", doc)
     page = html.write_report(current, compare=other).html.read_text()

@@ -152,7 +152,7 @@ def test_run_directory_holds_every_file(toys, write_scenario, tmp_path):
     assert {"results.json", "results.csv", "telemetry.csv", "env.json"} <= names
     assert outcome.run_dir.name.endswith("-files")
     doc = json.loads((outcome.run_dir / "results.json").read_text())
-    assert doc["schema_version"] == 1 and doc["telemetry"]["status"] == "unavailable"
+    assert doc["schema_version"] == 2 and doc["telemetry"]["status"] == "unavailable"
     assert "cpu" in doc["telemetry"]["reason"]
     assert doc["env"]["torch"] == torch.__version__
 
@@ -193,3 +193,22 @@ def test_a_broken_cuda_context_stops_the_run_with_the_reason(toys, write_scenari
     assert outcome.doc["status"] == "aborted" and len(outcome.doc["cases"]) == 2
     assert "illegal memory access" in outcome.doc["abort_reason"] and "2 later case(s) not run" in outcome.doc["abort_reason"]
     assert outcome.exit_code == runner.EXIT_FAILED
+
+
+def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_energy_calls(
+        toys, write_scenario, tmp_path, monkeypatch):
+    # Call 1 of each variant is the checked call, call 2 the only warm-up call (warmup_s 0), calls
+    # 3-6 are timed; a fake energy counter makes the runner add energy calls after the metrics.
+    from gpubench.telemetry import TelemetrySampler
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(TelemetrySampler, "energy_mj", lambda self: float(next(ticks)))
+    body = ("name: rec\nentries:\n  - technique: toy_recorded\n"
+            "policy: {warmup_s: 0, min_reps: 4, max_reps: 4, min_time_s: 0, target_iqr: 1.0, energy_s: 0.01}\n")
+    case = run(write_scenario, tmp_path, body).doc["cases"][0]
+    for name in ("counted_a", "counted_b"):
+        v = case["variants"][name]
+        assert v["energy_mj_per_call"] is not None  # the energy calls did happen
+        assert v["metrics"]["timed_calls"] == [3, 4, 5, 6]
+        assert v["metrics"]["median_call"] == 4.5
+        assert [r["call"] for r in v["recorded"]] == [3, 4, 5, 6]  # kept in results.json too

@@ -21,7 +21,7 @@ def busy_wait(seconds):
 def test_known_duration_workload_is_reported_within_2_percent():
     policy = timing.Policy(warmup_s=0.0, min_reps=10, max_reps=30, min_time_s=0.0, target_iqr=1.0)
     clock = timing.Clock(CPU)
-    out = timing.measure_interleaved({"a": lambda: busy_wait(0.004), "b": lambda: busy_wait(0.002)}, clock, policy)
+    out = timing.measure_interleaved({"a": lambda _: busy_wait(0.004), "b": lambda _: busy_wait(0.002)}, clock, policy)
     assert stats.median(out["a"].samples_s) == pytest.approx(0.004, rel=0.02)
     assert stats.median(out["b"].samples_s) == pytest.approx(0.002, rel=0.02)
     ratio = stats.bootstrap_ratio_ci(out["a"].samples_s, out["b"].samples_s)
@@ -31,7 +31,7 @@ def test_known_duration_workload_is_reported_within_2_percent():
 def test_variants_are_interleaved_a_b_a_b():
     calls = []
     policy = timing.Policy(warmup_s=0.0, min_reps=4, max_reps=4, min_time_s=0.0, target_iqr=1.0)
-    timing.measure_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+    timing.measure_interleaved({"a": lambda _: calls.append("a"), "b": lambda _: calls.append("b")},
                                timing.Clock(CPU), policy)
     assert calls[:2] == ["a", "b"]  # warm-up: one call each
     assert calls[2:] == ["a", "b"] * 4
@@ -40,7 +40,7 @@ def test_variants_are_interleaved_a_b_a_b():
 def test_reset_runs_before_every_call_outside_the_timed_region():
     events = []
     policy = timing.Policy(warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, target_iqr=1.0)
-    out = timing.measure_interleaved({"a": lambda: events.append("call")}, timing.Clock(CPU), policy,
+    out = timing.measure_interleaved({"a": lambda _: events.append("call")}, timing.Clock(CPU), policy,
                                      reset=lambda: (events.append("reset"), busy_wait(0.01)))
     assert events == ["reset", "call"] * 4
     assert max(out["a"].samples_s) < 0.005  # the 10 ms reset is not in the samples
@@ -48,30 +48,30 @@ def test_reset_runs_before_every_call_outside_the_timed_region():
 
 def test_stops_at_max_reps_and_respects_min_reps():
     policy = timing.Policy(warmup_s=0.0, min_reps=7, max_reps=9, min_time_s=0.0, target_iqr=0.0)
-    out = timing.measure_interleaved({"a": lambda: None}, timing.Clock(CPU), policy)
+    out = timing.measure_interleaved({"a": lambda _: None}, timing.Clock(CPU), policy)
     assert out["a"].n == 9
     policy = timing.Policy(warmup_s=0.0, min_reps=7, max_reps=50, min_time_s=0.0, target_iqr=10.0)
-    out = timing.measure_interleaved({"a": lambda: busy_wait(0.0005)}, timing.Clock(CPU), policy)
+    out = timing.measure_interleaved({"a": lambda _: busy_wait(0.0005)}, timing.Clock(CPU), policy)
     assert out["a"].n == 7  # settled as soon as min_reps allowed it
 
 
 def test_stops_at_max_time():
     policy = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=10_000, min_time_s=0.0, max_time_s=0.1, target_iqr=0.0)
     t0 = time.perf_counter()
-    out = timing.measure_interleaved({"a": lambda: busy_wait(0.002)}, timing.Clock(CPU), policy)
+    out = timing.measure_interleaved({"a": lambda _: busy_wait(0.002)}, timing.Clock(CPU), policy)
     assert time.perf_counter() - t0 < 0.5 and 10 < out["a"].n < 60
 
 
 def test_a_raising_variant_is_dropped_and_the_others_keep_their_samples():
     state = {"n": 0}
 
-    def flaky():
+    def flaky(_):
         state["n"] += 1
         if state["n"] == 3:
             raise RuntimeError("boom")
 
     policy = timing.Policy(warmup_s=0.0, min_reps=5, max_reps=5, min_time_s=0.0, target_iqr=1.0)
-    out = timing.measure_interleaved({"ok": lambda: None, "flaky": flaky}, timing.Clock(CPU), policy)
+    out = timing.measure_interleaved({"ok": lambda _: None, "flaky": flaky}, timing.Clock(CPU), policy)
     assert out["ok"].n == 5 and out["ok"].error is None
     assert out["flaky"].n == 1 and isinstance(out["flaky"].error, RuntimeError)
 
@@ -94,7 +94,7 @@ def test_a_failed_call_does_not_keep_its_tensors_alive():
     # failed variant's tensors allocated while the next variants run.
     refs = []
 
-    def fails():
+    def fails(_):
         scratch = torch.randn(1000)
         refs.append(weakref.ref(scratch))
         raise MemoryError("simulated out of memory")

@@ -199,4 +199,30 @@ def _gen_check(ref, out):
     return CheckResult(bad == 0, float(bad), None, "mismatched_tokens")
 
 
-ALL = [KERNEL, TRAIN, SERVE, GEN]
+# -- side data: each variant records which of its calls this is --------------------------------
+RECORDED = Technique("toy_recorded", summary="counts its own calls", shape="kernel", params=[])
+
+
+@RECORDED.build
+def _build_recorded(params, device, seed):
+    return Workload(params, device, seed, {"x": torch.randn(8, generator=torch.Generator().manual_seed(seed)),
+                                           "calls": {}})
+
+
+def _counted(w, rec, name):
+    w.calls[name] = w.calls.get(name, 0) + 1
+    rec.record(call=w.calls[name])
+    return w.x.clone()
+
+
+RECORDED.variant("counted_a", role="baseline")(lambda w, rec: _counted(w, rec, "a"))
+RECORDED.variant("counted_b", role="optimized")(lambda w, rec: _counted(w, rec, "b"))
+RECORDED.check(_close)
+
+
+@RECORDED.metrics
+def _recorded_metrics(w, measured):
+    return {"timed_calls": [r["call"] for r in measured.records], "median_call": measured.median_of("call")}
+
+
+ALL = [KERNEL, TRAIN, SERVE, GEN, RECORDED]

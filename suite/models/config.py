@@ -73,13 +73,6 @@ class ModelConfig:
         return replace(self, num_layers=n, layer_windows=self.layer_windows[:n])
 
 
-def _get(raw: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        if raw.get(name) is not None:
-            return raw[name]
-    return None
-
-
 def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     """Parse a Hugging Face config; raise BadInput naming every missing or invalid field."""
     if isinstance(raw.get("text_config"), dict):  # multimodal wrappers keep the LM config inside

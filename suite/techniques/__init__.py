@@ -1,22 +1,51 @@
-"""The technique registry: every module in this package defines one :class:`Technique` named
-``TECHNIQUE``. Adding a technique is adding a module here (see README, "Adding a technique")."""
+"""The technique registry. Techniques come from three places, all validated the same way:
+
+- the modules of this package, each defining a :class:`Technique` named ``TECHNIQUE``;
+- installed packages, through the entry point group ``gpubench.techniques`` (the entry point
+  names a module holding ``TECHNIQUE``, or the Technique itself);
+- a scenario entry naming a module (``technique: my_pkg.my_pair``, looked up on ``sys.path`` and
+  beside the scenario file) or a Python file (``technique: pairs/my_pair.py``, relative to it).
+"""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
 
-from gpubench.contract import Technique
+from gpubench.contract import Param, Technique
+from gpubench.errors import BadInput
+
+ENTRY_POINT_GROUP = "gpubench.techniques"
 
 _REGISTRY: dict[str, Technique] = {}
+_BROKEN: dict[str, str] = {}  # entry points that failed to load -> why
 _LOADED = False
 
 
-def register(technique: Technique) -> Technique:
-    missing = technique.incomplete()
-    if missing:
-        raise ValueError(f"technique {technique.name} is incomplete: missing {', '.join(missing)}")
-    if technique.name in _REGISTRY and _REGISTRY[technique.name] is not technique:
-        raise ValueError(f"technique {technique.name} registered twice")
+def problems(technique: object) -> list[str]:
+    """What keeps ``technique`` from being run: not a Technique, or pieces it does not declare."""
+    if not isinstance(technique, Technique):
+        return [f"TECHNIQUE is a {type(technique).__name__}, not a gpubench.contract.Technique"]
+    out = [f"missing {piece}" for piece in technique.incomplete()]
+    out += [f"param {p!r} is not a gpubench.contract.Param" for p in technique.params if not isinstance(p, Param)]
+    return out
+
+
+def register(technique: Technique, source: str = "") -> Technique:
+    found = problems(technique)
+    if found:
+        name = getattr(technique, "name", "?")
+        raise ValueError(f"technique {name} is incomplete: {', '.join(found)}")
+    known = _REGISTRY.get(technique.name)
+    if known is not None and known is not technique:
+        raise ValueError(f"technique {technique.name} registered twice ({known.source or 'built in'} and "
+                         f"{source or technique.source or 'another module'})")
+    if source and not technique.source:
+        technique.source = source
     _REGISTRY[technique.name] = technique
     return technique
 
@@ -34,7 +63,15 @@ def _load() -> None:
         module = importlib.import_module(f"{__name__}.{info.name}")
         technique = getattr(module, "TECHNIQUE", None)
         if isinstance(technique, Technique):
-            register(technique)
+            register(technique, module.__name__)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = entry.load()
+            technique = getattr(obj, "TECHNIQUE", obj) if isinstance(obj, ModuleType) else obj
+            _validated(technique, f"entry point {entry.name} ({entry.value})")
+            register(technique, entry.value.split(":")[0])
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in is reported, never fatal
+            _BROKEN[entry.name] = f"{entry.value}: {exc}"
 
 
 def all_techniques() -> dict[str, Technique]:
@@ -42,6 +79,82 @@ def all_techniques() -> dict[str, Technique]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def broken() -> dict[str, str]:
+    """Entry-point techniques that could not be loaded, with the reason."""
+    _load()
+    return dict(_BROKEN)
+
+
 def get(name: str) -> Technique | None:
     _load()
     return _REGISTRY.get(name)
+
+
+def _validated(technique: object, where: str) -> Technique:
+    found = problems(technique)
+    if found:
+        raise BadInput(f"{where}: the technique cannot run: {'; '.join(found)}. A technique defines "
+                       "TECHNIQUE = gpubench.contract.Technique(...) with @TECHNIQUE.build, @TECHNIQUE.check "
+                       "and at least a baseline and an optimized variant (README, 'Bring your own pair').")
+    return technique  # type: ignore[return-value]
+
+
+def _import(spec: str, base_dir: Path | None) -> ModuleType:
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise BadInput(f"technique {spec!r}: no such file ({path}); give a built-in technique, a module "
+                           f"(my_pkg.my_pair) or a .py file relative to the scenario.")
+        name = f"gpubench_user_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return module
+    if base_dir is not None and str(base_dir) not in sys.path:
+        sys.path.append(str(base_dir))
+    return importlib.import_module(spec)
+
+
+def load(spec: str, base_dir: Path | None = None) -> Technique:
+    """The technique a scenario names: a registered name, a module holding ``TECHNIQUE`` or a
+    ``.py`` file (relative to ``base_dir``, the scenario's folder). Raises :class:`BadInput` with
+    what is wrong: unimportable, no ``TECHNIQUE``, or an incomplete one."""
+    known = get(spec)
+    if known is not None:
+        return known
+    if spec in _BROKEN:
+        raise BadInput(f"technique {spec!r} (entry point of group {ENTRY_POINT_GROUP}) cannot be loaded: "
+                       f"{_BROKEN[spec]}")
+    try:
+        module = _import(spec, base_dir)
+    except BadInput:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's module: say why, no traceback
+        raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
+                       f"importable module: {type(exc).__name__}: {exc}.") from None
+    technique = getattr(module, "TECHNIQUE", None)
+    if technique is None:
+        raise BadInput(f"technique {spec!r}: module {module.__name__} ({getattr(module, '__file__', '?')}) has no "
+                       "TECHNIQUE; define TECHNIQUE = gpubench.contract.Technique(...) at module level.")
+    technique = _validated(technique, f"technique {spec!r}")
+    source = str(Path(module.__file__).resolve()) if spec.endswith(".py") else module.__name__
+    try:
+        return register(technique, source)
+    except ValueError as exc:
+        raise BadInput(f"technique {spec!r}: {exc}; give it a name of its own.") from None
+
+
+def find(name: str, source: str = "") -> Technique | None:
+    """For readers of results (report): the registered technique, else the one its recorded
+    ``source`` defines, else None. Never raises."""
+    known = get(name)
+    if known is not None or not source:
+        return known
+    try:
+        technique = load(source)
+    except (BadInput, Exception):  # noqa: BLE001 - the report goes on without it
+        return None
+    return technique if technique.name == name else None

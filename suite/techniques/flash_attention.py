@@ -1,12 +1,10 @@
-"""flash_attention: eager attention (N x N scores in memory) against tiled online softmax (a
-fused Triton kernel on CUDA, a PyTorch tile loop on CPU).
-
-Peers: torch SDPA with its default dispatch, SDPA pinned to each CUDA backend, and the
-flash-attn package when it is installed. The ground truth is float64 attention.
+"""flash_attention: eager attention (N x N scores in memory) against tiled online softmax (the
+Triton kernel on CUDA, ``torch_tiled`` standing in elsewhere), checked against float64 attention.
+Peers: torch SDPA (default dispatch, and pinned to each CUDA backend) and flash-attn if installed.
 """
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -15,12 +13,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.torch_version import TorchVersion
 
 from gpubench.baselines.flash_attention import attention
-from gpubench.contract import CheckResult, Measured, Param, Technique, Workload, relative_l2_check
-from gpubench.optimizations.flash_attention import flash_attention
+from gpubench.gqa import head_params, head_problems, kv_heads
+from gpubench.contract import Measured, Param, Plot, Technique, Workload, relative_l2_check
+from gpubench.optimizations.flash_attention import KERNEL, flash_attention_torch
+from gpubench.optional import optional_import
+from gpubench.triton_support import kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Relative L2 error allowed against the float64 reference, by the output's dtype.
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # Scores held at once by the reference, in float64 elements (256 MiB).
 REFERENCE_CHUNK_ELEMENTS = 2**25
 
@@ -31,65 +30,72 @@ TECHNIQUE = Technique(
     anchor="FA2: 50-73% of peak on A100; FA3: 740 TFLOP/s fp16 on H100 (75% of peak)",
     gpu_specific=(
         "The win is HBM traffic: on a GPU the fused kernel keeps each score tile on chip instead "
-        "of writing N x N scores to memory and reading them back. A CPU runs the tiled loop from "
-        "caches and pays Python overhead per tile, so its ratio says little about a GPU's. On a "
-        "CPU the optimized variant is the tiled PyTorch loop; on CUDA it is the fused Triton kernel."
+        "of writing N x N scores to memory and reading them back. On a CPU the optimized role is "
+        "played by torch_tiled, the same algorithm as a PyTorch loop, which runs from caches and "
+        "pays Python overhead per tile, so its ratio says little about a GPU's."
     ),
     params=[
         Param("batch", int, 2, "sequences per call", min=1),
-        Param("heads", int, 4, "query heads", min=1),
-        Param("kv_heads", int, 0, "key/value heads (GQA); 0 means the same as heads", min=0),
+        *head_params(heads=4),
         Param("seq_len", int, 256, "tokens per sequence (queries and keys)", min=1),
         Param("head_dim", int, 64, "channels per head", choices=[32, 64, 96, 128]),
         Param("dtype", str, "float32", "dtype of q, k, v and the output",
               choices=["float32", "float16", "bfloat16"]),
         Param("causal", bool, False, "query i sees keys 0..i only"),
     ],
+    plots=[
+        Plot("Attention throughput (TFLOP/s) against sequence length", y="tflops", x="seq_len",
+             panels=("head_dim", "causal"), ylabel="TFLOP/s"),
+        Plot("Peak memory of one call (MiB) against sequence length: the scores grow as N^2",
+             y="peak_memory", x="seq_len", panels=("head_dim", "causal"), ylabel="peak MiB",
+             scale=2**-20, log_y=True),
+    ],
 )
 
 
-def _kv_heads(params: dict[str, Any]) -> int:
-    return params["kv_heads"] or params["heads"]
+@dataclass(kw_only=True)
+class AttentionWorkload(Workload):
+    q: torch.Tensor  # (batch, heads, seq, head_dim)
+    k: torch.Tensor  # (batch, kv_heads, seq, head_dim)
+    v: torch.Tensor
+    causal: bool
+    # Where the two tiled variants write, one buffer each (the harness makes every checked call
+    # before checking any). NaN until their first (checked) call, so an element a kernel never
+    # writes fails the check instead of inheriting a correct value from memory.
+    triton_out: torch.Tensor
+    tiled_out: torch.Tensor
 
 
-@TECHNIQUE.validate
-def validate(params: dict[str, Any]) -> list[str]:
-    heads, kv_heads = params["heads"], _kv_heads(params)
-    if heads % kv_heads != 0:
-        return [f"heads ({heads}) must be divisible by kv_heads ({kv_heads})"]
-    return []
+TECHNIQUE.validate(head_problems)
 
 
 @TECHNIQUE.build
-def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
-    workload = Workload(params=dict(params), device=torch.device(device), seed=seed)
+def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionWorkload:
+    device = torch.device(device)
     batch, heads, seq, dim = params["batch"], params["heads"], params["seq_len"], params["head_dim"]
-    kv_heads = _kv_heads(params)
-    dtype = DTYPES[params["dtype"]]
-    gen = workload.generator()
-    # Drawn on the CPU in float32, then moved: the same values on every device.
-    q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=workload.device, dtype=dtype)
-               for h in (heads, kv_heads, kv_heads))
-    # The optimized variant writes into this NaN-filled buffer: its checked call is its first, so
-    # an element the kernel never writes stays NaN and fails the check (a fresh torch.empty could
-    # hand back memory that already holds a correct answer from an earlier call).
-    workload.inputs.update(q=q, k=k, v=v, causal=params["causal"], out=torch.full_like(q, float("nan")))
-    return workload
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=device, dtype=DTYPES[params["dtype"]])
+               for h in (heads, kv_heads(params), kv_heads(params)))
+    return AttentionWorkload(params=dict(params), device=device, seed=seed, q=q, k=k, v=v, causal=params["causal"],
+                             triton_out=torch.full_like(q, float("nan")), tiled_out=torch.full_like(q, float("nan")))
 
 
-# -- variants ---------------------------------------------------------------------------------
-
-@TECHNIQUE.variant("baseline", role="baseline")
-def run_baseline(w: Workload) -> torch.Tensor:
-    """Eager attention: materialized scores, float32 softmax, @ V (Hugging Face's eager path)."""
+@TECHNIQUE.variant("eager", role="baseline")
+def eager(w: AttentionWorkload) -> torch.Tensor:
+    """materialized scores, float32 softmax, @ V (Hugging Face's eager path)"""
     return attention(w.q, w.k, w.v, causal=w.causal)
 
 
-@TECHNIQUE.variant("optimized", role="optimized",
-                   description="Online-softmax attention by tiles, never storing N x N: the fused Triton "
-                               "kernel on CUDA, the tiled PyTorch loop on CPU.")
-def run_optimized(w: Workload) -> torch.Tensor:
-    return flash_attention(w.q, w.k, w.v, causal=w.causal, out=w.out)
+@TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device))
+def triton_kernel(w: AttentionWorkload) -> torch.Tensor:
+    """the fused Triton kernel: online softmax over K/V tiles held on chip"""
+    return getattr(kernel_module(KERNEL[0]), KERNEL[1])(w.q, w.k, w.v, causal=w.causal, out=w.triton_out)
+
+
+@TECHNIQUE.variant("torch_tiled", role="optimized")
+def torch_tiled(w: AttentionWorkload) -> torch.Tensor:
+    """the same online softmax as a loop of PyTorch tile operations (stands in where the kernel cannot run)"""
+    return flash_attention_torch(w.q, w.k, w.v, causal=w.causal, out=w.triton_out)
 
 
 def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -109,7 +115,7 @@ SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived i
 
 
 @TECHNIQUE.variant("sdpa")
-def run_sdpa(w: Workload) -> torch.Tensor:
+def run_sdpa(w: AttentionWorkload) -> torch.Tensor:
     """torch SDPA, default backend dispatch (enable_gqa when torch has it)."""
     return _sdpa(w.q, w.k, w.v, w.causal, gqa=SDPA_HAS_GQA)
 
@@ -124,7 +130,7 @@ _NO_GQA_BACKENDS: set[str] = set()
 
 
 def _pinned_sdpa(name: str, backend: SDPBackend) -> Callable[[Workload], torch.Tensor]:
-    def run(w: Workload) -> torch.Tensor:
+    def run(w: AttentionWorkload) -> torch.Tensor:
         grouped = w.q.shape[1] != w.k.shape[1]
         with sdpa_kernel(backend):
             try:
@@ -150,37 +156,23 @@ for _name, _backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                       unavailable=_needs_cuda)(_pinned_sdpa(_name, _backend))
 
 
-@functools.cache
-def _flash_attn_func() -> Callable[..., torch.Tensor] | str:
-    """flash_attn_func, or why it cannot be imported."""
-    try:
-        from flash_attn import flash_attn_func
-    except ModuleNotFoundError:
-        return "flash_attn is not installed"
-    except Exception as exc:  # an absent package or a build that does not match this torch
-        return f"flash_attn does not import ({type(exc).__name__}: {exc})"
-    return flash_attn_func
-
-
 def _flash_attn_unavailable(device: torch.device) -> str | None:
-    imported = _flash_attn_func()
-    if isinstance(imported, str):
-        return imported
-    return _needs_cuda(device)
+    imported = optional_import("flash_attn", "flash_attn_func")
+    return imported if isinstance(imported, str) else _needs_cuda(device)
 
 
 @TECHNIQUE.variant("flash_attn", unavailable=_flash_attn_unavailable)
-def run_flash_attn(w: Workload) -> torch.Tensor:
+def run_flash_attn(w: AttentionWorkload) -> torch.Tensor:
     """The flash-attn package (Dao et al.), layout (batch, seq, heads, head_dim)."""
-    fn = _flash_attn_func()
-    out = fn(w.q.transpose(1, 2), w.k.transpose(1, 2), w.v.transpose(1, 2), causal=w.causal)
+    flash_attn_func = optional_import("flash_attn", "flash_attn_func")
+    out = flash_attn_func(w.q.transpose(1, 2), w.k.transpose(1, 2), w.v.transpose(1, 2), causal=w.causal)
     return out.transpose(1, 2)
 
 
 # -- correctness ------------------------------------------------------------------------------
 
 @TECHNIQUE.reference
-def reference(w: Workload) -> torch.Tensor:
+def reference(w: AttentionWorkload) -> torch.Tensor:
     """Attention in float64, a chunk of query rows at a time so memory stays bounded."""
     q, k, v = (t.to(torch.float64) for t in (w.q, w.k, w.v))
     batch, heads, seq_q, head_dim = q.shape
@@ -199,10 +191,7 @@ def reference(w: Workload) -> torch.Tensor:
     return out.flatten(1, 2)
 
 
-@TECHNIQUE.check
-def check(reference_output: torch.Tensor, output: torch.Tensor) -> CheckResult:
-    """Relative L2 (Frobenius) error in float64, with a tolerance set by the output's dtype."""
-    return relative_l2_check(reference_output, output, TOLERANCE)
+check = TECHNIQUE.check(relative_l2_check)
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -221,97 +210,10 @@ def attention_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
 
 @TECHNIQUE.metrics
-def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
+def metrics(w: AttentionWorkload, measured: Measured) -> dict[str, Any]:
     batch, heads, seq_len, head_dim = w.q.shape
     return {
         "flops": attention_flops(batch, heads, seq_len, head_dim, w.causal),
         "bytes_moved": attention_bytes(w.q, w.k, w.v),
         "tokens_per_s": batch * seq_len / measured.median_s,
     }
-
-
-# -- report figures ---------------------------------------------------------------------------
-
-PAIR = ("baseline", "optimized")
-
-
-def _series(cases: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]
-            ) -> dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]]:
-    """(head_dim, causal) -> (variant, label) -> [(seq_len, value)], sorted by seq_len.
-
-    Within one (head_dim, causal) panel, a param that takes several values at the same seq_len
-    (a dtype sweep, say) splits the cases into separate lines, named by the label. A param that
-    only moves with seq_len (gpu-quick's batch = 16k tokens / seq_len) stays on one line.
-    """
-    panels: dict[tuple[int, bool], list[dict[str, Any]]] = {}
-    for case in cases:
-        p = case.get("params") or {}
-        if "seq_len" in p:
-            panels.setdefault((p.get("head_dim"), bool(p.get("causal"))), []).append(case)
-    grouping = ("head_dim", "causal", "seq_len")
-    out: dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]] = {}
-    for key, members in panels.items():
-        names = sorted({k for c in members for k in c["params"] if k not in grouping})
-        splitting = [k for k in names
-                     if any(len({repr(c["params"].get(k)) for c in members if c["params"]["seq_len"] == seq}) > 1
-                            for seq in {c["params"]["seq_len"] for c in members})]
-        for case in members:
-            p = case["params"]
-            label = ", ".join(f"{k}={p.get(k)}" for k in splitting)
-            for name in PAIR:
-                value = read((case.get("variants") or {}).get(name) or {})
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    out.setdefault(key, {}).setdefault((name, label), []).append((p["seq_len"], float(value)))
-    for panel in out.values():
-        for points in panel.values():
-            points.sort()
-    return out
-
-
-def _sweep_figure(panels: dict[tuple[int, bool], dict[tuple[str, str], list[tuple[int, float]]]],
-                  ylabel: str, log_y: bool = False) -> Any:
-    """One panel per (head_dim, causal), value against seq_len, a line per variant (and label).
-    ``log_y``: a log value axis, used only when every value is positive."""
-    from matplotlib.figure import Figure
-
-    from gpubench.reports.figures import COLORS, WIDTH_IN
-
-    keys = sorted(panels, key=lambda hk: (hk[0] is None, hk[0] or 0, hk[1]))
-    cols = min(2, len(keys))
-    rows = -(-len(keys) // cols)
-    fig = Figure(figsize=(WIDTH_IN, 2.6 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        for (name, label), points in sorted(panels[key].items()):
-            seq, values = zip(*points)
-            ax.plot(seq, values, marker="o", color=COLORS[name],
-                    linestyle="-" if name == "optimized" else "--",
-                    label=name if not label else f"{name} ({label})")
-        ax.set_xscale("log", base=2)
-        if log_y and all(value > 0 for points in panels[key].values() for _, value in points):
-            ax.set_yscale("log", base=2)
-        ax.set_title(f"head_dim {key[0]}, {'causal' if key[1] else 'full'}")
-        ax.set_xlabel("seq_len")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    return fig
-
-
-@TECHNIQUE.figures
-def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """TFLOP/s and peak memory against seq_len, baseline vs optimized, per (head_dim, causal).
-    Peak memory is only recorded on CUDA; a figure without data is left out. The baseline's
-    memory grows as seq_len^2 (its scores), the optimized one's as seq_len: hence a log axis."""
-    out = []
-    tflops = _series(cases, lambda v: (v.get("metrics") or {}).get("tflops"))
-    if tflops:
-        out.append(("Attention throughput (TFLOP/s) against sequence length", _sweep_figure(tflops, "TFLOP/s")))
-    peak = _series(cases, lambda v: None if v.get("peak_memory_bytes") is None
-                   else v["peak_memory_bytes"] / 2**20)
-    if peak:
-        out.append(("Peak memory of one call (MiB) against sequence length",
-                    _sweep_figure(peak, "peak MiB", log_y=True)))
-    return out
