@@ -1,17 +1,14 @@
-"""Contiguous KV cache: every sequence reserves ``max_len`` slots in every layer up front.
-
-This is how static caches (FasterTransformer, Hugging Face's StaticCache, and serving systems
-before vLLM) hold KV: simple addressing (token t of sequence i is at [i, t]), but a sequence of
-100 tokens in a 4096-slot row leaves 97.6% of its row empty, and sliding-window layers reserve
-the full length too. vLLM measured that such systems use only 20.4-38.2% of KV memory for token
-states (Kwon et al., 2023).
+"""Contiguous KV cache: every sequence reserves ``max_len`` slots in every layer up front, as
+static caches do (FasterTransformer, Hugging Face's StaticCache). Token t of sequence i is at
+[i, t]; a sequence of 100 tokens in a 4096-slot row leaves 97.6% of its row empty, and
+sliding-window layers reserve the full length too.
 """
 from __future__ import annotations
 
 import torch
 
 from gpubench.kvmath import KVLayout
-from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, tensor_scales
+from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
 
 
 class ContiguousKVCache:
@@ -34,8 +31,7 @@ class ContiguousKVCache:
                          None if stored.scales is None else stored.scales[index, start:end])
 
     def storage_bytes(self) -> int:
-        return (sum(rows.storage_bytes() for rows in self.layers)
-                + sum(s.untyped_storage().nbytes() for s in self.scales if s is not None))
+        return held_bytes(self.layers, self.scales)
 
     def metadata_bytes(self) -> int:
         return 0  # addressing is implicit

@@ -11,7 +11,7 @@ def workload(request, device):
 
 
 @pytest.mark.benchmark(group="kv_cache")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+@pytest.mark.parametrize("variant", ["contiguous", "paged"])
 def test_kv_cache(benchmark, workload, variant):
     out = benchmark(technique.TECHNIQUE.variants[variant].fn, workload)
     assert technique.check(technique.reference(workload), out).passed

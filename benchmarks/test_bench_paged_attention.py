@@ -1,5 +1,5 @@
-"""paged_attention: gather-then-attend baseline vs reading K/V through the block table, checked
-against float64."""
+"""paged_attention: gather-then-attend vs reading K/V through the block table in place (the
+variant playing each role on this device), checked against float64."""
 import pytest
 
 from gpubench.techniques import paged_attention as technique
@@ -12,7 +12,8 @@ def workload(device):
 
 
 @pytest.mark.benchmark(group="paged_attention")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
-def test_paged_attention(benchmark, workload, variant):
-    out = benchmark(technique.TECHNIQUE.variants[variant].fn, workload)
+@pytest.mark.parametrize("role", ["baseline", "optimized"])
+def test_paged_attention(benchmark, workload, role):
+    variant = technique.TECHNIQUE.playing(role, workload.device)
+    out = benchmark(variant.fn, workload)
     assert technique.check(technique.reference(workload), out).passed

@@ -1,21 +1,18 @@
-"""Paged KV cache: fixed-size blocks of ``block_size`` tokens, allocated on demand from a pool,
-found through a per-sequence block table (vLLM's PagedAttention memory manager).
-
-A sequence holds ceil(length / block_size) blocks, so at most block_size - 1 slots per sequence
-and layer are wasted, instead of max_len - length. Sliding-window layers keep only the blocks
-that still hold tokens inside the window. vLLM reports under 4% of KV memory wasted this way,
-against 60-80% for contiguous reservation, and 2-4x the throughput it buys (Kwon et al., 2023).
+"""Paged KV cache: blocks of ``block_size`` tokens taken on demand from a pool and found through
+a per-sequence block table (vLLM's memory manager). A sequence holds ceil(length / block_size)
+blocks, so at most block_size - 1 slots per sequence and layer are wasted; sliding-window layers
+keep only the blocks that still hold tokens inside the window.
 
 Tokens are written through a slot mapping (block_table[t // B] * B + t % B), as vLLM's
-reshape_and_cache does; blocks come from a shuffled free list, so a sequence's blocks are
-scattered through the pool the way they are in a long-running engine.
+reshape_and_cache does; blocks come from a shuffled free list, scattered through the pool as in
+a long-running engine.
 """
 from __future__ import annotations
 
 import torch
 
 from gpubench.kvmath import KVLayout
-from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, tensor_scales
+from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
 
 
 class PagedKVCache:
@@ -69,8 +66,7 @@ class PagedKVCache:
         return TokenRows(values, scales)
 
     def storage_bytes(self) -> int:
-        return (sum(rows.storage_bytes() for rows in self.pools)
-                + sum(s.untyped_storage().nbytes() for s in self.scales if s is not None))
+        return held_bytes(self.pools, self.scales)
 
     def metadata_bytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for tables in self.block_tables for t in tables)

@@ -60,6 +60,12 @@ def tensor_scales(layout: KVLayout, device: torch.device) -> torch.Tensor | None
     return torch.ones(layout.tensors_per_layer, dtype=torch.float32, device=device)
 
 
+def held_bytes(layers: list[TokenRows], scales: list[torch.Tensor | None]) -> int:
+    """Bytes an allocator holds: the storage of its token tensors and of its per-tensor scales."""
+    return (sum(rows.storage_bytes() for rows in layers)
+            + sum(s.untyped_storage().nbytes() for s in scales if s is not None))
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-exact equality whatever the dtype (fp8 and bf16 included)."""
     if a.shape != b.shape:

@@ -197,6 +197,9 @@ def test_cli_names_missing_config_fields(tmp_path):
 
 # -- the technique: real allocations against the prediction ----------------------------------
 
+from gpubench.contract import Measured  # noqa: E402
+from gpubench.kvstorage import same_bytes  # noqa: E402
+from gpubench.reports import figures  # noqa: E402
 from gpubench.techniques import kv_cache as technique  # noqa: E402
 
 
@@ -214,7 +217,7 @@ def test_allocations_match_the_prediction_to_the_byte_and_read_back_exactly(mode
     if model == "mistral-7b-v0.1":
         w = build(model=model, kv_dtype=kv_dtype, max_len=300)
     predicted = technique.reference(w)
-    for variant in ("baseline", "optimized"):
+    for variant in ("contiguous", "paged"):
         out = technique.TECHNIQUE.variants[variant].fn(w)
         result = technique.check(predicted, out)
         assert result.passed, result.detail
@@ -225,7 +228,7 @@ def test_allocations_match_the_prediction_to_the_byte_and_read_back_exactly(mode
 def test_sliding_layers_hold_only_their_window_when_paged():
     w = technique.build({**technique.TECHNIQUE.defaults(), "model": "gpt-oss-20b", "max_len": 2000, "requests": 2},
                         torch.device("cpu"), seed=5)
-    out = technique.run_paged(w)
+    out = technique.paged(w)
     sliding, full = out.cache.pools[0], out.cache.pools[1]  # gpt-oss: layer 0 slides (window 128)
     assert sliding.values.shape[0] * 16 <= 2 * (128 + 16) < full.values.shape[0] * 16
 
@@ -233,7 +236,7 @@ def test_sliding_layers_hold_only_their_window_when_paged():
 def test_check_catches_a_byte_off_and_a_misplaced_block():
     w = build(model="llama-2-7b")
     predicted = technique.reference(w)
-    out = technique.run_paged(w)
+    out = technique.paged(w)
     off = technique.check({**predicted, "paged": predicted["paged"] + 1}, out)
     assert not off.passed and off.error == 1.0
     table = out.cache.block_tables[0][0]
@@ -244,24 +247,70 @@ def test_check_catches_a_byte_off_and_a_misplaced_block():
 
 def test_metrics_report_reserved_holding_and_utilization():
     w = build(model="llama-2-7b")
-    from gpubench.contract import Measured
-
-    out = technique.run_contiguous(w)
-    m = technique.metrics(w, Measured("baseline", [1e-3], 1e-3, out, torch.device("cpu")))
+    out = technique.contiguous(w)
+    m = technique.metrics(w, Measured("contiguous", [1e-3], 1e-3, out, torch.device("cpu")))
     assert m["bytes_reserved"] == m["bytes_predicted"]
     assert m["utilization"] == pytest.approx(m["bytes_holding_tokens"] / m["bytes_reserved"])
     assert 0 < m["utilization"] < 1
 
 
-def test_report_figures_hook_draws_from_case_records(tmp_path):
-    from gpubench import runner, scenario
+def test_one_gpu_breakdown_is_weights_plus_each_allocators_full_model_kv_plus_free():
+    w = build(model="llama-2-7b", requests=3)  # 2 layers allocated; the breakdown is all 32
+    full = preset_layout("llama-2-7b")
+    weights = model_params.weight_bytes(model_config.load_preset("llama-2-7b")).bytes
+    for variant in ("contiguous", "paged"):
+        out = technique.TECHNIQUE.variants[variant].fn(w)
+        m = technique.metrics(w, Measured(variant, [1e-3], 1e-3, out, torch.device("cpu")))
+        kv = kvmath.cache_bytes(full, w.lengths, variant, 16, 200)
+        assert m["kv_gib"] == kv / GiB and m["weights_gib"] == weights / GiB
+        assert m["weights_gib"] + m["kv_gib"] + m["free_gib"] == pytest.approx(80.0)
+        assert m["gpu_memory_gib"] == 80.0 and "reference" in m["gpu_memory_source"]
+    assert technique.one_gpu_breakdown(w, "paged")["kv_gib"] < technique.one_gpu_breakdown(w, "contiguous")["kv_gib"]
 
-    path = tmp_path / "kv.yaml"
-    path.write_text("name: kv\nentries:\n  - technique: kv_cache\n    params: {model: [llama-2-7b, gpt-oss-20b], max_len: 128}\n"
-                    "policy: {warmup_s: 0, min_reps: 2, max_reps: 3, min_time_s: 0, max_time_s: 0.3, target_iqr: 1.0}\n")
-    doc = runner.run_scenario(scenario.load(path), torch.device("cpu"), tmp_path / "runs", calibrate=False).doc
-    figs = technique.figures(doc["cases"])
-    assert [title.split(":")[0] for title, _ in figs] == ["KV bytes", "Memory breakdown of one GPU"]
-    for _, fig in figs:
-        assert fig.axes and fig.axes[0].patches  # bars were drawn
-    assert technique.figures([]) == []
+
+def test_workload_is_typed_and_seeded():
+    a, b = build(model="llama-2-7b"), build(model="llama-2-7b")
+    assert isinstance(a, technique.KVCacheWorkload) and a.lengths == b.lengths and len(a.sequences) == 4
+    assert all(same_bytes(x.layers[0].values, y.layers[0].values) for x, y in zip(a.sequences, b.sequences))
+    assert [s.length for s in a.sequences] == a.lengths and a.layout.num_layers == 2
+
+
+def _real_case(model):
+    """A case record as the runner writes it, with the metrics this technique computes."""
+    w = build(model=model)
+    variants = {}
+    for name, role in (("contiguous", "baseline"), ("paged", "optimized")):
+        out = technique.TECHNIQUE.variants[name].fn(w)
+        metrics = technique.metrics(w, Measured(name, [1e-3], 1e-3, out, torch.device("cpu")))
+        variants[name] = {"role": role, "stats": {"median": 1e-3}, "metrics": metrics}
+    return {"technique": "kv_cache", "params": w.params, "variants": variants}
+
+
+def test_plots_draw_measured_vs_predicted_bytes_and_a_stacked_gpu_breakdown_per_variant():
+    cases = [_real_case("llama-2-7b"), _real_case("gpt-oss-20b")]
+    bytes_plot, breakdown_plot = technique.TECHNIQUE.plots
+    fig = figures.declared(bytes_plot, cases)
+    assert len(fig.axes) == 2  # a panel per case
+    for ax, case in zip(fig.axes, cases):
+        heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+        expected = sorted(round(case["variants"][v]["metrics"][k] / 2**20, 6)
+                          for v in ("contiguous", "paged") for k in ("bytes_reserved", "bytes_predicted"))
+        assert heights == expected  # both allocators, measured beside predicted, in MiB
+    fig = figures.declared(breakdown_plot, cases)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2 * 2 * 3  # cases x variants x (weights, KV, free)
+    # each variant's bar stacks to the GPU's memory
+    ends = {}
+    for p in ax.patches:
+        ends[p.get_y()] = max(ends.get(p.get_y(), 0.0), p.get_x() + p.get_width())
+    assert all(end == pytest.approx(80.0) for end in ends.values())
+    assert figures.declared(bytes_plot, []) is None and figures.declared(breakdown_plot, []) is None
+
+
+def test_variants_named_by_allocator_and_registered():
+    from gpubench import techniques
+
+    assert techniques.get("kv_cache") is technique.TECHNIQUE and technique.TECHNIQUE.incomplete() == []
+    assert technique.TECHNIQUE.playing("baseline", torch.device("cpu")).name == "contiguous"
+    assert technique.TECHNIQUE.playing("optimized", torch.device("cpu")).name == "paged"
+    assert technique.TECHNIQUE.figures_fn is None

@@ -1,6 +1,6 @@
 """paged_attention: the PyTorch block loop and the Triton kernel (in Triton's interpreter here)
 both compute the attention of the contiguous cache while reading K/V only through the block
-table, and the technique's build / check / metrics / figures behave as the harness relies on."""
+table, and the technique's build / check / cast / metrics / plots behave as the harness relies on."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +8,9 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured
-from gpubench.optimizations.paged_attention import (paged_decode_attention, paged_decode_attention_torch,
-                                                    paged_decode_attention_triton)
+from gpubench.optimizations.paged_attention import paged_decode_attention, paged_decode_attention_torch
+from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
+from gpubench.reports import figures
 from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
 
 CPU = torch.device("cpu")
@@ -25,7 +26,7 @@ def make_workload(seed: int = 0, **overrides):
 
 
 def args(w):
-    return w.q, w.k_cache, w.v_cache, w.block_tables, w.context_lens
+    return w.args()
 
 
 def rel_err(output: torch.Tensor, ref: torch.Tensor) -> float:
@@ -99,11 +100,11 @@ def test_slots_past_each_context_and_spare_blocks_are_never_used(path):
     assert rel_err(out, ref) <= 1e-5
 
 
-@pytest.mark.parametrize("variant", ["optimized", "triton"])
+@pytest.mark.parametrize("variant", ["torch_blocks", "triton"])
 def test_corrupted_block_table_is_caught_by_check(variant):
     w = make_workload()
     ref = reference(w)
-    fn = TECHNIQUE.variants["optimized"].fn if variant == "optimized" else (lambda w: kernel(*args(w)))
+    fn = TECHNIQUE.variants["torch_blocks"].fn if variant == "torch_blocks" else (lambda w: kernel(*args(w)))
     assert TECHNIQUE.check_fn(ref, fn(w)).passed
     # Point one live entry of the longest sequence at a spare block.
     b = max(range(len(w.lens)), key=lambda i: w.lens[i])
@@ -134,7 +135,7 @@ def test_kernel_handles_head_dim_not_a_power_of_two():
     assert rel_err(kernel(*a), gather_then_attend(*a)) <= 1e-5
 
 
-@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend], ids=["torch", "triton", "baseline"])
+@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend], ids=["torch", "triton", "gather"])
 def test_empty_context_gives_zeros_not_nan(fn):
     w = make_workload()
     lens = w.context_lens.clone()
@@ -145,10 +146,10 @@ def test_empty_context_gives_zeros_not_nan(fn):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_baseline_and_variants_equal_float64_reference(dtype):
+def test_gather_and_torch_blocks_equal_float64_reference(dtype):
     w = make_workload(kv_heads=2, dtype=dtype)
     ref = reference(w)
-    for name in ("baseline", "optimized"):
+    for name in ("gather", "torch_blocks"):
         result = TECHNIQUE.check_fn(ref, TECHNIQUE.variants[name].fn(w))
         assert result.passed and result.error <= TOL[dtype], name
     assert rel_err(paged_decode_attention(*args(w)), ref) <= TOL[dtype]  # CPU dispatch -> PyTorch path
@@ -172,7 +173,7 @@ def test_reference_equals_attention_over_the_contiguous_cache():
 def test_check_fails_on_nan_and_beyond_tolerance():
     w = make_workload()
     ref = reference(w)
-    out = TECHNIQUE.variants["optimized"].fn(w)
+    out = TECHNIQUE.playing("optimized", CPU).fn(w)
     poisoned = out.clone()
     poisoned[1, 2, 3] = float("nan")
     result = TECHNIQUE.check_fn(ref, poisoned)
@@ -201,48 +202,62 @@ def test_validate_rejects_heads_not_divisible_by_kv_heads():
 
 def test_metrics_count_kv_bytes_read_once_and_decode_steps():
     w = make_workload(batch=3, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
-    m = TECHNIQUE.metrics_fn(w, Measured("optimized", [0.5], 0.5, None, CPU))
+    m = TECHNIQUE.metrics_fn(w, Measured("torch_blocks", [0.5], 0.5, None, CPU))
     kv = sum(w.lens) * 2 * 64 * 2 * 2  # tokens x kv_heads x head_dim x (K, V) x 2 bytes
     assert m["bytes_moved"] == kv + 2 * (3 * 4 * 64 * 2)  # + q read + output written
     assert m["tokens_per_s"] == 3 / 0.5
     assert m["context_tokens"] == sum(w.lens)
 
 
-def _case(context_len, batch, base_s, opt_s):
+def _case(context_len, batch, gather_s, kernel_s):
     def variant(role, s):
         return {"role": role, "stats": {"median": s}, "metrics": {"gbps": 1.0 / s}}
 
     params = {**TECHNIQUE.defaults(), "context_len": context_len, "batch": batch}
     return {"technique": "paged_attention", "params": params,
-            "variants": {"baseline": variant("baseline", base_s), "optimized": variant("optimized", opt_s),
-                         "torch_blocks": {"role": "peer", "status": "unavailable"}}}
+            "variants": {"gather": variant("baseline", gather_s), "triton": variant("optimized", kernel_s),
+                         "torch_blocks": {"role": "peer", "status": "skipped"}}}
 
 
-def test_figures_bandwidth_vs_context_and_latency_only_when_batch_varies():
-    from matplotlib.figure import Figure
+def _drawn(cases):
+    return {plot.title.split(" (")[0]: fig for plot in TECHNIQUE.plots
+            for fig in [figures.declared(plot, cases)] if fig is not None}
 
+
+def _lines(fig):
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+            for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())}
+
+
+def test_plots_bandwidth_against_context_and_time_against_batch_only_when_batch_varies():
     one_batch = [_case(256, 4, 2.0, 1.0), _case(512, 4, 3.0, 1.5)]
-    made = TECHNIQUE.figures_fn(one_batch)
-    assert [t for t, _ in made] == ["Decode bandwidth (KV bytes read once, per second) vs context length"]
-    lines = made[0][1].axes[0].lines
-    assert isinstance(made[0][1], Figure) and len(lines) == 2
-    assert sorted(tuple(line.get_ydata()) for line in lines) == [(0.5, 1 / 3), (1.0, 1 / 1.5)]
+    drawn = _drawn(one_batch)
+    assert list(drawn) == ["Decode bandwidth"]
+    assert _lines(drawn["Decode bandwidth"]) == {"gather": ([256, 512], [0.5, 1 / 3]),
+                                                 "triton": ([256, 512], [1.0, 1 / 1.5])}
 
-    made = TECHNIQUE.figures_fn(one_batch + [_case(256, 16, 4.0, 2.0)])
-    assert len(made) == 2 and "batch" in made[1][0]
-    assert TECHNIQUE.figures_fn([]) == []
+    drawn = _drawn(one_batch + [_case(256, 16, 4.0, 2.0)])
+    assert list(drawn) == ["Decode bandwidth", "Time per decode step"]
+    # at context 256 the batch sweep is one line per variant, in milliseconds
+    time_lines = _lines(drawn["Time per decode step"])
+    assert time_lines["gather (context_len=256)"] == ([4, 16], [2000.0, 4000.0])
+    assert time_lines["triton (context_len=256)"] == ([4, 16], [1000.0, 2000.0])
+    assert _drawn([]) == {}
     no_data = [{"technique": "paged_attention", "params": TECHNIQUE.defaults(),
-                "variants": {"baseline": {"role": "baseline", "status": "failed"}}}]
-    assert TECHNIQUE.figures_fn(no_data) == []
+                "variants": {"gather": {"role": "baseline", "status": "failed"}}}]
+    assert _drawn(no_data) == {}
 
 
-def test_technique_registered_complete_and_peer_says_why_on_cpu():
+def test_kernel_plays_optimized_on_cuda_and_torch_blocks_stands_in_on_cpu():
     from gpubench import techniques
 
     assert techniques.get("paged_attention") is TECHNIQUE
     assert TECHNIQUE.incomplete() == [] and TECHNIQUE.gpu_specific and TECHNIQUE.anchor
-    assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(CPU)
-    assert TECHNIQUE.variants["torch_blocks"].unavailable_reason(torch.device("cuda")) is None
+    assert TECHNIQUE.variants["triton"].unavailable_reason(CPU)  # says why: the kernel needs CUDA
+    assert TECHNIQUE.playing("baseline", CPU).name == "gather"
+    assert TECHNIQUE.playing("optimized", CPU).name == "torch_blocks"
+    cast = TECHNIQUE.cast(torch.device("cuda"))
+    assert cast["triton"] == ("optimized", None) and cast["torch_blocks"] == ("peer", None)
 
 
 def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
@@ -251,12 +266,31 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
     import gpubench.techniques.paged_attention as module
 
     w = make_workload()
-    assert w.out.isnan().all() and w.out.shape == w.q.shape
+    for buffer in (w.triton_out, w.torch_out):
+        assert buffer.isnan().all() and buffer.shape == w.q.shape
 
     def skips_last_sequence(q, k_cache, v_cache, block_tables, context_lens, scale=None, *, out):
         out[:-1] = paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens)[:-1]
         return out
 
-    monkeypatch.setattr(module, "paged_decode_attention", skips_last_sequence)
-    result = TECHNIQUE.check_fn(TECHNIQUE.reference_fn(w), TECHNIQUE.variants["optimized"].fn(w))
+    monkeypatch.setattr(module, "paged_decode_attention_torch", skips_last_sequence)
+    result = TECHNIQUE.check_fn(TECHNIQUE.reference_fn(w), TECHNIQUE.variants["torch_blocks"].fn(w))
     assert not result.passed and "NaN" in result.detail
+
+
+def test_triton_and_torch_blocks_write_separate_buffers_so_each_check_sees_its_own_output():
+    # The harness makes every variant's checked call before checking any of them: a buffer shared
+    # by the kernel and its stand-in would show the kernel's check the stand-in's values.
+    w = make_workload()
+    from_kernel = TECHNIQUE.variants["triton"].fn(w)  # in Triton's interpreter here
+    from_loop = TECHNIQUE.variants["torch_blocks"].fn(w)
+    assert from_kernel.data_ptr() != from_loop.data_ptr()
+    ref = reference(w)
+    assert TECHNIQUE.check_fn(ref, from_kernel).passed and TECHNIQUE.check_fn(ref, from_loop).passed
+
+
+def test_torch_path_writes_into_out_and_returns_it():
+    w = make_workload(kv_heads=2)
+    out = torch.full_like(w.q, float("nan"))
+    assert torch_path(*args(w), out=out) is out
+    assert rel_err(out, reference(w)) <= 1e-5

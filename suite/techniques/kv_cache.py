@@ -1,12 +1,8 @@
-"""kv_cache: allocate a model's real KV cache, contiguous at max length vs paged blocks, and check
-the bytes each holds against the calculator's prediction (to the byte).
-
-The calculator (:mod:`gpubench.kvmath`, ``gpubench kv-cache``) plans memory; this technique
-proves its arithmetic on real allocations: the layout (KV heads per GPU, head_dim, MLA latent,
-sliding-window layers, KV dtype with its scales) comes from a preset's published config, the
-first ``layers`` layers of it so the cache fits any machine, and sequence lengths are drawn at
-random up to ``max_len``. Each variant writes every sequence's tokens (random data, never zeros)
-and the check reads them back through the variant's addressing (block tables for paged).
+"""kv_cache: allocate a model's real KV cache, ``contiguous`` at max length vs ``paged`` blocks, and
+check the bytes each holds against the calculator's (:mod:`gpubench.kvmath`) prediction, to the
+byte. The layout is a preset's published config (its first ``layers`` layers, so the cache fits
+any machine); every sequence's tokens (random data, never zeros) are written and read back
+bit-exact through the allocator's addressing.
 """
 from __future__ import annotations
 
@@ -16,12 +12,14 @@ from typing import Any
 import torch
 
 from gpubench import kvmath
-from gpubench.baselines import kv_cache as contiguous
-from gpubench.contract import CheckResult, Measured, Param, Technique, Workload
+from gpubench.baselines.kv_cache import ContiguousKVCache
+from gpubench.baselines.kv_cache import build_cache as build_contiguous
+from gpubench.contract import CheckResult, Measured, Param, Plot, Technique, Workload
 from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
-from gpubench.optimizations import kv_cache as paged
+from gpubench.optimizations.kv_cache import PagedKVCache
+from gpubench.optimizations.kv_cache import build_cache as build_paged
 
 TECHNIQUE = Technique(
     name="kv_cache",
@@ -43,7 +41,20 @@ TECHNIQUE = Technique(
         Param("block_size", int, 16, "tokens per paged block", min=1),
         Param("tp", int, 1, "tensor-parallel degree (one GPU's share is allocated)", min=1),
     ],
+    plots=[
+        Plot("KV bytes (MiB): measured allocation beside the calculator's prediction", kind="bars",
+             y=("bytes_reserved", "bytes_predicted"), scale=2**-20, ylabel="MiB"),
+        Plot("One GPU's memory (GiB): full-model weights, the KV of this case's sequences (all layers), free",
+             kind="stacked", y=("weights_gib", "kv_gib", "free_gib"), ylabel="GiB"),
+    ],
 )
+
+
+@dataclass(kw_only=True)
+class KVCacheWorkload(Workload):
+    layout: kvmath.KVLayout  # the first ``layers`` layers, one GPU's share
+    lengths: list[int]  # tokens per sequence
+    sequences: list[SequenceKV]  # their token data, every layer
 
 
 @TECHNIQUE.validate
@@ -59,56 +70,57 @@ def validate(params: dict[str, Any]) -> list[str]:
 
 
 @TECHNIQUE.build
-def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
+def build(params: dict[str, Any], device: torch.device, seed: int) -> KVCacheWorkload:
     cfg = model_config.load_preset(params["model"])
     if params["layers"]:
         cfg = cfg.with_layers(params["layers"])
     layout = kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])
-    w = Workload(dict(params), torch.device(device), seed)
-    lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],), generator=w.generator()).tolist()
+    device = torch.device(device)
+    lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],),
+                            generator=torch.Generator().manual_seed(seed)).tolist()
     # Token data is drawn on the device itself (gigabytes at real sizes): the same for a seed on
     # a given device type.
-    data_gen = torch.Generator(device=w.device).manual_seed(seed + 1)
+    data_gen = torch.Generator(device=device).manual_seed(seed + 1)
     sequences = [SequenceKV(n, [random_rows(layout, n, data_gen) for _ in range(layout.num_layers)])
                  for n in lengths]
-    w.inputs.update(layout=layout, lengths=lengths, sequences=sequences)
-    return w
+    return KVCacheWorkload(params=dict(params), device=device, seed=seed, layout=layout, lengths=lengths,
+                           sequences=sequences)
 
 
 @dataclass
 class Allocation:
     """A variant's output: the cache it built and what it was asked to hold."""
 
-    cache: Any  # ContiguousKVCache or PagedKVCache
-    workload: Workload
+    cache: ContiguousKVCache | PagedKVCache
+    workload: KVCacheWorkload
 
     def storage_bytes(self) -> int:
         return self.cache.storage_bytes()
 
 
-def _build(module, w: Workload) -> Allocation:
-    cache = module.build_cache(w.layout, w.sequences, max_len=w.params["max_len"],
-                               block_size=w.params["block_size"], device=w.device, generator=w.generator(2))
+def _allocate(build_cache, w: KVCacheWorkload) -> Allocation:
+    cache = build_cache(w.layout, w.sequences, max_len=w.params["max_len"], block_size=w.params["block_size"],
+                        device=w.device, generator=w.generator(2))
     return Allocation(cache, w)
 
 
-@TECHNIQUE.variant("baseline", role="baseline")
-def run_contiguous(w: Workload) -> Allocation:
-    """Contiguous: max_len slots per sequence in every layer, reserved up front."""
-    return _build(contiguous, w)
+@TECHNIQUE.variant("contiguous", role="baseline")
+def contiguous(w: KVCacheWorkload) -> Allocation:
+    """max_len slots per sequence in every layer, reserved up front"""
+    return _allocate(build_contiguous, w)
 
 
-@TECHNIQUE.variant("optimized", role="optimized")
-def run_paged(w: Workload) -> Allocation:
-    """Paged: block_size-token blocks on demand, window-aware for sliding layers."""
-    return _build(paged, w)
+@TECHNIQUE.variant("paged", role="optimized")
+def paged(w: KVCacheWorkload) -> Allocation:
+    """block_size-token blocks on demand, window-aware for sliding layers"""
+    return _allocate(build_paged, w)
 
 
 ALLOCATORS = ("contiguous", "paged")  # each is also the kvmath policy it must match
 
 
 @TECHNIQUE.reference
-def reference(w: Workload) -> dict[str, int]:
+def reference(w: KVCacheWorkload) -> dict[str, int]:
     """The calculator's prediction of each allocator's tensor storage, in bytes."""
     p = w.params
     return {name: kvmath.cache_bytes(w.layout, w.lengths, name, p["block_size"], p["max_len"])
@@ -139,34 +151,36 @@ def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
     return CheckResult(passed, float(error), 0.0, "bytes_off_prediction", detail)
 
 
-REFERENCE_GPU_BYTES = 80 * 2**30  # for the memory breakdown when the run is not on a GPU
+GIB = 2**30
+REFERENCE_GPU_BYTES = 80 * GIB  # for the memory breakdown when the run is not on a GPU
 
 
-def _full_model_breakdown(w: Workload) -> dict[str, Any]:
-    """The whole model (all layers) with this case's sequences, on one GPU of the tp group: what
-    the memory breakdown figure shows."""
-    cfg = model_config.load_preset(w.params["model"])
-    layout = kvmath.layout_for(cfg, w.params["kv_dtype"], w.params["tp"])
+def one_gpu_breakdown(w: KVCacheWorkload, allocator: str) -> dict[str, Any]:
+    """One GPU of the tp group holding the whole model (all layers) and, as ``allocator`` lays it
+    out, the KV of this case's sequences: weights, KV and what is left, in GiB."""
+    p = w.params
+    cfg = model_config.load_preset(p["model"])
+    layout = kvmath.layout_for(cfg, p["kv_dtype"], p["tp"])
     on_gpu = w.device.type == "cuda"
     gpu = torch.cuda.get_device_properties(w.device).total_memory if on_gpu else REFERENCE_GPU_BYTES
+    weights = -(-model_params.weight_bytes(cfg).bytes // p["tp"])
+    kv = kvmath.cache_bytes(layout, w.lengths, allocator, p["block_size"], p["max_len"])
     return {
-        "full_model_weight_bytes_per_gpu": -(-model_params.weight_bytes(cfg).bytes // w.params["tp"]),
-        "full_model_kv_contiguous_bytes": kvmath.cache_bytes(layout, w.lengths, "contiguous",
-                                                             w.params["block_size"], w.params["max_len"]),
-        "full_model_kv_paged_bytes": kvmath.cache_bytes(layout, w.lengths, "paged", w.params["block_size"],
-                                                        w.params["max_len"]),
-        "gpu_memory_bytes": gpu,
+        "weights_gib": weights / GIB,
+        "kv_gib": kv / GIB,
+        "free_gib": max(0, gpu - weights - kv) / GIB,
+        "gpu_memory_gib": gpu / GIB,
         "gpu_memory_source": torch.cuda.get_device_name(w.device) if on_gpu else "reference 80 GiB GPU (run on CPU)",
     }
 
 
 @TECHNIQUE.metrics
-def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
+def metrics(w: KVCacheWorkload, measured: Measured) -> dict[str, Any]:
     out: Allocation = measured.output
     reserved = out.storage_bytes()
     holding = kvmath.token_bytes(w.layout, w.lengths)
     return {
-        **_full_model_breakdown(w),
+        **one_gpu_breakdown(w, out.cache.allocator),
         "bytes_reserved": reserved,
         "bytes_predicted": reference(w)[out.cache.allocator],
         "bytes_holding_tokens": holding,
@@ -174,59 +188,3 @@ def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
         "metadata_bytes": out.cache.metadata_bytes(),
         "tokens": sum(w.lengths),
     }
-
-
-@TECHNIQUE.figures
-def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """Predicted vs measured bytes per case and allocator; a memory breakdown (weights, KV,
-    free) of one GPU per model, full model, with each case's sequences."""
-    import matplotlib.pyplot as plt
-
-    rows = []
-    for case in cases:
-        v = case.get("variants", {})
-        base = (v.get("baseline") or {}).get("metrics") or {}
-        opt = (v.get("optimized") or {}).get("metrics") or {}
-        needed = ("bytes_reserved", "bytes_predicted", "gpu_memory_bytes", "full_model_weight_bytes_per_gpu",
-                  "full_model_kv_contiguous_bytes")
-        if all(k in base for k in needed) and "full_model_kv_paged_bytes" in opt and "bytes_predicted" in opt:
-            label = f"{case['params'].get('model')} {case['params'].get('kv_dtype')}"
-            rows.append((label, base, opt))
-    if not rows:
-        return []
-    mib = 2**20
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(rows)))
-    y = range(len(rows))
-    for offset, (name, key) in enumerate((("contiguous", 1), ("paged", 2))):
-        measured = [r[key]["bytes_reserved"] / mib for r in rows]
-        predicted = [r[key]["bytes_predicted"] / mib for r in rows]
-        pos = [i + (offset - 0.5) * 0.38 for i in y]
-        ax.barh(pos, measured, height=0.36, label=f"{name}: measured", color=("#c44e52", "#4c72b0")[offset])
-        ax.scatter(predicted, pos, marker="|", s=300, color="black", zorder=3,
-                   label="predicted" if offset else None)
-    ax.set_yticks(list(y), [r[0] for r in rows])
-    ax.set_xlabel("KV tensor storage (MiB)")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out = [("KV bytes: measured allocation vs the calculator's prediction", fig)]
-
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.8 * len(rows)))
-    gib = 2**30
-    labels = []
-    for i, (label, base, opt) in enumerate(rows):
-        total = base["gpu_memory_bytes"]
-        for j, (alloc, kv) in enumerate((("contiguous", base["full_model_kv_contiguous_bytes"]),
-                                         ("paged", opt["full_model_kv_paged_bytes"]))):
-            weights = base["full_model_weight_bytes_per_gpu"]
-            free = max(0, total - weights - kv)
-            pos = 2 * i + j
-            ax.barh(pos, weights / gib, color="#4c72b0", label="weights" if pos == 0 else None)
-            ax.barh(pos, kv / gib, left=weights / gib, color="#55a868", label="KV" if pos == 0 else None)
-            ax.barh(pos, free / gib, left=(weights + kv) / gib, color="#dddddd", label="free" if pos == 0 else None)
-            labels.append(f"{label} {alloc}")
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xlabel(f"GiB of one GPU ({rows[0][1]['gpu_memory_source']})")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    out.append(("Memory breakdown of one GPU: full model weights, KV of this case's sequences (all layers), free", fig))
-    return out
