@@ -1,28 +1,7 @@
-"""moe_grouping optimized: sort the (token, slot) pairs by expert once, then work on contiguous
-per-expert slices.
-
-The idea: flatten the router's (token, slot) choices into tokens * top_k rows, stable-argsort
-them by expert, count the rows per expert on the device, and read those counts to the host in
-one transfer. Each expert's rows are then a contiguous slice of one gathered input, its two
-matmuls take the slice directly (bias fused in ``addmm``), the SwiGLU and the routing-weight
-scale run once over all rows, and a single ``index_add_`` un-permutes the rows back into tokens.
-In the backward pass the slices and the per-expert weights come back through one ``cat`` and
-one ``stack`` each (``split``, ``unbind``), where indexing per expert builds a full-size
-gradient tensor per expert and sums them.
-
-Where the win comes from: the eager loop (``gpubench.baselines.moe_grouping``) synchronizes the
-host with the device once per expert hit (``torch.where`` on a GPU must learn its output size),
-so the GPU drains and waits for the host at every expert; this path synchronizes once per layer,
-launches the elementwise work once instead of once per expert, and in the backward assembles
-each weight's gradient once instead of once per expert hit (the main part of the win on a
-CPU, where a sync costs nothing). With
-:func:`moe_forward_grouped_mm`, the per-expert matmuls become one grouped GEMM per projection
-whose group offsets stay on the device: no host read at all. Published figure: Unsloth reports
-gpt-oss training +15%, forward +23%, backward +13%.
-
-Host reads, exactly (noted in ``syncs``): :func:`moe_forward` one (the per-expert counts);
-:func:`moe_forward_grouped_mm` none in this code (torch's grouped_mm may add its own where it
-falls back to a loop over groups, see :func:`grouped_gemm_path`). Backward passes read nothing.
+"""Sort-and-group MoE: stable-argsort the routed (token, slot) rows by expert, read the
+per-expert counts once, run each expert on its contiguous slice, and restore token order with
+one ``index_add_`` (:func:`moe_forward`); :func:`moe_forward_grouped_mm` runs both projections as
+torch grouped GEMMs with the offsets left on the device. Host reads (noted in ``syncs``): one and none.
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""A gpt-oss-style mixture-of-experts MLP layer, shared by the moe_grouping baseline and
-optimized paths: its config, seeded weights, the router, the expert SwiGLU, and a log of the
-points where a forward pass reads device values on the host.
-
-The layer, as gpt-oss defines it:
-
-- router: ``logits = x @ router_weight.T + router_bias`` (a linear layer with bias, one logit
-  per expert); the ``top_k`` largest logits pick the experts; a softmax over those ``top_k``
-  logits only gives the routing weights (they sum to 1 per token);
-- each expert: ``h = x @ gate_up[e] + gate_up_bias[e]`` (width ``2 * expert_dim``, gate and
-  linear halves *interleaved*: even columns are the gate, odd columns the linear part), then
-  SwiGLU with gpt-oss's clamps (:func:`swiglu`), then ``y = a @ down[e] + down_bias[e]``;
-- output: the routing-weighted sum of the chosen experts' ``y``.
-
-Weights are laid out as gpt-oss keeps them in Hugging Face transformers: ``gate_up`` is
-(experts, hidden, 2 * expert_dim) and ``down`` (experts, expert_dim, hidden), each a single
-tensor indexed by expert, so the gradient of every variant is one full tensor per weight.
+"""The gpt-oss mixture-of-experts MLP layer that moe_grouping's paths share: its config, seeded
+weights, the router (:func:`route`), the expert SwiGLU (:func:`swiglu`), and :class:`SyncLog`,
+the host reads a forward pass makes. Weights are laid out as gpt-oss keeps them in transformers:
+``gate_up`` (experts, hidden, 2 * expert_dim), ``down`` (experts, expert_dim, hidden), one tensor
+per weight, so every path's gradient is one full tensor per weight.
 """
 from __future__ import annotations
 
@@ -161,10 +149,9 @@ def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tenso
 
 @dataclass
 class SyncLog:
-    """The points where a pass reads device values on the host: on a GPU each one waits for
-    the device to finish everything queued before it (a device->host synchronization). The
-    layer's code notes each such read as it makes it; on a CPU this *is* the count (there is no
-    device to wait for), on a GPU ``torch.cuda.set_sync_debug_mode`` measures it too."""
+    """The host reads a pass makes, as its code notes them: on a GPU each waits for the device to
+    drain its queue (a device->host synchronization). On a CPU this is the count of syncs; on CUDA
+    ``gpubench.timing.count_cuda_syncs`` measures them too."""
 
     events: list[str] = field(default_factory=list)
 
