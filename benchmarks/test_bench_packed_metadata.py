@@ -13,10 +13,10 @@ def workload(request, device):
 
 
 @pytest.mark.benchmark(group="packed_metadata")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
-def test_packed_metadata(benchmark, workload, variant):
-    fn = technique.TECHNIQUE.variants[variant].fn
-    out = benchmark.pedantic(fn, args=(workload,), setup=workload.reset, rounds=10, warmup_rounds=1)
+@pytest.mark.parametrize("role", ["baseline", "optimized"])
+def test_packed_metadata(benchmark, workload, role):
+    variant = technique.TECHNIQUE.playing(role, workload.device)
+    out = benchmark.pedantic(variant.call, args=(workload,), setup=workload.reset, rounds=10, warmup_rounds=1)
     workload.reset()
-    reference = technique.TECHNIQUE.variants["baseline"].fn(workload)
+    reference = technique.TECHNIQUE.playing("baseline", workload.device).call(workload)
     assert technique.check(reference, out).passed

@@ -1,8 +1,7 @@
-"""packed_metadata: the per-layer (baseline) and cached (optimized) packed-batch metadata give the
-same training step bit for bit on a CPU; the metadata is right (no attention across documents,
-positions restarting per document, loss never crossing a boundary); the cache never serves a
-stale entry and releases what it holds; the technique's build / check / metrics / figures behave
-as the harness relies on."""
+"""packed_metadata: the per_layer (baseline) and cached (optimized) variants give the same training
+step bit for bit on a CPU; the metadata is right (no attention across documents, positions
+restarting per document, loss never crossing a boundary); the cache never serves a stale entry and
+releases what it holds; build / check / metrics / declared figures behave as the harness relies on."""
 from __future__ import annotations
 
 import gc
@@ -11,11 +10,14 @@ import weakref
 import pytest
 import torch
 
-from gpubench.baselines import packed_metadata as base
-from gpubench.contract import Measured
+from gpubench import packing
+from gpubench.baselines import packed_metadata as per_layer
+from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
-from gpubench.optimizations import packed_metadata as opt
-from gpubench.techniques.packed_metadata import PHASE_COLORS, TECHNIQUE, draw_doc_lens, resolve_backend
+from gpubench.optimizations import packed_metadata as cached
+from gpubench.reports import figures
+from gpubench.reports.figures import SERIES
+from gpubench.techniques.packed_metadata import TECHNIQUE, draw_doc_lens, resolve_backend
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)
@@ -29,8 +31,10 @@ def make_workload(seed: int = 0, **overrides):
 
 
 def run(w, name):
+    """One call of variant ``name`` after a reset, as the harness makes it: (output, record)."""
     w.reset()
-    return TECHNIQUE.variants[name].fn(w)
+    rec = Recorder()
+    return TECHNIQUE.variants[name].call(w, rec), rec.values
 
 
 def spans_of(lens: list[list[int]]) -> list[tuple[int, int, int]]:
@@ -48,65 +52,65 @@ def spans_of(lens: list[list[int]]) -> list[tuple[int, int, int]]:
 
 @pytest.mark.parametrize("overrides", [{}, dict(layers=3, rows=3, seq_len=48, mean_doc_len=5)],
                          ids=["2x64", "3x48-short-docs"])
-def test_optimized_step_is_bitwise_the_baseline_step(overrides):
+def test_cached_step_is_bitwise_the_per_layer_step(overrides):
     """Caching changes nothing numerically: loss, every gradient and every updated parameter are
-    identical to the baseline's, and the technique's check says so with error 0."""
+    identical to the per-layer step's, and the technique's check says so with error 0."""
     w = make_workload(**overrides)
-    ref, out = run(w, "baseline"), run(w, "optimized")
-    assert torch.equal(ref["loss"], out["loss"]) and torch.isfinite(ref["loss"])
-    assert len(ref["grads"]) == len(out["grads"]) == len(w.names)
-    for g_ref, g_out in zip(ref["grads"], out["grads"]):
-        assert g_ref is not None and torch.equal(g_ref, g_out)
-    for p_ref, p_out in zip(ref["params"], out["params"]):
-        assert torch.equal(p_ref, p_out)
+    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
+    assert list(ref) == list(out) == ["loss", *(f"grad {n}" for n in w.names), *(f"param {n}" for n in w.names)]
+    assert torch.isfinite(ref["loss"])
+    for name, tensor in ref.items():
+        assert tensor is not None and torch.equal(tensor, out[name]), name
     result = TECHNIQUE.check_fn(ref, out)
     assert result.passed and result.error == 0.0 and result.metric == "max_abs_diff" and result.tolerance is None
 
 
 def test_check_fails_on_any_gradient_or_loss_difference_and_names_it():
     """The check is exact on a CPU: one gradient element off by 1e-6 fails it, and the detail
-    names the tensor; a NaN fails it too."""
+    names the tensor; a NaN loss or a missing gradient fails it too."""
     w = make_workload()
-    ref, out = run(w, "baseline"), run(w, "optimized")
-    bad = dict(out, grads=[g.clone() for g in out["grads"]])
-    bad["grads"][5].view(-1)[3] += 1e-6
+    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
+    name = f"grad {w.names[5]}"
+    bad = dict(out, **{name: out[name].clone()})
+    bad[name].view(-1)[3] += 1e-6
     result = TECHNIQUE.check_fn(ref, bad)
     assert not result.passed and result.error == pytest.approx(1e-6, rel=0.1)
-    assert f"grad {w.names[5]}" in result.detail
-    nan = dict(out, loss=torch.tensor(float("nan")))
-    assert not TECHNIQUE.check_fn(ref, nan).passed
+    assert name in result.detail
+    assert not TECHNIQUE.check_fn(ref, dict(out, loss=torch.tensor(float("nan")))).passed
+    missing = {k: v for k, v in out.items() if k != name}
+    assert not TECHNIQUE.check_fn(ref, missing).passed
 
 
 def test_reset_makes_every_call_the_same_step():
     """reset restores weights and optimizer state (untimed), so repeated calls repeat the same
     step, and a call's returned tensors are not overwritten by the next call."""
     w = make_workload()
-    first = run(w, "optimized")
-    loss, param0 = first["loss"].clone(), first["params"][0].clone()
-    second = run(w, "optimized")
-    assert torch.equal(second["loss"], loss) and torch.equal(second["params"][0], param0)
-    assert torch.equal(first["params"][0], param0)  # untouched by the second call
+    param0 = f"param {w.names[0]}"
+    first, _ = run(w, "cached")
+    loss, p0 = first["loss"].clone(), first[param0].clone()
+    second, _ = run(w, "cached")
+    assert torch.equal(second["loss"], loss) and torch.equal(second[param0], p0)
+    assert torch.equal(first[param0], p0)  # untouched by the second call
     # Without reset the weights have moved: the next step differs.
-    again = TECHNIQUE.variants["optimized"].fn(w)
+    again = TECHNIQUE.variants["cached"].call(w)
     assert not torch.equal(again["loss"], loss)
 
 
 # -- packing correctness --------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
-def test_a_token_never_attends_to_another_document(variant):
+@pytest.mark.parametrize("module", [per_layer, cached], ids=["per_layer", "cached"])
+def test_a_token_never_attends_to_another_document(module):
     """Perturbing one document's tokens changes that document's logits and no other's, in its
     own row or the next (documents after it are the ones a leaky causal mask would expose)."""
     w = make_workload(rows=2, seq_len=64, mean_doc_len=10)
-    forward = base.packed_forward if variant == "baseline" else opt.packed_forward
     docs = spans_of(w.lens)
     with torch.no_grad():
-        logits, _ = forward(w.weights, w.tokens, w.doc_lens)
+        logits, _ = module.packed_forward(w.weights, w.tokens, w.doc_lens)
         target = next(i for i, (r, a, b) in enumerate(docs) if r == 0 and b < 64)  # not a row's last
         r, a, b = docs[target]
         tokens = w.tokens.clone()
         tokens[r, a:b] = (tokens[r, a:b] + 1 + torch.arange(b - a)) % w.config.vocab_size
-        changed, _ = forward(w.weights, tokens, w.doc_lens)
+        changed, _ = module.packed_forward(w.weights, tokens, w.doc_lens)
     assert not torch.allclose(changed[r, a:b], logits[r, a:b])
     for i, (rr, aa, bb) in enumerate(docs):
         if i != target:
@@ -120,7 +124,7 @@ def test_packed_logits_equal_each_document_run_alone():
 
     w = make_workload(rows=2, seq_len=48, mean_doc_len=9)
     with torch.no_grad():
-        packed, _ = opt.packed_forward(w.weights, w.tokens, w.doc_lens)
+        packed, _ = cached.packed_forward(w.weights, w.tokens, w.doc_lens)
         for r, a, b in spans_of(w.lens):
             alone = forward(w.weights, w.tokens[r, a:b], torch.arange(b - a),
                             lambda layer, q, k, v: causal_attention(q, k, v))
@@ -132,13 +136,12 @@ def test_metadata_positions_restart_and_cu_seqlens_is_the_running_sum():
     longest document; position ids count 0.. within every document."""
     lens = [[5, 1, 7, 3], [2, 14]]
     doc_lens = torch.tensor([n for row in lens for n in row], dtype=torch.int32)
-    meta = base.build_metadata(doc_lens, 2, 16, "sdpa", torch.float32)
+    meta = packing.build_metadata(doc_lens, 2, 16, "sdpa", torch.float32)
     assert meta.cu_seqlens.dtype == torch.int32
     assert meta.cu_seqlens.tolist() == [0, 5, 6, 13, 16, 18, 32]
     assert meta.max_seqlen == 14
-    expected = [[p for n in row for p in range(n)] for row in lens]
-    assert meta.position_ids.tolist() == expected
-    varlen = base.build_metadata(doc_lens, 2, 16, "flash_attn_varlen", torch.float32)
+    assert meta.position_ids.tolist() == [[p for n in row for p in range(n)] for row in lens]
+    varlen = packing.build_metadata(doc_lens, 2, 16, "flash_attn_varlen", torch.float32)
     assert varlen.mask is None and torch.equal(varlen.position_ids, meta.position_ids)
 
 
@@ -147,7 +150,7 @@ def test_mask_is_block_diagonal_causal():
     elsewhere), checked element by element against the document spans."""
     lens = [[3, 6, 1, 6], [9, 7]]
     doc_lens = torch.tensor([n for row in lens for n in row], dtype=torch.int32)
-    mask = base.build_metadata(doc_lens, 2, 16, "sdpa", torch.bfloat16).mask
+    mask = packing.build_metadata(doc_lens, 2, 16, "sdpa", torch.bfloat16).mask
     assert mask.shape == (2, 1, 16, 16) and mask.dtype == torch.bfloat16
     for r, row in enumerate(lens):
         doc = [d for d, n in enumerate(row) for _ in range(n)]
@@ -161,18 +164,18 @@ def test_loss_targets_never_cross_a_document_boundary():
     """The last token of each document (and of each row) has no target; every other token's
     target is the next token of its own document."""
     w = make_workload()
-    positions = base.position_ids_of(base.cu_seqlens_of(w.doc_lens), 2, 64)
-    labels = base.next_token_labels(w.tokens, positions)
+    positions = packing.position_ids_of(packing.cu_seqlens_of(w.doc_lens), 2, 64)
+    labels = packing.next_token_labels(w.tokens, positions)
     for r, a, b in spans_of(w.lens):
-        assert labels[r, b - 1].item() == base.IGNORE_INDEX
+        assert labels[r, b - 1].item() == packing.IGNORE_INDEX
         assert torch.equal(labels[r, a:b - 1], w.tokens[r, a + 1:b])
 
 
 def test_document_lengths_are_random_per_row_and_fill_each_row():
     """Every row is filled exactly with at least two documents of random lengths, different per
     row and per seed; tokens are random, not zeros."""
-    w, other = make_workload(seed=3, rows=4, seq_len=128, mean_doc_len=16), make_workload(seed=4, rows=4, seq_len=128,
-                                                                                          mean_doc_len=16)
+    w = make_workload(seed=3, rows=4, seq_len=128, mean_doc_len=16)
+    other = make_workload(seed=4, rows=4, seq_len=128, mean_doc_len=16)
     for lens in (w.lens, other.lens):
         assert all(sum(row) == 128 and len(row) >= 2 and min(row) >= 1 for row in lens)
         assert len({tuple(row) for row in lens}) == 4
@@ -186,25 +189,26 @@ def test_document_lengths_are_random_per_row_and_fill_each_row():
 # -- the per-layer rebuild vs the cache ------------------------------------------------------
 
 @pytest.mark.parametrize("layers", [1, 3])
-def test_baseline_builds_per_layer_optimized_once(layers):
-    """The baseline builds the metadata (and makes the max_seqlen host sync) once per layer and
-    holds one mask per layer for the backward pass; the optimized variant builds once, serves
-    every layer from the cache and holds one mask."""
+def test_per_layer_builds_per_layer_cached_once(layers):
+    """What each call records: the per-layer variant builds the metadata (and makes the
+    max_seqlen host sync) once per layer and holds one mask per layer for the backward pass; the
+    cached one builds once, serves every layer from the cache and holds one mask."""
     w = make_workload(layers=layers)
-    run(w, "baseline"), run(w, "optimized")
-    b, o = w.records["baseline"][-1], w.records["optimized"][-1]
+    (_, b), (_, o) = run(w, "per_layer"), run(w, "cached")
     mask_bytes = 2 * 64 * 64 * 4  # rows x seq x seq float32
-    assert (b.builds, b.host_syncs, b.mask_bytes_built) == (layers, layers, layers * mask_bytes)
-    assert (o.builds, o.host_syncs, o.mask_bytes_built) == (1, 1, mask_bytes)
-    assert (o.cache_misses, o.cache_hits) == (1, layers)
-    assert b.mask_bytes_held == layers * mask_bytes and o.mask_bytes_held == mask_bytes
-    assert {"build", "forward", "backward", "optimizer"} <= set(b.totals()) == set(o.totals())
+    assert (b["builds"], b["host_syncs"], b["mask_bytes_built"]) == (layers, layers, layers * mask_bytes)
+    assert (o["builds"], o["host_syncs"], o["mask_bytes_built"]) == (1, 1, mask_bytes)
+    assert (o["cache_misses"], o["cache_hits"]) == (1, layers) and (b["cache_misses"], b["cache_hits"]) == (0, 0)
+    assert b["mask_bytes_held"] == layers * mask_bytes and o["mask_bytes_held"] == mask_bytes
+    for record in (b, o):
+        assert 0 < record["build_ms"] < record["forward_ms"]
+        assert record["backward_ms"] > 0 and record["optimizer_ms"] > 0
 
 
 def test_cache_never_serves_a_stale_entry():
     """A new lengths tensor (even with equal values), an in-place change to the cached one, or a
     different shape, backend or dtype is a miss and a rebuild; only the very same request hits."""
-    cache = opt.PackedMetadataCache()
+    cache = cached.PackedMetadataCache()
     lens = torch.tensor([3, 5, 8, 2, 14], dtype=torch.int32)
     first = cache.get(lens, 2, 16, "sdpa", torch.float32)
     assert cache.get(lens, 2, 16, "sdpa", torch.float32) is first and cache.hits == 1
@@ -221,19 +225,25 @@ def test_cache_never_serves_a_stale_entry():
     assert cache.misses == 6 and cache.hits == 1
 
 
-def test_cache_releases_the_batch_when_the_step_is_done():
-    """After a step nothing of the batch's metadata is alive: not in the cache, not in autograd;
-    the mask held during the step is freed (in both variants)."""
+@pytest.mark.parametrize("module", [per_layer, cached], ids=["per_layer", "cached"])
+def test_step_releases_the_batch_metadata_when_done(module):
+    """After a step nothing of the batch's metadata is alive: not in a cache, not in autograd;
+    the mask held through the backward pass is freed."""
     w = make_workload()
-    for name in ("optimized", "baseline"):
-        out = run(w, name)
-        stats = w.records[name][-1]
-        assert stats.mask_bytes_held > 0  # it was held through the backward pass ...
-        del out
-        gc.collect()
-        assert stats.alive_bytes() == 0  # ... and is gone now
-    assert w.cache.held is None
-    cache = opt.PackedMetadataCache()
+    stats = packing.StepStats(CPU)
+    cache = cached.PackedMetadataCache()
+    extra = {"cache": cache} if module is cached else {}
+    out = module.train_step(w.weights, w.optimizer, w.tokens, w.doc_lens, stats=stats, **extra)
+    assert stats.mask_bytes_held > 0  # it was held through the backward pass ...
+    del out
+    gc.collect()
+    assert stats.alive_bytes() == 0  # ... and is gone now
+    assert cache.held is None
+
+
+def test_cache_batch_scope_releases_its_entry():
+    w = make_workload()
+    cache = cached.PackedMetadataCache()
     with cache.batch():
         meta = cache.get(w.doc_lens, 2, 64, "sdpa", torch.float32)
         mask = weakref.ref(meta.mask)
@@ -244,18 +254,22 @@ def test_cache_releases_the_batch_when_the_step_is_done():
 
 # -- the technique --------------------------------------------------------------------------
 
+def test_variants_are_named_by_what_they_run():
+    assert TECHNIQUE.playing("baseline", CPU).name == "per_layer"
+    assert TECHNIQUE.playing("optimized", CPU).name == "cached"
+    assert TECHNIQUE.incomplete() == [] and TECHNIQUE.figures_fn is None and TECHNIQUE.anchor
+
+
 def test_metrics_report_split_syncs_memory_and_flops():
-    """metrics: the backend that ran, tokens/s, the median build/forward/backward/optimizer split
-    over the timed calls, builds and host syncs per step, mask memory held, 6 N T flops, and the
-    optimized variant's forward/backward speedups over the baseline's split."""
+    """metrics over recorded calls: the backend that ran, tokens/s, the median split (build,
+    forward and the rest of it, backward, optimizer), builds and host syncs per step, mask
+    memory held, cache hits, 6 N T flops; no CUDA sync count on a CPU."""
     w = make_workload(layers=3)
-    for _ in range(3):
-        for name in ("baseline", "optimized"):
-            run(w, name)
     got = {}
-    for name in ("baseline", "optimized"):
-        got[name] = TECHNIQUE.metrics_fn(w, Measured(name, [0.02, 0.02], 0.02, None, CPU))
-    b, o = got["baseline"], got["optimized"]
+    for name in ("per_layer", "cached"):
+        records = [run(w, name)[1] for _ in range(3)]
+        got[name] = TECHNIQUE.metrics_fn(w, Measured(name, [0.02] * 3, 0.02, None, CPU, records=records))
+    b, o = got["per_layer"], got["cached"]
     assert b["backend"] == o["backend"] == "sdpa" and b["layers"] == 3
     assert b["tokens_per_s"] == pytest.approx(128 / 0.02) and b["ms_per_step"] == pytest.approx(20.0)
     assert (b["host_syncs_per_step"], o["host_syncs_per_step"]) == (3, 1)
@@ -263,10 +277,25 @@ def test_metrics_report_split_syncs_memory_and_flops():
     assert b["mask_bytes_held"] == 3 * o["mask_bytes_held"] == 3 * 2 * 64 * 64 * 4
     for m in (b, o):
         assert 0 < m["build_ms"] < m["forward_ms"] and m["backward_ms"] > 0 and m["optimizer_ms"] > 0
-        assert m["split_calls"] == 2  # the first (checked) call is left out
+        assert 0 < m["forward_rest_ms"] < m["forward_ms"]
         assert m["flops"] == 6 * (w.config.num_params() - w.config.vocab_size * w.config.hidden_size) * 128
-    assert o["forward_speedup"] > 0 and o["backward_speedup"] > 0 and "forward_speedup" not in b
     assert o["cache_hits_per_step"] == 3 and "host_syncs_observed" not in b  # CUDA only
+
+
+def test_metrics_come_from_the_timed_calls_records_only():
+    """The split and the counts are medians over Measured.records (the timed calls), nothing
+    kept on the workload; forward_rest_ms is the median of each call's forward minus its build."""
+    w = make_workload()
+    counts = dict(builds=2, host_syncs=2, cache_hits=0, cache_misses=0, mask_bytes_built=64,
+                  mask_bytes_held=64, metadata_bytes_held=80)
+    records = [dict(counts, build_ms=build, forward_ms=forward, backward_ms=backward, optimizer_ms=1.0)
+               for build, forward, backward in ((1.0, 5.0, 9.0), (2.0, 4.0, 7.0), (9.0, 20.0, 8.0))]
+    m = TECHNIQUE.metrics_fn(w, Measured("per_layer", [0.1] * 3, 0.1, None, CPU, records=records))
+    assert (m["build_ms"], m["forward_ms"], m["backward_ms"], m["optimizer_ms"]) == (2.0, 5.0, 8.0, 1.0)
+    assert m["forward_rest_ms"] == 4.0  # median of 4, 2, 11
+    assert (m["metadata_builds_per_step"], m["host_syncs_per_step"], m["mask_bytes_held"]) == (2, 2, 64)
+    empty = TECHNIQUE.metrics_fn(w, Measured("per_layer", [0.1], 0.1, None, CPU))
+    assert "build_ms" not in empty and empty["ms_per_step"] == pytest.approx(100.0)
 
 
 def test_validate_and_backend_resolution():
@@ -287,38 +316,52 @@ def test_validate_and_backend_resolution():
 def test_bfloat16_step_runs_and_matches():
     """The mask and the step follow the model dtype: a bf16 step is still bitwise the baseline's."""
     w = make_workload(dtype="bfloat16", seq_len=32, mean_doc_len=6)
-    ref, out = run(w, "baseline"), run(w, "optimized")
-    assert ref["grads"][0].dtype == torch.bfloat16
+    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
+    assert ref[f"grad {w.names[0]}"].dtype == torch.bfloat16
     assert TECHNIQUE.check_fn(ref, out).passed
 
+
+# -- declared figures -----------------------------------------------------------------------
 
 def _case(layers: int, seq_len: int, scale: float) -> dict:
     def record(role: str, build: float) -> dict:
         return {"role": role, "metrics": {"layers": layers, "build_ms": build, "forward_ms": 10 * scale + build,
-                                          "backward_ms": 20 * scale, "optimizer_ms": 1.0}}
+                                          "forward_rest_ms": 10 * scale, "backward_ms": 20 * scale,
+                                          "optimizer_ms": 1.0}}
     return {"technique": "packed_metadata", "params": dict(TECHNIQUE.defaults(), layers=layers, seq_len=seq_len),
-            "variants": {"baseline": record("baseline", 0.5 * layers), "optimized": record("optimized", 0.5)}}
+            "variants": {"per_layer": record("baseline", 0.5 * layers), "cached": record("optimized", 0.5)}}
+
+
+def _drawn(cases):
+    return [(plot, fig) for plot in TECHNIQUE.plots for fig in [figures.declared(plot, cases)] if fig is not None]
+
+
+def _lines(fig) -> dict[str, list[float]]:
+    return {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()
+            if len(line.get_xdata()) and line.get_gid() != figures.REFERENCE}
 
 
 def test_report_figures_break_step_time_down_by_layers():
-    """The hook draws the stacked split per layer count, baseline and optimized side by side, a
-    panel per other setting (seq_len here), and the build time against layers; no data, no figure."""
+    """The step split stacked per layer count, per_layer beside cached, a panel per other setting
+    (seq_len here); the build time against layers; the forward / backward speedups of cached."""
     cases = [_case(n, s, n) for n in (1, 2, 4) for s in (128, 256)]
-    from matplotlib.colors import to_rgba
-
-    figs = TECHNIQUE.figures_fn(cases)
-    assert [title.split(" (")[0].split(" vs")[0] for title, _ in figs] == ["Step-time breakdown",
-                                                                          "Metadata build time per step"]
-    breakdown = figs[0][1]
-    assert [ax.get_title() for ax in breakdown.axes] == ["seq_len=128", "seq_len=256"]
+    drawn = _drawn(cases)
+    assert [plot.kind for plot, _ in drawn] == ["stacked", "line", "line"]
+    breakdown = drawn[0][1]
+    assert [ax.get_title() for ax in breakdown.axes if ax.get_visible()] == ["seq_len=128", "seq_len=256"]
     ax = breakdown.axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["layers=1", "layers=2", "layers=4"]
     assert len(ax.patches) == 3 * 2 * 4  # layer counts x variants x phases
-    build_color = to_rgba(PHASE_COLORS[0])
-    heights = sorted(p.get_height() for p in ax.patches if p.get_facecolor() == build_color)
-    assert heights == sorted([0.5, 1.0, 2.0] + [0.5] * 3)  # the build segments
-    lines = {line.get_label(): list(line.get_ydata()) for line in figs[1][1].axes[0].get_lines()}
-    assert lines["baseline seq_len=128"] == [0.5, 1.0, 2.0] and lines["optimized seq_len=128"] == [0.5] * 3
-    assert TECHNIQUE.figures_fn([]) == []
+    build_color = ax.patches[0].get_facecolor()
+    assert build_color == pytest.approx(figures.matplotlib.colors.to_rgba(SERIES[0]))
+    widths = sorted(p.get_width() for p in ax.patches if p.get_facecolor() == build_color)
+    assert widths == sorted([0.5, 1.0, 2.0] + [0.5] * 3)  # the build segments
+    build = _lines(drawn[1][1])
+    assert build["per_layer (seq_len=128)"] == [0.5, 1.0, 2.0] and build["cached (seq_len=128)"] == [0.5] * 3
+    speedups = _lines(drawn[2][1])
+    assert set(speedups) == {f"cached {y} (seq_len={s})" for y in ("forward_ms", "backward_ms") for s in (128, 256)}
+    assert speedups["cached forward_ms (seq_len=128)"] == pytest.approx([10.5 * n / (10 * n + 0.5) for n in (1, 2, 4)])
+    assert speedups["cached backward_ms (seq_len=128)"] == pytest.approx([1.0] * 3)
+    assert _drawn([]) == []
     failed = {"technique": "packed_metadata", "params": TECHNIQUE.defaults(), "variants": {}}
-    assert TECHNIQUE.figures_fn([failed]) == []
+    assert _drawn([failed]) == []

@@ -1,0 +1,235 @@
+"""Packed batches for training: the attention metadata of rows that hold several documents
+(:class:`PackedMetadata`, :func:`build_metadata`), attention and next-token loss over them, one
+training step (:func:`training_step`) and its instrumentation (:class:`StepStats`). Shared by the per-layer and cached
+variants of ``packed_metadata``, which differ only in how often they call the builder."""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.torch_version import TorchVersion
+
+from gpubench.models.llama import LlamaWeights
+from gpubench.optional import optional_import
+
+BACKENDS = ("sdpa", "flash_attn_varlen")
+IGNORE_INDEX = -100
+SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
+
+
+@dataclass(frozen=True)
+class PackedMetadata:
+    """Everything attention needs to know about a packed batch of ``rows`` x ``seq`` tokens."""
+
+    cu_seqlens: torch.Tensor  # (documents + 1,) int32: 0, then the running sum of the lengths
+    max_seqlen: int  # the longest document (a host value: varlen kernels size their grid by it)
+    position_ids: torch.Tensor  # (rows, seq) int64: 0, 1, ... restarting at every document
+    mask: torch.Tensor | None  # SDPA: (rows, 1, seq, seq) additive, 0 visible / -inf hidden
+    backend: str
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.cu_seqlens, self.position_ids, self.mask) if t is not None]
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # detached scalar
+    grads: list[torch.Tensor]  # one per parameter, in LlamaWeights.parameters() order
+    params: list[torch.Tensor]  # the parameters after the optimizer step (the live tensors)
+
+
+# -- instrumentation --------------------------------------------------------------------------
+
+class StepStats:
+    """One training step's phase times (perf_counter on a CPU; CUDA events on a GPU, so nothing
+    synchronizes to read a clock mid-step), its metadata builds and the host syncs they make
+    (counted by construction), cache hits and misses, the mask bytes built, and the metadata
+    bytes still alive when the forward pass ends (what autograd holds for the backward pass)."""
+
+    PHASES = ("build", "forward", "backward", "optimizer")
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.cuda = torch.device(device or "cpu").type == "cuda"
+        self.spans: list[tuple[str, Any, Any]] = []
+        self.builds = 0
+        self.host_syncs = 0  # .item() calls made by the builds
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.mask_bytes_built = 0
+        self.mask_bytes_held = 0  # set by note_forward_done
+        self.metadata_bytes_held = 0
+        self._built: list[tuple[weakref.ref, bool]] = []  # every metadata tensor built, is it a mask
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        start = self._now()
+        try:
+            yield
+        finally:
+            self.spans.append((name, start, self._now()))
+
+    def note_build(self, meta: PackedMetadata) -> None:
+        self.builds += 1
+        self.host_syncs += 1  # max_seqlen's .item()
+        if meta.mask is not None:
+            self.mask_bytes_built += meta.mask.numel() * meta.mask.element_size()
+        self._built += [(weakref.ref(t), t is meta.mask) for t in meta.tensors()]
+
+    def _alive_bytes(self, masks_only: bool) -> int:
+        alive = {id(t): t for ref, is_mask in self._built
+                 if (t := ref()) is not None and (is_mask or not masks_only)}
+        return sum(t.numel() * t.element_size() for t in alive.values())
+
+    def note_forward_done(self) -> None:
+        self.mask_bytes_held = self._alive_bytes(masks_only=True)
+        self.metadata_bytes_held = self._alive_bytes(masks_only=False)
+
+    def alive_bytes(self) -> int:
+        """Bytes of metadata built during the step that are still alive now."""
+        return self._alive_bytes(masks_only=False)
+
+    def summary(self) -> dict[str, float | int]:
+        """What a Recorder keeps of the step: ``<phase>_ms`` summed over its spans (``build``
+        lies inside ``forward``) and the counts. On CUDA this waits for the step's last event
+        (the harness's clock waits for the step right after anyway)."""
+        ms = dict.fromkeys(self.PHASES, 0.0)
+        if self.cuda and self.spans:
+            self.spans[-1][2].synchronize()
+        for name, start, end in self.spans:
+            ms[name] = ms.get(name, 0.0) + (start.elapsed_time(end) if self.cuda else 1e3 * (end - start))
+        return {**{f"{name}_ms": value for name, value in ms.items()},
+                "builds": self.builds, "host_syncs": self.host_syncs, "cache_hits": self.cache_hits,
+                "cache_misses": self.cache_misses, "mask_bytes_built": self.mask_bytes_built,
+                "mask_bytes_held": self.mask_bytes_held, "metadata_bytes_held": self.metadata_bytes_held}
+
+
+def phase(stats: StepStats | None, name: str):
+    """``stats.span(name)``, or nothing when the step is not instrumented."""
+    return contextlib.nullcontext() if stats is None else stats.span(name)
+
+
+# -- building the metadata --------------------------------------------------------------------
+
+def cu_seqlens_of(doc_lens: torch.Tensor) -> torch.Tensor:
+    """The int32 running sum of ``doc_lens`` with a leading 0: document d is tokens
+    ``cu[d]:cu[d + 1]`` of the flattened batch."""
+    return F.pad(torch.cumsum(doc_lens, 0, dtype=torch.int32), (1, 0))
+
+
+def position_ids_of(cu_seqlens: torch.Tensor, rows: int, seq: int) -> torch.Tensor:
+    """(rows, seq) int64 positions restarting at 0 at every document, without a host sync: each
+    document's first token is marked with its own index, a running maximum spreads the start of
+    a token's document to every token after it, and the position is the distance from it."""
+    total = rows * seq
+    starts = cu_seqlens[:-1].long()
+    index = torch.arange(total, device=cu_seqlens.device)
+    start_of = torch.zeros(total, dtype=torch.long, device=cu_seqlens.device).scatter_(0, starts, starts)
+    return (index - start_of.cummax(0).values).view(rows, seq)
+
+
+def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(rows, 1, seq, seq) additive mask: query i sees key j iff both lie in one document and
+    j <= i, that is 0 <= i - j <= position_ids[i] (i's document starts position_ids[i] tokens
+    back). 0 where visible, -inf elsewhere; every query sees at least itself."""
+    rows, seq = position_ids.shape
+    index = torch.arange(seq, device=position_ids.device)
+    back = index[:, None] - index[None, :]  # i - j
+    visible = (back >= 0) & (back <= position_ids[:, :, None])
+    mask = torch.full((rows, seq, seq), float("-inf"), dtype=dtype, device=position_ids.device)
+    return mask.masked_fill_(visible, 0.0).unsqueeze(1)
+
+
+def build_metadata(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype,
+                   stats: StepStats | None = None) -> PackedMetadata:
+    """All of a packed batch's attention metadata from its document lengths: ``doc_lens``
+    (documents,) int32 on the model's device, row-major, each row's lengths summing to ``seq``.
+    "sdpa" adds the block-causal mask in ``dtype``; "flash_attn_varlen" needs only cu_seqlens and
+    max_seqlen. One host sync: ``max_seqlen``'s ``.item()``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}")
+    with phase(stats, "build"):
+        cu_seqlens = cu_seqlens_of(doc_lens)
+        max_seqlen = int(doc_lens.max().item())  # a host sync on a GPU
+        position_ids = position_ids_of(cu_seqlens, rows, seq)
+        mask = block_causal_mask(position_ids, dtype) if backend == "sdpa" else None
+        meta = PackedMetadata(cu_seqlens, max_seqlen, position_ids, mask, backend)
+    if stats is not None:
+        stats.note_build(meta)
+    return meta
+
+
+# -- attending and the loss -------------------------------------------------------------------
+
+def packed_attention(meta: PackedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of a packed batch, each token over its own document up to itself: q (rows, seq,
+    heads, head_dim), k and v (rows, seq, kv_heads, head_dim); returns q's shape. "sdpa": SDPA
+    with the block-causal mask; "flash_attn_varlen": one flat stream of documents cut by
+    ``cu_seqlens`` (GQA handled by the kernel)."""
+    rows, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    if meta.backend == "flash_attn_varlen":
+        fn = optional_import("flash_attn", "flash_attn_varlen_func")
+        if isinstance(fn, str):
+            raise RuntimeError(f"the flash_attn_varlen backend cannot run: {fn}")
+        out = fn(q.reshape(rows * seq, heads, head_dim), k.reshape(rows * seq, kv_heads, head_dim),
+                 v.reshape(rows * seq, kv_heads, head_dim), meta.cu_seqlens, meta.cu_seqlens,
+                 meta.max_seqlen, meta.max_seqlen, causal=True)
+        return out.view(rows, seq, heads, head_dim)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if heads == kv_heads:
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=meta.mask)
+    elif SDPA_HAS_GQA and not q.is_cuda:
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=meta.mask, enable_gqa=True)
+    else:  # CUDA's mask-capable SDPA kernels take as many k/v heads as q heads
+        group = heads // kv_heads
+        out = F.scaled_dot_product_attention(qt, kt.repeat_interleave(group, dim=1),
+                                             vt.repeat_interleave(group, dim=1), attn_mask=meta.mask)
+    return out.transpose(1, 2)
+
+
+def next_token_labels(tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Token t's target is token t + 1 when that one continues t's document; the last token of a
+    document (and of a row) has none (IGNORE_INDEX), so the loss never crosses a boundary."""
+    labels = torch.full_like(tokens, IGNORE_INDEX)
+    continues = position_ids[:, 1:] != 0
+    labels[:, :-1] = torch.where(continues, tokens[:, 1:], IGNORE_INDEX)
+    return labels
+
+
+def packed_loss(logits: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (in float32) over the tokens that have a target."""
+    labels = next_token_labels(tokens, position_ids)
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+                  forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
+                  metadata_scope: ContextManager[Any] | None = None) -> StepOutput:
+    """One training step on a packed batch: ``forward()`` (logits and position ids), next-token
+    loss within documents, backward, optimizer step. ``metadata_scope`` spans the forward and
+    backward passes (a cache's batch). ``weights``' tensors are the optimizer's leaf parameters."""
+    with metadata_scope or contextlib.nullcontext():
+        with phase(stats, "forward"):
+            logits, positions = forward()
+            loss = packed_loss(logits, tokens, positions)
+        if stats is not None:
+            stats.note_forward_done()
+        del logits, positions
+        with phase(stats, "backward"):
+            loss.backward()
+    with phase(stats, "optimizer"):
+        optimizer.step()
+    params = weights.parameters()
+    return StepOutput(loss.detach(), [p.grad for p in params], params)
