@@ -1,20 +1,28 @@
-"""Activation checkpointing with offload and one staging buffer: every reload on the critical path.
-
-Each layer's input goes to host memory in the forward pass and the layer is recomputed in the
-backward pass, as in :mod:`gpubench.optimizations.activation_offload`. Here there is one device
-buffer to reload into: the reload of layer i may only start once the recompute and backward of
-layer i + 1 have finished reading that buffer, and layer i's recompute waits for its reload, so
-copy and compute take turns. This is what a straightforward offloading checkpoint does.
-"""
+"""Offloaded activation checkpointing through one device staging buffer: reload, wait, recompute,
+in turn, so every reload sits on the critical path (what a straightforward offloading checkpoint
+does). The forward pass and copier are :mod:`gpubench.offload`'s."""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.optimizations.activation_offload import OffloadStats, offloaded_train_step
+from gpubench.offload import Copier, OffloadStats, offloaded_forward
 
 
 def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
-               *, copy_delay_s: float = 0.0, **kw) -> tuple[torch.Tensor, OffloadStats]:
-    """Offloaded checkpointing with one staging buffer (each reload waited for before its recompute)."""
-    return offloaded_train_step(weights, tokens, targets, positions, buffers=1, copy_delay_s=copy_delay_s, **kw)
+               *, copy_delay_s: float = 0.0, allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
+               ) -> tuple[torch.Tensor, OffloadStats]:
+    """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
+    what the copies moved and waited for. ``allocate`` makes the staging buffer."""
+    with Copier(tokens.device, copy_delay_s) as copier:
+        step = offloaded_forward(weights, tokens, targets, positions, copier)
+        [buffer] = step.staging_buffers(1, allocate)
+        free = None  # marker after the compute that last read the buffer
+        for i in reversed(range(weights.config.num_layers)):
+            landed = copier.copy(buffer, step.hosts[i], after=free, reload=True)
+            copier.wait(landed)
+            step.backward_layer(i, buffer)
+            free = copier.marker()
+        return step.finish()

@@ -12,8 +12,8 @@ def workload(device):
 
 
 @pytest.mark.benchmark(group="activation_offload")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+@pytest.mark.parametrize("variant", ["one_buffer", "two_buffers"])
 def test_activation_offload(benchmark, workload, variant):
-    fn = technique.TECHNIQUE.variants[variant].fn
-    out = benchmark.pedantic(fn, args=(workload,), setup=workload.reset, rounds=10)
+    out = benchmark.pedantic(technique.TECHNIQUE.variants[variant].call, args=(workload,),
+                             setup=workload.reset, rounds=10)
     assert technique.check(technique.reference(workload), out).passed

@@ -113,6 +113,15 @@ class LlamaWeights:
             out += [getattr(layer, f) for f in LayerWeights.__dataclass_fields__]
         return out
 
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """:meth:`parameters` by name (``embed``, ``layers.0.wq``, ...)."""
+        out = {"embed": self.embed, "final_norm": self.final_norm}
+        if self.lm_head is not self.embed:
+            out["lm_head"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            out.update({f"layers.{i}.{f}": getattr(layer, f) for f in LayerWeights.__dataclass_fields__})
+        return out
+
 
 def random_weights(config: LlamaConfig, seed: int, dtype: torch.dtype = torch.float32,
                    device: torch.device | str = "cpu") -> LlamaWeights:
@@ -212,6 +221,17 @@ def decoder_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Ten
     attn = attend(i, q, k, v)
     x = x + F.linear(attn.reshape(*lead, c.num_heads * c.head_dim), layer.wo)
     return x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+
+
+def head_loss(weights: LlamaWeights, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Final norm, LM head and mean next-token cross-entropy of hidden states ``x`` (float32 logits)."""
+    logits = F.linear(rms_norm(x, weights.final_norm, weights.config.rms_eps), weights.lm_head)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def causal_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An ``attend`` for rows of a batch, each causal: :func:`batched_causal_attention` in every layer."""
+    return batched_causal_attention(q, k, v)
 
 
 def batched_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,207 @@
+"""Offloaded activation checkpointing, all but the backward schedule: the :class:`Copier` (a CUDA
+copy stream and events, or a worker thread and futures on a CPU), :class:`OffloadStats`, and
+:func:`offloaded_forward`, which sends each layer's input to host memory and leaves an
+:class:`OffloadedStep` whose ``backward_layer`` a schedule calls as its reloads land.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy
+import torch
+import torch.nn.functional as F
+
+from gpubench.models.llama import LlamaWeights, causal_attend, decoder_layer, head_loss, rope_cos_sin
+
+
+@dataclass
+class OffloadStats:
+    """What one step moved and waited for; on CUDA the times come from events on the streams."""
+
+    buffers: int = 0  # device staging buffers the reloads went through
+    fallback: str = ""  # why a second buffer was not used, when it was asked for
+    bytes_d2h: int = 0
+    bytes_h2d: int = 0
+    d2h_ms: float = 0.0  # time the copies themselves took (copy stream busy)
+    h2d_ms: float = 0.0
+    wait_ms: float = 0.0  # time compute stood still waiting for a reload
+    extra_buffer_bytes: int = 0  # device memory of the second staging buffer
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _cpu_copy_pool() -> ThreadPoolExecutor:
+    """One long-lived worker thread for every step's copies (a new thread per step would also
+    start a new OpenMP team, whose spinning threads then compete with compute)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubench-copy")
+    return _POOL
+
+
+def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A plain single-threaded memcpy that releases the GIL (NumPy's), so the worker's copy
+    neither holds up Python on the main thread nor opens an OpenMP team of its own."""
+    numpy.copyto(_as_numpy(dst), _as_numpy(src))
+
+
+def _as_numpy(t: torch.Tensor) -> numpy.ndarray:
+    return (t.view(torch.int16) if t.element_size() == 2 else t).numpy()  # bf16 has no NumPy dtype
+
+
+class Copier:
+    """Asynchronous copies and the guards around them, used as a context manager (leaving it waits
+    for every copy still queued). Copies run in the order issued (one copy stream, one worker
+    thread), so an offload always lands before the reload that reads its host buffer. ``delay_s``
+    holds every reload back first (a stress test: slow copies must still never be read early)."""
+
+    def __init__(self, device: torch.device, delay_s: float = 0.0):
+        self.cuda = device.type == "cuda"
+        self.delay_s = delay_s
+        self.stats = OffloadStats()
+        if self.cuda:
+            self.compute = torch.cuda.current_stream(device)
+            self.stream = torch.cuda.Stream(device)
+        else:
+            self.pool = _cpu_copy_pool()
+        self._futures: list[Future] = []
+        self._timed: list[tuple[Any, Any, str]] = []  # CUDA (start, end, stats field) to read at finish
+
+    def __enter__(self) -> Copier:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for future in self._futures:  # a step never leaves work behind for the next
+            future.exception()
+        self._futures.clear()
+
+    def host_buffer(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(like.shape, dtype=like.dtype, pin_memory=self.cuda)
+
+    def marker(self) -> Any:
+        """A point on the compute stream: what a later copy must wait for."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(self.compute)
+            return event
+        return None  # CPU compute is synchronous: once this line runs, the work before it is done
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any, reload: bool) -> Any:
+        """dst.copy_(src) once ``after`` (a marker) is reached; returns a handle to wait on."""
+        nbytes = src.numel() * src.element_size()
+        if reload:
+            self.stats.bytes_h2d += nbytes
+        else:
+            self.stats.bytes_d2h += nbytes
+        field = "h2d_ms" if reload else "d2h_ms"
+        if self.cuda:
+            if after is not None:
+                self.stream.wait_event(after)
+            with torch.cuda.stream(self.stream):
+                if reload and self.delay_s:
+                    torch.cuda._sleep(int(self.delay_s * 1.5e9))  # ~cycles at 1.5 GHz: a slow copy
+                start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self.stream)
+                dst.copy_(src, non_blocking=True)
+                done.record(self.stream)
+            src.record_stream(self.stream)  # the allocator must not reuse src before the copy ran
+            self._timed.append((start, done, field))
+            return done
+
+        def run() -> None:
+            if reload and self.delay_s:
+                time.sleep(self.delay_s)
+            t0 = time.perf_counter()
+            _memcpy(dst, src)
+            setattr(self.stats, field, getattr(self.stats, field) + (time.perf_counter() - t0) * 1e3)
+        future = self.pool.submit(run)
+        self._futures.append(future)
+        return future
+
+    def wait(self, handle: Any) -> None:
+        """Compute does not go on until the copy behind ``handle`` has landed; the stall is timed."""
+        if self.cuda:
+            before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            before.record(self.compute)
+            self.compute.wait_event(handle)
+            after.record(self.compute)
+            self._timed.append((before, after, "wait_ms"))
+            return
+        t0 = time.perf_counter()
+        handle.result()
+        self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
+
+    def finish(self) -> OffloadStats:
+        """The step's stats, CUDA event timings collected (this synchronizes the device)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            for start, end, field in self._timed:
+                setattr(self.stats, field, getattr(self.stats, field) + start.elapsed_time(end))
+        self._timed.clear()
+        return self.stats
+
+
+@dataclass
+class OffloadedStep:
+    """A step between its offloading forward pass and its backward schedule."""
+
+    weights: LlamaWeights
+    copier: Copier
+    cos: torch.Tensor
+    sin: torch.Tensor
+    embedded: torch.Tensor  # the embedding output, with grad: its backward comes last
+    hosts: list[torch.Tensor]  # each layer's input, in host memory
+    loss: torch.Tensor
+    grad: torch.Tensor  # gradient of the loss w.r.t. the output of the lowest layer done so far
+
+    def staging_buffers(self, wanted: int, allocate: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        """Up to ``wanted`` device buffers for reloads, each from ``allocate(like a layer input)``; one
+        at least. When a further one cannot be allocated, fewer, and ``stats.fallback`` says why."""
+        like = self.embedded.detach()
+        buffers = [allocate(like)]
+        try:
+            while len(buffers) < wanted:
+                buffers.append(allocate(like))
+        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+            self.copier.stats.fallback = (f"staging buffer {len(buffers) + 1} not allocated "
+                                          f"({type(exc).__name__}): {len(buffers)} buffer(s)")
+        self.copier.stats.buffers = len(buffers)
+        self.copier.stats.extra_buffer_bytes = (len(buffers) - 1) * like.numel() * like.element_size()
+        return buffers
+
+    def backward_layer(self, i: int, reloaded: torch.Tensor) -> None:
+        """Recompute layer ``i`` from its reloaded input and backpropagate through it."""
+        inp = reloaded.detach().requires_grad_()
+        with torch.enable_grad():
+            out = decoder_layer(self.weights, i, inp, self.cos, self.sin, causal_attend)
+        out.backward(self.grad)
+        self.grad = inp.grad
+
+    def finish(self) -> tuple[torch.Tensor, OffloadStats]:
+        """Backpropagate into the embedding; the loss and the step's stats."""
+        self.embedded.backward(self.grad)
+        return self.loss.detach(), self.copier.finish()
+
+
+def offloaded_forward(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor,
+                      positions: torch.Tensor, copier: Copier) -> OffloadedStep:
+    """The forward pass without a graph, each layer's input copied to host memory as it goes,
+    then the head's loss and its backward (gradients accumulate into the weights)."""
+    cos, sin = rope_cos_sin(weights, positions)
+    embedded = F.embedding(tokens, weights.embed)
+    hosts: list[torch.Tensor] = []
+    h = embedded.detach()
+    with torch.no_grad():
+        for i in range(weights.config.num_layers):
+            host = copier.host_buffer(h)
+            copier.copy(host, h, copier.marker(), reload=False)
+            hosts.append(host)
+            h = decoder_layer(weights, i, h, cos, sin, causal_attend)
+    top = h.detach().requires_grad_()
+    loss = head_loss(weights, top, targets)
+    loss.backward()
+    return OffloadedStep(weights, copier, cos, sin, embedded, hosts, loss, top.grad)
