@@ -1,7 +1,8 @@
 """speculative_decoding: plain decoding vs draft-and-verify on the default trained pair, for both
-drafters; greedy, so every optimized call is checked token for token against the baseline's."""
+drafters; greedy, so every draft_verify call is checked token for token against plain's."""
 import pytest
 
+from gpubench.contract import Recorder
 from gpubench.techniques import speculative_decoding as technique
 
 
@@ -13,11 +14,11 @@ def workload(request, device):
 
 @pytest.fixture(scope="module")
 def expected(workload):
-    return technique.run_baseline(workload)
+    return technique.plain(workload, Recorder())
 
 
 @pytest.mark.benchmark(group="speculative_decoding")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+@pytest.mark.parametrize("variant", ["plain", "draft_verify"])
 def test_speculative_decoding(benchmark, workload, expected, variant):
-    out = benchmark(technique.TECHNIQUE.variants[variant].fn, workload)
+    out = benchmark(technique.TECHNIQUE.variants[variant].call, workload)
     assert technique.check(expected, out).passed

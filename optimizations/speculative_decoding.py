@@ -1,48 +1,18 @@
-"""Speculative decoding: a cheap drafter proposes k tokens, the target scores all of them in one
-forward pass, and a rejection rule keeps exactly the target's output distribution.
-
-The idea (Leviathan, Kalman and Matias, ICML 2023; Chen et al. 2023, "speculative sampling"):
-decoding one token per target pass leaves a GPU idle on arithmetic, since each pass reads every
-weight to compute a single position. Scoring k + 1 positions reads the same weights once, so it
-costs about one decode step. If a drafter that costs c target steps per token guesses k tokens,
-and each guess survives with probability a, one verification yields (1 - a^(k+1)) / (1 - a)
-tokens on average for k·c + 1 steps of time: a speedup of (1 - a^(k+1)) / ((1 - a)(k·c + 1)).
-Leviathan et al. measured 2-3x on T5-XXL with identical outputs.
-
-Where the win comes from: verification of k + 1 tokens costing about one step (memory-bound
-decode) and a drafter much cheaper than the target that often agrees with it. Where it goes:
-wasted drafts (low a), an expensive drafter (high c), and hardware on which scoring k + 1 tokens
-costs more than one (a CPU, or a GPU at large batch, where decode is compute-bound).
-
-The rule (what keeps the output exactly the target's):
-
-- sampling: draft token x_i, drafted with probability q_i(x_i), is accepted with probability
-  min(1, p_i(x_i) / q_i(x_i)) where p_i is the target's distribution at that position; at the
-  first rejection one token is drawn from norm(max(0, p_i - q_i)) and the rest are discarded;
-  when all k survive, a bonus token is drawn from p_{k+1}. A deterministic drafter (prompt
-  lookup) has q_i = one-hot(x_i).
-- greedy: drafts are accepted while they equal the target's argmax; the first mismatch is
-  replaced by the target's argmax; with all k accepted, the target's argmax after them is the
-  bonus. The output is token for token that of plain greedy decoding.
-
-Both models' KV caches are rolled back past the rejected tokens (a length, not a copy:
-:class:`gpubench.baselines.speculative_decoding.KVCache`).
-
-Drafters: a small draft model (:class:`ModelDrafter`) and prompt-lookup / n-gram drafting
-(:class:`NgramDrafter`, no model: the continuation of the latest earlier occurrence of the last
-n tokens). The number of drafts is a fixed k, or adaptive: one more after a verification that
-accepted every draft, one fewer after one that rejected any (between 1 and 2k).
+"""Speculative decoding: a drafter (a small model, or prompt lookup) proposes k tokens, the target
+scores them all in one forward pass, and the acceptance rule (:func:`verify`) keeps exactly the
+target's distribution (greedy: its tokens); both KV caches are rolled back past rejected drafts.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
-from gpubench.baselines.speculative_decoding import KVCache
+from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaWeights
+from gpubench.timing import synchronize
 
 
 class Drafter(Protocol):
@@ -73,7 +43,7 @@ class ModelDrafter:
             if temperature <= 0:
                 token = int(logits.argmax())
             else:
-                q = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+                q = probabilities(logits, temperature)
                 token = int(torch.multinomial(q, 1, generator=generator))
                 probs.append(q)
             drafts.append(token)
@@ -136,6 +106,7 @@ class SpecStats:
     drafted: int = 0  # draft tokens proposed (and scored by the target)
     accepted: int = 0  # of those, accepted
     verifications: int = 0  # target forward passes after the prefill (each scores drafts + 1)
+    target_forwards: int = 0  # verifications and the prefill
     emitted: int = 0  # tokens produced by verifications (accepted + one resampled or bonus each)
     draft_forwards: int = 0
     draft_s: float = 0.0  # wall time spent drafting
@@ -145,25 +116,29 @@ class SpecStats:
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
 
-    def add(self, other: "SpecStats") -> None:
-        for name in ("drafted", "accepted", "verifications", "emitted", "draft_forwards", "draft_s", "verify_s"):
+    def verified(self, drafted: int, accepted: int, asked: int) -> None:
+        """Count one verification: ``drafted`` drafts scored (``asked`` were asked for), the first
+        ``accepted`` of them kept."""
+        self.verifications += 1
+        self.target_forwards += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += accepted + 1
+        self.k_used.append(asked)
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    def add(self, other: SpecStats) -> None:
+        """Add another generation's counts and times to these."""
+        for name in ("drafted", "accepted", "verifications", "target_forwards", "emitted", "draft_forwards",
+                     "draft_s", "verify_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.k_used += other.k_used
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.drafted_at, other.drafted_at)):
             mine += [0] * (len(theirs) - len(mine))
             for i, v in enumerate(theirs):
                 mine[i] += v
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"drafted": self.drafted, "accepted": self.accepted, "verifications": self.verifications,
-                "emitted": self.emitted, "draft_forwards": self.draft_forwards, "draft_s": self.draft_s,
-                "verify_s": self.verify_s, "k_used": list(self.k_used), "accepted_at": list(self.accepted_at),
-                "drafted_at": list(self.drafted_at)}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temperature: float,
@@ -178,7 +153,7 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temp
         while n < k and drafts[n] == best[n]:
             n += 1
         return n, best[n]
-    p = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+    p = probabilities(logits, temperature)
     if k:
         idx = torch.arange(k)
         d = torch.tensor(drafts)
@@ -220,11 +195,12 @@ def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequenc
     with torch.inference_mode():
         if len(tokens) > 1:
             cache.forward(tokens[:-1])
+            stats.target_forwards += 1
         while len(tokens) < goal:
             budget = min(k_now, goal - len(tokens) - 1)  # room for the token each verification adds
             t0 = time.perf_counter()
             drafts, q = drafter.propose(tokens, budget, temperature, generator) if budget > 0 else ([], None)
-            _sync(device)
+            synchronize(device)
             t1 = time.perf_counter()
             base = cache.length
             logits = cache.forward([tokens[-1]] + drafts, all_logits=True)
@@ -235,14 +211,7 @@ def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequenc
             tokens.append(nxt)
             stats.verify_s += time.perf_counter() - t1
             stats.draft_s += t1 - t0
-            stats.verifications += 1
-            stats.drafted += len(drafts)
-            stats.accepted += n
-            stats.emitted += n + 1
-            stats.k_used.append(budget)
-            for i in range(len(drafts)):
-                stats.drafted_at[i] += 1
-                stats.accepted_at[i] += i < n
+            stats.verified(len(drafts), n, budget)
             if adaptive and drafts:
                 if n == len(drafts) == k_now:
                     k_now = min(k_now + 1, k_max)

@@ -1,7 +1,7 @@
 """speculative_decoding: greedy output identical to plain decoding, sampled output distributed as
 the target's (chi-square), both KV caches rolled back, both drafters and adaptive k behaving as
 stated, a default model pair that really agrees, trained deterministically and cached, and the
-technique's build / check / metrics / figures as the harness relies on."""
+technique's build / check / metrics (from the timed calls' records) / plots as the harness relies on."""
 from __future__ import annotations
 
 import itertools
@@ -10,14 +10,16 @@ import math
 import pytest
 import torch
 
-from gpubench.baselines.speculative_decoding import KVCache, generate
-from gpubench.contract import Measured
+from gpubench.baselines.speculative_decoding import generate
+from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
 from gpubench.models import train_small
+from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaConfig, random_weights
 from gpubench.optimizations import speculative_decoding as spec
 from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, speculative_generate
-from gpubench.techniques.speculative_decoding import TECHNIQUE, early_layers, predicted_speedup
+from gpubench.reports import figures
+from gpubench.techniques.speculative_decoding import TECHNIQUE, Decoded, SpecWorkload, early_layers, predicted_speedup
 
 CPU = torch.device("cpu")
 SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -338,9 +340,15 @@ def make_workload(seed: int = 0, **overrides):
 
 
 def run_case(w):
-    base = TECHNIQUE.baseline.fn(w)
-    out = TECHNIQUE.optimized.fn(w)
-    return base, out, TECHNIQUE.check_fn(base, out)
+    """Both roles' variants once, each with its own recorder: (outputs, records, the check)."""
+    recorders = (Recorder(), Recorder())
+    base, out = (TECHNIQUE.playing(role, CPU).call(w, rec) for role, rec in zip(("baseline", "optimized"), recorders))
+    return (base, out), tuple(rec.values for rec in recorders), TECHNIQUE.check_fn(base, out)
+
+
+def test_plain_plays_baseline_and_draft_verify_optimized():
+    assert TECHNIQUE.playing("baseline", CPU).name == "plain"
+    assert TECHNIQUE.playing("optimized", CPU).name == "draft_verify"
 
 
 @pytest.mark.parametrize("overrides", [{}, {"drafter": "ngram", "adaptive_k": True}, {"draft": "early:2", "k": 2}],
@@ -351,9 +359,9 @@ def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
     predicted speedup computed from them."""
     w = make_workload(**overrides)
     assert w.prompts and all(len(p) == 32 for p in w.prompts)
-    base, out, result = run_case(w)
+    (base, out), (base_rec, out_rec), result = run_case(w)
     assert result.passed and result.error == 0.0 and result.metric == "mismatched_tokens"
-    m = TECHNIQUE.metrics_fn(w, Measured("optimized", [0.1], 0.1, out, CPU))
+    m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.1], 0.1, out, CPU, records=[out_rec]))
     for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "c", "verify_cost", "predicted_speedup",
                 "predicted_speedup_with_verify_cost", "per_position_acceptance", "k_mean"):
         assert key in m, key
@@ -363,8 +371,31 @@ def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
         assert m["predicted_speedup_from_accepted_length"] == pytest.approx(
             m["mean_accepted_length"] / (m["k_mean"] * m["c"] + m["verify_cost"]))
     assert 1.0 <= m["mean_accepted_length"] <= w.params["k"] * (2 if w.params["adaptive_k"] else 1) + 1
-    mb = TECHNIQUE.metrics_fn(w, Measured("baseline", [0.2], 0.2, base, CPU))
+    mb = TECHNIQUE.metrics_fn(w, Measured("plain", [0.2], 0.2, base, CPU, records=[base_rec]))
     assert mb["predicted_speedup"] == 1.0 and mb["target_forwards_per_token"] == 1.0
+
+
+def _record(draft_s, verify_s):
+    return {"drafted": 8, "accepted": 6, "verifications": 3, "emitted": 9, "target_forwards": 4,
+            "draft_s": draft_s, "verify_s": verify_s, "accepted_at": [3, 2, 1], "drafted_at": [3, 3, 2]}
+
+
+def test_metrics_come_from_the_timed_calls_records_only(small):
+    """Counts are summed over the timed calls' records, times are their medians; the checked
+    call's output is not read (None here), and the target step is the workload's typed field."""
+    params = {**TECHNIQUE.defaults(), "prompts": 1, "max_new_tokens": 9}
+    w = SpecWorkload(params=params, device=CPU, seed=0, target=small, draft=small, prompts=[[1, 2, 3]],
+                     target_step_s=0.01)
+    records = [_record(0.02, 0.03), _record(0.08, 0.09), _record(0.04, 0.06)]
+    m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.1, 0.3, 0.2], 0.2, None, CPU, records=records))
+    assert m["acceptance_rate"] == pytest.approx(6 / 8) and m["mean_accepted_length"] == pytest.approx(3.0)
+    assert m["k_mean"] == pytest.approx(8 / 3) and m["drafted_tokens"] == pytest.approx(8)
+    assert m["per_position_acceptance"] == pytest.approx([1.0, 2 / 3, 0.5])
+    assert m["c"] == pytest.approx(0.04 / 8 / 0.01)  # median draft_s per drafted token, in target steps
+    assert m["verify_cost"] == pytest.approx(0.06 / 3 / 0.01)  # median verify_s per verification
+    assert m["target_step_s"] == 0.01 and m["target_forwards_per_token"] == pytest.approx(4 / 9)
+    assert m["predicted_speedup"] == pytest.approx(predicted_speedup(0.75, 8 / 3, 0.5))
+    assert m["predicted_speedup_with_verify_cost"] == pytest.approx(predicted_speedup(0.75, 8 / 3, 0.5, 2.0))
 
 
 def test_prompts_are_seeded_and_come_from_the_held_out_text():
@@ -378,13 +409,15 @@ def test_prompts_are_seeded_and_come_from_the_held_out_text():
 def test_sampled_run_checks_lengths_and_greedy_check_counts_mismatches():
     """The check fails on a real greedy divergence, counting mismatched (and missing) tokens and
     naming the first; a sampled run passes with different tokens but fails on a wrong length."""
-    ref = {"tokens": [[1, 2, 3, 4], [5, 6]], "temperature": 0.0}
-    bad = TECHNIQUE.check_fn(ref, {"tokens": [[1, 2, 9, 9], [5]], "temperature": 0.0})
+    ref = Decoded([[1, 2, 3, 4], [5, 6]], 0.0)
+    bad = TECHNIQUE.check_fn(ref, Decoded([[1, 2, 9, 9], [5]], 0.0))
     assert not bad.passed and bad.error == 3.0 and "prompt 0 first differs at token 2" in bad.detail
-    assert TECHNIQUE.check_fn(ref, {"tokens": [[1, 2, 3, 4], [5, 6]], "temperature": 0.0}).passed
-    sref = {"tokens": [[1, 2, 3]], "temperature": 1.0}
-    assert TECHNIQUE.check_fn(sref, {"tokens": [[3, 3, 1]], "temperature": 1.0}).passed
-    assert not TECHNIQUE.check_fn(sref, {"tokens": [[3, 3]], "temperature": 1.0}).passed
+    short = TECHNIQUE.check_fn(ref, Decoded([[1, 2, 3, 4], [5]], 0.0))
+    assert not short.passed and short.error == 1.0 and "prompt 1 first differs at token 1" in short.detail
+    assert TECHNIQUE.check_fn(ref, Decoded([[1, 2, 3, 4], [5, 6]], 0.0)).passed
+    sref = Decoded([[1, 2, 3]], 1.0)
+    assert TECHNIQUE.check_fn(sref, Decoded([[3, 3, 1]], 1.0)).passed
+    assert not TECHNIQUE.check_fn(sref, Decoded([[3, 3]], 1.0)).passed
     w = make_workload(temperature=1.0, drafter="ngram")
     assert run_case(w)[2].passed
 
@@ -437,21 +470,36 @@ def test_hf_checkpoints_as_target_and_draft(tmp_path):
 def _case(drafter, k, ratio, predicted, rate, tps):
     metrics = {"predicted_speedup": predicted, "predicted_speedup_with_verify_cost": predicted * 0.8,
                "acceptance_rate": rate, "mean_accepted_length": 1 + rate * k, "tokens_per_s": tps}
-    return {"params": {"drafter": drafter, "k": k, "adaptive_k": False},
-            "variants": {"baseline": {"role": "baseline", "metrics": {"tokens_per_s": 100.0}},
-                         "optimized": {"role": "optimized", "metrics": metrics}},
-            "speedups": {"optimized": {"ratio": ratio, "ci_low": ratio * 0.9, "ci_high": ratio * 1.1}}}
+    return {"technique": "speculative_decoding", "params": {**TECHNIQUE.defaults(), "drafter": drafter, "k": k},
+            "variants": {"plain": {"role": "baseline", "metrics": {"tokens_per_s": 100.0, "predicted_speedup": 1.0}},
+                         "draft_verify": {"role": "optimized", "metrics": metrics}},
+            "speedups": {"draft_verify": {"ratio": ratio, "ci_low": ratio * 0.9, "ci_high": ratio * 1.1}}}
 
 
-def test_figures_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
-    """The report's figures: measured vs predicted speedup, acceptance and accepted length, and
-    tokens/s against k, a line per drafter; nothing when there is no data."""
+def _drawn(cases):
+    return [(plot.title, fig) for plot in TECHNIQUE.plots for fig in [figures.declared(plot, cases)] if fig is not None]
+
+
+def _lines(fig):
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+            for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_plots_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
+    """Against k, a line per drafter: measured speedup beside both predictions on one axis,
+    acceptance rate, mean accepted length, and both variants' tokens/s; nothing without data."""
     cases = [_case("draft_model", k, 1 + 0.1 * k, 1.2, 0.5, 120.0) for k in (2, 4)]
     cases += [_case("ngram", k, 1.5, 1.6, 0.4, 150.0) for k in (2, 4)]
-    made = TECHNIQUE.figures_fn(cases)
-    assert [t for t, _ in made] == ["Measured vs predicted speedup against k, per drafter",
-                                    "Acceptance rate and mean accepted length against k, per drafter",
-                                    "Tokens/s against k, per drafter"]
-    legend = [t.get_text() for t in made[0][1].axes[0].get_legend().get_texts()]
-    assert any("ngram: measured" in t for t in legend) and any("draft_model: predicted" in t for t in legend)
-    assert TECHNIQUE.figures_fn([]) == []
+    made = dict(_drawn(cases))
+    assert list(made) == ["Measured and predicted speedup against k", "Acceptance rate against k",
+                          "Mean accepted length against k", "Tokens/s against k"]
+    speedup = _lines(made["Measured and predicted speedup against k"])
+    assert set(speedup) == {f"draft_verify {y} (drafter={d})" for d in ("draft_model", "ngram")
+                            for y in ("speedup", "predicted_speedup", "predicted_speedup_with_verify_cost")}
+    assert speedup["draft_verify speedup (drafter=draft_model)"] == ([2, 4], [pytest.approx(1.2), pytest.approx(1.4)])
+    assert speedup["draft_verify predicted_speedup (drafter=ngram)"] == ([2, 4], [1.6, 1.6])
+    assert _lines(made["Acceptance rate against k"])["draft_verify (drafter=ngram)"] == ([2, 4], [0.4, 0.4])
+    assert _lines(made["Mean accepted length against k"])["draft_verify (drafter=draft_model)"][1] == [2.0, 3.0]
+    assert set(_lines(made["Tokens/s against k"])) == {f"{v} (drafter={d})" for v in ("plain", "draft_verify")
+                                                       for d in ("draft_model", "ngram")}
+    assert _drawn([]) == []
