@@ -11,6 +11,6 @@ def case(device):
 
 
 @pytest.mark.benchmark(group="continuous_batching")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+@pytest.mark.parametrize("variant", ["static", "continuous"])
 def test_continuous_batching(benchmark, case, variant):
     run_and_check(benchmark, TECHNIQUE, case, variant)

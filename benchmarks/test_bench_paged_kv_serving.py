@@ -11,6 +11,6 @@ def case(device):
 
 
 @pytest.mark.benchmark(group="paged_kv_serving")
-@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+@pytest.mark.parametrize("variant", ["contiguous", "paged"])
 def test_paged_kv_serving(benchmark, case, variant):
     run_and_check(benchmark, TECHNIQUE, case, variant)

@@ -10,12 +10,17 @@ import random
 import pytest
 import torch
 
-from gpubench.contract import Measured
+from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
 from gpubench.models.llama import SIZES, LlamaConfig, load_hf, random_weights
+from gpubench.reports import figures
+from gpubench.serving.bench import LATENCY_PERCENTILES as LATENCY
+from gpubench.serving.bench import PLOTS, ServingReference, check
 from gpubench.serving.blocks import BlockManager, SlabAllocator
-from gpubench.serving.bench import check, reference
-from gpubench.serving.engine import Engine, EngineConfig, reference_generate, serving_metrics
+from gpubench.serving.config import EngineConfig
+from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
+from gpubench.serving.metrics import serving_metrics, serving_series
+from gpubench.serving.reference import reference_generate
 from gpubench.serving.traces import (Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length,
                                      read_jsonl)
 from gpubench.techniques import continuous_batching, paged_kv_serving
@@ -48,12 +53,36 @@ def test_greedy_tokens_equal_one_request_at_a_time_in_every_engine(weights64, sc
     cfg = EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
                        block_size=8, max_len=48, max_batch=8, wait=False)
     run = Engine(weights64, cfg).run(requests)
-    assert run["accounting_problems"] == []
+    assert run.accounting_problems == []
     for r in requests:
         expected, _ = reference_generate(weights64, r)
-        assert run["tokens"][r.id] == expected, f"request {r.id} under {scheduler}+{kv}"
+        assert run.tokens[r.id] == expected, f"request {r.id} under {scheduler}+{kv}"
     if kv == "paged" and scheduler == "continuous":
-        assert run["preemptions"] > 0, "the budget was meant to force preemption"
+        assert run.preemptions > 0, "the budget was meant to force preemption"
+
+
+def test_static_batch_goes_on_when_its_unfinished_requests_are_preempted(weights64):
+    """Static + paged: a short request finishes but keeps its blocks until the batch ends; when
+    the long one then has no room and preempts itself, the batch ends and the long one is
+    recomputed in the next (once a deadlock), with the tokens it would have generated alone."""
+    requests = [Request(0, 0.0, list(range(1, 9)), 8), Request(1, 0.0, list(range(9, 17)), 20)]
+    cfg = EngineConfig(scheduler="static", kv="paged", kv_budget_bytes=4 * 8 * TINY.kv_bytes_per_token(8),
+                       block_size=8, max_len=32, max_batch=2, wait=False)
+    run = Engine(weights64, cfg).run(requests)
+    assert run.preemptions == 1 and run.accounting_problems == []
+    for r in requests:
+        assert run.tokens[r.id] == reference_generate(weights64, r)[0]
+
+
+def test_a_request_larger_than_the_whole_budget_is_an_error_not_a_hang(weights64):
+    """Under either scheduler, a request whose tokens cannot fit even in an empty pool stops the
+    run with a message naming it."""
+    request = Request(0, 0.0, list(range(1, 21)), 4)  # 20 prompt tokens, 16 slots
+    for scheduler in ("static", "continuous"):
+        cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=2 * 8 * TINY.kv_bytes_per_token(8),
+                           block_size=8, max_len=32, wait=False)
+        with pytest.raises(RuntimeError, match="request 0 does not fit the KV budget even alone"):
+            Engine(weights64, cfg).run([request])
 
 
 def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
@@ -65,21 +94,28 @@ def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
             for s in ("static", "continuous")]
     for r in requests:
         alone, _ = reference_generate(weights64, r, temperature=0.8)
-        assert runs[0]["tokens"][r.id] == runs[1]["tokens"][r.id] == alone
+        assert runs[0].tokens[r.id] == runs[1].tokens[r.id] == alone
     greedy = [reference_generate(weights64, r)[0] for r in requests]
-    assert greedy != [runs[0]["tokens"][r.id] for r in requests], "sampling at T=0.8 should differ from greedy"
+    assert greedy != [runs[0].tokens[r.id] for r in requests], "sampling at T=0.8 should differ from greedy"
 
 
 # -- the check --------------------------------------------------------------------------------
 
-def _ref(tokens, gaps, temperature=0.0, dtype="float32"):
-    return {"tokens": tokens, "gaps": gaps, "temperature": temperature, "dtype": dtype}
+def _ref(tokens, gaps, temperature=0.0, dtype=torch.float32, lengths=None):
+    return ServingReference(tokens, gaps, temperature, dtype, lengths or {})
+
+
+def _run(tokens, problems=(), requests=(), timeline=None, preemptions=0, duration_s=1.0):
+    return ServingRun(scheduler="continuous", kv="paged", wait=True, tokens=tokens, requests=list(requests),
+                      timeline=timeline or Timeline(), duration_s=duration_s, preemptions=preemptions,
+                      kv_budget_bytes=1000, kv_capacity_tokens=10, kv_token_bytes=100,
+                      accounting_problems=list(problems))
 
 
 def test_check_fails_on_a_real_divergence_and_names_it():
     """A token that differs where the reference had a clear winner fails, with the request named."""
     ref = _ref({0: [5, 6, 7]}, {0: [2.0, 2.0, 2.0]})
-    result = check(ref, {"tokens": {0: [5, 9, 7]}, "accounting_problems": []})
+    result = check(ref, _run({0: [5, 9, 7]}))
     assert not result.passed and result.error == 1.0 and "request 0: token 1" in result.detail
 
 
@@ -87,17 +123,17 @@ def test_check_allows_a_divergence_at_a_near_tie_and_reports_it():
     """Where the lone reference's top-2 logits were within the margin, the other choice is allowed
     (batching changes rounding) but counted in the detail."""
     ref = _ref({0: [5, 6, 7], 1: [1, 2]}, {0: [2.0, 1e-5, 2.0], 1: [1.0, 1.0]})
-    result = check(ref, {"tokens": {0: [5, 8, 9], 1: [1, 2]}, "accounting_problems": []})
+    result = check(ref, _run({0: [5, 8, 9], 1: [1, 2]}))
     assert result.passed and "1 request(s) diverged at a near-tie" in result.detail
 
 
 def test_check_fails_on_accounting_problems_and_short_outputs():
     """Leaked or doubly owned KV fails the run whatever the tokens; so does a request cut short."""
     ref = _ref({0: [5, 6]}, {0: [1.0, 1.0]})
-    assert not check(ref, {"tokens": {0: [5, 6]}, "accounting_problems": ["3 blocks leaked"]}).passed
-    assert not check(ref, {"tokens": {0: [5]}, "accounting_problems": []}).passed
+    assert not check(ref, _run({0: [5, 6]}, problems=["3 blocks leaked"])).passed
+    assert not check(ref, _run({0: [5]})).passed
     sampled = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, temperature=1.0)
-    assert check(sampled, {"tokens": {0: [9, 9]}, "accounting_problems": []}).passed
+    assert check(sampled, _run({0: [9, 9]})).passed
 
 
 # -- KV bookkeeping ---------------------------------------------------------------------------
@@ -175,8 +211,8 @@ def test_engine_never_exceeds_its_budget_and_frees_everything(weights64, kv):
     budget = 12 * 8 * TINY.kv_bytes_per_token(8)
     run = Engine(weights64, EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8,
                                          max_len=48, wait=False)).run(trace(10, seed=4))
-    assert max(run["timeline"]["reserved_bytes"]) <= budget
-    assert run["timeline"]["reserved_bytes"][0] > 0 and run["accounting_problems"] == []
+    assert max(run.timeline.reserved_bytes) <= budget
+    assert run.timeline.reserved_bytes[0] > 0 and run.accounting_problems == []
 
 
 def test_paged_holds_more_requests_than_contiguous_in_the_same_bytes(weights64):
@@ -194,7 +230,7 @@ def test_paged_holds_more_requests_than_contiguous_in_the_same_bytes(weights64):
 # -- scheduling -------------------------------------------------------------------------------
 
 def _first_last(run):
-    return {r["id"]: (r["token_times_s"][0], r["finish_s"]) for r in run["requests"]}
+    return {r.id: (r.token_times_s[0], r.finish_s) for r in run.requests}
 
 
 def test_static_batches_run_until_their_longest_request_finishes(weights64):
@@ -217,16 +253,16 @@ def test_static_batch_starts_on_timeout_when_not_full(weights64):
     cfg = EngineConfig(scheduler="static", kv="contiguous", kv_budget_bytes=1 << 22, max_len=16, max_batch=8,
                        batch_timeout_s=0.1, wait=True)
     run = Engine(weights64, cfg).run(requests)
-    first = min(r["token_times_s"][0] for r in run["requests"])
-    assert first >= 0.1 and all(len(t) == 2 for t in run["tokens"].values())
+    first = min(r.token_times_s[0] for r in run.requests)
+    assert first >= 0.1 and all(len(t) == 2 for t in run.tokens.values())
 
 
 def test_requests_are_not_served_before_they_arrive(weights64):
     """Real arrivals: no request's first token precedes its arrival time."""
     requests = generate(TraceSpec(6, "poisson:50", "fixed:4", "fixed:3", 128), 9)
     run = Engine(weights64, EngineConfig(kv_budget_bytes=1 << 22, max_len=16, wait=True)).run(requests)
-    assert all(r["token_times_s"][0] >= r["arrival_s"] for r in run["requests"])
-    assert run["duration_s"] >= requests[-1].arrival_s
+    assert all(r.token_times_s[0] >= r.arrival_s for r in run.requests)
+    assert run.duration_s >= requests[-1].arrival_s
 
 
 # -- traces -----------------------------------------------------------------------------------
@@ -293,28 +329,50 @@ def test_jsonl_trace_reads_lengths_and_text_and_rejects_bad_lines(tmp_path):
 
 # -- metrics ----------------------------------------------------------------------------------
 
+def _timed_run(ttft_s, gap_s, preemptions=0, duration_s=1.0):
+    """Two requests at time 0, two tokens each: the first after ttft_s, the next gap_s later."""
+    times = [ttft_s, ttft_s + gap_s]
+    requests = [RequestTimes(i, 0.0, 4, 2, list(times), times[-1]) for i in range(2)]
+    timeline = Timeline(t_s=times, running=[2, 2], waiting=[0, 0], live_bytes=[800, 1000],
+                        reserved_bytes=[1000, 1000], step_tokens=[8, 2])
+    return _run({0: [1, 2], 1: [3, 4]}, requests=requests, timeline=timeline, preemptions=preemptions,
+                duration_s=duration_s)
+
+
 def test_serving_metrics_follow_vllm_definitions():
     """TTFT = first token - arrival; TPOT = (last - first) / (n - 1); ITL = gaps between tokens;
     throughput over first arrival to last finish; goodput counts requests meeting both SLOs;
     KV utilization = live / reserved bytes averaged over steps."""
-    run = {
-        "requests": [
-            {"id": 0, "arrival_s": 0.0, "prompt_len": 10, "output_len": 3, "token_times_s": [0.1, 0.2, 0.4], "finish_s": 0.4},
-            {"id": 1, "arrival_s": 0.2, "prompt_len": 6, "output_len": 1, "token_times_s": [0.3], "finish_s": 0.3},
-        ],
-        "timeline": {"t_s": [0.1, 0.2], "running": [1, 2], "live_bytes": [50, 100], "reserved_bytes": [100, 400],
-                     "waiting": [0, 0], "step_tokens": [10, 7]},
-        "preemptions": 0, "kv_budget_bytes": 1000, "kv_capacity_tokens": 10,
-    }
+    run = _run({0: [1, 2, 3], 1: [4]}, requests=[
+        RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4),
+        RequestTimes(1, 0.2, 6, 1, [0.3], 0.3),
+    ], timeline=Timeline(t_s=[0.1, 0.2], running=[1, 2], waiting=[0, 0], live_bytes=[50, 100],
+                         reserved_bytes=[100, 400], step_tokens=[10, 7]))
     m = serving_metrics(run, slo_ttft_ms=150, slo_tpot_ms=500)
     assert m["duration_s"] == pytest.approx(0.4)
     assert m["output_tokens_per_s"] == pytest.approx(4 / 0.4) and m["total_tokens_per_s"] == pytest.approx(20 / 0.4)
     assert m["mean_ttft_ms"] == pytest.approx(100.0)
     assert m["median_tpot_ms"] == pytest.approx(150.0)
-    assert sorted(m["series"]["itl_ms"]) == pytest.approx([100.0, 200.0])
+    assert sorted(serving_series(run)["itl_ms"]) == pytest.approx([100.0, 200.0])
     assert m["goodput_requests_per_s"] == pytest.approx(2 / 0.4)
     assert m["kv_utilization"] == pytest.approx((0.5 + 0.25) / 2) and m["max_concurrency"] == 2
     assert serving_metrics(run, slo_ttft_ms=50, slo_tpot_ms=500)["slo_attained"] == 0.0
+
+
+def test_technique_metrics_are_medians_over_the_timed_runs_not_the_checked_one():
+    """Scalars are the median over the timed calls' recorded runs; the series come from the run
+    of median duration; the checked call's output (here a far slower run) is never read."""
+    T = continuous_batching.TECHNIQUE
+    w = T.build_fn({**T.defaults(), **SMALL}, CPU, 0)
+    runs = [_timed_run(0.1, 0.02, preemptions=1, duration_s=2.0), _timed_run(0.3, 0.04, preemptions=4, duration_s=1.0)]
+    checked = _timed_run(9.0, 1.0, preemptions=100, duration_s=50.0)
+    m = T.metrics_fn(w, Measured("continuous", [2.0, 1.0], 1.5, checked, CPU, records=[{"run": r} for r in runs]))
+    assert m["median_ttft_ms"] == pytest.approx(200.0) and m["median_tpot_ms"] == pytest.approx(30.0)
+    assert m["preemptions"] == 2.5 and m["max_concurrency"] == 2
+    assert m["duration_s"] == pytest.approx((0.12 + 0.34) / 2)
+    assert m["series"]["ttft_ms"] == pytest.approx([300.0, 300.0])  # the shorter run: the lower median of two
+    with pytest.raises(ValueError, match="no timed serving run"):
+        T.metrics_fn(w, Measured("continuous", [], 0.0, checked, CPU, records=[]))
 
 
 # -- techniques -------------------------------------------------------------------------------
@@ -323,26 +381,65 @@ SMALL = {"requests": 6, "arrival": "all", "prompt_len": "uniform:4:12", "output_
          "max_len": 32, "kv_budget_mib": 0.05, "max_batch": 4}
 
 
-@pytest.mark.parametrize("module", [continuous_batching, paged_kv_serving])
-def test_techniques_check_both_engines_against_lone_generation(module):
-    """Each serving technique's baseline and optimized runs pass its check against the reference,
-    and its metrics carry the headline and the series the report draws."""
+@pytest.mark.parametrize("module,names", [(continuous_batching, ("static", "continuous")),
+                                          (paged_kv_serving, ("contiguous", "paged"))])
+def test_techniques_check_both_engines_against_lone_generation(module, names):
+    """Each serving technique's baseline and optimized runs pass its check against the reference;
+    each timed run is recorded, and the metrics carry the headline and the series the report draws."""
     T = module.TECHNIQUE
+    assert T.incomplete() == [] and tuple(T.playing(role, CPU).name for role in ("baseline", "optimized")) == names
     params = {**T.defaults(), **SMALL}
     assert T.validate_fn(params) == []
     w = T.build_fn(params, CPU, 0)
     ref = T.reference_fn(w)
-    for name in ("baseline", "optimized"):
-        out = T.variants[name].fn(w)
+    case = {"technique": T.name, "params": params, "variants": {}}
+    for name, role in zip(names, ("baseline", "optimized")):
+        rec = Recorder()
+        out = T.variants[name].call(w, rec)
+        assert rec.values["run"] is out
         result = T.check_fn(ref, out)
         assert result.passed, result.detail
-        m = T.metrics_fn(w, Measured(name, [0.1], 0.1, out, CPU))
+        m = T.metrics_fn(w, Measured(name, [0.1], 0.1, out, CPU, records=[rec.values]))
         assert m[T.headline] > 0 and len(m["series"]["ttft_ms"]) == 6
-    case = {"params": params, "variants": {
-        n: {"role": n, "metrics": T.metrics_fn(w, Measured(n, [0.1], 0.1, T.variants[n].fn(w), CPU))}
-        for n in ("baseline", "optimized")}}
-    titles = [t for t, _ in T.figures_fn([case])]
-    assert len(titles) == 3 and any("CDF" in t for t in titles)
+        case["variants"][name] = {"role": role, "metrics": m}
+    assert T.plots == PLOTS
+    for plot in T.plots:
+        fig = figures.declared(plot, [case])
+        assert fig is not None and figures.mark_data(fig) > 0, plot.title
+
+
+def _figure_case(ttft_ms, role_values):
+    variants = {}
+    for (name, role), scale in zip((("static", "baseline"), ("continuous", "optimized")), role_values):
+        metrics = {"output_tokens_per_s": 100.0 * scale, **{key: 10.0 * scale for key in LATENCY},
+                   "series": {"t_s": [0.1, 0.2, 0.3], "running": [1, 2, 1], "kv_utilization": [None, 0.5 * scale, 0.25],
+                              "ttft_ms": ttft_ms, "e2e_ms": [2 * t for t in ttft_ms]}}
+        variants[name] = {"role": role, "metrics": metrics}
+    return {"technique": "continuous_batching", "params": {"requests": 3}, "variants": variants}
+
+
+def _panel_lines(fig):
+    return {line.get_label(): line for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())}
+
+
+def test_report_figures_draw_throughput_percentiles_utilization_running_and_cdfs():
+    """The declared figures: a bar per engine for tokens/s and each latency percentile, KV
+    utilization (%) and running requests against time, and latency CDFs, per engine."""
+    case = _figure_case([30.0, 10.0, 20.0], (1, 2))
+    drawn = {plot.title: figures.declared(plot, [case]) for plot in PLOTS}
+    assert all(fig is not None for fig in drawn.values())
+    throughput, percentiles, util, running, ttft, e2e = drawn.values()
+    assert sorted(p.get_height() for p in throughput.axes[0].patches) == [100.0, 200.0]
+    assert len(percentiles.axes[0].patches) == 2 * len(LATENCY)
+    util_lines = _panel_lines(util)
+    assert set(util_lines) == {"static", "continuous"}
+    assert list(util_lines["continuous"].get_ydata())[1:] == pytest.approx([100.0, 25.0])
+    assert list(_panel_lines(running)["static"].get_ydata()) == [1, 2, 1]
+    cdf = _panel_lines(ttft)["static"]
+    assert list(cdf.get_xdata()) == [10.0, 20.0, 30.0] and list(cdf.get_ydata()) == pytest.approx([1 / 3, 2 / 3, 1])
+    assert list(_panel_lines(e2e)["continuous"].get_xdata()) == [20.0, 40.0, 60.0]
+    empty = {"technique": "continuous_batching", "params": {}, "variants": {}}
+    assert all(figures.declared(plot, [empty]) is None for plot in PLOTS)
 
 
 def test_validate_rejects_traces_longer_than_max_len_and_bad_specs():
@@ -375,10 +472,9 @@ def test_model_sizes_span_cpu_tests_to_a_billion_parameters():
 
 def test_check_requests_limits_the_token_check_but_still_checks_lengths():
     """With check_requests set, requests beyond it are still checked for their full length."""
-    ref = {"tokens": {0: [5, 6]}, "gaps": {0: [1.0, 1.0]}, "temperature": 0.0, "dtype": "float32",
-           "lengths": {0: 2, 1: 3}}
-    assert check(ref, {"tokens": {0: [5, 6], 1: [1, 2, 3]}, "accounting_problems": []}).passed
-    result = check(ref, {"tokens": {0: [5, 6], 1: [1, 2]}, "accounting_problems": []})
+    ref = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, lengths={0: 2, 1: 3})
+    assert check(ref, _run({0: [5, 6], 1: [1, 2, 3]})).passed
+    result = check(ref, _run({0: [5, 6], 1: [1, 2]}))
     assert not result.passed and "request 1: 2 tokens, expected 3" in result.detail
 
 
@@ -409,7 +505,7 @@ def test_hf_checkpoint_loads_and_matches_transformers_logits(tmp_path):
     run = Engine(weights, EngineConfig(kv="paged", kv_budget_bytes=1 << 20, max_len=64, wait=False)).run([request])
     # No end-of-sequence token: the engine, like vLLM's benchmark with ignore_eos, generates output_len.
     hf = model.generate(tokens, max_new_tokens=8, do_sample=False)[0, 20:].tolist()
-    assert run["tokens"][0] == hf
+    assert run.tokens[0] == hf
 
 
 def test_serve_command_prints_metrics_per_engine_and_rejects_bad_input(tmp_path):

@@ -1,3 +1,5 @@
-"""A small LLM serving engine for the serving techniques: request traces (:mod:`.traces`), KV-cache
-bookkeeping (:mod:`.blocks`), the engine with its schedulers and KV layouts (:mod:`.engine`) and
-what the techniques share (:mod:`.bench`)."""
+"""A small LLM serving engine for the serving techniques, after nano-vllm's split: request traces
+(:mod:`.traces`), sequences (:mod:`.sequence`), KV bookkeeping (:mod:`.blocks`) and storage
+(:mod:`.kv`), the schedulers (:mod:`.scheduler`), the model runner (:mod:`.model_runner`), the
+loop (:mod:`.engine`), serving metrics (:mod:`.metrics`), lone generation as the reference
+(:mod:`.reference`) and what the two techniques share (:mod:`.bench`)."""

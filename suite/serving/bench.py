@@ -1,18 +1,24 @@
 """What the two serving techniques (``continuous_batching`` and ``paged_kv_serving``) share: their
-params, the workload (model weights and a request trace), the exact-greedy check against
-one-request-at-a-time generation, vLLM-style serving metrics and the report's figures."""
+params, the workload (model weights, a request trace, the engine settings), the check of a run's
+tokens and KV accounting against one-request-at-a-time generation, the metrics of the timed runs
+and the figures the report draws."""
 from __future__ import annotations
 
-import math
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpubench.contract import CheckResult, Measured, Param, Workload
-from gpubench.models.llama import SIZES, forward, causal_attention, model_from
-from gpubench.serving.engine import Engine, EngineConfig, reference_generate, serving_metrics
-from gpubench.serving.traces import ARRIVAL_HELP, LENGTH_HELP, TraceSpec, generate, parse_arrival, parse_length
+from gpubench.contract import CheckResult, Measured, Param, Plot, Recorder, Workload
+from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
+from gpubench.serving.config import EngineConfig
+from gpubench.serving.engine import Engine, ServingRun
+from gpubench.serving.metrics import serving_metrics, serving_series
+from gpubench.serving.reference import reference_generate
+from gpubench.serving.traces import (ARRIVAL_HELP, LENGTH_HELP, Request, TraceSpec, generate, parse_arrival,
+                                     parse_length)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Greedy decoding is compared token for token. Batching changes floating-point rounding (a
@@ -20,6 +26,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # best logits were closer than this, the engines may legitimately pick the other one; such a
 # divergence is counted and reported, not failed. Any other difference fails.
 NEAR_TIE = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.1}
+
+LATENCY_PERCENTILES = tuple(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl")
+                            for stat in ("median", "p90", "p99"))
+PLOTS = [
+    Plot("Output tokens/s", y="output_tokens_per_s", kind="bars", ylabel="output tokens/s"),
+    Plot("TTFT, TPOT and ITL percentiles (ms)", y=LATENCY_PERCENTILES, kind="bars", ylabel="ms", log_y=True),
+    Plot("KV utilization over time: bytes holding live tokens / bytes reserved (%)", y="series.kv_utilization",
+         x="series.t_s", kind="series", scale=100, ylabel="KV live / reserved %",
+         xlabel="seconds since the first arrival"),
+    Plot("Running requests over time", y="series.running", x="series.t_s", kind="series", ylabel="running requests",
+         xlabel="seconds since the first arrival"),
+    Plot("Time to first token, CDF over requests (ms)", y="series.ttft_ms", kind="cdf", ylabel="TTFT (ms)"),
+    Plot("End-to-end latency, CDF over requests (ms)", y="series.e2e_ms", kind="cdf", ylabel="end-to-end latency (ms)"),
+]
 
 
 def common_params() -> list[Param]:
@@ -67,7 +87,17 @@ def validate(params: dict[str, Any]) -> list[str]:
     return problems
 
 
-def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
+@dataclass(kw_only=True)
+class ServingWorkload(Workload):
+    weights: LlamaWeights
+    requests: list[Request]
+    engine: EngineConfig  # a technique holds its scheduler or its KV layout here; variants set the other
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    check_requests: int  # requests regenerated alone for the token check (0: all)
+
+
+def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWorkload:
     device = torch.device(device)
     weights = model_from(params["model"], seed, DTYPES[params["dtype"]], device)
     spec = TraceSpec(params["requests"], params["arrival"], params["prompt_len"], params["output_len"],
@@ -77,59 +107,68 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> Workload:
     if too_long:
         raise ValueError(f"requests {too_long[:5]} exceed max_len {params['max_len']} (prompt + output)")
     _warm_up(weights)
-    return Workload(params=dict(params), device=device, seed=seed,
-                    inputs={"weights": weights, "requests": requests})
+    engine = EngineConfig(scheduler=params.get("scheduler", "continuous"), kv=params.get("kv", "paged"),
+                          kv_budget_bytes=int(params["kv_budget_mib"] * 2**20), block_size=params["block_size"],
+                          max_len=params["max_len"], max_batch=params["max_batch"],
+                          batch_timeout_s=params["batch_timeout_ms"] / 1e3, temperature=params["temperature"],
+                          wait=params["wait"])
+    return ServingWorkload(params=dict(params), device=device, seed=seed, weights=weights, requests=requests,
+                           engine=engine, slo_ttft_ms=params["slo_ttft_ms"], slo_tpot_ms=params["slo_tpot_ms"],
+                           check_requests=params["check_requests"])
 
 
-def _warm_up(weights) -> None:
+def _warm_up(weights: LlamaWeights) -> None:
     """One small forward pass so lazy initialization is not charged to the first engine run."""
     tok = torch.arange(8, device=weights.device) % weights.config.vocab_size
     with torch.inference_mode():
         forward(weights, tok, torch.arange(8, device=weights.device), lambda i, q, k, v: causal_attention(q, k, v))
 
 
-def engine_config(params: dict[str, Any], scheduler: str, kv: str) -> EngineConfig:
-    return EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=int(params["kv_budget_mib"] * 2**20),
-                        block_size=params["block_size"], max_len=params["max_len"], max_batch=params["max_batch"],
-                        batch_timeout_s=params["batch_timeout_ms"] / 1e3, temperature=params["temperature"],
-                        wait=params["wait"])
-
-
-def serve(w: Workload, scheduler: str, kv: str) -> dict[str, Any]:
-    run = Engine(w.weights, engine_config(w.params, scheduler, kv)).run(w.requests)
-    run["temperature"] = w.params["temperature"]
-    run["dtype"] = w.params["dtype"]
+def serve(w: ServingWorkload, rec: Recorder, **engine: Any) -> ServingRun:
+    """One run of the trace through an engine (``engine``: what the variant sets, e.g. its scheduler)."""
+    run = Engine(w.weights, replace(w.engine, **engine)).run(w.requests)
+    rec.record(run=run)
     return run
 
 
-def reference(w: Workload) -> dict[str, Any]:
+# -- correctness ------------------------------------------------------------------------------
+
+@dataclass
+class ServingReference:
+    tokens: dict[int, list[int]]  # request id -> tokens generated alone
+    gaps: dict[int, list[float]]  # request id -> top-2 logit gap at each of those tokens
+    temperature: float
+    dtype: torch.dtype
+    lengths: dict[int, int] = field(default_factory=dict)  # every request's output length
+
+
+def reference(w: ServingWorkload) -> ServingReference:
     """Every request (or the first ``check_requests``) generated alone, with a plain growing KV
     cache: what batching must not change."""
-    tokens, gaps = {}, {}
-    limit = w.params["check_requests"] or len(w.requests)
-    for r in w.requests[:limit]:
-        tokens[r.id], gaps[r.id] = reference_generate(w.weights, r, w.params["temperature"])
-    return {"tokens": tokens, "gaps": gaps, "temperature": w.params["temperature"], "dtype": w.params["dtype"],
-            "lengths": {r.id: r.output_len for r in w.requests}, "accounting_problems": []}
+    ref = ServingReference({}, {}, w.engine.temperature, w.weights.dtype,
+                           {r.id: r.output_len for r in w.requests})
+    for r in w.requests[:w.check_requests or len(w.requests)]:
+        ref.tokens[r.id], ref.gaps[r.id] = reference_generate(w.weights, r, w.engine.temperature)
+    return ref
 
 
-def check(ref: dict[str, Any], out: dict[str, Any]) -> CheckResult:
+def check(ref: ServingReference, out: ServingRun) -> CheckResult:
     """Greedy: every request's tokens equal the reference's (a divergence where the reference's top
     two logits were within the dtype's near-tie margin is allowed and reported). Sampled: every
     request produced its full length. Always: exact KV accounting (no leaked or doubly owned
     block, never over the budget)."""
-    problems = list(out.get("accounting_problems") or [])
-    if problems:
-        return CheckResult(False, float(len(problems)), None, "accounting_problems", "; ".join(problems[:3]))
-    greedy = ref["temperature"] <= 0
-    margin = NEAR_TIE[DTYPES[ref["dtype"]]]
+    if out.accounting_problems:
+        return CheckResult(False, float(len(out.accounting_problems)), None, "accounting_problems",
+                           "; ".join(out.accounting_problems[:3]))
+    greedy = ref.temperature <= 0
+    margin = NEAR_TIE[ref.dtype]
     mismatched, near_ties, first_bad = 0, 0, None
-    for rid, length in (ref.get("lengths") or {}).items():
-        if rid not in ref["tokens"] and len(out["tokens"].get(rid, [])) != length:
+    for rid, length in ref.lengths.items():
+        if rid not in ref.tokens and len(out.tokens.get(rid, [])) != length:
             mismatched += 1
-            first_bad = first_bad or f"request {rid}: {len(out['tokens'].get(rid, []))} tokens, expected {length}"
-    for rid, expected in ref["tokens"].items():
-        got = out["tokens"].get(rid, [])
+            first_bad = first_bad or f"request {rid}: {len(out.tokens.get(rid, []))} tokens, expected {length}"
+    for rid, expected in ref.tokens.items():
+        got = out.tokens.get(rid, [])
         if len(got) != len(expected):
             mismatched += 1
             first_bad = first_bad or f"request {rid}: {len(got)} tokens, expected {len(expected)}"
@@ -137,12 +176,12 @@ def check(ref: dict[str, Any], out: dict[str, Any]) -> CheckResult:
         if not greedy or got == expected:
             continue
         i = next(j for j, (a, b) in enumerate(zip(got, expected)) if a != b)
-        if ref["gaps"][rid][i] < margin:
+        if ref.gaps[rid][i] < margin:
             near_ties += 1
         else:
             mismatched += 1
             first_bad = first_bad or (f"request {rid}: token {i} is {got[i]}, alone it is {expected[i]} "
-                                      f"(top-2 logit gap {ref['gaps'][rid][i]:.3g})")
+                                      f"(top-2 logit gap {ref.gaps[rid][i]:.3g})")
     detail = first_bad or ""
     if near_ties:
         detail = (detail + "; " if detail else "") + (f"{near_ties} request(s) diverged at a near-tie "
@@ -152,105 +191,36 @@ def check(ref: dict[str, Any], out: dict[str, Any]) -> CheckResult:
     return CheckResult(mismatched == 0, float(mismatched), 0.0, "mismatched_requests", detail)
 
 
-def metrics(w: Workload, measured: Measured) -> dict[str, Any]:
-    out = measured.output
-    m = serving_metrics(out, w.params["slo_ttft_ms"], w.params["slo_tpot_ms"])
-    m["scheduler"], m["kv"] = out["scheduler"], out["kv"]
+# -- metrics ----------------------------------------------------------------------------------
+
+def _median(values: list[Any]) -> Any:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    if not numbers:
+        return None
+    median = statistics.median(numbers)
+    counts = all(isinstance(v, int) for v in numbers) and median == int(median)
+    return int(median) if counts else median  # requests, steps: whole numbers stay whole
+
+
+def metrics(w: ServingWorkload, measured: Measured) -> dict[str, Any]:
+    """The serving metrics of the timed runs: each scalar the median over them; the series (what
+    the figures draw) of the run whose duration is the median (the lower one of an even count)."""
+    runs = [r["run"] for r in measured.records if isinstance(r.get("run"), ServingRun)]
+    if not runs:
+        raise ValueError(f"{measured.variant}: no timed serving run was recorded")
+    per_run = [serving_metrics(run, w.slo_ttft_ms, w.slo_tpot_ms) for run in runs]
+    m: dict[str, Any] = {key: _median([p[key] for p in per_run]) for key in per_run[0]}
+    typical = sorted(runs, key=lambda run: run.duration_s)[(len(runs) - 1) // 2]
+    m["series"] = serving_series(typical)
+    m["scheduler"], m["kv"] = typical.scheduler, typical.kv
     m["model_params"] = w.weights.config.num_params()
     return m
 
 
-# -- report -----------------------------------------------------------------------------------
-
-ROLE_STYLE = {"baseline": ("#8c8c8c", "--"), "optimized": ("#1f6fb4", "-")}
-
-
-def _label(case: dict[str, Any]) -> str:
-    p = case.get("params", {})
-    return f"{p.get('model')} {p.get('requests')} req, {p.get('arrival')}, out {p.get('output_len')}"
-
-
-def _engines(case: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    out = []
-    for name, record in (case.get("variants") or {}).items():
-        m = record.get("metrics") or {}
-        if record.get("role") in ROLE_STYLE and m.get("series"):
-            out.append((record["role"], f"{name}: {m.get('scheduler')} + {m.get('kv')} KV", m))
-    return out
-
-
-def figures(cases: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """Per case (up to four): throughput and latency percentiles side by side; KV utilization and
-    running requests over time; TTFT and end-to-end latency CDFs."""
-    from matplotlib.figure import Figure
-
-    out = []
-    for case in cases[:4]:
-        engines = _engines(case)
-        if len(engines) < 2:
-            continue
-        label = _label(case)
-        # 1. throughput and percentiles
-        fig = Figure(figsize=(7, 3.0))
-        ax_t, ax_l = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 3]})
-        names = [e[1] for e in engines]
-        for k, (role, name, m) in enumerate(engines):
-            color = ROLE_STYLE[role][0]
-            ax_t.bar(k, m["output_tokens_per_s"], color=color)
-            groups = [("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl")]
-            xs, ys = [], []
-            for g, (_, key) in enumerate(groups):
-                for s, stat in enumerate(("median", "p90", "p99")):
-                    xs.append(g * 4 + s + k * 0.4 - 0.2)
-                    ys.append(m.get(f"{stat}_{key}_ms") or 0.0)
-            ax_l.bar(xs, ys, width=0.4, color=color, label=name)
-        ax_t.set_xticks(range(len(names)), [n.split(":")[0] for n in names], fontsize=7)
-        ax_t.set_ylabel("output tokens/s")
-        ax_l.set_xticks([g * 4 + s for g in range(3) for s in range(3)],
-                        [f"{g}\n{s}" for g in ("TTFT", "TPOT", "ITL") for s in ("p50", "p90", "p99")], fontsize=7)
-        ax_l.set_yscale("log")
-        ax_l.set_ylabel("ms")
-        ax_l.legend(fontsize=7)
-        fig.tight_layout()
-        out.append((f"Serving throughput and latency percentiles ({label})", fig))
-        # 2. KV utilization and running requests over time
-        fig = Figure(figsize=(7, 3.4))
-        ax_u, ax_r = fig.subplots(2, 1, sharex=True)
-        for role, name, m in engines:
-            color, style = ROLE_STYLE[role]
-            s = m["series"]
-            util = [math.nan if u is None else 100 * u for u in s["kv_utilization"]]
-            ax_u.plot(s["t_s"], util, color=color, linestyle=style, label=name, linewidth=1)
-            ax_r.plot(s["t_s"], s["running"], color=color, linestyle=style, linewidth=1, drawstyle="steps-post")
-        ax_u.set_ylabel("KV live / reserved %", fontsize=8)
-        ax_r.set_ylabel("running requests", fontsize=8)
-        ax_r.set_xlabel("seconds since the first arrival")
-        ax_u.legend(fontsize=7)
-        fig.tight_layout()
-        out.append((f"KV utilization and running requests over time ({label})", fig))
-        # 3. latency CDFs
-        fig = Figure(figsize=(7, 2.8))
-        axes = fig.subplots(1, 2)
-        for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "e2e_ms", "end-to-end latency")):
-            for role, name, m in engines:
-                values = sorted(m["series"][key])
-                if values:
-                    color, style = ROLE_STYLE[role]
-                    ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], color=color,
-                            linestyle=style, label=name, drawstyle="steps-post")
-            ax.set_xlabel(f"{title} (ms)")
-            ax.set_ylabel("fraction of requests")
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        out.append((f"Latency CDFs ({label})", fig))
-    return out
-
-
 def register(technique) -> None:
-    """Attach the shared pieces (validate, build, reference, check, metrics, figures) to a technique."""
+    """Attach the shared pieces (validate, build, reference, check, metrics) to a technique."""
     technique.validate(validate)
     technique.build(build)
     technique.reference(reference)
     technique.check(check)
     technique.metrics(metrics)
-    technique.figures(figures)

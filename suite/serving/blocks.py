@@ -5,9 +5,9 @@ sequence owns a block table that grows one block at a time as it generates, and 
 back when it finishes or is preempted. :class:`SlabAllocator` (contiguous): a fixed number of
 ``max_len``-token slabs; a sequence takes a whole slab when admitted, however short it turns out.
 
-Both only count; the tensors live in the engine. ``check()`` verifies the invariants the engine
-relies on (every unit either free or owned by exactly one sequence, nothing lost) and returns the
-problems found, so a run can record them instead of trusting them.
+Both only count; the tensors live in :mod:`gpubench.serving.kv`. ``check()`` verifies the
+invariants the engine relies on (every unit either free or owned by exactly one sequence, nothing
+lost) and returns the problems found, so a run can record them instead of trusting them.
 """
 from __future__ import annotations
 
@@ -97,6 +97,10 @@ class SlabAllocator:
     @property
     def num_free(self) -> int:
         return len(self.free)
+
+    @property
+    def num_owned(self) -> int:
+        return len(self.owner)
 
     def can_allocate(self, tokens: int) -> bool:
         return bool(self.free) and tokens <= self.max_len

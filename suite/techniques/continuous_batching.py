@@ -2,10 +2,10 @@
 equal so only the scheduling differs (a serving run over a request trace)."""
 from __future__ import annotations
 
-from typing import Any
-
-from gpubench.contract import Param, Technique, Workload
+from gpubench.contract import Param, Recorder, Technique
 from gpubench.serving import bench
+from gpubench.serving.bench import ServingWorkload
+from gpubench.serving.engine import ServingRun
 
 TECHNIQUE = Technique(
     name="continuous_batching",
@@ -23,18 +23,18 @@ TECHNIQUE = Technique(
                  "a batch of 1 (memory-bound), so every idle slot is lost throughput, while a CPU's step "
                  "time grows with the batch.",
     headline="output_tokens_per_s",
+    plots=bench.PLOTS,
 )
 bench.register(TECHNIQUE)
 
 
-@TECHNIQUE.variant("baseline", role="baseline")
-def run_static(w: Workload) -> dict[str, Any]:
-    """Static batching: a batch of up to max_batch starts when full or after batch_timeout_ms, and
-    runs until its longest request finishes."""
-    return bench.serve(w, "static", w.params["kv"])
+@TECHNIQUE.variant("static", role="baseline")
+def static(w: ServingWorkload, rec: Recorder) -> ServingRun:
+    """static batches: start when full or after batch_timeout_ms, run until the longest request ends"""
+    return bench.serve(w, rec, scheduler="static")
 
 
-@TECHNIQUE.variant("optimized", role="optimized")
-def run_continuous(w: Workload) -> dict[str, Any]:
-    """Continuous batching: requests join at the next step after they arrive and leave when done."""
-    return bench.serve(w, "continuous", w.params["kv"])
+@TECHNIQUE.variant("continuous", role="optimized")
+def continuous(w: ServingWorkload, rec: Recorder) -> ServingRun:
+    """iteration-level scheduling: requests join at the next step after they arrive and leave when done"""
+    return bench.serve(w, rec, scheduler="continuous")

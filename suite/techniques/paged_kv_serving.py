@@ -1,13 +1,12 @@
-"""paged_kv_serving: paged attention's engine-level view. Contiguous KV reserved at max_len per
-request against 16-token blocks on demand, the same scheduler and the same KV memory budget in
-bytes: how many requests fit, how much of the memory holds tokens, and what that does to throughput
-(a serving run over a request trace)."""
+"""paged_kv_serving: paged attention's engine-level view. KV reserved contiguously at max_len per
+request against blocks on demand, with the same scheduler and KV budget in bytes (a serving run
+over a request trace)."""
 from __future__ import annotations
 
-from typing import Any
-
-from gpubench.contract import Param, Technique, Workload
+from gpubench.contract import Param, Recorder, Technique
 from gpubench.serving import bench
+from gpubench.serving.bench import ServingWorkload
+from gpubench.serving.engine import ServingRun
 
 TECHNIQUE = Technique(
     name="paged_kv_serving",
@@ -24,17 +23,18 @@ TECHNIQUE = Technique(
                  "as on a GPU; on a CPU each extra request adds its compute, and the paged decode runs "
                  "as a PyTorch block loop rather than the Triton kernel.",
     headline="max_concurrency",
+    plots=bench.PLOTS,
 )
 bench.register(TECHNIQUE)
 
 
-@TECHNIQUE.variant("baseline", role="baseline")
-def run_contiguous(w: Workload) -> dict[str, Any]:
-    """Contiguous KV: each admitted request reserves a max_len slab of the budget."""
-    return bench.serve(w, w.params["scheduler"], "contiguous")
+@TECHNIQUE.variant("contiguous", role="baseline")
+def contiguous(w: ServingWorkload, rec: Recorder) -> ServingRun:
+    """a max_len slab of KV reserved per admitted request"""
+    return bench.serve(w, rec, kv="contiguous")
 
 
-@TECHNIQUE.variant("optimized", role="optimized")
-def run_paged(w: Workload) -> dict[str, Any]:
-    """Paged KV: 16-token blocks from a fixed pool on demand; preemption when the pool runs dry."""
-    return bench.serve(w, w.params["scheduler"], "paged")
+@TECHNIQUE.variant("paged", role="optimized")
+def paged(w: ServingWorkload, rec: Recorder) -> ServingRun:
+    """KV blocks of block_size tokens taken on demand; preemption by recompute when the pool runs dry"""
+    return bench.serve(w, rec, kv="paged")
