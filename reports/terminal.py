@@ -91,7 +91,6 @@ def summary_table(doc: dict[str, Any]) -> Table:
         table.add_column(column, justify=justify)
     shown = shown_by_technique(doc)
     for case in doc["cases"]:
-        variants = case["variants"]
         base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
         status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
         if case["status"] != "passed" and case.get("failure"):

@@ -5,11 +5,17 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+    atomic_write_chunks(path, [text])
+
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str]) -> None:
+    """:func:`atomic_write_text` for text made piece by piece (a large document is never held
+    whole); a piece that fails to make leaves the old file in place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -19,7 +25,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -80,7 +80,7 @@ class _CaseProgress:
         line = (f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
                 f"{self._params(case.technique, record.params)}  {opt or 'optimized'} speedup "
                 f"{format_speedup(record.speedups.get(opt))}  "
-                f"({record.elapsed_s:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
+                f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
         if record.status != "passed" and record.failure is not None:
             line += f"\n    {record.failure.message}"
         self.console.print(line, markup=False)
@@ -94,7 +94,7 @@ class _CaseProgress:
 
 
 def _default_scenario(device_opt: str | None) -> str:
-    wants_gpu = device_opt not in (None, "auto") and device_opt != "cpu"
+    wants_gpu = device_opt not in (None, "auto") and "cpu" not in device_opt
     return "gpu-quick" if (wants_gpu or (device_opt in (None, "auto") and torch.cuda.is_available())) else "smoke"
 
 
@@ -102,7 +102,9 @@ def _default_scenario(device_opt: str | None) -> str:
 @click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
               help="A shipped scenario name (see `gpubench list`) or a YAML file. "
                    "Default: smoke on a CPU machine, gpu-quick on a GPU machine.")
-@click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Overrides the scenario's device.")
+@click.option("--device", "--devices", "devices", metavar="all|cpu|cuda|cuda:N[,...]",
+              help="Where the cases run (overrides the scenario's device): one worker process per device, "
+                   "cases spread over them; 'all' is every GPU here.")
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Parent directory of the run directory <timestamp>-<scenario>/.")
 @click.option("--only", metavar="TECH,...", help="Run only these techniques of the scenario.")
@@ -110,18 +112,38 @@ def _default_scenario(device_opt: str | None) -> str:
               help="Scale repetition counts and times of the measurement policy (e.g. 0.2 for a quick look).")
 @click.option("--telemetry-interval", type=float, default=0.05, show_default=True, help="NVML sampling interval, seconds.")
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring the device peak (no %-of-peak metrics).")
-def run(scenario_name: str | None, device: str | None, out_root: str, only: str | None,
-        repeat_scale: float, telemetry_interval: float, no_calibrate: bool) -> None:
+@click.option("--isolation", type=click.Choice(["process", "none"]), default="process", show_default=True,
+              help="process: each device's cases in a worker process that a hang or crash cannot take the run "
+                   "down with; none: every case in this process (for a debugger).")
+@click.option("--max-parallel", type=int, default=None, help="At most this many workers at once (default: one per device).")
+@click.option("--cluster", metavar="ray|ray://HOST:PORT", help="Run each case as a Ray task (pip install 'gpubench[ray]').")
+@click.option("--gpu-type", metavar="TYPE", help="With --cluster: Ray's accelerator type the tasks ask for (e.g. H100).")
+@click.option("--per-model", is_flag=True, help="Run every case once on each device model among the devices "
+              "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.")
+@click.option("--exclusive", is_flag=True, help="Refuse to start (exit 2) when other processes are using a GPU.")
+@click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
+def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
+        telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
+        cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool) -> None:
     """Run a scenario: check and time every case, write a run directory."""
+    from gpubench import supervisor
+
     if repeat_scale <= 0:
         raise BadInput(f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy).")
     if telemetry_interval <= 0:
         raise BadInput(f"--telemetry-interval: {telemetry_interval} is not valid; allowed: seconds > 0.")
-    scen = scenariomod.load(scenario_name or _default_scenario(device))
-    if device is not None:
-        dev = envmod.resolve_device(device, "--device")
+    if gpu_type and not cluster:
+        raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
+    scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    if devices is not None:
+        device_list = supervisor.resolve_devices(devices, "--devices")
+    elif cluster:
+        device_list = ["cuda" if scen.device.startswith("cuda") else "cpu"]
     else:
-        dev = envmod.resolve_device(scen.device, f"{scen.path}: device")
+        device_list = supervisor.resolve_devices(scen.device, f"{scen.path}: device")
+    options = supervisor.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
+                                    max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
+                                    per_model=per_model)
     only_list = None
     if only:
         only_list = [t.strip() for t in only.split(",") if t.strip()]
@@ -134,16 +156,18 @@ def run(scenario_name: str | None, device: str | None, out_root: str, only: str 
                 raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
                                f"its techniques: {', '.join(in_scenario)}.")
     out = _console()
-    out.print(f"gpubench run: scenario [bold]{scen.name}[/] ({scen.path}) on {envmod.device_label(dev)}")
+    where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
+    out.print(f"gpubench run: scenario [bold]{scen.name}[/] ({scen.path}) on {where}"
+              + ("" if isolation == "process" else ", in this process"))
     cases = scen.cases(only=only_list)
     swept: dict[str, set[str]] = {}
     for entry in scen.entries:
         swept.setdefault(entry.technique, set()).update(entry.grid)
     shown = {t: shown_params([c.params for c in cases if c.technique == t], keys) for t, keys in swept.items()}
     progress = _CaseProgress(out, shown)
-    outcome = runner.run_scenario(scen, dev, Path(out_root), only=only_list, repeat_scale=repeat_scale,
-                                  progress=progress, telemetry_interval_s=telemetry_interval,
-                                  calibrate=not no_calibrate)
+    outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
+                                      progress=progress, telemetry_interval_s=telemetry_interval,
+                                      calibrate=not no_calibrate)
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     out.print(f"run directory: {outcome.run_dir}")
@@ -164,13 +188,21 @@ def run(scenario_name: str | None, device: str | None, out_root: str, only: str 
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
-@click.option("--compare", "other_dir", type=click.Path(path_type=Path), default=None, metavar="OTHER_RUN_DIR",
-              help="Another run to compare with: per case the change with its CI, regressions first.")
-def report(run_dir: Path, output: Path | None, other_dir: Path | None) -> None:
-    """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it."""
+@click.option("--compare", "others", type=click.Path(path_type=Path), multiple=False, default=None,
+              metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "
+              "regressions first. Further runs may follow RUN_DIR: then a technique x device matrix of all.")
+@click.argument("more", nargs=-1, type=click.Path(path_type=Path))
+def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[Path, ...]) -> None:
+    """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it.
+
+    gpubench report RUN --compare OTHER: the two runs side by side.
+    gpubench report RUN --compare RUN2 RUN3 ...: the technique x device matrix of all the runs."""
     from gpubench.reports import html as html_report
 
-    written = html_report.write_report(run_dir, output, compare=other_dir)
+    compare = ([others] if others is not None else []) + list(more)
+    if more and others is None:
+        raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
+    written = html_report.write_report(run_dir, output, compare=compare)
     click.echo(f"report: {written.html}")
     click.echo(f"summary: {written.markdown}")
 
@@ -202,8 +234,12 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
         raise BadInput("compare: give BASELINE and CURRENT (run directories, results.json or pytest-benchmark "
                        "JSON), or --baseline-store DIR and CURRENT alone.")
     current = gate.load_any(paths[-1])
-    baseline_path = gate.find_in_store(baseline_store, current) if baseline_store else paths[0]
-    baseline = gate.load_any(baseline_path)
+    if baseline_store:
+        baseline, stored = gate.load_from_store(baseline_store, current)
+        baseline_path = ", ".join(map(str, stored))
+    else:
+        baseline_path = paths[0]
+        baseline = gate.load_any(baseline_path)
     result = gate.compare(baseline, current, threshold=gate.parse_threshold(threshold),
                           allow_missing=allow_missing, force=force, strict=strict)
     if markdown_path is not None:
@@ -232,7 +268,8 @@ def baseline_group() -> None:
               type=click.Path(file_okay=False, path_type=Path), help="The store (commit it to the repository).")
 @click.option("--name", help="Stored name (default: the run's scenario name).")
 def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
-    """Store RUN_DIR's results as the baseline for its GPU model: DIR/<GPU>/<scenario>.json."""
+    """Store RUN_DIR's results as the baseline for its GPU model: DIR/<GPU>/<scenario>.json (one per
+    model for a run over several)."""
     from gpubench import compare as gate
     from gpubench.atomic import atomic_write_text
     from gpubench.results import load_results
@@ -241,12 +278,14 @@ def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
     if doc.get("status") != "complete" or doc.get("summary", {}).get("failed"):
         raise BadInput(f"{run_dir}: only a complete run with no failed case can be a baseline "
                        f"(status {doc.get('status')!r}, {doc.get('summary', {}).get('failed', '?')} failed).")
-    target = gate.store_path(baseline_dir, doc, name)
-    try:
-        atomic_write_text(target, json.dumps(doc, indent=1) + "\n")
-    except OSError as exc:
-        raise BadInput(f"--baseline-dir {baseline_dir}: cannot write {target} ({exc.strerror or exc}).") from None
-    click.echo(f"baseline saved: {target}")
+    for label in gate.device_labels(doc):  # a run over several device models: one baseline each
+        part = gate.for_device(doc, label)
+        target = gate.store_path(baseline_dir, part, name)
+        try:
+            atomic_write_text(target, json.dumps(part, indent=1) + "\n")
+        except OSError as exc:
+            raise BadInput(f"--baseline-dir {baseline_dir}: cannot write {target} ({exc.strerror or exc}).") from None
+        click.echo(f"baseline saved: {target}")
 
 
 # --------------------------------------------------------------------------------------------

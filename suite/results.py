@@ -12,20 +12,22 @@ import dataclasses
 import datetime as _dt
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 
-from gpubench.atomic import atomic_write_json, atomic_write_text
+from gpubench.atomic import atomic_write_chunks, atomic_write_json, atomic_write_text
 from gpubench.errors import BadInput
 
 # 2: variants are named by what they run (their role is a field), side data recorded per timed
 # call (``recorded``), the technique's ``source``. Version 1 files are still read.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
+CASES_LOG = "cases.jsonl"
 
 
 @dataclass
@@ -73,6 +75,7 @@ class CaseRecord:
     variants: dict[str, VariantRecord] = field(default_factory=dict)
     speedups: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, Any] | None = None
+    device: dict[str, Any] | None = None  # the device it ran on: key, type, index, label, uuid, host
 
     def role_variant(self, role: str) -> str | None:
         return next((n for n, v in self.variants.items() if v.role == role), None)
@@ -96,6 +99,9 @@ class RunRecord:
     ceilings: dict[str, Any] | None = None
     telemetry: dict[str, Any] | None = None
     cases: list[CaseRecord] = field(default_factory=list)
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # every device used, by worker slot
+    warnings: list[str] = field(default_factory=list)  # what the reader must know first (busy GPUs)
+    clocks: dict[str, Any] | None = None  # --lock-clocks: what was locked, or why not
     abort_reason: str | None = None
     crash: Failure | None = None
 
@@ -105,15 +111,31 @@ class RunRecord:
         return {"cases": len(statuses), "passed": statuses.count("passed"),
                 "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, cases: bool = True) -> dict[str, Any]:
         from gpubench import __version__
 
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cases"}
+        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
         doc = {"schema_version": SCHEMA_VERSION, "kind": "gpubench.results", "gpubench_version": __version__,
-               **dataclasses.asdict(self), "summary": self.summary}
-        for key in ("abort_reason", "crash"):
+               **json_safe(fields), "cases": [], "summary": self.summary}
+        for key in ("abort_reason", "crash", "clocks"):
             if doc[key] is None:
                 del doc[key]
+        if cases:
+            doc["cases"] = [c.to_dict() for c in self.cases]
         return doc
+
+    def json_chunks(self) -> Iterator[str]:
+        """results.json piece by piece, one case at a time (a run of 10,000 cases is never held
+        as one document)."""
+        head = json.dumps(self.to_dict(cases=False), indent=2, allow_nan=False, default=str)
+        before, after = head.split('"cases": []', 1)
+        yield before + '"cases": ['
+        for n, case in enumerate(self.cases):
+            yield ("," if n else "") + "\n" + json.dumps(json_safe(case.to_dict()), allow_nan=False, default=str)
+        yield "\n  ]" + after + "\n"
+
+
 
 
 def json_safe(value: Any) -> Any:
@@ -159,9 +181,27 @@ class RunDirectory:
         atomic_write_json(self.path / "env.json", json_safe(env))
 
     def write_results(self, doc: dict[str, Any] | RunRecord) -> None:
-        atomic_write_json(self.results_json, json_safe(doc.to_dict() if isinstance(doc, RunRecord) else doc))
+        if isinstance(doc, RunRecord):
+            atomic_write_chunks(self.results_json, doc.json_chunks())
+        else:
+            atomic_write_json(self.results_json, json_safe(doc))
 
-    def write_cases_csv(self, doc: dict[str, Any]) -> None:
+    @property
+    def cases_log(self) -> Path:
+        return self.path / CASES_LOG
+
+    def append_case(self, index: int, record: CaseRecord) -> None:
+        """One finished case, appended to the run log (a line of JSON, flushed and fsynced): what a
+        reader of an unfinished run gets, at a cost that does not grow with the run."""
+        line = json.dumps(json_safe({"index": index, **record.to_dict()}), allow_nan=False) + "\n"
+        with open(self.cases_log, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def write_cases_csv(self, doc: dict[str, Any] | RunRecord) -> None:
+        if isinstance(doc, RunRecord):  # case by case, never the whole run as one document
+            doc = {"run_id": doc.run_id, "cases": (json_safe(c.to_dict()) for c in doc.cases)}
         atomic_write_text(self.path / "results.csv", cases_frame(doc).to_csv(index=False))
 
 
@@ -221,4 +261,28 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if version not in READABLE_VERSIONS:
         raise BadInput(f"{file}: schema_version is {version!r}; this gpubench reads versions "
                        f"{', '.join(map(str, READABLE_VERSIONS))}.")
+    if doc.get("status") == "running":  # killed mid-way: the run log holds what finished
+        logged = read_cases_log(file.parent / CASES_LOG)
+        if len(logged) > len(doc.get("cases") or []):
+            doc["cases"] = logged
+            statuses = [c.get("status") for c in logged]
+            doc["summary"] = {"cases": len(logged), "passed": statuses.count("passed"),
+                              "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
     return doc
+
+
+def read_cases_log(path: Path) -> list[dict[str, Any]]:
+    """The cases of a run log in case order; a line cut short by a crash is left out."""
+    cases: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    for line in lines:
+        try:
+            case = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(case, dict) and isinstance(case.get("index"), int):
+            cases[case.pop("index")] = case
+    return [cases[i] for i in sorted(cases)]

@@ -1,14 +1,12 @@
-"""The scenario runner: cases -> measurements -> results directory.
-
-For each case: build the workload once (seeded), run every variant once and check its output
-against the reference, time the variants interleaved, derive metrics, and (where NVML has an
-energy counter) measure energy per call. Results are written after every case, atomically, so
-a crash or Ctrl-C keeps everything that finished.
+"""One case, measured: build the workload once (seeded), run every variant once and check its
+output against the reference, time the variants interleaved, derive metrics, and (where NVML has
+an energy counter) measure energy per call. A worker process (or the supervisor itself, with
+``--isolation none``) calls :func:`run_case` for each case it is given.
 
 A case that raises, runs out of memory or passes its time limit is recorded as failed with the
-reason; the run goes on. The time limit is enforced with SIGALRM on the main thread: it stops
-Python code and any native call that returns, but cannot stop a native call that never returns
-(a hung CUDA kernel); that is a limit of running cases in-process.
+reason; the run goes on. The time limit here is SIGALRM on the main thread: it stops Python code
+and any native call that returns, keeping what was measured; a native call that never returns is
+the supervisor's to stop, by killing the worker process (:mod:`gpubench.supervisor`).
 """
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from gpubench import env as envmod
-from gpubench import results, stats, techniques, timing
+from gpubench import stats, techniques, timing
 from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, RunRecord, VariantRecord
 from gpubench.scenario import Case, Scenario
@@ -108,7 +105,7 @@ class ProgressListener(Protocol):
     def run_finished(self) -> None: ...
 
 
-class _Silent:
+class Silent:
     def run_started(self, total: int) -> None: pass
     def case_started(self, index: int, case: Case) -> None: pass
     def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: pass
@@ -142,70 +139,22 @@ def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str 
                  only: list[str] | None = None, repeat_scale: float = 1.0,
                  progress: ProgressListener | None = None, telemetry_interval_s: float = 0.05,
                  calibrate: bool = True) -> RunOutcome:
-    progress = progress or _Silent()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # events, streams and allocations default to this GPU
-    cases = scenario.cases(only=only, repeat_scale=repeat_scale)
-    run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
-    env = envmod.capture_env(device)
-    run_dir.write_env(env)
-    run = RunRecord(run_id=run_dir.path.name, device=str(device), device_label=env["device_label"],
-                    scenario=scenario.to_dict(), env=env, repeat_scale=repeat_scale, only=only,
-                    started_at=_now())
-    sampler = TelemetrySampler.for_device(device, interval_s=telemetry_interval_s)
-    progress.run_started(len(cases))
-    try:
-        if calibrate:
-            try:
-                run.ceilings = envmod.calibrate(device, quick=True)
-            except Exception as exc:  # noqa: BLE001 - metrics lose their % of peak, nothing else
-                run.ceilings = {"error": describe(exc).message}
-        clocks: dict[bool, timing.Clock] = {}
-        record: CaseRecord | None = None
-        sampler.start()
-        for index, case in enumerate(cases):
-            progress.case_started(index, case)
-            flush = case.policy.flush_l2
-            if flush not in clocks:
-                clocks[flush] = timing.Clock(device, flush_l2=flush)
-            try:
-                record = run_case(case, device, clocks[flush], sampler, run.ceilings)
-            except CaseInterrupted as stop:
-                record = stop.record
-                raise KeyboardInterrupt from None
-            finally:
-                if record is not None:
-                    run.cases.append(record)
-                    run_dir.write_results(run)
-                    progress.case_finished(index, case, record)
-                    record = None
-            if run.cases[-1].status == "failed":
-                broken = cuda_context_broken(device)
-                if broken is not None:
-                    run.status = "aborted"
-                    run.abort_reason = (f"the CUDA context is unusable after case {case.id} ({broken}); "
-                                        f"{len(cases) - index - 1} later case(s) not run")
-                    break
-    except KeyboardInterrupt:
-        run.status = "interrupted"
-    except Exception as exc:  # noqa: BLE001 - a harness fault: keep what was measured, say so
-        run.status = "crashed"
-        run.crash = describe(exc)
-        run.abort_reason = run.crash.message
-    finally:
-        sampler.close()
-        if run.status == "running":
-            run.status = "complete"
-        run.finished_at = _now()
-        run.telemetry = sampler.run_summary()
-        for record in run.cases:
-            record.telemetry = sampler.case_summary(record.id) if sampler.available else None
-        run_dir.write_results(run)
-        doc = run.to_dict()
-        run_dir.write_cases_csv(doc)
-        sampler.write_csv(run_dir.path / "telemetry.csv")
-        progress.run_finished()
-    return RunOutcome(run_dir.path, run)
+    """Every case in this process, on ``device`` (``--isolation none``); see
+    :func:`gpubench.supervisor.run_scenario` for worker processes."""
+    from gpubench import supervisor
+
+    options = supervisor.RunOptions(devices=[str(device)], isolation="none")
+    return supervisor.run_scenario(scenario, options, out_root, only=only, repeat_scale=repeat_scale,
+                                   progress=progress, telemetry_interval_s=telemetry_interval_s,
+                                   calibrate=calibrate)
+
+
+def unloadable(case: Case, source: str) -> CaseRecord:
+    """The record of a case whose technique could not be loaded where it was to run."""
+    record = new_record(case)
+    record.status = "failed"
+    record.failure = Failure("exception", f"technique {case.technique} could not be loaded here from {source!r}")
+    return record
 
 
 def new_record(case: Case) -> CaseRecord:

@@ -431,7 +431,8 @@ class TelemetrySampler:
 
     def __init__(self, source: TelemetrySource | None, interval_s: float = DEFAULT_INTERVAL_S,
                  unavailable_reason: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 *, sleep: Callable[[float], Any] | None = None):
+                 *, sleep: Callable[[float], Any] | None = None,
+                 tag_reader: Callable[[], tuple[str | None, str | None]] | None = None):
         if not (interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
         self.interval_s = float(interval_s)
@@ -449,6 +450,8 @@ class TelemetrySampler:
         self._lock = threading.Lock()
         self._samples: list[dict[str, Any]] = []
         self._tag: tuple[str | None, str | None] = (None, None)
+        # Where the tag comes from when another process runs the cases (a worker's shared tag).
+        self._tag_reader = tag_reader
         self._thread: threading.Thread | None = None
         self._t0: float | None = None
         self._read_errors = 0
@@ -554,7 +557,7 @@ class TelemetrySampler:
         now = self._clock()
         if self._t0 is None:
             self._t0 = now
-        case, variant = self._tag
+        case, variant = self._tag_reader() if self._tag_reader is not None else self._tag
         try:
             values = source.read()
         except Exception as e:

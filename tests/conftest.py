@@ -20,8 +20,9 @@ def toys():
 
     from gpubench import techniques
 
-    for t in toy_module.ALL:
-        techniques.register(t)
+    for name, t in vars(toy_module).items():
+        if any(t is toy for toy in toy_module.ALL):  # with its source, so a worker can load it too
+            techniques.register(t, f"toys:{name}")
     yield toy_module
     for t in toy_module.ALL:
         techniques.unregister(t.name)

@@ -52,7 +52,7 @@ def test_missing_scenario_exits_2():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_cuda_asked_on_a_machine_without_it_exits_2():
     assert_bad_input(invoke("run", "--scenario", "smoke", "--device", "cuda"),
-                     "device 'cuda' was asked for, but no CUDA GPU is usable here", "Allowed: auto, cpu, cuda or cuda:N")
+                     "device 'cuda' was asked for, but no CUDA GPU is usable here", "Allowed: all, auto, cpu, cuda, cuda:N")
     assert_bad_input(invoke("run", "--scenario", "gpu-quick"), "gpu-quick.yaml: device")
 
 

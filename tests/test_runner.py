@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from gpubench import runner, scenario
+from gpubench import results, runner, scenario
 
 
 def run(write_scenario, tmp_path, body, **kw):
@@ -139,7 +139,7 @@ def test_results_are_on_disk_after_every_case(toys, write_scenario, tmp_path):
 
         def case_finished(self, index, case, record):
             run_dir = next((tmp_path / "runs").iterdir())
-            seen.append(len(json.loads((run_dir / "results.json").read_text())["cases"]))
+            seen.append(len(results.load_results(run_dir)["cases"]))  # results.json + the run log
 
     run(write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n",
         progress=Spy())

@@ -4,7 +4,8 @@
 - installed packages, through the entry point group ``gpubench.techniques`` (the entry point
   names a module holding ``TECHNIQUE``, or the Technique itself);
 - a scenario entry naming a module (``technique: my_pkg.my_pair``, looked up on ``sys.path`` and
-  beside the scenario file) or a Python file (``technique: pairs/my_pair.py``, relative to it).
+  beside the scenario file; ``my_pkg.pairs:NORM`` names another attribute than ``TECHNIQUE``) or
+  a Python file (``technique: pairs/my_pair.py``, relative to it).
 """
 from __future__ import annotations
 
@@ -99,11 +100,17 @@ def _validated(technique: object, where: str) -> Technique:
     return technique  # type: ignore[return-value]
 
 
+def _file_of(spec: str, base_dir: Path | None) -> Path | None:
+    """The file a spec names (a path, or ending in .py), relative to ``base_dir``; None for a module."""
+    if not (spec.endswith(".py") or "/" in spec or "\\" in spec):
+        return None
+    path = Path(spec)
+    return (base_dir / path if not path.is_absolute() and base_dir is not None else path).resolve()
+
+
 def _import(spec: str, base_dir: Path | None) -> ModuleType:
-    if spec.endswith(".py") or "/" in spec or "\\" in spec:
-        path = Path(spec)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
+    path = _file_of(spec, base_dir)
+    if path is not None:
         if not path.is_file():
             raise BadInput(f"technique {spec!r}: no such file ({path}); give a built-in technique, a module "
                            f"(my_pkg.my_pair) or a .py file relative to the scenario.")
@@ -123,24 +130,29 @@ def load(spec: str, base_dir: Path | None = None) -> Technique:
     ``.py`` file (relative to ``base_dir``, the scenario's folder). Raises :class:`BadInput` with
     what is wrong: unimportable, no ``TECHNIQUE``, or an incomplete one."""
     known = get(spec)
+    path = _file_of(spec, base_dir)
+    if known is None and path is not None:  # a file loaded before (another scenario, another entry)
+        known = next((t for t in all_techniques().values() if t.source == str(path)), None)
     if known is not None:
         return known
     if spec in _BROKEN:
         raise BadInput(f"technique {spec!r} (entry point of group {ENTRY_POINT_GROUP}) cannot be loaded: "
                        f"{_BROKEN[spec]}")
+    module_spec, _, attribute = spec.partition(":") if not spec.endswith(".py") else (spec, "", "")
+    attribute = attribute or "TECHNIQUE"
     try:
-        module = _import(spec, base_dir)
+        module = _import(module_spec, base_dir)
     except BadInput:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's module: say why, no traceback
         raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
                        f"importable module: {type(exc).__name__}: {exc}.") from None
-    technique = getattr(module, "TECHNIQUE", None)
+    technique = getattr(module, attribute, None)
     if technique is None:
         raise BadInput(f"technique {spec!r}: module {module.__name__} ({getattr(module, '__file__', '?')}) has no "
-                       "TECHNIQUE; define TECHNIQUE = gpubench.contract.Technique(...) at module level.")
+                       f"{attribute}; define TECHNIQUE = gpubench.contract.Technique(...) at module level.")
     technique = _validated(technique, f"technique {spec!r}")
-    source = str(Path(module.__file__).resolve()) if spec.endswith(".py") else module.__name__
+    source = str(path) if path is not None else spec
     try:
         return register(technique, source)
     except ValueError as exc:

@@ -1,0 +1,191 @@
+"""A worker process: it owns one device, measures the cases the supervisor hands it, and sends
+each case's record back. Started with ``spawn``, so it inherits no CUDA state; it ignores Ctrl-C
+(the supervisor decides), writes its stdout and stderr to a log file in the run directory (the
+supervisor quotes its last lines when the worker dies), and dumps Python's stack on a fatal
+signal there too (``faulthandler``).
+
+Messages, worker to supervisor: ``Ready(device, env, ceilings)`` once, then one ``Done(index,
+record, broken)`` per job; ``broken`` says the CUDA context is unusable after the case, and the
+worker exits. Supervisor to worker: a :class:`Job`, or None to stop.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from gpubench.scenario import Case
+
+TAG_BYTES = 512
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Which device a record was measured on."""
+
+    key: str  # the worker slot's device, e.g. "cuda:2" or "cpu" ("cpu#1" for a second CPU worker)
+    type: str  # cuda or cpu
+    index: int | None
+    label: str  # the hardware by name, e.g. "NVIDIA H200" or "CPU: AMD EPYC (2 logical cores)"
+    uuid: str | None = None
+    cpu_affinity: tuple[int, ...] | None = None  # the cores the worker was pinned to (near its GPU)
+    host: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "type": self.type, "index": self.index, "label": self.label,
+                "uuid": self.uuid, "cpu_affinity": list(self.cpu_affinity) if self.cpu_affinity else None,
+                "host": self.host}
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # the case's position in the run
+    case: Case
+    source: str  # where the technique is defined, so a fresh process can load it
+    ceilings: dict[str, Any] | None
+    target: str | None = None  # run on a device of this model (a label, or Ray's accelerator type)
+
+
+@dataclass
+class Ready:
+    device: DeviceInfo
+    env: dict[str, Any]
+    ceilings: dict[str, Any] | None
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass
+class Done:
+    index: int
+    record: Any  # a CaseRecord
+    broken: str | None = None  # the CUDA context is unusable (the worker exits after sending)
+    interrupted: bool = False  # Ctrl-C was raised inside the case (the run stops)
+
+
+class SharedTag:
+    """The case and variant running now, in shared memory, so the supervisor's telemetry thread
+    tags its samples with what this worker is doing. ``energy_mj`` reads the device's energy
+    counter in this process (NVML is not tied to a process). What ``run_case`` needs of
+    telemetry: ``set_tag`` and ``energy_mj``."""
+
+    def __init__(self, buffer: Any, energy: Any = None):
+        self._buffer = buffer
+        self._energy = energy
+
+    def set_tag(self, case_id: str | None, variant: str | None) -> None:
+        text = "" if case_id is None else f"{case_id}\t{variant or ''}"
+        self._buffer.value = text.encode()[:TAG_BYTES - 1]
+
+    def energy_mj(self) -> float | None:
+        try:
+            return None if self._energy is None else self._energy.energy_mj()
+        except Exception:  # noqa: BLE001 - energy is optional
+            return None
+
+
+def read_tag(buffer: Any) -> tuple[str | None, str | None]:
+    text = buffer.value.decode(errors="replace")
+    if not text:
+        return None, None
+    case_id, _, variant = text.partition("\t")
+    return case_id, variant or None
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _pin_near(handle: Any) -> tuple[int, ...] | None:
+    """Pin this process to the CPU cores NVML says are nearest the GPU; None where it cannot."""
+    try:
+        import pynvml
+
+        words = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() + 63) // 64)
+        cores = tuple(w * 64 + b for w, mask in enumerate(words) for b in range(64) if mask >> b & 1)
+        if cores:
+            os.sched_setaffinity(0, cores)
+            return cores
+    except Exception:  # noqa: BLE001 - no NVML, no affinity API: run unpinned
+        pass
+    return None
+
+
+def identify(key: str, device: Any, env: dict[str, Any], energy_source: Any) -> DeviceInfo:
+    gpu = env.get("gpu") or {}
+    affinity = _pin_near(energy_source.handle) if energy_source is not None else None
+    return DeviceInfo(key=key, type=device.type, index=gpu.get("index"), label=env["device_label"],
+                      uuid=gpu.get("uuid"), cpu_affinity=affinity, host=env.get("host", ""))
+
+
+def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings: dict[str, Any] | None,
+            info: DeviceInfo) -> tuple[Any, bool]:
+    """Measure one job where it is to run (a worker process, a Ray task): (its record, whether
+    Ctrl-C was raised inside it). The technique is loaded from the job's source if need be."""
+    from gpubench import runner, techniques, timing
+    from gpubench.results import json_safe
+
+    flush = job.case.policy.flush_l2
+    if flush not in clocks:
+        clocks[flush] = timing.Clock(device, flush_l2=flush)
+    interrupted = False
+    if techniques.find(job.case.technique, job.source) is None:
+        record = runner.unloadable(job.case, job.source)
+    else:
+        try:
+            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings)
+        except runner.CaseInterrupted as stop:
+            record, interrupted = stop.record, True
+    record.device = info.to_dict()
+    for variant in record.variants.values():  # what crosses a process boundary must pickle
+        variant.metrics = json_safe(variant.metrics)
+    return record, interrupted
+
+
+def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path: str, calibrate: bool) -> None:
+    """The worker's life: start, report ready, measure jobs until told to stop or the context breaks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _redirect_output(log_path)
+    import torch
+
+    from gpubench import env as envmod
+    from gpubench import runner, telemetry
+
+    device = torch.device(device_text)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    energy = None
+    if device.type == "cuda":
+        try:
+            energy = telemetry.nvml_source_for(device)
+        except Exception:  # noqa: BLE001 - no NVML: no energy figures
+            energy = None
+    env = envmod.capture_env(device)
+    info = identify(key, device, env, energy)
+    ceilings = envmod.run_ceilings(device) if calibrate else None
+    conn.send(Ready(info, env, ceilings))
+    probe = SharedTag(tag_buffer, energy)
+    clocks: dict[bool, Any] = {}
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the supervisor is gone
+            break
+        if job is None:
+            break
+        record, interrupted = run_job(job, device, clocks, probe, ceilings, info)
+        broken = runner.cuda_context_broken(device) if record.status == "failed" else None
+        conn.send(Done(job.index, record, broken, interrupted))
+        if broken or interrupted:
+            break
+    if energy is not None:
+        energy.close()

@@ -1,0 +1,225 @@
+"""The supervisor and its worker processes: a hung native call, a segfault, an exit or an exception
+each cost one case, never the run; several workers give the same results as one; a run killed
+mid-way keeps what finished; Ctrl-C stops the workers and keeps what finished."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpubench import results, runner, scenario, supervisor
+from gpubench.errors import BadInput
+
+PLUGINS = Path(__file__).parent / "plugins"
+FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}"
+
+
+def faulty_scenario(tmp_path: Path, modes: list[str], timeout_s: float = 2.0) -> Path:
+    path = tmp_path / "faults.yaml"
+    path.write_text(f"name: faults\n{FAST}\nentries:\n"
+                    f"  - technique: {PLUGINS / 'faulty_pair.py'}\n"
+                    f"    params: {{mode: {json.dumps(modes)}}}\n"
+                    f"    policy: {{case_timeout_s: {timeout_s}}}\n")
+    return path
+
+
+class OnDiskAfterEachCase:
+    """After every finished case, the run directory must hold it: results read back, in order."""
+
+    def __init__(self):
+        self.run_dir: Path | None = None
+        self.seen: list[int] = []
+
+    def run_started(self, total): pass
+    def case_started(self, index, case): pass
+    def run_finished(self): pass
+
+    def case_finished(self, index, case, record):
+        run_dir = next(p for p in self.out.iterdir() if p.is_dir())
+        self.seen.append(len(results.load_results(run_dir)["cases"]))
+
+
+@pytest.mark.slow
+def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(tmp_path):
+    modes = ["ok", "native_hang", "ok", "segfault", "ok", "exit", "ok", "raise", "ok"]
+    spy = OnDiskAfterEachCase()
+    spy.out = tmp_path / "runs"
+    t0 = time.monotonic()
+    outcome = supervisor.run_scenario(scenario.load(faulty_scenario(tmp_path, modes)),
+                                      supervisor.RunOptions(devices=["cpu"]), spy.out, progress=spy, calibrate=False)
+    doc = outcome.doc
+    cases = doc["cases"]
+    assert [c["params"]["mode"] for c in cases] == modes and doc["status"] == "complete"
+    assert outcome.exit_code == runner.EXIT_FAILED
+    assert spy.seen == list(range(1, len(modes) + 1))  # results readable after every case
+    assert all(c["status"] == "passed" for c in cases if c["params"]["mode"] == "ok")
+    by_mode = {c["params"]["mode"]: c for c in cases}
+
+    hang = by_mode["native_hang"]["failure"]
+    assert hang["kind"] == "timeout" and "worker killed after" in hang["message"]
+    assert by_mode["native_hang"]["elapsed_s"] < 2.0 + supervisor.kill_grace_s(2.0) + 5
+
+    segv = by_mode["segfault"]["failure"]
+    assert segv["kind"] == "crash" and "SIGSEGV" in segv["message"]
+    assert "Segmentation fault" in segv["traceback"]  # the worker's own last words (faulthandler)
+
+    gone = by_mode["exit"]["failure"]
+    assert gone["kind"] == "crash" and "exited with code 3" in gone["message"]
+
+    raised = by_mode["raise"]
+    assert raised["failure"]["kind"] == "variant" and "kernel launch failed" in raised["failure"]["message"]
+    assert raised["variants"]["loop"]["samples_s"]  # the baseline was still measured
+
+    assert all(c["device"]["key"] == "cpu" for c in cases)
+    logs = list((outcome.run_dir / "workers").iterdir())
+    assert [p.name for p in logs] == ["worker-cpu.log"]
+    assert time.monotonic() - t0 < 120
+
+
+@pytest.mark.slow
+def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path):
+    scen = scenario.load("smoke")
+    kw = dict(only=["flash_attention", "kv_cache"], repeat_scale=0.1, calibrate=False)
+    one = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu"]), tmp_path / "one", **kw).doc
+    two = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu", "cpu"]), tmp_path / "two", **kw).doc
+    assert [c["id"] for c in two["cases"]] == [c["id"] for c in one["cases"]]  # case order, not finish order
+    assert all(c["status"] == "passed" for c in one["cases"] + two["cases"])
+    for a, b in zip(one["cases"], two["cases"]):
+        for name, v in a["variants"].items():
+            assert (v["check"] or {}).get("error") == (b["variants"][name]["check"] or {}).get("error")
+    assert {c["device"]["key"] for c in two["cases"]} == {"cpu", "cpu#1"}  # both workers took cases
+    assert set(two["devices"]) == {"cpu", "cpu#1"}
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gpubench.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for_cases(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 120) -> Path:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        for run_dir in run_root.glob("*"):
+            log = run_dir / results.CASES_LOG
+            if log.exists() and len(log.read_text().splitlines()) >= n:
+                return run_dir
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} cases finished in {limit_s} s")
+
+
+def _slow_scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "slow.yaml"
+    path.write_text("name: slow\npolicy: {warmup_s: 0, min_reps: 3, max_reps: 1000, min_time_s: 1.5, "
+                    "max_time_s: 1.5, target_iqr: 0, energy_s: 0}\nentries:\n"
+                    f"  - technique: {PLUGINS / 'faulty_pair.py'}\n    params: {{n: [8, 9, 10, 11, 12, 13]}}\n")
+    return path
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path):
+    proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
+    run_dir = _wait_for_cases(tmp_path / "runs", 1, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    proc.communicate(timeout=60)
+    assert proc.returncode == runner.EXIT_INTERRUPTED
+    doc = results.load_results(run_dir)
+    assert doc["status"] == "interrupted"
+    statuses = [c["status"] for c in doc["cases"]]
+    assert statuses[0] == "passed" and "interrupted" in statuses and len(statuses) < 6
+    time.sleep(1)
+    leftover = subprocess.run(["pgrep", "-f", "gpubench-worker"], capture_output=True, text=True).stdout
+    assert not leftover.strip()  # no worker outlives its supervisor
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_keeps_its_finished_cases_and_reports(tmp_path):
+    proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
+    run_dir = _wait_for_cases(tmp_path / "runs", 2, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    doc = results.load_results(run_dir)
+    assert doc["status"] == "running" and len(doc["cases"]) >= 2  # assembled from cases.jsonl
+    assert all(c["status"] == "passed" for c in doc["cases"])
+    report = subprocess.run([sys.executable, "-m", "gpubench.cli", "report", str(run_dir)], capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "run running" in (run_dir / "report.html").read_text()  # the headline says it did not finish
+
+
+def test_a_torn_last_line_of_the_run_log_is_left_out(tmp_path):
+    run_dir = results.RunDirectory(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"kind": "gpubench.results", "schema_version": 2,
+                                                      "status": "running", "cases": []}))
+    with open(run_dir.cases_log, "w") as f:
+        f.write(json.dumps({"index": 1, "id": "b", "status": "passed"}) + "\n")
+        f.write(json.dumps({"index": 0, "id": "a", "status": "failed"}) + "\n")
+        f.write('{"index": 2, "id": "c", "sta')
+    doc = results.load_results(tmp_path)
+    assert [c["id"] for c in doc["cases"]] == ["a", "b"] and doc["summary"]["failed"] == 1
+
+
+def test_device_lists_resolve_and_bad_ones_are_bad_input():
+    assert supervisor.resolve_devices("cpu,cpu") == ["cpu", "cpu"]
+    assert supervisor.slot_keys(["cpu", "cpu", "cuda:1"]) == ["cpu", "cpu#1", "cuda:1"]
+    assert supervisor.resolve_devices("auto") == (["cuda:0"] if supervisor.torch.cuda.is_available() else ["cpu"])
+    for bad, expected in (("tpu", "not a device"), ("cpu,npu:0", "not a device")):
+        with pytest.raises(BadInput, match=expected):
+            supervisor.resolve_devices(bad)
+    if not supervisor.torch.cuda.is_available():
+        with pytest.raises(BadInput, match="no CUDA GPU is usable here"):
+            supervisor.resolve_devices("cuda:0,cuda:1")
+
+
+def test_the_kill_comes_only_after_the_workers_own_alarm_had_its_chance():
+    assert supervisor.kill_grace_s(1.0) == 2.0 and supervisor.kill_grace_s(300.0) == 30.0
+
+
+def test_isolation_none_takes_one_device(tmp_path):
+    with pytest.raises(BadInput, match="one device"):
+        supervisor.check_options(supervisor.RunOptions(devices=["cpu", "cpu"], isolation="none"))
+
+
+def test_exclusive_refuses_to_start_when_another_process_holds_the_gpu(monkeypatch):
+    monkeypatch.setattr(supervisor.hygiene, "gpu_processes",
+                        lambda device: [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}])
+    with pytest.raises(BadInput, match=r"--exclusive: other processes are using the GPU \(cuda:0: python3 \(pid 4242\)\)"):
+        supervisor._check_hygiene(["cuda:0"], exclusive=True)
+    assert supervisor._check_hygiene(["cuda:0"], exclusive=False)["cuda:0"][0]["pid"] == 4242
+
+
+def test_hygiene_says_why_on_a_machine_without_a_gpu():
+    from gpubench import hygiene
+
+    assert hygiene.gpu_processes("cpu") == "not a GPU"
+    with hygiene.ClockLock([]) as lock:
+        assert lock.state == {"cpu": {"locked": False, "reason": "no GPU in this run: nothing to lock"}}
+
+
+@pytest.mark.slow
+def test_on_a_local_ray_cluster_a_crashing_case_fails_once_and_the_others_pass(tmp_path, monkeypatch):
+    import ray  # the test extra installs it: CI runs this on a local 2-CPU Ray instance
+
+    calls = tmp_path / "calls.log"
+    monkeypatch.setenv("FAULTY_PAIR_LOG", str(calls))  # Ray's workers inherit the driver's environment
+    modes = ["ok", "segfault", "ok", "native_hang", "ok"]
+    options = supervisor.RunOptions(devices=["cpu"], cluster="ray")
+    outcome = supervisor.run_scenario(scenario.load(faulty_scenario(tmp_path, modes, timeout_s=3.0)), options,
+                                      tmp_path / "runs", calibrate=False)
+    assert not ray.is_initialized()  # the instance it started is shut down
+    doc = outcome.doc
+    cases = doc["cases"]
+    assert [c["params"]["mode"] for c in cases] == modes and outcome.exit_code == runner.EXIT_FAILED
+    assert [c["status"] for c in cases] == ["passed", "failed", "passed", "failed", "passed"]
+    assert cases[1]["failure"]["kind"] == "crash" and "Ray worker died" in cases[1]["failure"]["message"]
+    assert cases[3]["failure"]["kind"] == "timeout" and "cancelled" in cases[3]["failure"]["message"]
+    # Ray would retry a task whose worker died three times: the crashing call ran once.
+    assert calls.read_text().splitlines().count("segfault") == 1
+    assert all(c["device"]["type"] == "cpu" for c in cases if c["status"] == "passed")
+    assert doc["telemetry"]["status"] == "unavailable" and "Ray" in doc["telemetry"]["reason"]
