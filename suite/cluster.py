@@ -1,0 +1,158 @@
+"""Cases as Ray tasks (``gpubench run --cluster ray`` or ``ray://HOST:PORT``): each case a task
+asking for one GPU (one CPU on a CPU-only cluster), optionally of one accelerator type; its record
+comes back to this process, which writes the run directory as a local run does.
+
+Ray retries a task whose worker died (three times by default): here ``max_retries=0``, so a
+crashing case fails once. A task that passes ``case_timeout_s`` (plus the kill grace) is
+cancelled with ``force=True``, which kills its worker process. Ray is an optional extra:
+``pip install 'gpubench[ray]'``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from gpubench.errors import BadInput
+from gpubench.results import CaseRecord
+from gpubench.worker import DeviceInfo, Job, run_job
+
+_WORKER_STATE: dict[str, Any] = {}  # inside a Ray worker process: its device, env and ceilings
+
+
+def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRecord, dict[str, Any]]:
+    """Runs inside a Ray worker: measure one case on the device Ray assigned (cuda:0 is the GPU
+    it made visible), reusing this process's environment capture and calibration."""
+    import os
+    import socket
+
+    import torch
+
+    from gpubench import env as envmod
+
+    device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
+    if not _WORKER_STATE:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        env = envmod.capture_env(device)
+        gpu = env.get("gpu") or {}
+        key = f"{socket.gethostname()}:{gpu.get('uuid') or device}" if device.type == "cuda" else \
+            f"{socket.gethostname()}:cpu:{os.getpid()}"
+        info = DeviceInfo(key=key, type=device.type, index=gpu.get("index"), label=env["device_label"],
+                          uuid=gpu.get("uuid"), host=env.get("host", ""))
+        ceilings = envmod.run_ceilings(device) if calibrate else None
+        _WORKER_STATE.update(info=info, env=env, ceilings=ceilings, clocks={})
+
+    class _NoTelemetry:
+        def set_tag(self, case_id: Any, variant: Any) -> None:
+            pass
+
+        def energy_mj(self) -> None:
+            return None
+
+    state = _WORKER_STATE
+    record, _ = run_job(job, device, state["clocks"], _NoTelemetry(), state["ceilings"], state["info"])
+    return record, {"info": state["info"], "env": state["env"], "ceilings": state["ceilings"]}
+
+
+def ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("--cluster ray: Ray is not installed; install the extra with pip install 'gpubench[ray]' "
+                       "(or pip install ray), then run again.") from None
+    return ray
+
+
+class RayCluster:
+    """The executor for ``--cluster``: ``ray`` starts a local Ray instance (or joins the one
+    RAY_ADDRESS names), ``ray://HOST:PORT`` connects to an existing cluster."""
+
+    def __init__(self, address: str, devices: Sequence[str], *, gpu_type: str | None = None, calibrate: bool = True,
+                 max_parallel: int | None = None):
+        if address != "ray" and not address.startswith("ray://"):
+            raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance) or "
+                           "ray://HOST:PORT (an existing cluster).")
+        self.ray = ray_module()
+        self.address = None if address == "ray" else address
+        self.device_type = "cuda" if any(d.startswith("cuda") for d in devices) else "cpu"
+        self.gpu_type = gpu_type
+        self.calibrate = calibrate
+        self.max_parallel = max_parallel
+        self.discovered: dict[str, Any] = {}
+        self._started_here = False
+
+    def start(self) -> list[Any]:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, ignore_reinit_error=True)
+            self._started_here = True
+        resources = ray.cluster_resources()
+        if self.device_type == "cuda" and not resources.get("GPU"):
+            raise BadInput(f"--cluster {self.address or 'ray'}: the cluster has no GPU (resources: "
+                           f"{ {k: v for k, v in resources.items() if not k.startswith('node:')} }); "
+                           "use --device cpu for a CPU-only cluster.")
+        return []
+
+    def _slots(self) -> int:
+        resources = self.ray.cluster_resources()
+        slots = int(resources.get("GPU" if self.device_type == "cuda" else "CPU", 1))
+        return max(1, min(slots, self.max_parallel or slots))
+
+    def run(self, jobs: list[Job], sink: Any) -> None:
+        from gpubench.supervisor import failed_record, kill_grace_s
+
+        ray = self.ray
+        options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False}
+        if self.device_type == "cuda":
+            options["num_gpus"] = 1
+            if self.gpu_type and "," not in self.gpu_type:
+                options["accelerator_type"] = self.gpu_type
+        else:
+            options["num_cpus"] = 1
+        remote = ray.remote(**options)(_measure_remote)
+        pending = list(jobs)
+        running: dict[Any, tuple[Job, float]] = {}
+        slots = self._slots()
+        while pending or running:
+            while pending and len(running) < slots:
+                job = pending.pop(0)
+                sink.started(job)
+                task = remote.options(accelerator_type=job.target) if job.target else remote
+                running[task.remote(job, self.device_type, self.calibrate)] = (job, time.monotonic())
+            deadline = min(start + job.case.policy.case_timeout_s + kill_grace_s(job.case.policy.case_timeout_s)
+                           for job, start in running.values())
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                job, start = running.pop(ref)
+                try:
+                    record, state = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # the harness itself raised in the task
+                    record = failed_record(job.case, "exception", f"the Ray task raised: {exc.cause!r}",
+                                           str(exc)[-4000:], time.monotonic() - start)
+                except ray.exceptions.RayError as exc:  # the worker process died: segfault, os._exit, OOM kill
+                    record = failed_record(job.case, "crash", f"the Ray worker died during the case "
+                                           f"({type(exc).__name__})", str(exc)[-4000:], time.monotonic() - start)
+                else:
+                    self.discovered.setdefault(state["info"].key, state)
+                sink.finished(job, record)
+                if record.status == "interrupted":
+                    raise KeyboardInterrupt
+            now = time.monotonic()
+            for ref, (job, start) in list(running.items()):
+                limit = job.case.policy.case_timeout_s
+                if now - start >= limit + kill_grace_s(limit):
+                    ray.cancel(ref, force=True)
+                    running.pop(ref)
+                    sink.finished(job, failed_record(
+                        job.case, "timeout", f"timeout (Ray task cancelled, its worker killed, after {now - start:.1f} s): "
+                        f"the case passed policy.case_timeout_s = {limit:g} s", elapsed_s=now - start))
+
+    def devices(self) -> list[Any]:
+        from gpubench.supervisor import DeviceState
+
+        return [DeviceState(s["info"], s["env"], s["ceilings"]) for s in self.discovered.values()]
+
+    def close(self) -> None:
+        if self._started_here and self.ray.is_initialized():
+            self.ray.shutdown()
