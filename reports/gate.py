@@ -61,7 +61,7 @@ def print_table(comp: Comparison, console: Console) -> None:
                          ("baseline variant", "right"), ("note", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for c in comp.changes:
-        table.add_row(labels[c.case_id] + (f" ({c.variant})" if c.variant else ""), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
+        table.add_row(labels[c.case_id] + (f" ({c.variant})" if c.variant else "") + (f" on {c.device}" if c.device else ""), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
                       _context(c), c.reason[:120])
@@ -86,7 +86,8 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
         lines.insert(2, f"> forced: {_cell(message)}")
     size = sum(len(x) + 1 for x in lines)
     for i, c in enumerate(comp.changes):
-        row = (f"| `{_cell(c.case_id)}`{f' ({_cell(c.variant)})' if c.variant else ''} | {MARK[c.verdict]} | {format_seconds(c.baseline_median_s)} | "
+        row = (f"| `{_cell(c.case_id)}`{f' ({_cell(c.variant)})' if c.variant else ''}"
+               f"{f' on {_cell(c.device)}' if c.device else ''} | {MARK[c.verdict]} | {format_seconds(c.baseline_median_s)} | "
                f"{format_seconds(c.current_median_s)} | {_change(c)} | "
                f"{f'{c.p_value:.2g}' if c.p_value is not None else '-'} | {c.threshold * 100:g}% | {_context(c)} | "
                f"{_cell(c.reason[:200])} |")

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jinja2
 import pandas as pd
@@ -27,7 +27,7 @@ from gpubench.errors import BadInput
 from gpubench.reports import figures, markdown
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
-                                       format_speedup, headline_text, named_time)
+                                       format_speedup, headline_text, named_time, shown_params)
 from gpubench.results import load_results, role_variant
 from gpubench.telemetry import BENIGN_REASONS
 
@@ -138,6 +138,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         why = doc.get("abort_reason") or {"running": "still writing, or the process died",
                                           "interrupted": "stopped by Ctrl-C"}.get(status, "")
         warnings.append(f"run {status}" + (f": {why}" if why else "") + "; not every case may have run.")
+    warnings += [str(w) for w in doc.get("warnings") or []]
     tele = doc.get("telemetry") or {}
     if tele.get("throttled"):
         share = tele.get("throttled_fraction")
@@ -202,7 +203,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "check_passed": ((variants.get(opt) or {}).get("check") or {}).get("passed"),
             "memory": _pair(variants, base, opt, "peak_memory_bytes", human_bytes),
             "energy": _pair(variants, base, opt, "energy_mj_per_call", lambda mj: f"{mj:.3g} mJ"),
-            "status": case.get("status", "?"), "failed": not passed,
+            "status": case.get("status", "?"), "failed": not passed, "device": gate.case_device(case, doc),
             "reason": "" if passed else (case.get("failure") or {}).get("message", ""),
         })
     return rows
@@ -386,11 +387,16 @@ def compare_runs(current: dict[str, Any], other: dict[str, Any]) -> dict[str, An
     and not comparable cases, unchanged, improvements; cases of one run only listed apart. Runs of
     different devices or scenarios are compared anyway, with a warning."""
     result = gate.compare(other, current, force=True)
-    now = {c["id"]: c for c in current.get("cases", [])}
-    before = {c["id"]: c for c in other.get("cases", [])}
+    several = any(change.device for change in result.changes)
+
+    def key(case: dict[str, Any], doc: dict[str, Any]) -> tuple[str, str]:
+        return case["id"], gate.case_device(case, doc) if several else ""
+
+    now = {key(c, current): c for c in current.get("cases", [])}
+    before = {key(c, other): c for c in other.get("cases", [])}
     shown_now, shown_before = shown_by_technique(current), shown_by_technique(other)
-    rows = [_change_row(change, now[change.case_id], before[change.case_id], shown_now)
-            for change in result.changes if change.case_id in now and change.case_id in before]
+    rows = [_change_row(change, now[k], before[k], shown_now)
+            for change in result.changes for k in [(change.case_id, change.device)] if k in now and k in before]
     rows.sort(key=lambda r: (COMPARE_ORDER.index(r["class"]), -(r["ratio"] or 0.0)))
     return {"rows": rows, "counts": {VERDICT_TEXT[v]: sum(r["class"] == v for r in rows) for v in COMPARE_ORDER},
             "threshold": gate.DEFAULT_THRESHOLD, "p_significant": gate.P_SIGNIFICANT,
@@ -424,14 +430,47 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, str | None]:
 
 
 # -- the document ------------------------------------------------------------------------------
-def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None) -> str:
-    """The report as one HTML string (with a comparison section when ``other`` is given)."""
+def fleet_matrix(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Technique x device: per case, the optimized variant's speedup with its CI on each device
+    model, from the cases of one run over several models or of several runs; None when all ran on
+    one model. A cell is marked faster / slower only when its whole CI is above / below 1."""
+    columns: list[str] = []
+    rows: dict[str, dict[str, Any]] = {}
+    by_technique: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        for case in doc.get("cases", []):
+            by_technique.setdefault(case["technique"], []).append(case.get("params") or {})
+    shown = {t: shown_params(params, {k for p in params for k in p}) for t, params in by_technique.items()}
+    for doc in docs:
+        for case in doc.get("cases", []):
+            device = gate.case_device(case, doc)
+            columns += [device] if device not in columns else []
+            ratio = _ratio(case, role_variant(case, "optimized"))
+            cell = ({"text": format_speedup(ratio), "class": "faster" if ratio["ci_low"] > 1
+                     else "slower" if ratio["ci_high"] < 1 else ""} if ratio
+                    else {"text": case.get("status", "-"), "class": "" if case.get("status") == "passed" else "fail"})
+            row = rows.setdefault(case["id"], {"label": _label(case, shown), "technique": case["technique"],
+                                               "cells": {}})
+            row["cells"][device] = cell
+    if len(columns) < 2:
+        return None
+    empty = {"text": "-", "class": ""}
+    return {"columns": columns,
+            "rows": [{**r, "cells": [r["cells"].get(c, empty) for c in columns]} for r in rows.values()]}
+
+
+def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None,
+           more: Sequence[Run] = ()) -> str:
+    """The report as one HTML string: with a comparison section when ``other`` is given, and a
+    technique x device matrix when the cases span several device models (``more``: further runs)."""
     doc = run.doc
     if other is not None and comparison is None:
         comparison = compare_runs(doc, other.doc)
     rows = summary_rows(doc)
+    others = [r.doc for r in ([other] if other is not None else []) + list(more)]
     context = {
-        "head": headline(doc), "rows": rows,
+        "head": headline(doc), "rows": rows, "fleet": fleet_matrix([doc, *others]),
+        "show_device": len({r["device"] for r in rows}) > 1,
         "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
         "techniques": technique_sections(doc), "telemetry": telemetry_section(run),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
@@ -450,14 +489,17 @@ class Written:
 
 
 def write_report(run_dir: str | Path, output: str | Path | None = None,
-                 compare: str | Path | None = None) -> Written:
-    """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it."""
+                 compare: str | Path | Sequence[str | Path] | None = None) -> Written:
+    """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it. With one
+    other run, a comparison; with several, the technique x device matrix over all of them."""
     run = load_run(run_dir)
-    other = load_run(compare) if compare is not None else None
+    paths = [compare] if isinstance(compare, (str, Path)) else list(compare or [])
+    loaded = [load_run(p) for p in paths]
+    other = loaded[0] if len(loaded) == 1 else None
     comparison = compare_runs(run.doc, other.doc) if other else None
     html_path = Path(output) if output is not None else run.path / "report.html"
     md_path = html_path.with_name("summary.md")
-    text = render(run, other, comparison)
+    text = render(run, other, comparison, more=() if other is not None else loaded)
     summary = markdown.render_summary(headline(run.doc), summary_rows(run.doc), comparison)
     try:
         atomic_write_text(html_path, text)

@@ -98,6 +98,7 @@ class Change:
     threshold: float = DEFAULT_THRESHOLD
     reason: str = ""
     context: dict[str, Any] = field(default_factory=dict)  # the baseline variant's change, for reading
+    device: str = ""  # the device model, when the runs span several
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,12 +164,33 @@ def _definition(doc: dict[str, Any]) -> Any:
     return s.get("name"), json.dumps(s.get("entries"), sort_keys=True)
 
 
+def case_device(case: dict[str, Any], doc: dict[str, Any]) -> str:
+    """The hardware a case ran on: its own record's (a run over several device models), else the run's."""
+    return (case.get("device") or {}).get("label") or doc.get("device_label") or "?"
+
+
+def device_labels(doc: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(case_device(c, doc) for c in doc.get("cases", []))) or [doc.get("device_label") or "?"]
+
+
+def for_device(doc: dict[str, Any], label: str) -> dict[str, Any]:
+    """The part of a run measured on one device model, as a run of its own."""
+    cases = [c for c in doc.get("cases", []) if case_device(c, doc) == label]
+    statuses = [c.get("status") for c in cases]
+    return {**doc, "device_label": label, "cases": cases,
+            "summary": {"cases": len(cases), "passed": statuses.count("passed"), "failed": statuses.count("failed"),
+                        "interrupted": statuses.count("interrupted")}}
+
+
 def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: float = DEFAULT_THRESHOLD,
             allow_missing: bool = False, force: bool = False, strict: bool = False) -> Comparison:
+    """Each case of ``current`` against the same case on the same device model in ``baseline``
+    (a run over several models is gated model by model)."""
     forced = []
-    if baseline.get("device_label") != current.get("device_label"):
+    base_labels, cur_labels = device_labels(baseline), device_labels(current)
+    if not set(base_labels) & set(cur_labels):
         message = (f"the runs were measured on different hardware: baseline on "
-                   f"{baseline.get('device_label')!r}, current on {current.get('device_label')!r}")
+                   f"{' + '.join(base_labels)!r}, current on {' + '.join(cur_labels)!r}")
         if not force:
             raise BadInput(f"compare: {message}. Timings do not transfer between devices; compare runs of "
                            f"one GPU model (keep one baseline per model with `gpubench baseline save`), "
@@ -182,24 +204,26 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
                            f"or pass --force to compare the cases they share.")
         forced.append(message)
     per_technique = ((current.get("scenario") or {}).get("thresholds") or {})
-    base_cases = {c["id"]: c for c in baseline.get("cases", [])}
-    cur_cases = {c["id"]: c for c in current.get("cases", [])}
+    several = len(set(base_labels) | set(cur_labels)) > 1 and not forced
+    key = (lambda c, doc: (c["id"], case_device(c, doc))) if several else (lambda c, doc: (c["id"], ""))
+    base_cases = {key(c, baseline): c for c in baseline.get("cases", [])}
+    cur_cases = {key(c, current): c for c in current.get("cases", [])}
     changes = []
-    for index, (case_id, cur) in enumerate(cur_cases.items()):
+    for index, ((case_id, device), cur) in enumerate(cur_cases.items()):
         t = float(per_technique.get(cur.get("technique"), threshold))
-        change = Change(case_id, cur.get("technique", "?"), "new", threshold=t)
+        change = Change(case_id, cur.get("technique", "?"), "new", threshold=t, device=device)
         if cur.get("status") != "passed":
             failure = cur.get("failure") or {}
             change.verdict = "failed"
             change.reason = failure.get("message") or f"case {cur.get('status')}"
-        elif case_id in base_cases:
-            _fill(change, base_cases[case_id], cur, seed=index)
+        elif (case_id, device) in base_cases:
+            _fill(change, base_cases[(case_id, device)], cur, seed=index)
         changes.append(change)
-    for case_id, base in base_cases.items():
-        if case_id not in cur_cases:
+    for (case_id, device), base in base_cases.items():
+        if (case_id, device) not in cur_cases:
             changes.append(Change(case_id, base.get("technique", "?"), "missing",
                                   threshold=float(per_technique.get(base.get("technique"), threshold)),
-                                  reason="in the baseline, not in the current run"))
+                                  reason="in the baseline, not in the current run", device=device))
     changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
                                 else (c.ratio or 0.0)))
     return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced, strict)
@@ -274,6 +298,23 @@ def device_slug(label: str | None) -> str:
 def store_path(store: Path, doc: dict[str, Any], name: str | None = None) -> Path:
     scenario = name or (doc.get("scenario") or {}).get("name") or "run"
     return Path(store) / device_slug(doc.get("device_label")) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', scenario)}.json"
+
+
+def load_from_store(store: Path, current: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
+    """The stored baseline of each device model ``current`` ran on, merged into one document (each
+    case keeps its device); BadInput when there is none for any of them."""
+    found = [(label, store_path(store, for_device(current, label))) for label in device_labels(current)]
+    found = [(label, path) for label, path in found if path.is_file()]
+    if not found:
+        find_in_store(store, current)  # raises, listing what is stored
+    docs = [(label, for_device(load_any(path), label)) for label, path in found]
+    if len(docs) == 1:
+        return docs[0][1], [found[0][1]]
+    merged = dict(docs[0][1])
+    merged["cases"] = [{**c, "device": {**(c.get("device") or {}), "label": label}} for label, d in docs
+                       for c in d["cases"]]
+    merged["device_label"] = " + ".join(label for label, _ in docs)
+    return merged, [path for _, path in found]
 
 
 def find_in_store(store: Path, current: dict[str, Any]) -> Path:
