@@ -97,9 +97,16 @@ def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path):
     assert set(two["devices"]) == {"cpu", "cpu#1"}
 
 
+def _as_if_in_a_terminal() -> None:
+    # A shell that starts a job in the background (as CI scripts may) makes it ignore SIGINT, and
+    # the ignore is inherited: undo it, as a terminal's foreground job has it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.setsid()
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gpubench.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_if_in_a_terminal)
 
 
 def _wait_for_cases(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 120) -> Path:

@@ -1,0 +1,47 @@
+"""Run one case of a technique in this process, as the harness runs it (checked call, reference,
+check, a short timing), so a test can plant a bug with monkeypatch and see whether the
+technique's own check catches it."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpubench import runner, techniques, timing
+from gpubench.results import CaseRecord
+from gpubench.scenario import Case, case_seed
+
+CPU = torch.device("cpu")
+QUICK = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=2, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0,
+                      case_timeout_s=120.0, energy_s=0.0)
+
+
+class _NoTelemetry:
+    def set_tag(self, case_id: Any, variant: Any) -> None:
+        pass
+
+    def energy_mj(self) -> None:
+        return None
+
+
+def run_planted(technique: str, **params: Any) -> CaseRecord:
+    """One case of ``technique`` at ``params`` (over its defaults), measured in this process."""
+    tech = techniques.get(technique)
+    full = {**tech.defaults(), **params}
+    problems = tech.validate_fn(full) if tech.validate_fn else []
+    assert not problems, problems
+    case = Case(technique, full, QUICK, 0)
+    case = Case(technique, full, QUICK, case_seed(case.id))
+    return runner.run_case(case, CPU, timing.Clock(CPU, flush_l2=False), _NoTelemetry(), None)
+
+
+def caught(record: CaseRecord, variant: str | None = None) -> bool:
+    """The case failed because a check failed (on ``variant``, the optimized one by default)."""
+    name = variant or record.role_variant("optimized")
+    check = record.variants[name].check or {}
+    return record.status == "failed" and record.failure is not None and record.failure.kind == "check" \
+        and check.get("passed") is False
+
+
+def passed(record: CaseRecord) -> bool:
+    return record.status == "passed"
