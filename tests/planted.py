@@ -3,6 +3,8 @@ check, a short timing), so a test can plant a bug with monkeypatch and see wheth
 technique's own check catches it."""
 from __future__ import annotations
 
+import inspect
+import textwrap
 from typing import Any
 
 import torch
@@ -45,3 +47,13 @@ def caught(record: CaseRecord, variant: str | None = None) -> bool:
 
 def passed(record: CaseRecord) -> bool:
     return record.status == "passed"
+
+
+def mutant(fn: Any, old: str, new: str) -> Any:
+    """``fn`` recompiled with the source text ``old`` (found exactly once) replaced by ``new``: a
+    one-line bug planted in the real code, so the test reads like the diff that introduces it."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    assert source.count(old) == 1, f"{old!r} is not in {fn.__qualname__} exactly once"
+    namespace = dict(fn.__globals__)
+    exec(compile(source.replace(old, new), f"<planted {fn.__qualname__}>", "exec"), namespace)
+    return namespace[fn.__name__]

@@ -140,6 +140,35 @@ def test_validate_rejects_heads_not_divisible_by_kv_heads():
     assert TECHNIQUE.validate_fn(dict(params, kv_heads=0)) == []  # 0 means kv_heads = heads
 
 
+def test_validate_wants_both_tiles_or_neither_as_powers_of_two_of_at_least_16():
+    params = TECHNIQUE.defaults()
+    assert TECHNIQUE.validate_fn(dict(params, block_m=64, block_n=32)) == []
+    assert TECHNIQUE.validate_fn(dict(params, block_m=64)) == [
+        "give both block_m and block_n, or neither (got 64, 0)"]
+    assert TECHNIQUE.validate_fn(dict(params, block_m=48, block_n=8)) == [
+        "block_m must be a power of two >= 16, or 0 (got 48)", "block_n must be a power of two >= 16, or 0 (got 8)"]
+
+
+@pytest.mark.parametrize("name", ["torch_tiled", "triton"])
+def test_block_params_set_the_tiles_of_both_tiled_variants(monkeypatch, name):
+    """block_m / block_n reach the loop and the kernel; 0 (the default) leaves them their own tiles."""
+    import types
+
+    import gpubench.techniques.flash_attention as module
+
+    seen = []
+
+    def spy(q, k, v, causal=False, *, out, **tiles):
+        seen.append(tiles)
+        return out
+
+    monkeypatch.setattr(module, "flash_attention_torch", spy)
+    monkeypatch.setattr(module, "kernel_module", lambda name: types.SimpleNamespace(flash_attention_triton=spy))
+    TECHNIQUE.variants[name].fn(make_workload(seq_len=40, block_m=64, block_n=32))
+    TECHNIQUE.variants[name].fn(make_workload(seq_len=40))
+    assert seen == [{"block_m": 64, "block_n": 32}, {}]
+
+
 def test_build_is_deterministic_per_seed_and_differs_across_seeds():
     a, b, c = make_workload(seed=7), make_workload(seed=7), make_workload(seed=8)
     for name in ("q", "k", "v"):

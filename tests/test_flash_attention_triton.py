@@ -98,6 +98,17 @@ def test_kernel_writes_every_output_element():
         assert_matches_reference(w, out)
 
 
+def test_kernel_and_loop_variants_write_separate_buffers():
+    """The harness makes every variant's checked call before checking any: the tiled loop (a peer
+    on CUDA) must not write where the kernel left its output, or the kernel is checked on the
+    loop's result."""
+    w = make_workload(seq_len=40, heads=4, kv_heads=2, causal=True)
+    kernel_out = TECHNIQUE.variants["triton"].fn(w)
+    loop_out = TECHNIQUE.variants["torch_tiled"].fn(w)
+    assert kernel_out.data_ptr() != loop_out.data_ptr()
+    assert_matches_reference(w, kernel_out)
+
+
 def test_kernel_causal_query_does_not_see_later_keys():
     w = make_workload(seq_len=40, causal=True)
     out = flash_attention_triton(w.q, w.k, w.v, causal=True)

@@ -42,6 +42,11 @@ TECHNIQUE = Technique(
         Param("dtype", str, "float32", "dtype of q, k, v and the output",
               choices=["float32", "float16", "bfloat16"]),
         Param("causal", bool, False, "query i sees keys 0..i only"),
+        # Fixed tiles let a short sequence cross several query and key tiles (the rescaling, the
+        # causal skip and the ragged edges), where the default tiles would hold it whole.
+        Param("block_m", int, 0, "query rows per tile of the tiled variants, a power of two >= 16 "
+              "(0: the kernel's autotuned tiles, the loop's 1024)", min=0),
+        Param("block_n", int, 0, "keys per tile, as block_m (0: autotuned, the loop's 512)", min=0),
     ],
     plots=[
         Plot("Attention throughput (TFLOP/s) against sequence length", y="tflops", x="seq_len",
@@ -59,6 +64,7 @@ class AttentionWorkload(Workload):
     k: torch.Tensor  # (batch, kv_heads, seq, head_dim)
     v: torch.Tensor
     causal: bool
+    blocks: dict[str, int]  # block_m and block_n for the tiled variants, or empty: their defaults
     # Where the two tiled variants write, one buffer each (the harness makes every checked call
     # before checking any). NaN until their first (checked) call, so an element a kernel never
     # writes fails the check instead of inheriting a correct value from memory.
@@ -66,7 +72,16 @@ class AttentionWorkload(Workload):
     tiled_out: torch.Tensor
 
 
-TECHNIQUE.validate(head_problems)
+@TECHNIQUE.validate
+def validate(params: dict[str, Any]) -> list[str]:
+    problems = head_problems(params)
+    block_m, block_n = params["block_m"], params["block_n"]
+    if (block_m == 0) != (block_n == 0):
+        problems.append(f"give both block_m and block_n, or neither (got {block_m}, {block_n})")
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block and (block < 16 or block & (block - 1)):
+            problems.append(f"{name} must be a power of two >= 16, or 0 (got {block})")
+    return problems
 
 
 @TECHNIQUE.build
@@ -77,6 +92,7 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionW
     q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=device, dtype=DTYPES[params["dtype"]])
                for h in (heads, kv_heads(params), kv_heads(params)))
     return AttentionWorkload(params=dict(params), device=device, seed=seed, q=q, k=k, v=v, causal=params["causal"],
+                             blocks={name: params[name] for name in ("block_m", "block_n") if params[name]},
                              triton_out=torch.full_like(q, float("nan")), tiled_out=torch.full_like(q, float("nan")))
 
 
@@ -89,13 +105,13 @@ def eager(w: AttentionWorkload) -> torch.Tensor:
 @TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device))
 def triton_kernel(w: AttentionWorkload) -> torch.Tensor:
     """the fused Triton kernel: online softmax over K/V tiles held on chip"""
-    return getattr(kernel_module(KERNEL[0]), KERNEL[1])(w.q, w.k, w.v, causal=w.causal, out=w.triton_out)
+    return getattr(kernel_module(KERNEL[0]), KERNEL[1])(w.q, w.k, w.v, causal=w.causal, out=w.triton_out, **w.blocks)
 
 
 @TECHNIQUE.variant("torch_tiled", role="optimized")
 def torch_tiled(w: AttentionWorkload) -> torch.Tensor:
     """the same online softmax as a loop of PyTorch tile operations (stands in where the kernel cannot run)"""
-    return flash_attention_torch(w.q, w.k, w.v, causal=w.causal, out=w.triton_out)
+    return flash_attention_torch(w.q, w.k, w.v, causal=w.causal, out=w.tiled_out, **w.blocks)
 
 
 def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:

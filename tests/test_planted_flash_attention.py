@@ -1,0 +1,88 @@
+"""flash_attention: a bug planted in an optimized path fails the run's own check (against float64
+attention), in at least two smoke-like cases each, so no single smoke case is the only catch."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import gpubench.techniques.flash_attention as flash
+from gpubench.triton_support import kernel_module, kernel_problem
+from planted import caught, passed, run_planted
+from planted import mutant as _mutant
+
+# Smoke's shapes: the default tiles (1024 x 512) cross a key tile only at 1024 tokens; the
+# small-tile entry (64 x 32, grouped-query heads) crosses several query and key tiles at short,
+# ragged lengths.
+DEFAULT_TILES = dict(batch=1, heads=4, head_dim=64, dtype="float32")
+SMALL_TILES = dict(batch=1, heads=4, kv_heads=2, head_dim=64, dtype="float32", block_m=64, block_n=32)
+
+
+def _assert_caught_only_with(monkeypatch, params: dict, name: str, buggy) -> None:
+    """The case passes as shipped, and fails by its check on the optimized variant with ``buggy``
+    in place of the technique module's ``name``."""
+    assert passed(run_planted("flash_attention", **params))
+    monkeypatch.setattr(flash, name, buggy)
+    record = run_planted("flash_attention", **params)
+    assert caught(record), (record.status, record.failure)
+
+
+@pytest.mark.parametrize("params", [
+    dict(DEFAULT_TILES, seq_len=1024, causal=True),
+    dict(SMALL_TILES, seq_len=100, causal=True),
+    dict(SMALL_TILES, seq_len=200, causal=True),
+], ids=["1024-default-tiles", "100-small-tiles", "200-small-tiles"])
+def test_causal_mask_on_the_aligned_key_tile_only_is_caught(monkeypatch, params):
+    """Written for square tiles: only the key tile that starts where the query tile starts gets
+    the causal mask, so where a query tile spans several key tiles (block_m > block_n) the next
+    ones' future keys are seen. Invisible while the diagonal fits in one key tile (smoke's 128
+    and 512 at the default tiles)."""
+    buggy = _mutant(flash.flash_attention_torch, "if causal and n_end - 1 > m_start:",
+                    "if causal and n_start == m_start:")
+    _assert_caught_only_with(monkeypatch, params, "flash_attention_torch", buggy)
+
+
+@pytest.mark.parametrize("params", [
+    dict(SMALL_TILES, seq_len=100, causal=False),
+    dict(SMALL_TILES, seq_len=200, causal=True),
+], ids=["100-full", "200-causal"])
+def test_unrescaled_softmax_denominator_is_caught_below_1024_tokens(monkeypatch, params):
+    """The running denominator is not rescaled when a later key tile raises the row maximum:
+    caught wherever a row spans several key tiles, here without smoke's 1024-token cases."""
+    buggy = _mutant(flash.flash_attention_torch, "row_sum.mul_(rescale).add_(", "row_sum.add_(")
+    _assert_caught_only_with(monkeypatch, params, "flash_attention_torch", buggy)
+
+
+def _kernel_with(tmp_path: Path, old: str, new: str):
+    """A copy of the Triton kernel's module with ``old`` (found exactly once) replaced by ``new``."""
+    source = Path(kernel_module(flash.KERNEL[0]).__file__).read_text()
+    assert source.count(old) == 1
+    path = tmp_path / "planted_flash_attention_triton.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("params", [
+    dict(batch=1, heads=4, kv_heads=2, seq_len=40, head_dim=32, dtype="float32", causal=False),
+    dict(batch=1, heads=8, kv_heads=2, seq_len=50, head_dim=32, dtype="bfloat16", causal=True),
+], ids=["gqa-fp32-full", "gqa-bf16-causal"])
+def test_triton_kernel_reading_interleaved_kv_heads_is_caught(monkeypatch, tmp_path, params):
+    """The kernel maps query head h to kv head h % kv_heads (interleaved, as a repeat() would
+    lay them out) instead of h // group; run by Triton's interpreter, with the tiled loop timed
+    beside it as a peer: the loop writes its own buffer, so it cannot overwrite the kernel's
+    output before the check (it did: wherever both ran, the kernel was checked on the loop's
+    output)."""
+    problem = kernel_problem(flash.KERNEL[0], "cpu", interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    monkeypatch.setattr(flash.TECHNIQUE.variants["triton"], "unavailable", lambda device: None)
+    assert passed(run_planted("flash_attention", **params))
+    buggy = _kernel_with(tmp_path, "kv_h = h // group", "kv_h = h % (heads // group)")
+    monkeypatch.setattr(flash, "kernel_module", lambda name: buggy)
+    record = run_planted("flash_attention", **params)
+    assert record.role_variant("optimized") == "triton" and caught(record), (record.status, record.failure)
+    assert record.variants["torch_tiled"].check["passed"]
