@@ -3,11 +3,13 @@ boundaries inside the attention function do: each layer calls the builder of
 :mod:`gpubench.packing` (cu_seqlens, max_seqlen with its ``.item()``, position ids, mask) again."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from gpubench.models.llama import LlamaWeights, forward
-from gpubench.packing import (StepOutput, StepStats, build_metadata, cu_seqlens_of, packed_attention, phase,
-                              position_ids_of, training_step)
+from gpubench.packing import (PackedBatch, StepOutput, StepStats, build_metadata, document_positions,
+                              packed_attention, phase, training_step)
 
 
 def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.Tensor, *, backend: str = "sdpa",
@@ -16,7 +18,7 @@ def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.
     derived from the lengths once; then every layer's attention call rebuilds the whole metadata."""
     rows, seq = tokens.shape
     with phase(stats, "build"):
-        positions = position_ids_of(cu_seqlens_of(doc_lens), rows, seq)
+        positions = document_positions(doc_lens, rows, seq)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return packed_attention(build_metadata(doc_lens, rows, seq, backend, q.dtype, stats), q, k, v)
@@ -24,9 +26,10 @@ def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.
     return forward(weights, tokens, positions, attend), positions
 
 
-def train_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               doc_lens: torch.Tensor, *, backend: str = "sdpa", stats: StepStats | None = None) -> StepOutput:
-    """One training step on a packed batch (forward, loss, backward, optimizer), every layer
-    rebuilding the metadata. ``weights``' tensors are the optimizer's leaf parameters."""
-    return training_step(weights, optimizer, tokens,
-                         lambda: packed_forward(weights, tokens, doc_lens, backend=backend, stats=stats), stats)
+def train_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch], *,
+               backend: str = "sdpa", stats: StepStats | None = None) -> StepOutput:
+    """One training step over packed micro-batches (forward, loss, backward each; one optimizer
+    step), every layer rebuilding the metadata. ``weights``' tensors are the optimizer's leaf
+    parameters."""
+    return training_step(weights, optimizer, batches,
+                         lambda b: packed_forward(weights, b.tokens, b.doc_lens, backend=backend, stats=stats), stats)

@@ -17,6 +17,4 @@ def workload(request, device):
 def test_packed_metadata(benchmark, workload, role):
     variant = technique.TECHNIQUE.playing(role, workload.device)
     out = benchmark.pedantic(variant.call, args=(workload,), setup=workload.reset, rounds=10, warmup_rounds=1)
-    workload.reset()
-    reference = technique.TECHNIQUE.playing("baseline", workload.device).call(workload)
-    assert technique.check(reference, out).passed
+    assert technique.check(technique.TECHNIQUE.reference_fn(workload), out).passed

@@ -1,25 +1,27 @@
 """Packed-sequence metadata built once per batch and reused: a :class:`PackedMetadataCache` runs
 the builder of :mod:`gpubench.packing` on the batch's first request and hands that one record to
-RoPE, the loss and every layer, then releases it when the step's backward pass is done."""
+RoPE, the loss and every layer; the next micro-batch's lengths miss it and rebuild, and the step
+releases it when its last backward pass is done."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from gpubench.models.llama import LlamaWeights, forward
-from gpubench.packing import PackedMetadata, StepOutput, StepStats, build_metadata, packed_attention, training_step
+from gpubench.packing import (PackedBatch, PackedMetadata, StepOutput, StepStats, build_metadata, packed_attention,
+                              training_step)
 
 
 class PackedMetadataCache:
     """The metadata of the batch in flight, built on first use, shared by every layer. Keyed so a
-    new batch never sees a stale entry: it holds the lengths tensor it built from (so that
-    tensor's id cannot be recycled while cached) and compares identity, in-place version, shape,
-    device, rows, seq, backend and mask dtype; anything else is a miss and a rebuild."""
+    new batch never sees a stale entry: the key is the lengths tensor's identity and in-place
+    version (the tensor is held while cached, so its id cannot be recycled), shape, dtype and
+    device, with rows, seq, backend and mask dtype; anything else is a miss and a rebuild."""
 
     def __init__(self) -> None:
-        self._lens: torch.Tensor | None = None
+        self._lens: torch.Tensor | None = None  # held so that its id, in the key, is not recycled
         self._key: tuple | None = None
         self._meta: PackedMetadata | None = None
         self.hits = 0
@@ -27,14 +29,15 @@ class PackedMetadataCache:
 
     @staticmethod
     def _key_of(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype) -> tuple:
-        return (doc_lens._version, tuple(doc_lens.shape), doc_lens.dtype, doc_lens.device, rows, seq, backend, dtype)
+        return (id(doc_lens), doc_lens._version, tuple(doc_lens.shape), doc_lens.dtype, doc_lens.device,
+                rows, seq, backend, dtype)
 
     def get(self, doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype,
             stats: StepStats | None = None) -> PackedMetadata:
         """The cached record when it was built from this very lengths tensor, unmodified, for the
         same shape, backend and dtype; else a fresh build."""
         key = self._key_of(doc_lens, rows, seq, backend, dtype)
-        if self._meta is not None and self._lens is doc_lens and self._key == key:
+        if self._meta is not None and self._key == key:
             self.hits += 1
             if stats is not None:
                 stats.cache_hits += 1
@@ -57,7 +60,7 @@ class PackedMetadataCache:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator["PackedMetadataCache"]:
-        """Scope the cache to one batch: whatever it holds is released on exit."""
+        """Scope the cache (to a step): whatever it holds is released on exit."""
         try:
             yield self
         finally:
@@ -79,12 +82,14 @@ def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.
     return forward(weights, tokens, positions, attend), positions
 
 
-def train_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               doc_lens: torch.Tensor, *, backend: str = "sdpa", stats: StepStats | None = None,
+def train_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch], *,
+               backend: str = "sdpa", stats: StepStats | None = None,
                cache: PackedMetadataCache | None = None) -> StepOutput:
-    """One training step on a packed batch (forward, loss, backward, optimizer) with the metadata
-    built once: forward and backward inside one cache scope, the optimizer step after its release."""
+    """One training step over packed micro-batches (forward, loss, backward each; one optimizer
+    step) with the metadata built once per micro-batch: every forward and backward pass inside one
+    cache scope, the optimizer step after its release."""
     cache = PackedMetadataCache() if cache is None else cache
-    return training_step(weights, optimizer, tokens,
-                         lambda: packed_forward(weights, tokens, doc_lens, backend=backend, stats=stats, cache=cache),
+    return training_step(weights, optimizer, batches,
+                         lambda b: packed_forward(weights, b.tokens, b.doc_lens, backend=backend, stats=stats,
+                                                  cache=cache),
                          stats, metadata_scope=cache.batch())

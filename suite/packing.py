@@ -1,14 +1,15 @@
-"""Packed batches for training: the attention metadata of rows that hold several documents
-(:class:`PackedMetadata`, :func:`build_metadata`), attention and next-token loss over them, one
-training step (:func:`training_step`) and its instrumentation (:class:`StepStats`). Shared by the per-layer and cached
-variants of ``packed_metadata``, which differ only in how often they call the builder."""
+"""Packed batches for training (:class:`PackedBatch`): the attention metadata of rows that hold
+several documents (:class:`PackedMetadata`, :func:`build_metadata`), attention and next-token loss
+over them, one training step over one or more micro-batches (:func:`training_step`) and its
+instrumentation (:class:`StepStats`). Shared by the per-layer and cached variants of
+``packed_metadata``, which differ only in how often they call the builder."""
 from __future__ import annotations
 
 import contextlib
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +37,18 @@ class PackedMetadata:
         return [t for t in (self.cu_seqlens, self.position_ids, self.mask) if t is not None]
 
 
+@dataclass(frozen=True)
+class PackedBatch:
+    """One micro-batch: ``rows`` rows of ``seq`` tokens, each row documents packed back to back."""
+
+    tokens: torch.Tensor  # (rows, seq) int64
+    doc_lens: torch.Tensor  # (documents,) int32 on the model's device, row-major, each row's summing to seq
+
+
 @dataclass
 class StepOutput:
-    loss: torch.Tensor  # detached scalar
+    loss: torch.Tensor  # detached scalar: the mean over micro-batches of each one's mean next-token loss
+    token_losses: torch.Tensor  # (micro-batches, rows, seq) float32, detached: 0 where a token has no target
     grads: list[torch.Tensor]  # one per parameter, in LlamaWeights.parameters() order
     params: list[torch.Tensor]  # the parameters after the optimizer step (the live tensors)
 
@@ -93,8 +103,9 @@ class StepStats:
         return sum(t.numel() * t.element_size() for t in alive.values())
 
     def note_forward_done(self) -> None:
-        self.mask_bytes_held = self._alive_bytes(masks_only=True)
-        self.metadata_bytes_held = self._alive_bytes(masks_only=False)
+        """Called after each micro-batch's forward pass; keeps the largest."""
+        self.mask_bytes_held = max(self.mask_bytes_held, self._alive_bytes(masks_only=True))
+        self.metadata_bytes_held = max(self.metadata_bytes_held, self._alive_bytes(masks_only=False))
 
     def alive_bytes(self) -> int:
         """Bytes of metadata built during the step that are still alive now."""
@@ -137,6 +148,11 @@ def position_ids_of(cu_seqlens: torch.Tensor, rows: int, seq: int) -> torch.Tens
     index = torch.arange(total, device=cu_seqlens.device)
     start_of = torch.zeros(total, dtype=torch.long, device=cu_seqlens.device).scatter_(0, starts, starts)
     return (index - start_of.cummax(0).values).view(rows, seq)
+
+
+def document_positions(doc_lens: torch.Tensor, rows: int, seq: int) -> torch.Tensor:
+    """:func:`position_ids_of` straight from the lengths (RoPE's positions, with no other metadata)."""
+    return position_ids_of(cu_seqlens_of(doc_lens), rows, seq)
 
 
 def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -208,28 +224,37 @@ def next_token_labels(tokens: torch.Tensor, position_ids: torch.Tensor) -> torch
     return labels
 
 
-def packed_loss(logits: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (in float32) over the tokens that have a target."""
+def packed_loss(logits: torch.Tensor, tokens: torch.Tensor,
+                position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token cross-entropy in float32: each token's, shaped like ``tokens`` (0 where there is
+    no target), and their mean over the tokens that have one (no host sync)."""
     labels = next_token_labels(tokens, position_ids)
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    per_token = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                reduction="none").view(labels.shape)
+    return per_token, per_token.sum() / (labels != IGNORE_INDEX).sum()
 
 
-def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-                  forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
+def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch],
+                  forward: Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
                   metadata_scope: ContextManager[Any] | None = None) -> StepOutput:
-    """One training step on a packed batch: ``forward()`` (logits and position ids), next-token
-    loss within documents, backward, optimizer step. ``metadata_scope`` spans the forward and
-    backward passes (a cache's batch). ``weights``' tensors are the optimizer's leaf parameters."""
+    """One training step: for each micro-batch, ``forward(batch)`` (logits and position ids), its
+    next-token loss within documents and backward (gradients accumulated, each loss weighted
+    1 / micro-batches); then one optimizer step. ``metadata_scope`` spans every forward and
+    backward pass (a cache's lifetime). ``weights``' tensors are the optimizer's leaf parameters."""
+    losses, token_losses = [], []
     with metadata_scope or contextlib.nullcontext():
-        with phase(stats, "forward"):
-            logits, positions = forward()
-            loss = packed_loss(logits, tokens, positions)
-        if stats is not None:
-            stats.note_forward_done()
-        del logits, positions
-        with phase(stats, "backward"):
-            loss.backward()
+        for batch in batches:
+            with phase(stats, "forward"):
+                logits, positions = forward(batch)
+                per_token, loss = packed_loss(logits, batch.tokens, positions)
+            if stats is not None:
+                stats.note_forward_done()
+            del logits, positions
+            with phase(stats, "backward"):
+                (loss / len(batches)).backward()
+            losses.append(loss.detach())
+            token_losses.append(per_token.detach())
     with phase(stats, "optimizer"):
         optimizer.step()
     params = weights.parameters()
-    return StepOutput(loss.detach(), [p.grad for p in params], params)
+    return StepOutput(torch.stack(losses).mean(), torch.stack(token_losses), [p.grad for p in params], params)

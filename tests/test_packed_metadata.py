@@ -1,5 +1,6 @@
 """packed_metadata: the per_layer (baseline) and cached (optimized) variants give the same training
-step bit for bit on a CPU; the metadata is right (no attention across documents, positions
+step bit for bit on a CPU, and both the losses of each document run alone (the reference, built
+without the shared builder); the metadata is right (no attention across documents, positions
 restarting per document, loss never crossing a boundary); the cache never serves a stale entry and
 releases what it holds; build / check / metrics / declared figures behave as the harness relies on."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gpubench.errors import BadInput
 from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
-from gpubench.techniques.packed_metadata import TECHNIQUE, draw_doc_lens, resolve_backend
+from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone, draw_doc_lens, resolve_backend
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)
@@ -50,35 +51,83 @@ def spans_of(lens: list[list[int]]) -> list[tuple[int, int, int]]:
 
 # -- same math ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides", [{}, dict(layers=3, rows=3, seq_len=48, mean_doc_len=5)],
-                         ids=["2x64", "3x48-short-docs"])
-def test_cached_step_is_bitwise_the_per_layer_step(overrides):
-    """Caching changes nothing numerically: loss, every gradient and every updated parameter are
-    identical to the per-layer step's, and the technique's check says so with error 0."""
+@pytest.mark.parametrize("overrides", [{}, dict(layers=3, rows=3, seq_len=48, mean_doc_len=5),
+                                       dict(micro_batches=3, seq_len=32, mean_doc_len=6)],
+                         ids=["2x64", "3x48-short-docs", "3-micro-batches"])
+def test_cached_step_is_bitwise_the_per_layer_step_and_matches_documents_alone(overrides):
+    """Caching changes nothing numerically: loss, each token's loss, every gradient and every
+    updated parameter are identical to the per-layer step's; the check says so, and records the
+    losses' error against each document run alone in float64 (float32 rounding, within 1e-5)."""
     w = make_workload(**overrides)
-    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
-    assert list(ref) == list(out) == ["loss", *(f"grad {n}" for n in w.names), *(f"param {n}" for n in w.names)]
-    assert torch.isfinite(ref["loss"])
-    for name, tensor in ref.items():
+    (base, _), (out, _) = run(w, "per_layer"), run(w, "cached")
+    names = ["loss", "token_losses", *(f"grad {n}" for n in w.names), *(f"param {n}" for n in w.names)]
+    assert list(base) == list(out) == names
+    assert torch.isfinite(base["loss"]) and base["token_losses"].shape == (len(w.batches), *w.batches[0].tokens.shape)
+    for name, tensor in base.items():
         assert tensor is not None and torch.equal(tensor, out[name]), name
-    result = TECHNIQUE.check_fn(ref, out)
-    assert result.passed and result.error == 0.0 and result.metric == "max_abs_diff" and result.tolerance is None
+    reference = TECHNIQUE.reference_fn(w)
+    for output in (base, out):
+        result = TECHNIQUE.check_fn(reference, output)
+        assert result.passed and result.metric == ALONE_METRIC and result.tolerance == 1e-5
+        assert 0 < result.error < 1e-6 and "bit-identical to the per_layer step" in result.detail
 
 
-def test_check_fails_on_any_gradient_or_loss_difference_and_names_it():
-    """The check is exact on a CPU: one gradient element off by 1e-6 fails it, and the detail
-    names the tensor; a NaN loss or a missing gradient fails it too."""
+def test_reference_reads_nothing_of_the_shared_builder(monkeypatch):
+    """The documents-alone losses come from the drawn lengths and the model only: with every
+    piece of gpubench.packing that derives metadata, labels or the loss made to raise, the
+    reference is still computed, and equals the step's losses to float32 rounding; the loss is
+    the mean of the token losses over the tokens that have a target."""
+    w = make_workload(micro_batches=2)
+    out, _ = run(w, "per_layer")
+    for name in ("cu_seqlens_of", "position_ids_of", "document_positions", "block_causal_mask", "build_metadata",
+                 "packed_attention", "next_token_labels", "packed_loss"):
+        monkeypatch.setattr(packing, name, lambda *a, **k: pytest.fail("the reference used the shared builder"))
+    w.reset()
+    alone = documents_alone(w)
+    assert alone["token_losses"].dtype == torch.float64
+    torch.testing.assert_close(alone["token_losses"], out["token_losses"].double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(alone["loss"], out["loss"].double(), rtol=1e-6, atol=0)
+    targets = [sum(n - 1 for row in lens for n in row) for lens in w.lens]
+    means = [alone["token_losses"][m].sum() / targets[m] for m in range(2)]
+    assert alone["loss"].item() == pytest.approx(sum(means).item() / 2, rel=1e-12)
+    for m, lens in enumerate(w.lens):
+        for r, a, b in spans_of(lens):
+            assert alone["token_losses"][m, r, b - 1] == 0 and (alone["token_losses"][m, r, a:b - 1] > 0).all()
+
+
+def test_check_fails_when_both_steps_agree_but_not_with_documents_alone():
+    """Agreeing with the per-layer step is not enough: a step whose token losses differ from the
+    documents-alone ones (here a loss at a document's last token, as when a label crosses into
+    the next document) fails, with the error against documents alone and its tolerance, and says
+    that the step was bit-identical to the per-layer one."""
     w = make_workload()
-    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
+    reference = TECHNIQUE.reference_fn(w)
+    out, _ = run(w, "cached")
+    r, a, b = spans_of(w.lens[0])[0]
+    crossed = dict(out, token_losses=out["token_losses"].clone())
+    crossed["token_losses"][0, r, b - 1] = 5.0
+    reference.step = dict(reference.step, token_losses=crossed["token_losses"])
+    result = TECHNIQUE.check_fn(reference, crossed)
+    assert not result.passed and result.metric == ALONE_METRIC and result.tolerance == 1e-5
+    assert result.error > 1e-3 and "token_losses" in result.detail and "bit-identical" in result.detail
+
+
+def test_check_fails_on_any_difference_from_the_per_layer_step_and_names_it():
+    """Against the per-layer step the check is exact on a CPU: one gradient element off by 1e-6
+    (far inside the documents-alone tolerance) fails it, and the detail names the tensor; a NaN
+    loss or a missing gradient fails it too."""
+    w = make_workload()
+    reference = TECHNIQUE.reference_fn(w)
+    out, _ = run(w, "cached")
     name = f"grad {w.names[5]}"
     bad = dict(out, **{name: out[name].clone()})
     bad[name].view(-1)[3] += 1e-6
-    result = TECHNIQUE.check_fn(ref, bad)
-    assert not result.passed and result.error == pytest.approx(1e-6, rel=0.1)
-    assert name in result.detail
-    assert not TECHNIQUE.check_fn(ref, dict(out, loss=torch.tensor(float("nan")))).passed
+    result = TECHNIQUE.check_fn(reference, bad)
+    assert not result.passed and result.metric == "max_abs_diff" and result.error == pytest.approx(1e-6, rel=0.1)
+    assert name in result.detail and "per_layer step" in result.detail
+    assert not TECHNIQUE.check_fn(reference, dict(out, loss=torch.tensor(float("nan")))).passed
     missing = {k: v for k, v in out.items() if k != name}
-    assert not TECHNIQUE.check_fn(ref, missing).passed
+    assert not TECHNIQUE.check_fn(reference, missing).passed
 
 
 def test_reset_makes_every_call_the_same_step():
@@ -103,14 +152,14 @@ def test_a_token_never_attends_to_another_document(module):
     """Perturbing one document's tokens changes that document's logits and no other's, in its
     own row or the next (documents after it are the ones a leaky causal mask would expose)."""
     w = make_workload(rows=2, seq_len=64, mean_doc_len=10)
-    docs = spans_of(w.lens)
+    batch, docs = w.batches[0], spans_of(w.lens[0])
     with torch.no_grad():
-        logits, _ = module.packed_forward(w.weights, w.tokens, w.doc_lens)
+        logits, _ = module.packed_forward(w.weights, batch.tokens, batch.doc_lens)
         target = next(i for i, (r, a, b) in enumerate(docs) if r == 0 and b < 64)  # not a row's last
         r, a, b = docs[target]
-        tokens = w.tokens.clone()
+        tokens = batch.tokens.clone()
         tokens[r, a:b] = (tokens[r, a:b] + 1 + torch.arange(b - a)) % w.config.vocab_size
-        changed, _ = module.packed_forward(w.weights, tokens, w.doc_lens)
+        changed, _ = module.packed_forward(w.weights, tokens, batch.doc_lens)
     assert not torch.allclose(changed[r, a:b], logits[r, a:b])
     for i, (rr, aa, bb) in enumerate(docs):
         if i != target:
@@ -123,10 +172,11 @@ def test_packed_logits_equal_each_document_run_alone():
     from gpubench.models.llama import causal_attention, forward
 
     w = make_workload(rows=2, seq_len=48, mean_doc_len=9)
+    batch = w.batches[0]
     with torch.no_grad():
-        packed, _ = cached.packed_forward(w.weights, w.tokens, w.doc_lens)
-        for r, a, b in spans_of(w.lens):
-            alone = forward(w.weights, w.tokens[r, a:b], torch.arange(b - a),
+        packed, _ = cached.packed_forward(w.weights, batch.tokens, batch.doc_lens)
+        for r, a, b in spans_of(w.lens[0]):
+            alone = forward(w.weights, batch.tokens[r, a:b], torch.arange(b - a),
                             lambda layer, q, k, v: causal_attention(q, k, v))
             torch.testing.assert_close(packed[r, a:b], alone, rtol=1e-4, atol=1e-4)
 
@@ -164,41 +214,45 @@ def test_loss_targets_never_cross_a_document_boundary():
     """The last token of each document (and of each row) has no target; every other token's
     target is the next token of its own document."""
     w = make_workload()
-    positions = packing.position_ids_of(packing.cu_seqlens_of(w.doc_lens), 2, 64)
-    labels = packing.next_token_labels(w.tokens, positions)
-    for r, a, b in spans_of(w.lens):
+    batch = w.batches[0]
+    labels = packing.next_token_labels(batch.tokens, packing.document_positions(batch.doc_lens, 2, 64))
+    for r, a, b in spans_of(w.lens[0]):
         assert labels[r, b - 1].item() == packing.IGNORE_INDEX
-        assert torch.equal(labels[r, a:b - 1], w.tokens[r, a + 1:b])
+        assert torch.equal(labels[r, a:b - 1], batch.tokens[r, a + 1:b])
 
 
 def test_document_lengths_are_random_per_row_and_fill_each_row():
     """Every row is filled exactly with at least two documents of random lengths, different per
-    row and per seed; tokens are random, not zeros."""
-    w = make_workload(seed=3, rows=4, seq_len=128, mean_doc_len=16)
+    row, per micro-batch and per seed; tokens are random, not zeros."""
+    w = make_workload(seed=3, rows=4, seq_len=128, mean_doc_len=16, micro_batches=2)
     other = make_workload(seed=4, rows=4, seq_len=128, mean_doc_len=16)
-    for lens in (w.lens, other.lens):
+    for lens in (*w.lens, *other.lens):
         assert all(sum(row) == 128 and len(row) >= 2 and min(row) >= 1 for row in lens)
         assert len({tuple(row) for row in lens}) == 4
-    assert w.lens != other.lens
-    assert w.doc_lens.tolist() == [n for row in w.lens for n in row] and w.doc_lens.dtype == torch.int32
-    assert w.tokens.unique().numel() > 50
+    assert w.lens[0] != other.lens[0] and w.lens[0] != w.lens[1]
+    for batch, lens in zip(w.batches, w.lens):
+        assert batch.doc_lens.tolist() == [n for row in lens for n in row] and batch.doc_lens.dtype == torch.int32
+        assert batch.tokens.shape == (4, 128) and batch.tokens.unique().numel() > 50
+    assert not torch.equal(w.batches[0].tokens, w.batches[1].tokens)
     gen = torch.Generator().manual_seed(0)
     assert all(len(row) >= 2 for row in draw_doc_lens(50, 8, 100, gen))  # mean past the row: still packed
 
 
 # -- the per-layer rebuild vs the cache ------------------------------------------------------
 
-@pytest.mark.parametrize("layers", [1, 3])
-def test_per_layer_builds_per_layer_cached_once(layers):
+@pytest.mark.parametrize("layers, micro", [(1, 1), (3, 1), (2, 3)])
+def test_per_layer_builds_per_layer_cached_once_per_batch(layers, micro):
     """What each call records: the per-layer variant builds the metadata (and makes the
-    max_seqlen host sync) once per layer and holds one mask per layer for the backward pass; the
-    cached one builds once, serves every layer from the cache and holds one mask."""
-    w = make_workload(layers=layers)
+    max_seqlen host sync) once per layer of each micro-batch and holds one mask per layer for the
+    backward pass; the cached one builds once per micro-batch (each new batch's lengths miss the
+    cache), serves every layer from the cache and holds one mask."""
+    w = make_workload(layers=layers, micro_batches=micro)
     (_, b), (_, o) = run(w, "per_layer"), run(w, "cached")
     mask_bytes = 2 * 64 * 64 * 4  # rows x seq x seq float32
-    assert (b["builds"], b["host_syncs"], b["mask_bytes_built"]) == (layers, layers, layers * mask_bytes)
-    assert (o["builds"], o["host_syncs"], o["mask_bytes_built"]) == (1, 1, mask_bytes)
-    assert (o["cache_misses"], o["cache_hits"]) == (1, layers) and (b["cache_misses"], b["cache_hits"]) == (0, 0)
+    n = layers * micro
+    assert (b["builds"], b["host_syncs"], b["mask_bytes_built"]) == (n, n, n * mask_bytes)
+    assert (o["builds"], o["host_syncs"], o["mask_bytes_built"]) == (micro, micro, micro * mask_bytes)
+    assert (o["cache_misses"], o["cache_hits"]) == (micro, n) and (b["cache_misses"], b["cache_hits"]) == (0, 0)
     assert b["mask_bytes_held"] == layers * mask_bytes and o["mask_bytes_held"] == mask_bytes
     for record in (b, o):
         assert 0 < record["build_ms"] < record["forward_ms"]
@@ -229,11 +283,11 @@ def test_cache_never_serves_a_stale_entry():
 def test_step_releases_the_batch_metadata_when_done(module):
     """After a step nothing of the batch's metadata is alive: not in a cache, not in autograd;
     the mask held through the backward pass is freed."""
-    w = make_workload()
+    w = make_workload(micro_batches=2)
     stats = packing.StepStats(CPU)
     cache = cached.PackedMetadataCache()
     extra = {"cache": cache} if module is cached else {}
-    out = module.train_step(w.weights, w.optimizer, w.tokens, w.doc_lens, stats=stats, **extra)
+    out = module.train_step(w.weights, w.optimizer, w.batches, stats=stats, **extra)
     assert stats.mask_bytes_held > 0  # it was held through the backward pass ...
     del out
     gc.collect()
@@ -245,7 +299,7 @@ def test_cache_batch_scope_releases_its_entry():
     w = make_workload()
     cache = cached.PackedMetadataCache()
     with cache.batch():
-        meta = cache.get(w.doc_lens, 2, 64, "sdpa", torch.float32)
+        meta = cache.get(w.batches[0].doc_lens, 2, 64, "sdpa", torch.float32)
         mask = weakref.ref(meta.mask)
         del meta
         assert mask() is not None
@@ -313,12 +367,19 @@ def test_validate_and_backend_resolution():
     assert "Triton flash attention has no varlen path" in TECHNIQUE.param("backend").help
 
 
-def test_bfloat16_step_runs_and_matches():
-    """The mask and the step follow the model dtype: a bf16 step is still bitwise the baseline's."""
-    w = make_workload(dtype="bfloat16", seq_len=32, mean_doc_len=6)
-    (ref, _), (out, _) = run(w, "per_layer"), run(w, "cached")
-    assert ref[f"grad {w.names[0]}"].dtype == torch.bfloat16
-    assert TECHNIQUE.check_fn(ref, out).passed
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_step_runs_and_matches(dtype):
+    """The mask and the step follow the model dtype: a half-precision step updates every
+    parameter to finite values (AdamW's eps is 0 in float16: no second moment may be 0), is still
+    bitwise the baseline's, and its losses are within the dtype's tolerance (1e-2) of each
+    document run alone in float64."""
+    w = make_workload(dtype=dtype, seq_len=32, mean_doc_len=6)
+    out, _ = run(w, "cached")
+    assert out[f"grad {w.names[0]}"].dtype == getattr(torch, dtype)
+    assert all(out[f"param {n}"].isfinite().all() for n in w.names)
+    result = TECHNIQUE.check_fn(TECHNIQUE.reference_fn(w), out)
+    assert result.passed and result.tolerance == 1e-2 and 0 < result.error < 1e-2
+    assert "bit-identical" in result.detail
 
 
 # -- declared figures -----------------------------------------------------------------------

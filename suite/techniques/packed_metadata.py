@@ -1,8 +1,12 @@
 """packed_metadata: a training step (forward, backward, AdamW) of the Llama-style decoder on packed
 rows, the attention metadata rebuilt in every layer (``per_layer``) or built once per batch by a
-cache (``cached``). Both run the same builder and attention (:mod:`gpubench.packing`), so their
-steps are compared bit for bit on a CPU; each call records its phase split, builds, host syncs and
-mask bytes. Backends: SDPA with a block-causal mask, or flash-attn's varlen kernel where it runs.
+cache (``cached``); each call records its phase split, builds, host syncs and mask bytes.
+Backends: SDPA with a block-causal mask, or flash-attn's varlen kernel where it runs.
+
+Both variants run the same builder and attention (:mod:`gpubench.packing`), so a bug there would be
+the same on both sides: the reference (:class:`PackedReference`) also runs every document alone
+through the model in float64, from the document lengths drawn here and nothing of
+:mod:`gpubench.packing`, and every variant's losses must match it as well as the per-layer step.
 """
 from __future__ import annotations
 
@@ -12,16 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from gpubench.baselines.packed_metadata import train_step as per_layer_step
 from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Measured, Param, Plot, Recorder, Technique, Workload,
                                tensors_check)
 from gpubench.errors import BadInput
-from gpubench.models.llama import SIZES, LayerWeights, LlamaConfig, LlamaWeights, random_weights, with_overrides
+from gpubench.models.llama import (SIZES, LayerWeights, LlamaConfig, LlamaWeights, causal_attention, forward,
+                                   random_weights, with_overrides)
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
 from gpubench.optional import optional_import
-from gpubench.packing import BACKENDS, StepOutput, StepStats
+from gpubench.packing import BACKENDS, PackedBatch, StepOutput, StepStats
 from gpubench.timing import count_cuda_syncs
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -29,6 +35,8 @@ HALF = ("float16", "bfloat16")
 # On CUDA the attention backward (SDPA's kernels, flash-attn) accumulates with atomics, so two
 # identical steps can differ by float rounding: relative L2 allowed per tensor, by the weights' dtype.
 CUDA_TOLERANCE = {**DTYPE_TOLERANCE, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+# The check's error figure: losses against each document run alone (float64), worst relative L2.
+ALONE_METRIC = "rel_l2_vs_documents_alone"
 LR = 1e-4
 ADAM_STEP0 = 10.0  # the restored optimizer state is that of a run 10 steps in
 
@@ -52,6 +60,8 @@ TECHNIQUE = Technique(
               choices=list(SIZES)),
         Param("layers", int, 0, "decoder layers; 0 keeps the model size's own", min=0),
         Param("rows", int, 2, "packed rows per batch", min=1),
+        Param("micro_batches", int, 1, "batches per step, gradients accumulated (each with its own documents): "
+              "from 2 on, the cache must miss on each new batch's lengths", min=1),
         Param("seq_len", int, 256, "tokens per row (documents packed without padding)", min=2),
         Param("mean_doc_len", int, 64, "mean document length; lengths are uniform in "
               "[1, min(2 * mean - 1, seq_len - 1)], the last one cut to fill the row", min=1),
@@ -75,9 +85,8 @@ TECHNIQUE = Technique(
 class PackedWorkload(Workload):
     config: LlamaConfig
     backend: str  # the attention backend that runs ("auto" resolved)
-    lens: list[list[int]]  # document lengths of each row
-    tokens: torch.Tensor  # (rows, seq) int64
-    doc_lens: torch.Tensor  # (documents,) int32, row-major: what the builders read
+    batches: list[PackedBatch]  # the step's micro-batches: what the variants read
+    lens: list[list[list[int]]]  # document lengths of each row of each micro-batch: what the reference reads
     names: list[str]  # parameter names, in LlamaWeights.parameters() order
     cache: PackedMetadataCache  # the cached variant's
     weights: LlamaWeights  # the optimizer's leaf parameters: fresh ones from every reset
@@ -161,12 +170,17 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWork
     config, dtype = config_of(params), DTYPES[params["dtype"]]
     rows, seq = params["rows"], params["seq_len"]
     gen = torch.Generator().manual_seed(seed)
-    lens = draw_doc_lens(rows, seq, params["mean_doc_len"], gen)
-    tokens = torch.randint(0, config.vocab_size, (rows, seq), generator=gen)
+    lens, batches = [], []
+    for _ in range(params["micro_batches"]):
+        lens.append(draw_doc_lens(rows, seq, params["mean_doc_len"], gen))
+        tokens = torch.randint(0, config.vocab_size, (rows, seq), generator=gen)
+        batches.append(PackedBatch(tokens.to(device), torch.tensor([n for row in lens[-1] for n in row],
+                                                                   dtype=torch.int32, device=device)))
     pristine = random_weights(config, seed, dtype, device)
-    # A mid-training AdamW state (seeded moments, step ADAM_STEP0), drawn on the CPU.
+    # A mid-training AdamW state (seeded moments, step ADAM_STEP0), drawn on the CPU. The second
+    # moments are never 0: AdamW's eps (1e-8) rounds to 0 in float16, and m / sqrt(0) is Inf.
     moments = [((1e-3 * torch.randn(p.shape, generator=gen)).to(device=device, dtype=dtype),
-                (1e-6 * torch.rand(p.shape, generator=gen)).to(device=device, dtype=dtype))
+                (1e-6 * (1 + torch.rand(p.shape, generator=gen))).to(device=device, dtype=dtype))
                for p in pristine.parameters()]
 
     def fresh_state() -> tuple[LlamaWeights, torch.optim.Optimizer]:
@@ -181,8 +195,7 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWork
     weights, optimizer = fresh_state()
     workload = PackedWorkload(
         params=dict(params), device=device, seed=seed, config=config,
-        backend=resolve_backend(params["backend"], device, params["dtype"]), lens=lens, tokens=tokens.to(device),
-        doc_lens=torch.tensor([n for row in lens for n in row], dtype=torch.int32, device=device),
+        backend=resolve_backend(params["backend"], device, params["dtype"]), batches=batches, lens=lens,
         names=parameter_names(pristine), cache=PackedMetadataCache(), weights=weights, optimizer=optimizer)
 
     def reset() -> None:
@@ -196,18 +209,22 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWork
 
 def run_step(w: PackedWorkload, variant: str, stats: StepStats | None = None) -> StepOutput:
     """One step of ``variant`` (per_layer or cached) on the workload's live state."""
-    args = (w.weights, w.optimizer, w.tokens, w.doc_lens)
+    args = (w.weights, w.optimizer, w.batches)
     if variant == "cached":
         return cached_step(*args, backend=w.backend, stats=stats, cache=w.cache)
     return per_layer_step(*args, backend=w.backend, stats=stats)
+
+
+def _named(w: PackedWorkload, out: StepOutput) -> dict[str, torch.Tensor]:
+    return {"loss": out.loss, "token_losses": out.token_losses, **{f"grad {n}": g for n, g in zip(w.names, out.grads)},
+            **{f"param {n}": p for n, p in zip(w.names, out.params)}}
 
 
 def _recorded_step(w: PackedWorkload, rec: Recorder, variant: str) -> dict[str, torch.Tensor]:
     stats = StepStats(w.device)
     out = run_step(w, variant, stats)
     rec.record(**stats.summary())
-    return {"loss": out.loss, **{f"grad {n}": g for n, g in zip(w.names, out.grads)},
-            **{f"param {n}": p for n, p in zip(w.names, out.params)}}
+    return _named(w, out)
 
 
 @TECHNIQUE.variant("per_layer", role="baseline")
@@ -224,14 +241,67 @@ def cached(w: PackedWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
 
 # -- correctness ------------------------------------------------------------------------------
 
+@dataclass
+class PackedReference:
+    """What every variant is checked against: the per_layer step (run again) and, independent of
+    the shared builder, the losses of each document run alone."""
+
+    step: dict[str, torch.Tensor]  # per_layer's loss, token losses, gradients and updated parameters
+    alone: dict[str, torch.Tensor]  # float64 "loss" and "token_losses", as the step lays them out
+    dtype: torch.dtype  # the weights' (whose tolerance applies)
+
+
+def documents_alone(w: PackedWorkload) -> dict[str, torch.Tensor]:
+    """The losses the packed step must give, from the drawn document lengths alone: each document
+    run by itself through the model in float64 (positions 0..n-1, plain causal attention), each
+    token's loss against the next token of its own document (0 for a document's last token); the
+    step's loss, the mean over each micro-batch's targets, averaged over micro-batches."""
+    weights = rebind(w.weights, [p.detach().double() for p in w.weights.parameters()])
+    rows, seq = w.batches[0].tokens.shape
+    token_losses = torch.zeros(len(w.batches), rows, seq, dtype=torch.float64, device=w.device)
+    with torch.no_grad():
+        for m, (batch, lens) in enumerate(zip(w.batches, w.lens)):
+            for r, row in enumerate(lens):
+                start = 0
+                for n in row:
+                    doc = batch.tokens[r, start:start + n]
+                    logits = forward(weights, doc, torch.arange(n, device=w.device),
+                                     lambda layer, q, k, v: causal_attention(q, k, v))
+                    token_losses[m, r, start:start + n - 1] = F.cross_entropy(logits[:-1], doc[1:], reduction="none")
+                    start += n
+    targets = torch.tensor([sum(n - 1 for row in lens for n in row) for lens in w.lens],
+                           dtype=torch.float64, device=w.device)
+    return {"loss": (token_losses.sum((1, 2)) / targets).mean(), "token_losses": token_losses}
+
+
+@TECHNIQUE.reference
+def make_reference(w: PackedWorkload) -> PackedReference:
+    w.reset()
+    alone = documents_alone(w)  # before the step moves the weights
+    return PackedReference(_named(w, run_step(w, "per_layer")), alone, w.weights.dtype)
+
+
 @TECHNIQUE.check
-def check(reference_output: dict[str, torch.Tensor], output: dict[str, torch.Tensor]) -> CheckResult:
-    """Loss, every gradient and every updated parameter against the baseline's, by name: bit for
-    bit on a CPU, relative L2 within CUDA_TOLERANCE (by the weights' dtype) on CUDA."""
-    if not reference_output["loss"].is_cuda:
-        return tensors_check(reference_output, output, exact=True)
-    dtype = next(t.dtype for name, t in reference_output.items() if name.startswith("param "))
-    return tensors_check(reference_output, output, CUDA_TOLERANCE, dtype=dtype)
+def check(reference: PackedReference, output: dict[str, torch.Tensor]) -> CheckResult:
+    """Two comparisons, both required. (1) The loss and each token's loss against each document
+    run alone: relative L2 within DTYPE_TOLERANCE of the weights' dtype (the error recorded).
+    (2) Loss, token losses, every gradient and every updated parameter against the per_layer
+    step's, by name: bit for bit on a CPU, within CUDA_TOLERANCE on CUDA."""
+    alone = tensors_check(reference.alone, output, dtype=reference.dtype)
+    if reference.step["loss"].is_cuda:
+        same = tensors_check(reference.step, output, CUDA_TOLERANCE, dtype=reference.dtype)
+    else:
+        same = tensors_check(reference.step, output, exact=True)
+    alone_error = "n/a" if alone.error is None else f"{alone.error:.3g}"
+    if not same.passed:
+        return CheckResult(False, same.error, same.tolerance, same.metric,
+                           f"against the per_layer step: {same.detail} (documents alone: {ALONE_METRIC} {alone_error})")
+    versus = ("bit-identical to the per_layer step" if same.error == 0
+              else f"per_layer step: {same.metric} {same.error:.3g}")
+    if not alone.passed:
+        return CheckResult(False, alone.error, alone.tolerance, ALONE_METRIC,
+                           f"against each document run alone: {alone.detail} ({versus})")
+    return CheckResult(True, alone.error, alone.tolerance, ALONE_METRIC, f"{alone.detail}; {versus}")
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -251,12 +321,12 @@ COUNTS = {"builds": "metadata_builds_per_step", "host_syncs": "host_syncs_per_st
 
 @TECHNIQUE.metrics
 def metrics(w: PackedWorkload, measured: Measured) -> dict[str, Any]:
-    tokens = w.tokens.numel()
+    tokens = sum(b.tokens.numel() for b in w.batches)
     out: dict[str, Any] = {
         "backend": w.backend,
         "layers": w.config.num_layers,
         "tokens": tokens,
-        "documents": int(w.doc_lens.numel()),
+        "documents": sum(int(b.doc_lens.numel()) for b in w.batches),
         "tokens_per_s": tokens / measured.median_s,
         "ms_per_step": 1e3 * measured.median_s,
         # 6 x parameters x tokens: the usual training estimate (2 forward, 4 backward), attention
