@@ -26,7 +26,9 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """Drafts by decoding a small model autoregressively from its own KV cache."""
+    """Drafts by decoding a small model autoregressively from its own KV cache. A proposal of k
+    drafts feeds the context and the first k - 1 drafts; ``rollback(valid)`` keeps the first
+    ``valid`` of those (or all, when fewer were fed)."""
 
     def __init__(self, weights: LlamaWeights, capacity: int):
         self.cache = KVCache(weights, capacity)
@@ -36,7 +38,9 @@ class ModelDrafter:
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
-        feed = tokens[self.cache.length:]  # what the cache has not seen yet (at least the last token)
+        # The cache holds a prefix of the context, never its last token (the rollback keeps it so):
+        # feed the confirmed tokens it has not seen, then the last one, whose logits give draft 0.
+        feed = tokens[self.cache.length:-1] + tokens[-1:]
         for i in range(k):
             logits = self.cache.forward(feed)[0]
             self.forwards += 1
@@ -65,23 +69,24 @@ class NgramDrafter:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min ({n_min}) <= n_max ({n_max})")
         self.n_max, self.n_min = n_max, n_min
-        self._buf = bytearray()  # the context as little-endian int32s: bytes.rfind does the search
-        self._len = 0
+        # The state: the first ``length`` context tokens as little-endian int32s (bytes.rfind searches them).
+        self.context_bytes = bytearray()
+        self.length = 0
         self._tokens: list[int] = []
         self.forwards = 0
 
     def _sync(self, tokens: list[int]) -> None:
-        if self._len > len(tokens) or self._tokens is not tokens:
-            self._buf, self._len, self._tokens = bytearray(), 0, tokens
-        for t in tokens[self._len:]:
-            self._buf += t.to_bytes(4, "little")
-        self._len = len(tokens)
+        if self.length > len(tokens) or self._tokens is not tokens:
+            self.context_bytes, self.length, self._tokens = bytearray(), 0, tokens
+        for t in tokens[self.length:]:
+            self.context_bytes += t.to_bytes(4, "little")
+        self.length = len(tokens)
 
     def propose(self, tokens: list[int], k: int, temperature: float,
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
         self._sync(tokens)
         n_tokens = len(tokens)
-        buf = self._buf
+        buf = self.context_bytes
         for n in range(min(self.n_max, n_tokens - 1), self.n_min - 1, -1):
             pattern = bytes(buf[(n_tokens - n) * 4:])
             end = (n_tokens - 1) * 4  # a match must leave at least one token after it
@@ -141,6 +146,32 @@ class SpecStats:
                 mine[i] += v
 
 
+@dataclass(frozen=True)
+class Verification:
+    """One verification as it ran: after the first ``start`` tokens, ``asked`` drafts were asked
+    for and ``drafts`` proposed (with the drafter's probabilities ``q``, None when one-hot); the
+    target's ``logits`` scored them; ``accepted`` were kept and ``token`` followed."""
+
+    start: int
+    asked: int
+    drafts: list[int]
+    q: torch.Tensor | None
+    logits: torch.Tensor
+    accepted: int
+    token: int
+
+
+def residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tensor:
+    """Where the token after a rejected ``draft`` is drawn from: max(0, p - q), unnormalized (a
+    one-hot q when None: p without the draft); p itself where that is all zero (p == q)."""
+    if q is None:
+        out = p.clone()
+        out[draft] = 0.0
+    else:
+        out = (p - q).clamp_(min=0)
+    return out if float(out.sum()) > 0 else p
+
+
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temperature: float,
            generator: torch.Generator | None) -> tuple[int, int]:
     """The acceptance rule. ``logits``: the target's ``(len(drafts) + 1, vocab)`` logits, row i
@@ -166,21 +197,17 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temp
         n = 0
     if n == k:  # every draft accepted: the bonus token comes from the target's last row
         return n, int(torch.multinomial(p[k], 1, generator=generator))
-    residual = p[n].clone()
-    if q is not None:
-        residual = (residual - q[n]).clamp_(min=0)
-    else:
-        residual[drafts[n]] = 0.0
-    if not float(residual.sum()) > 0:  # p == q at this row: a rejection had probability 0
-        residual = p[n]
-    return n, int(torch.multinomial(residual, 1, generator=generator))
+    rest = residual(p[n], q[n] if q is not None else None, drafts[n])
+    return n, int(torch.multinomial(rest, 1, generator=generator))
 
 
 def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequence[int], max_new_tokens: int,
                          k: int, adaptive: bool = False, temperature: float = 0.0,
-                         generator: torch.Generator | None = None) -> tuple[list[int], SpecStats]:
+                         generator: torch.Generator | None = None,
+                         trace: list[Verification] | None = None) -> tuple[list[int], SpecStats]:
     """``max_new_tokens`` tokens after ``prompt``, distributed exactly as the target's own
-    decoding (token for token equal to it when greedy). Returns the tokens and what it took."""
+    decoding (token for token equal to it when greedy). Returns the tokens and what it took;
+    each verification is appended to ``trace`` when given."""
     if len(prompt) < 1 or max_new_tokens < 1 or k < 1:
         raise ValueError("need a prompt of at least one token, at least one new token and k >= 1")
     device = target.device
@@ -207,6 +234,8 @@ def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequenc
             n, nxt = verify(logits, drafts, q, temperature, generator)
             cache.truncate(base + 1 + n)  # keep the last token and the accepted drafts
             drafter.rollback(len(tokens) + n)
+            if trace is not None:
+                trace.append(Verification(len(tokens), budget, drafts, q, logits, n, nxt))
             tokens += drafts[:n]
             tokens.append(nxt)
             stats.verify_s += time.perf_counter() - t1

@@ -1,9 +1,13 @@
 """speculative_decoding: greedy output identical to plain decoding, sampled output distributed as
 the target's (chi-square), both KV caches rolled back, both drafters and adaptive k behaving as
 stated, a default model pair that really agrees, trained deterministically and cached, and the
-technique's build / check / metrics (from the timed calls' records) / plots as the harness relies on."""
+technique's build / check / metrics (from the timed calls' records) / plots as the harness relies on.
+The run's check: its replay of the verifications and the drafter's state fails what was tampered
+with and passes a clean run; its test of the acceptance rule rejects wrong rules at the run's own
+verifications and is calibrated for a right one."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -14,12 +18,15 @@ from gpubench.baselines.speculative_decoding import generate
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
 from gpubench.models import train_small
-from gpubench.models.decode_cache import KVCache
+from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaConfig, random_weights
 from gpubench.optimizations import speculative_decoding as spec
-from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, speculative_generate
+from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, Verification, speculative_generate
 from gpubench.reports import figures
-from gpubench.techniques.speculative_decoding import TECHNIQUE, Decoded, SpecWorkload, early_layers, predicted_speedup
+from gpubench import speculative_check
+from gpubench.speculative_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
+                                        rule_steps)
+from gpubench.techniques.speculative_decoding import TECHNIQUE, SpecWorkload, early_layers, predicted_speedup
 
 CPU = torch.device("cpu")
 SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -406,9 +413,10 @@ def test_prompts_are_seeded_and_come_from_the_held_out_text():
     assert bytes(a.prompts[0]) in held
 
 
-def test_sampled_run_checks_lengths_and_greedy_check_counts_mismatches():
+def test_greedy_check_counts_mismatches_and_a_sampled_check_needs_lengths_and_the_replay():
     """The check fails on a real greedy divergence, counting mismatched (and missing) tokens and
-    naming the first; a sampled run passes with different tokens but fails on a wrong length."""
+    naming the first; a sampled output fails on a wrong length, and without the verifications its
+    distribution cannot be tested, so it fails too; a real sampled run passes."""
     ref = Decoded([[1, 2, 3, 4], [5, 6]], 0.0)
     bad = TECHNIQUE.check_fn(ref, Decoded([[1, 2, 9, 9], [5]], 0.0))
     assert not bad.passed and bad.error == 3.0 and "prompt 0 first differs at token 2" in bad.detail
@@ -416,10 +424,182 @@ def test_sampled_run_checks_lengths_and_greedy_check_counts_mismatches():
     assert not short.passed and short.error == 1.0 and "prompt 1 first differs at token 1" in short.detail
     assert TECHNIQUE.check_fn(ref, Decoded([[1, 2, 3, 4], [5, 6]], 0.0)).passed
     sref = Decoded([[1, 2, 3]], 1.0)
-    assert TECHNIQUE.check_fn(sref, Decoded([[3, 3, 1]], 1.0)).passed
     assert not TECHNIQUE.check_fn(sref, Decoded([[3, 3]], 1.0)).passed
+    blind = TECHNIQUE.check_fn(sref, Decoded([[3, 3, 1]], 1.0))
+    assert not blind.passed and blind.metric == "replay"
     w = make_workload(temperature=1.0, drafter="ngram")
     assert run_case(w)[2].passed
+
+
+# -- the run's check: replay of the verifications, the rule's distribution test -----------------
+
+@pytest.mark.parametrize("overrides", [{}, {"temperature": 1.0}, {"drafter": "ngram"},
+                                       {"drafter": "ngram", "temperature": 1.0, "adaptive_k": True},
+                                       {"draft": "early:2", "temperature": 0.5, "dtype": "float64"}],
+                         ids=["greedy", "sampled", "ngram_greedy", "ngram_sampled_adaptive", "early_sampled_float64"])
+def test_check_replays_a_clean_run_within_its_bounds(overrides):
+    """On a clean run every part of the check passes, with its figure reported: the target's logits
+    and the draft's q within the replay tolerance of a cacheless pass, every draft explained, the
+    drafter's state as recomputed; sampled, the rule's p-value above the failure bound."""
+    (_, out), _, result = run_case(make_workload(**overrides))
+    assert result.passed, result
+    assert "target_logits_rel_l2" in result.detail and "drafter_state_mismatches 0" in result.detail
+    if out.temperature > 0:
+        assert result.metric == "rule_chi2_neg_log10_p" and result.error <= result.tolerance == 6.0
+        assert "p = " in result.detail
+    else:
+        assert result.metric == "mismatched_tokens" and "unexplained_drafts 0" in result.detail
+
+
+def _rejecting_step(out):
+    """A verification that rejected a draft (the drafter's proposal there is checked)."""
+    return next((g, j) for g in out.replay.generations for j, s in enumerate(g.steps) if s.accepted < len(s.drafts))
+
+
+def _stale_draft_kv(out):
+    out.replay.generations[0].drafter.cache.k[0, 3] += 1.0
+
+
+def _draft_cache_one_longer(out):
+    out.replay.generations[0].drafter.cache.length += 1
+
+
+def _other_target_logits(out):
+    steps = out.replay.generations[0].steps
+    steps[1] = dataclasses.replace(steps[1], logits=steps[1].logits * 1.1)
+
+
+def _other_draft_q(out):
+    steps = out.replay.generations[0].steps
+    steps[0] = dataclasses.replace(steps[0], q=steps[0].q.roll(1, dims=-1))
+
+
+def _not_the_drafts_argmax(out):
+    g, j = _rejecting_step(out)
+    s = g.steps[j]
+    drafts = list(s.drafts)
+    drafts[s.accepted] = next(t for t in range(256) if t not in (s.drafts[s.accepted], s.token))
+    g.steps[j] = dataclasses.replace(s, drafts=drafts)
+
+
+def _token_no_verification_produced(out):
+    out.tokens[0][5] = (out.tokens[0][5] + 1) % 256
+
+
+def _ngram_buffer_byte(out):
+    out.replay.generations[0].drafter.context_bytes[0] ^= 1
+
+
+@pytest.mark.parametrize("overrides,tamper,metric", [
+    ({}, _stale_draft_kv, "drafter_state_mismatches"),
+    ({}, _draft_cache_one_longer, "drafter_state_mismatches"),
+    ({}, _not_the_drafts_argmax, "unexplained_drafts"),
+    ({"temperature": 1.0}, _other_target_logits, "target_logits_rel_l2"),
+    ({"temperature": 1.0}, _other_draft_q, "draft_probs_rel_l2"),
+    ({"temperature": 1.0}, _token_no_verification_produced, "unaccounted_generations"),
+    ({"drafter": "ngram"}, _ngram_buffer_byte, "drafter_state_mismatches"),
+], ids=lambda x: getattr(x, "__name__", "").strip("_") or None)
+def test_check_fails_a_run_whose_replay_was_tampered_with(overrides, tamper, metric):
+    """Each part of the replay fails what it guards, in a greedy run whose tokens are still exact or
+    a sampled run: a stale or extra entry in the draft cache, a draft the draft model would not have
+    proposed, logits or q other than the models', output tokens no verification produced, a byte
+    of prompt lookup's buffer."""
+    w = make_workload(**overrides)
+    base = TECHNIQUE.playing("baseline", CPU).call(w, Recorder())
+    out = TECHNIQUE.playing("optimized", CPU).call(w, Recorder())
+    assert TECHNIQUE.check_fn(base, out).passed
+    tamper(out)
+    result = TECHNIQUE.check_fn(base, out)
+    assert not result.passed and result.metric == metric, result
+
+
+def test_the_checks_cacheless_recomputation_equals_the_kv_caches_logits_and_kv(small):
+    """The replay's reference agrees with a right incremental decode: logits and every layer's K/V
+    of one causal pass equal those of a KV cache fed a prefill and then one token at a time."""
+    tokens = prompt_of(12, 24, SMALL.vocab_size)
+    logits, k, v = recomputed(small, tokens)
+    with torch.inference_mode():
+        cache = KVCache(small, 32)
+        rows = [cache.forward(tokens[:10], all_logits=True)] + [cache.forward([t]) for t in tokens[10:]]
+    torch.testing.assert_close(torch.cat(rows), logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.k[:, :24], k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.v[:, :24], v, rtol=1e-5, atol=1e-5)
+
+
+def test_the_checks_prompt_lookup_agrees_with_the_ngram_drafter():
+    """The check's list search proposes what NgramDrafter's byte search does, on random contexts
+    with many repeats and token ids above 255, for every n range and k."""
+    g = torch.Generator().manual_seed(4)
+    for trial in range(300):
+        vocab = (3, 5, 700)[trial % 3]
+        context = torch.randint(0, vocab, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+        n_max = 1 + trial % 4
+        n_min = 1 + (trial // 4) % n_max
+        k = 1 + trial % 5
+        assert NgramDrafter(n_max, n_min).propose(context, k, 0.0, None)[0] == prompt_lookup(context, k, n_max, n_min)
+
+
+def _rule(accept=lambda u, p, q: u * q < p, residual=spec.residual, bonus_row=lambda k: k):
+    """An acceptance rule written out, with one part swappable for a wrong one."""
+    def rule(logits, drafts, q, temperature, generator):
+        p = probabilities(logits, temperature)
+        n = 0
+        while n < len(drafts):
+            p_tok, q_tok = float(p[n, drafts[n]]), float(q[n, drafts[n]]) if q is not None else 1.0
+            if not accept(float(torch.rand(1, generator=generator)), p_tok, q_tok):
+                break
+            n += 1
+        if n == len(drafts):
+            return n, int(torch.multinomial(p[bonus_row(n)], 1, generator=generator))
+        rest = residual(p[n], q[n] if q is not None else None, drafts[n])
+        return n, int(torch.multinomial(rest, 1, generator=generator))
+    return rule
+
+
+def _one_hot(draft, like):
+    return torch.nn.functional.one_hot(torch.tensor(draft), like.numel()).to(like.dtype)
+
+
+WRONG_RULES = {
+    "resample_from_p": _rule(residual=lambda p, q, d: p),
+    "resample_from_q_minus_p": _rule(residual=lambda p, q, d: ((_one_hot(d, p) if q is None else q) - p).clamp(min=0)),
+    "accept_every_draft": _rule(accept=lambda u, p, q: True),
+    "accept_with_q_over_p": _rule(accept=lambda u, p, q: u * p < q),
+    "bonus_from_the_last_drafts_row": _rule(bonus_row=lambda k: max(k - 1, 0)),
+}
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+def test_the_rule_test_rejects_wrong_rules_at_the_runs_own_verifications(drafter):
+    """Power: at the verifications a sampled run's check picks (the trained pair, T = 1), each wrong
+    rule gets a p-value below the failure bound, and the same rule written out right (and the
+    shipped one) well above it. Prompt lookup's bonus rows often agree (runs of spaces in source
+    text), so a bonus drawn from the row before is not resolved there."""
+    out = run_case(make_workload(temperature=1.0, drafter=drafter))[0][1]
+    steps = rule_steps(out.replay, 1.0)
+    assert len(steps) == speculative_check.RULE_STEPS
+    for rule in (spec.verify, _rule()):
+        assert rule_p_value(rule, steps, 1.0, RULE_DRAWS, seed=1)[0] > 1e-3
+    for name, rule in WRONG_RULES.items():
+        if drafter == "ngram" and name == "bonus_from_the_last_drafts_row":
+            continue
+        p, stat, df = rule_p_value(rule, steps, 1.0, RULE_DRAWS, seed=1)
+        assert p < RULE_P_FAIL, (name, p, stat, df)
+
+
+def test_the_rule_tests_p_values_are_uniform_for_a_right_rule():
+    """False failures: for the shipped rule at random rows (6 tokens, 2 drafts), the p-values spread
+    as a uniform's do (about a tenth below 0.1) and none comes near the failure bound, so the
+    bound's 1e-6 is the rate at which a right rule fails a run."""
+    g = torch.Generator().manual_seed(0)
+    pvalues = []
+    for rep in range(60):
+        logits = 1.5 * torch.randn(3, 6, generator=g)
+        q = torch.softmax(1.5 * torch.randn(2, 6, generator=g), dim=-1)
+        step = Verification(start=1, asked=2, drafts=[0, 0], q=q, logits=logits, accepted=0, token=0)
+        pvalues.append(rule_p_value(spec.verify, [step], 1.0, 200, seed=rep)[0])
+    assert 1 <= sum(p < 0.1 for p in pvalues) <= 14 and sum(p > 0.9 for p in pvalues) <= 14
+    assert min(pvalues) > 1e-4
 
 
 def test_validate_names_bad_combinations(tmp_path):

@@ -2,12 +2,12 @@
 draft-and-verify (``draft_verify``), a generation run over a few prompts decoded one at a time.
 Models: the default trained pair (:mod:`gpubench.models.train_small`), local Hugging Face
 checkpoints, or the target's first N layers as the draft; ``drafter: ngram`` needs no draft model.
-Greedy runs are checked token for token against plain decoding; sampled runs for their lengths
-(the distribution is tested by chi-square in ``tests/test_speculative_decoding.py``).
+Greedy runs are checked token for token against plain decoding, sampled runs by a distribution test
+of the acceptance rule at the run's own verifications; both replay draft_verify's verifications and
+its drafter's final state against a cacheless recomputation (:mod:`gpubench.speculative_check`).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import time
@@ -18,13 +18,16 @@ from typing import Any
 import torch
 
 from gpubench.baselines.speculative_decoding import generate
-from gpubench.contract import CheckResult, Measured, Param, Plot, Recorder, Technique, Workload
+from gpubench.contract import Measured, Param, Plot, Recorder, Technique, Workload
 from gpubench.errors import BadInput
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaWeights, load_hf
+from gpubench.optimizations import speculative_decoding as spec
 from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, SpecStats, speculative_generate
+from gpubench import speculative_check
 from gpubench.optional import optional_import
+from gpubench.speculative_check import Decoded, Generation, Replay
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 TRAINED = "trained"
@@ -227,14 +230,6 @@ def _generator(w: SpecWorkload, i: int) -> torch.Generator | None:
     return w.generator(offset=7919 * (i + 1)) if w.params["temperature"] > 0 else None
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """A variant's output: each prompt's new tokens, and the temperature they were drawn at."""
-
-    tokens: list[list[int]]
-    temperature: float
-
-
 # -- variants ---------------------------------------------------------------------------------
 
 @TECHNIQUE.variant("plain", role="baseline")
@@ -261,41 +256,24 @@ def draft_verify(w: SpecWorkload, rec: Recorder) -> Decoded:
     """the drafter proposes k tokens, the target verifies them in one forward pass (rejection
     sampling; greedy: argmax agreement); both KV caches rolled back"""
     p = w.params
-    tokens, total = [], SpecStats()
+    tokens, total, generations = [], SpecStats(), []
     for i, prompt in enumerate(w.prompts):
-        out, stats = speculative_generate(w.target, make_drafter(w), prompt, p["max_new_tokens"], p["k"],
-                                          p["adaptive_k"], p["temperature"], _generator(w, i))
+        drafter, steps = make_drafter(w), []
+        out, stats = speculative_generate(w.target, drafter, prompt, p["max_new_tokens"], p["k"],
+                                          p["adaptive_k"], p["temperature"], _generator(w, i), trace=steps)
         tokens.append(out)
         total.add(stats)
+        generations.append(Generation(list(prompt), steps, drafter))
     rec.record(drafted=total.drafted, accepted=total.accepted, verifications=total.verifications,
                emitted=total.emitted, target_forwards=total.target_forwards, draft_s=total.draft_s,
                verify_s=total.verify_s, accepted_at=list(total.accepted_at), drafted_at=list(total.drafted_at))
-    return Decoded(tokens, p["temperature"])
+    replay = Replay(generations, w.target, w.draft, (p["ngram_max"], p["ngram_min"]), spec.verify, w.seed)
+    return Decoded(tokens, p["temperature"], replay)
 
 
 # -- correctness ------------------------------------------------------------------------------
 
-@TECHNIQUE.check
-def check(ref: Decoded, out: Decoded) -> CheckResult:
-    """Greedy: each prompt's tokens equal plain decoding's (the error counts mismatched tokens, a
-    missing or extra one counting as one). Sampled: the outputs differ by construction; each
-    sequence's length is checked."""
-    if len(ref.tokens) != len(out.tokens):
-        return CheckResult(False, None, None, "mismatched_tokens",
-                           f"{len(out.tokens)} sequences, expected {len(ref.tokens)}")
-    if ref.temperature > 0:
-        bad = [i for i, (r, o) in enumerate(zip(ref.tokens, out.tokens)) if len(r) != len(o)]
-        return CheckResult(not bad, float(len(bad)), None, "wrong_length_sequences",
-                           f"sequences {bad} have the wrong length" if bad else
-                           "sampled: outputs differ by construction; lengths checked (the distribution is "
-                           "tested against the target's by chi-square in the test suite)")
-    mismatched, first = 0, ""
-    for i, (r, o) in enumerate(zip(ref.tokens, out.tokens)):
-        diff = [j for j, (a, b) in enumerate(itertools.zip_longest(r, o)) if a != b]
-        mismatched += len(diff)
-        if diff and not first:
-            first = f"prompt {i} first differs at token {diff[0]} of {len(r)}"
-    return CheckResult(mismatched == 0, float(mismatched), None, "mismatched_tokens", first)
+check = TECHNIQUE.check(speculative_check.check)
 
 
 # -- metrics ----------------------------------------------------------------------------------
