@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from planted import caught, run_planted
 
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
@@ -19,8 +20,11 @@ from gpubench.serving.bench import PLOTS, ServingReference, check
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
+from gpubench.serving.kv import make_kv
+from gpubench.serving.model_runner import ModelRunner
 from gpubench.serving.metrics import serving_metrics, serving_series
 from gpubench.serving.reference import reference_generate
+from gpubench.serving.sequence import Sequence
 from gpubench.serving.traces import (Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length,
                                      read_jsonl)
 from gpubench.techniques import continuous_batching, paged_kv_serving
@@ -59,6 +63,39 @@ def test_greedy_tokens_equal_one_request_at_a_time_in_every_engine(weights64, sc
         assert run.tokens[r.id] == expected, f"request {r.id} under {scheduler}+{kv}"
     if kv == "paged" and scheduler == "continuous":
         assert run.preemptions > 0, "the budget was meant to force preemption"
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+@pytest.mark.parametrize("seed", range(4))
+def test_requests_preempted_far_from_their_end_resume_with_their_lone_tokens(weights64, scheduler, seed):
+    """Every request at time 0 into 20 blocks of 8 tokens: requests are preempted with 5 or more
+    tokens still to generate (so a wrong resume changes tokens that follow it), and every request
+    still generates exactly what it generates alone (float64: no near-ties)."""
+    requests = trace(10, seed=seed, prompt="uniform:4:12", output="uniform:20:32")
+    cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
+                       block_size=8, max_len=48, max_batch=8, wait=False)
+    run = Engine(weights64, cfg).run(requests)
+    assert run.preemptions >= 3 and min(run.preempted_tokens_left) >= 5, run.preempted_tokens_left
+    assert run.accounting_problems == []
+    for r in requests:
+        assert run.tokens[r.id] == reference_generate(weights64, r)[0], f"request {r.id}"
+
+
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+def test_a_prefill_feeds_only_what_is_not_cached_and_attends_over_the_cached_prefix(weights64, kv):
+    """The model runner prefills ``tokens[cached:]`` over the K/V already cached: a prompt fed in
+    two prefills (7 tokens, then 13 more) gives the token the whole prompt gives alone."""
+    prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(11)).tolist()
+    backend = make_kv(weights64, EngineConfig(kv=kv, kv_budget_bytes=4 * 48 * TINY.kv_bytes_per_token(8),
+                                             block_size=8, max_len=48))
+    runner = ModelRunner(weights64, backend, 0.0)
+    seq = Sequence.of(Request(0, 0.0, prompt[:7], 1), 0.0)
+    backend.admit(seq)
+    runner.run([seq], [])
+    seq.tokens = list(prompt)
+    assert seq.cached == 7 and backend.allocator.ensure(seq.id, len(prompt))
+    assert runner.run([seq], []) == reference_generate(weights64, Request(0, 0.0, prompt, 1))[0]
+    assert seq.cached == 20
 
 
 def test_static_batch_goes_on_when_its_unfinished_requests_are_preempted(weights64):
@@ -101,14 +138,15 @@ def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
 
 # -- the check --------------------------------------------------------------------------------
 
-def _ref(tokens, gaps, temperature=0.0, dtype=torch.float32, lengths=None):
-    return ServingReference(tokens, gaps, temperature, dtype, lengths or {})
+def _ref(tokens, gaps, temperature=0.0, dtype=torch.float32, lengths=None, min_preemptions=0):
+    return ServingReference(tokens, gaps, temperature, dtype, lengths or {}, min_preemptions)
 
 
-def _run(tokens, problems=(), requests=(), timeline=None, preemptions=0, duration_s=1.0):
-    return ServingRun(scheduler="continuous", kv="paged", wait=True, tokens=tokens, requests=list(requests),
+def _run(tokens, problems=(), requests=(), timeline=None, preemptions=0, duration_s=1.0, kv="paged"):
+    return ServingRun(scheduler="continuous", kv=kv, wait=True, tokens=tokens, requests=list(requests),
                       timeline=timeline or Timeline(), duration_s=duration_s, preemptions=preemptions,
-                      kv_budget_bytes=1000, kv_capacity_tokens=10, kv_token_bytes=100,
+                      preempted_tokens_left=[5] * preemptions, kv_budget_bytes=1000, kv_capacity_tokens=10,
+                      kv_token_bytes=100,
                       accounting_problems=list(problems))
 
 
@@ -134,6 +172,28 @@ def test_check_fails_on_accounting_problems_and_short_outputs():
     assert not check(ref, _run({0: [5]})).passed
     sampled = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, temperature=1.0)
     assert check(sampled, _run({0: [9, 9]})).passed
+
+
+def test_check_fails_a_paged_run_that_preempted_less_than_the_case_asks():
+    """min_preemptions: a run with paged KV that preempted fewer times fails (the case no longer
+    tests preemption), saying how many it made; contiguous KV, which never preempts, is exempt;
+    wrong tokens are still reported as such."""
+    ref = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, min_preemptions=3)
+    result = check(ref, _run({0: [5, 6]}, preemptions=2))
+    assert not result.passed and result.metric == "missing_preemptions" and result.error == 1.0
+    assert "2 preemption(s) of an engine with paged KV where the case asks for at least 3" in result.detail
+    assert check(ref, _run({0: [5, 6]}, preemptions=3)).passed
+    assert check(ref, _run({0: [5, 6]}, kv="contiguous")).passed
+    assert check(ref, _run({0: [5, 9]}, preemptions=0)).metric == "mismatched_requests"
+
+
+def test_a_case_meant_to_preempt_that_does_not_fails_by_its_check():
+    """Through the harness: the paged engine's preemptions reach the check, and a case asking for
+    more than happen fails by its check on the paged variant (the contiguous one is fine)."""
+    record = run_planted("paged_kv_serving", **SMALL, min_preemptions=1000)
+    assert caught(record), record.failure
+    assert record.variants["paged"].check["metric"] == "missing_preemptions"
+    assert record.variants["contiguous"].status == "ok"
 
 
 # -- KV bookkeeping ---------------------------------------------------------------------------
@@ -368,7 +428,7 @@ def test_technique_metrics_are_medians_over_the_timed_runs_not_the_checked_one()
     checked = _timed_run(9.0, 1.0, preemptions=100, duration_s=50.0)
     m = T.metrics_fn(w, Measured("continuous", [2.0, 1.0], 1.5, checked, CPU, records=[{"run": r} for r in runs]))
     assert m["median_ttft_ms"] == pytest.approx(200.0) and m["median_tpot_ms"] == pytest.approx(30.0)
-    assert m["preemptions"] == 2.5 and m["max_concurrency"] == 2
+    assert m["preemptions"] == 2.5 and m["max_concurrency"] == 2 and m["median_preempted_tokens_left"] == 5
     assert m["duration_s"] == pytest.approx((0.12 + 0.34) / 2)
     assert m["series"]["ttft_ms"] == pytest.approx([300.0, 300.0])  # the shorter run: the lower median of two
     with pytest.raises(ValueError, match="no timed serving run"):
@@ -450,6 +510,18 @@ def test_validate_rejects_traces_longer_than_max_len_and_bad_specs():
     assert any("max_len 100" in p for p in problems)
     problems = T.validate_fn({**T.defaults(), "arrival": "poison:3", "model": "huge"})
     assert any(p.startswith("arrival:") for p in problems) and any("model 'huge'" in p for p in problems)
+
+
+def test_validate_rejects_a_preemption_floor_that_cannot_hold_or_depends_on_speed():
+    """min_preemptions is rejected with contiguous KV (it never preempts) and with real arrivals
+    (the count would depend on the machine's speed); arrival all or wait false are accepted."""
+    T = continuous_batching.TECHNIQUE
+    params = {**T.defaults(), "min_preemptions": 2}
+    assert any("contiguous KV never preempts" in p for p in T.validate_fn(params))
+    problems = T.validate_fn({**params, "kv": "paged"})
+    assert len(problems) == 1 and "machine's speed" in problems[0]
+    assert T.validate_fn({**params, "kv": "paged", "arrival": "all"}) == []
+    assert T.validate_fn({**params, "kv": "paged", "wait": False}) == []
 
 
 def test_hf_loader_says_what_is_missing(tmp_path):

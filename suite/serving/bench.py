@@ -63,6 +63,9 @@ def common_params() -> list[Param]:
         Param("wait", bool, True, "honour arrival times (false: every request at time 0, offline throughput)"),
         Param("slo_ttft_ms", float, 1000.0, "goodput: time-to-first-token target", min=0.0),
         Param("slo_tpot_ms", float, 100.0, "goodput: time-per-output-token target", min=0.0),
+        Param("min_preemptions", int, 0, "the check fails an engine run with paged KV that preempted fewer "
+              "times (a case meant to test preemption cannot silently stop doing so); needs arrival all or "
+              "wait false, so the count does not depend on the machine's speed", min=0),
         Param("check_requests", int, 0, "requests regenerated alone for the token check (0: all); the rest "
               "are checked for length and accounting only (a GPU-sized trace alone takes minutes)", min=0),
     ]
@@ -84,6 +87,12 @@ def validate(params: dict[str, Any]) -> list[str]:
         problems.append(f"model {params['model']!r} is neither a built-in size ({', '.join(SIZES)}) nor a directory")
     if params["trace_file"] and not Path(params["trace_file"]).is_file():
         problems.append(f"trace_file {params['trace_file']!r} does not exist")
+    if params["min_preemptions"]:
+        if params.get("kv") == "contiguous":
+            problems.append("min_preemptions: contiguous KV never preempts (a slab holds max_len); use kv: paged")
+        if params["wait"] and (params["trace_file"] or params["arrival"] != "all"):
+            problems.append("min_preemptions: with arrivals honoured, preemptions depend on the machine's speed; "
+                            "use arrival: all or wait: false")
     return problems
 
 
@@ -95,6 +104,7 @@ class ServingWorkload(Workload):
     slo_ttft_ms: float
     slo_tpot_ms: float
     check_requests: int  # requests regenerated alone for the token check (0: all)
+    min_preemptions: int  # the fewest preemptions a run with paged KV must make
 
 
 def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWorkload:
@@ -114,7 +124,7 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWor
                           wait=params["wait"])
     return ServingWorkload(params=dict(params), device=device, seed=seed, weights=weights, requests=requests,
                            engine=engine, slo_ttft_ms=params["slo_ttft_ms"], slo_tpot_ms=params["slo_tpot_ms"],
-                           check_requests=params["check_requests"])
+                           check_requests=params["check_requests"], min_preemptions=params["min_preemptions"])
 
 
 def _warm_up(weights: LlamaWeights) -> None:
@@ -140,13 +150,14 @@ class ServingReference:
     temperature: float
     dtype: torch.dtype
     lengths: dict[int, int] = field(default_factory=dict)  # every request's output length
+    min_preemptions: int = 0  # the fewest preemptions a run with paged KV must make
 
 
 def reference(w: ServingWorkload) -> ServingReference:
     """Every request (or the first ``check_requests``) generated alone, with a plain growing KV
     cache: what batching must not change."""
     ref = ServingReference({}, {}, w.engine.temperature, w.weights.dtype,
-                           {r.id: r.output_len for r in w.requests})
+                           {r.id: r.output_len for r in w.requests}, w.min_preemptions)
     for r in w.requests[:w.check_requests or len(w.requests)]:
         ref.tokens[r.id], ref.gaps[r.id] = reference_generate(w.weights, r, w.engine.temperature)
     return ref
@@ -156,7 +167,8 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
     """Greedy: every request's tokens equal the reference's (a divergence where the reference's top
     two logits were within the dtype's near-tie margin is allowed and reported). Sampled: every
     request produced its full length. Always: exact KV accounting (no leaked or doubly owned
-    block, never over the budget)."""
+    block, never over the budget), and a run with paged KV preempted at least ``min_preemptions``
+    times."""
     if out.accounting_problems:
         return CheckResult(False, float(len(out.accounting_problems)), None, "accounting_problems",
                            "; ".join(out.accounting_problems[:3]))
@@ -182,12 +194,20 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
             mismatched += 1
             first_bad = first_bad or (f"request {rid}: token {i} is {got[i]}, alone it is {expected[i]} "
                                       f"(top-2 logit gap {ref.gaps[rid][i]:.3g})")
-    detail = first_bad or ""
+    notes = [first_bad] if first_bad else []
     if near_ties:
-        detail = (detail + "; " if detail else "") + (f"{near_ties} request(s) diverged at a near-tie "
-                                                      f"(top-2 logits within {margin:g}), allowed")
+        notes.append(f"{near_ties} request(s) diverged at a near-tie (top-2 logits within {margin:g}), allowed")
     if not greedy:
-        detail = (detail + "; " if detail else "") + "sampled decoding: lengths and accounting checked, not tokens"
+        notes.append("sampled decoding: lengths and accounting checked, not tokens")
+    if left := out.preempted_tokens_left:
+        notes.append(f"{len(left)} preemption(s), {min(left)} to {max(left)} tokens still to generate")
+    missing = max(0, ref.min_preemptions - out.preemptions) if out.kv == "paged" else 0
+    if missing:
+        notes.append(f"{out.preemptions} preemption(s) of an engine with paged KV where the case asks for "
+                     f"at least {ref.min_preemptions}")
+    detail = "; ".join(notes)
+    if missing and not mismatched:
+        return CheckResult(False, float(missing), 0.0, "missing_preemptions", detail)
     return CheckResult(mismatched == 0, float(mismatched), 0.0, "mismatched_requests", detail)
 
 

@@ -64,6 +64,7 @@ class ServingRun:
     timeline: Timeline
     duration_s: float  # the whole loop, wall clock
     preemptions: int
+    preempted_tokens_left: list[int]  # per preemption, the tokens its request had still to generate
     kv_budget_bytes: int
     kv_capacity_tokens: int
     kv_token_bytes: int
@@ -120,5 +121,6 @@ class Engine:
             requests=[RequestTimes(s.id, s.req.arrival_s if c.wait else 0.0, s.req.prompt_len, len(s.output),
                                    s.token_times, s.finish_s, s.preemptions) for s in seqs],
             timeline=timeline, duration_s=clock(), preemptions=scheduler.preemptions,
+            preempted_tokens_left=scheduler.preempted_tokens_left,
             kv_budget_bytes=c.kv_budget_bytes, kv_capacity_tokens=kv.capacity_tokens,
             kv_token_bytes=kv.token_bytes, accounting_problems=problems)

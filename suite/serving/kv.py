@@ -113,6 +113,10 @@ class KVBackend(ABC):
         self.k[layer].view(-1, *k.shape[1:])[slots] = k
         self.v[layer].view(-1, *v.shape[1:])[slots] = v
 
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the tokens at flat slot indices."""
+        return self.k[layer].flatten(0, 1)[slots], self.v[layer].flatten(0, 1)[slots]
+
     @abstractmethod
     def slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
         """Flat slots of the sequence's token positions ``start:stop``."""

@@ -3,6 +3,7 @@ throughput, TTFT / TPOT / ITL / end-to-end latency (ms: mean, median, p90, p99),
 SLOs; and from the engine's timeline, KV utilization, peak concurrency and preemptions."""
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
@@ -60,6 +61,9 @@ def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> 
         "kv_budget_used": max(tl.reserved_bytes) / run.kv_budget_bytes if tl.reserved_bytes else None,
         "max_concurrency": max(tl.running) if tl.running else 0,
         "preemptions": run.preemptions,
+        # how far from its end a preempted request was: what its recompute had to get right
+        "median_preempted_tokens_left": (statistics.median(run.preempted_tokens_left)
+                                         if run.preempted_tokens_left else None),
         "steps": len(tl.t_s),
         "kv_capacity_tokens": run.kv_capacity_tokens,
     }

@@ -1,6 +1,7 @@
-"""The model runner: one forward pass over a step's prefills (each whole sequence, causal
-attention among its own tokens) and decodes (one token per sequence, attending over its cache),
-then each sequence's next token."""
+"""The model runner: one forward pass over a step's prefills and decodes, then each sequence's
+next token. Every sequence feeds the tokens whose K/V are not cached yet (``tokens[cached:]``): a
+prefill all of them, attending over any cached prefix and causally among themselves; a decode its
+last one, attending over its cache."""
 from __future__ import annotations
 
 import torch
@@ -29,23 +30,25 @@ class ModelRunner:
         kv, device = self.kv, self.device
         tokens, positions, last = [], [], []
         for s in prefills:
-            tokens += s.tokens
-            positions += range(len(s.tokens))
+            tokens += s.tokens[s.cached:]
+            positions += range(s.cached, len(s.tokens))
             last.append(len(tokens) - 1)
         first_decode = len(tokens)
         for s in decodes:
             tokens.append(s.tokens[s.cached])
             positions.append(s.cached)
             last.append(len(tokens) - 1)
-        prefill_slots = [kv.slots(s, 0, len(s.tokens)) for s in prefills]
+        new_slots = [kv.slots(s, s.cached, len(s.tokens)) for s in prefills]
+        past_slots = [kv.slots(s, 0, s.cached) if s.cached else None for s in prefills]
         batch = kv.prepare_decode(decodes) if decodes else None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             outs, start = [], 0
-            for s, slots in zip(prefills, prefill_slots):
-                stop = start + len(s.tokens)
+            for slots, past in zip(new_slots, past_slots):
+                stop = start + len(slots)
                 kv.write(layer, slots, k[start:stop], v[start:stop])
-                outs.append(causal_attention(q[start:stop], k[start:stop], v[start:stop]))
+                past_k, past_v = kv.read(layer, past) if past is not None else (None, None)
+                outs.append(causal_attention(q[start:stop], k[start:stop], v[start:stop], past_k, past_v))
                 start = stop
             if batch is not None:
                 kv.write(layer, batch.slots, k[first_decode:], v[first_decode:])

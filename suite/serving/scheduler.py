@@ -27,10 +27,10 @@ from gpubench.serving.sequence import Sequence
 class Step:
     prefills: list[Sequence]
     decodes: list[Sequence]
-    tokens: int = field(init=False)  # through the forward pass: whole prefills, one per decode
+    tokens: int = field(init=False)  # through the forward pass: what each prefill has not cached, one per decode
 
     def __post_init__(self) -> None:
-        self.tokens = sum(len(s.tokens) for s in self.prefills) + len(self.decodes)
+        self.tokens = sum(len(s.tokens) - s.cached for s in self.prefills) + len(self.decodes)
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
@@ -41,11 +41,15 @@ class Scheduler(ABC):
         self.kv, self.config = kv, config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admitted and holding KV (static: finished ones too, until the batch ends)
-        self.preemptions = 0
+        self.preempted_tokens_left: list[int] = []  # per preemption, the tokens its request had still to generate
         self._admitted = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.preempted_tokens_left)
 
     @property
     def busy(self) -> bool:
@@ -102,7 +106,7 @@ class Scheduler(ABC):
     def _preempt(self, seq: Sequence) -> None:
         self.kv.release(seq)
         seq.preempt()
-        self.preemptions += 1
+        self.preempted_tokens_left.append(seq.req.output_len - len(seq.output))
         self.waiting.appendleft(seq)
 
 

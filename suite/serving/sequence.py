@@ -44,6 +44,7 @@ class Sequence:
             self.finish_s = t
 
     def preempt(self) -> None:
-        """Its K/V are dropped: prompt and output so far are prefilled again when readmitted."""
+        """Its K/V are dropped: nothing is cached, so prompt and output so far are prefilled again
+        when it is readmitted."""
         self.cached = 0
         self.preemptions += 1
