@@ -140,6 +140,20 @@ def blocks_for(length: int, block_size: int) -> int:
     return math.ceil(length / block_size)
 
 
+def block_edge_lengths(block_size: int, longest: int, windows: tuple[int | None, ...] = ()) -> list[int]:
+    """Sequence lengths at and around block edges, where block arithmetic goes wrong: 1, B-1, B,
+    B+1, 2B-1, 2B, 2B+1, the last edge at or below ``longest`` and around it, ``longest``
+    itself, and for each sliding ``window`` the lengths where the window starts on a block edge
+    or just past one (W-1 .. W+1, W+B-1 .. W+B+1). Sorted, in [1, longest]."""
+    b = block_size
+    edges = {1, longest - 1, longest}
+    for k in (1, 2, longest // b):
+        edges |= {k * b - 1, k * b, k * b + 1}
+    for w in {w for w in windows if w}:
+        edges |= {w - 1, w, w + 1, w + b - 1, w + b, w + b + 1}
+    return sorted(n for n in edges if 1 <= n <= longest)
+
+
 def window_blocks(length: int, window: int, block_size: int) -> int:
     """Blocks a window-aware paged allocator still holds for a sliding layer once ``length``
     tokens were written: those containing positions length-window .. length-1 (a window that

@@ -82,6 +82,16 @@ def test_window_aware_blocks_hand_computed():
     assert kvmath.sequence_bytes(layout, 8200, "contiguous_ring", 16, 32768) == 32 * 4096 * per_layer
 
 
+def test_block_edge_lengths_hand_computed():
+    assert kvmath.block_edge_lengths(16, 512) == [1, 15, 16, 17, 31, 32, 33, 511, 512]
+    assert kvmath.block_edge_lengths(8, 70) == [1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 69, 70]
+    # a sliding window adds the lengths where it starts on a block edge or just past one
+    assert kvmath.block_edge_lengths(16, 200, (128, None)) == [1, 15, 16, 17, 31, 32, 33, 127, 128, 129,
+                                                              143, 144, 145, 191, 192, 193, 199, 200]
+    assert kvmath.block_edge_lengths(1, 5) == [1, 2, 3, 4, 5]
+    assert kvmath.block_edge_lengths(16, 10) == [1, 9, 10]  # capped by the longest
+
+
 def test_paged_rounds_up_to_blocks_and_contiguous_reserves_max_len():
     layout = preset_layout("llama-2-7b")
     per_token = layout.bytes_per_token
@@ -225,6 +235,42 @@ def test_allocations_match_the_prediction_to_the_byte_and_read_back_exactly(mode
     assert predicted["paged"] < predicted["contiguous"]
 
 
+@pytest.mark.parametrize("block_size", [1, 7, 16, 32])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "gpt-oss-20b"])  # gpt-oss: layer 0 slides (window 128)
+def test_block_edge_lengths_allocate_what_the_calculator_predicts_per_sequence_and_read_back(model, block_size):
+    w = build(model=model, block_size=block_size, max_len=300, lengths="edges")
+    assert w.lengths == kvmath.block_edge_lengths(block_size, 300, w.layout.windows)
+    predicted = technique.reference(w)
+    for variant in ("contiguous", "paged"):
+        out = technique.TECHNIQUE.variants[variant].fn(w)
+        result = technique.check(predicted, out)
+        assert result.passed, result.detail
+    # Per sequence and layer, not only in total: the blocks held are the calculator's.
+    cache = out.cache
+    for layer, window in enumerate(w.layout.windows):
+        for i, n in enumerate(w.lengths):
+            expected = kvmath.window_blocks(n, window, block_size) if window else kvmath.blocks_for(n, block_size)
+            assert len(cache.block_tables[layer][i]) == expected, (layer, n)
+
+
+def test_edges_give_one_sequence_per_edge_length_whatever_requests_says():
+    w = build(model="llama-3.1-8b", requests=2, max_len=100, block_size=16, lengths="edges")
+    assert w.lengths == [1, 15, 16, 17, 31, 32, 33, 95, 96, 97, 99, 100] == [s.length for s in w.sequences]
+    assert len(build(model="llama-3.1-8b", requests=2, max_len=100).lengths) == 2  # random: requests
+
+
+def test_a_sequence_one_block_short_reads_back_missing_instead_of_raising():
+    # A token with no block has no slot (vLLM's -1): it is never stored, and the check counts it
+    # missing instead of the variant (or the check) dying with an IndexError.
+    w = build(model="llama-3.1-8b", max_len=64, block_size=16, lengths="edges")
+    out = technique.paged(w)
+    i = w.lengths.index(32)
+    out.cache.block_tables[0][i] = out.cache.block_tables[0][i][:1]
+    assert out.cache.read(i, 0, 0, 32).values.shape[0] == 16
+    result = technique.check(technique.reference(w), out)
+    assert not result.passed and "16 tokens not stored" in result.detail and "at lengths [32]" in result.detail
+
+
 def test_sliding_layers_hold_only_their_window_when_paged():
     w = technique.build({**technique.TECHNIQUE.defaults(), "model": "gpt-oss-20b", "max_len": 2000, "requests": 2},
                         torch.device("cpu"), seed=5)
@@ -252,6 +298,7 @@ def test_metrics_report_reserved_holding_and_utilization():
     assert m["bytes_reserved"] == m["bytes_predicted"]
     assert m["utilization"] == pytest.approx(m["bytes_holding_tokens"] / m["bytes_reserved"])
     assert 0 < m["utilization"] < 1
+    assert m["sequences"] == 4 and m["tokens"] == sum(w.lengths)
 
 
 def test_one_gpu_breakdown_is_weights_plus_each_allocators_full_model_kv_plus_free():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
-from gpubench.contract import Measured
+from gpubench.contract import Measured, relative_l2_check
+from gpubench.kvmath import block_edge_lengths
 from gpubench.optimizations.paged_attention import paged_decode_attention, paged_decode_attention_torch
 from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
 from gpubench.reports import figures
@@ -64,6 +65,41 @@ def test_paged_paths_equal_contiguous_cache_attention(path, batch, heads, kv_hea
     out = PATHS[path](*args(w))
     assert out.dtype == w.q.dtype and out.shape == w.q.shape
     assert rel_err(out, reference(w)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("context_len", [64, 70])  # the longest context on a block edge, and past one
+def test_paged_paths_equal_contiguous_cache_attention_at_block_edge_lengths(path, block_size, context_len):
+    w = make_workload(kv_heads=2, block_size=block_size, context_len=context_len, lengths="edges")
+    assert w.lens == block_edge_lengths(block_size, context_len)
+    ref, out = reference(w), PATHS[path](*args(w))
+    assert TECHNIQUE.check_fn(ref, out).passed
+    for b, n in enumerate(w.lens):  # every sequence, not only the batch as a whole
+        assert rel_err(out[b], ref[b]) <= 1e-5, n
+
+
+def test_edges_give_one_sequence_per_edge_length_with_exactly_its_blocks():
+    w = make_workload(batch=2, block_size=16, context_len=70, lengths="edges")
+    assert w.lens == [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 69, 70] and w.q.shape[0] == len(w.lens)
+    assert w.context_lens.tolist() == w.lens and w.triton_out.shape == w.q.shape
+    held = [w.block_tables[b, :-(-n // 16)].tolist() for b, n in enumerate(w.lens)]
+    assert [len(h) for h in held] == [1, 1, 1, 2, 2, 2, 3, 4, 4, 5, 5, 5]
+    flat = [x for h in held for x in h]
+    assert len(set(flat)) == len(flat)  # no block shared, a full last block included
+    assert TECHNIQUE.metrics_fn(w, Measured("torch_blocks", [0.5], 0.5, None, CPU))["sequences"] == 12
+
+
+def test_check_takes_the_worst_sequence_so_one_long_context_is_not_diluted():
+    # A 3% error in the longest context's output alone: the batch's relative L2 stays under the
+    # bf16 tolerance (short contexts' outputs are larger), the worst sequence's does not.
+    w = make_workload(context_len=512, lengths="edges", dtype="bfloat16")
+    ref = reference(w)
+    out = ref.clone()
+    out[-1] *= 1.03
+    assert relative_l2_check(ref, out.bfloat16()).passed
+    result = TECHNIQUE.check_fn(ref, out.bfloat16())
+    assert not result.passed and result.metric == "max_rel_l2" and f"sequence {len(w.lens) - 1}" in result.detail
 
 
 def test_workload_exercises_shuffled_blocks_partial_tails_and_mixed_lengths():
@@ -206,7 +242,7 @@ def test_metrics_count_kv_bytes_read_once_and_decode_steps():
     kv = sum(w.lens) * 2 * 64 * 2 * 2  # tokens x kv_heads x head_dim x (K, V) x 2 bytes
     assert m["bytes_moved"] == kv + 2 * (3 * 4 * 64 * 2)  # + q read + output written
     assert m["tokens_per_s"] == 3 / 0.5
-    assert m["context_tokens"] == sum(w.lens)
+    assert m["context_tokens"] == sum(w.lens) and m["sequences"] == 3
 
 
 def _case(context_len, batch, gather_s, kernel_s):

@@ -2,7 +2,8 @@
 check the bytes each holds against the calculator's (:mod:`gpubench.kvmath`) prediction, to the
 byte. The layout is a preset's published config (its first ``layers`` layers, so the cache fits
 any machine); every sequence's tokens (random data, never zeros) are written and read back
-bit-exact through the allocator's addressing.
+bit-exact through the allocator's addressing. Lengths are random, or ``edges``: at and around
+block (and window) edges, where block arithmetic goes wrong.
 """
 from __future__ import annotations
 
@@ -36,8 +37,11 @@ TECHNIQUE = Technique(
               choices=model_config.preset_names()),
         Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),
         Param("layers", int, 2, "first N layers of the model (0 = all)", min=0),
-        Param("requests", int, 4, "sequences in the cache", min=1),
+        Param("requests", int, 4, "sequences in the cache (lengths: random)", min=1),
         Param("max_len", int, 1024, "longest sequence; what contiguous reserves", min=1),
+        Param("lengths", str, "random", "random: `requests` lengths in [1, max_len]; edges: one sequence per "
+              "length at and around block edges (1, B-1, B, B+1, 2B-1, .., max_len) and sliding-window edges",
+              choices=["random", "edges"]),
         Param("block_size", int, 16, "tokens per paged block", min=1),
         Param("tp", int, 1, "tensor-parallel degree (one GPU's share is allocated)", min=1),
     ],
@@ -76,8 +80,11 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> KVCacheWor
         cfg = cfg.with_layers(params["layers"])
     layout = kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])
     device = torch.device(device)
-    lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],),
-                            generator=torch.Generator().manual_seed(seed)).tolist()
+    if params["lengths"] == "edges":
+        lengths = kvmath.block_edge_lengths(params["block_size"], params["max_len"], layout.windows)
+    else:
+        lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],),
+                                generator=torch.Generator().manual_seed(seed)).tolist()
     # Token data is drawn on the device itself (gigabytes at real sizes): the same for a seed on
     # a given device type.
     data_gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -130,11 +137,12 @@ def reference(w: KVCacheWorkload) -> dict[str, int]:
 @TECHNIQUE.check
 def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
     """Measured storage must equal the prediction to the byte, and every live token must read
-    back bit-exact through the allocator's addressing."""
+    back bit-exact through the allocator's addressing (a token it never stored reads back
+    missing)."""
     cache, w = output.cache, output.workload
     predicted = reference_bytes[cache.allocator]
     measured = cache.storage_bytes()
-    mismatched = 0
+    mismatched, missing, at_lengths = 0, 0, set()
     for i, seq in enumerate(w.sequences):
         for layer, window in enumerate(w.layout.windows):
             start = max(0, seq.length - window) if window else 0
@@ -143,11 +151,16 @@ def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
             ok = same_bytes(got.values, src.values[start:])
             if src.scales is not None:
                 ok = ok and same_bytes(got.scales, src.scales[start:])
-            mismatched += not ok
+            if not ok:
+                mismatched += 1
+                missing += seq.length - start - got.values.shape[0]
+                at_lengths.add(seq.length)
     error = abs(measured - predicted)
     passed = error == 0 and mismatched == 0
-    detail = "" if passed else (f"measured {measured} B vs predicted {predicted} B; "
-                                f"{mismatched} (sequence, layer) read-backs differ")
+    detail = "" if passed else f"measured {measured} B vs predicted {predicted} B"
+    if mismatched:
+        detail += (f"; {mismatched} (sequence, layer) read-backs differ ({missing} tokens not stored), "
+                   f"at lengths {sorted(at_lengths)[:8]}")
     return CheckResult(passed, float(error), 0.0, "bytes_off_prediction", detail)
 
 
@@ -187,4 +200,5 @@ def metrics(w: KVCacheWorkload, measured: Measured) -> dict[str, Any]:
         "utilization": holding / reserved if reserved else 0.0,
         "metadata_bytes": out.cache.metadata_bytes(),
         "tokens": sum(w.lengths),
+        "sequences": len(w.lengths),
     }

@@ -3,8 +3,10 @@ contiguous copy first (``gather``) against reading K/V through the block table i
 Triton kernel on CUDA, ``torch_blocks`` standing in elsewhere), checked against float64 attention.
 
 A case's sequences have mixed context lengths (drawn in [1, context_len], the longest set to
-context_len), their blocks shuffled through a pool with spare ones, and every slot of the pool
-holds random data: a read through a wrong block or past a context's end changes the result.
+context_len, or ``edges``: at and around block edges), their blocks shuffled through a pool with
+spare ones, and every slot of the pool holds random data: a read through a wrong block or past a
+context's end changes the result. The check takes the worst sequence, so a fault in one long
+context is not diluted by the others.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench import gqa
+from gpubench.contract import CheckResult, Measured, Param, Plot, Technique, Workload, relative_l2_check, tensors_check
 from gpubench.gqa import head_params, head_problems
-from gpubench.contract import Measured, Param, Plot, Technique, Workload, relative_l2_check
+from gpubench.kvmath import block_edge_lengths
 from gpubench.optimizations.paged_attention import KERNEL, paged_decode_attention_torch
 from gpubench.triton_support import kernel_module, kernel_problem
 
@@ -38,11 +41,13 @@ TECHNIQUE = Technique(
         "largely from caches with Python overhead per step, so the CPU ratio says little about a GPU's."
     ),
     params=[
-        Param("batch", int, 4, "sequences decoding one token each", min=1),
+        Param("batch", int, 4, "sequences decoding one token each (lengths: random)", min=1),
         *head_params(heads=8),
         Param("head_dim", int, 64, "channels per head", choices=[64, 128]),
         Param("context_len", int, 512, "longest context (tokens); the others are drawn in [1, this]", min=1),
         Param("block_size", int, 16, "tokens per KV block", choices=[8, 16, 32]),
+        Param("lengths", str, "random", "random: `batch` contexts in [1, context_len]; edges: one sequence per "
+              "length at and around block edges (1, B-1, B, B+1, 2B-1, .., context_len)", choices=["random", "edges"]),
         Param("dtype", str, "float32", "dtype of q, the KV cache and the output",
               choices=["float32", "float16", "bfloat16"]),
     ],
@@ -111,7 +116,11 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PagedDecod
     batch, heads, dim, block_size = params["batch"], params["heads"], params["head_dim"], params["block_size"]
     kv_heads = gqa.kv_heads(params)
     gen = torch.Generator().manual_seed(seed)
-    lens = draw_context_lens(batch, params["context_len"], gen)
+    if params["lengths"] == "edges":
+        lens = block_edge_lengths(block_size, params["context_len"])
+        batch = len(lens)
+    else:
+        lens = draw_context_lens(batch, params["context_len"], gen)
     tables, num_blocks = build_block_tables(lens, block_size, gen)
     # Drawn on the CPU in float32, then moved: the same values on every device. Every slot of the
     # pool is random (spare blocks and the tail of each last block included), never zeros.
@@ -168,7 +177,15 @@ def reference(w: PagedDecodeWorkload) -> torch.Tensor:
     return out
 
 
-check = TECHNIQUE.check(relative_l2_check)
+@TECHNIQUE.check
+def check(reference_out: torch.Tensor, output: torch.Tensor) -> CheckResult:
+    """Each sequence's output against the reference's: the worst relative L2 error. (Over the
+    whole batch, short contexts, whose outputs average few values and are large, would hide an
+    error in a long one.)"""
+    if not isinstance(output, torch.Tensor) or output.shape != reference_out.shape:
+        return relative_l2_check(reference_out, output)  # names what is wrong with it
+    return tensors_check({f"sequence {b}": r for b, r in enumerate(reference_out)},
+                         {f"sequence {b}": o for b, o in enumerate(output)}, dtype=output.dtype)
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -186,4 +203,5 @@ def metrics(w: PagedDecodeWorkload, measured: Measured) -> dict[str, Any]:
         "bytes_moved": decode_bytes(w.lens, kv_heads, head_dim, w.k_cache.element_size(), w.q.numel()),
         "tokens_per_s": len(w.lens) / measured.median_s,  # one new token per sequence per step
         "context_tokens": sum(w.lens),
+        "sequences": len(w.lens),
     }
