@@ -131,7 +131,8 @@ def capture_env(device: torch.device) -> dict[str, Any]:
                 "torch_threads": torch.get_num_threads()},
         "git": {"commit": _git("rev-parse", "HEAD"),
                 "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None},
-        "env_vars": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS")
+        "env_vars": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS",
+                                                          "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                      if k in os.environ},
     }
     try:

@@ -15,7 +15,7 @@ from gpubench.scenario import Case, case_seed
 
 CPU = torch.device("cpu")
 QUICK = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=2, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0,
-                      case_timeout_s=120.0, energy_s=0.0)
+                      case_timeout_s=600.0, energy_s=0.0)
 
 
 class _NoTelemetry:

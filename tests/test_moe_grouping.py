@@ -385,7 +385,7 @@ def test_harness_run_checks_every_variant_against_float64_and_records_metrics(wr
     """Through the runner: the case passes, where_loop, sort_group and grouped_mm are each checked
     against the float64 reference, and the metrics carry phases, syncs and the GEMM path."""
     body = ("name: t\ndevice: cpu\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 5, min_time_s: 0.0, "
-            "max_time_s: 0.3, target_iqr: 1.0, case_timeout_s: 60, energy_s: 0}\nentries:\n"
+            "max_time_s: 0.3, target_iqr: 1.0, case_timeout_s: 600, energy_s: 0}\nentries:\n"
             "  - technique: moe_grouping\n    params: {experts: 8, top_k: 2, hidden: 32, expert_dim: 24, tokens: 48}\n")
     outcome = runner.run_scenario(scenario.load(write_scenario(body)), CPU, tmp_path / "runs", calibrate=False)
     (case,) = outcome.doc["cases"]

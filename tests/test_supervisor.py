@@ -21,11 +21,13 @@ FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_
 
 
 def faulty_scenario(tmp_path: Path, modes: list[str], timeout_s: float = 2.0) -> Path:
+    """One entry per mode, in order: only the modes that mean to hang get the short ``timeout_s``;
+    every other case gets a limit far from its normal second, so a loaded machine cannot time it out."""
     path = tmp_path / "faults.yaml"
-    path.write_text(f"name: faults\n{FAST}\nentries:\n"
-                    f"  - technique: {PLUGINS / 'faulty_pair.py'}\n"
-                    f"    params: {{mode: {json.dumps(modes)}}}\n"
-                    f"    policy: {{case_timeout_s: {timeout_s}}}\n")
+    entries = "".join(f"  - technique: {PLUGINS / 'faulty_pair.py'}\n"
+                      f"    params: {{mode: {mode}}}\n"
+                      f"    policy: {{case_timeout_s: {timeout_s if 'hang' in mode else 300}}}\n" for mode in modes)
+    path.write_text(f"name: faults\n{FAST}\nentries:\n{entries}")
     return path
 
 
@@ -63,7 +65,7 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
 
     hang = by_mode["native_hang"]["failure"]
     assert hang["kind"] == "timeout" and "worker killed after" in hang["message"]
-    assert by_mode["native_hang"]["elapsed_s"] < 2.0 + supervisor.kill_grace_s(2.0) + 5
+    assert by_mode["native_hang"]["elapsed_s"] < 2.0 + supervisor.kill_grace_s(2.0) + 60  # not forever
 
     segv = by_mode["segfault"]["failure"]
     assert segv["kind"] == "crash" and "SIGSEGV" in segv["message"]
@@ -109,7 +111,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, preexec_fn=_as_if_in_a_terminal)
 
 
-def _wait_for_cases(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 120) -> Path:
+def _wait_for_cases(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 600) -> Path:
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         for run_dir in run_root.glob("*"):
