@@ -5,7 +5,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.kvmath import KVPlan
+from gpubench.kvmath import KVPlan, human_bytes
+
+__all__ = ["human_bytes", "memory_bar", "render"]
 
 POLICY_TEXT = {
     "paged": "paged, window-aware",
@@ -21,35 +23,35 @@ POLICY_LEGEND = (
 )
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.3g} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
-        n /= 1024
-    return f"{sign}{n:.3g} TiB"
-
-
 def memory_bar(plan: KVPlan, width: int = 60) -> Text:
-    """One GPU's memory: weights, KV for the batch (or for as many sequences as fit), free."""
+    """One GPU's memory: weights (K/V scales included), other overhead, KV for the batch (or for as
+    many sequences as fit), free, and the headroom above the utilization target. The labels are
+    always the plan's true sizes; where they add up to more than the GPU, the bar is clipped at
+    the GPU's size and says so."""
     total = plan.gpu_memory_bytes
-    kv = plan.policies["paged"].batch_bytes
-    if kv is None:
-        kv = plan.policies["paged"].max_sequences * plan.policies["paged"].bytes_per_sequence
-    weights = min(plan.weight_bytes_per_gpu, total)
-    kv = max(0, min(kv, total - weights))
-    reserved = int(total * (1 - plan.utilization_target))
-    free = max(0, total - weights - kv)
+    paged = plan.policies["paged"]
+    kv = paged.batch_bytes if paged.batch_bytes is not None else paged.max_sequences * paged.bytes_per_sequence
+    weights = plan.weight_bytes_per_gpu + plan.kv_scale_bytes
+    limit = int(total * plan.utilization_target)
+    used = weights + plan.overhead_bytes + kv
+    parts = [("weights", weights, "█", "bold blue")]
+    if plan.overhead_bytes:
+        parts.append(("other", plan.overhead_bytes, "▒", "magenta"))
     # Distinct characters as well as colours, so the bar reads in a plain log too.
-    parts = [("weights", weights, "█", "bold blue"), ("KV (paged)", kv, "▓", "bold green"),
-             ("free", max(0, free - reserved), "░", "white"), ("headroom", min(free, reserved), "·", "dim")]
-    bar = Text("[")
+    parts += [("KV (paged)", kv, "▓", "bold green"), ("free", max(0, limit - used), "░", "white"),
+              ("headroom", max(0, total - max(used, limit)), "·", "dim")]
+    bar, drawn = Text("["), 0
     for _, size, char, style in parts:
-        bar.append(char * round(width * size / total), style=style)
+        cells = min(width - drawn, round(width * size / total)) if total else 0
+        bar.append(char * cells, style=style)
+        drawn += cells
     bar.append("] ")
     bar.append("  ".join(f"{char} {name} {human_bytes(size)}" for name, size, char, _ in parts))
+    if used > total:
+        bar.append(f"  (over the {human_bytes(total)} GPU by {human_bytes(used - total)}: the bar is clipped "
+                   f"at the GPU's size)", style="bold red")
+    elif used > limit:
+        bar.append(f"  (over GPU memory x utilization by {human_bytes(used - limit)})", style="bold red")
     return bar
 
 
@@ -61,8 +63,11 @@ def render(plan: KVPlan, console: Console) -> None:
                  if p.attention == "MLA" else
                  f"{p.kv_heads_per_gpu} KV head(s) per GPU x head_dim {p.head_dim} ({p.head_dim_source})")
     console.print(Text.assemble((p.model, "bold"), f": {p.attention}, {p.num_layers} layers, {per_token}{window_text}"))
-    console.print(f"KV dtype {p.kv_dtype} (scale overhead: {p.kv_overhead}); block size {p.block_size}; "
-                  f"tensor parallel {p.tp}" + (f" ({p.tp_note})" if p.tp_note else ""))
+    console.print(f"KV dtype {p.kv_dtype} (scale overhead: {p.kv_overhead}); tensor parallel {p.tp}"
+                  + (f" ({p.tp_note})" if p.tp_note else ""), markup=False)
+    console.print(f"block size {p.block_size} tokens: {p.block_size_note}", markup=False)
+    if p.long_note:
+        console.print(f"[yellow]{p.long_note}[/]")
     table = Table(box=None, show_header=False, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -76,14 +81,18 @@ def render(plan: KVPlan, console: Console) -> None:
     table.add_row("GPU memory x utilization", human_bytes(p.gpu_memory_bytes * p.utilization_target),
                   f"{human_bytes(p.gpu_memory_bytes)} x {p.utilization_target:g}")
     table.add_row("weights per GPU", human_bytes(p.weight_bytes_per_gpu), p.weight_note)
+    if p.kv_scale_bytes:
+        table.add_row("K/V scales per GPU", human_bytes(p.kv_scale_bytes),
+                      "per-tensor fp32 scales of each layer: layer parameters, counted with the weights as vLLM "
+                      "does (not taken from the KV block pool)")
     if p.overhead_bytes:
         table.add_row("other overhead", human_bytes(p.overhead_bytes), "activations etc. (--overhead)")
     table.add_row("free for KV per GPU", human_bytes(p.free_bytes),
-                  "the weights do not fit" if p.free_bytes < 0 else "")
+                  "the model does not fit" if p.free_bytes < 0 else "")
     table.add_row("max tokens (paged)", f"{p.max_tokens:,}", "every layer holding every token")
     console.print(table)
     policies = Table(title=f"sequences of {p.seq_len:,} tokens (max_len {p.max_len:,})"
-                     + (f", batch {p.batch}" if p.batch else ""), title_justify="left")
+                     + (f", batch {p.batch:,}" if p.batch else ""), title_justify="left")
     for col, justify in (("allocator", "left"), ("per sequence", "right"), ("batch total", "right"),
                          ("max sequences", "right"), ("utilization", "right")):
         policies.add_column(col, justify=justify)
@@ -92,7 +101,39 @@ def render(plan: KVPlan, console: Console) -> None:
                          f"{pp.max_sequences:,}", f"{100 * pp.utilization:.1f}%")
     console.print(policies)
     console.print(POLICY_LEGEND, style="dim")
-    if p.batch and p.batch > p.policies["paged"].max_sequences:
-        console.print(f"[bold red]the batch of {p.batch} does not fit[/]: at most "
-                      f"{p.policies['paged'].max_sequences} sequences with paged allocation")
+    render_concurrency(p, console)
     console.print(memory_bar(p))
+    if not p.fits:
+        console.print(Text(p.fit_problem, style="bold red"))
+
+
+def render_concurrency(p: KVPlan, console: Console) -> None:
+    """Two named figures for 'how many sequences': what a decoding batch holds, and what vLLM's
+    start-up log reports (a worst case per request)."""
+    table = Table(box=None, show_header=False, padding=(0, 2), title="max concurrency, two definitions (paged)",
+                  title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column()
+    table.add_row("steady-state decode", f"{p.policies['paged'].max_sequences:,}",
+                  f"sequences of {p.seq_len:,} tokens, all decoding"
+                  + ("; a sliding layer holds only its window's blocks" if p.sliding_layers else ""))
+    sliding = (f"; sliding layers ceil(min(window - 1 + {p.max_num_batched_tokens:,}, max_len) / B) + 1"
+               if p.sliding_layers else "")
+    table.add_row("vLLM start-up log's max concurrency", f"{p.vllm_max_concurrency:,.2f}x",
+                  f"for {p.max_len:,} tokens per request (--max-len, vLLM's --max-model-len): "
+                  f"{p.vllm_blocks_per_request:,} blocks of one layer, {human_bytes(p.vllm_bytes_per_request)} "
+                  f"per request (full layers ceil(max_len / B){sliding})")
+    console.print(table)
+    notes = []
+    if p.sliding_layers:
+        notes.append(f"During a long prefill a sliding layer holds the whole prefill chunk besides its window: vLLM "
+                     f"charges each request that worst case, with the chunk max_num_batched_tokens = "
+                     f"{p.max_num_batched_tokens:,} ({p.batched_tokens_note}; --max-num-batched-tokens), so its "
+                     "log shows fewer sequences than a decoding batch holds.")
+    if p.free_bytes >= 0 and p.vllm_max_concurrency < 1:
+        notes.append(f"vLLM would refuse to start: one request of max_len {p.max_len:,} tokens needs "
+                     f"{human_bytes(p.vllm_bytes_per_request)} of KV; lower --max-len (vLLM's --max-model-len).")
+    notes.append("To compare with a vLLM log, pass --max-len, --max-num-batched-tokens, --block-size and "
+                 "--gpu-memory / --utilization as the server ran.")
+    console.print(" ".join(notes), style="dim")

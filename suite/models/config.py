@@ -73,6 +73,17 @@ class ModelConfig:
         return replace(self, num_layers=n, layer_windows=self.layer_windows[:n])
 
 
+# Integer fields a plan reads, each with a bound far above any published model (layers: the largest
+# have ~130; positions: ~10M) so that absurd values are refused before anything is built per layer.
+CONFIG_LIMITS = {
+    "num_hidden_layers": 10_000, "hidden_size": 2**20, "num_attention_heads": 2**16,
+    "num_key_value_heads": 2**16, "head_dim": 2**16, "vocab_size": 2**24, "intermediate_size": 2**22,
+    "max_position_embeddings": 2**30, "sliding_window": 2**30, "kv_lora_rank": 2**16,
+    "qk_rope_head_dim": 2**16, "qk_nope_head_dim": 2**16, "v_head_dim": 2**16, "q_lora_rank": 2**20,
+    "moe_intermediate_size": 2**22, "n_routed_experts": 2**16, "num_local_experts": 2**16,
+}
+
+
 def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     """Parse a Hugging Face config; raise BadInput naming every missing or invalid field."""
     if isinstance(raw.get("text_config"), dict):  # multimodal wrappers keep the LM config inside
@@ -87,12 +98,16 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         raise BadInput(f"{source}: the config lacks required field(s) {', '.join(missing)}; a KV-cache "
                        f"plan needs hidden_size, num_hidden_layers, num_attention_heads "
                        f"(and for MLA models kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim).")
-    ints = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "vocab_size", "intermediate_size", "max_position_embeddings", "sliding_window"]
-    bad = [f"{k}={raw[k]!r}" for k in ints
+    bad = [f"{k}={raw[k]!r}" for k in CONFIG_LIMITS
            if raw.get(k) is not None and (not isinstance(raw[k], int) or isinstance(raw[k], bool) or raw[k] <= 0)]
     if bad:
         raise BadInput(f"{source}: these fields must be positive integers: {', '.join(bad)}.")
+    # Bounds before anything is built per layer: a config with 10^9 layers is refused at once.
+    huge = [f"{k}={raw[k]:,} (allowed: 1 to {limit:,})" for k, limit in CONFIG_LIMITS.items()
+            if raw.get(k) is not None and raw[k] > limit]
+    if huge:
+        raise BadInput(f"{source}: out of range: {'; '.join(huge)}. The bounds are far above any published "
+                       f"model (at most a few hundred layers, a few million positions); fix the config.")
     heads = raw["num_attention_heads"]
     kv_heads = raw.get("num_key_value_heads") or heads  # HF convention: absent means MHA
     if heads % kv_heads:

@@ -1,0 +1,233 @@
+"""The KV calculator where a user compares it with vLLM, and where input makes a plan impossible:
+figures derived by hand here (not copied from the output), exit codes (0 fits, 1 does not fit,
+2 bad input), and a quick answer whatever the sizes."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from gpubench import kvmath
+from gpubench.cli import main
+from gpubench.errors import BadInput
+from gpubench.models import config as model_config
+from gpubench.models import params as model_params
+from gpubench.reports import kv_table
+
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+
+# Llama-3.1-8B by hand: 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocab
+# 128256 with an untied head: per layer q, o 4096^2 each, k, v 4096 x 1024 each, MLP 3 x 4096 x
+# 14336, two norms; embeddings twice; the final norm.
+LLAMA8_PARAMS = (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
+                 + 2 * 128256 * 4096 + 4096)
+LLAMA8_WEIGHTS = 2 * LLAMA8_PARAMS  # bf16
+LLAMA8_TOKEN = 32 * 2 * 8 * 128 * 2  # bytes per token, all layers, bf16
+
+
+def cli(*args):
+    return CliRunner().invoke(main, ["kv-cache", *args], catch_exceptions=False)
+
+
+def plan(name, **kw):
+    cfg = model_config.load_preset(name)
+    kw.setdefault("weight_bytes", model_params.weight_bytes(cfg).bytes)
+    kw.setdefault("batch", None)
+    return kvmath.plan(cfg, **kw)
+
+
+def test_hand_counted_llama_weights_match_the_calculator():
+    assert model_params.weight_bytes(model_config.load_preset("llama-3.1-8b")).bytes == LLAMA8_WEIGHTS
+
+
+# -- point 11: a model that does not fit ----------------------------------------------------------
+
+def test_weights_larger_than_the_gpu_exit_1_and_the_bar_says_it_is_clipped():
+    """1 MiB GPU: the weights (15 GiB) do not fit; exit 1 (a result, not bad input) with the
+    figures and what to try; the bar's label gives the true 15 GiB and says it is clipped."""
+    result = cli("--model", "llama-3.1-8b", "--batch", "fit", "--gpu-memory", "1MiB")
+    assert result.exit_code == 1
+    usable = int(MiB * 0.9)  # 943,718 B = 921.6 KiB
+    weights = kvmath.human_bytes(LLAMA8_WEIGHTS)
+    assert weights == "15 GiB" and kvmath.human_bytes(usable) == "922 KiB"
+    text = " ".join(result.output.split())
+    assert f"llama-3.1-8b does not fit: weights {weights} per GPU exceed the usable 922 KiB" in text
+    assert "a larger --gpu-memory" in text
+    assert f"█ weights {weights}" in text and "weights 1 MiB" not in text
+    assert "the bar is clipped at the GPU's size" in text
+
+
+def test_weights_that_fit_on_two_gpus_suggest_tp_2():
+    """16.5 GiB x 0.9 = 14.85 GiB < 14.96 GiB of weights; on 2 GPUs each holds half."""
+    p = plan("llama-3.1-8b", seq_len=4096, gpu_memory_bytes=int(16.5 * GiB))
+    assert not p.fits and p.free_bytes == int(16.5 * GiB * 0.9) - LLAMA8_WEIGHTS < 0
+    assert p.suggested_tp == 2 and "try --tp 2 or a larger --gpu-memory" in p.fit_problem
+    assert cli("--model", "llama-3.1-8b", "--gpu-memory", "16.5", "--json").exit_code == 1
+
+
+def test_zero_sequences_exit_1_naming_what_one_needs():
+    """17 GiB: the weights fit, leaving int(17 GiB x 0.9) - weights = 0.34 GiB; one 100,000-token
+    sequence needs 100,000 x 128 KiB = 12.2 GiB, so none fits. With TP 2 each GPU holds half the
+    weights and half the KV heads: 7.8 GiB free, 6.1 GiB per sequence."""
+    p = plan("llama-3.1-8b", seq_len=100_000, gpu_memory_bytes=17 * GiB)
+    free = int(17 * GiB * 0.9) - LLAMA8_WEIGHTS
+    per_seq = 100_000 * LLAMA8_TOKEN  # 100,000 is a multiple of the 16-token block
+    assert p.free_bytes == free and p.policies["paged"].bytes_per_sequence == per_seq
+    assert p.policies["paged"].max_sequences == free // per_seq == 0
+    assert not p.fits and p.fit_problem.startswith("0 sequences of 100,000 tokens fit: one needs 12.2 GiB")
+    assert int(17 * GiB * 0.9) - LLAMA8_WEIGHTS // 2 >= per_seq // 2 and p.suggested_tp == 2
+    result = cli("--model", "llama-3.1-8b", "--gpu-memory", "17", "--seq-len", "100000")
+    assert result.exit_code == 1 and "0 sequences of 100,000 tokens fit" in " ".join(result.output.split())
+
+
+def test_a_batch_that_does_not_fit_exits_1_and_a_fitting_one_exits_0():
+    free = int(20 * GiB * 0.9) - LLAMA8_WEIGHTS
+    most = free // (4096 * LLAMA8_TOKEN)  # 6 sequences of 4,096 tokens (512 MiB each)
+    assert most == 6
+    assert cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--batch", str(most)).exit_code == 0
+    over = cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--batch", str(most + 1))
+    assert over.exit_code == 1 and f"at most {most} sequences" in " ".join(over.output.split())
+
+
+@pytest.mark.parametrize("gpu,batch", [(1 * MiB, None), (20 * GiB, 100), (20 * GiB, 3), (80 * GiB, None),
+                                       (16.5 * GiB, None)])
+def test_the_bar_labels_are_the_tables_figures_and_never_wider_than_the_gpu(gpu, batch):
+    p = plan("llama-3.1-8b", seq_len=4096, gpu_memory_bytes=int(gpu), batch=batch, overhead_bytes=GiB // 4)
+    bar = kv_table.memory_bar(p, width=60).plain
+    cells = bar[1:bar.index("]")]
+    assert len(cells) <= 60
+    kv = p.policies["paged"].batch_bytes if batch else p.policies["paged"].max_sequences * p.policies["paged"].bytes_per_sequence
+    assert f"weights {kvmath.human_bytes(p.weight_bytes_per_gpu)}" in bar
+    assert f"other {kvmath.human_bytes(GiB // 4)}" in bar and f"KV (paged) {kvmath.human_bytes(kv)}" in bar
+    over = p.weight_bytes_per_gpu + GiB // 4 + kv > p.gpu_memory_bytes
+    assert ("clipped" in bar) == over
+
+
+# -- point 14: sizes no one meant -----------------------------------------------------------------
+
+def test_a_billion_layer_config_is_refused_at_once(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 10**9, "num_attention_heads": 32,
+                                "sliding_window": 4096}))
+    t0 = time.perf_counter()
+    result = cli("--config", str(path))
+    elapsed = time.perf_counter() - t0
+    assert result.exit_code == 2 and "num_hidden_layers=1,000,000,000 (allowed: 1 to 10,000)" in result.output
+    assert elapsed < 10, elapsed  # ~milliseconds; far from any machine's normal time
+
+
+def test_the_largest_allowed_config_plans_quickly():
+    """10,000 layers alternating sliding and full, a 2^30-token window and sequence: the per-layer
+    sums take one term per distinct window, so the plan answers at once."""
+    raw = {"hidden_size": 8192, "num_hidden_layers": 10_000, "num_attention_heads": 64, "num_key_value_heads": 8,
+           "layer_types": ["sliding_attention", "full_attention"] * 5000, "sliding_window": 2**30,
+           "max_position_embeddings": 2**30, "vocab_size": 1000}
+    cfg = model_config.from_dict(raw, "big", "test")
+    t0 = time.perf_counter()
+    p = kvmath.plan(cfg, seq_len=2**30, batch=None, gpu_memory_bytes=2**50, weight_bytes=0)
+    assert time.perf_counter() - t0 < 10
+    per_layer = 2 * 8 * 128 * 2
+    assert p.policies["paged_full"].bytes_per_sequence == 10_000 * 2**30 * per_layer
+
+
+@pytest.mark.parametrize("key,value", [("num_attention_heads", 2**17), ("max_position_embeddings", 2**31),
+                                       ("vocab_size", 2**25), ("hidden_size", 2**21)])
+def test_config_bounds_name_the_key_and_the_range(key, value):
+    raw = {"hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, key: value}
+    with pytest.raises(BadInput, match=rf"{key}={value:,} \(allowed: 1 to {model_config.CONFIG_LIMITS[key]:,}\)"):
+        model_config.from_dict(raw, "x", "cfg.json")
+
+
+def test_a_length_beyond_the_models_positions_is_refused_unless_allowed():
+    result = cli("--model", "llama-3.1-8b", "--seq-len", "131073")
+    assert result.exit_code == 2
+    assert "--seq-len: 131,073 tokens exceeds llama-3.1-8b's max_position_embeddings (131,072)" in result.output
+    assert "--allow-long" in result.output and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in result.output
+    assert cli("--model", "llama-3.1-8b", "--seq-len", "100", "--max-len", "131073").exit_code == 2
+    allowed = cli("--model", "llama-3.1-8b", "--seq-len", "131073", "--allow-long", "--gpu-memory", "80", "--json")
+    data = json.loads(allowed.output)
+    assert allowed.exit_code == 0 and data["max_len"] == 131073 and "allow-long" in data["long_note"]
+    assert cli("--model", "llama-3.1-8b", "--seq-len", "131072", "--gpu-memory", "80").exit_code == 0
+
+
+# -- point 17: fp8 scales are weights -------------------------------------------------------------
+
+def test_fp8_scales_are_counted_with_the_weights_not_in_the_kv_pool():
+    """Llama-2-7B fp8: 32 layers x (K and V) x one fp32 scale = 256 B per GPU, counted with the
+    weights; a batch's KV is exactly its blocks (4,096 tokens x 32 layers x 2 x 32 heads x 128 x 1 B)."""
+    weights = 13 * 10**9
+    p = plan("llama-2-7b", seq_len=4096, batch=3, kv_dtype="fp8", gpu_memory_bytes=80 * GiB, weight_bytes=weights)
+    per_seq = 4096 * 32 * 2 * 32 * 128
+    assert p.kv_scale_bytes == 32 * 2 * 4 == 256
+    assert p.free_bytes == int(80 * GiB * 0.9) - weights - 256
+    assert p.policies["paged"].batch_bytes == 3 * per_seq  # no scales in the KV
+    assert p.policies["paged"].max_sequences == p.free_bytes // per_seq
+    text = _render(p)
+    assert "K/V scales per GPU" in text and "counted with the weights as vLLM" in text
+    assert "K/V scales" not in _render(plan("llama-2-7b", seq_len=4096, gpu_memory_bytes=80 * GiB))  # bf16: none
+
+
+# -- point 18: sliding windows, two named figures -------------------------------------------------
+
+def _render(p):
+    console = Console(width=400, record=True, highlight=False)
+    kv_table.render(p, console)
+    return " ".join(console.export_text().split())
+
+
+def test_sliding_window_vllm_log_figure_is_the_prefill_worst_case():
+    """gpt-oss-20b at 8,192 tokens (= max_len), 16-token blocks, chunk 8,192. Steady-state decode:
+    12 full layers x 512 blocks + 12 sliding layers (window 128) x 8 blocks (positions 8,064 ..
+    8,191). vLLM's log: full layers ceil(8192 / 16) = 512; sliding layers
+    ceil(min(127 + 8192, 8192) / 16) + 1 = 513."""
+    p = plan("gpt-oss-20b", seq_len=8192, max_len=8192, gpu_memory_bytes=80 * GiB)
+    page = 16 * 2 * 8 * 64 * 2  # one block of one layer
+    usable = p.free_bytes
+    assert kvmath.window_blocks(8192, 128, 16) == 8
+    assert p.policies["paged"].bytes_per_sequence == (12 * 512 + 12 * 8) * page
+    assert p.policies["paged"].max_sequences == usable // ((12 * 512 + 12 * 8) * page)
+    assert p.max_num_batched_tokens == 8192 and p.vllm_blocks_per_request == 12 * 512 + 12 * 513
+    assert p.vllm_max_concurrency == pytest.approx((usable // page) / (12 * 512 + 12 * 513))
+    assert 1.9 < p.policies["paged"].max_sequences / p.vllm_max_concurrency < 2.1
+    # a smaller chunk: ceil((127 + 2048) / 16) + 1 = 137 blocks per sliding layer
+    small = plan("gpt-oss-20b", seq_len=8192, max_len=8192, gpu_memory_bytes=80 * GiB, max_num_batched_tokens=2048)
+    assert small.vllm_blocks_per_request == 12 * 512 + 12 * 137
+    text = _render(p)
+    assert "steady-state decode" in text and "vLLM start-up log's max concurrency" in text
+    assert f"{p.vllm_max_concurrency:,.2f}x for 8,192 tokens per request" in text
+    assert "During a long prefill a sliding layer holds the whole prefill chunk" in text
+
+
+def test_full_attention_vllm_figure_equals_steady_state_at_max_len():
+    """Without sliding layers vLLM charges ceil(max_len / B) blocks per layer: at seq_len = max_len
+    its figure rounds down to the steady-state count."""
+    p = plan("llama-3.1-8b", seq_len=8000, max_len=8000, gpu_memory_bytes=80 * GiB)
+    assert p.vllm_blocks_per_request == 32 * 500
+    assert math.floor(p.vllm_max_concurrency) == p.policies["paged"].max_sequences
+
+
+@pytest.mark.parametrize("gpu,name,tokens", [(80 * GiB, "", 8192), (141 * GiB, "NVIDIA H200", 8192),
+                                             (40 * GiB, "", 2048), (80 * GiB, "NVIDIA A100-SXM4-80GB", 2048)])
+def test_default_prefill_chunk_is_vllm_serves(gpu, name, tokens):
+    assert kvmath.default_batched_tokens(gpu, name)[0] == tokens
+
+
+# -- point 19: MLA block size ----------------------------------------------------------------------
+
+def test_mla_defaults_to_64_token_blocks_and_says_why():
+    """DeepSeek-V3 at 100 tokens: ceil(100 / 64) = 2 blocks of 64 per layer, 61 layers of one
+    576-value bf16 latent."""
+    p = plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB)
+    assert p.block_size == 64 and "FlashMLA" in p.block_size_note and "128" in p.block_size_note
+    assert p.policies["paged"].bytes_per_sequence == 61 * 2 * 64 * 576 * 2
+    given = plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB, block_size=16)
+    assert given.block_size == 16 and "forces 64" in given.block_size_note
+    assert given.policies["paged"].bytes_per_sequence == 61 * 7 * 16 * 576 * 2
+    assert plan("llama-3.1-8b", seq_len=100, gpu_memory_bytes=80 * GiB).block_size == 16
+    out = " ".join(cli("--model", "deepseek-v3", "--tp", "8", "--gpu-memory", "141").output.split())
+    assert "block size 64 tokens: MLA default: vLLM's FlashMLA backend" in out
