@@ -401,7 +401,7 @@ def _timed_run(ttft_s, gap_s, preemptions=0, duration_s=1.0):
 
 def test_serving_metrics_follow_vllm_definitions():
     """TTFT = first token - arrival; TPOT = (last - first) / (n - 1); ITL = gaps between tokens;
-    throughput over first arrival to last finish; goodput counts requests meeting both SLOs;
+    throughput over the run's start (time 0) to last finish; goodput counts requests meeting both SLOs;
     KV utilization = live / reserved bytes averaged over steps."""
     run = _run({0: [1, 2, 3], 1: [4]}, requests=[
         RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4),

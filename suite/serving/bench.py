@@ -34,9 +34,9 @@ PLOTS = [
     Plot("TTFT, TPOT and ITL percentiles (ms)", y=LATENCY_PERCENTILES, kind="bars", ylabel="ms", log_y=True),
     Plot("KV utilization over time: bytes holding live tokens / bytes reserved (%)", y="series.kv_utilization",
          x="series.t_s", kind="series", scale=100, ylabel="KV live / reserved %",
-         xlabel="seconds since the first arrival"),
+         xlabel="seconds since the run's start"),
     Plot("Running requests over time", y="series.running", x="series.t_s", kind="series", ylabel="running requests",
-         xlabel="seconds since the first arrival"),
+         xlabel="seconds since the run's start"),
     Plot("Time to first token, CDF over requests (ms)", y="series.ttft_ms", kind="cdf", ylabel="TTFT (ms)"),
     Plot("End-to-end latency, CDF over requests (ms)", y="series.e2e_ms", kind="cdf", ylabel="end-to-end latency (ms)"),
 ]

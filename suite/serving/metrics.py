@@ -1,6 +1,13 @@
 """Serving metrics of one run, as ``vllm bench serve`` reports them: request and token
 throughput, TTFT / TPOT / ITL / end-to-end latency (ms: mean, median, p90, p99), goodput under
-SLOs; and from the engine's timeline, KV utilization, peak concurrency and preemptions."""
+SLOs; and from the engine's timeline, KV utilization, peak concurrency and preemptions.
+
+The duration every throughput divides by is vLLM's benchmark duration: from the run's start
+(time 0, before the first request's arrival gap) to the last request's finish. Where we differ
+from ``vllm bench serve``: times are taken inside the engine's loop (no HTTP client or
+detokenizer between), every request generates exactly its output_len tokens (as
+``--ignore-eos``), percentiles interpolate linearly as numpy's do, and KV utilization, peak
+concurrency and preemptions come from the engine's own timeline."""
 from __future__ import annotations
 
 import statistics
@@ -34,11 +41,12 @@ def latencies_s(run: ServingRun) -> dict[str, list[float]]:
 
 
 def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
-    """The run's scalar metrics. Throughput is over first arrival to last finish; goodput counts
-    the requests within both SLOs; KV utilization is live / reserved bytes averaged over steps;
+    """The run's scalar metrics. Throughput is over the run's start (time 0, before the first
+    arrival's gap, as vllm bench serve's duration) to the last finish; goodput counts the
+    requests within both SLOs; KV utilization is live / reserved bytes averaged over steps;
     kv_budget_used is the most reserved over the budget."""
     reqs = run.requests
-    duration = max(r.finish_s for r in reqs) - min(r.arrival_s for r in reqs)
+    duration = max(r.finish_s for r in reqs)  # every time is measured from the run's start
     lat = latencies_s(run)
     good = 0
     for r, ttft in zip(reqs, lat["ttft"]):

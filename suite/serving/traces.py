@@ -7,6 +7,11 @@ Arrivals (``arrival`` spec strings, as a scenario writes them):
   ``vllm bench serve --burstiness`` draws them (1 is Poisson; below 1 burstier, above 1 steadier);
 - ``all``: every request at time 0 (offline throughput; the engines' ``--no-wait``).
 
+As ``vllm bench serve`` does (with a fixed rate, no ramp-up), the first request arrives one gap
+after time 0 and the summed gaps are then rescaled so that the last of N requests arrives at
+exactly N / RATE seconds: the trace's length, and so the offered load, does not vary with the
+seed. A JSONL trace's times are used as they are (vLLM's self-timed traces).
+
 Lengths (``prompt_len`` / ``output_len`` spec strings, tokens):
 
 - ``fixed:N``; ``uniform:LO:HI`` (inclusive);
@@ -117,7 +122,8 @@ def parse_arrival(spec: str) -> tuple[str, tuple[float, ...]]:
 
 def arrival_times(spec: str, n: int, gen: torch.Generator) -> list[float]:
     """Arrival times in seconds from 0, sorted; the first request arrives after one gap (as a
-    Poisson process started at 0), except ``all``."""
+    Poisson process started at 0), except ``all``; rescaled so the last arrives at n / RATE, as
+    ``vllm bench serve`` rescales its delays."""
     kind, args = parse_arrival(spec)
     if kind == "all":
         return [0.0] * n
@@ -132,7 +138,8 @@ def arrival_times(spec: str, n: int, gen: torch.Generator) -> list[float]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
             gaps = gaps.sample()
-    return torch.cumsum(gaps, 0).tolist()
+    times = torch.cumsum(gaps, 0)
+    return (times * (n / rate / times[-1])).tolist()
 
 
 @dataclass
@@ -182,6 +189,9 @@ def read_jsonl(path: str | Path, vocab_size: int, seed: int = 0) -> list[Request
             raise BadInput(f"{path}:{number}: not a JSON object; {allowed}")
 
         def number_of(key: str, minimum: float, integer: bool):
+            if key not in row:
+                raise BadInput(f"line {number} of {path}: {key!r} is missing; each line needs arrival_s (seconds "
+                               f">= 0), prompt_len (tokens >= 1) or prompt (text), and output_len (tokens >= 1)")
             value = row.get(key)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
                 and value >= minimum and (not integer or value == int(value))
