@@ -1,4 +1,5 @@
-"""The end-of-run summary in the terminal: one row per case, baseline vs optimized."""
+"""The end-of-run summary: one row per case, baseline vs optimized; a table on a terminal, one
+plain line per case in a log."""
 from __future__ import annotations
 
 from typing import Any
@@ -33,10 +34,18 @@ def named_time(case: dict[str, Any], name: str | None) -> str:
     return f"{name} {format_seconds(median)}"
 
 
+def param_text(params: dict[str, Any], key: str) -> str:
+    """``key=value`` as a label shows it: a value that stands for another is resolved
+    (``kv_heads=0`` means as many as ``heads``: ``kv_heads=8`` for 8 heads)."""
+    value = params[key]
+    if key == "kv_heads" and str(value) == "0" and params.get("heads") is not None:
+        value = params["heads"]
+    return f"{key}={value}"
+
+
 def case_params(case: dict[str, Any], swept: set[str] | None = None) -> str:
     params = case["params"]
-    keys = [k for k in params if swept is None or k in swept]
-    return " ".join(f"{k}={params[k]}" for k in keys)
+    return " ".join(param_text(params, k) for k in params if swept is None or k in swept)
 
 
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
@@ -82,30 +91,63 @@ def headline_text(case: dict[str, Any], base: str | None, opt: str | None) -> st
     return f"{key} {_figure(before, key)} -> {_figure(after, key)}"
 
 
-def summary_table(doc: dict[str, Any]) -> Table:
-    table = Table(title=f"{doc['scenario']['name']} on {doc.get('device_label', doc['device'])}",
-                  title_justify="left")
-    for column, justify in (("case", "left"), ("baseline", "right"), ("optimized", "right"),
-                            ("speedup [95% CI]", "right"), ("headline", "left"), ("check", "left"),
-                            ("status", "left")):
-        table.add_column(column, justify=justify)
+SUMMARY_COLUMNS = (("case", "left"), ("baseline", "right"), ("optimized", "right"), ("speedup [95% CI]", "right"),
+                   ("headline", "left"), ("check", "left"), ("status", "left"))
+
+
+def summary_rows(doc: dict[str, Any]) -> list[tuple[str | Text, ...]]:
+    """One row per case, in :data:`SUMMARY_COLUMNS` order."""
     shown = shown_by_technique(doc)
+    rows = []
     for case in doc["cases"]:
         base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
         status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
         if case["status"] != "passed" and case.get("failure"):
             status.append(f": {case['failure']['message']}"[:160], style="red")
-        table.add_row(
-            f"{case['technique']} {case_params(case, shown.get(case['technique']))}",
+        rows.append((
+            f"{case['technique']} {case_params(case, shown.get(case['technique']))}".strip(),
             named_time(case, base), named_time(case, opt),
             format_speedup(case["speedups"].get(opt) if opt else None),
             headline_text(case, base, opt), check_text(case, opt) if opt else Text("-"), status,
-        )
+        ))
+    return rows
+
+
+def summary_title(doc: dict[str, Any]) -> str:
+    return f"{doc['scenario']['name']} on {doc.get('device_label', doc['device'])}"
+
+
+def summary_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=summary_title(doc), title_justify="left")
+    for column, justify in SUMMARY_COLUMNS:
+        table.add_column(column, justify=justify)
+    for row in summary_rows(doc):
+        table.add_row(*row)
     return table
 
 
+def summary_lines(doc: dict[str, Any], widest: int = 60) -> list[str]:
+    """The summary for a log (stdout not a terminal): plain text, one line per case, columns
+    aligned by padding (a column wider than ``widest`` characters is not padded to), no box
+    drawing and no wrapping. An empty column (no technique with a headline) is left out."""
+    rows = [[str(cell) for cell in row] for row in summary_rows(doc)]
+    keep = [i for i in range(len(SUMMARY_COLUMNS)) if i == 0 or any(r[i] not in ("", "-") for r in rows)]
+    table = [[SUMMARY_COLUMNS[i][0] for i in keep]] + [[r[i] for i in keep] for r in rows]
+    widths = [min(widest, max(len(r[j]) for r in table)) for j in range(len(keep))]
+    lines = []
+    for r in table:
+        cells = [cell.rjust(w) if SUMMARY_COLUMNS[keep[j]][1] == "right" else cell.ljust(w)
+                 for j, (cell, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return [f"{summary_title(doc)}: {len(rows)} case{'s' if len(rows) != 1 else ''}"] + lines
+
+
 def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
-    console.print(summary_table(doc))
+    if console.is_terminal:
+        console.print(summary_table(doc))
+    else:
+        for line in summary_lines(doc):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = doc["summary"]
     console.print(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
