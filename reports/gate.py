@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from gpubench.compare import Comparison
-from gpubench.reports.terminal import format_seconds
+from gpubench.reports.terminal import format_seconds, param_text
 
 STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_samples": "yellow",
          "inconclusive": "yellow",
@@ -39,7 +40,7 @@ def case_labels(changes) -> dict[str, str]:
     for case_id, (name, params) in parsed.items():
         peers = [p for n, p in parsed.values() if n == name]
         varying = [k for k in params if len({p.get(k) for p in peers}) > 1]
-        labels[case_id] = f"{name} " + " ".join(f"{k}={params[k]}" for k in varying) if varying else case_id
+        labels[case_id] = f"{name} " + " ".join(param_text(params, k) for k in varying) if varying else case_id
     return labels
 
 
@@ -67,7 +68,7 @@ def print_table(comp: Comparison, console: Console) -> None:
                       _context(c), c.reason[:120])
     console.print(table)
     for message in comp.forced:
-        console.print(f"[yellow]forced[/]: {message}")
+        console.print(f"[yellow]forced[/]: {escape(message)}", soft_wrap=True)
 
 
 def _cell(text: str) -> str:

@@ -8,7 +8,9 @@ asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy 
 
 The gate fails (exit 1) on a regression, on any case that failed in the current run (a wrong
 result, an error, a timeout), and on a case missing from the current run unless allowed.
-Runs from different hardware or different scenario definitions are refused unless forced.
+Runs from different hardware or different scenario definitions are refused unless forced; forced
+over different definitions, the gate compares the cases both runs hold (a case only in the baseline
+is listed as missing, and does not fail).
 A slowdown the case's baseline variant shows too (timed interleaved with the optimized one in
 each run: clearly, the same way, at least half as much) is **inconclusive**, not a regression: the machine changed between
 the runs (a noisy neighbour, other clocks), and the gate says so instead of failing at random;
@@ -201,8 +203,13 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
                    f"{_definition(current)[0]!r}, or their entries)")
         if not force:
             raise BadInput(f"compare: {message}; cases would not be like for like. Re-run the same scenario, "
-                           f"or pass --force to compare the cases they share.")
-        forced.append(message)
+                           f"or pass --force to compare the cases they share (with --force, cases only in "
+                           f"the baseline are listed as missing but do not fail the gate).")
+        # The runs were not meant to hold the same cases: what the baseline has and the current run
+        # lacks is a difference of definitions, not a lost case (as --allow-missing).
+        allow_missing = True
+        forced.append(f"{message}: compared the cases both runs hold; cases only in the baseline do not "
+                      f"fail the gate")
     per_technique = ((current.get("scenario") or {}).get("thresholds") or {})
     several = len(set(base_labels) | set(cur_labels)) > 1 and not forced
     key = (lambda c, doc: (c["id"], case_device(c, doc))) if several else (lambda c, doc: (c["id"], ""))
