@@ -99,6 +99,9 @@ def cuda_context_broken(device: torch.device) -> str | None:
 
 
 class ProgressListener(Protocol):
+    """What a run tells its caller as it goes. ``note`` (optional: a listener without it has notices
+    printed to stderr) is what a case says while it runs (:mod:`gpubench.notices`)."""
+
     def run_started(self, total: int) -> None: ...
     def case_started(self, index: int, case: Case) -> None: ...
     def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: ...
@@ -109,6 +112,7 @@ class Silent:
     def run_started(self, total: int) -> None: pass
     def case_started(self, index: int, case: Case) -> None: pass
     def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: pass
+    def note(self, text: str) -> None: pass
     def run_finished(self) -> None: pass
 
 

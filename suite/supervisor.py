@@ -23,6 +23,7 @@ import datetime as _dt
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,12 +36,12 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import torch  # noqa: E402
 
-from gpubench import hygiene, results, runner, techniques, worker  # noqa: E402
+from gpubench import hygiene, notices, results, runner, techniques, worker  # noqa: E402
 from gpubench.errors import BadInput  # noqa: E402
 from gpubench.results import CaseRecord, Failure, RunRecord  # noqa: E402
 from gpubench.scenario import Case, Scenario  # noqa: E402
 from gpubench.telemetry import TelemetrySampler, TelemetryUnavailable, NvmlSource  # noqa: E402
-from gpubench.worker import DeviceInfo, Done, Job, Ready  # noqa: E402
+from gpubench.worker import DeviceInfo, Done, Job, Note, Ready  # noqa: E402
 
 START_TIMEOUT_S = 900.0  # a worker's start: import torch, capture the environment, calibrate
 ISOLATIONS = ("process", "none")
@@ -116,6 +117,14 @@ class Sink:
 
     def started(self, job: Job) -> None:
         self.progress.case_started(job.index, job.case)
+
+    def note(self, text: str) -> None:
+        """A case's notice (:mod:`gpubench.notices`), for listeners that show them."""
+        show = getattr(self.progress, "note", None)
+        if show is not None:
+            show(text)
+        else:
+            print(f"gpubench: {text}", file=sys.stderr, flush=True)
 
     def finished(self, job: Job, record: CaseRecord) -> None:
         self.records[job.index] = record
@@ -376,13 +385,16 @@ class LocalWorkers:
     def _collect(self, w: _Worker, sink: Sink) -> None:
         job = w.job
         try:
-            done: Done = w.conn.recv()
+            done: Done | Note = w.conn.recv()
         except (EOFError, OSError):
             w.process.join(5.0)
             message = f"the worker died during the case ({w.exit_text()})"
             sink.finished(job, failed_record(job.case, "crash", message, w.log_tail(),
                                              time.monotonic() - w.started_at, self.states[w.key].info))
             self._replace(w)
+            return
+        if isinstance(done, Note):  # the case goes on
+            sink.note(done.text)
             return
         w.job = None
         sink.finished(job, done.record)
@@ -515,7 +527,8 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
             run_dir.write_env(run.env)
             run_dir.write_results(run)
             try:
-                executor.run(jobs, sink)
+                with notices.listening(sink.note):  # in-process cases; a worker's come over its pipe
+                    executor.run(jobs, sink)
             finally:
                 if isinstance(executor, LocalWorkers):
                     for job, info, elapsed in executor.in_flight():  # Ctrl-C or a fault in the supervisor

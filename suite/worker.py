@@ -4,9 +4,10 @@ each case's record back. Started with ``spawn``, so it inherits no CUDA state; i
 supervisor quotes its last lines when the worker dies), and dumps Python's stack on a fatal
 signal there too (``faulthandler``).
 
-Messages, worker to supervisor: ``Ready(device, env, ceilings)`` once, then one ``Done(index,
-record, broken)`` per job; ``broken`` says the CUDA context is unusable after the case, and the
-worker exits. Supervisor to worker: a :class:`Job`, or None to stop.
+Messages, worker to supervisor: ``Ready(device, env, ceilings)`` once, then per job any number of
+``Note(index, text)`` (what the case says to the user while it runs) and one ``Done(index, record,
+broken)``; ``broken`` says the CUDA context is unusable after the case, and the worker exits.
+Supervisor to worker: a :class:`Job`, or None to stop.
 """
 from __future__ import annotations
 
@@ -56,6 +57,14 @@ class Ready:
     env: dict[str, Any]
     ceilings: dict[str, Any] | None
     pid: int = field(default_factory=os.getpid)
+
+
+@dataclass
+class Note:
+    """A notice from inside a case (:mod:`gpubench.notices`), sent while the case runs."""
+
+    index: int
+    text: str
 
 
 @dataclass
@@ -151,6 +160,11 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
     return record, interrupted
 
 
+def _send_note(conn: Connection, index: int, text: str) -> None:
+    print(f"gpubench: {text}", flush=True)  # in the worker's log too
+    conn.send(Note(index, text))
+
+
 def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path: str, calibrate: bool) -> None:
     """The worker's life: start, report ready, measure jobs until told to stop or the context breaks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -158,7 +172,7 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
     import torch
 
     from gpubench import env as envmod
-    from gpubench import runner, telemetry
+    from gpubench import notices, runner, telemetry
 
     device = torch.device(device_text)
     if device.type == "cuda":
@@ -182,7 +196,8 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
             break
         if job is None:
             break
-        record, interrupted = run_job(job, device, clocks, probe, ceilings, info)
+        with notices.listening(lambda text, index=job.index: _send_note(conn, index, text)):
+            record, interrupted = run_job(job, device, clocks, probe, ceilings, info)
         broken = runner.cuda_context_broken(device) if record.status == "failed" else None
         conn.send(Done(job.index, record, broken, interrupted))
         if broken or interrupted:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from gpubench.models.llama import (LayerWeights, LlamaConfig, LlamaWeights, batched_causal_attention, forward,
                                    random_weights)
+from gpubench.notices import notice
 
 # Modules whose source makes the corpus (~300 KB of Python); any that cannot be read is skipped.
 CORPUS_MODULES = ("textwrap", "string", "difflib", "argparse", "json.decoder", "json.encoder", "shlex",
@@ -265,6 +266,10 @@ def trained_pair(directory: Path | str | None = None, *, target_config: LlamaCon
             problem = f"{type(exc).__name__}: {exc}"
             target = draft = None
     if target is None or draft is None:
+        # ~25 s on a 2-core CPU (this project's machine; build_s in the cached info) with nothing said
+        # would look like a hang.
+        notice(f"speculative_decoding: training the draft and target models once (about 25 s on a 2-core CPU); "
+               f"cached in {path}" + (f" (the cached file was unusable: {problem})" if problem else ""))
         t0 = time.perf_counter()
         target, target_losses = train(target_config, target_recipe, train_tokens)
         draft, draft_losses = train(draft_config, draft_recipe, train_tokens)
