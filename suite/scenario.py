@@ -1,7 +1,7 @@
 """Scenario files: YAML -> validated :class:`Scenario` -> list of :class:`Case`.
 
 Validation happens before anything runs and reports every problem at once, each with the file,
-the line and the key, e.g. ``scenarios/x.yaml:12: flash_attention.head_dim: 96 is not one of
+the line and the key, e.g. ``scenarios/x.yaml:12: flash_attention.head_dim: 80 is not one of
 [32, 64, 96, 128]``.
 
 Format::
@@ -25,10 +25,11 @@ import difflib
 import hashlib
 import importlib.resources
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -70,6 +71,11 @@ class Entry:
     variants: tuple[str, ...] | None
     line: int
 
+    @property
+    def size(self) -> int:
+        """How many cases the entry expands to."""
+        return math.prod(len(values) for values in self.grid.values())
+
 
 @dataclass
 class Scenario:
@@ -88,20 +94,46 @@ class Scenario:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def cases(self, only: list[str] | None = None, repeat_scale: float = 1.0) -> list[Case]:
-        cases = []
+        return list(self.iter_cases(only, repeat_scale))
+
+    def iter_cases(self, only: list[str] | None = None, repeat_scale: float = 1.0) -> Iterator[Case]:
+        """The cases one by one, in run order (a dry run reads the first few of a huge sweep)."""
+        for entry in self.entries:
+            if not only or entry.technique in only:
+                yield from self.entry_cases(entry, repeat_scale)
+
+    def entry_cases(self, entry: Entry, repeat_scale: float = 1.0) -> Iterator[Case]:
+        tech = techniques.get(entry.technique)
+        assert tech is not None  # validated at load
+        defaults = tech.defaults()
+        policy = entry.policy.scaled(repeat_scale) if repeat_scale != 1.0 else entry.policy
+        keys = list(entry.grid)
+        for combo in itertools.product(*(entry.grid[k] for k in keys)):
+            case = Case(entry.technique, {**defaults, **dict(zip(keys, combo))}, policy, 0, entry.variants)
+            yield dataclasses.replace(case, seed=case_seed(case.id, self.seed))
+
+    def varying(self, only: list[str] | None = None) -> dict[str, set[str]]:
+        """Per technique, the params a case label needs: those whose value differs between its
+        cases (for a technique with one case, those the scenario sets), from the grids alone."""
+        values: dict[str, dict[str, set[str]]] = {}  # technique -> param -> the values' reprs
+        set_keys: dict[str, set[str]] = {}
         for entry in self.entries:
             if only and entry.technique not in only:
                 continue
-            tech = techniques.get(entry.technique)
-            assert tech is not None  # validated at load
-            keys = list(entry.grid)
-            for combo in itertools.product(*(entry.grid[k] for k in keys)):
-                params = tech.defaults()
-                params.update(zip(keys, combo))
-                policy = entry.policy.scaled(repeat_scale) if repeat_scale != 1.0 else entry.policy
-                case = Case(entry.technique, params, policy, 0, entry.variants)
-                cases.append(dataclasses.replace(case, seed=case_seed(case.id, self.seed)))
-        return cases
+            defaults = techniques.get(entry.technique).defaults()
+            seen = values.setdefault(entry.technique, {})
+            for key, default in defaults.items():
+                seen.setdefault(key, set()).update(map(repr, entry.grid.get(key, [default])))
+            set_keys.setdefault(entry.technique, set()).update(entry.grid)
+        return {t: {k for k, v in seen.items() if len(v) > 1} or set_keys[t] for t, seen in values.items()}
+
+    def count(self, only: list[str] | None = None) -> dict[str, int]:
+        """Cases per technique, counted without building them (a 250,000-case sweep in microseconds)."""
+        out: dict[str, int] = {}
+        for entry in self.entries:
+            if not only or entry.technique in only:
+                out[entry.technique] = out.get(entry.technique, 0) + entry.size
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
