@@ -37,7 +37,7 @@ def named_time(case: dict[str, Any], name: str | None) -> str:
 def param_text(params: dict[str, Any], key: str) -> str:
     """``key=value`` as a label shows it: a value that stands for another is resolved
     (``kv_heads=0`` means as many as ``heads``: ``kv_heads=8`` for 8 heads)."""
-    value = params[key]
+    value = params.get(key)
     if key == "kv_heads" and str(value) == "0" and params.get("heads") is not None:
         value = params["heads"]
     return f"{key}={value}"
