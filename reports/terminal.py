@@ -158,7 +158,7 @@ def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, st
         ran = {c["technique"] for c in doc["cases"]}
         for name, note in sorted(gpu_notes.items()):
             if name in ran and note:
-                console.print(f"[yellow]note[/]: {name} measured on a CPU: {note}")
+                console.print(f"[yellow]note[/]: {name} measured on a CPU: {note}", soft_wrap=not console.is_terminal)
     tele = doc.get("telemetry") or {}
     if tele.get("status") == "unavailable":
         console.print(f"telemetry: unavailable: {tele.get('reason')}")
