@@ -301,18 +301,41 @@ def test_metrics_report_reserved_holding_and_utilization():
     assert m["sequences"] == 4 and m["tokens"] == sum(w.lengths)
 
 
-def test_one_gpu_breakdown_is_weights_plus_each_allocators_full_model_kv_plus_free():
+def test_serving_memory_fills_90_percent_of_a_gpu_with_copies_of_the_cases_sequences():
+    """The breakdown: the whole model's weights over the GPUs they need, then as many copies of the
+    case's sequences (all layers) as fit under 90% of the GPU; KV splits into bytes holding tokens
+    and bytes reserved but empty, exactly as the calculator counts them; the parts sum to the GPU."""
     w = build(model="llama-2-7b", requests=3)  # 2 layers allocated; the breakdown is all 32
     full = preset_layout("llama-2-7b")
     weights = model_params.weight_bytes(model_config.load_preset("llama-2-7b")).bytes
+    fitted = {}
     for variant in ("contiguous", "paged"):
         out = technique.TECHNIQUE.variants[variant].fn(w)
         m = technique.metrics(w, Measured(variant, [1e-3], 1e-3, out, torch.device("cpu")))
-        kv = kvmath.cache_bytes(full, w.lengths, variant, 16, 200)
-        assert m["kv_gib"] == kv / GiB and m["weights_gib"] == weights / GiB
-        assert m["weights_gib"] + m["kv_gib"] + m["free_gib"] == pytest.approx(80.0)
+        one_copy = kvmath.cache_bytes(full, w.lengths, variant, 16, 200)
+        copies = (int(80 * GiB * 0.9) - weights) // one_copy
+        assert m["gpus"] == 1 and m["weights_per_gpu_gib"] == weights / GiB
+        assert m["sequences_per_gpu"] == 3 * copies
+        assert m["kv_holding_tokens_gib"] == copies * kvmath.token_bytes(full, w.lengths) / GiB
+        assert m["kv_holding_tokens_gib"] + m["kv_reserved_but_empty_gib"] == pytest.approx(copies * one_copy / GiB)
+        parts = ("weights_per_gpu_gib", "kv_holding_tokens_gib", "kv_reserved_but_empty_gib", "free_gib")
+        assert sum(m[k] for k in parts) == pytest.approx(80.0)
+        assert 8.0 <= m["free_gib"] < 8.0 + one_copy / GiB  # the 10% left, and less than one more copy
         assert m["gpu_memory_gib"] == 80.0 and "reference" in m["gpu_memory_source"]
-    assert technique.one_gpu_breakdown(w, "paged")["kv_gib"] < technique.one_gpu_breakdown(w, "contiguous")["kv_gib"]
+        fitted[variant] = m["sequences_per_gpu"]
+    assert fitted["paged"] > fitted["contiguous"]
+
+
+def test_a_model_too_big_for_one_gpu_is_split_over_the_fewest_gpus_that_leave_room_for_kv():
+    """DeepSeek-V3's 627 GiB: 8 GPUs of 80 GiB would hold 78 GiB each (no room under 72 GiB), so
+    16; a case's own tp is kept when it already leaves room, and never lowered."""
+    cfg = model_config.load_preset("deepseek-v3")
+    assert technique.gpus_for_weights(cfg, "bf16", 1, 80 * GiB) == 16
+    assert technique.gpus_for_weights(cfg, "bf16", 32, 80 * GiB) == 32
+    assert technique.gpus_for_weights(model_config.load_preset("llama-3.1-8b"), "bf16", 1, 80 * GiB) == 1
+    m = technique.serving_memory(build(model="deepseek-v3"), "paged")
+    assert m["gpus"] == 16 and m["weights_per_gpu_gib"] <= (technique.UTILIZATION - technique.KV_ROOM) * 80
+    assert m["kv_holding_tokens_gib"] > 0.1 * 80
 
 
 def test_workload_is_typed_and_seeded():
@@ -345,7 +368,9 @@ def test_plots_draw_measured_vs_predicted_bytes_and_a_stacked_gpu_breakdown_per_
         assert heights == expected  # both allocators, measured beside predicted, in MiB
     fig = figures.declared(breakdown_plot, cases)
     ax = fig.axes[0]
-    assert len(ax.patches) == 2 * 2 * 3  # cases x variants x (weights, KV, free)
+    assert len(ax.patches) == 2 * 2 * 4  # cases x variants x (weights, KV holding tokens, KV empty, free)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "weights per GPU", "KV holding tokens", "KV reserved but empty", "free"]
     # each variant's bar stacks to the GPU's memory
     ends = {}
     for p in ax.patches:

@@ -48,8 +48,13 @@ TECHNIQUE = Technique(
     plots=[
         Plot("KV bytes (MiB): measured allocation beside the calculator's prediction", kind="bars",
              y=("bytes_reserved", "bytes_predicted"), scale=2**-20, ylabel="MiB"),
-        Plot("One GPU's memory (GiB): full-model weights, the KV of this case's sequences (all layers), free",
-             kind="stacked", y=("weights_gib", "kv_gib", "free_gib"), ylabel="GiB"),
+        # A case's few sequences are a sliver of a GPU (DeepSeek-V3's four hold 0.1 GiB beside 39 GiB
+        # of weights), so the breakdown fills the GPU with copies of them, as a server would.
+        Plot("One GPU serving copies of this case's sequences until 90% of its memory is used (GiB): the "
+             "model's weights split over the fewest GPUs that leave 10% of each for KV (the case's tp, "
+             "doubled until they do), KV holding tokens, KV reserved but empty, free",
+             kind="stacked", y=("weights_per_gpu_gib", "kv_holding_tokens_gib", "kv_reserved_but_empty_gib",
+                                "free_gib"), ylabel="GiB per GPU"),
     ],
 )
 
@@ -166,22 +171,50 @@ def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
 
 GIB = 2**30
 REFERENCE_GPU_BYTES = 80 * GIB  # for the memory breakdown when the run is not on a GPU
+UTILIZATION = 0.9  # of a GPU's memory the server fills (vLLM's default gpu_memory_utilization, the calculator's)
+KV_ROOM = 0.1  # the least share of each GPU the weights must leave for KV
 
 
-def one_gpu_breakdown(w: KVCacheWorkload, allocator: str) -> dict[str, Any]:
-    """One GPU of the tp group holding the whole model (all layers) and, as ``allocator`` lays it
-    out, the KV of this case's sequences: weights, KV and what is left, in GiB."""
+def gpus_for_weights(cfg: model_config.ModelConfig, kv_dtype: str, tp: int, gpu_bytes: int) -> int:
+    """The case's tp, doubled until each GPU's share of the weights leaves :data:`KV_ROOM` of it
+    under :data:`UTILIZATION` and the KV heads split evenly (DeepSeek-V3's 627 GiB on 80 GiB
+    GPUs: 16)."""
+    weights = model_params.weight_bytes(cfg).bytes
+    n = tp
+    while n < 4096:
+        if weights / n <= (UTILIZATION - KV_ROOM) * gpu_bytes:
+            try:
+                kvmath.layout_for(cfg, kv_dtype, n)
+                return n
+            except BadInput:  # KV heads that n GPUs cannot share: try 2n
+                pass
+        n *= 2
+    return n
+
+
+def serving_memory(w: KVCacheWorkload, allocator: str) -> dict[str, Any]:
+    """One GPU of a server that holds the whole model (all layers) over :func:`gpus_for_weights`
+    GPUs and fills :data:`UTILIZATION` of its memory with copies of this case's sequences, laid
+    out by ``allocator``: weights, KV holding tokens, KV reserved but empty, free, in GiB."""
     p = w.params
     cfg = model_config.load_preset(p["model"])
-    layout = kvmath.layout_for(cfg, p["kv_dtype"], p["tp"])
     on_gpu = w.device.type == "cuda"
     gpu = torch.cuda.get_device_properties(w.device).total_memory if on_gpu else REFERENCE_GPU_BYTES
-    weights = -(-model_params.weight_bytes(cfg).bytes // p["tp"])
-    kv = kvmath.cache_bytes(layout, w.lengths, allocator, p["block_size"], p["max_len"])
+    gpus = gpus_for_weights(cfg, p["kv_dtype"], p["tp"], gpu)
+    layout = kvmath.layout_for(cfg, p["kv_dtype"], gpus)
+    weights = -(-model_params.weight_bytes(cfg).bytes // gpus)
+    fixed = kvmath.cache_bytes(layout, [], allocator, p["block_size"], p["max_len"])  # per-tensor scales
+    one_copy = kvmath.cache_bytes(layout, w.lengths, allocator, p["block_size"], p["max_len"]) - fixed
+    copies = max(0, (int(gpu * UTILIZATION) - weights - fixed) // one_copy) if one_copy else 0
+    kv = copies * one_copy + (fixed if copies else 0)
+    holding = copies * kvmath.token_bytes(layout, w.lengths)
     return {
-        "weights_gib": weights / GIB,
-        "kv_gib": kv / GIB,
+        "gpus": gpus,
+        "weights_per_gpu_gib": weights / GIB,
+        "kv_holding_tokens_gib": holding / GIB,
+        "kv_reserved_but_empty_gib": (kv - holding) / GIB,
         "free_gib": max(0, gpu - weights - kv) / GIB,
+        "sequences_per_gpu": copies * len(w.lengths),
         "gpu_memory_gib": gpu / GIB,
         "gpu_memory_source": torch.cuda.get_device_name(w.device) if on_gpu else "reference 80 GiB GPU (run on CPU)",
     }
@@ -193,7 +226,7 @@ def metrics(w: KVCacheWorkload, measured: Measured) -> dict[str, Any]:
     reserved = out.storage_bytes()
     holding = kvmath.token_bytes(w.layout, w.lengths)
     return {
-        **one_gpu_breakdown(w, out.cache.allocator),
+        **serving_memory(w, out.cache.allocator),
         "bytes_reserved": reserved,
         "bytes_predicted": reference(w)[out.cache.allocator],
         "bytes_holding_tokens": holding,
