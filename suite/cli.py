@@ -5,6 +5,7 @@ Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph,
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -15,13 +16,14 @@ from typing import Any
 import click
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpubench import env as envmod
-from gpubench import results, runner, scenario as scenariomod, techniques, timing
+from gpubench import estimate, results, runner, scenario as scenariomod, techniques, timing
 from gpubench.errors import BadInput
-from gpubench.reports.terminal import case_params, format_speedup, print_summary, shown_params
+from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 
 def _console(stderr: bool = False) -> Console:
@@ -30,15 +32,59 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=wide)
 
 
+class _ClosedPipeSafe:
+    """stdout that a reader going away (``gpubench compare ... | head -1``) cannot break: once the
+    pipe is closed, output is dropped (fd 1 goes to /dev/null, so the final flush at exit succeeds
+    too) and the command goes on to its own exit code, instead of click's exit 1 on EPIPE or a run
+    cut short mid-case."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.closed_pipe = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # not a real file (a test's buffer)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class _Group(click.Group):
-    """Turns BadInput anywhere in a command into a one-paragraph message and exit code 2."""
+    """Turns BadInput anywhere in a command into a one-paragraph message and exit code 2; a closed
+    stdout pipe changes neither what a command does nor its exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        real = sys.stdout
+        sys.stdout = guarded = _ClosedPipeSafe(real)
         try:
             return super().invoke(ctx)
         except BadInput as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(runner.EXIT_BAD_INPUT)
+        finally:
+            guarded.flush()
+            sys.stdout = real
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,12 +131,43 @@ class _CaseProgress:
             line += f"\n    {record.failure.message}"
         self.console.print(line, markup=False)
 
+    def note(self, text: str) -> None:
+        """What a running case says (a draft model trained once): above the bar, or a log line."""
+        self.console.print(f"note: {text}", markup=False)
+
     def _params(self, technique: str, params: dict[str, Any]) -> str:
         return case_params({"params": params}, self.shown.get(technique))
 
     def run_finished(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+LARGE_RUN_CASES = 2_000  # a plain run past this many cases is announced with its estimated time
+DRY_RUN_IDS = 3  # case ids a dry run shows per technique
+
+
+def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, int], only: list[str] | None,
+                   device: str, out_root: Path, repeat_scale: float, workers: int) -> None:
+    """The cases a run would measure (a count per technique, the first cases' params that vary) and
+    its estimated time."""
+    shown = scen.varying(only)
+    first: dict[str, list[str]] = {}
+    for entry in scen.entries:
+        if only and entry.technique not in only:
+            continue
+        labels = first.setdefault(entry.technique, [])
+        labels += [case_params({"params": c.params}, shown[entry.technique]) for c in
+                   itertools.islice(scen.entry_cases(entry, repeat_scale), DRY_RUN_IDS - len(labels))]
+    width, digits = max(map(len, counts), default=0), len(f"{max(counts.values(), default=0):,}")
+    for technique, n in counts.items():
+        more = f"; ... ({n - len(first[technique]):,} more)" if n > len(first[technique]) else ""
+        out.print(f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: "
+                  f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=True)
+    guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
+                              repeat_scale=repeat_scale, workers=workers)
+    out.print(f"estimated time: {guess.text()}", markup=False)
+    out.print("nothing was run or written (--dry-run)")
 
 
 def _default_scenario(device_opt: str | None) -> str:
@@ -122,9 +199,12 @@ def _default_scenario(device_opt: str | None) -> str:
               "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.")
 @click.option("--exclusive", is_flag=True, help="Refuse to start (exit 2) when other processes are using a GPU.")
 @click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
+@click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
+              "estimate the run time; run nothing, write nothing.")
 def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
         telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
-        cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool) -> None:
+        cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
+        dry_run: bool) -> None:
     """Run a scenario: check and time every case, write a run directory."""
     from gpubench import supervisor
 
@@ -157,14 +237,23 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                                f"its techniques: {', '.join(in_scenario)}.")
     out = _console()
     where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
-    out.print(f"gpubench run: scenario [bold]{scen.name}[/] ({scen.path}) on {where}"
-              + ("" if isolation == "process" else ", in this process"))
-    cases = scen.cases(only=only_list)
-    swept: dict[str, set[str]] = {}
-    for entry in scen.entries:
-        swept.setdefault(entry.technique, set()).update(entry.grid)
-    shown = {t: shown_params([c.params for c in cases if c.technique == t], keys) for t, keys in swept.items()}
-    progress = _CaseProgress(out, shown)
+    counts = scen.count(only_list)  # a huge sweep is counted, not built
+    total = sum(counts.values())
+    workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
+    out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
+              f"{where}" + ("" if isolation == "process" else ", in this process")
+              + f": {total:,} case{'s' if total != 1 else ''}")
+    if dry_run:
+        supervisor.check_options(options)
+        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers)
+        return
+    if total > LARGE_RUN_CASES:
+        guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
+                                  only=only_list, repeat_scale=repeat_scale, workers=workers)
+        out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
+                  f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
+                  f"the run and keeps what finished.", soft_wrap=True)
+    progress = _CaseProgress(out, scen.varying(only_list))
     outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
                                       progress=progress, telemetry_interval_s=telemetry_interval,
                                       calibrate=not no_calibrate)
@@ -215,7 +304,8 @@ def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the Markdown summary here (e.g. for $GITHUB_STEP_SUMMARY).")
 @click.option("--allow-missing", is_flag=True, help="A case missing from CURRENT does not fail the gate.")
-@click.option("--force", is_flag=True, help="Compare runs of different GPU models or scenario definitions anyway.")
+@click.option("--force", is_flag=True, help="Compare runs of different GPU models or scenario definitions anyway "
+              "(different definitions: the cases both runs hold; a case only in the baseline does not fail).")
 @click.option("--baseline-store", type=click.Path(file_okay=False, path_type=Path),
               help="Pick BASELINE from this store by CURRENT's GPU model and scenario (then give CURRENT only).")
 @click.option("--strict", is_flag=True,
@@ -318,7 +408,7 @@ def list_(modules: tuple[str, ...]) -> None:
     for name, path in sorted(scenariomod.shipped_scenarios().items()):
         try:
             scen = scenariomod.load(path)
-            out.print(f"  {name:<12} {len(scen.cases())} cases, device {scen.device}: {scen.description}")
+            out.print(f"  {name:<12} {sum(scen.count().values()):,} cases, device {scen.device}: {scen.description}")
         except BadInput as exc:
             out.print(f"  {name:<12} [red]invalid[/]: {exc}")
 
@@ -397,18 +487,31 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
 @click.option("--batch", default="fit", show_default=True, help="Sequences, or 'fit' for as many as fit.")
 @click.option("--kv-dtype", default="bf16", show_default=True,
               help="fp32, bf16, fp16, fp8, int8, int4, mxfp4, nvfp4 (scale overheads are shown).")
-@click.option("--block-size", default=16, show_default=True, type=int, help="Tokens per paged block.")
+@click.option("--block-size", default=None, type=int,
+              help="Tokens per paged block. Default: vLLM's on CUDA, 16; 64 for MLA models (DeepSeek-V2/V3), "
+                   "which vLLM's FlashMLA backend forces (its CUTLASS MLA backend, on Blackwell: 128).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel GPUs.")
 @click.option("--gpu-memory", metavar="SIZE", help="Per GPU, e.g. 80GiB (a bare number is GiB). Default: this GPU's, else 80GiB.")
 @click.option("--utilization", default=0.9, show_default=True, type=float, help="Fraction of GPU memory the engine may use.")
 @click.option("--weight-bytes", metavar="SIZE", help="Whole-model weight storage; default: from the config's parameter count.")
 @click.option("--weight-dtype", help="Weight dtype for that count (default: the checkpoint's, quantization included).")
-@click.option("--max-len", type=int, help="What contiguous allocation reserves per sequence (default: the model's max positions).")
+@click.option("--max-len", type=int, help="The longest a sequence may be, as vLLM's --max-model-len: what contiguous "
+              "allocation reserves and what vLLM's start-up concurrency is for (default: the model's max positions).")
+@click.option("--allow-long", is_flag=True, help="Allow --seq-len / --max-len beyond the model's "
+              "max_position_embeddings (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1).")
+@click.option("--max-num-batched-tokens", type=int, default=None,
+              help="vLLM's prefill chunk, for its start-up max concurrency with sliding-window layers. Default: "
+                   "vllm serve's, 8192 on a GPU of >= 70 GiB other than an A100, else 2048.")
 @click.option("--overhead", metavar="SIZE", default="0", help="Other memory per GPU (activations, CUDA graphs), e.g. 4GiB.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_size, tp, gpu_memory,
-             utilization, weight_bytes, weight_dtype, max_len, overhead, as_json) -> None:
-    """KV-cache memory per token, per sequence and per GPU; how many sequences fit."""
+             utilization, weight_bytes, weight_dtype, max_len, allow_long, max_num_batched_tokens, overhead,
+             as_json) -> None:
+    """KV-cache memory per token, per sequence and per GPU; how many sequences fit.
+
+    Exit codes: 0 it fits; 1 it does not fit (the weights on one GPU, a single sequence, or the
+    requested --batch: a result, stated with what to try); 2 bad input (an invalid option or config,
+    a length beyond the model's positions without --allow-long)."""
     from gpubench import kvmath
     from gpubench.models import config as model_config
     from gpubench.models import params as model_params
@@ -429,12 +532,14 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
             n_batch = int(batch)
         except ValueError:
             raise BadInput(f"--batch: {batch!r} is not valid; allowed: a positive integer or 'fit'.") from None
+    device_name = ""
     if gpu_memory is not None:
         gpu_bytes = parse_size(gpu_memory, "--gpu-memory", default_unit="gib")
         memory_note = ""
     elif torch.cuda.is_available():
         gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        memory_note = f" ({torch.cuda.get_device_name()})"
+        device_name = torch.cuda.get_device_name()
+        memory_note = f" ({device_name})"
     else:
         gpu_bytes, memory_note = 80 * 2**30, " (assumed: no GPU here; pass --gpu-memory)"
     if weight_dtype is not None and model_params.normalize_dtype(weight_dtype) not in model_config.DTYPE_BYTES:
@@ -447,15 +552,20 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
         wb, wnote = computed.bytes, computed.note
     plan = kvmath.plan(cfg, seq_len=seq_len, batch=n_batch, kv_dtype=kv_fmt.name, block_size=block_size, tp=tp,
                        gpu_memory_bytes=gpu_bytes, utilization=utilization, weight_bytes=wb,
-                       weight_note=wnote, max_len=max_len,
+                       weight_note=wnote, max_len=max_len, allow_long=allow_long,
+                       max_num_batched_tokens=max_num_batched_tokens, device_name=device_name,
                        overhead_bytes=parse_size(overhead, "--overhead", default_unit="gib"))
     if as_json:
         click.echo(json.dumps({**plan.to_dict(), "gpu_memory_note": memory_note.strip(" ()")}, indent=2))
-        return
-    out = _console()
-    if memory_note:
-        out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
-    kv_table.render(plan, out)
+    else:
+        out = _console()
+        if memory_note:
+            out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
+        kv_table.render(plan, out)
+    if not plan.fits:  # a result, not bad input: exit 1 (see the docstring)
+        if as_json:
+            click.echo(plan.fit_problem, err=True)
+        sys.exit(1)
 
 
 def _list_presets(as_json: bool) -> None:
