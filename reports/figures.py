@@ -723,13 +723,15 @@ def _per_case_figure(plot: Any, cases: list[dict[str, Any]]) -> Figure | None:
                     (artist,) = ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], color=color,
                                         linestyle=style, drawstyle="steps-post", label=name)
                 handles.setdefault(name, artist)
-            if plot.kind == "bars":  # a name per bar group: one line, else a word a line, else upright
+            if plot.kind == "bars":  # a name per bar group: one line, else a word a line (median as
+                # p50), else upright
                 slot_pt = (WIDTH_IN / cols - 0.8) / len(plot.ys) * 72
-                fits = lambda names: all(len(line) * 6 * 0.62 <= slot_pt  # noqa: E731
+                fits = lambda names: all(len(line) * 6 * 0.67 <= slot_pt  # noqa: E731
                                          for n in names for line in n.split("\n"))
                 names = [human(y) for y in plot.ys]
-                if not fits(names):
-                    names = [n.replace(" ", "\n") for n in names]
+                for shorter in (lambda n: n.replace(" ", "\n"), lambda n: re.sub(r"\bmedian\b", "p50", n)):
+                    if not fits(names):
+                        names = [shorter(n) for n in names]
                 ax.set_xticks(range(len(plot.ys)), names, fontsize=6, rotation=0 if fits(names) else 90)
                 ax.set_ylabel(plot.ylabel)
             elif plot.kind == "series":

@@ -247,6 +247,9 @@ def test_explicit_x_ticks_never_print_over_each_other(all_figures):
             assert all(overlap_px(a, b) < 1.0 for a, b in itertools.combinations(boxes, 2)), name
     spec = all_figures["spec: Acceptance rate against k"]
     assert shown_labels(spec.axes[0].xaxis) == ["2", "4"]
+    percentiles = all_figures["serving: TTFT, TPOT and ITL percentiles (ms)"].axes[0]
+    assert shown_labels(percentiles.xaxis)[:2] == ["p50\nTTFT", "p90\nTTFT"]  # level, in words, 9 in a panel
+    assert all(t.get_rotation() == 0 for t in percentiles.xaxis.get_majorticklabels())
 
 
 # -- 5: the KV-cache memory breakdown ---------------------------------------------------------------
