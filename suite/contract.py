@@ -11,7 +11,8 @@ and decorates its pieces:
 - ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
 - ``@T.metrics``: ``(workload, measured) -> dict``; ``flops`` / ``bytes_moved`` per call become
   TFLOP/s, GB/s and % of the measured device peak;
-- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, and declared :class:`Plot` s.
+- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, declared :class:`Plot` s, and
+  ``headline_figures`` (:class:`Headline`) where the technique's win is not time.
 
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
@@ -249,6 +250,24 @@ class Plot:
         return (self.y,) if isinstance(self.y, str) else tuple(self.y)
 
 
+@dataclass(frozen=True)
+class Headline:
+    """A figure other than time that a technique is read by in the report's headline (kv_cache:
+    KV utilization; serving: output tokens/s). ``metric`` is a per-variant metric, shown baseline
+    -> optimized under ``label``; ``percent`` shows a fraction as a percentage; ``higher_is_better``
+    says which way is a win (it orders cases best first). A technique that declares none is read
+    by time: the optimized variant's speedup over the baseline."""
+
+    metric: str
+    label: str = ""  # default: the metric's name
+    percent: bool = False
+    higher_is_better: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.label or self.metric
+
+
 @dataclass
 class Technique:
     """A registered technique. Build one at module level, then decorate its pieces:
@@ -285,6 +304,9 @@ class Technique:
     figures_fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]] | None = None
     plots: Sequence[Plot] = ()
     source: str = ""  # where it came from: a module path or file (set by the registry)
+    # What the report's headline reads the technique by, when it is not time (the first one also
+    # ranks its cases); empty: time, the speedup of optimized over baseline.
+    headline_figures: Sequence[Headline] = ()
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -293,6 +315,9 @@ class Technique:
         if len(names) != len(set(names)):
             raise ValueError(f"technique {self.name}: duplicate param names")
         self.plots = list(self.plots)
+        self.headline_figures = tuple(self.headline_figures)
+        if any(not isinstance(h, Headline) for h in self.headline_figures):
+            raise TypeError(f"technique {self.name}: headline_figures must be Headline(...) declarations")
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
@@ -309,7 +334,7 @@ class Technique:
         def register(fn: Callable[..., Any]):
             if name in self.variants:
                 raise ValueError(f"technique {self.name}: variant {name} registered twice")
-            doc = description or " ".join((fn.__doc__ or "").split())
+            doc = description or first_paragraph(fn.__doc__)
             self.variants[name] = Variant(name, role, fn, doc, unavailable)
             return fn
 
@@ -404,6 +429,12 @@ class Technique:
         roles = {v.role for v in self.variants.values()}
         missing += [f"{r} variant" for r in ("baseline", "optimized") if r not in roles]
         return missing
+
+
+def first_paragraph(docstring: str | None) -> str:
+    """A docstring's first paragraph on one line: whole sentences, never cut at a line break."""
+    paragraph = inspect.cleandoc(docstring or "").split("\n\n")[0]
+    return " ".join(paragraph.split())
 
 
 # -- checks shared by the techniques ----------------------------------------------------------

@@ -2,7 +2,7 @@
 equal so only the scheduling differs (a serving run over a request trace)."""
 from __future__ import annotations
 
-from gpubench.contract import Param, Recorder, Technique
+from gpubench.contract import Headline, Param, Recorder, Technique
 from gpubench.serving import bench
 from gpubench.serving.bench import ServingWorkload
 from gpubench.serving.engine import ServingRun
@@ -23,6 +23,8 @@ TECHNIQUE = Technique(
                  "a batch of 1 (memory-bound), so every idle slot is lost throughput, while a CPU's step "
                  "time grows with the batch.",
     headline="output_tokens_per_s",
+    headline_figures=(Headline("output_tokens_per_s", "output tokens/s"),
+                      Headline("median_ttft_ms", "median TTFT (ms)", higher_is_better=False)),
     plots=bench.PLOTS,
 )
 bench.register(TECHNIQUE)

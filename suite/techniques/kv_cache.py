@@ -15,7 +15,7 @@ import torch
 from gpubench import kvmath
 from gpubench.baselines.kv_cache import ContiguousKVCache
 from gpubench.baselines.kv_cache import build_cache as build_contiguous
-from gpubench.contract import CheckResult, Measured, Param, Plot, Technique, Workload
+from gpubench.contract import CheckResult, Headline, Measured, Param, Plot, Technique, Workload
 from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
@@ -29,6 +29,7 @@ TECHNIQUE = Technique(
             "measured bytes checked against the calculator.",
     anchor="vLLM: prior systems use 20.4-38.2% of KV memory for token states; vLLM wastes under 4%",
     headline="utilization",
+    headline_figures=(Headline("utilization", "KV utilization", percent=True),),
     gate_metric="bytes_reserved",
     gpu_specific="The bytes are the same on any device; the time (allocate and write the cache) "
                  "is a device figure, and on a CPU it says little about a GPU allocator.",

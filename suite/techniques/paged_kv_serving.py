@@ -3,7 +3,7 @@ request against blocks on demand, with the same scheduler and KV budget in bytes
 over a request trace)."""
 from __future__ import annotations
 
-from gpubench.contract import Param, Recorder, Technique
+from gpubench.contract import Headline, Param, Recorder, Technique
 from gpubench.serving import bench
 from gpubench.serving.bench import ServingWorkload
 from gpubench.serving.engine import ServingRun
@@ -23,6 +23,9 @@ TECHNIQUE = Technique(
                  "as on a GPU; on a CPU each extra request adds its compute, and the paged decode runs "
                  "as a PyTorch block loop rather than the Triton kernel.",
     headline="max_concurrency",
+    headline_figures=(Headline("max_concurrency", "max concurrent requests"),
+                      Headline("kv_utilization", "KV utilization", percent=True),
+                      Headline("output_tokens_per_s", "output tokens/s")),
     plots=bench.PLOTS,
 )
 bench.register(TECHNIQUE)
