@@ -24,10 +24,10 @@ from gpubench import compare as gate
 from gpubench import techniques
 from gpubench.atomic import atomic_write_text
 from gpubench.errors import BadInput
-from gpubench.reports import figures, markdown
+from gpubench.reports import figures, markdown, sweep
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
-                                       format_speedup, headline_text, named_time, shown_params)
+                                       format_speedup, headline_text, named_time, param_text, shown_params)
 from gpubench.results import load_results, role_variant
 from gpubench.telemetry import BENIGN_REASONS
 
@@ -97,11 +97,7 @@ def _samples(case: dict[str, Any], name: str | None) -> list[float]:
     return [x for x in raw if isinstance(x, (int, float)) and math.isfinite(x)]
 
 
-def _ratio(case: dict[str, Any], name: str | None) -> dict[str, float] | None:
-    ratio = case.get("speedups", {}).get(name) if name else None
-    if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
-        return ratio
-    return None
+_ratio = sweep.speedup_of
 
 
 def _label(case: dict[str, Any], shown: dict[str, set[str]]) -> str:
@@ -124,14 +120,32 @@ def _duration(doc: dict[str, Any]) -> str:
 
 
 # -- headline and summary table (shared with summary.md) -------------------------------------
+def _by_technique(cases: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for case in cases:
+        grouped.setdefault(case["technique"], []).append(case)
+    return grouped
+
+
+def _read_by(name: str, cases: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """The figures a technique is read by (empty: time), from the registered technique."""
+    return sweep.headline_figures(techniques.find(name, cases[0].get("source", "")))
+
+
 def headline(doc: dict[str, Any]) -> dict[str, Any]:
-    """Scenario, device, date, pass/fail counts, best and worst speedups, and warnings that
-    belong at the top (a run that did not complete, a GPU that throttled)."""
+    """Scenario, device, date, pass/fail counts, one line per technique by its own headline
+    figure (time, or what it declares, e.g. KV utilization), the best and worst speedups over the
+    techniques read by time, and warnings that belong at the top (a run that did not complete, a
+    GPU that throttled)."""
     cases = doc.get("cases", [])
     shown = shown_by_technique(doc)
     counts = {s: sum(c.get("status") == s for c in cases) for s in ("passed", "failed", "interrupted")}
+    grouped = _by_technique(cases)
+    read_by = {name: _read_by(name, group) for name, group in grouped.items()}
+    lines = [{"name": name, "text": sweep.technique_line(group, read_by[name]), "by_time": not read_by[name]}
+             for name, group in grouped.items()]
     measured = [(r["ratio"], _label(c, shown)) for c in cases if c.get("status") == "passed"
-                for r in [_ratio(c, role_variant(c, "optimized"))] if r]
+                and not read_by[c["technique"]] for r in [_ratio(c, role_variant(c, "optimized"))] if r]
     warnings = []
     status = doc.get("status", "unknown")
     if status != "complete":
@@ -151,7 +165,8 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         "device": doc.get("device_label") or doc.get("device", "?"), "date": _date(doc.get("started_at")),
         "duration": _duration(doc), "run_id": doc.get("run_id", ""), "status": status,
         "cases": len(cases), **counts,
-        "best": _extreme(max, measured), "worst": _extreme(min, measured),
+        "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
+        "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
         "on_cpu": doc.get("device") == "cpu",
     }
@@ -236,7 +251,7 @@ def speedup_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, 
         x = max(numeric, key=lambda k: len({c["params"][k] for c, _, _ in points}))
         series: dict[str, list[tuple[float, float, float, float]]] = {}
         for c, r, _ in points:
-            key = " ".join(f"{k}={c['params'].get(k)}" for k in varying if k != x)
+            key = " ".join(param_text(c["params"], k) for k in varying if k != x)
             series.setdefault(key, []).append((c["params"][x], r["ratio"], r["ci_low"], r["ci_high"]))
         return _figure(f"{title} vs {x}", figures.speedup_sweep(series, x), "")
     ratios = [(r["ratio"], r["ci_low"], r["ci_high"]) for _, r, _ in points]
@@ -300,17 +315,39 @@ def variant_rows(case: dict[str, Any], number: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _role_description(cases: list[dict[str, Any]], role: str) -> str:
-    """'name: what it runs' for each variant that played ``role`` in these cases."""
-    seen = {n: (v.get("description") or "") for c in cases for n, v in (c.get("variants") or {}).items()
-            if v.get("role") == role}
-    return "; ".join(f"{n}: {d}" if d else n for n, d in seen.items())
+def _sentence(text: str) -> str:
+    """``text`` on one line, ending as a sentence ends (a full stop added where it has none)."""
+    text = " ".join(text.split())
+    return text if not text or text[-1] in ".!?" else text + "."
 
 
-def technique_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per technique: what it does, the published figure, a CPU caveat where the win is
-    GPU-specific, generic figures, its own figures, and every variant of every case."""
+def variant_descriptions(cases: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """What each variant runs, in full as the run recorded it: the baseline and the optimized
+    variant first, then the peers that were timed."""
+    seen: dict[str, dict[str, str]] = {}
+    for case in cases:
+        for name, v in (case.get("variants") or {}).items():
+            role = v.get("role", "")
+            if name not in seen and (role != "peer" or v.get("stats")):
+                seen[name] = {"name": name, "role": role, "description": v.get("description") or ""}
+    order = {"baseline": 0, "optimized": 1}
+    return sorted(seen.values(), key=lambda d: order.get(d["role"], 2))
+
+
+def _extreme_rows(found: list[sweep.Reading], numbers: dict[int, int], shown: set[str] | None) -> list[dict[str, Any]]:
+    return [{"number": numbers[id(r.case)], "params": case_params(r.case, shown), "figure": r.text,
+             "baseline": named_time(r.case, role_variant(r.case, "baseline")),
+             "optimized": named_time(r.case, role_variant(r.case, "optimized"))} for r in found]
+
+
+def technique_sections(doc: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per technique: what it does and what each variant runs, the published figure, a CPU
+    caveat where the win is GPU-specific, generic figures, its own figures, and every variant of
+    every case. A technique with more than :data:`sweep.LARGE` cases reads as a sweep: the surface
+    of its headline figure over the swept params and its best and worst cases come first; its
+    per-case rows (``rows``: the summary table's) and per-case figures sit in collapsed sections."""
     shown = shown_by_technique(doc)
+    rows = summary_rows(doc) if rows is None else rows
     by_technique: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for number, case in enumerate(doc.get("cases", []), 1):
         by_technique.setdefault(case["technique"], []).append((number, case))
@@ -319,15 +356,25 @@ def technique_sections(doc: dict[str, Any]) -> list[dict[str, Any]]:
         cases = [c for _, c in group]
         labels = [f"#{n} {case_params(c, shown.get(name))}".strip() for n, c in group]
         tech = techniques.find(name, cases[0].get("source", ""))
+        read_by = sweep.headline_figures(tech)
+        large = len(cases) > sweep.LARGE
+        per_case = [latency_figure(cases, labels), peak_figure(cases, labels)]
+        best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
+        numbers = {id(c): n for n, c in group}
         sections.append({
-            "name": name, "registered": tech is not None,
-            "summary": tech.summary if tech else "",
-            "baseline": _role_description(cases, "baseline"),
-            "optimized": _role_description(cases, "optimized"),
+            "name": name, "registered": tech is not None, "count": len(cases), "large": large,
+            "summary": _sentence(tech.summary) if tech else "",
+            "variant_notes": variant_descriptions(cases),
             "anchor": tech.anchor if tech else "",
             "cpu_note": tech.gpu_specific if tech and doc.get("device") == "cpu" else "",
-            "figures": [speedup_figure(cases, labels), latency_figure(cases, labels), peak_figure(cases, labels)]
-                       + technique_figures(tech, cases),
+            "surface": _figure(sweep.surface_title(read_by), sweep.surface(cases, read_by),
+                               "no surface: fewer than two cases have the figure.") if large else None,
+            "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
+            "best": _extreme_rows(best, numbers, shown.get(name)),
+            "worst": _extreme_rows(worst, numbers, shown.get(name)),
+            "figures": [speedup_figure(cases, labels)] + ([] if large else per_case) + technique_figures(tech, cases),
+            "per_case_figures": per_case if large else [],
+            "rows": [r for r in rows if r["technique"] == name] if large else [],
             "variants": [row for n, c in group for row in variant_rows(c, n)],
         })
     return sections
@@ -468,11 +515,18 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         comparison = compare_runs(doc, other.doc)
     rows = summary_rows(doc)
     others = [r.doc for r in ([other] if other is not None else []) + list(more)]
+    head = headline(doc)
+    sections = technique_sections(doc, rows)
+    lines = {line["name"]: line["text"] for line in head["techniques"]}
+    # A large sweep's cases fold into one row of the summary table; its section holds them all.
+    collapsed = {t["name"]: {"first": t["rows"][0]["number"], "last": t["rows"][-1]["number"], "count": t["count"],
+                             "text": lines[t["name"]]} for t in sections if t["large"]}
+    show = {"show_device": len({r["device"] for r in rows}) > 1,
+            "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows)}
     context = {
-        "head": headline(doc), "rows": rows, "fleet": fleet_matrix([doc, *others]),
-        "show_device": len({r["device"] for r in rows}) > 1,
-        "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
-        "techniques": technique_sections(doc), "telemetry": telemetry_section(run),
+        "head": head, "rows": rows, "fleet": fleet_matrix([doc, *others]), **show,
+        "columns": 10 + sum(show.values()), "collapsed": collapsed,
+        "techniques": sections, "telemetry": telemetry_section(run),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
         "scenario": json.dumps(doc.get("scenario"), indent=2, default=str),
         "comparison": comparison, "comparison_figure": comparison_figure(comparison) if comparison else None,

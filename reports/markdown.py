@@ -43,9 +43,13 @@ def _headline(head: dict[str, Any]) -> list[str]:
     counts = f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
     if head.get("interrupted"):
         counts += f", {head['interrupted']} interrupted"
+    extremes = f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}"
+    if head.get("not_by_time"):
+        extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"
     lines = [f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}", "",
-             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. "
-             f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}."]
+             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."]
+    if head.get("techniques"):  # each technique by its own headline figure
+        lines += [""] + [f"- **{cell(t['name'])}**: {cell(t['text'])}" for t in head["techniques"]]
     if head.get("description"):
         lines += ["", f"_{cell(head['description'])}_"]
     lines += [f"\n> **Warning:** {cell(w)}" for w in head.get("warnings", [])]

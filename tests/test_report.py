@@ -1,40 +1,45 @@
-"""The HTML report and summary.md, rendered from a real run of `smoke` and from hand-made results
-(a failed case, a single case, telemetry with throttling, hostile text): what they contain, that
-every figure holds data, that results text is escaped, and the `report` command's exit codes."""
+"""The HTML report and summary.md, rendered from a small real run (tests/report_runs.py: every
+technique, every figure path, about 10 s) and from hand-made results (a failed case, a single case,
+telemetry with throttling, hostile text, a 200-case sweep): what they contain, that every figure
+holds data, that results text is escaped, that each technique is read by its own headline figure,
+that a large sweep reads as a surface, and the `report` command's exit codes."""
 import copy
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from markupsafe import escape
 
 from gpubench.results import role_variant
-from gpubench import runner, scenario, techniques
+from gpubench import techniques
 from gpubench.cli import main
-from gpubench.reports import figures, html, markdown
+from gpubench.contract import Headline, Technique
+from gpubench.reports import figures, html, markdown, sweep
 from gpubench.reports.terminal import format_speedup
 from gpubench.telemetry import SAMPLE_COLUMNS
 
+import report_runs
+
 FIGURE = re.compile(r"<figure>\s*<figcaption>(.*?)</figcaption>(.*?)</figure>", re.S)
 DATA = re.compile(r'<g id="data-\d+">\s*<(path|use|g|defs)\b')
+# The small run takes about 10 s on 2 idle cores (25 s more where the speculative pair is not
+# cached yet); a test that may be the one to start it gets far more than that on a loaded machine.
+REAL_RUN = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")
-def smoke_dir(tmp_path_factory) -> Path:
-    """One real run of the smoke scenario (every technique, CPU, short policy)."""
-    outcome = runner.run_scenario(scenario.load("smoke"), torch.device("cpu"), tmp_path_factory.mktemp("runs"),
-                                  repeat_scale=0.2)
-    assert outcome.doc["summary"]["failed"] == 0
-    return outcome.run_dir
+def real_dir(tmp_path_factory) -> Path:
+    """One small real run (report_runs.SCENARIO: every technique on the CPU, short policy)."""
+    return report_runs.small_run(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="session")
-def smoke_report(smoke_dir) -> tuple[dict, str, str]:
-    written = html.write_report(smoke_dir)
-    doc = json.loads((smoke_dir / "results.json").read_text())
+def real_report(real_dir) -> tuple[dict, str, str]:
+    written = html.write_report(real_dir)
+    doc = json.loads((real_dir / "results.json").read_text())
     return doc, written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
 
 
@@ -68,19 +73,21 @@ def assert_no_empty_axes(page: str) -> None:
 
 
 # -- a real smoke run --------------------------------------------------------------------------
-def test_headline_counts_and_every_case_with_its_speedup(smoke_report):
-    doc, page, _ = smoke_report
+@REAL_RUN
+def test_headline_counts_and_every_case_with_its_speedup(real_report):
+    doc, page, _ = real_report
     n = len(doc["cases"])
     assert f"{n} cases: <span class=\"pass\">{n} passed</span>" in page
     assert "best speedup" in page and "worst speedup" in page
-    assert str(escape(doc["device_label"])) in page and "smoke" in page
+    assert str(escape(doc["device_label"])) in page and "report-test" in page
     for case in doc["cases"]:
         assert f'title="{escape(case["id"])}"' in page
         assert format_speedup(case["speedups"][role_variant(case, "optimized")]) in page
 
 
-def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(smoke_report):
-    doc, page, _ = smoke_report
+@REAL_RUN
+def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(real_report):
+    doc, page, _ = real_report
     for name in {c["technique"] for c in doc["cases"]}:
         tech = techniques.get(name)
         assert f'<section id="tech-{name}"' in page
@@ -88,8 +95,9 @@ def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(smo
         assert str(escape(tech.gpu_specific)) in page  # a CPU run says the ratio is not the GPU's
 
 
-def test_figures_are_inline_svg_with_data(smoke_report):
-    doc, page, _ = smoke_report
+@REAL_RUN
+def test_figures_are_inline_svg_with_data(real_report):
+    doc, page, _ = real_report
     found = figures_of(page)
     sweep = [b for t, bodies in found.items() if t.startswith("speedup of optimized") for b in bodies]
     latency = found["time per call, raw samples (box: quartiles, line: median)"]
@@ -103,15 +111,17 @@ def test_figures_are_inline_svg_with_data(smoke_report):
         assert external not in page  # nothing to fetch: readable offline
 
 
-def test_environment_block_and_telemetry_unavailable_on_a_cpu(smoke_report):
-    doc, page, _ = smoke_report
+@REAL_RUN
+def test_environment_block_and_telemetry_unavailable_on_a_cpu(real_report):
+    doc, page, _ = real_report
     assert "<details><summary>env.json</summary>" in page and doc["env"]["torch"] in page
     assert f"telemetry unavailable: {escape(doc['telemetry']['reason'])}" in page
     assert "<script" not in page
 
 
-def test_summary_md_has_the_headline_and_the_table_under_60_kb(smoke_report):
-    doc, _, md = smoke_report
+@REAL_RUN
+def test_summary_md_has_the_headline_and_the_table_under_60_kb(real_report):
+    doc, _, md = real_report
     assert len(md.encode()) < 60_000
     assert f"**{len(doc['cases'])} cases: {len(doc['cases'])} passed, 0 failed**" in md
     assert "| # | technique | case | baseline | optimized | speedup [95% CI] |" in md
@@ -119,9 +129,90 @@ def test_summary_md_has_the_headline_and_the_table_under_60_kb(smoke_report):
     assert len(table) == len(doc["cases"])
 
 
+@REAL_RUN
+def test_every_description_is_shown_whole(real_report):
+    """Each technique's summary as a sentence and each variant's recorded description in full
+    (never a first line or a fragment), the baseline and optimized variants first."""
+    doc, page, _ = real_report
+    for name in {c["technique"] for c in doc["cases"]}:
+        section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
+        summary = " ".join(techniques.get(name).summary.split())
+        assert f"<p>{escape(summary.rstrip('.'))}.</p>" in section
+        items = re.findall(r"<li>(baseline|optimized|peer) <code>(\w+)</code>: (.*?)</li>", section)
+        assert [role for role, _, _ in items[:2]] == ["baseline", "optimized"]
+        for role, variant, shown in items:
+            recorded = next(c["variants"][variant] for c in doc["cases"]
+                            if c["technique"] == name and variant in c["variants"])
+            assert shown == escape(recorded["description"]) and recorded["description"], (name, variant)
+
+
+def test_a_variant_is_described_by_the_whole_first_paragraph_of_its_docstring():
+    tech = Technique("described", summary="s", shape="kernel", params=[])
+
+    @tech.variant("eager", role="baseline")
+    def eager(w):
+        """Materialize the scores, then a float32 softmax and a matmul with V, as the eager path
+        of Hugging Face does it (the first paragraph wraps over two lines).
+
+        Details no reader of the report needs."""
+
+    assert tech.variants["eager"].description == (
+        "Materialize the scores, then a float32 softmax and a matmul with V, as the eager path of "
+        "Hugging Face does it (the first paragraph wraps over two lines).")
+    with pytest.raises(TypeError, match="headline_figures"):
+        Technique("bad", summary="s", shape="kernel", params=[], headline_figures=("utilization",))
+
+
+@REAL_RUN
+def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(real_dir, tmp_path):
+    """kv_cache is read by KV utilization and the serving pairs by output tokens/s, never by a
+    speedup; best and worst speedup range only over the techniques read by time."""
+    doc = json.loads((real_dir / "results.json").read_text())
+    kv = next(c for c in doc["cases"] if c["technique"] == "kv_cache")
+    flash = next(c for c in doc["cases"] if c["technique"] == "flash_attention")
+    for case, ratio in ((kv, 0.01), (flash, 50.0)):  # the worst and best of all if they counted
+        case["speedups"][role_variant(case, "optimized")].update(ratio=ratio, ci_low=ratio * 0.9, ci_high=ratio * 1.1)
+    head = html.headline(doc)
+    assert head["best"].startswith("50.00x (flash_attention") and "kv_cache" not in head["worst"]
+    assert set(head["not_by_time"]) == {"kv_cache", "continuous_batching", "paged_kv_serving"}
+    lines = {t["name"]: t["text"] for t in head["techniques"]}
+    assert list(lines) == list(dict.fromkeys(c["technique"] for c in doc["cases"]))
+    utilization = [100 * c["variants"][role_variant(c, role)]["metrics"]["utilization"]
+                   for c in doc["cases"] if c["technique"] == "kv_cache" for role in ("baseline", "optimized")]
+    assert lines["kv_cache"].startswith(f"KV utilization {min(utilization[0::2]):.0f}%")
+    assert lines["kv_cache"].split(" -> ")[1].startswith(f"{min(utilization[1::2]):.0f}%")
+    assert "speedup" not in lines["kv_cache"] and "0.01x" not in lines["kv_cache"]
+    assert lines["continuous_batching"].startswith("output tokens/s ")
+    assert lines["paged_kv_serving"].startswith("max concurrent requests ") and "output tokens/s" in lines["paged_kv_serving"]
+    assert lines["flash_attention"].startswith("speedup ") and "to 50.00x over 4 cases" in lines["flash_attention"]
+    page = html.write_report(make_run(tmp_path / "run", doc)).html.read_text()
+    header = page.split("<nav>")[0]
+    for name, text in lines.items():
+        assert f'<a href="#tech-{name}">{name}</a>: {escape(text)}</li>' in header
+    md = (tmp_path / "run" / "summary.md").read_text()
+    assert f"- **kv_cache**: {markdown.cell(lines['kv_cache'])}" in md and "not kv_cache" in md
+
+
+def _metric_case(before: float, after: float, status: str = "passed", key: str = "utilization") -> dict:
+    return {"status": status, "variants": {"contiguous": {"role": "baseline", "metrics": {key: before}},
+                                           "paged": {"role": "optimized", "metrics": {key: after}}}}
+
+
+def test_a_technique_line_gives_its_figure_baseline_to_optimized():
+    utilization = (Headline("utilization", "KV utilization", percent=True),)
+    assert sweep.technique_line([_metric_case(0.42, 0.98)], utilization) == "KV utilization 42% -> 98%"
+    several = [_metric_case(0.42, 0.98), _metric_case(0.75, 0.96), _metric_case(0.9, 0.1, status="failed")]
+    assert sweep.technique_line(several, utilization) == "KV utilization 42%–75% -> 96%–98% (better in 2 of 2 cases)"
+    ttft = (Headline("ttft_ms", "median TTFT (ms)", higher_is_better=False),)
+    assert sweep.technique_line([_metric_case(40.0, 20.0, key="ttft_ms")], ttft) == "median TTFT (ms) 40 -> 20 (2.00x better)"
+    assert sweep.technique_line([_metric_case(2000.0, 2500.0, key="ttft_ms")], ttft).endswith("(1.25x worse)")
+    assert sweep.technique_line([_metric_case(0.4, 0.9)], ttft) == "median TTFT (ms): not recorded"
+
+
 # -- hand-made edge cases ----------------------------------------------------------------------
-def test_a_failed_case_is_red_with_its_escaped_reason(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_a_failed_case_is_red_with_its_escaped_reason(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
     case = doc["cases"][0]
     case["status"] = "failed"
     case["failure"] = {"kind": "exception", "message": "RuntimeError: <b>kernel</b> | launch failed", "traceback": ""}
@@ -141,9 +232,11 @@ def test_a_failed_case_is_red_with_its_escaped_reason(smoke_dir, tmp_path):
     assert "**FAILED**: RuntimeError: &lt;b>kernel&lt;/b> \\| launch failed" in md
 
 
-def test_a_single_case_run_draws_points_not_empty_sweeps(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
-    for keep in (0, len(doc["cases"]) - 1):  # a flash_attention case, a kv_cache case
+@REAL_RUN
+def test_a_single_case_run_draws_points_not_empty_sweeps(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
+    kv_cache = next(i for i, c in enumerate(doc["cases"]) if c["technique"] == "kv_cache")
+    for keep in (0, kv_cache):  # a flash_attention case, a kv_cache case
         one = copy.deepcopy(doc)
         one["cases"] = [doc["cases"][keep]]
         page = html.render(html.load_run(make_run(tmp_path / str(keep), one)))
@@ -153,8 +246,9 @@ def test_a_single_case_run_draws_points_not_empty_sweeps(smoke_dir, tmp_path):
         assert_no_empty_axes(page)
 
 
-def test_a_case_without_timings_gets_notes_instead_of_figures(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_a_case_without_timings_gets_notes_instead_of_figures(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
     case = doc["cases"][0]
     case.update(status="failed", speedups={}, failure={"kind": "oom", "message": "out of memory", "traceback": ""})
     for v in case["variants"].values():
@@ -165,8 +259,9 @@ def test_a_case_without_timings_gets_notes_instead_of_figures(smoke_dir, tmp_pat
     assert "no speedup to show" in page and "no timing samples" in page and "no % of peak" in page
 
 
-def test_results_text_is_escaped_everywhere(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_results_text_is_escaped_everywhere(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
     doc["scenario"]["description"] = "<script>alert(1)</script>"
     doc["scenario"]["name"] = "<img src=x onerror=alert(2)>"
     case = copy.deepcopy(doc["cases"][-1])
@@ -195,8 +290,9 @@ def _telemetry_rows(doc: dict, throttle_every: int) -> list[dict]:
     return rows
 
 
-def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
     doc["telemetry"] = {"status": "ok", "reason": None, "interval_s": 0.05, "n_samples": 8 * len(doc["cases"]),
                         "throttled": True, "throttled_fraction": 0.25, "throttle_reasons": ["sw_thermal_slowdown"],
                         "benign_reasons": ["gpu_idle"]}
@@ -212,8 +308,9 @@ def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(smoke_di
     assert len(DATA.findall(body)) == 8  # per panel: its series and the throttled samples
 
 
-def test_missing_telemetry_file_is_said_not_plotted(smoke_dir, tmp_path):
-    doc = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_missing_telemetry_file_is_said_not_plotted(real_dir, tmp_path):
+    doc = json.loads((real_dir / "results.json").read_text())
     doc["telemetry"] = {"status": "ok", "reason": None, "interval_s": 0.05, "throttled": False}
     page = html.render(html.load_run(make_run(tmp_path / "run", doc, env=False)))
     assert "telemetry unavailable: telemetry.csv is missing from the run directory" in page
@@ -287,9 +384,71 @@ def test_summary_md_stays_under_60_kb_and_escapes_cells():
     assert "more cases left out to keep this summary under 60 KB" in md and "a\\|b" in md
 
 
+# -- a large sweep -----------------------------------------------------------------------------
+def test_the_sweep_surface_has_one_cell_per_case_at_its_params():
+    """The heatmap: the param with the most values across (seq_len), a row per combination of
+    the others, each cell the case's speedup (log2) at its own params, a failed case grey."""
+    doc = report_runs.sweep_doc()
+    cases = doc["cases"]
+    failed = cases[7]
+    failed.update(status="failed", speedups={})
+    fig = sweep.surface(cases, ())
+    ax = fig.axes[0]
+    grid = ax.collections[0].get_array().reshape(8, 25)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(n) for n in report_runs.SWEEP_LENGTHS]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(rows) == 8 == len(set(rows))
+    assert int(grid.mask.sum()) == 1 and grid.count() == 199
+    for case in cases[::17]:
+        ratio = case["speedups"].get("torch_tiled", {}).get("ratio")
+        row = next(i for i, label in enumerate(rows)
+                   if all(f"{k}=" in label and html.case_params(case, {k}) in label for k in ("causal", "dtype", "kv_heads")))
+        col = report_runs.SWEEP_LENGTHS.index(case["params"]["seq_len"])
+        if ratio is None:
+            assert grid.mask[row, col]
+        else:
+            assert grid[row, col] == pytest.approx(math.log2(ratio))
+    assert "fail" in [t.get_text() for t in ax.texts]
+    figures.close(fig)
+
+
+def test_a_200_case_sweep_reads_as_a_surface_with_best_and_worst_first(tmp_path):
+    """A 200-case flash_attention sweep: one folded row in the summary table, the surface and the
+    best and worst cases first in its section, every case's row and the raw-sample box plot in
+    collapsed sections, and a page of sane size."""
+    doc = report_runs.sweep_doc()
+    page = html.write_report(report_runs.write_run(tmp_path / "run", doc)).html.read_text()
+    assert len(page.encode()) < 3_000_000
+    summary = page.split('<table id="summary-table">')[1].split("</table>")[0]
+    assert summary.count("<tr") == 2 and "200 cases, a sweep: speedup" in summary  # header and the folded row
+    section = page.split('<section id="tech-flash_attention"')[1].split("</section>")[0]
+    shown, collapsed = section.split('<details class="per-case">', 1)
+    assert DATA.search(figures_of(shown)[sweep.surface_title(())][0])
+    ratios = sorted((c["speedups"]["torch_tiled"]["ratio"], n) for n, c in enumerate(doc["cases"], 1))
+    best = shown.split("5 best cases of 200")[1].split("</table>")[0]
+    worst = shown.split("5 worst cases of 200")[1].split("</table>")[0]
+    assert re.findall(r'href="#case-(\d+)"', best) == [str(n) for _, n in ratios[::-1][:5]]
+    assert re.findall(r'href="#case-(\d+)"', worst) == [str(n) for _, n in ratios[:5]]
+    assert shown.index("5 best cases") < shown.index("speedup of optimized over baseline (95% CI) vs seq_len")
+    assert "time per call, raw samples" not in shown and "time per call, raw samples" in collapsed
+    for case in doc["cases"]:  # every case's row, in the collapsed section
+        assert f'title="{escape(case["id"])}"' in collapsed and f'title="{escape(case["id"])}"' not in summary
+    outside_details = re.sub(r"<details.*?</details>", "", page, flags=re.S)
+    assert len(outside_details.encode()) < 600_000  # the figures a reader sees first stay small
+
+
+def test_a_sweep_at_the_threshold_keeps_its_rows_and_figures_in_view(tmp_path):
+    doc = report_runs.sweep_doc()
+    doc["cases"] = doc["cases"][:sweep.LARGE]
+    page = html.render(html.load_run(report_runs.write_run(tmp_path / "run", doc)))
+    assert '<details class="per-case">' not in page and "a sweep:" not in page
+    assert "time per call, raw samples" in page.split("<details>")[0]
+
+
 # -- comparison --------------------------------------------------------------------------------
-def test_compare_lists_regressions_first_and_cases_of_one_run_apart(smoke_dir, tmp_path):
-    before = json.loads((smoke_dir / "results.json").read_text())
+@REAL_RUN
+def test_compare_lists_regressions_first_and_cases_of_one_run_apart(real_dir, tmp_path):
+    before = json.loads((real_dir / "results.json").read_text())
     steady = [1e-3 * (1 + 0.01 * i) for i in range(10)]  # the same samples in both runs: unchanged
     for case in before["cases"]:
         case["variants"][role_variant(case, "optimized")]["samples_s"] = steady
@@ -316,9 +475,10 @@ def test_compare_lists_regressions_first_and_cases_of_one_run_apart(smoke_dir, t
 
 
 # -- command line ------------------------------------------------------------------------------
-def test_report_command_writes_html_and_summary_and_exits_0(smoke_dir, tmp_path):
+@REAL_RUN
+def test_report_command_writes_html_and_summary_and_exits_0(real_dir, tmp_path):
     out = tmp_path / "elsewhere" / "r.html"
-    result = CliRunner().invoke(main, ["report", str(smoke_dir), "-o", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(main, ["report", str(real_dir), "-o", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert out.exists() and (out.parent / "summary.md").exists()
     assert f"report: {out}" in result.output

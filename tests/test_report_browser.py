@@ -1,72 +1,163 @@
-"""The HTML report in a real browser (headless Chromium): it loads with no console errors, every
-figure decodes and has a size, and a screenshot is saved under the test's temporary directory."""
+"""The HTML report in a real browser (headless Chromium, 1300 px wide), on a small real run and on a
+synthesized 200-case sweep: it loads with no console errors; every figure decodes and has a size;
+no figure's text leaves its SVG box; nothing is wider than the page, with every collapsed section
+closed and opened; no mathtext reaches the page; a screenshot is saved under the test's temporary
+directory (GPUBENCH_KEEP_SCREENSHOT=path keeps a copy)."""
+import html
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+import report_runs
+from gpubench.reports import html as report_html
 
-# Appended to a copy of the report only: the report itself carries no script.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+WIDTH = 1300
+
+# Appended to a copy of the report only: the report itself carries no script. It measures the page
+# as loaded, then again with every <details> opened, and writes what it found as JSON.
 PROBE = """
 <script>
 window.__errors = [];
 window.addEventListener('error', e => window.__errors.push(String(e.message || e)));
+function describe(el) {
+  const cls = typeof el.className === 'string' ? el.className : '';
+  return el.tagName + (el.id ? '#' + el.id : '') + (cls ? '.' + cls.split(' ')[0] : '')
+    + ' "' + (el.textContent || '').trim().slice(0, 50) + '"';
+}
+function measure() {
+  const vw = window.innerWidth;
+  const wide = [];
+  for (const el of document.body.querySelectorAll('*')) {
+    if (el.id === 'probe' || (el.closest('svg') && el.tagName.toLowerCase() !== 'svg')) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > vw + 0.5) wide.push(describe(el) + ' right=' + Math.round(r.right));
+  }
+  const outside = [];
+  const svgs = [...document.querySelectorAll('svg')];
+  for (const svg of svgs) {
+    const box = svg.getBoundingClientRect();
+    if (box.width === 0) continue;  // in a closed <details>
+    const caption = ((svg.closest('figure') || svg).querySelector('figcaption') || {}).textContent || '?';
+    for (const t of svg.querySelectorAll('text')) {
+      const r = t.getBoundingClientRect();
+      if (r.width === 0 && r.height === 0) continue;
+      if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+        outside.push(caption.slice(0, 60) + ': "' + t.textContent.slice(0, 40) + '"');
+    }
+  }
+  const bad = svgs.filter(s => !s.closest('details:not([open])'))
+                  .filter(s => { const r = s.getBoundingClientRect(); return !(r.width > 0 && r.height > 0); });
+  return {scroll_width: document.documentElement.scrollWidth, inner_width: vw,
+          height: document.documentElement.scrollHeight, svgs: svgs.length, bad_svgs: bad.length,
+          wide: wide, outside: outside};
+}
 window.addEventListener('load', () => {
   const imgs = [...document.images];
-  const badImgs = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length;
-  const svgs = [...document.querySelectorAll('svg')];
-  const badSvgs = svgs.filter(s => { const r = s.getBoundingClientRect(); return !(r.width > 0 && r.height > 0); }).length;
+  const result = {imgs: imgs.length, bad_imgs: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length,
+                  closed: measure()};
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  result.opened = measure();
+  result.errors = window.__errors;
   const out = document.createElement('pre');
   out.id = 'probe';
-  out.textContent = `PROBE imgs=${imgs.length} bad_imgs=${badImgs} svgs=${svgs.length} bad_svgs=${badSvgs} errors=${window.__errors.length}`;
+  out.textContent = 'PROBE' + JSON.stringify(result) + 'END';
   document.body.appendChild(out);
 });
 </script>
 """
+FOUND = re.compile(r'<pre id="probe">PROBE(.*?)END</pre>', re.S)
+# matplotlib's mathtext markup, or a $...$ span, in the text of an inline SVG
+SVG_TEXT = re.compile(r"<text\b[^>]*>(.*?)</text>", re.S)
+MATH = re.compile(r"\$[^$<]+\$")
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--enable-logging=stderr", "--v=0"]
+         "--hide-scrollbars", "--enable-logging=stderr", "--v=0", f"--window-size={WIDTH},2000"]
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def reports(tmp_path_factory) -> dict[str, Path]:
+    """The small real run's report (tests/report_runs.py) and a synthesized 200-case sweep's."""
     out = tmp_path_factory.mktemp("runs")
-    exe = Path(sys.executable).with_name("gpubench")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpubench.cli"]
-    proc = subprocess.run(cmd + ["run", "--scenario", "smoke", "--device", "cpu", "--repeat-scale", "0.2",
-                                 "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = next(out.iterdir()) / "report.html"
-    assert path.exists(), proc.stdout
-    return path
+    sweep = report_runs.write_run(out / "sweep", report_runs.sweep_doc())
+    return {"small run": report_html.write_report(report_runs.small_run(out)).html,
+            "200-case sweep": report_html.write_report(sweep).html}
 
 
-def test_report_loads_in_chromium_without_errors_and_every_figure_renders(report, tmp_path):
+def probe(report: Path, tmp_path: Path) -> tuple[dict, list[str]]:
+    page = tmp_path / "probe.html"
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    found = FOUND.search(proc.stdout)
+    assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
+    console_errors = [line for line in proc.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
+    return json.loads(html.unescape(found.group(1))), console_errors
+
+
+def mathtext(page: str) -> list[str]:
+    """SVG texts that carry mathtext markup instead of plain text."""
+    return [t for t in SVG_TEXT.findall(page) if "mathdefault" in t or MATH.search(t)]
+
+
+def needs_chromium() -> None:
     if CHROMIUM is None:
         if os.environ.get("GPUBENCH_REQUIRE_BROWSER"):
             pytest.fail("chromium is required here (GPUBENCH_REQUIRE_BROWSER is set) but not installed")
         pytest.skip("chromium is not installed (.ci/run installs it)")
-    probe = tmp_path / "probe.html"
-    probe.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    profile = tmp_path / "profile"
-    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
-    m = re.search(r"PROBE imgs=(\d+) bad_imgs=(\d+) svgs=(\d+) bad_svgs=(\d+) errors=(\d+)", proc.stdout)
-    assert m, proc.stdout[-2000:] + proc.stderr[-2000:]
-    imgs, bad_imgs, svgs, bad_svgs, errors = map(int, m.groups())
-    assert imgs + svgs > 0 and bad_imgs == 0 and bad_svgs == 0 and errors == 0
-    console_errors = [line for line in proc.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
-    assert not console_errors, console_errors
+
+
+@pytest.mark.timeout(300)  # one small page, about 2 s
+def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_path):
+    """The checks below would catch what they look for: a tick label past its SVG's edge, a row
+    of links wider than the page (also inside a collapsed section), a mathtext tick label."""
+    needs_chromium()
+    label = r"$\mathdefault{2^{7}}$"
+    page = tmp_path / "bad.html"
+    page.write_text(f"""<!DOCTYPE html><html><body>
+<figure><figcaption>bad figure</figcaption><svg width="200" height="100" xmlns="http://www.w3.org/2000/svg">
+<text x="150" y="50" style="font-size: 20px">{label} far past the right edge</text></svg></figure>
+<nav style="white-space: nowrap">{'<a href="#x">a section link</a> ' * 40}</nav>
+<details><summary>more</summary><p style="width: 2000px">wide when opened</p></details>
+</body></html>""")
+    result, _ = probe(page, tmp_path)
+    outside = result["closed"]["outside"]
+    assert len(outside) == 1 and outside[0].startswith(f'bad figure: "{label} far past')
+    assert any(w.startswith('A "a section link"') for w in result["closed"]["wide"])
+    assert result["closed"]["scroll_width"] > WIDTH
+    assert any(w.startswith('P "wide when opened"') for w in result["opened"]["wide"])
+    assert mathtext(page.read_text()) == [label + " far past the right edge"]
+
+
+@pytest.mark.timeout(900)  # the small run (~10 s, ~35 s where the speculative pair is not cached) and two pages
+@pytest.mark.parametrize("which", ["small run", "200-case sweep"])
+def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box(reports, which, tmp_path):
+    needs_chromium()
+    report = reports[which]
+    text = report.read_text(encoding="utf-8")
+    assert "mathdefault" not in text and mathtext(text) == []  # tick labels are plain text
+
+    result, console_errors = probe(report, tmp_path)
+    assert not result["errors"] and not console_errors, (result["errors"], console_errors)
+    assert result["bad_imgs"] == 0
+    for state in ("closed", "opened"):  # as loaded, then with every collapsed section open
+        seen = result[state]
+        assert seen["svgs"] > 0 and seen["bad_svgs"] == 0, (state, seen)
+        assert seen["outside"] == [], (state, seen["outside"][:10])  # every <text> inside its <svg>
+        assert seen["scroll_width"] <= seen["inner_width"] == WIDTH, (state, seen["wide"][:10])
+        assert seen["wide"] == [], (state, seen["wide"][:10])  # nothing runs off the page
+    if which == "200-case sweep":  # read as a surface: a few screens, not a 200-row table and box plot
+        assert result["closed"]["height"] < 6000 < result["opened"]["height"]
 
     shot = tmp_path / "report.png"
-    subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1280,2400",
-                    f"--screenshot={shot}", report.as_uri()], capture_output=True, text=True, timeout=120)
+    subprocess.run([CHROMIUM, *FLAGS[:-1], f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},2400",
+                    f"--screenshot={shot}", report.as_uri()], capture_output=True, text=True, timeout=180)
     assert shot.exists() and shot.stat().st_size > 10_000  # a page with content, not a blank
-    if os.environ.get("GPUBENCH_KEEP_SCREENSHOT"):
+    if os.environ.get("GPUBENCH_KEEP_SCREENSHOT") and which == "small run":
         shutil.copy(shot, os.environ["GPUBENCH_KEEP_SCREENSHOT"])

@@ -1,0 +1,206 @@
+"""Reading a technique's cases together: each case by the technique's headline figure (time, or the
+:class:`~gpubench.contract.Headline` metrics it declares), the line the report's headline gives
+the technique, its best and worst cases and, once a sweep is large, the surface of that figure
+over the swept params (a heatmap) in place of one row per case.
+
+Pure: case records in (as results.json holds them), strings, rows and matplotlib figures out.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+from gpubench.contract import Headline
+from gpubench.reports import figures
+from gpubench.reports.terminal import case_params, format_speedup
+from gpubench.results import role_variant
+
+LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
+EXTREMES = 5  # best and worst cases listed first in a large sweep
+ANNOTATED_COLUMNS = 32  # up to this many heatmap columns, each cell carries its number
+
+
+@dataclass
+class Reading:
+    """One passed case read by its technique's headline figure."""
+
+    case: dict[str, Any]
+    factor: float  # how many times better the optimized variant is (> 1: a win)
+    text: str  # as the report shows it: "1.23x [1.10, 1.35]", "KV utilization 42% -> 98%"
+
+
+def speedup_of(case: dict[str, Any], name: str | None) -> dict[str, float] | None:
+    """The speedup record of variant ``name`` over the baseline (ratio and its CI), if complete."""
+    ratio = (case.get("speedups") or {}).get(name) if name else None
+    if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
+        return ratio
+    return None
+
+
+def headline_figures(tech: Any) -> tuple[Headline, ...]:
+    """What ``tech`` is read by; empty for time (and for a technique this gpubench does not know)."""
+    return tuple(getattr(tech, "headline_figures", ()) or ())
+
+
+def value_text(value: float, figure: Headline) -> str:
+    if figure.percent:
+        return f"{100 * value:.0f}%"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _pair(case: dict[str, Any], figure: Headline) -> tuple[float, float] | None:
+    """The figure's value for the baseline and the optimized variant, when both are numbers."""
+    values = [figures.read_value(case, name, figure.metric) if name else None
+              for name in (role_variant(case, "baseline"), role_variant(case, "optimized"))]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        return float(values[0]), float(values[1])
+    return None
+
+
+def _factor(before: float, after: float, figure: Headline) -> float | None:
+    better, worse = (after, before) if figure.higher_is_better else (before, after)
+    return better / worse if better > 0 and worse > 0 else None
+
+
+def readings(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> list[Reading]:
+    """The passed cases that have the figure, in run order: by time, the optimized variant's
+    speedup; else by the first declared figure, optimized against baseline."""
+    out = []
+    for case in cases:
+        if case.get("status") != "passed":
+            continue
+        if not read_by:
+            ratio = speedup_of(case, role_variant(case, "optimized"))
+            if ratio:
+                out.append(Reading(case, ratio["ratio"], format_speedup(ratio)))
+            continue
+        figure = read_by[0]
+        pair = _pair(case, figure)
+        factor = _factor(*pair, figure) if pair else None
+        if pair and factor is not None:
+            out.append(Reading(case, factor, f"{figure.name} {value_text(pair[0], figure)} -> "
+                                             f"{value_text(pair[1], figure)}"))
+    return out
+
+
+def _span(values: list[float], figure: Headline) -> str:
+    low, high = value_text(min(values), figure), value_text(max(values), figure)
+    return low if low == high else f"{low}–{high}"
+
+
+def technique_line(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> str:
+    """The technique in one line, by its own figure: by time, the speedup (its range and median
+    over several cases); else each declared figure, baseline -> optimized (ranges over several
+    cases, and in how many the optimized variant was better)."""
+    passed = [c for c in cases if c.get("status") == "passed"]
+    if not read_by:
+        found = readings(passed, ())
+        if not found:
+            return "speedup: no passed case has both timings"
+        if len(found) == 1:
+            return f"speedup {found[0].text}"
+        factors = sorted(r.factor for r in found)
+        return (f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(found)} cases "
+                f"(median {statistics.median(factors):.2f}x)")
+    parts = []
+    for figure in read_by:
+        pairs = [p for c in passed for p in [_pair(c, figure)] if p]
+        if not pairs:
+            parts.append(f"{figure.name}: not recorded")
+            continue
+        text = f"{figure.name} {_span([p[0] for p in pairs], figure)} -> {_span([p[1] for p in pairs], figure)}"
+        better = sum((_factor(*p, figure) or 0) > 1 for p in pairs)
+        if len(pairs) > 1:
+            text += f" (better in {better} of {len(pairs)} cases)"
+        elif not figure.percent and (factor := _factor(*pairs[0], figure)):
+            text += f" ({factor:.2f}x better)" if factor >= 1 else f" ({1 / factor:.2f}x worse)"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def extremes(found: list[Reading], k: int = EXTREMES) -> tuple[list[Reading], list[Reading]]:
+    """The ``k`` best cases (best first) and the ``k`` worst (worst first); with ``2k`` cases or
+    fewer, all of them best first and no separate worst list."""
+    ranked = sorted(found, key=lambda r: -r.factor)
+    if len(ranked) <= 2 * k:
+        return ranked, []
+    return ranked[:k], ranked[::-1][:k]
+
+
+# -- the surface -------------------------------------------------------------------------------
+def _order(value: Any) -> tuple:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (0, value, "") if numeric else (1, 0, str(value))
+
+
+def surface_title(read_by: Sequence[Headline]) -> str:
+    if not read_by:
+        return "speedup over the swept params (optimized / baseline; blue: faster, red: slower)"
+    return f"{read_by[0].name} over the swept params, optimized against baseline (blue: better, red: worse)"
+
+
+def surface(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> Figure | None:
+    """A heatmap of each case's factor (see :func:`readings`) on a log scale centred on 1: the
+    swept param with the most values across, one row per combination of the other swept params;
+    a failed case is a grey cell marked "fail". None when fewer than two cases have the figure
+    or nothing varies."""
+    found = readings(cases, read_by)
+    if len(found) < 2:
+        return None
+    keys = list(dict.fromkeys(k for c in cases for k in c.get("params", {})))
+    distinct = {k: sorted({repr(c["params"].get(k)): c["params"].get(k) for c in cases}.values(), key=_order)
+                for k in keys}
+    varying = [k for k in keys if len(distinct[k]) > 1]
+    if not varying:
+        return None
+    across = max(varying, key=lambda k: (len(distinct[k]), _order(distinct[k][0])[0] == 0))
+    down = [k for k in varying if k != across]
+    rows = sorted({tuple(repr(c["params"].get(k)) for k in down): tuple(c["params"].get(k) for k in down)
+                   for c in cases}.values(), key=lambda row: tuple(_order(v) for v in row))
+    row_of = {tuple(repr(v) for v in row): i for i, row in enumerate(rows)}
+    col_of = {repr(v): j for j, v in enumerate(distinct[across])}
+    # Labels as the rest of the report writes params (case_params), from a case of each row / column.
+    row_labels = {row_of[tuple(repr(c["params"].get(k)) for k in down)]: case_params(c, set(down)) for c in cases}
+    col_labels = {col_of[repr(c["params"].get(across))]: case_params(c, {across}).split("=", 1)[-1] for c in cases}
+
+    def cell(case: dict[str, Any]) -> tuple[int, int]:
+        params = case["params"]
+        return row_of[tuple(repr(params.get(k)) for k in down)], col_of[repr(params.get(across))]
+
+    grid = np.full((len(rows), len(distinct[across])), np.nan)
+    for r in found:
+        grid[cell(r.case)] = math.log2(r.factor)
+    failed = [cell(c) for c in cases if c.get("status") not in ("passed", None)]
+    bound = max(float(np.nanmax(np.abs(grid))), math.log2(1.25))
+    n_rows, n_cols = grid.shape
+    with figures.styled():
+        fig = Figure(figsize=(min(11.0, 2.4 + 0.4 * n_cols), 1.2 + 0.3 * n_rows))
+        ax = fig.add_subplot()
+        # Vector cells (a mesh, not an embedded bitmap) centred on integer positions, first row on top.
+        image = ax.pcolormesh(np.arange(n_cols + 1) - 0.5, np.arange(n_rows + 1) - 0.5, np.ma.masked_invalid(grid),
+                              cmap=matplotlib.colormaps["RdBu"].with_extremes(bad="#e8e8e8"), vmin=-bound, vmax=bound)
+        ax.invert_yaxis()
+        ax.set_xticks(range(n_cols), [col_labels[j] for j in range(n_cols)], rotation=90 if n_cols > 12 else 0)
+        ax.set_yticks(range(n_rows), [row_labels[i] for i in range(n_rows)])
+        ax.set_xlabel(across)
+        ax.grid(False)
+        ax.tick_params(length=0)
+        if n_cols <= ANNOTATED_COLUMNS:
+            for r in found:
+                i, j = cell(r.case)
+                ax.text(j, i, f"{r.factor:.2g}", ha="center", va="center", fontsize=6.5,
+                        color="white" if abs(grid[i, j]) > 0.6 * bound else "black")
+        for i, j in failed:
+            ax.text(j, i, "fail", ha="center", va="center", fontsize=6.5, color="#a61b1b")
+        bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+        steps = (0.8, 1.0, 1.25) if bound < 1 else (1.0,)
+        ticks = [t for t in sorted(math.log2(f) + e for f in steps for e in range(-6, 7)) if abs(t) <= bound + 1e-9]
+        bar.set_ticks(ticks, labels=[f"{2.0 ** t:.3g}x" for t in ticks])
+        bar.set_label("optimized / baseline" if not read_by else f"{read_by[0].name}: optimized vs baseline")
+    return fig

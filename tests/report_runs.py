@@ -1,0 +1,111 @@
+"""Runs for the report tests: a real run small enough for a slow machine (every technique at a
+small case, two cases where a figure needs a line, a short policy), and a hand-made 200-case
+flash_attention sweep that is never run (results synthesized the way the runner writes them)."""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+# Every technique, every figure path of the report: a numeric sweep (speedup against a param),
+# single and categorical cases (speedup per case), FLOP counts (% of peak), each declared plot
+# kind (line, stacked, bars, series, cdf, relative). About 20 s on 2 CPU cores when the
+# speculative pair is cached (its first build trains it: ~25 s more).
+SCENARIO = """
+name: report-test
+description: every technique at a small case, for the report tests
+device: cpu
+policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.2, target_iqr: 1.0,
+         case_timeout_s: 300, energy_s: 0}
+entries:
+  - technique: flash_attention
+    params: {batch: 1, heads: 2, seq_len: [32, 64], head_dim: 32, causal: [false, true]}
+  - technique: kv_cache
+    params: {model: [llama-3.1-8b, deepseek-v3], layers: 1, requests: 2, max_len: 64}
+  - technique: paged_attention
+    params: {batch: [1, 2], heads: 2, kv_heads: 1, head_dim: 64, context_len: [32, 64]}
+  - technique: continuous_batching
+    params: {requests: 6, arrival: all, prompt_len: "uniform:4:8", output_len: "uniform:4:12", max_len: 32,
+             kv_budget_mib: 0.25, max_batch: 4}
+    policy: {min_reps: 2, max_reps: 2}
+  - technique: paged_kv_serving
+    params: {requests: 6, arrival: all, prompt_len: "uniform:4:8", output_len: "uniform:4:12", max_len: 32,
+             kv_budget_mib: 0.25, max_batch: 4}
+    policy: {min_reps: 2, max_reps: 2}
+  - technique: activation_offload
+    params: {layers: [1, 2], hidden: 16, heads: 2, kv_heads: 1, batch: 1, seq_len: 8, vocab: 32}
+  - technique: moe_grouping
+    params: {experts: 4, top_k: 2, hidden: 16, expert_dim: 16, tokens: [16, 32]}
+  - technique: packed_metadata
+    params: {model: tiny, layers: [1, 2], rows: 1, seq_len: 32, mean_doc_len: 8, backend: sdpa}
+  - technique: speculative_decoding
+    params: {drafter: ngram, k: [2, 4], prompts: 1, prompt_len: 16, max_new_tokens: 8}
+"""
+
+
+def small_run(out_dir: Path) -> Path:
+    """Run :data:`SCENARIO` on the CPU into ``out_dir``; the run directory."""
+    import torch
+
+    from gpubench import runner, scenario
+
+    path = out_dir / "report-test.yaml"
+    path.write_text(SCENARIO)
+    outcome = runner.run_scenario(scenario.load(str(path)), torch.device("cpu"), out_dir / "runs")
+    assert outcome.doc["summary"]["failed"] == 0, [c.get("failure") for c in outcome.doc["cases"]]
+    return outcome.run_dir
+
+
+# -- a 200-case sweep, synthesized -----------------------------------------------------------
+SWEEP_LENGTHS = [128 * i for i in range(1, 26)]  # 25 lengths
+SWEEP_AXES = {"causal": [False, True], "dtype": ["float32", "bfloat16"], "kv_heads": [0, 2]}
+
+
+def _variant(role: str, description: str, median: float, flops: float, rng: random.Random) -> dict[str, Any]:
+    samples = [median * (1 + 0.05 * (rng.random() - 0.5)) for _ in range(15)]
+    mid = statistics.median(samples)
+    return {"role": role, "status": "ok", "description": description, "reason": None, "samples_s": samples,
+            "stats": {"median": mid, "ci_low": 0.98 * mid, "ci_high": 1.02 * mid, "n": len(samples)},
+            "metrics": {"flops": flops, "tflops": flops / mid / 1e12, "pct_peak_flops": 100 * flops / mid / 20e12},
+            "check": {"passed": True, "error": 1e-7, "tolerance": 1e-5, "metric": "rel_l2", "detail": ""}}
+
+
+def sweep_case(seq_len: int, causal: bool, dtype: str, kv_heads: int, rng: random.Random) -> dict[str, Any]:
+    """One flash_attention case record as results.json holds it; the speedup grows with the
+    length (about 0.5x to 3.5x), more so for causal and bfloat16 (a surface with a shape)."""
+    params = {"batch": 1, "heads": 8, "kv_heads": kv_heads, "seq_len": seq_len, "head_dim": 64, "dtype": dtype,
+              "causal": causal, "block_m": 0, "block_n": 0}
+    speedup = 0.4 + seq_len / 1600 * (1.3 if causal else 1.0) * (1.2 if dtype == "bfloat16" else 1.0)
+    base, flops = 1e-9 * seq_len ** 2, 4.0 * 8 * 64 * seq_len ** 2  # 4 b h n^2 d
+    case_id = "flash_attention[" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                                            for k, v in params.items()) + "]"
+    eager = _variant("baseline", "materialized scores, float32 softmax, @ V", base, flops, rng)
+    tiled = _variant("optimized", "the same online softmax as a loop of tile operations", base / speedup, flops, rng)
+    ratio = eager["stats"]["median"] / tiled["stats"]["median"]
+    return {"id": case_id, "technique": "flash_attention", "params": params, "seed": 0, "source": "",
+            "headline": "", "gate_metric": "", "status": "passed", "failure": None, "elapsed_s": 0.1,
+            "variants": {"eager": eager, "torch_tiled": tiled},
+            "speedups": {"torch_tiled": {"ratio": ratio, "ci_low": 0.95 * ratio, "ci_high": 1.05 * ratio}}}
+
+
+def sweep_doc() -> dict[str, Any]:
+    """A results document of 200 flash_attention cases: 25 lengths x causal x dtype x kv_heads."""
+    rng = random.Random(0)
+    cases = [sweep_case(n, causal, dtype, kv, rng) for causal in SWEEP_AXES["causal"]
+             for dtype in SWEEP_AXES["dtype"] for kv in SWEEP_AXES["kv_heads"] for n in SWEEP_LENGTHS]
+    entry = {"technique": "flash_attention", "params": {"seq_len": SWEEP_LENGTHS, **SWEEP_AXES}}
+    return {"kind": "gpubench.results", "schema_version": 2, "run_id": "sweep-200", "status": "complete",
+            "device": "cpu", "device_label": "CPU (synthesized)", "started_at": "2026-01-01T00:00:00+00:00",
+            "finished_at": "2026-01-01T00:00:13+00:00",
+            "scenario": {"name": "sweep-200", "description": "a 200-case flash_attention sweep", "entries": [entry]},
+            "telemetry": {"status": "unavailable", "reason": "synthesized"}, "cases": cases,
+            "summary": {"cases": len(cases), "passed": len(cases), "failed": 0, "interrupted": 0}}
+
+
+def write_run(root: Path, doc: dict[str, Any]) -> Path:
+    """A run directory holding ``doc`` as its results.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "results.json").write_text(json.dumps(doc))
+    return root
