@@ -36,6 +36,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, Locator, LogFormatter, MaxNLocator, NullFormatter
 
+from gpubench.reports.terminal import param_text
 
 STYLE = {
     "svg.fonttype": "none",  # text stays text: small files, selectable labels
@@ -545,7 +546,7 @@ def _params_label(params: dict[str, Any], keys: Sequence[str], defaults: dict[st
     """``k=v`` for the keys, leaving out those at the technique's default (the lines a label
     tells apart still differ in at least one key that is not)."""
     defaults = defaults or {}
-    return ", ".join(f"{k}={params.get(k)}" for k in keys if k not in defaults or params.get(k) != defaults[k])
+    return ", ".join(param_text(params, k) for k in keys if k not in defaults or params.get(k) != defaults[k])
 
 
 def _grid(n: int, row_in: float, cols: int = 2) -> tuple[Figure, list[Any]]:
