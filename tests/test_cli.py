@@ -104,7 +104,7 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
     fa = [c for c in doc["cases"] if c["technique"] == "flash_attention"]
     assert fa and len(fa) == len(doc["cases"])
     assert all(c["variants"][role_variant(c, "optimized")]["check"]["passed"] for c in fa)
-    assert (run_dir / "report.html").is_file() and str(run_dir / "report.html") in proc.stdout
+    assert (run_dir / "report.html").is_file() and f"report: runs/{run_dir.name}/report.html" in proc.stdout
     assert "flash_attention" in proc.stdout and "passed" in proc.stdout
 
 

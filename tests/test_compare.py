@@ -229,11 +229,24 @@ def _gate(*args):
 CPU_THRESHOLD = "25%"
 
 
-def test_two_real_smoke_runs_compare_as_pass(two_smoke_runs, tmp_path):
+def test_two_real_smoke_runs_go_through_the_gate_end_to_end(two_smoke_runs, tmp_path):
+    # Whether two real runs on a shared machine pass depends on what else ran meanwhile (a loaded
+    # machine drifted one case +34% here); the gate's false-alarm and detection rates are tested on
+    # recorded noise (tests/data/cpu_noise.json). What real runs must show: every case gets a
+    # verdict, the exit code follows the verdicts, kv_cache's exact bytes are unchanged, and a run
+    # against itself passes.
     md = tmp_path / "gate.md"
-    result = _gate(*two_smoke_runs, "--threshold", CPU_THRESHOLD, "--markdown", md)
-    assert result.exit_code == 0, result.output
-    assert "PASS" in result.output and md.read_text().startswith("## gpubench compare: ✅")
+    result = _gate(*two_smoke_runs, "--threshold", CPU_THRESHOLD, "--markdown", md, "--json")
+    doc = json.loads(result.output[result.output.index("{"):])
+    cases = json.loads((two_smoke_runs[1] / "results.json").read_text())["cases"]
+    verdicts = {c["case_id"]: c["verdict"] for c in doc["changes"]}
+    assert set(verdicts) == {c["id"] for c in cases}
+    assert set(verdicts.values()) <= {"unchanged", "improved", "regressed", "inconclusive"}
+    assert result.exit_code == (1 if "regressed" in verdicts.values() else 0), result.output
+    assert all(verdicts[c["id"]] == "unchanged" for c in cases if c["technique"] == "kv_cache")
+    assert md.read_text().startswith("## gpubench compare: ")
+    same = _gate(two_smoke_runs[0], two_smoke_runs[0], "--threshold", CPU_THRESHOLD, "--markdown", md)
+    assert same.exit_code == 0 and "PASS" in same.output and md.read_text().startswith("## gpubench compare: ✅")
 
 
 def test_optimized_samples_scaled_by_1_3_fail_the_gate(two_smoke_runs, tmp_path):
@@ -283,8 +296,10 @@ def test_baseline_store_round_trip(two_smoke_runs, tmp_path):
     assert saved.exit_code == 0, saved.output
     files = list(store.glob("*/smoke.json"))
     assert len(files) == 1 and files[0].parent.name.startswith("CPU-")
-    result = _gate("--baseline-store", store, two_smoke_runs[1], "--threshold", CPU_THRESHOLD)
+    # The stored copy is the run itself: the round trip must pass whatever the machine's drift.
+    result = _gate("--baseline-store", store, two_smoke_runs[0], "--threshold", CPU_THRESHOLD)
     assert result.exit_code == 0, result.output
+    assert str(files[0]) in result.output  # it said which stored baseline it used
 
 
 @pytest.mark.parametrize("args,fragment", [
