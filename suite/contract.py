@@ -11,8 +11,9 @@ and decorates its pieces:
 - ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
 - ``@T.metrics``: ``(workload, measured) -> dict``; ``flops`` / ``bytes_moved`` per call become
   TFLOP/s, GB/s and % of the measured device peak;
-- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, declared :class:`Plot` s, and
-  ``headline_figures`` (:class:`Headline`) where the technique's win is not time.
+- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, declared :class:`Plot` s,
+  ``headline_figures`` (:class:`Headline`) where the technique's win is not time, and ``claims``
+  (:class:`Claim`, from :mod:`gpubench.claims`): the published figures the report checks.
 
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+
+from gpubench.claims import Claim  # noqa: F401 - part of the public contract
 
 SHAPES = ("kernel", "training_step", "serving_run", "generation_run", "analytic")
 ROLES = ("baseline", "optimized", "peer")
@@ -307,6 +310,9 @@ class Technique:
     # What the report's headline reads the technique by, when it is not time (the first one also
     # ranks its cases); empty: time, the speedup of optimized over baseline.
     headline_figures: Sequence[Headline] = ()
+    # The published figures the pair is checked against (the report's "published claims on this
+    # device" table): see gpubench.claims.Claim. Optional: a technique without claims still runs.
+    claims: Sequence[Claim] = ()
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -318,6 +324,9 @@ class Technique:
         self.headline_figures = tuple(self.headline_figures)
         if any(not isinstance(h, Headline) for h in self.headline_figures):
             raise TypeError(f"technique {self.name}: headline_figures must be Headline(...) declarations")
+        self.claims = tuple(self.claims)
+        if any(not isinstance(c, Claim) for c in self.claims):
+            raise TypeError(f"technique {self.name}: claims must be Claim(...) declarations")
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gpubench.baselines.speculative_decoding import generate
-from gpubench.contract import Measured, Param, Plot, Recorder, Technique, Workload
+from gpubench.contract import Claim, Measured, Param, Plot, Recorder, Technique, Workload
 from gpubench.errors import BadInput
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
@@ -40,6 +40,20 @@ TECHNIQUE = Technique(
             "sampling keeps the target's distribution exactly (greedy: identical tokens)",
     anchor="Leviathan et al. (ICML 2023): 2-3x faster T5-XXL generation, identical outputs; "
            "speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1))",
+    claims=[Claim("Leviathan et al. (ICML 2023)", "https://arxiv.org/abs/2211.17192",
+                  text="speedup = (1 - a^(k+1)) / ((1 - a)(k c + 1)), from the measured a and c",
+                  figure=None, figure_metric="predicted_speedup", tolerance=0.10,
+                  measures="generation time, draft + verify vs plain decoding, against the formula's "
+                           "prediction from this case's acceptance rate a and draft cost ratio c",
+                  conditions="verification of k + 1 tokens costs one target step (memory-bound decode)",
+                  device_reason="the formula assumes verifying k + 1 tokens costs one target step; on a CPU "
+                                "compute grows with the tokens scored (see verify_cost)"),
+            Claim("Leviathan et al. (ICML 2023)", "https://arxiv.org/abs/2211.17192",
+                  text="2-3x faster generation, identical outputs", figure=(2.0, 3.0),
+                  measures="generation time, draft + verify vs plain decoding",
+                  conditions="T5-XXL (11B) with a T5-small drafter on a TPU-v4, batch 1",
+                  caveat="our target and drafter are small models, not T5-XXL and T5-small",
+                  device_reason="verification is cheap only where decode is memory-bound")],
     gpu_specific=(
         "The win rests on verification being cheap: on a GPU, decode is memory-bound, so the target "
         "scores k + 1 tokens in about the time of one decode step (the weights are read once either way) "
