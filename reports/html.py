@@ -24,7 +24,7 @@ from gpubench import compare as gate
 from gpubench import techniques
 from gpubench.atomic import atomic_write_text
 from gpubench.errors import BadInput
-from gpubench.reports import figures, markdown, sweep
+from gpubench.reports import claims, figures, markdown, sweep
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
                                        format_speedup, headline_text, named_time, param_text, shown_params)
@@ -168,7 +168,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
-        "on_cpu": doc.get("device") == "cpu",
+        "on_cpu": doc.get("device") == "cpu", "claims": claims.claim_rows(doc),
     }
 
 

@@ -55,7 +55,9 @@ def _headline(head: dict[str, Any]) -> list[str]:
     lines += [f"\n> **Warning:** {cell(w)}" for w in head.get("warnings", [])]
     if head.get("on_cpu"):
         lines += ["", "Measured on a CPU: where a technique's win is GPU-specific, these ratios are not the GPU's."]
-    return lines + [""]
+    from gpubench.reports.claims import markdown_lines  # it reads the registry; imported when used
+
+    return lines + [""] + markdown_lines(head.get("claims") or [], cell)
 
 
 def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:

@@ -1,0 +1,123 @@
+"""The report's "published claims on this device" table: every claim every technique declares
+(:class:`gpubench.claims.Claim`), read against this run's cases, one row per claim.
+
+:func:`claim_rows` turns a results document into rows of plain strings (the HTML template and
+:func:`markdown_lines` format them); it reads results only. A technique the run did not include
+still has its rows ("not in this run"), so every report lists every claim.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Sequence
+
+from gpubench import techniques
+from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
+
+TITLE = "Published claims on this device"
+# The CSS class of each verdict (the report's pass / fail colours).
+VERDICT_CLASS = {"holds": "pass", "falls short": "fail", "exceeds": "improved", "mixed": "",
+                 "inconclusive": "not-comparable", "not comparable": "not-comparable"}
+_MAX_REASONS = 2
+_SHARED_WHY = re.compile(r"(.*?) \((.*)\)")
+
+
+def _claims_of(name: str, cases: Sequence[dict[str, Any]]) -> tuple[Claim, ...]:
+    source = cases[0].get("source", "") if cases else ""
+    tech = techniques.find(name, source) if cases else techniques.get(name)
+    declared = tuple(getattr(tech, "claims", ()) or ()) if tech is not None else ()
+    return declared or FALLBACK_CLAIMS.get(name, ())
+
+
+def _figure(reading: Reading, unit: str, predicted: bool) -> str:
+    text = format_value(reading.value, unit)
+    if reading.low is not None and reading.high is not None and reading.high > reading.low:
+        text += f" [{format_value(reading.low, unit)}, {format_value(reading.high, unit)}]"
+    else:
+        text += " (exact)" if unit == "fraction" else " (no CI)"
+    if predicted and reading.claimed is not None:
+        text += f" vs predicted {format_value(reading.claimed[0], unit)}"
+    return text
+
+
+def _distinct(reasons: list[str]) -> str:
+    """The cases' reasons once each; "what (why)" reasons that share the why are joined
+    ("other sizes: max_len=256, max_len=72 (why)")."""
+    grouped: dict[str, list[str]] = {}
+    for reason in filter(None, reasons):
+        what, why = _SHARED_WHY.fullmatch(reason).groups() if _SHARED_WHY.fullmatch(reason) else (reason, "")
+        grouped.setdefault(why, [])
+        if what not in grouped[why]:
+            grouped[why].append(what)
+    texts = [_joined(whats) + (f" ({why})" if why else "") for why, whats in grouped.items()]
+    more = len(texts) - _MAX_REASONS
+    return "; ".join(texts[:_MAX_REASONS]) + (f" (and {more} more reasons)" if more > 0 else "")
+
+
+def _joined(whats: list[str]) -> str:
+    """'other sizes: a=1', 'other sizes: a=2' -> 'other sizes: a=1, a=2'."""
+    head = whats[0].split(": ", 1)[0] + ": "
+    if len(whats) > 1 and all(w.startswith(head) for w in whats):
+        return head + ", ".join(w[len(head):] for w in whats)
+    return "; ".join(whats)
+
+
+def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, Any]:
+    row = {"technique": name, "claim": claim.text, "source": claim.source, "url": claim.url,
+           "claimed": claim.figure_text, "conditions": claim.conditions, "measures": claim.measures,
+           "measured": "-", "cases": 0}
+    if readings is None:
+        return {**row, "verdict": "not comparable", "reason": "not in this run"}
+    comparable = [r for r in readings if r.comparable]
+    if not comparable:
+        return {**row, "verdict": "not comparable", "reason": _distinct([r.reason for r in readings])}
+    predicted = claim.figure is None
+    ordered = sorted(comparable, key=lambda r: r.value)
+    measured = _figure(ordered[0], claim.unit, predicted)
+    if len(ordered) > 1:
+        measured = f"{measured} to {_figure(ordered[-1], claim.unit, predicted)} over {len(ordered)} cases"
+    counts = Counter(r.verdict for r in comparable)
+    if len(counts) == 1:
+        verdict = comparable[0].verdict
+        reason = _distinct([r.reason for r in comparable])
+    else:
+        verdict = "mixed"
+        reason = ", ".join(f"{v} in {n}" for v, n in counts.most_common()) + f" of {len(comparable)} cases"
+    left_out = len(readings) - len(comparable)
+    if left_out:
+        reason += f"; {left_out} case{'s' if left_out > 1 else ''} not comparable ({_distinct([r.reason for r in readings if not r.comparable])})"
+    if claim.caveat:
+        reason += f". Still differs: {claim.caveat}"
+    return {**row, "measured": measured, "cases": len(comparable), "verdict": verdict, "reason": reason}
+
+
+def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per declared claim of every registered technique and every technique in the run:
+    claim, source, the claimed figure, this run's comparable figure with its 95% CI, the verdict
+    and why (:mod:`gpubench.claims`)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for case in doc.get("cases", []):
+        grouped.setdefault(case.get("technique", "?"), []).append(case)
+    names = list(grouped) + [n for n in [*techniques.all_techniques(), *FALLBACK_CLAIMS] if n not in grouped]
+    device = str(doc.get("device") or "")
+    rows = []
+    for name in dict.fromkeys(names):
+        cases = grouped.get(name)
+        for claim in _claims_of(name, cases or []):
+            rows.append(_row(name, claim, read_cases(claim, cases, device) if cases else None))
+    for row in rows:
+        row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
+    return rows
+
+
+def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:
+    """The table in GitHub Markdown (``cell`` escapes a cell's text)."""
+    if not rows:
+        return []
+    lines = [f"**{TITLE}**", "", "| technique | claim | source | claimed | this run [95% CI] | verdict | why |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(v) for v in (
+            r["technique"], r["claim"], f"{r['source']} ({r['url']})", r["claimed"], r["measured"],
+            f"**{r['verdict']}**", r["reason"])) + " |")
+    return lines + [""]

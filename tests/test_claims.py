@@ -1,0 +1,170 @@
+"""Published claims checked on the run's device (gpubench.claims, reports/claims.py): each verdict
+follows from the measured CI and the claimed band and nothing else (hand-made cases, no timing),
+a case that did not measure what the claim did is never given a verdict, device-independent
+claims get one on a CPU, every report and summary.md carry the table, every built-in technique
+declares a claim, and a technique without claims still works."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+from markupsafe import escape
+
+from gpubench import techniques
+from gpubench.claims import Claim, read_case, verdict
+from gpubench.contract import Claim as ContractClaim
+from gpubench.contract import Technique
+from gpubench.reports import html
+from gpubench.reports.claims import TITLE, claim_rows
+
+from test_report import make_run
+
+H100 = {"key": "cuda:0", "type": "cuda", "index": 0, "label": "NVIDIA H100 80GB HBM3"}
+CPU = {"key": "cpu", "type": "cpu", "index": None, "label": "CPU: AMD EPYC (2 logical cores)"}
+STEP = Claim("Lab (2026)", "https://example.org/paper", text="+14.3% per step", figure=(1.143, 1.143),
+             when={"layers": (">=", 4)}, device_reason="the win is host syncs")
+
+
+def speedup_case(ratio: float, low: float, high: float, device: dict = H100, layers: int = 12,
+                 status: str = "passed", technique: str = "packed_metadata") -> dict:
+    """A timed case: baseline and optimized variants and the optimized speedup with its CI."""
+    stats = {"median": 0.01, "ci_low": 0.0099, "ci_high": 0.0101, "n": 10}
+    return {"id": f"{technique}[layers={layers}]", "technique": technique, "status": status,
+            "params": {"layers": layers, "model": "100m"}, "device": device, "seed": 0, "source": "",
+            "variants": {"per_layer": {"role": "baseline", "status": "ok", "stats": stats, "samples_s": [0.01] * 10,
+                                       "metrics": {}},
+                         "cached": {"role": "optimized", "status": "ok", "stats": stats, "samples_s": [0.01] * 10,
+                                    "metrics": {"tflops": 500.0}}},
+            "speedups": {"cached": {"ratio": ratio, "ci_low": low, "ci_high": high}}}
+
+
+def utilization_case(base: float, paged: float, device: dict = CPU, max_len: int = 1024) -> dict:
+    return {"id": f"kv_cache[max_len={max_len}]", "technique": "kv_cache", "status": "passed", "device": device,
+            "params": {"block_size": 16, "max_len": max_len}, "seed": 0, "source": "",
+            "variants": {"contiguous": {"role": "baseline", "status": "ok", "metrics": {"utilization": base}},
+                         "paged": {"role": "optimized", "status": "ok", "metrics": {"utilization": paged}}},
+            "speedups": {}}
+
+
+# -- the verdict rule --------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio, low, high, expected", [
+    (1.15, 1.12, 1.18, "holds"),          # the median within 1.143 +- 5%
+    (1.00, 0.97, 1.03, "falls short"),    # the CI's upper end below the band
+    (1.50, 1.40, 1.60, "exceeds"),        # the CI's lower end above the band
+    (1.00, 0.60, 1.90, "inconclusive"),   # a CI wider than the band on both sides supports nothing
+    (1.05, 1.00, 1.10, "inconclusive"),   # the CI reaches the band, the median does not
+])
+def test_each_verdict_follows_from_the_ci_and_the_claimed_band(ratio, low, high, expected):
+    reading = read_case(STEP, speedup_case(ratio, low, high))
+    assert reading.verdict == expected, reading
+    assert (reading.low, reading.value, reading.high) == (low, ratio, high)
+
+
+def test_a_case_that_did_not_measure_what_the_claim_did_is_not_comparable_with_the_reason():
+    on_cpu = read_case(STEP, speedup_case(1.15, 1.12, 1.18, device=CPU))
+    assert on_cpu.verdict == "not comparable" and on_cpu.reason == "measured on a CPU: the win is host syncs"
+    small = read_case(STEP, speedup_case(1.15, 1.12, 1.18, layers=2))
+    assert small.verdict == "not comparable" and "other sizes: layers=2" in small.reason
+    a100 = Claim("Lab", "u", text="t", figure=(156.0, 228.0), unit="tflops", reads="tflops", gpus=("A100",))
+    other_gpu = read_case(a100, speedup_case(1.0, 1.0, 1.0))
+    assert other_gpu.verdict == "not comparable" and "other GPU: NVIDIA H100" in other_gpu.reason
+    failed = read_case(STEP, speedup_case(1.15, 1.12, 1.18, status="failed"))
+    assert failed.verdict == "not comparable" and failed.value is None  # never a figure from a failed case
+    never = Claim("Lab", "u", text="t", figure=(2.0, 4.0), not_measured="this pair times a kernel")
+    assert read_case(never, speedup_case(3.0, 2.9, 3.1)).reason == "this pair times a kernel"
+
+
+def test_a_bookkeeping_bound_gets_a_real_verdict_on_a_cpu():
+    waste = techniques.get("kv_cache").claims[0]  # vLLM: under 4% of KV memory wasted
+    assert waste.device_type == "" and waste.bound == "at_most"
+    holds = read_case(waste, utilization_case(0.5, 0.98))
+    assert holds.verdict == "holds" and holds.value == pytest.approx(0.02) and holds.low == holds.high
+    assert read_case(waste, utilization_case(0.5, 0.90)).verdict == "falls short"
+    assert read_case(waste, utilization_case(0.5, 0.98, max_len=64)).verdict == "not comparable"
+    assert verdict(0.03, 0.04, 0.05, (0.04, 0.04), "at_most") == ("inconclusive", "the CI straddles the bound")
+
+
+def test_a_throughput_metric_carries_the_timing_ci_and_a_predicted_figure_comes_from_the_case():
+    peak = Claim("Lab", "u", text="t", figure=(740.0, 740.0), unit="tflops", reads="tflops", per_time=True)
+    reading = read_case(peak, speedup_case(1.0, 1.0, 1.0))  # 500 TFLOP/s at 10 ms, time CI 9.9-10.1 ms
+    assert reading.verdict == "falls short"
+    assert reading.low == pytest.approx(500 * 0.01 / 0.0101) and reading.high == pytest.approx(500 * 0.01 / 0.0099)
+    formula = Claim("Lab", "u", text="t", figure=None, figure_metric="predicted_speedup", tolerance=0.1)
+    case = speedup_case(1.5, 1.4, 1.6)
+    case["variants"]["cached"]["metrics"]["predicted_speedup"] = 1.55
+    assert read_case(formula, case).verdict == "holds" and read_case(formula, case).claimed == (1.55, 1.55)
+    del case["variants"]["cached"]["metrics"]["predicted_speedup"]
+    assert read_case(formula, case).verdict == "not comparable"
+
+
+def test_a_malformed_claim_is_refused_when_declared():
+    for bad in ({"unit": "furlongs"}, {"bound": "around"}, {"figure": (4.0, 2.0)},
+                {"figure_metric": "x"}, {"when": {"n": ("~", 1)}}):
+        with pytest.raises(ValueError):
+            Claim("Lab", "u", **{"text": "t", "figure": (1.0, 1.0), **bad})
+
+
+# -- techniques and the contract ---------------------------------------------------------------
+def test_every_built_in_technique_declares_a_claim_with_its_source():
+    builtin = {n: t for n, t in techniques.all_techniques().items() if t.source.startswith("gpubench.techniques.")}
+    assert {"packed_metadata", "moe_grouping", "flash_attention", "kv_cache"} <= set(builtin)
+    for name, tech in builtin.items():
+        assert tech.claims, name
+        for claim in tech.claims:
+            assert claim.source and claim.url.startswith("https://") and claim.text and claim.conditions, (name, claim)
+
+
+def test_a_technique_without_claims_still_works_and_claim_is_part_of_the_contract():
+    plain = Technique("no_claims", summary="s", shape="kernel", params=[])
+    assert plain.claims == () and ContractClaim is Claim
+    with pytest.raises(TypeError):
+        Technique("t", summary="s", shape="kernel", params=[], claims=["+15%"])
+    plain.variant("a", role="baseline")(lambda w: 0)
+    plain.variant("b", role="optimized")(lambda w: 0)
+    plain.check(lambda r, o: None)
+    plain.build(lambda p, d, s: None)
+    techniques.register(plain, "tests")
+    try:
+        rows = claim_rows({"cases": [dict(speedup_case(1.2, 1.1, 1.3), technique="no_claims", id="no_claims[]")]})
+    finally:
+        techniques.unregister("no_claims")
+    assert all(r["technique"] != "no_claims" for r in rows)
+
+
+# -- the table in the report -------------------------------------------------------------------
+def results_doc(cases: list[dict]) -> dict:
+    return {"kind": "gpubench.results", "schema_version": 2, "run_id": "claims-test", "status": "complete",
+            "device": "cuda:0", "device_label": "NVIDIA H100 80GB HBM3", "scenario": {"name": "claims-test"},
+            "started_at": "2026-12-04T10:00:00+00:00", "finished_at": "2026-12-04T10:01:00+00:00",
+            "cases": cases, "summary": {"cases": len(cases), "passed": len(cases), "failed": 0},
+            "telemetry": {"status": "unavailable", "reason": "hand-made"}, "env": {}}
+
+
+def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
+    doc = results_doc([speedup_case(1.15, 1.12, 1.18), utilization_case(0.5, 0.98, device=H100)])
+    written = html.write_report(make_run(tmp_path / "run", doc))
+    page, md = written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
+    rows = {(r["technique"], r["claim"]): r for r in claim_rows(doc)}
+    step = rows["packed_metadata", techniques.get("packed_metadata").claims[0].text]
+    assert step["verdict"] == "holds" and step["measured"] == "1.15x [1.12x, 1.18x]"
+    waste = rows["kv_cache", "under 4% of KV memory wasted with paged blocks"]
+    assert waste["verdict"] == "holds" and waste["measured"].startswith("2% (exact)")
+    assert rows["moe_grouping", techniques.get("moe_grouping").claims[0].text]["reason"] == "not in this run"
+    assert TITLE in page and 'id="claims-table"' in page and f"**{TITLE}**" in md
+    for row in rows.values():  # every declared claim, its source, its verdict
+        assert str(escape(row["claim"])) in page and str(escape(row["source"])) in page
+    assert "| packed_metadata | +14.3% per training step (read as 1.143x) |" in md
+    assert "| 1.143x | 1.15x [1.12x, 1.18x] | **holds** |" in md
+    assert md.count("| **not comparable** | not in this run |") >= 5
+    assert 'href="http' not in page  # sources are shown, not linked: the report fetches nothing
+
+
+def test_a_run_with_none_of_the_techniques_lists_every_claim_as_not_in_this_run(tmp_path):
+    doc = results_doc([])
+    md = html.write_report(make_run(tmp_path / "run", copy.deepcopy(doc))).markdown.read_text(encoding="utf-8")
+    rows = claim_rows(doc)
+    declared = sum(len(t.claims) for t in techniques.all_techniques().values())
+    assert len(rows) >= declared and {r["verdict"] for r in rows} == {"not comparable"}
+    assert {r["reason"] for r in rows} == {"not in this run"}
+    assert any(r["technique"] == "combined_training" and "25%" in r["claim"] for r in rows)
+    assert md.count("not in this run") == len(rows)
