@@ -94,7 +94,7 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, A
 def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per declared claim of every registered technique and every technique in the run:
     claim, source, the claimed figure, this run's comparable figure with its 95% CI, the verdict
-    and why (:mod:`gpubench.claims`)."""
+    and why (:mod:`gpubench.claims`); the claims with a verdict first."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for case in doc.get("cases", []):
         grouped.setdefault(case.get("technique", "?"), []).append(case)
@@ -107,7 +107,8 @@ def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(_row(name, claim, read_cases(claim, cases, device) if cases else None))
     for row in rows:
         row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
-    return rows
+    # Verdicts first, then claims this run's cases could not check, then techniques it left out.
+    return sorted(rows, key=lambda r: 0 if r["verdict"] != "not comparable" else 2 if r["reason"] == "not in this run" else 1)
 
 
 def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:

@@ -156,6 +156,8 @@ def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
     assert "| packed_metadata | +14.3% per training step (read as 1.143x) |" in md
     assert "| 1.143x | 1.15x [1.12x, 1.18x] | **holds** |" in md
     assert md.count("| **not comparable** | not in this run |") >= 5
+    verdicts = [r["verdict"] for r in claim_rows(doc)]
+    assert verdicts[:2] == ["holds", "holds"] and set(verdicts[2:]) == {"not comparable"}  # judged first
     assert 'href="http' not in page  # sources are shown, not linked: the report fetches nothing
 
 
