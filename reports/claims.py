@@ -85,7 +85,8 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, A
         reason = ", ".join(f"{v} in {n}" for v, n in counts.most_common()) + f" of {len(comparable)} cases"
     left_out = len(readings) - len(comparable)
     if left_out:
-        reason += f"; {left_out} case{'s' if left_out > 1 else ''} not comparable ({_distinct([r.reason for r in readings if not r.comparable])})"
+        why_not = _distinct([r.reason for r in readings if not r.comparable])
+        reason += f"; {left_out} case{'s' if left_out > 1 else ''} not comparable ({why_not})"
     if claim.caveat:
         reason += f". Still differs: {claim.caveat}"
     return {**row, "measured": measured, "cases": len(comparable), "verdict": verdict, "reason": reason}
@@ -108,7 +109,7 @@ def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for row in rows:
         row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
     # Verdicts first, then claims this run's cases could not check, then techniques it left out.
-    return sorted(rows, key=lambda r: 0 if r["verdict"] != "not comparable" else 2 if r["reason"] == "not in this run" else 1)
+    return sorted(rows, key=lambda r: (r["verdict"] == "not comparable") + (r["reason"] == "not in this run"))
 
 
 def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:

@@ -92,7 +92,9 @@ class Claim:
         if self.figure is None:
             return f"the case's {self.figure_metric}"
         low, high = self.figure
-        text = format_value(low, self.unit) if low == high else f"{format_value(low, self.unit)}–{format_value(high, self.unit)}"
+        text = format_value(low, self.unit)
+        if high != low:
+            text += f"–{format_value(high, self.unit)}"
         return {"at_most": "≤ ", "at_least": "≥ "}.get(self.bound, "") + text
 
 
