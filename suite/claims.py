@@ -172,7 +172,8 @@ def _param_problem(claim: Claim, params: Mapping[str, Any]) -> str | None:
         if not ok:
             shown = " or ".join(map(str, wanted)) if op == "in" else f"{op} {wanted}"
             have = repr(have) if isinstance(have, str) else have
-            return f"other sizes: {name}={have} ({why[0] if why else f'the claim: {name} {shown}'})"
+            what = "other model" if name == "model" else "other sizes"
+            return f"{what}: {name}={have} ({why[0] if why else f'the claim: {name} {shown}'})"
     return None
 
 

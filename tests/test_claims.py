@@ -65,6 +65,9 @@ def test_a_case_that_did_not_measure_what_the_claim_did_is_not_comparable_with_t
     assert on_cpu.verdict == "not comparable" and on_cpu.reason == "measured on a CPU: the win is host syncs"
     small = read_case(STEP, speedup_case(1.15, 1.12, 1.18, layers=2))
     assert small.verdict == "not comparable" and "other sizes: layers=2" in small.reason
+    tiny_model = dict(speedup_case(1.2, 1.1, 1.3), params={"model": "tiny"})
+    tiny = read_case(techniques.get("packed_metadata").claims[0], tiny_model)
+    assert tiny.reason == "other model: model='tiny' (the claim: model 100m or 1b)"
     a100 = Claim("Lab", "u", text="t", figure=(156.0, 228.0), unit="tflops", reads="tflops", gpus=("A100",))
     other_gpu = read_case(a100, speedup_case(1.0, 1.0, 1.0))
     assert other_gpu.verdict == "not comparable" and "other GPU: NVIDIA H100" in other_gpu.reason
@@ -170,3 +173,22 @@ def test_a_run_with_none_of_the_techniques_lists_every_claim_as_not_in_this_run(
     assert {r["reason"] for r in rows} == {"not in this run"}
     assert any(r["technique"] == "combined_training" and "25%" in r["claim"] for r in rows)
     assert md.count("not in this run") == len(rows)
+
+
+def test_gpu_quick_on_an_h200_reaches_every_claim_a_gpu_can_check():
+    """The claims' size thresholds against the scenario made for them: each claim has a comparable
+    gpu-quick case on an H200, except FA2's (an A100's figure), vLLM's prior-systems figure (a real
+    trace) and paged_attention's (a kernel cannot show serving throughput)."""
+    from gpubench import scenario
+
+    h200 = dict(H100, label="NVIDIA H200")
+    comparable: dict[tuple[str, str], bool] = {}
+    for c in scenario.load("gpu-quick").cases():
+        case = dict(speedup_case(1.2, 1.1, 1.3, device=h200), technique=c.technique, params=c.params)
+        case["variants"]["cached"]["metrics"].update(predicted_speedup=1.5, utilization=0.97, kv_utilization=0.97)
+        for claim in techniques.get(c.technique).claims:
+            key = (c.technique, claim.text)
+            comparable[key] = comparable.get(key, False) or read_case(claim, case).comparable
+    unreachable = {key for key, ok in comparable.items() if not ok}
+    assert {t for t, _ in unreachable} == {"flash_attention", "paged_kv_serving", "paged_attention"}, unreachable
+    assert len(unreachable) == 3 and len(comparable) >= 12
