@@ -53,6 +53,7 @@ class VariantRecord:
     peak_memory_bytes: int | None = None
     energy_mj_per_call: float | None = None
     energy_error: str | None = None
+    profile: dict[str, Any] | None = None  # policy.profile: gpubench.profiling's summary, or {"error": ...}
 
     def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
         self.status, self.reason, self.error = status, prefix + failure.message, failure

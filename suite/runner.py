@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from gpubench import stats, techniques, timing
+from gpubench import profiling, stats, techniques, timing
 from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, RunRecord, VariantRecord
 from gpubench.scenario import Case, Scenario
@@ -178,9 +178,10 @@ class CaseInterrupted(KeyboardInterrupt):
 
 
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
-             ceilings: dict[str, Any] | None) -> CaseRecord:
+             ceilings: dict[str, Any] | None, run_dir: Path | str | None = None) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
-    partial record)."""
+    partial record). ``run_dir``: where profiles are written (``policy.profile``); without it,
+    nothing is profiled."""
     tech = techniques.get(case.technique)
     assert tech is not None
     record = new_record(case)
@@ -188,8 +189,8 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     timings: dict[str, timing.VariantTiming] = {}
     interrupted = False
     try:
-        with deadline(case.policy.case_timeout_s):
-            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings)
+        with deadline(case.policy.case_timeout_s), profiling.nvtx_range(case.id, device):
+            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings, run_dir)
     except KeyboardInterrupt:
         record.status = "interrupted"
         record.failure = Failure("interrupted", "stopped by Ctrl-C")
@@ -217,7 +218,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
 
 def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timing.Clock,
                   sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: CaseRecord,
-                  timings: dict[str, timing.VariantTiming]) -> None:
+                  timings: dict[str, timing.VariantTiming], run_dir: Path | str | None = None) -> None:
     cast = tech.cast(device)
     wanted = tech.resolve(case.variants, device) if case.variants is not None else list(tech.variants)
     names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
@@ -237,7 +238,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
         vrec = record.variants[v.name]
         sampler.set_tag(case.id, v.name)
         try:
-            outputs[v.name], vrec.peak_memory_bytes = _call_once(v, workload, device)
+            with profiling.nvtx_range(f"{case.id}/{v.name}", device):
+                outputs[v.name], vrec.peak_memory_bytes = _call_once(v, workload, device)
             vrec.status = "ok"
         except Exception as exc:  # noqa: BLE001 - recorded per variant
             failure = describe(exc)
@@ -274,7 +276,7 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
     #    case is failed by its check).
     calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs}
     timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
-                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings)
+                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings, nvtx_case=case.id)
     for name, t in timings.items():
         vrec = record.variants[name]
         vrec.timing = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
@@ -304,10 +306,23 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
             if vrec.status in ("ok", "check_failed"):
                 sampler.set_tag(case.id, f"{name}:energy")
                 try:
-                    vrec.energy_mj_per_call = _energy_per_call(call, workload, device, sampler,
-                                                               case.policy.energy_s)
+                    with profiling.nvtx_range(f"{case.id}/{name}", device):
+                        vrec.energy_mj_per_call = _energy_per_call(call, workload, device, sampler,
+                                                                   case.policy.energy_s)
                 except Exception as exc:  # noqa: BLE001 - the timing and check stand
                     vrec.energy_error = describe(exc).message
+
+    # 5. Profiles (policy.profile), last: after every timed and energy call, so they cannot touch
+    #    the samples. A failed profile is recorded as {"error": ...} and fails nothing.
+    if case.policy.profile and run_dir is not None:
+        for name, call in calls.items():
+            vrec = record.variants[name]
+            if vrec.status in ("ok", "check_failed", "unchecked"):
+                sampler.set_tag(case.id, f"{name}:profile")
+                with profiling.nvtx_range(f"{case.id}/{name}", device):
+                    vrec.profile = profiling.profile_variant(functools.partial(call, Recorder()), device,
+                                                             case.policy.profile_calls, run_dir, case.id, name,
+                                                             reset=workload.reset)
 
 
 def _call_once(variant: Variant, workload: Workload, device: torch.device) -> tuple[Any, int | None]:

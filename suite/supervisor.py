@@ -19,6 +19,7 @@ written at the start (status ``running``) and assembled from the records at the 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import multiprocessing as mp
 import os
@@ -187,7 +188,8 @@ class InProcess:
             if flush not in clocks:
                 clocks[flush] = timing.Clock(self.device, flush_l2=flush)
             try:
-                record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings)
+                record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings,
+                                         job.run_dir)
             except runner.CaseInterrupted as stop:
                 stop.record.device = self.state.info.to_dict()
                 sink.finished(job, stop.record)
@@ -366,7 +368,7 @@ class LocalWorkers:
                     if job is None:
                         continue
                     pending.remove(job)
-                    job = Job(job.index, job.case, job.source, self.states[w.key].ceilings, job.target)
+                    job = dataclasses.replace(job, ceilings=self.states[w.key].ceilings)
                     sink.started(job)
                     w.submit(job, job.case.policy.case_timeout_s)
             busy = [w for w in alive if w.job is not None]
@@ -442,6 +444,7 @@ class RunOptions:
     exclusive: bool = False  # refuse to start when other processes use a GPU
     lock_clocks: bool = False
     per_model: bool = False  # every case once on each device model (a fleet's technique x device matrix)
+    profile: bool = False  # --profile: every case's policy.profile on (profiles after timing)
 
 
 def _now() -> str:
@@ -459,10 +462,16 @@ def _check_hygiene(devices: Sequence[str], exclusive: bool) -> dict[str, Any]:
     return found
 
 
-def make_jobs(cases: Sequence[Case], targets: Sequence[str | None]) -> list[Job]:
+def make_jobs(cases: Sequence[Case], targets: Sequence[str | None], run_dir: Path | None = None) -> list[Job]:
     """One job per case and target device model, case by case (a run reads in case order)."""
-    return [Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target)
+    where = None if run_dir is None else str(run_dir)
+    return [Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target, where)
             for i, case in enumerate(cases) for t, target in enumerate(targets)]
+
+
+def profiled(cases: Sequence[Case]) -> list[Case]:
+    """``--profile``: the cases with ``policy.profile`` on."""
+    return [dataclasses.replace(c, policy=dataclasses.replace(c.policy, profile=True)) for c in cases]
 
 
 def _targets(options: RunOptions, started: Sequence[DeviceState]) -> list[str | None]:
@@ -509,6 +518,8 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
     check_options(options)
     progress = progress or runner.Silent()
     cases = scenario.cases(only=only, repeat_scale=repeat_scale)
+    if options.profile:
+        cases = profiled(cases)
     processes = {} if options.cluster else _check_hygiene(options.devices, options.exclusive)
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     run = RunRecord(run_id=run_dir.path.name, device=",".join(options.devices), device_label="",
@@ -522,7 +533,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         with clock_lock:
             started = executor.start()
             _describe_devices(run, started, processes, clocks)
-            jobs = make_jobs(cases, _targets(options, started))
+            jobs = make_jobs(cases, _targets(options, started), run_dir.path)
             progress.run_started(len(jobs))
             run_dir.write_env(run.env)
             run_dir.write_results(run)

@@ -44,6 +44,8 @@ class Policy:
     flush_l2: bool = True  # GPU only
     cuda_graph: bool = False  # GPU only: replay a captured graph (stateless variants only)
     energy_s: float = 0.3  # per variant, when the NVML energy counter is available
+    profile: bool = False  # after timing: profile each variant (gpubench.profiling)
+    profile_calls: int = 3  # calls under the profiler, after one warm-up call
 
     def scaled(self, factor: float) -> "Policy":
         """Scale repetition counts and times by ``factor`` (``--repeat-scale``)."""
@@ -61,7 +63,16 @@ class Policy:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The policy's keys; the profile keys only when set (profiling never touches the timed
+        repetitions, so runs from before them still compare as the same scenario definition)."""
+        out = dataclasses.asdict(self)
+        for key in PROFILE_KEYS:
+            if out[key] == getattr(Policy, key):
+                del out[key]
+        return out
+
+
+PROFILE_KEYS = ("profile", "profile_calls")
 
 
 POLICY_FIELDS: dict[str, tuple[type, str]] = {
@@ -75,6 +86,8 @@ POLICY_FIELDS: dict[str, tuple[type, str]] = {
     "flush_l2": (bool, "true or false"),
     "cuda_graph": (bool, "true or false"),
     "energy_s": (float, "seconds >= 0"),
+    "profile": (bool, "true or false"),
+    "profile_calls": (int, "integer >= 1"),
 }
 
 
@@ -196,6 +209,7 @@ def measure_interleaved(
     reset: Callable[[], None] | None = None,
     on_switch: Callable[[str | None], None] | None = None,
     timings: dict[str, VariantTiming] | None = None,
+    nvtx_case: str | None = None,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
@@ -204,8 +218,12 @@ def measure_interleaved(
     Each call gets a fresh :class:`Recorder`; what the timed calls record is kept beside their
     samples (warm-up calls' is dropped). A call that raises is dropped from the rotation with its
     exception kept; the others go on. Pass ``timings`` to have samples land in a caller-owned dict
-    as they are taken (so nothing measured is lost if the caller is interrupted).
+    as they are taken (so nothing measured is lost if the caller is interrupted). On CUDA each
+    repetition is inside NVTX ranges ``<nvtx_case>/<variant>`` and ``<variant>#<rep>`` (``#w<n>``
+    for warm-up calls), pushed outside the timed region.
     """
+    from gpubench.profiling import nvtx_range
+
     timings = {} if timings is None else timings
     for name in calls:
         timings.setdefault(name, VariantTiming(name))
@@ -222,7 +240,10 @@ def measure_interleaved(
         tag(name)
         recorder = Recorder()
         call = calls[name]
-        seconds = clock.time_call(lambda: call(recorder))
+        rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
+        warmups[name] += not timed
+        with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
+            seconds = clock.time_call(lambda: call(recorder))
         if timed:
             timings[name].samples_s.append(seconds)
             timings[name].records.append(recorder.values)
@@ -230,6 +251,7 @@ def measure_interleaved(
 
     calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
     active = list(calls)
+    warmups = dict.fromkeys(calls, 0)
     if policy.cuda_graph and device.type == "cuda":
         pool = torch.cuda.graph_pool_handle()
         for name in list(active):

@@ -49,6 +49,7 @@ class Job:
     source: str  # where the technique is defined, so a fresh process can load it
     ceilings: dict[str, Any] | None
     target: str | None = None  # run on a device of this model (a label, or Ray's accelerator type)
+    run_dir: str | None = None  # the run directory: profiles are written under it (policy.profile)
 
 
 @dataclass
@@ -151,7 +152,7 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
         record = runner.unloadable(job.case, job.source)
     else:
         try:
-            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings)
+            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings, job.run_dir)
         except runner.CaseInterrupted as stop:
             record, interrupted = stop.record, True
     record.device = info.to_dict()
