@@ -24,7 +24,7 @@ from gpubench import compare as gate
 from gpubench import techniques
 from gpubench.atomic import atomic_write_text
 from gpubench.errors import BadInput
-from gpubench.reports import claims, figures, markdown, sweep
+from gpubench.reports import claims, figures, markdown, profile_view, sweep
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
                                        format_speedup, headline_text, named_time, param_text, shown_params)
@@ -220,6 +220,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "energy": _pair(variants, base, opt, "energy_mj_per_call", lambda mj: f"{mj:.3g} mJ"),
             "status": case.get("status", "?"), "failed": not passed, "device": gate.case_device(case, doc),
             "reason": "" if passed else (case.get("failure") or {}).get("message", ""),
+            "why": profile_view.why(case),
         })
     return rows
 
@@ -507,7 +508,7 @@ def fleet_matrix(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None,
-           more: Sequence[Run] = ()) -> str:
+           more: Sequence[Run] = (), output_dir: Path | None = None) -> str:
     """The report as one HTML string: with a comparison section when ``other`` is given, and a
     technique x device matrix when the cases span several device models (``more``: further runs)."""
     doc = run.doc
@@ -527,6 +528,7 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         "head": head, "rows": rows, "fleet": fleet_matrix([doc, *others]), **show,
         "columns": 10 + sum(show.values()), "collapsed": collapsed,
         "techniques": sections, "telemetry": telemetry_section(run),
+        "profiles": profile_view.tables_by_technique(doc, _link_base(run.path, output_dir)),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
         "scenario": json.dumps(doc.get("scenario"), indent=2, default=str),
         "comparison": comparison, "comparison_figure": comparison_figure(comparison) if comparison else None,
@@ -534,6 +536,16 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     return _TEMPLATES.get_template("report.html.j2").render(**context)
+
+
+def _link_base(run_dir: Path, output_dir: Path | None) -> str:
+    """The run directory as a link prefix from the report's directory ("" when beside it)."""
+    if output_dir is None:
+        return ""
+    import os
+
+    rel = os.path.relpath(Path(run_dir).resolve(), Path(output_dir).resolve())
+    return "" if rel == "." else Path(rel).as_posix() + "/"
 
 
 @dataclass
@@ -553,7 +565,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None,
     comparison = compare_runs(run.doc, other.doc) if other else None
     html_path = Path(output) if output is not None else run.path / "report.html"
     md_path = html_path.with_name("summary.md")
-    text = render(run, other, comparison, more=() if other is not None else loaded)
+    text = render(run, other, comparison, more=() if other is not None else loaded, output_dir=html_path.parent)
     summary = markdown.render_summary(headline(run.doc), summary_rows(run.doc), comparison)
     try:
         atomic_write_text(html_path, text)

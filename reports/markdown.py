@@ -68,8 +68,9 @@ def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
     body = []
     for r in rows:
         status = "passed" if not r["failed"] else f"**{r['status'].upper()}**: {r['reason'][:300]}"
+        headline = (r["headline"] or "-") + (f" (why: {r['why']})" if r.get("why") else "")
         body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"],
-                     r["headline"] or "-", r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy + [status])
+                     headline, r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy + [status])
     return _table(header, body, budget)
 
 

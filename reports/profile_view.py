@@ -1,0 +1,117 @@
+"""The profiles in the report: per case, a "what changed" table (baseline and optimized side by
+side, peers after them: ops, kernel launches, syncs, copies, peak memory, top ops with their
+share of the time, links to the traces) and a one-line "why" for the summary row where the
+profiles show a clear difference (``syncs 33 -> 1``). Reads only what
+:mod:`gpubench.profiling` recorded in results.json."""
+from __future__ import annotations
+
+from typing import Any
+
+from gpubench.kvmath import human_bytes
+from gpubench.results import role_variant
+
+TOP_SHOWN = 5
+CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason
+# (label in the "why" line, summary key), in the order a reason is looked for
+WHY_KEYS = (("syncs", "syncs_per_call"), ("launches", "kernel_launches_per_call"), ("ops", "ops_per_call"))
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g}"
+    return f"{int(value):,}"
+
+
+def _profiled(case: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The case's profiled variants, baseline first, then optimized, then peers."""
+    variants = case.get("variants") or {}
+    order = [role_variant(case, "baseline"), role_variant(case, "optimized")]
+    names = [n for n in order if n] + [n for n in variants if n not in order]
+    return [(n, variants[n]["profile"]) for n in names if isinstance(variants.get(n, {}).get("profile"), dict)]
+
+
+def why(case: dict[str, Any]) -> str:
+    """``syncs 33 -> 1``: the counts that changed clearly between baseline and optimized (at most
+    two, the first of :data:`WHY_KEYS` first); empty when neither was profiled or nothing did."""
+    profiles = (case.get("variants") or {})
+    base, opt = (role_variant(case, r) for r in ("baseline", "optimized"))
+    if not base or not opt:
+        return ""
+    a, b = ((profiles.get(n) or {}).get("profile") or {} for n in (base, opt))
+    reasons = []
+    for label, key in WHY_KEYS:
+        x, y = a.get(key), b.get(key)
+        if not isinstance(x, (int, float)) or not isinstance(y, (int, float)) or x == y:
+            continue
+        low, high = sorted((x, y))
+        if low == 0 or high / low >= CLEAR_RATIO:
+            reasons.append(f"{label} {_number(x)} -> {_number(y)}")
+    return ", ".join(reasons[:2])
+
+
+def _copies(profile: dict[str, Any]) -> str:
+    copies = profile.get("copies_per_call") or {}
+    parts = []
+    for direction, c in copies.items():
+        size = f" ({human_bytes(c['bytes'])})" if c.get("bytes") else ""
+        parts.append(f"{direction} {_number(c.get('count'))}{size}")
+    return ", ".join(parts) or "none"
+
+
+def _syncs(profile: dict[str, Any]) -> str:
+    detail = ", ".join(f"{name} {_number(n)}" for name, n in (profile.get("sync_ops") or {}).items())
+    return _number(profile.get("syncs_per_call")) + (f" ({detail})" if detail else "")
+
+
+def _time(us: float) -> str:
+    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} us"
+
+
+def _top(profile: dict[str, Any]) -> list[str]:
+    return [f"{op['name']} {100 * op['share']:.0f}% ({_time(op['self_us_per_call'])}, x{_number(op['count_per_call'])})"
+            for op in (profile.get("top_ops") or [])[:TOP_SHOWN]]
+
+
+def case_table(case: dict[str, Any], number: int, link_base: str = "") -> dict[str, Any] | None:
+    """The "what changed" table of one case, or None when no variant was profiled."""
+    profiled = _profiled(case)
+    if not profiled:
+        return None
+    ok = [p for _, p in profiled if "error" not in p]
+    rows = [("ops per call", [_number(p.get("ops_per_call")) for _, p in profiled])]
+    if any(p.get("kernel_launches_per_call") is not None for p in ok):
+        rows.append(("kernel launches per call", [_number(p.get("kernel_launches_per_call")) for _, p in profiled]))
+    rows.append(("host syncs per call", [_syncs(p) for _, p in profiled]))
+    if any(p.get("event_waits_per_call") for p in ok):
+        rows.append(("event waits per call", [_number(p.get("event_waits_per_call")) for _, p in profiled]))
+    rows.append(("copies per call", [_copies(p) for _, p in profiled]))
+    rows.append(("peak memory", [human_bytes(p["peak_memory_bytes"]) if p.get("peak_memory_bytes") is not None
+                                 else "-" for _, p in profiled]))
+    basis = ok[0].get("time_basis", "cpu") if ok else "cpu"
+    common = set.intersection(*(set(p.get("notes") or []) for _, p in profiled))
+    columns = []
+    for name, p in profiled:
+        trace = p.get("trace")
+        columns.append({"name": name, "role": case["variants"][name].get("role", ""), "error": p.get("error"),
+                        "top": _top(p), "trace": f"{link_base}{trace}" if trace else None,
+                        "notes": [n for n in p.get("notes") or [] if n not in common]})
+    counting = ok[0].get("sync_counting", "") if ok else ""
+    return {"number": number, "id": case["id"], "why": why(case), "columns": columns,
+            "rows": [{"label": label, "cells": cells} for label, cells in rows],
+            "top_title": f"top ops by self {'device' if basis == 'device' else 'CPU'} time (share, per call)",
+            "calls": ok[0].get("calls") if ok else None, "sync_counting": counting,
+            "notes": [n for n in (ok[0].get("notes") or []) if n in common] if ok else []}
+
+
+def tables_by_technique(doc: dict[str, Any], link_base: str = "") -> dict[str, list[dict[str, Any]]]:
+    """Each technique's "what changed" tables, numbered as the summary table numbers the cases.
+    ``link_base``: the run directory relative to the report's (traces are linked from there)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for number, case in enumerate(doc.get("cases", []), 1):
+        table = case_table(case, number, link_base)
+        if table is not None:
+            out.setdefault(case["technique"], []).append(table)
+    return out
+
