@@ -8,16 +8,17 @@ from typing import Callable
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.offload import Copier, OffloadStats, offloaded_forward
+from gpubench.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
 
 
 def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
                *, copy_delay_s: float = 0.0, allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
-               ) -> tuple[torch.Tensor, OffloadStats]:
+               layer: Layer = llama_layer) -> tuple[torch.Tensor, OffloadStats]:
     """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
-    what the copies moved and waited for. ``allocate`` makes the staging buffer."""
+    what the copies moved and waited for. ``allocate`` makes the staging buffer; ``layer`` runs each
+    layer (gpubench.offload.Layer; the Llama decoder layer by default)."""
     with Copier(tokens.device, copy_delay_s) as copier:
-        step = offloaded_forward(weights, tokens, targets, positions, copier)
+        step = offloaded_forward(weights, tokens, targets, positions, copier, layer)
         [buffer] = step.staging_buffers(1, allocate)
         free = None  # marker after the compute that last read the buffer
         for i in reversed(range(weights.config.num_layers)):

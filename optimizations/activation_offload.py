@@ -10,17 +10,17 @@ from typing import Callable
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.offload import Copier, OffloadStats, offloaded_forward
+from gpubench.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
 
 
 def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
                *, copy_delay_s: float = 0.0, allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
-               ) -> tuple[torch.Tensor, OffloadStats]:
+               layer: Layer = llama_layer) -> tuple[torch.Tensor, OffloadStats]:
     """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
     what the copies moved and waited for. ``allocate`` makes the staging buffers; when the second
     cannot be had, the step runs on one and says why in ``fallback``."""
     with Copier(tokens.device, copy_delay_s) as copier:
-        step = offloaded_forward(weights, tokens, targets, positions, copier)
+        step = offloaded_forward(weights, tokens, targets, positions, copier, layer)
         buffers = step.staging_buffers(2, allocate)
         n = len(buffers)  # 1 when the second could not be allocated
         free = [None] * n  # marker after the compute that last read each buffer

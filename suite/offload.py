@@ -16,6 +16,15 @@ import torch.nn.functional as F
 
 from gpubench.models.llama import LlamaWeights, causal_attend, decoder_layer, head_loss, rope_cos_sin
 
+# One checkpointed layer: (weights, i, x, cos, sin) -> layer i's output. The default is the Llama
+# decoder layer with plain causal attention; a model with other layers (packed attention, an MoE
+# MLP: combined_training) passes its own.
+Layer = Callable[[Any, int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def llama_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return decoder_layer(weights, i, x, cos, sin, causal_attend)
+
 
 @dataclass
 class OffloadStats:
@@ -99,8 +108,11 @@ class Copier:
             self.stats.bytes_d2h += nbytes
         field = "h2d_ms" if reload else "d2h_ms"
         if self.cuda:
-            if after is not None:
-                self.stream.wait_event(after)
+            # With no marker, the copy still waits for the compute queued so far: a device dst (a
+            # staging buffer) comes from the allocator on the compute stream, whose queued kernels
+            # may still use that memory (measured on an H200: the first reload overwrote the head's
+            # loss temporaries and every gradient came out wrong; CUDA_LAUNCH_BLOCKING=1 hid it).
+            self.stream.wait_event(after if after is not None else self.marker())
             with torch.cuda.stream(self.stream):
                 if reload and self.delay_s:
                     torch.cuda._sleep(int(self.delay_s * 1.5e9))  # ~cycles at 1.5 GHz: a slow copy
@@ -108,7 +120,8 @@ class Copier:
                 start.record(self.stream)
                 dst.copy_(src, non_blocking=True)
                 done.record(self.stream)
-            src.record_stream(self.stream)  # the allocator must not reuse src before the copy ran
+            if src.is_cuda:  # the allocator must not reuse src before the copy ran (a host src: the step holds it)
+                src.record_stream(self.stream)
             self._timed.append((start, done, field))
             return done
 
@@ -157,6 +170,7 @@ class OffloadedStep:
     hosts: list[torch.Tensor]  # each layer's input, in host memory
     loss: torch.Tensor
     grad: torch.Tensor  # gradient of the loss w.r.t. the output of the lowest layer done so far
+    layer: Layer = llama_layer
 
     def staging_buffers(self, wanted: int, allocate: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         """Up to ``wanted`` device buffers for reloads, each from ``allocate(like a layer input)``; one
@@ -177,7 +191,7 @@ class OffloadedStep:
         """Recompute layer ``i`` from its reloaded input and backpropagate through it."""
         inp = reloaded.detach().requires_grad_()
         with torch.enable_grad():
-            out = decoder_layer(self.weights, i, inp, self.cos, self.sin, causal_attend)
+            out = self.layer(self.weights, i, inp, self.cos, self.sin)
         out.backward(self.grad)
         self.grad = inp.grad
 
@@ -188,9 +202,10 @@ class OffloadedStep:
 
 
 def offloaded_forward(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor,
-                      positions: torch.Tensor, copier: Copier) -> OffloadedStep:
+                      positions: torch.Tensor, copier: Copier, layer: Layer = llama_layer) -> OffloadedStep:
     """The forward pass without a graph, each layer's input copied to host memory as it goes,
-    then the head's loss and its backward (gradients accumulate into the weights)."""
+    then the head's loss and its backward (gradients accumulate into the weights). ``weights``
+    is a LlamaWeights or anything with its embed, config, final_norm and lm_head that ``layer`` runs."""
     cos, sin = rope_cos_sin(weights, positions)
     embedded = F.embedding(tokens, weights.embed)
     hosts: list[torch.Tensor] = []
@@ -200,8 +215,8 @@ def offloaded_forward(weights: LlamaWeights, tokens: torch.Tensor, targets: torc
             host = copier.host_buffer(h)
             copier.copy(host, h, copier.marker(), reload=False)
             hosts.append(host)
-            h = decoder_layer(weights, i, h, cos, sin, causal_attend)
+            h = layer(weights, i, h, cos, sin)
     top = h.detach().requires_grad_()
     loss = head_loss(weights, top, targets)
     loss.backward()
-    return OffloadedStep(weights, copier, cos, sin, embedded, hosts, loss, top.grad)
+    return OffloadedStep(weights, copier, cos, sin, embedded, hosts, loss, top.grad, layer)

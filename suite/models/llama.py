@@ -213,14 +213,21 @@ def decoder_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Ten
     """Layer ``i`` on hidden states ``x`` ``(*lead, hidden)``: pre-norm attention and SwiGLU MLP,
     each with its residual. ``cos``/``sin`` from :func:`rope_cos_sin` at the tokens' positions."""
     c, layer = weights.config, weights.layers[i]
+    x = attention_residual(c, layer, i, x, cos, sin, attend)
+    return x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+
+
+def attention_residual(c: LlamaConfig, layer: LayerWeights, i: int, x: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+    """The attention half of layer ``i``: ``x`` plus attention over its pre-norm states. ``layer``
+    needs only attn_norm, wq, wk, wv and wo (a layer whose MLP is something else shares it)."""
     lead = x.shape[:-1]
     hs = rms_norm(x, layer.attn_norm, c.rms_eps)
     q = apply_rope(F.linear(hs, layer.wq).view(*lead, c.num_heads, c.head_dim), cos, sin)
     k = apply_rope(F.linear(hs, layer.wk).view(*lead, c.num_kv_heads, c.head_dim), cos, sin)
     v = F.linear(hs, layer.wv).view(*lead, c.num_kv_heads, c.head_dim)
     attn = attend(i, q, k, v)
-    x = x + F.linear(attn.reshape(*lead, c.num_heads * c.head_dim), layer.wo)
-    return x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+    return x + F.linear(attn.reshape(*lead, c.num_heads * c.head_dim), layer.wo)
 
 
 def head_loss(weights: LlamaWeights, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
