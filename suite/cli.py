@@ -1,4 +1,4 @@
-"""Command line: ``gpubench run | report | compare | baseline save | list | env | kv-cache | serve``.
+"""Command line: ``gpubench run | profile | report | compare | baseline save | list | env | kv-cache | serve``.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
 130 interrupted (what finished is saved).
@@ -201,10 +201,12 @@ def _default_scenario(device_opt: str | None) -> str:
 @click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
 @click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
               "estimate the run time; run nothing, write nothing.")
+@click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
+              "traces under RUN/profiles/, a launch/sync/copy breakdown in results.json and the report.")
 def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
         telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
         cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
-        dry_run: bool) -> None:
+        dry_run: bool, profile: bool) -> None:
     """Run a scenario: check and time every case, write a run directory."""
     from gpubench import supervisor
 
@@ -223,7 +225,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         device_list = supervisor.resolve_devices(scen.device, f"{scen.path}: device")
     options = supervisor.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
                                     max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                    per_model=per_model)
+                                    per_model=per_model, profile=profile)
     only_list = None
     if only:
         only_list = [t.strip() for t in only.split(",") if t.strip()]
@@ -269,6 +271,66 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
                   f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False)
+    sys.exit(outcome.exit_code)
+
+
+# --------------------------------------------------------------------------------------------
+@main.command(name="profile")
+@click.argument("target", metavar="TECHNIQUE|CASE_ID")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A param of the case (repeatable).")
+@click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
+              help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
+                   "first case; --param overrides. Default: the technique's defaults.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
+@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Parent directory of the run directory <timestamp>-profile-<technique>/.")
+@click.option("--calls", type=click.IntRange(min=1), default=None, help="Calls under the profiler [default: 3].")
+@click.option("--repeat-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
+              help="Scale of the timing before the profile.")
+def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None, device: str, out_root: str,
+                calls: int | None, repeat_scale: float) -> None:
+    """Profile one case without a full run: check, time briefly, then profile every variant.
+
+    gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
+    breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
+    report in a run directory."""
+    from gpubench import profiling, supervisor
+    from gpubench.reports import html as html_report
+    from gpubench.reports.profile_view import case_table
+
+    device_text = supervisor.resolve_devices(device, "--device")[0]
+    scen = profiling.one_case_scenario(target, list(params), scenario_name, device_text, calls)
+    options = supervisor.RunOptions(devices=[device_text], isolation="none")
+    outcome = supervisor.run_scenario(scen, options, Path(out_root), calibrate=False, repeat_scale=repeat_scale)
+    out = _console()
+    doc = outcome.doc
+    for number, case in enumerate(doc["cases"], 1):
+        table = case_table(case, number, link_base=f"{outcome.run_dir}/")
+        if table is None:
+            reason = (case.get("failure") or {}).get("message") or "no variant ran"
+            out.print(f"{case['id']}: nothing profiled ({reason})", markup=False)
+            continue
+        grid = Table(title=f"{case['id']} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
+        grid.add_column("per call")
+        for col in table["columns"]:
+            grid.add_column(f"{col['role']} {col['name']}")
+        for row in table["rows"]:
+            grid.add_row(row["label"], *row["cells"])
+        grid.add_row(table["top_title"], *["\n".join(c["top"]) or (c["error"] or "-") for c in table["columns"]])
+        out.print(grid)
+        for col in table["columns"]:
+            out.print(f"trace {col['name']}: {col['trace'] or col['error']}", markup=False, soft_wrap=True)
+        for note in table["notes"]:
+            out.print(f"note: {note}", markup=False)
+        for col in table["columns"]:
+            for note in col["notes"]:
+                out.print(f"note ({col['name']}): {note}", markup=False)
+        out.print(f"syncs counted: {table['sync_counting']}", markup=False)
+    try:
+        written = html_report.write_report(outcome.run_dir)
+        out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False)
+    except Exception as exc:  # noqa: BLE001 - the traces are on disk already
+        out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
     sys.exit(outcome.exit_code)
 
 
@@ -394,6 +456,8 @@ def list_(modules: tuple[str, ...]) -> None:
         out.print(f"[bold]{name}[/] ({tech.shape}): {tech.summary}")
         if tech.anchor:
             out.print(f"  measured against: {tech.anchor}")
+        for claim in tech.claims:  # checked in every report's "published claims on this device"
+            out.print(f"  claim: {claim.text} ({claim.source}; {claim.url})", markup=False)
         table = Table(box=None, padding=(0, 2), show_edge=False)
         for col in ("param", "type", "default", "allowed", "meaning"):
             table.add_column(col)
