@@ -2,9 +2,13 @@
 
 A program loads its tile of queries once and keeps it in registers, then streams the K/V tiles
 past it; scores, softmax weights and the running row statistics exist only on chip. Supports any
-strides, GQA by index (query head h reads kv head h // (heads // kv_heads)), any sequence lengths,
-head_dim up to 128, fp16 / bf16 / fp32 in with fp32 accumulation, causal top-left aligned as SDPA's
-``is_causal``. Forward only. Tiles are autotuned on a GPU; under Triton's interpreter
+strides, GQA by index (query head h reads kv head h // (heads // kv_heads)), any sequence lengths
+(seq_q != seq_k too), head_dim and head_dim_v (v's own, MLA's 192 / 128) each up to 256, fp16 / bf16 /
+fp32 in with fp32 accumulation, causal aligned bottom-right (flash-attn's default, query i sees keys
+j <= i + seq_k - seq_q) or top-left (SDPA's ``is_causal``), the padded layout (SDPA's) and the packed
+variable-length one (flash-attn's ``cu_seqlens``), and optionally the log-sum-exp of each row that the
+backward pass (:mod:`.flash_attention_triton_bwd`) recomputes from. Conventions:
+:mod:`gpubench.baselines.flash_attention`. Tiles are autotuned on a GPU; under Triton's interpreter
 (``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
 """
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpubench.baselines.flash_attention import CAUSAL_ALIGNS, check_shapes
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
@@ -24,35 +29,63 @@ INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 INTERPRETER_BLOCK_M = 32
 INTERPRETER_BLOCK_N = 16
 
-# Autotuning candidates for Hopper/Ampere-class GPUs. 128 x 64 with 4-8 warps is where
-# 16-bit attention usually lands; the smaller tiles are there for short sequences (more
-# programs to fill the SMs) and for fp32 at head_dim 128, whose tiles are twice the bytes and
-# may not fit shared memory at the bigger sizes (the autotuner skips configs that fail to fit).
-GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-    for bm, bn, warps, stages in (
-        (128, 128, 8, 3),
-        (128, 64, 8, 3),
-        (128, 64, 4, 3),
-        (128, 32, 4, 4),
-        (64, 64, 4, 4),
-        (64, 32, 4, 3),
-        (64, 32, 4, 2),
-    )
-]
-AUTOTUNE_KEY = ["seq_q", "seq_k", "HEAD_DIM", "CAUSAL"]  # Triton adds the tensors' dtypes
+LN2 = 0.6931471805599453  # the log-sum-exp is kept in log2 units on chip, returned in natural log
+
+
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+            for bm, bn, warps, stages in shapes]
+
+
+# Autotuning candidates for Hopper/Ampere-class GPUs, head_dim (of q/k and of v) up to 128.
+# 128 x 64 with 4-8 warps is where 16-bit attention usually lands; the smaller tiles are there
+# for short sequences (more programs to fill the SMs) and for fp32 at head_dim 128, whose tiles
+# are twice the bytes and may not fit shared memory at the bigger sizes (the autotuner skips
+# configs that fail to fit).
+GPU_CONFIGS = _configs((
+    (128, 128, 8, 3),
+    (128, 64, 8, 3),
+    (128, 64, 4, 3),
+    (128, 32, 4, 4),
+    (64, 64, 4, 4),
+    (64, 32, 4, 3),
+    (64, 32, 4, 2),
+))
+# Head dims above 128 (Gemma's 256, MLA's 192 / 128, padded to 256 / 128 tiles). Shared memory
+# holds about the query tile plus num_stages K and V tiles: BLOCK_M * BLOCK_D + num_stages *
+# BLOCK_N * (BLOCK_D + BLOCK_DV) elements. At 256 / 256 in 16 bits that is 192 KiB for
+# 128 x 64 x 2 stages (fits an H100 / H200's 227 KiB per block, not an A100's 163 KiB), 160 KiB
+# for 64 x 64 x 2, 96 KiB for 64 x 32 x 2; so at most 2 stages, never the 128-key tiles, and the
+# 32 x 32 tile is for fp32 (twice the bytes: 160 KiB at 2 stages). The fp32 output accumulator,
+# BLOCK_M x BLOCK_DV, lives in registers: 128 x 256 over 8 warps is 128 registers a thread, as
+# FlashAttention-2's own head_dim-256 tile (128 x 64, 8 warps); 64-row tiles with 4 warps hold
+# the same per thread, with 8 warps half. Configs that do not fit are skipped by the autotuner.
+GPU_CONFIGS_LARGE_HEAD = _configs((
+    (128, 64, 8, 2),
+    (64, 64, 8, 2),
+    (64, 64, 4, 2),
+    (64, 32, 4, 2),
+    (32, 32, 4, 2),
+))
+AUTOTUNE_KEY = ["seq_q", "seq_k", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN"]  # Triton adds the dtypes
+
+
+def _prune_by_head_dim(configs, named_args, **kwargs):
+    """The candidates for this call's padded head dims (both lists are in the autotuner)."""
+    large = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
+    return [c for c in configs if (c in GPU_CONFIGS_LARGE_HEAD) == large]
 
 
 @triton.jit
 def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, d_mask, n_lo, n_hi, seq_k, qk_scale_log2,
+                      offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
                       BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """Fold the key tiles starting in [n_lo, n_hi) into one query tile's running state.
 
     MASKED is a compile-time flag: the caller runs the tiles that every query of the tile can
     fully see with MASKED=False, so only the ragged last tile and the tiles crossing the causal
-    diagonal pay for building and applying a mask.
+    diagonal pay for building and applying a mask. Causal: query i sees keys j <= i + diagonal.
     """
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -75,29 +108,34 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         if MASKED:
             visible = offs_n[None, :] < seq_k
             if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
             scores = tl.where(visible, scores, float("-inf"))
 
         # Online softmax update. What was accumulated so far was exponentiated against the old
         # row maximum; when this tile raises the maximum, the old sum and output are too large
         # by exp(old - new), so both are rescaled by that factor before this tile's weights,
         # taken against the new maximum (never above 1, so nothing overflows), are added.
-        # Every row has a finite maximum after its first tile: key 0 is visible to every
-        # query, causal or not, and the first tile processed always contains it. So a row that
-        # sees nothing of a later tile gets new_max == row_max and weights exp2(-inf) = 0,
+        # Unmasked tiles come first and every row sees all of them, so there the maximum is
+        # finite after the first tile. A masked tile can leave a row's maximum at -inf (it has
+        # seen no key yet: bottom-right alignment with seq_q > seq_k, or keys still ahead of
+        # the diagonal); such a row is shifted by 0 instead, so its weights are exp2(-inf) = 0,
         # never the NaN of (-inf) - (-inf).
         new_max = tl.maximum(row_max, tl.max(scores, 1))
-        correction = tl.exp2(row_max - new_max)
-        weights = tl.exp2(scores - new_max[:, None])
+        if MASKED:
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        else:
+            shift = new_max
+        correction = tl.exp2(row_max - shift)
+        weights = tl.exp2(scores - shift[:, None])
         row_sum = row_sum * correction + tl.sum(weights, 1)
 
         # The weights go back to V's dtype for the second matmul (16-bit tensor-core inputs),
-        # accumulated into the fp32 output.
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        # accumulated into the fp32 output. V has its own head dim (MLA: 128 against q/k's 192).
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
         if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & dv_mask[None, :], other=0.0)
         else:
-            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=dv_mask[None, :], other=0.0)
         weights = weights.to(v.dtype)
         if DOT_IN_FP32:
             weights = weights.to(tl.float32)
@@ -109,13 +147,16 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
 
 
 @triton.jit
-def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr,
+def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                          stride_qb, stride_qh, stride_qm, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
                          stride_vb, stride_vh, stride_vn, stride_vd,
                          stride_ob, stride_oh, stride_om, stride_od,
+                         stride_lb, stride_lh, stride_lm,
                          heads, group, seq_q, seq_k, qk_scale_log2,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     m_block = tl.program_id(0)
@@ -125,16 +166,34 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr,
     # GQA by indexing: the query heads h of one group all read kv head h // group.
     kv_h = h // group
 
-    # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh
-    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-
+    # Variable length: document b is rows cu_seqlens[b]:cu_seqlens[b + 1] of the packed tensors
+    # (the batch strides are 0), and seq_q / seq_k arrive as the maxima, for the autotuner's key
+    # and the grid only. Programs past their document's last query tile stop here.
+    if VARLEN:
+        q_start = tl.load(cu_seqlens_q_ptr + b)
+        k_start = tl.load(cu_seqlens_k_ptr + b)
+        seq_q = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
+        seq_k = tl.load(cu_seqlens_k_ptr + b + 1) - k_start
+        q_start = q_start.to(tl.int64)
+        k_start = k_start.to(tl.int64)
+    else:
+        q_start = 0
+        k_start = 0
     m_start = m_block * BLOCK_M
+    if m_start >= seq_q:
+        return
+
+    # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
+    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
+
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_mask = offs_dv < HEAD_DIM_V
     m_mask = offs_m < seq_q
 
     # Load the query tile once; it stays in registers while every K/V tile it needs streams
@@ -148,86 +207,99 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr,
     # score so far, the softmax denominator relative to it, and the unnormalised output.
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     # Split the keys into tiles every row can fully see (no mask) and the rest (masked).
-    # Causal: a key tile is fully visible when its last key is <= this tile's first query;
-    # tiles starting at or after the tile's last query + 1 are invisible to every row and are
-    # never loaded, which is what halves causal attention's work. Only the tiles in between,
-    # those crossing the diagonal, are masked. Not causal: only the ragged last tile is.
+    # Causal, query i sees keys j <= i + diagonal (diagonal = seq_k - seq_q bottom-right, 0
+    # top-left): a key tile is fully visible when its last key is <= this tile's first query's
+    # last key; tiles starting past the tile's last query's last key are invisible to every row
+    # and are never loaded, which is what halves causal attention's work. Only the tiles in
+    # between, those crossing the diagonal, are masked. Not causal: only the ragged last tile is.
     if CAUSAL:
-        full_end = tl.minimum((m_start + 1) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
-        masked_end = tl.minimum(m_start + BLOCK_M, seq_k)
+        if BOTTOM_RIGHT:
+            diagonal = seq_k - seq_q
+        else:
+            diagonal = 0
+        full_end = tl.minimum(tl.maximum(m_start + diagonal + 1, 0) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
+        masked_end = tl.maximum(tl.minimum(m_start + BLOCK_M + diagonal, seq_k), 0)
     else:
+        diagonal = 0
         full_end = (seq_k // BLOCK_N) * BLOCK_N
         masked_end = seq_k
     acc, row_max, row_sum = _attend_key_tiles(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, d_mask, 0, full_end, seq_k, qk_scale_log2,
+        offs_m, offs_d, d_mask, offs_dv, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
         BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
         DOT_IN_FP32=DOT_IN_FP32)
     acc, row_max, row_sum = _attend_key_tiles(
         acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, d_mask, full_end, masked_end, seq_k, qk_scale_log2,
+        offs_m, offs_d, d_mask, offs_dv, dv_mask, full_end, masked_end, seq_k, diagonal, qk_scale_log2,
         BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
         DOT_IN_FP32=DOT_IN_FP32)
 
     # Normalise once at the end, by the complete denominator, rather than on every tile; then
-    # store in the output's dtype, leaving out padded rows and channels.
-    acc = acc / row_sum[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    # store in the output's dtype, leaving out padded rows and channels. A row that saw no key
+    # has acc 0 and row_sum 0: it stores 0 (divided by 1) and log-sum-exp -inf. Every other row
+    # has row_sum >= 1 (its maximum's weight), so the test cannot mistake one for the other.
+    nothing_seen = row_sum == 0.0
+    acc = acc / tl.where(nothing_seen, 1.0, row_sum)[:, None]
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
+    if STORE_LSE:
+        lse_base = lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start * stride_lm
+        lse = tl.where(nothing_seen, float("-inf"), (row_max + tl.log2(tl.where(nothing_seen, 1.0, row_sum))) * LN2)
+        tl.store(lse_base + offs_m * stride_lm, lse, mask=m_mask)
 
 
 _flash_attention_fwd_tuned = (None if INTERPRETED else
-                              triton.autotune(configs=GPU_CONFIGS, key=AUTOTUNE_KEY)(_flash_attention_fwd))
+                              triton.autotune(configs=GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, key=AUTOTUNE_KEY,
+                                              prune_configs_by={"early_config_prune": _prune_by_head_dim}
+                                              )(_flash_attention_fwd))
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 128
+MAX_HEAD_DIM = 256
 
 
-def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                           scale: float | None = None, *, block_m: int | None = None,
-                           block_n: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v by the Triton kernel. q (batch, heads, seq_q, head_dim), k and v
-    (batch, kv_heads, seq_k, head_dim), heads a multiple of kv_heads; any strides.
-
-    ``block_m`` / ``block_n`` (powers of two >= 16) fix the tiles instead of the autotuned ones
-    (GPU) or the interpreter's fixed ones; give both or neither.
-    ``out``: write into this tensor (q's shape, dtype and device; any strides) and return it.
-    """
-    batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    if heads % kv_heads != 0:
-        raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch={batch}, kv_heads, seq_k, "
-                         f"head_dim={head_dim})")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"q, k, v must share one dtype of {SUPPORTED_DTYPES} (got {q.dtype}, {k.dtype}, {v.dtype})")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} is not supported (1..{MAX_HEAD_DIM})")
+def check_blocks(block_m: int | None, block_n: int | None) -> None:
+    """ValueError unless fixed tiles are both given, or neither, and powers of two >= 16."""
     if (block_m is None) != (block_n is None):
         raise ValueError("give both block_m and block_n, or neither")
     for name, block in (("block_m", block_m), ("block_n", block_n)):
         if block is not None and (block < 16 or block & (block - 1)):
             raise ValueError(f"{name} must be a power of two >= 16 (got {block})")
+
+
+def _check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int | None, block_n: int | None,
+                causal_align: str) -> None:
+    """ValueError (or RuntimeError: no way to run here) for what the kernel cannot run."""
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q, k, v must share one dtype of {SUPPORTED_DTYPES} (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS} (got {causal_align!r})")
+    check_blocks(block_m, block_n)
     if not q.is_cuda and not INTERPRETED:
         raise RuntimeError("the Triton flash-attention kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
                            "before gpubench.optimizations.flash_attention_triton is imported")
-    if seq_k == 0 and seq_q > 0:
-        raise ValueError("attention over zero keys is undefined (seq_k == 0)")
+
+
+def _output(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=q.dtype, device=q.device)
+    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q's dtype and device and be {shape} (q's sizes with v's head_dim): "
+                         f"{q.dtype} on {q.device} (got {tuple(out.shape)} {out.dtype} on {out.device})")
+    return out
+
+
+def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, seq_q, seq_k, grid_m, scale,
+            causal, causal_align, varlen, block_m, block_n):
+    """One launch of the kernel; ``strides`` are q, k, v, out (each batch, head, row, channel) and
+    lse (batch, head, row), 0 where a layout has no such axis."""
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if scale is None:
         scale = head_dim ** -0.5
-
-    if out is None:
-        out = torch.empty(batch, heads, seq_q, head_dim, dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} on {q.device} "
-                         f"(got {tuple(out.shape)} {out.dtype} on {out.device})")
-    if out.numel() == 0:
-        return out
-    args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+    cu_q, cu_k = cu_seqlens if varlen else (q, q)  # unread placeholders when not varlen
+    args = (q, k, v, out, out if lse is None else lse, cu_q, cu_k, *strides,
             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e))
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584; its debugging guide says to cast bf16 to fp32 there),
@@ -236,22 +308,111 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     # rounded to bf16 before the second matmul; only the interpreter takes this path.
     dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
     constants = dict(
-        HEAD_DIM=head_dim,
-        # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, masked.
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
+        # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        CAUSAL=bool(causal),
+        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
+        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
+        STORE_LSE=lse is not None,
         # fp32 inputs: full-precision products ("ieee"), not the default TF32 tensor-core
         # path, whose 10-bit mantissa would miss fp32's tolerance by orders of magnitude.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
         DOT_IN_FP32=dot_in_fp32,
     )
     if block_m is None and _flash_attention_fwd_tuned is not None:
-        grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)  # noqa: E731
         _flash_attention_fwd_tuned[grid](*args, **constants)
     else:
         block_m = block_m or INTERPRETER_BLOCK_M
         block_n = block_n or INTERPRETER_BLOCK_N
-        grid = (triton.cdiv(seq_q, block_m), batch * heads)
+        grid = (triton.cdiv(grid_m, block_m), batch * heads)
         _flash_attention_fwd[grid](*args, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
                                    num_warps=4, num_stages=2)
-    return out
+
+
+def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                           scale: float | None = None, *, block_m: int | None = None,
+                           block_n: int | None = None, out: torch.Tensor | None = None,
+                           causal_align: str = "bottom_right", return_lse: bool = False
+                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale) v by the Triton kernel. q (batch, heads, seq_q, head_dim), k
+    (batch, kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple
+    of kv_heads; any strides. Returns out (batch, heads, seq_q, head_dim_v), with ``return_lse``
+    also lse (batch, heads, seq_q) float32, the natural-log log-sum-exp of each row's scaled
+    scores over its visible keys (-inf, with output 0, for a row that sees none).
+
+    ``causal_align``: "bottom_right" (query i sees keys j <= i + seq_k - seq_q, flash-attn's) or
+    "top_left" (j <= i, SDPA's ``is_causal``); the same when seq_q == seq_k.
+    ``block_m`` / ``block_n`` (powers of two >= 16) fix the tiles instead of the autotuned ones
+    (GPU) or the interpreter's fixed ones; give both or neither.
+    ``out``: write into this tensor (the output's shape, q's dtype and device; any strides).
+    """
+    check_shapes(q, k, v)
+    _check_call(q, k, v, block_m, block_n, causal_align)
+    batch, heads, seq_q, _ = q.shape
+    kv_heads, seq_k = k.shape[1], k.shape[2]
+    out = _output(out, (batch, heads, seq_q, v.shape[3]), q)
+    lse = torch.empty(batch, heads, seq_q, dtype=torch.float32, device=q.device) if return_lse else None
+    if out.numel() > 0:
+        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *(lse.stride() if return_lse else (0, 0, 0)))
+        _launch(q, k, v, out, lse, None, strides, batch=batch, heads=heads, kv_heads=kv_heads, seq_q=seq_q,
+                seq_k=seq_k, grid_m=seq_q, scale=scale, causal=causal, causal_align=causal_align, varlen=False,
+                block_m=block_m, block_n=block_n)
+    return (out, lse) if return_lse else out
+
+
+def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                      max_seqlen_q: int, max_seqlen_k: int) -> None:
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1 or cu.device != q.device:
+            raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets on q's device ({q.device}); "
+                             f"got {cu.dtype} {tuple(cu.shape)} on {cu.device}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length, batch + 1 "
+                         f"(got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()})")
+    if q.is_cuda:  # reading the offsets would synchronize; as flash-attn, they are trusted there
+        return
+    for name, cu, total, most in (("q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                  ("k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        lengths = cu.diff()
+        if cu[0] != 0 or (lengths < 0).any() or cu[-1] > total or (lengths > most).any():
+            raise ValueError(f"cu_seqlens_{name} must rise from 0 to at most {total} (the packed rows) in steps of "
+                             f"at most max_seqlen_{name}={most} (got {cu.tolist()})")
+
+
+def flash_attention_varlen_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                  causal: bool = False, scale: float | None = None, *,
+                                  causal_align: str = "bottom_right", return_lse: bool = False,
+                                  block_m: int | None = None, block_n: int | None = None,
+                                  out: torch.Tensor | None = None
+                                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Packed documents, flash-attn's varlen layout: q (total_q, heads, head_dim), k (total_k,
+    kv_heads, head_dim), v (total_k, kv_heads, head_dim_v); document b is q rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] against k/v rows cu_seqlens_k[b]:cu_seqlens_k[b + 1]
+    (int32 offsets on q's device), and attends to nothing outside itself; causal alignment is per
+    document. ``max_seqlen_q`` / ``max_seqlen_k`` must be at least every document's length (on
+    CUDA they are trusted, as flash-attn does: checking would synchronize; off CUDA they are
+    checked). Returns out (total_q, heads, head_dim_v) [and lse (heads, total_q) float32]; packed
+    rows past cu_seqlens_q[-1] are left unwritten. Other arguments as
+    :func:`flash_attention_triton`.
+
+    Autotuning keys on max_seqlen rounded up to a power of two, so batches of varying lengths
+    reuse a few tunings instead of tuning on every new maximum.
+    """
+    check_shapes(q, k, v, seq_dim=0)
+    _check_call(q, k, v, block_m, block_n, causal_align)
+    _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    batch = cu_seqlens_q.numel() - 1
+    out = _output(out, (q.shape[0], heads, v.shape[2]), q)
+    lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
+    if batch > 0 and max_seqlen_q > 0 and out.numel() > 0:
+        strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0), t.stride(2)))
+        strides += (0, *lse.stride()) if return_lse else (0, 0, 0)
+        _launch(q, k, v, out, lse, (cu_seqlens_q, cu_seqlens_k), strides, batch=batch, heads=heads,
+                kv_heads=kv_heads, seq_q=triton.next_power_of_2(max_seqlen_q),
+                seq_k=triton.next_power_of_2(max(max_seqlen_k, 1)), grid_m=max_seqlen_q, scale=scale, causal=causal,
+                causal_align=causal_align, varlen=True, block_m=block_m, block_n=block_n)
+    return (out, lse) if return_lse else out
