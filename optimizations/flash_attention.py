@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from gpubench.baselines.flash_attention import causal_offset, check_shapes
 from gpubench.triton_support import dispatch
 
 KERNEL = ("gpubench.optimizations.flash_attention_triton", "flash_attention_triton")
@@ -17,22 +18,28 @@ BLOCK_N = 512
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v in SDPA's layout: q (batch, heads, seq, head_dim), k and v
-    (batch, kv_heads, seq, head_dim), heads a multiple of kv_heads; causal is top-left aligned.
-    The Triton kernel on CUDA, the tiled PyTorch loop elsewhere; ``out`` receives the result."""
-    return dispatch(KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out)
+                    scale: float | None = None, *, out: torch.Tensor | None = None,
+                    causal_align: str = "bottom_right") -> torch.Tensor:
+    """softmax(q k^T * scale) v in SDPA's layout: q (batch, heads, seq_q, head_dim), k (batch,
+    kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple of
+    kv_heads; causal aligned bottom-right by default (flash-attn's; "top_left" is SDPA's
+    ``is_causal``), conventions as :mod:`gpubench.baselines.flash_attention`. The Triton kernel on
+    CUDA, the tiled PyTorch loop elsewhere; ``out`` receives the result."""
+    return dispatch(KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out,
+                    causal_align=causal_align)
 
 
 def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                           scale: float | None = None, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
+                          out: torch.Tensor | None = None, causal_align: str = "bottom_right") -> torch.Tensor:
     """:func:`flash_attention` as a loop of PyTorch tile operations, on any device; each tile's
-    rows are written into ``out`` (allocated when not given)."""
+    rows are written into ``out`` (allocated when not given). Differentiable: with gradients
+    wanted, autograd runs backward through the tiles (each tile's weights are kept for it, so
+    this saves nothing over eager attention in training; it is the stand-in off CUDA)."""
+    check_shapes(q, k, v)
     batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    if heads % kv_heads != 0:
-        raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
+    kv_heads, seq_k, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+    offset = causal_offset(seq_q, seq_k, causal_align)  # causal: query i sees keys j <= i + offset
     if block_m < 1 or block_n < 1:
         raise ValueError(f"block sizes must be >= 1 (got block_m={block_m}, block_n={block_n})")
     if scale is None:
@@ -41,7 +48,7 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     # GQA without copying K/V: the `group` query heads that share a kv head are stacked into one
     # taller query tile against the same K/V tile.
     q_grouped = q.unflatten(1, (kv_heads, group))
-    out = torch.empty_like(q) if out is None else out
+    out = q.new_empty(batch, heads, seq_q, head_dim_v) if out is None else out
     out_grouped = out.unflatten(1, (kv_heads, group))
     query_pos = torch.arange(seq_q, device=q.device)
     key_pos = torch.arange(seq_k, device=q.device)
@@ -52,20 +59,29 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         q_tile = q_grouped[:, :, :, m_start:m_end].reshape(batch, kv_heads, group * rows, head_dim)
         row_max = torch.full((batch, kv_heads, group * rows, 1), float("-inf"), dtype=torch.float32, device=q.device)
         row_sum = torch.zeros_like(row_max)
-        acc = torch.zeros(batch, kv_heads, group * rows, head_dim, dtype=torch.float32, device=q.device)
+        acc = torch.zeros(batch, kv_heads, group * rows, head_dim_v, dtype=torch.float32, device=q.device)
+        # Rows that see no key at all (bottom-right with seq_q > seq_k): their maximum stays
+        # -inf, so they are shifted by 0 instead (weights exp(-inf) = 0, not NaN) and end as 0.
+        empty_rows = causal and m_start + offset < 0
         # Causal: K/V tiles wholly above the diagonal are never loaded.
-        n_stop = min(seq_k, m_end) if causal else seq_k
+        n_stop = max(0, min(seq_k, m_end + offset)) if causal else seq_k
         for n_start in range(0, n_stop, block_n):
             n_end = min(n_start + block_n, n_stop)
             scores = torch.matmul(q_tile, k[:, :, n_start:n_end].transpose(-2, -1)).float().mul_(scale)
-            if causal and n_end - 1 > m_start:  # only tiles crossing the diagonal need a mask
-                future = key_pos[n_start:n_end][None, :] > query_pos[m_start:m_end][:, None]
+            if causal and n_end - 1 > m_start + offset:  # only tiles crossing the diagonal need a mask
+                future = key_pos[n_start:n_end][None, :] > query_pos[m_start:m_end][:, None] + offset
                 scores.view(batch, kv_heads, group, rows, n_end - n_start).masked_fill_(future, float("-inf"))
-            new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
-            rescale = torch.exp(row_max - new_max)
-            probs = scores.sub_(new_max).exp_()
+            # The running maximum is only a shift that cancels between numerator and
+            # denominator, so it is kept out of autograd's graph (its gradient is exactly 0);
+            # every in-place update below then overwrites nothing a backward pass needs.
+            new_max = torch.maximum(row_max, scores.detach().amax(dim=-1, keepdim=True))
+            shift = new_max.nan_to_num(neginf=0.0) if empty_rows else new_max
+            rescale = torch.exp(row_max - shift)
+            probs = scores.sub_(shift).exp_()
             row_sum.mul_(rescale).add_(probs.sum(dim=-1, keepdim=True))
             acc.mul_(rescale).add_(torch.matmul(probs.to(v.dtype), v[:, :, n_start:n_end]))
             row_max = new_max
-        out_grouped[:, :, :, m_start:m_end] = acc.div_(row_sum).view(batch, kv_heads, group, rows, head_dim)
+        if empty_rows:
+            row_sum = row_sum.masked_fill(row_sum == 0, 1.0)  # their acc is 0: they store 0
+        out_grouped[:, :, :, m_start:m_end] = (acc / row_sum).view(batch, kv_heads, group, rows, head_dim_v)
     return out

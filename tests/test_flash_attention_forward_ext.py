@@ -244,3 +244,52 @@ def test_kernel_rejects_unknown_alignment_and_head_dims_past_256():
         flash_attention_triton(*qkv(head_dim=264))
     with pytest.raises(ValueError, match="head_dim_v"):
         flash_attention_triton(q, k, torch.randn(2, 2, 33, 300))
+
+
+# -- the eager baseline and the tiled PyTorch loop -------------------------------------------------
+
+LOOP_CASES = [  # (seq_q, seq_k, head_dim, head_dim_v, align)
+    (45, 45, 32, 32, "bottom_right"),
+    (20, 77, 64, 32, "bottom_right"),
+    (20, 77, 64, 32, "top_left"),
+    (77, 20, 192, 128, "bottom_right"),  # rows 0..56 see no key
+    (77, 20, 256, 256, "top_left"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq_q,seq_k,head_dim,head_dim_v,align", LOOP_CASES)
+def test_eager_and_tiled_loop_follow_the_same_conventions(seq_q, seq_k, head_dim, head_dim_v, align, causal):
+    q, k, v = qkv(seq_q=seq_q, seq_k=seq_k, head_dim=head_dim, head_dim_v=head_dim_v)
+    ref = attention_reference(q, k, v, causal=causal, causal_align=align)
+    # Small tiles so the diagonal, the skipped tiles and the empty rows cross several tiles.
+    tiled = flash_attention_torch(q, k, v, causal=causal, causal_align=align, block_m=16, block_n=8)
+    assert rel_err(tiled, ref) <= 1e-5
+    assert rel_err(attention(q, k, v, causal=causal, causal_align=align), ref) <= 1e-5
+    assert rel_err(flash_attention(q, k, v, causal=causal, causal_align=align), ref) <= 1e-5  # dispatch, CPU
+    assert torch.isfinite(tiled).all()
+
+
+@pytest.mark.parametrize("seq_q,seq_k,align", [(40, 40, "bottom_right"), (40, 23, "bottom_right"),
+                                               (17, 40, "top_left")])
+def test_tiled_loop_and_eager_are_differentiable_to_float64_gradients(seq_q, seq_k, align):
+    # The training mode's stand-ins off CUDA: autograd through the loop's in-place tile updates
+    # (and through rows that see no key: gradient 0, not NaN) must give the exact gradients.
+    q, k, v = qkv(heads=4, kv_heads=2, seq_q=seq_q, seq_k=seq_k, head_dim=32, head_dim_v=16)
+    grad = torch.randn(2, 4, seq_q, 16, generator=torch.Generator().manual_seed(1))
+    inputs64 = [t.double().requires_grad_() for t in (q, k, v)]
+    attention_reference(*inputs64, causal=True, causal_align=align).backward(grad.double())
+    for fn in (lambda *t: flash_attention_torch(*t, causal=True, causal_align=align, block_m=16, block_n=8),
+               lambda *t: attention(*t, causal=True, causal_align=align)):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        fn(*inputs).backward(grad)
+        for got, want in zip(inputs, inputs64):
+            assert torch.isfinite(got.grad).all()
+            assert rel_err(got.grad, want.grad) <= 1e-5
+
+
+def test_tiled_loop_and_eager_reject_unknown_alignment():
+    q, k, v = qkv()
+    for fn in (flash_attention_torch, attention, attention_reference):
+        with pytest.raises(ValueError, match="causal_align"):
+            fn(q, k, v, causal=True, causal_align="top-left")

@@ -38,8 +38,8 @@ def test_causal_mask_on_the_aligned_key_tile_only_is_caught(monkeypatch, params)
     the causal mask, so where a query tile spans several key tiles (block_m > block_n) the next
     ones' future keys are seen. Invisible while the diagonal fits in one key tile (smoke's 128
     and 512 at the default tiles)."""
-    buggy = _mutant(flash.flash_attention_torch, "if causal and n_end - 1 > m_start:",
-                    "if causal and n_start == m_start:")
+    buggy = _mutant(flash.flash_attention_torch, "if causal and n_end - 1 > m_start + offset:",
+                    "if causal and n_start == m_start + offset:")
     _assert_caught_only_with(monkeypatch, params, "flash_attention_torch", buggy)
 
 
