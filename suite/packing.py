@@ -17,8 +17,11 @@ from torch.torch_version import TorchVersion
 
 from gpubench.models.llama import LlamaWeights
 from gpubench.optional import optional_import
+from gpubench.triton_support import kernel_module
 
-BACKENDS = ("sdpa", "flash_attn_varlen")
+BACKENDS = ("sdpa", "triton_varlen", "flash_attn_varlen")
+# gpubench's own varlen attention (Triton forward and backward, autograd): flash_attn_varlen_func.
+TRITON_VARLEN = ("gpubench.optimizations.flash_attention_triton_bwd", "flash_attn_varlen_func")
 IGNORE_INDEX = -100
 SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
 
@@ -171,8 +174,8 @@ def build_metadata(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dt
                    stats: StepStats | None = None) -> PackedMetadata:
     """All of a packed batch's attention metadata from its document lengths: ``doc_lens``
     (documents,) int32 on the model's device, row-major, each row's lengths summing to ``seq``.
-    "sdpa" adds the block-causal mask in ``dtype``; "flash_attn_varlen" needs only cu_seqlens and
-    max_seqlen. One host sync: ``max_seqlen``'s ``.item()``."""
+    "sdpa" adds the block-causal mask in ``dtype``; the varlen backends ("triton_varlen",
+    "flash_attn_varlen") need only cu_seqlens and max_seqlen. One host sync: ``max_seqlen``'s ``.item()``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {list(BACKENDS)}")
     with phase(stats, "build"):
@@ -191,14 +194,18 @@ def build_metadata(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dt
 def packed_attention(meta: PackedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of a packed batch, each token over its own document up to itself: q (rows, seq,
     heads, head_dim), k and v (rows, seq, kv_heads, head_dim); returns q's shape. "sdpa": SDPA
-    with the block-causal mask; "flash_attn_varlen": one flat stream of documents cut by
-    ``cu_seqlens`` (GQA handled by the kernel)."""
+    with the block-causal mask; "triton_varlen" (gpubench's Triton kernels) and "flash_attn_varlen"
+    (flash-attn's): one flat stream of documents cut by ``cu_seqlens`` (GQA handled by the kernel)."""
     rows, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
-    if meta.backend == "flash_attn_varlen":
-        fn = optional_import("flash_attn", "flash_attn_varlen_func")
+    if meta.backend != "sdpa":
+        if meta.backend == "triton_varlen":
+            module = kernel_module(TRITON_VARLEN[0])
+            fn = module if isinstance(module, str) else getattr(module, TRITON_VARLEN[1])
+        else:
+            fn = optional_import("flash_attn", "flash_attn_varlen_func")
         if isinstance(fn, str):
-            raise RuntimeError(f"the flash_attn_varlen backend cannot run: {fn}")
+            raise RuntimeError(f"the {meta.backend} backend cannot run: {fn}")
         out = fn(q.reshape(rows * seq, heads, head_dim), k.reshape(rows * seq, kv_heads, head_dim),
                  v.reshape(rows * seq, kv_heads, head_dim), meta.cu_seqlens, meta.cu_seqlens,
                  meta.max_seqlen, meta.max_seqlen, causal=True)

@@ -354,7 +354,8 @@ def test_metrics_come_from_the_timed_calls_records_only():
 
 def test_validate_and_backend_resolution():
     """flash_attn_varlen needs a half dtype; a row must hold two documents; auto runs SDPA on a
-    CPU and an explicit flash_attn_varlen there is refused with the reason."""
+    CPU and our Triton varlen kernels on CUDA; an explicit flash_attn_varlen or triton_varlen on a
+    CPU is refused with the reason."""
     params = dict(TECHNIQUE.defaults(), **SMALL)
     assert TECHNIQUE.validate_fn(dict(params, backend="flash_attn_varlen"))[0].startswith(
         "backend flash_attn_varlen needs dtype float16 or bfloat16")
@@ -364,7 +365,10 @@ def test_validate_and_backend_resolution():
     assert resolve_backend("sdpa", CPU, "float32") == "sdpa"
     with pytest.raises(BadInput, match="flash_attn_varlen cannot run here"):
         resolve_backend("flash_attn_varlen", CPU, "bfloat16")
-    assert "Triton flash attention has no varlen path" in TECHNIQUE.param("backend").help
+    assert resolve_backend("auto", torch.device("cuda"), "float32") == "triton_varlen"
+    with pytest.raises(BadInput, match="triton_varlen cannot run here: needs CUDA"):
+        resolve_backend("triton_varlen", CPU, "float32")
+    assert "auto (triton_varlen on CUDA, else sdpa)" in TECHNIQUE.param("backend").help
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -426,3 +430,42 @@ def test_report_figures_break_step_time_down_by_layers():
     assert _drawn([]) == []
     failed = {"technique": "packed_metadata", "params": TECHNIQUE.defaults(), "variants": {}}
     assert _drawn([failed]) == []
+
+
+def test_triton_varlen_backend_attends_as_sdpa_forward_and_backward():
+    """The triton_varlen backend (gpubench's Triton varlen kernels through flash_attn_varlen_func,
+    what a CUDA step runs by default; here in Triton's interpreter) gives SDPA's block-causal output
+    and gradients on a packed batch with grouped-query heads."""
+    from gpubench.triton_support import kernel_problem
+
+    problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    gen = torch.Generator().manual_seed(0)
+    doc_lens = torch.tensor([5, 11, 3, 13], dtype=torch.int32)  # two rows of 16
+    q, k, v = (torch.randn(2, 16, h, 16, generator=gen).requires_grad_(True) for h in (4, 2, 2))
+    results = []
+    for backend in ("sdpa", "triton_varlen"):
+        out = packing.packed_attention(packing.build_metadata(doc_lens, 2, 16, backend, torch.float32), q, k, v)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+    for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_step_on_the_triton_varlen_backend_passes_its_check_against_each_document_alone(monkeypatch):
+    """The pair as a CUDA run has it by default (our varlen kernels; here in Triton's interpreter, a
+    one-layer model, about 8 s): both variants' losses match each document run alone in float64
+    and the cached step is bit-identical to the per-layer one (the kernels are deterministic)."""
+    from gpubench.techniques import packed_metadata as technique
+    from gpubench.triton_support import kernel_problem
+    from planted import passed, run_planted
+
+    problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    monkeypatch.setattr(technique, "triton_varlen_unavailable", lambda device: None)
+    record = run_planted("packed_metadata", model="tiny", layers=1, rows=1, seq_len=64, mean_doc_len=16,
+                         backend="triton_varlen")
+    assert passed(record), record.failure
+    assert record.variants["cached"].metrics["backend"] == "triton_varlen"
+    assert "bit-identical to the per_layer step" in record.variants["cached"].check["detail"]

@@ -1,7 +1,8 @@
 """packed_metadata: a training step (forward, backward, AdamW) of the Llama-style decoder on packed
 rows, the attention metadata rebuilt in every layer (``per_layer``) or built once per batch by a
 cache (``cached``); each call records its phase split, builds, host syncs and mask bytes.
-Backends: SDPA with a block-causal mask, or flash-attn's varlen kernel where it runs.
+Backends: on CUDA gpubench's own Triton varlen attention (``flash_attn_varlen_func``, forward and
+backward) by default; SDPA with a block-causal mask (what a CPU runs); flash-attn's varlen kernel.
 
 Both variants run the same builder and attention (:mod:`gpubench.packing`), so a bug there would be
 the same on both sides: the reference (:class:`PackedReference`) also runs every document alone
@@ -28,8 +29,9 @@ from gpubench.models.llama import (SIZES, LayerWeights, LlamaConfig, LlamaWeight
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
 from gpubench.optional import optional_import
-from gpubench.packing import BACKENDS, PackedBatch, StepOutput, StepStats
+from gpubench.packing import BACKENDS, TRITON_VARLEN, PackedBatch, StepOutput, StepStats
 from gpubench.timing import count_cuda_syncs
+from gpubench.triton_support import kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HALF = ("float16", "bfloat16")
@@ -73,9 +75,10 @@ TECHNIQUE = Technique(
         Param("mean_doc_len", int, 64, "mean document length; lengths are uniform in "
               "[1, min(2 * mean - 1, seq_len - 1)], the last one cut to fill the row", min=1),
         Param("dtype", str, "float32", "dtype of weights, activations and the mask", choices=list(DTYPES)),
-        Param("backend", str, "auto", "attention: sdpa (block-causal mask), flash_attn_varlen (flash-attn's "
-              "varlen kernel, CUDA, fp16/bf16), auto (flash-attn when it can run, else sdpa); the suite's "
-              "Triton flash attention has no varlen path", choices=["auto", *BACKENDS]),
+        Param("backend", str, "auto", "attention: sdpa (block-causal mask), triton_varlen (gpubench's Triton "
+              "varlen kernels, flash_attn_varlen_func, forward and backward; CUDA), flash_attn_varlen "
+              "(flash-attn's varlen kernel, CUDA, fp16/bf16), auto (triton_varlen on CUDA, else sdpa)",
+              choices=["auto", *BACKENDS]),
     ],
     plots=[
         Plot("Step time split (metadata build, rest of forward, backward, optimizer) against layers",
@@ -128,14 +131,21 @@ def flash_varlen_unavailable(device: torch.device, dtype: str) -> str | None:
     return None
 
 
+def triton_varlen_unavailable(device: torch.device) -> str | None:
+    """Why gpubench's Triton varlen attention cannot run here (on a CPU Triton's interpreter
+    could, far too slowly for a training step), or None."""
+    return kernel_problem(TRITON_VARLEN[0], device)
+
+
 def resolve_backend(choice: str, device: torch.device, dtype: str) -> str:
-    """The backend a case runs: "auto" is flash_attn_varlen where it can run, else sdpa."""
-    reason = flash_varlen_unavailable(device, dtype)
+    """The backend a case runs: "auto" is triton_varlen (our kernels) where they can run, else sdpa."""
     if choice == "auto":
-        return "sdpa" if reason else "flash_attn_varlen"
-    if choice == "flash_attn_varlen" and reason:
-        raise BadInput(f"packed_metadata: backend flash_attn_varlen cannot run here: {reason}; "
-                       "use backend sdpa or auto")
+        return "sdpa" if triton_varlen_unavailable(device) else "triton_varlen"
+    reason = {"triton_varlen": triton_varlen_unavailable,
+              "flash_attn_varlen": lambda device: flash_varlen_unavailable(device, dtype)}.get(choice,
+                                                                                             lambda _: None)(device)
+    if reason:
+        raise BadInput(f"packed_metadata: backend {choice} cannot run here: {reason}; use backend sdpa or auto")
     return choice
 
 
@@ -236,13 +246,17 @@ def _recorded_step(w: PackedWorkload, rec: Recorder, variant: str) -> dict[str, 
 
 @TECHNIQUE.variant("per_layer", role="baseline")
 def per_layer(w: PackedWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
-    """every layer's attention call rebuilds cu_seqlens, max_seqlen (.item()), position ids and the mask"""
+    """every layer's attention call rebuilds cu_seqlens, max_seqlen (.item()), position ids and the mask;
+    attention as the cached variant's"""
     return _recorded_step(w, rec, "per_layer")
 
 
 @TECHNIQUE.variant("cached", role="optimized")
 def cached(w: PackedWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
-    """the same metadata built once per batch by a keyed cache, shared by RoPE, the loss and every layer"""
+    """the same metadata built once per batch by a keyed cache, shared by RoPE, the loss and every layer;
+    attention on CUDA by gpubench's Triton varlen kernels (flash_attn_varlen_func, forward and backward)
+    unless backend names another, on a CPU SDPA with the block-causal mask (as before: our kernels run
+    there only in Triton's interpreter)"""
     return _recorded_step(w, rec, "cached")
 
 
