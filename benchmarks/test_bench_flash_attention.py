@@ -1,13 +1,16 @@
 """flash_attention: eager attention vs tiled online softmax (the variant playing each role on this
-device), checked against float64."""
+device), forward and forward + backward (train), checked against float64."""
 import pytest
 
 from gpubench.techniques import flash_attention as technique
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["full", "causal"])
+@pytest.fixture(scope="module", params=[(False, "forward"), (True, "forward"), (True, "train")],
+                ids=["full", "causal", "causal-train"])
 def workload(request, device):
-    params = {**technique.TECHNIQUE.defaults(), "batch": 1, "heads": 4, "seq_len": 512, "causal": request.param}
+    causal, mode = request.param
+    params = {**technique.TECHNIQUE.defaults(), "batch": 1, "heads": 4, "seq_len": 512, "causal": causal,
+              "mode": mode}
     return technique.build(params, device, seed=0)
 
 

@@ -158,8 +158,8 @@ def test_block_params_set_the_tiles_of_both_tiled_variants(monkeypatch, name):
 
     seen = []
 
-    def spy(q, k, v, causal=False, *, out, **tiles):
-        seen.append(tiles)
+    def spy(q, k, v, causal=False, *, out, **options):
+        seen.append({name: options[name] for name in ("block_m", "block_n") if name in options})
         return out
 
     monkeypatch.setattr(module, "flash_attention_torch", spy)
@@ -285,8 +285,8 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
     assert w.tiled_out.isnan().all() and w.triton_out.isnan().all() and w.tiled_out.shape == w.q.shape
     assert w.tiled_out.data_ptr() != w.triton_out.data_ptr()  # checked calls all run before any check
 
-    def skips_last_row(q, k, v, causal=False, scale=None, *, out):
-        out[:, :, :-1] = flash_attention_torch(q, k, v, causal=causal)[:, :, :-1]
+    def skips_last_row(q, k, v, causal=False, scale=None, *, out, **options):
+        out[:, :, :-1] = flash_attention_torch(q, k, v, causal=causal, **options)[:, :, :-1]
         return out
 
     monkeypatch.setattr(module, "flash_attention_torch", skips_last_row)
@@ -295,3 +295,213 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
     monkeypatch.undo()
     w = make_workload(seq_len=33, causal=True)
     assert TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["torch_tiled"].fn(w)).passed
+
+
+# -- train mode, varlen, causal alignment, head dims (issue 20) ---------------------------------
+
+import gpubench.techniques.flash_attention as flash  # noqa: E402
+from gpubench.baselines.flash_attention import attention_reference  # noqa: E402
+from gpubench.triton_support import kernel_problem  # noqa: E402
+from planted import mutant  # noqa: E402
+
+TRAIN_CASES = [
+    # small sizes, tiles of 32 x 16 so each crosses several query and key tiles
+    dict(seq_len=45, heads=4, kv_heads=2, head_dim=32, causal=True),  # GQA
+    dict(seq_len=40, seq_len_q=13, heads=2, head_dim=32, causal=True),  # a query chunk at the cache's end
+    dict(seq_len=21, seq_len_q=34, heads=2, head_dim=32, causal=True),  # more queries than keys: empty rows
+    dict(seq_len=33, seq_len_q=20, heads=2, head_dim=32, causal=True, causal_align="top_left"),
+    dict(seq_len=30, heads=4, kv_heads=1, head_dim=192, head_dim_v=128, causal=True),  # MLA's split dims, MQA
+    dict(seq_len=24, heads=2, head_dim=256, causal=False),  # Gemma's head_dim
+    dict(seq_len=40, batch=3, heads=4, kv_heads=2, head_dim=32, causal=True, varlen=True),
+    dict(seq_len=30, seq_len_q=20, batch=3, heads=2, head_dim=32, causal=True, varlen=True),
+]
+TRAIN_IDS = ["gqa", "chunk", "more-queries", "top-left", "mla", "hd256", "varlen", "varlen-chunk"]
+
+
+def train_workload(seed: int = 0, **overrides):
+    return make_workload(seed, **{"mode": "train", "block_m": 32, "block_n": 16, **overrides})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("params", TRAIN_CASES, ids=TRAIN_IDS)
+def test_train_mode_output_and_gradients_match_float64_for_the_cpu_variants(params, dtype):
+    """Forward and backward of each variant that runs on a CPU (the eager baseline, the tiled loop
+    under autograd, SDPA where the case is padded) against the float64 reference: out, dq, dk,
+    dv by name, in one check."""
+    w = train_workload(dtype=dtype, **params)
+    ref = reference(w)
+    assert set(ref) == {"out", "dq", "dk", "dv"} and ref["dv"].shape == w.v.shape
+    sdpa = w.docs is None and not (w.q.shape[2] > w.k.shape[2] and w.causal_align == "bottom_right")
+    names = ["eager", "torch_tiled"] + (["sdpa"] if sdpa else [])
+    for name in names:
+        out = TECHNIQUE.variants[name].fn(w)
+        assert set(out) == set(ref) and all(out[key].shape == ref[key].shape for key in ref), name
+        result = TECHNIQUE.check_fn(ref, out)
+        assert result.passed, (name, result)
+        assert result.tolerance == flash.TRAIN_TOLERANCE[w.q.dtype]
+
+
+@pytest.mark.parametrize("params", [dict(TRAIN_CASES[0], seq_len_q=29), TRAIN_CASES[2], TRAIN_CASES[4],
+                                    TRAIN_CASES[7]], ids=["gqa-chunk", "more-queries", "mla", "varlen"])
+def test_reference_backward_equals_float64_autograd_in_several_row_chunks(monkeypatch, params):
+    """The technique's chunked float64 backward (what checks every train case, at any length) gives
+    autograd's gradients of the float64 reference attention, with chunks of 7 query rows."""
+    w = train_workload(**params)
+    longest_k = max(w.docs.lens_k) if w.docs is not None else w.k.shape[2]
+    monkeypatch.setattr(flash, "REFERENCE_CHUNK_ELEMENTS", 7 * w.q.shape[1] * longest_k)
+    ref = reference(w)
+    leaves = [t.detach().double().requires_grad_(True) for t in (w.q, w.k, w.v)]
+    if w.docs is None:
+        out = attention_reference(*leaves, causal=True, causal_align=w.causal_align)
+    else:
+        out = torch.cat([attention_reference(*(t[rows].transpose(0, 1)[None] for t, rows in
+                                               zip(leaves, (rows_q, rows_k, rows_k))),
+                                             causal=True, causal_align=w.causal_align)[0].transpose(0, 1)
+                         for rows_q, rows_k in w.docs.spans()])
+    grads = torch.autograd.grad(out, leaves, w.grad_out.double())
+    torch.testing.assert_close(ref["out"], out.detach(), rtol=1e-12, atol=1e-12)
+    for name, grad in zip(("dq", "dk", "dv"), grads):
+        torch.testing.assert_close(ref[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+WRONG_GRADIENTS = {
+    # FlashAttention-2's dS = P * (dP - rowsum(dO * O)) without the row term: dq and dk wrong
+    "delta-dropped": (".sub_(delta[..., at, None])", ""),
+    # dk and dv of a kv head from its first query head only, not summed over the group
+    "gqa-not-summed": ('dk += torch.einsum("bkgqn,bkgqd->bknd", dscores, qg[:, :, :, at])',
+                       'dk += torch.einsum("bkqn,bkqd->bknd", dscores[:, :, 0], qg[:, :, 0, at])'),
+    # the causal mask forgotten when recomputing P: future keys get gradient
+    "mask-forgotten": ("if causal:  # also zeroes", "if False:  # also zeroes"),
+    # dq without the softmax scale
+    "dq-unscaled": ('"bkgqn,bknd->bkgqd", dscores, k) * scale', '"bkgqn,bknd->bkgqd", dscores, k)'),
+}
+
+
+@pytest.mark.parametrize("bug", list(WRONG_GRADIENTS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_check_fails_a_wrong_dq_dk_or_dv(bug, dtype):
+    """The train check catches a backward with a classic bug (computed in float64, then rounded to
+    the case's dtype, so only the bug separates it from a right answer): by far, naming the
+    gradient."""
+    w = train_workload(dtype=dtype, seq_len=45, seq_len_q=30, heads=4, kv_heads=2, head_dim=32, causal=True)
+    ref = reference(w)
+    right = {key: t.to(w.q.dtype) for key, t in ref.items()}
+    assert TECHNIQUE.check_fn(ref, right).passed
+    buggy = mutant(flash.reference_backward, *WRONG_GRADIENTS[bug])
+    grads = buggy(w.q, w.k, w.v, ref["out"], reference_lse(w), w.grad_out, True, w.causal_align)
+    wrong = dict(right, **{key: g.to(w.q.dtype) for key, g in zip(("dq", "dk", "dv"), grads)})
+    result = TECHNIQUE.check_fn(ref, wrong)
+    assert not result.passed and result.error > 5 * result.tolerance, result
+    assert any(name in result.detail for name in ("dq", "dk", "dv"))
+
+
+def reference_lse(w):
+    return attention_reference(w.q.detach(), w.k.detach(), w.v.detach(), causal=w.causal,
+                               causal_align=w.causal_align, return_lse=True)[1]
+
+
+def test_train_check_fails_a_missing_gradient_and_nan():
+    w = train_workload(seq_len=20, causal=True)
+    ref = reference(w)
+    out = TECHNIQUE.variants["eager"].fn(w)
+    assert not TECHNIQUE.check_fn(ref, {k: v for k, v in out.items() if k != "dk"}).passed
+    poisoned = dict(out, dv=out["dv"].clone())
+    poisoned["dv"][0, 0, 3, 1] = float("nan")
+    result = TECHNIQUE.check_fn(ref, poisoned)
+    assert not result.passed and "dv" in result.detail and "NaN" in result.detail
+
+
+@pytest.mark.parametrize("name", ["eager", "torch_tiled"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_documents_never_see_each_other_and_each_equals_itself_alone(name, causal):
+    """Changing one packed document's keys and values leaves every other document's output
+    bit-identical; each document's rows equal that document run alone through the padded path."""
+    w = make_workload(varlen=True, batch=4, seq_len=37, heads=4, kv_heads=2, head_dim=32, causal=causal,
+                      block_m=16, block_n=16)
+    out = TECHNIQUE.variants[name].fn(w).clone()
+    spans = w.docs.spans()
+    rows_q, rows_k = spans[1]
+    w.k[rows_k] += 3.0
+    w.v[rows_k] -= 2.0
+    changed = TECHNIQUE.variants[name].fn(w)
+    for d, (other_q, _) in enumerate(spans):
+        same = torch.equal(out[other_q], changed[other_q])
+        assert same == (d != 1), d
+    for rows_q, rows_k in spans:
+        alone = attention(*(t[rows].transpose(0, 1)[None] for t, rows in ((w.q, rows_q), (w.k, rows_k), (w.v, rows_k))),
+                          causal=causal)
+        assert rel_err(changed[rows_q], alone[0].transpose(0, 1)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["eager", "torch_tiled", "sdpa"])
+def test_default_alignment_is_bottom_right_a_query_chunk_at_the_end_of_the_keys(name):
+    """With the default causal_align a chunk of the last 9 queries against all 40 keys gives the
+    last 9 rows of full causal attention (what chunked prefill needs); top_left gives SDPA's
+    is_causal answer instead, which differs."""
+    full = make_workload(seq_len=40, heads=2, causal=True, block_m=16, block_n=16)
+    expected = attention(full.q, full.k, full.v, causal=True)[:, :, -9:]
+    chunk = make_workload(seq_len=40, seq_len_q=9, heads=2, causal=True, block_m=16, block_n=16)
+    assert TECHNIQUE.defaults()["causal_align"] == "bottom_right"
+    chunk.q, chunk.k, chunk.v = full.q[:, :, -9:].contiguous(), full.k, full.v
+    assert rel_err(TECHNIQUE.variants[name].fn(chunk), expected) <= 1e-5
+    chunk.causal_align = "top_left"
+    top_left = TECHNIQUE.variants[name].fn(chunk)
+    assert rel_err(top_left, expected) > 0.1
+    assert rel_err(top_left, attention(chunk.q, chunk.k, chunk.v, causal=True, causal_align="top_left")) <= 1e-5
+
+
+def test_new_params_validate_and_build_the_shapes_they_name():
+    assert TECHNIQUE.param("head_dim").choices == [32, 64, 96, 128, 192, 256]
+    w = make_workload(batch=2, heads=4, kv_heads=1, seq_len=12, seq_len_q=5, head_dim=192, head_dim_v=128,
+                      mode="train")
+    assert w.q.shape == (2, 4, 5, 192) and w.k.shape == (2, 1, 12, 192) and w.v.shape == (2, 1, 12, 128)
+    assert w.grad_out.shape == (2, 4, 5, 128) and w.tiled_out.shape == (2, 4, 5, 128)
+    assert w.q.requires_grad and not make_workload().q.requires_grad
+    v = make_workload(varlen=True, batch=5, seq_len=30, seq_len_q=8, heads=4, kv_heads=2)
+    assert v.q.shape == (sum(v.docs.lens_q), 4, 64) and v.k.shape == (sum(v.docs.lens_k), 2, 64)
+    assert all(1 <= n <= 30 for n in v.docs.lens_k) and all(1 <= n <= 8 for n in v.docs.lens_q)
+    assert v.docs.cu_seqlens_q.dtype == torch.int32 and v.docs.cu_seqlens_k.tolist()[-1] == v.k.shape[0]
+    params = TECHNIQUE.defaults()
+    for bad in (dict(mode="backward"), dict(causal_align="center"), dict(head_dim=80), dict(head_dim_v=48)):
+        name, value = next(iter(bad.items()))
+        assert TECHNIQUE.param(name).problem(value), bad
+
+
+def test_metrics_count_train_flops_as_3_5_forward_and_the_causal_area_of_unequal_lengths():
+    measured = Measured("optimized", [0.5], 0.5, None, CPU)
+    fwd = TECHNIQUE.metrics_fn(make_workload(batch=2, heads=4, seq_len=64, head_dim=32), measured)
+    train = TECHNIQUE.metrics_fn(make_workload(batch=2, heads=4, seq_len=64, head_dim=32, mode="train"), measured)
+    assert train["flops"] == fwd["flops"] * 7 // 2 and train["backward_flops"] == fwd["flops"] * 5 // 2
+    assert train["forward_flops"] == fwd["flops"] and train["bytes_moved"] > 3 * fwd["bytes_moved"]
+    # MLA: Q K^T at head_dim 192, P V at 128
+    mla = TECHNIQUE.metrics_fn(make_workload(batch=1, heads=2, seq_len=64, head_dim=192, head_dim_v=128), measured)
+    assert mla["flops"] == 2 * 2 * 64 * 64 * (192 + 128)
+    # a causal chunk of 16 queries at the end of 64 keys computes 64 * 16 - 16^2 / 2 scores
+    chunk = TECHNIQUE.metrics_fn(make_workload(batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32,
+                                               causal=True), measured)
+    assert chunk["flops"] == 2 * 64 * (64 * 16 - 16 * 16 // 2) and chunk["tokens_per_s"] == 16 / 0.5
+    top_left = make_workload(batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32, causal=True,
+                             causal_align="top_left")
+    assert TECHNIQUE.metrics_fn(top_left, measured)["flops"] == 2 * 64 * 16 * 16 // 2
+    # varlen: each document's own square
+    v = make_workload(varlen=True, batch=3, seq_len=20, heads=2, head_dim=32)
+    assert TECHNIQUE.metrics_fn(v, measured)["flops"] == sum(4 * n * n * 2 * 32 for n in v.docs.lens_k)
+
+
+def _interpreter_problem():
+    return kernel_problem(flash.KERNEL[0], "cpu", interpreter_ok=True) or \
+        kernel_problem(flash.TRAIN_KERNELS, "cpu", interpreter_ok=True)
+
+
+@pytest.mark.parametrize("params", [TRAIN_CASES[1], TRAIN_CASES[4], TRAIN_CASES[6], TRAIN_CASES[7]],
+                         ids=["chunk", "mla", "varlen", "varlen-chunk"])
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_triton_variant_in_the_interpreter_matches_float64(params, mode):
+    """The triton variant (forward kernels, or flash_attn_func / flash_attn_varlen_func's forward
+    and backward) run by Triton's interpreter at tiny sizes passes the technique's own check."""
+    problem = _interpreter_problem()
+    if problem:
+        pytest.skip(problem)
+    w = make_workload(**{**params, "mode": mode, "block_m": 16, "block_n": 16})
+    result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["triton"].fn(w))
+    assert result.passed, result

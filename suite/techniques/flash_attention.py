@@ -1,5 +1,8 @@
 """flash_attention: eager attention (N x N scores in memory) against tiled online softmax (the
-Triton kernel on CUDA, ``torch_tiled`` standing in elsewhere), checked against float64 attention.
+Triton kernels on CUDA, ``torch_tiled`` standing in elsewhere), checked against float64 attention.
+``mode: train`` times forward + backward of a random upstream gradient in one call and checks the
+gradients of q, k and v as well; ``varlen`` packs documents of random lengths into one stream
+(flash-attn's varlen layout, cu_seqlens) and checks each document against itself run alone.
 Peers: torch SDPA (default dispatch, and pinned to each CUDA backend) and flash-attn if installed.
 """
 from __future__ import annotations
@@ -10,23 +13,36 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 from torch.torch_version import TorchVersion
 
-from gpubench.baselines.flash_attention import attention
+from gpubench.baselines.flash_attention import (CAUSAL_ALIGNS, REFERENCE_CHUNK_ELEMENTS, attention,
+                                                attention_reference, attention_reference_varlen, causal_offset)
 from gpubench.gqa import head_params, head_problems, kv_heads
-from gpubench.contract import Claim, Measured, Param, Plot, Technique, Workload, relative_l2_check
+from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Param, Plot, Technique, Workload,
+                               relative_l2_check, tensors_check)
 from gpubench.optimizations.flash_attention import KERNEL, flash_attention_torch
 from gpubench.optional import optional_import
 from gpubench.triton_support import kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Scores held at once by the reference, in float64 elements (256 MiB).
-REFERENCE_CHUNK_ELEMENTS = 2**25
+HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # 192 / 128: DeepSeek's MLA prefill (q/k 192, v 128); 256: Gemma 2/3
+MODES = ("forward", "train")
+# The autograd functions of the Triton forward + backward (FlashAttention-2's recomputation from lse).
+TRAIN_KERNELS = "gpubench.optimizations.flash_attention_triton_bwd"
+OUTPUT_KEYS = ("out", "dq", "dk", "dv")
+# Gradients pass through more rounded steps than the output (the recomputed probabilities, then
+# dS = P * (dP - rowsum(dO * O)), a difference of nearby numbers). float32 keeps the output's 1e-5;
+# 16-bit inputs: the eager baseline's own bf16 gradients err up to 5.2e-3 against float64 at small
+# sizes (measured here: seeds 0-9, GQA, varlen, MLA's 192/128, causal and not), so 2e-2 leaves the
+# kernels room for their different rounding. A wrong dq, dk or dv errs 0.1 or more.
+TRAIN_TOLERANCE = {**DTYPE_TOLERANCE, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
 TECHNIQUE = Technique(
     name="flash_attention",
     shape="kernel",
-    summary="Exact attention by tiles with an online softmax, never storing the N x N scores.",
+    summary="Exact attention by tiles with an online softmax, never storing the N x N scores; forward, "
+            "or forward + backward (train); padded batches or packed variable-length documents.",
     anchor="FA2: 50-73% of peak on A100; FA3: 740 TFLOP/s fp16 on H100 (75% of peak)",
     claims=[Claim("Dao, FlashAttention-2 (2023)", "https://arxiv.org/abs/2307.08691",
                   text="50-73% of the A100's 312 TFLOP/s fp16/bf16 peak, forward (156-228 TFLOP/s)",
@@ -34,7 +50,7 @@ TECHNIQUE = Technique(
                   measures="attention forward throughput of the fused kernel",
                   conditions="A100 80GB, fp16/bf16, head_dim 64 or 128, seq_len 512-16k, batch x seq_len = 16k",
                   when={"dtype": ("in", ("float16", "bfloat16")), "head_dim": ("in", (64, 128)),
-                        "seq_len": (">=", 512)},
+                        "seq_len": (">=", 512), "mode": ("==", "forward"), "varlen": ("==", False)},
                   caveat="measured: the optimized variant (gpubench's Triton kernel, FA2's algorithm), "
                          "not the FA2 CUDA kernel",
                   device_reason="the win is HBM traffic of a fused GPU kernel"),
@@ -43,28 +59,49 @@ TECHNIQUE = Technique(
                   reads="tflops", per_time=True, gpus=("H100", "H200"),
                   measures="attention forward throughput of the fused kernel",
                   conditions="H100 SXM5, fp16, long sequences",
-                  when={"dtype": ("in", ("float16", "bfloat16")), "seq_len": (">=", 512)},
+                  when={"dtype": ("in", ("float16", "bfloat16")), "seq_len": (">=", 512),
+                        "mode": ("==", "forward"), "varlen": ("==", False)},
                   caveat="measured: gpubench's Triton kernel (FA2's algorithm), not FA3's warp-specialized "
                          "Hopper kernel; an H200 has the H100's compute with more HBM",
                   device_reason="the win is HBM traffic of a fused GPU kernel")],
     gpu_specific=(
-        "The win is HBM traffic: on a GPU the fused kernel keeps each score tile on chip instead "
-        "of writing N x N scores to memory and reading them back. On a CPU the optimized role is "
-        "played by torch_tiled, the same algorithm as a PyTorch loop, which runs from caches and "
-        "pays Python overhead per tile, so its ratio says little about a GPU's."
+        "The win is HBM traffic: on a GPU the fused kernels keep each score tile on chip instead "
+        "of writing N x N scores to memory and reading them back (the backward recomputes them from "
+        "the saved log-sum-exp instead of keeping them). On a CPU the optimized role is played by "
+        "torch_tiled, the same forward algorithm as a PyTorch loop, which runs from caches and pays "
+        "Python overhead per tile; in train mode autograd records every tile's intermediates for "
+        "its backward, so neither its time nor its memory says anything about a GPU's. What a CPU "
+        "run does show: the values, the gradients and the packing are right."
     ),
     params=[
-        Param("batch", int, 2, "sequences per call", min=1),
+        Param("batch", int, 2, "sequences per call; varlen: documents packed into one stream", min=1),
         *head_params(heads=4),
-        Param("seq_len", int, 256, "tokens per sequence (queries and keys)", min=1),
-        Param("head_dim", int, 64, "channels per head", choices=[32, 64, 96, 128]),
+        Param("seq_len", int, 256, "keys per sequence (and queries, unless seq_len_q); varlen: the longest "
+              "document, each document's length drawn uniformly from 1..seq_len", min=1),
+        Param("seq_len_q", int, 0, "queries per sequence, 0: seq_len; fewer than the keys is a chunk of "
+              "queries at the end of a KV cache (chunked prefill, several tokens decoded at once); varlen: "
+              "each document's query length drawn from 1..seq_len_q", min=0),
+        Param("head_dim", int, 64, "channels per head of q and k", choices=HEAD_DIMS),
+        Param("head_dim_v", int, 0, "channels per head of v and the output; 0: head_dim (DeepSeek's MLA "
+              "prefill: head_dim 192, head_dim_v 128)", choices=[0, *HEAD_DIMS]),
         Param("dtype", str, "float32", "dtype of q, k, v and the output",
               choices=["float32", "float16", "bfloat16"]),
-        Param("causal", bool, False, "query i sees keys 0..i only"),
+        Param("causal", bool, False, "each query sees only keys up to its own position"),
+        Param("causal_align", str, "bottom_right", "where the causal diagonal sits when queries and keys "
+              "differ in number: bottom_right (flash-attn >= 2.1 and serving engines: query i sees keys "
+              "j <= i + seq_len - seq_len_q) or top_left (SDPA's is_causal: j <= i); the same for equal lengths",
+              choices=list(CAUSAL_ALIGNS)),
+        Param("mode", str, "forward", "forward, or train: forward and the backward of a random upstream "
+              "gradient timed together as one call (peak memory of both), dq, dk, dv checked too",
+              choices=list(MODES)),
+        Param("varlen", bool, False, "documents of random lengths packed into one stream (flash-attn's "
+              "varlen layout, cu_seqlens), never attending across documents; the eager baseline pads them "
+              "to the longest with a mask"),
         # Fixed tiles let a short sequence cross several query and key tiles (the rescaling, the
         # causal skip and the ragged edges), where the default tiles would hold it whole.
-        Param("block_m", int, 0, "query rows per tile of the tiled variants, a power of two >= 16 "
-              "(0: the kernel's autotuned tiles, the loop's 1024)", min=0),
+        Param("block_m", int, 0, "query rows per tile of the tiled forward variants, a power of two >= 16 "
+              "(0: the kernel's autotuned tiles, the loop's 1024); train mode's Triton backward tunes its own",
+              min=0),
         Param("block_n", int, 0, "keys per tile, as block_m (0: autotuned, the loop's 512)", min=0),
     ],
     plots=[
@@ -77,16 +114,47 @@ TECHNIQUE = Technique(
 )
 
 
+@dataclass(frozen=True)
+class Documents:
+    """A packed (varlen) batch: document d is q rows ``cu_seqlens_q[d]:cu_seqlens_q[d + 1]`` against
+    k/v rows ``cu_seqlens_k[d]:cu_seqlens_k[d + 1]``."""
+
+    cu_seqlens_q: torch.Tensor  # (documents + 1,) int32 on the workload's device
+    cu_seqlens_k: torch.Tensor
+    lens_q: list[int]  # host copies, drawn at build: no variant reads them back from the device
+    lens_k: list[int]
+
+    @property
+    def max_seqlen_q(self) -> int:
+        return max(self.lens_q)
+
+    @property
+    def max_seqlen_k(self) -> int:
+        return max(self.lens_k)
+
+    def spans(self) -> list[tuple[slice, slice]]:
+        """Each document's (query rows, key rows) in the packed stream."""
+        out, q0, k0 = [], 0, 0
+        for n_q, n_k in zip(self.lens_q, self.lens_k):
+            out.append((slice(q0, q0 + n_q), slice(k0, k0 + n_k)))
+            q0, k0 = q0 + n_q, k0 + n_k
+        return out
+
+
 @dataclass(kw_only=True)
 class AttentionWorkload(Workload):
-    q: torch.Tensor  # (batch, heads, seq, head_dim)
-    k: torch.Tensor  # (batch, kv_heads, seq, head_dim)
-    v: torch.Tensor
+    q: torch.Tensor  # (batch, heads, seq_q, head_dim); varlen (total_q, heads, head_dim)
+    k: torch.Tensor  # (batch, kv_heads, seq_k, head_dim); varlen (total_k, kv_heads, head_dim)
+    v: torch.Tensor  # as k, with head_dim_v channels
     causal: bool
+    causal_align: str
+    train: bool  # q, k, v require grad; every variant returns the output and dq, dk, dv
+    grad_out: torch.Tensor | None  # train: the upstream gradient, shaped like the output
+    docs: Documents | None  # varlen: the packing
     blocks: dict[str, int]  # block_m and block_n for the tiled variants, or empty: their defaults
-    # Where the two tiled variants write, one buffer each (the harness makes every checked call
-    # before checking any). NaN until their first (checked) call, so an element a kernel never
-    # writes fails the check instead of inheriting a correct value from memory.
+    # Where the two tiled variants write in forward mode, one buffer each (the harness makes every
+    # checked call before checking any). NaN until their first (checked) call, so an element a
+    # kernel never writes fails the check instead of inheriting a correct value from memory.
     triton_out: torch.Tensor
     tiled_out: torch.Tensor
 
@@ -103,56 +171,178 @@ def validate(params: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0, *lens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
+
 @TECHNIQUE.build
 def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionWorkload:
     device = torch.device(device)
-    batch, heads, seq, dim = params["batch"], params["heads"], params["seq_len"], params["head_dim"]
+    batch, heads, kv = params["batch"], params["heads"], kv_heads(params)
+    dim, dim_v = params["head_dim"], params["head_dim_v"] or params["head_dim"]
+    seq_k, seq_q = params["seq_len"], params["seq_len_q"] or params["seq_len"]
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, h, seq, dim, generator=gen).to(device=device, dtype=DTYPES[params["dtype"]])
-               for h in (heads, kv_heads(params), kv_heads(params)))
-    return AttentionWorkload(params=dict(params), device=device, seed=seed, q=q, k=k, v=v, causal=params["causal"],
+    docs = None
+    if params["varlen"]:
+        lens_k = torch.randint(1, seq_k + 1, (batch,), generator=gen).tolist()
+        lens_q = torch.randint(1, seq_q + 1, (batch,), generator=gen).tolist() if params["seq_len_q"] else lens_k
+        docs = Documents(_cu_seqlens(lens_q, device), _cu_seqlens(lens_k, device), lens_q, lens_k)
+        shapes = ((sum(lens_q), heads, dim), (sum(lens_k), kv, dim), (sum(lens_k), kv, dim_v))
+    else:
+        shapes = ((batch, heads, seq_q, dim), (batch, kv, seq_k, dim), (batch, kv, seq_k, dim_v))
+    dtype, train = DTYPES[params["dtype"]], params["mode"] == "train"
+    q, k, v = (torch.randn(*shape, generator=gen).to(device=device, dtype=dtype) for shape in shapes)
+    out_shape = (*q.shape[:-1], dim_v)
+    grad_out = torch.randn(*out_shape, generator=gen).to(device=device, dtype=dtype) if train else None
+    # Gradients come back from torch.autograd.grad, never accumulated: no reset between calls.
+    return AttentionWorkload(params=dict(params), device=device, seed=seed, q=q.requires_grad_(train),
+                             k=k.requires_grad_(train), v=v.requires_grad_(train), causal=params["causal"],
+                             causal_align=params["causal_align"], train=train, grad_out=grad_out, docs=docs,
                              blocks={name: params[name] for name in ("block_m", "block_n") if params[name]},
-                             triton_out=torch.full_like(q, float("nan")), tiled_out=torch.full_like(q, float("nan")))
+                             triton_out=torch.full(out_shape, float("nan"), dtype=dtype, device=device),
+                             tiled_out=torch.full(out_shape, float("nan"), dtype=dtype, device=device))
+
+
+def run_mode(w: AttentionWorkload, attend: Callable[[], torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """``attend()`` in forward mode; in train mode also its backward of ``grad_out``, returning
+    the output and the gradients of q, k and v by name."""
+    if not w.train:
+        return attend()
+    with torch.enable_grad():
+        out = attend()
+        grads = torch.autograd.grad(out, (w.q, w.k, w.v), w.grad_out)
+    return dict(zip(OUTPUT_KEYS, (out.detach(), *grads)))
+
+
+# -- the pair -----------------------------------------------------------------------------------
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, causal: bool,
+                     causal_align: str) -> torch.Tensor:
+    """Packed documents the eager way (Hugging Face's eager path with an attention mask): scattered
+    into a zero-padded (documents, heads, longest, dim) batch, scores materialized and masked past
+    each document's own keys (and by its causal diagonal), fp32 softmax, @ V, gathered back to the
+    packed rows. Differentiable. A query row that sees no key gives 0."""
+    n, heads, kv, dim = len(docs.lens_q), q.shape[1], k.shape[1], q.shape[-1]
+    longest_q, longest_k = docs.max_seqlen_q, docs.max_seqlen_k
+    device = q.device
+    pos_q, pos_k = torch.arange(longest_q, device=device), torch.arange(longest_k, device=device)
+    len_q, len_k = (torch.tensor(lens, device=device) for lens in (docs.lens_q, docs.lens_k))
+    starts_q, starts_k = docs.cu_seqlens_q[:-1].long(), docs.cu_seqlens_k[:-1].long()
+    # Row of each packed token in the padded batch, flattened: document * longest + position.
+    rows_q = (torch.arange(n, device=device) * longest_q).repeat_interleave(len_q) + \
+        torch.arange(q.shape[0], device=device) - starts_q.repeat_interleave(len_q)
+    rows_k = (torch.arange(n, device=device) * longest_k).repeat_interleave(len_k) + \
+        torch.arange(k.shape[0], device=device) - starts_k.repeat_interleave(len_k)
+
+    def padded(t: torch.Tensor, rows: torch.Tensor, longest: int) -> torch.Tensor:
+        flat = t.new_zeros(n * longest, *t.shape[1:]).index_copy(0, rows, t)
+        return flat.unflatten(0, (n, longest)).transpose(1, 2)  # (n, heads, longest, dim)
+
+    qp, kp, vp = padded(q, rows_q, longest_q), padded(k, rows_k, longest_k), padded(v, rows_k, longest_k)
+    if heads != kv:  # GQA: each k/v head copied once per query head that shares it
+        kp, vp = (t.repeat_interleave(heads // kv, dim=1) for t in (kp, vp))
+    visible = (pos_k[None, None, :] < len_k[:, None, None]) & (pos_q[None, :, None] < len_q[:, None, None])
+    if causal:
+        shift = (len_k - len_q) if causal_align == "bottom_right" else torch.zeros_like(len_q)
+        visible &= pos_k[None, None, :] <= pos_q[None, :, None] + shift[:, None, None]
+    visible = visible[:, None]  # (n, 1, longest_q, longest_k)
+    scores = torch.matmul(qp, kp.transpose(-2, -1)) * dim ** -0.5
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1, dtype=torch.float32)
+    # Padding rows and rows that see no key softmax to NaN: weights 0 there instead.
+    probs = probs.masked_fill(~visible.any(dim=-1, keepdim=True), 0.0).to(v.dtype)
+    out = torch.matmul(probs, vp).transpose(1, 2).flatten(0, 1)  # (n * longest_q, heads, head_dim_v)
+    return out.index_select(0, rows_q)
 
 
 @TECHNIQUE.variant("eager", role="baseline")
-def eager(w: AttentionWorkload) -> torch.Tensor:
-    """materialized scores, float32 softmax, @ V (Hugging Face's eager path)"""
-    return attention(w.q, w.k, w.v, causal=w.causal)
+def eager(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """materialized scores, float32 softmax, @ V (Hugging Face's eager path); varlen: the documents
+    padded to the longest with a mask; train: autograd's backward through it"""
+    if w.docs is not None:
+        return run_mode(w, lambda: padded_attention(w.q, w.k, w.v, w.docs, w.causal, w.causal_align))
+    return run_mode(w, lambda: attention(w.q, w.k, w.v, causal=w.causal, causal_align=w.causal_align))
 
 
-@TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device))
-def triton_kernel(w: AttentionWorkload) -> torch.Tensor:
-    """the fused Triton kernel: online softmax over K/V tiles held on chip"""
-    return getattr(kernel_module(KERNEL[0]), KERNEL[1])(w.q, w.k, w.v, causal=w.causal, out=w.triton_out, **w.blocks)
+def _kernel_problem(device: torch.device) -> str | None:
+    return kernel_problem(KERNEL[0], device) or kernel_problem(TRAIN_KERNELS, device)
+
+
+@TECHNIQUE.variant("triton", role="optimized", unavailable=_kernel_problem)
+def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """the fused Triton kernels: online softmax over K/V tiles held on chip (varlen: one stream cut by
+    cu_seqlens); train: flash_attn_func / flash_attn_varlen_func, FlashAttention-2's backward
+    recomputing the scores from the saved log-sum-exp"""
+    args = dict(causal=w.causal, causal_align=w.causal_align)
+    if w.train:
+        functions = kernel_module(TRAIN_KERNELS)
+        if w.docs is None:
+            return run_mode(w, lambda: functions.flash_attn_func(w.q, w.k, w.v, **args))
+        d = w.docs
+        return run_mode(w, lambda: functions.flash_attn_varlen_func(
+            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, **args))
+    kernels = kernel_module(KERNEL[0])
+    if w.docs is None:
+        return getattr(kernels, KERNEL[1])(w.q, w.k, w.v, out=w.triton_out, **args, **w.blocks)
+    d = w.docs
+    return kernels.flash_attention_varlen_triton(w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q,
+                                                 d.max_seqlen_k, out=w.triton_out, **args, **w.blocks)
+
+
+def tiled_per_document(w: AttentionWorkload) -> torch.Tensor:
+    """The tiled loop on each packed document alone (the loop has no varlen form), into
+    ``tiled_out``'s rows of that document (train: concatenated, so autograd sees every one)."""
+    outs = []
+    for rows_q, rows_k in w.docs.spans():
+        q, k, v = (t[rows].transpose(0, 1)[None] for t, rows in ((w.q, rows_q), (w.k, rows_k), (w.v, rows_k)))
+        out = None if w.train else w.tiled_out[rows_q].transpose(0, 1)[None]
+        outs.append(flash_attention_torch(q, k, v, causal=w.causal, causal_align=w.causal_align, out=out,
+                                          **w.blocks)[0].transpose(0, 1))
+    return torch.cat(outs) if w.train else w.tiled_out
 
 
 @TECHNIQUE.variant("torch_tiled", role="optimized")
-def torch_tiled(w: AttentionWorkload) -> torch.Tensor:
-    """the same online softmax as a loop of PyTorch tile operations (stands in where the kernel cannot run)"""
-    return flash_attention_torch(w.q, w.k, w.v, causal=w.causal, out=w.tiled_out, **w.blocks)
+def torch_tiled(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """the same online softmax as a loop of PyTorch tile operations (stands in where the kernel cannot
+    run; varlen: one document at a time; train: autograd's backward through the loop)"""
+    if w.docs is not None:
+        return run_mode(w, lambda: tiled_per_document(w))
+    return run_mode(w, lambda: flash_attention_torch(w.q, w.k, w.v, causal=w.causal, causal_align=w.causal_align,
+                                                     out=None if w.train else w.tiled_out, **w.blocks))
 
+
+# -- peers --------------------------------------------------------------------------------------
 
 def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[1], dim=1)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, gqa: bool) -> torch.Tensor:
-    if q.shape[1] == k.shape[1]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def _sdpa(w: AttentionWorkload, gqa: bool) -> torch.Tensor:
+    """SDPA on the workload's padded batch; bottom-right causal with unequal lengths through torch's
+    ``causal_lower_right`` bias (``is_causal`` is top-left)."""
+    if w.docs is not None:
+        raise RuntimeError("SDPA takes padded batches; this case is varlen (flash_attn is its peer)")
+    q, k, v = w.q, w.k, w.v
+    heads, seq_q, seq_k = q.shape[1], q.shape[2], k.shape[2]
+    if w.causal and seq_q > seq_k and w.causal_align == "bottom_right":
+        raise RuntimeError("SDPA's lower-right causal bias gives NaN for query rows that see no key "
+                           f"(seq_len_q {seq_q} > seq_len {seq_k})")
+    if w.causal and seq_q != seq_k and w.causal_align == "bottom_right":
+        return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads),
+                                              attn_mask=causal_lower_right(seq_q, seq_k))
+    if heads == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=w.causal)
     if gqa:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    heads = q.shape[1]
-    return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads), is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=w.causal, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads), is_causal=w.causal)
 
 
 SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
 
 
 @TECHNIQUE.variant("sdpa")
-def run_sdpa(w: AttentionWorkload) -> torch.Tensor:
-    """torch SDPA, default backend dispatch (enable_gqa when torch has it)."""
-    return _sdpa(w.q, w.k, w.v, w.causal, gqa=SDPA_HAS_GQA)
+def run_sdpa(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """torch SDPA, default backend dispatch (enable_gqa when torch has it); padded batches only"""
+    return run_mode(w, lambda: _sdpa(w, gqa=SDPA_HAS_GQA))
 
 
 def _needs_cuda(device: torch.device) -> str | None:
@@ -164,30 +354,30 @@ def _needs_cuda(device: torch.device) -> str | None:
 _NO_GQA_BACKENDS: set[str] = set()
 
 
-def _pinned_sdpa(name: str, backend: SDPBackend) -> Callable[[Workload], torch.Tensor]:
-    def run(w: AttentionWorkload) -> torch.Tensor:
+def _pinned_sdpa(name: str, backend: SDPBackend) -> Callable[[Workload], Any]:
+    def attend(w: AttentionWorkload) -> torch.Tensor:
         grouped = w.q.shape[1] != w.k.shape[1]
         with sdpa_kernel(backend):
             try:
                 if grouped and SDPA_HAS_GQA and name not in _NO_GQA_BACKENDS:
                     try:
-                        return _sdpa(w.q, w.k, w.v, w.causal, gqa=True)
+                        return _sdpa(w, gqa=True)
                     except RuntimeError:
-                        out = _sdpa(w.q, w.k, w.v, w.causal, gqa=False)
+                        out = _sdpa(w, gqa=False)
                         _NO_GQA_BACKENDS.add(name)
                         return out
-                return _sdpa(w.q, w.k, w.v, w.causal, gqa=False)
+                return _sdpa(w, gqa=False)
             except RuntimeError as exc:  # e.g. the flash backend has no float32 kernel
                 raise RuntimeError(f"SDPA backend {backend.name} cannot run this case: {exc}") from exc
 
-    return run
+    return lambda w: run_mode(w, lambda: attend(w))
 
 
 for _name, _backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
                         ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
                         ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_math", SDPBackend.MATH)):
     TECHNIQUE.variant(_name, description=f"torch SDPA pinned to the {_backend.name} backend "
-                      "(repeats k/v heads when that backend has no GQA path)",
+                      "(repeats k/v heads when that backend has no GQA path); padded batches only",
                       unavailable=_needs_cuda)(_pinned_sdpa(_name, _backend))
 
 
@@ -196,59 +386,156 @@ def _flash_attn_unavailable(device: torch.device) -> str | None:
     return imported if isinstance(imported, str) else _needs_cuda(device)
 
 
-@TECHNIQUE.variant("flash_attn", unavailable=_flash_attn_unavailable)
-def run_flash_attn(w: AttentionWorkload) -> torch.Tensor:
-    """The flash-attn package (Dao et al.), layout (batch, seq, heads, head_dim)."""
-    flash_attn_func = optional_import("flash_attn", "flash_attn_func")
-    out = flash_attn_func(w.q.transpose(1, 2), w.k.transpose(1, 2), w.v.transpose(1, 2), causal=w.causal)
+def _flash_attn(w: AttentionWorkload) -> torch.Tensor:
+    if w.causal and w.causal_align == "top_left" and w.params["seq_len_q"] not in (0, w.params["seq_len"]):
+        raise RuntimeError("flash-attn aligns causal bottom-right only (since 2.1); this case is top_left")
+    if w.docs is not None:
+        d = w.docs
+        return optional_import("flash_attn", "flash_attn_varlen_func")(
+            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, causal=w.causal)
+    out = optional_import("flash_attn", "flash_attn_func")(w.q.transpose(1, 2), w.k.transpose(1, 2),
+                                                          w.v.transpose(1, 2), causal=w.causal)
     return out.transpose(1, 2)
+
+
+@TECHNIQUE.variant("flash_attn", unavailable=_flash_attn_unavailable)
+def run_flash_attn(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The flash-attn package (Dao et al.): flash_attn_func on (batch, seq, heads, head_dim), or
+    flash_attn_varlen_func on the packed stream; causal bottom-right"""
+    return run_mode(w, lambda: _flash_attn(w))
 
 
 # -- correctness ------------------------------------------------------------------------------
 
-@TECHNIQUE.reference
-def reference(w: AttentionWorkload) -> torch.Tensor:
-    """Attention in float64, a chunk of query rows at a time so memory stays bounded."""
-    q, k, v = (t.to(torch.float64) for t in (w.q, w.k, w.v))
+def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       grad_out: torch.Tensor, causal: bool, causal_align: str) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv of attention in float64 (SDPA's layout), from the forward's output and
+    log-sum-exp, a chunk of query rows at a time so memory stays bounded at any length:
+    P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale,
+    dK = dS^T Q * scale; a kv head's gradients summed over the query heads that share it."""
+    q, k, v, out, lse, grad_out = (t.detach().to(torch.float64) for t in (q, k, v, out, lse, grad_out))
     batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (b, kv_heads, group, s, d)
-    out = torch.empty_like(q)
-    rows = max(1, REFERENCE_CHUNK_ELEMENTS // (batch * heads * seq_k))
+    kv, seq_k = k.shape[1], k.shape[2]
+    offset, scale = causal_offset(seq_q, seq_k, causal_align), head_dim ** -0.5
+    qg, og, dog = (t.unflatten(1, (kv, heads // kv)) for t in (q, out, grad_out))  # (b, kv, group, s, d)
+    lse = lse.unflatten(1, (kv, heads // kv))
+    delta = (dog * og).sum(dim=-1)
+    dq, dk, dv = torch.empty_like(qg), torch.zeros_like(k), torch.zeros_like(v)
+    rows = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads * seq_k))
     key_pos = torch.arange(seq_k, device=q.device)
     for start in range(0, seq_q, rows):
-        stop = min(start + rows, seq_q)
-        scores = torch.einsum("bkgqd,bknd->bkgqn", q[:, :, :, start:stop], k) * head_dim ** -0.5
-        if w.causal:
-            query_pos = torch.arange(start, stop, device=q.device)
-            scores.masked_fill_(key_pos[None, :] > query_pos[:, None], float("-inf"))
-        out[:, :, :, start:stop] = torch.einsum("bkgqn,bknd->bkgqd", scores.softmax(dim=-1), v)
-    return out.flatten(1, 2)
+        at = slice(start, min(start + rows, seq_q))
+        probs = torch.einsum("bkgqd,bknd->bkgqn", qg[:, :, :, at], k).mul_(scale).sub_(lse[..., at, None]).exp_()
+        if causal:  # also zeroes rows that see no key (lse -inf made them +inf)
+            query_pos = torch.arange(at.start, at.stop, device=q.device)
+            probs.masked_fill_(key_pos[None, :] > query_pos[:, None] + offset, 0.0)
+        dscores = torch.einsum("bkgqe,bkne->bkgqn", dog[:, :, :, at], v).sub_(delta[..., at, None]).mul_(probs)
+        dq[:, :, :, at] = torch.einsum("bkgqn,bknd->bkgqd", dscores, k) * scale
+        dk += torch.einsum("bkgqn,bkgqd->bknd", dscores, qg[:, :, :, at]) * scale
+        dv += torch.einsum("bkgqn,bkgqe->bkne", probs, dog[:, :, :, at])
+    return dq.flatten(1, 2), dk, dv
 
 
-check = TECHNIQUE.check(relative_l2_check)
+def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`reference_backward` of each packed document alone, into packed gradients."""
+    grads = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (w.q, w.k, w.v)]
+    as_batch = lambda t: t.transpose(0, 1)[None]  # noqa: E731 - (tokens, heads, d) -> (1, heads, tokens, d)
+    for rows_q, rows_k in w.docs.spans():
+        doc = reference_backward(as_batch(w.q[rows_q]), as_batch(w.k[rows_k]), as_batch(w.v[rows_k]),
+                                 as_batch(out[rows_q]), lse[None, :, rows_q], as_batch(w.grad_out[rows_q]),
+                                 w.causal, w.causal_align)
+        for grad, rows, part in zip(grads, (rows_q, rows_k, rows_k), doc):
+            grad[rows] = part[0].transpose(0, 1)
+    return tuple(grads)
+
+
+@TECHNIQUE.reference
+def reference(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Attention in float64 (``attention_reference``; varlen: each document alone); train mode adds
+    dq, dk, dv by :func:`reference_backward`, a chunk of query rows at a time."""
+    args = dict(causal=w.causal, causal_align=w.causal_align, return_lse=w.train)
+    with torch.no_grad():
+        if w.docs is None:
+            result = attention_reference(w.q, w.k, w.v, **args)
+        else:
+            result = attention_reference_varlen(w.q, w.k, w.v, w.docs.cu_seqlens_q, w.docs.cu_seqlens_k, **args)
+        if not w.train:
+            return result
+        out, lse = result
+        if w.docs is None:
+            grads = reference_backward(w.q, w.k, w.v, out, lse, w.grad_out, w.causal, w.causal_align)
+        else:
+            grads = _reference_varlen_backward(w, out, lse)
+    return dict(zip(OUTPUT_KEYS, (out, *grads)))
+
+
+@TECHNIQUE.check
+def check(reference_output: torch.Tensor | dict[str, torch.Tensor], output: Any) -> CheckResult:
+    """Forward: the output's relative L2 error within its dtype's tolerance. Train: the output and
+    dq, dk, dv by name, the worst relative L2 error within TRAIN_TOLERANCE of the output's dtype."""
+    if not isinstance(reference_output, dict):
+        return relative_l2_check(reference_output, output)
+    out = output.get("out") if isinstance(output, dict) else None
+    return tensors_check(reference_output, output, TRAIN_TOLERANCE,
+                         dtype=out.dtype if isinstance(out, torch.Tensor) else None)
 
 
 # -- metrics ----------------------------------------------------------------------------------
 
-def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> int:
-    """Forward FLOPs as the flash-attention repository counts them: two matmuls of
-    2 * seq^2 * head_dim each per head, halved when causal."""
-    flops = 4 * batch * seq_len * seq_len * heads * head_dim
-    return flops // 2 if causal else flops
+def _ramp_area_x2(t: int, seq_k: int) -> int:
+    """Twice the integral of clamp(u, 0, seq_k) for u from 0 to t."""
+    if t <= 0:
+        return 0
+    return t * t if t <= seq_k else seq_k * seq_k + 2 * seq_k * (t - seq_k)
 
 
-def attention_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
-    """Least HBM traffic one call can do: read q, k, v once and write an output shaped like q."""
-    return (2 * q.numel() * q.element_size() + k.numel() * k.element_size()
-            + v.numel() * v.element_size())
+def score_area_x2(seq_q: int, seq_k: int, causal: bool, causal_align: str = "bottom_right") -> int:
+    """Twice the area of the score matrix that is computed: seq_q x seq_k, or under a causal mask
+    the area below its diagonal as a continuous region (seq^2 / 2 for equal lengths, as the
+    flash-attention repository counts causal; a chunk of seq_q queries at the end of seq_k keys:
+    seq_q * seq_k - seq_q^2 / 2)."""
+    if not causal:
+        return 2 * seq_q * seq_k
+    offset = causal_offset(seq_q, seq_k, causal_align)
+    return _ramp_area_x2(seq_q + offset, seq_k) - _ramp_area_x2(offset, seq_k)
+
+
+def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, head_dim_v: int, causal: bool,
+                    causal_align: str = "bottom_right") -> int:
+    """Forward FLOPs as the flash-attention repository counts them: two matmuls per head, Q K^T
+    (2 * seq_q * seq_k * head_dim) and P V (2 * seq_q * seq_k * head_dim_v), causal counting only the
+    area below the diagonal (half, for equal lengths)."""
+    return batch * heads * (head_dim + head_dim_v) * score_area_x2(seq_q, seq_k, causal, causal_align)
+
+
+def attention_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool = False) -> int:
+    """Least HBM traffic one call can do. Forward: read q, k, v once and write the output (q's rows,
+    v's head_dim). Train adds the log-sum-exp written (fp32, one per query row) and the backward's
+    reads of q, k, v, the output, its gradient and the log-sum-exp, and writes of dq, dk, dv."""
+    qkv = sum(t.numel() * t.element_size() for t in (q, k, v))
+    rows = q.numel() // q.shape[-1]
+    out = rows * v.shape[-1] * q.element_size()
+    if not train:
+        return qkv + out
+    lse = rows * 4
+    return (qkv + out + lse) + (qkv + 2 * out + lse + qkv)
 
 
 @TECHNIQUE.metrics
 def metrics(w: AttentionWorkload, measured: Measured) -> dict[str, Any]:
-    batch, heads, seq_len, head_dim = w.q.shape
-    return {
-        "flops": attention_flops(batch, heads, seq_len, head_dim, w.causal),
-        "bytes_moved": attention_bytes(w.q, w.k, w.v),
-        "tokens_per_s": batch * seq_len / measured.median_s,
-    }
+    heads, head_dim, head_dim_v = w.q.shape[1], w.q.shape[-1], w.v.shape[-1]  # heads: dim 1 in both layouts
+    if w.docs is None:
+        problems = [(w.q.shape[0], w.q.shape[2], w.k.shape[2])]
+    else:
+        problems = [(1, n_q, n_k) for n_q, n_k in zip(w.docs.lens_q, w.docs.lens_k)]
+    forward = sum(attention_flops(b, heads, s_q, s_k, head_dim, head_dim_v, w.causal, w.causal_align)
+                  for b, s_q, s_k in problems)
+    tokens = sum(b * s_q for b, s_q, _ in problems)
+    out: dict[str, Any] = {"bytes_moved": attention_bytes(w.q, w.k, w.v, w.train),
+                           "tokens_per_s": tokens / measured.median_s}
+    if w.train:
+        # The flash-attention repository's benchmark: backward 2.5x the forward, a step 3.5x.
+        out.update(flops=forward * 7 // 2, forward_flops=forward, backward_flops=forward * 5 // 2)
+    else:
+        out["flops"] = forward
+    return out
