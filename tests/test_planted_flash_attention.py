@@ -56,14 +56,7 @@ def test_unrescaled_softmax_denominator_is_caught_below_1024_tokens(monkeypatch,
 
 def _kernel_with(tmp_path: Path, old: str, new: str):
     """A copy of the Triton kernel's module with ``old`` (found exactly once) replaced by ``new``."""
-    source = Path(kernel_module(flash.KERNEL[0]).__file__).read_text()
-    assert source.count(old) == 1
-    path = tmp_path / "planted_flash_attention_triton.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _module_with(tmp_path, flash.KERNEL[0], old, new)
 
 
 @pytest.mark.parametrize("params", [
@@ -86,3 +79,46 @@ def test_triton_kernel_reading_interleaved_kv_heads_is_caught(monkeypatch, tmp_p
     record = run_planted("flash_attention", **params)
     assert record.role_variant("optimized") == "triton" and caught(record), (record.status, record.failure)
     assert record.variants["torch_tiled"].check["passed"]
+
+
+def _module_with(tmp_path: Path, name: str, old: str, new: str):
+    """A copy of module ``name`` with ``old`` (found exactly once) replaced by ``new``."""
+    source = Path(kernel_module(name).__file__).read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / f"planted_{name.rsplit('.', 1)[-1]}.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = dict(batch=1, heads=4, kv_heads=2, seq_len=40, seq_len_q=29, head_dim=32, dtype="float32", causal=True,
+             mode="train")
+BACKWARD_BUGS = {
+    # dQ's dS = P * (dP - delta) without FlashAttention-2's row term delta = rowsum(dO * O)
+    "dq-without-delta": ("ds = (p * (dp - delta[:, None])).to(in_dtype)", "ds = (p * dp).to(in_dtype)"),
+    # dK and dV from the first query head of each GQA group only, not summed over the group
+    "gqa-not-summed": ("for g in range(group):", "for g in range(1):"),
+}
+
+
+@pytest.mark.parametrize("params", [TRAIN, dict(TRAIN, batch=3, seq_len=30, seq_len_q=0, varlen=True)],
+                         ids=["padded", "varlen"])
+@pytest.mark.parametrize("bug", list(BACKWARD_BUGS))
+def test_triton_backward_with_a_wrong_gradient_is_caught_by_the_train_check(monkeypatch, tmp_path, bug, params):
+    """A one-line bug in the Triton backward (run by the interpreter), in a train-mode case run as
+    the harness runs it, fails the optimized variant's own check (out, dq, dk, dv against float64),
+    while the same case passes with the shipped kernel."""
+    problem = kernel_problem(flash.TRAIN_KERNELS, "cpu", interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    monkeypatch.setattr(flash.TECHNIQUE.variants["triton"], "unavailable", lambda device: None)
+    assert passed(run_planted("flash_attention", **params))
+    buggy = _module_with(tmp_path, flash.TRAIN_KERNELS, *BACKWARD_BUGS[bug])
+    real = flash.kernel_module
+    monkeypatch.setattr(flash, "kernel_module", lambda name: buggy if name == flash.TRAIN_KERNELS else real(name))
+    record = run_planted("flash_attention", **params)
+    assert record.role_variant("optimized") == "triton" and caught(record), (record.status, record.failure)
+    check = record.variants["triton"].check
+    assert check["error"] > 5 * check["tolerance"] and any(g in check["detail"] for g in ("dq", "dk", "dv"))
