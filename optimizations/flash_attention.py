@@ -85,3 +85,19 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
             row_sum = row_sum.masked_fill(row_sum == 0, 1.0)  # their acc is 0: they store 0
         out_grouped[:, :, :, m_start:m_end] = (acc / row_sum).view(batch, kv_heads, group, rows, head_dim_v)
     return out
+
+
+# The differentiable entry points (forward kernel + backward kernels, gpubench.optimizations.
+# flash_attention_triton_bwd), imported on first use: that module imports Triton, this one must not.
+TRAINING_API = ("FlashAttentionFunction", "flash_attn_func", "flash_attn_varlen_func", "flash_attention_backward_triton")
+
+
+def __getattr__(name: str):
+    from gpubench.triton_support import kernel_module
+
+    if name in TRAINING_API:
+        module = kernel_module("gpubench.optimizations.flash_attention_triton_bwd")
+        if isinstance(module, str):
+            raise ImportError(f"gpubench.optimizations.flash_attention.{name}: {module}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,512 @@
+"""Flash attention backward as Triton kernels, and the autograd function around the forward kernel.
+
+FlashAttention-2's backward: nothing of the forward's N x N probabilities is kept, only the
+output and each row's log-sum-exp; a tile of probabilities is recomputed from those when needed.
+Three kernels: a preprocess for delta = rowsum(dO * O); dK/dV with one program per key tile (and
+kv head) that streams the query tiles seeing it, summing over the query heads of its GQA group; dQ
+with one program per query tile that streams the key tiles it sees. dQ is a separate kernel rather
+than atomic adds into an fp32 buffer: gradients are deterministic (the same bits every run), no
+scratch buffer has to be zeroed (or reset between autotuning trials), at the cost of recomputing
+Q K^T and dO V^T there: 7 tile matmuls per tile pair instead of 5, so a TFLOP/s figure that counts
+the backward as 2.5x the forward (5 matmuls, flash-attn's convention) understates the work done by
+7/5. Layouts, causal alignment, GQA, head dims and varlen packing as the forward
+(:mod:`.flash_attention_triton`). Checked in Triton's interpreter against float64 autograd; the
+GPU tiles below are reasoned, not yet measured.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from gpubench.baselines.flash_attention import check_shapes
+from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
+                                                           flash_attention_triton, flash_attention_varlen_triton)
+from gpubench.triton_support import interpreted
+
+INTERPRETED = interpreted()  # fixed when the kernels below are decorated
+
+LOG2E = math.log2(math.e)
+
+# Interpreter tiles: small, and BLOCK_M != BLOCK_N so the causal split is exercised in its general form.
+INTERPRETER_BLOCK_M = 16
+INTERPRETER_BLOCK_N = 32
+# delta's rows per program: two (rows x head_dim_v) fp32 tiles, at head_dim_v 256 and 4 warps 128
+# registers a thread; memory-bound, so nothing to tune.
+PREPROCESS_BLOCK_M = 32
+
+# GPU tiles (Ampere/Hopper-class; the autotuner drops configs that do not fit shared memory; none
+# has run on a GPU yet, so they are reasoned, not measured). A dK/dV program keeps its K and V
+# tiles and two fp32 accumulators (BLOCK_N x head_dim each) on chip and streams short query tiles
+# past them, so it wants BLOCK_N large and BLOCK_M small; dQ is the mirror image (a tall query
+# tile and its dQ accumulator stay, short key tiles stream). At head_dim 128 the largest, 128 keys
+# x 2 accumulators over 8 warps, holds 128 fp32 registers a thread, as Triton's fused-attention
+# tutorial's 32 x 128 backward tile. head_dim > 128 (256, MLA's 192 / 128 padded to 256 / 128)
+# doubles every tile's bytes and the accumulators' registers: those configs halve the tiles (at
+# most 128 accumulator registers a thread: 64 x 256 x 2 over 8 warps, 32 x 256 x 2 over 4) and use
+# at most 2 pipeline stages.
+DKDV_CONFIGS = _configs([(32, 128, 8, 3), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 4),
+                         (16, 64, 4, 3)])
+DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4),
+                       (32, 64, 4, 3)])
+DKDV_CONFIGS_WIDE = _configs([(32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 1)])
+DQ_CONFIGS_WIDE = _configs([(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)])
+AUTOTUNE_KEY = ["seq_q", "seq_k", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN"]  # + dtypes
+
+
+def _autotuned(kernel, configs, wide_configs):
+    """``kernel`` autotuned over ``configs`` for head dims up to 128, ``wide_configs`` above."""
+    def prune(candidates, named_args, **kwargs):
+        wide = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
+        return [c for c in candidates if any(c is w for w in wide_configs) == wide]
+
+    return None if INTERPRETED else triton.autotune(configs=configs + wide_configs, key=AUTOTUNE_KEY,
+                                                    prune_configs_by={"early_config_prune": prune})(kernel)
+
+
+@triton.jit
+def _document(cu_ptr, b, seq_len, VARLEN: tl.constexpr):
+    """(first row, length) of sequence b: a document of the packed tensor, or the whole padded one."""
+    if VARLEN:
+        start = tl.load(cu_ptr + b)
+        seq_len = tl.load(cu_ptr + b + 1) - start
+    else:
+        start = b * 0
+    return start, seq_len
+
+
+@triton.jit
+def _documents(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """Sequence b's query and key spans, and its causal diagonal: query i sees key j iff
+    j <= i + diagonal. Bottom-right aligns the last query with the last key (flash-attn >= 2.1),
+    top-left the first with the first (SDPA's is_causal)."""
+    q_start, seq_q = _document(cu_q_ptr, b, seq_q, VARLEN)
+    k_start, seq_k = _document(cu_k_ptr, b, seq_k, VARLEN)
+    diagonal = seq_k - seq_q if BOTTOM_RIGHT else 0
+    return q_start, seq_q, k_start, seq_k, diagonal
+
+
+@triton.jit
+def _base(ptr, b, h, start, stride_b, stride_h, stride_m):
+    # int64: batch * heads * seq * head_dim can pass 2^31 elements. Varlen passes stride_b = 0.
+    return (ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+            + start.to(tl.int64) * stride_m)
+
+
+@triton.jit
+def _load_tile(base, rows, cols, stride_r, stride_c, row_mask, col_mask):
+    """The (rows, cols) tile at ``base`` by strides; elements outside the masks read as 0."""
+    return tl.load(base + rows[:, None] * stride_r + cols[None, :] * stride_c,
+                   mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _bwd_preprocess(out_ptr, do_ptr, delta_ptr, cu_q_ptr,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    stride_lb, stride_lh, stride_lm,
+                    heads, seq_q,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    """delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij, the term softmax's gradient subtracts."""
+    m_block = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    start, seq_q = _document(cu_q_ptr, b, seq_q, VARLEN)
+    if m_block * BLOCK_M >= seq_q:
+        return
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_mask = offs_m < seq_q
+    dv_mask = offs_dv < HEAD_DIM_V
+    o = _load_tile(_base(out_ptr, b, h, start, stride_ob, stride_oh, stride_om), offs_m, offs_dv,
+                   stride_om, stride_od, m_mask, dv_mask)
+    do = _load_tile(_base(do_ptr, b, h, start, stride_dob, stride_doh, stride_dom), offs_m, offs_dv,
+                    stride_dom, stride_dod, m_mask, dv_mask)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(_base(delta_ptr, b, h, start, stride_lb, stride_lh, stride_lm) + offs_m * stride_lm, delta,
+             mask=m_mask)
+
+
+@triton.jit
+def _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm):
+    """A query tile's log2-scaled log-sum-exp and delta. Rows past the sequence read lse +inf, so
+    exp2(s - lse) is exactly 0 for them. A row that sees no key (lse -inf: bottom-right, seq_q >
+    seq_k) is only ever in a masked tile (its tile's first row sees no key either, so the causal
+    split puts no full tile before it), where its infinite exp2 is replaced by 0, never multiplied."""
+    lse = tl.load(lse_base + offs_m * stride_lm, mask=m_mask, other=float("inf")) * 1.4426950408889634  # log2(e)
+    delta = tl.load(delta_base + offs_m * stride_lm, mask=m_mask, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                  offs_m, offs_d, offs_dv, d_mask, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """dQ += dS K over the key tiles starting in [n_lo, n_hi); dS = P * (dP - delta), dP = dO V^T."""
+    for n_start in range(n_lo, n_hi, BLOCK_N):
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        # K and V loaded transposed, (head_dim, keys), by their strides. A MASKED tile may pass
+        # seq_k: those keys read as zero and their probabilities are forced to 0 below (a zero key
+        # row alone would not do: exp2(0 - lse) can overflow and 0 * inf is NaN).
+        n_mask = offs_n < seq_k
+        kt = _load_tile(k_base, offs_d, offs_n, stride_kd, stride_kn, d_mask, n_mask)
+        vt = _load_tile(v_base, offs_dv, offs_n, stride_vd, stride_vn, dv_mask, n_mask)
+        in_dtype = kt.dtype
+        if DOT_IN_FP32:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        # The forward's probabilities, recomputed exactly: exp2 of the log2-scaled scores minus
+        # the row's log2 log-sum-exp (no running max or sum needed, the forward's lse has them).
+        p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale_log2 - lse2[:, None])
+        if MASKED:
+            visible = n_mask[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
+        # dS goes to the inputs' dtype for the matmul (16-bit tensor cores), accumulated in fp32.
+        ds = (p * (dp - delta[:, None])).to(in_dtype)
+        if DOT_IN_FP32:
+            ds = ds.to(tl.float32)
+        dq = tl.dot(ds, tl.trans(kt), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                      stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
+                      m_lo, m_hi, seq_q, diagonal, qk_scale_log2,
+                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """dV += P^T dO and dK += dS^T Q over the query tiles starting in [m_lo, m_hi), transposed
+    (keys are this program's rows). Query rows past seq_q read as zero with lse +inf: P^T is 0 there,
+    so the ragged last tile needs no mask. Key rows past seq_k are computed and never stored."""
+    for m_start in range(m_lo, m_hi, BLOCK_M):
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < seq_q
+        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, m_mask, d_mask)
+        do = _load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, m_mask, dv_mask)
+        lse2, delta = _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm)
+        in_dtype = q.dtype
+        if DOT_IN_FP32:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        pt = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale_log2 - lse2[None, :])
+        if MASKED:  # a tile crossing the causal diagonal: query i sees key j iff j <= i + diagonal
+            pt = tl.where(offs_n[:, None] <= offs_m[None, :] + diagonal, pt, 0.0)
+        # As the forward's second matmul: probabilities rounded to the inputs' dtype, fp32 accumulation.
+        pt_in = pt.to(in_dtype)
+        if DOT_IN_FP32:
+            pt_in = pt_in.to(tl.float32)
+        dv = tl.dot(pt_in, do, dv, input_precision=DOT_PRECISION)
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dst = (pt * (dpt - delta[None, :])).to(in_dtype)
+        if DOT_IN_FP32:
+            dst = dst.to(tl.float32)
+        dk = tl.dot(dst, q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
+            stride_qb, stride_qh, stride_qm, stride_qd,
+            stride_kb, stride_kh, stride_kn, stride_kd,
+            stride_vb, stride_vh, stride_vn, stride_vd,
+            stride_dob, stride_doh, stride_dom, stride_dod,
+            stride_lb, stride_lh, stride_lm,
+            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            heads, group, seq_q, seq_k, sm_scale, qk_scale_log2,
+            HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    m_block = tl.program_id(0)
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    kv_h = h // group  # GQA by indexing, as the forward
+    q_start, seq_q, k_start, seq_k, diagonal = _documents(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, VARLEN, BOTTOM_RIGHT)
+    m_start = m_block * BLOCK_M
+    if m_start >= seq_q:  # varlen: the grid covers the longest document
+        return
+
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_mask = offs_m < seq_q
+    d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < HEAD_DIM_V
+    q = _load_tile(_base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm), offs_m, offs_d,
+                   stride_qm, stride_qd, m_mask, d_mask)
+    do = _load_tile(_base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom), offs_m, offs_dv,
+                    stride_dom, stride_dod, m_mask, dv_mask)
+    lse2, delta = _load_row_stats(_base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
+                                  _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
+                                  offs_m, m_mask, stride_lm)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    k_base = _base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn)
+    v_base = _base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn)
+
+    # Key tiles every row of this query tile sees whole run unmasked; then the tiles crossing the
+    # diagonal (and the ragged last one) masked; tiles past the tile's last visible key are skipped.
+    if CAUSAL:
+        n_hi = tl.minimum(tl.maximum(m_start + BLOCK_M + diagonal, 0), seq_k)
+        full_end = tl.minimum(tl.maximum(m_start + 1 + diagonal, 0), seq_k) // BLOCK_N * BLOCK_N
+    else:
+        n_hi = seq_k
+        full_end = seq_k // BLOCK_N * BLOCK_N
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, offs_dv, d_mask, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
+                       BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
+                       DOT_IN_FP32=DOT_IN_FP32)
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, offs_dv, d_mask, dv_mask, full_end, n_hi, seq_k, diagonal, qk_scale_log2,
+                       BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
+                       DOT_IN_FP32=DOT_IN_FP32)
+    # Every row is stored, a row that sees no key as 0.
+    tl.store(_base(dq_ptr, b, h, q_start, stride_dqb, stride_dqh, stride_dqm)
+             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_dob, stride_doh, stride_dom, stride_dod,
+              stride_lb, stride_lh, stride_lm,
+              stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+              stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+              kv_heads, group, seq_q, seq_k, sm_scale, qk_scale_log2,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n_block = tl.program_id(0)
+    b = tl.program_id(1) // kv_heads
+    kv_h = tl.program_id(1) % kv_heads
+    q_start, seq_q, k_start, seq_k, diagonal = _documents(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, VARLEN, BOTTOM_RIGHT)
+    n_start = n_block * BLOCK_N
+    if n_start >= seq_k:
+        return
+
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    n_mask = offs_n < seq_k
+    d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < HEAD_DIM_V
+    # This program's K and V tiles stay on chip while every query tile that sees them streams past.
+    k = _load_tile(_base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn), offs_n, offs_d,
+                   stride_kn, stride_kd, n_mask, d_mask)
+    v = _load_tile(_base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn), offs_n, offs_dv,
+                   stride_vn, stride_vd, n_mask, dv_mask)
+    if DOT_IN_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+
+    # Causal: query tiles before the first query that sees this tile's first key are skipped;
+    # from m_lo the tiles crossing the diagonal are masked; from m_full every query sees every key
+    # of the tile. Keys a causal mask hides from every query (top-left, seq_k > seq_q) get m_lo past
+    # seq_q: no tile runs and their gradients are stored as 0.
+    if CAUSAL:
+        m_lo = tl.maximum(n_start - diagonal, 0) // BLOCK_M * BLOCK_M
+        m_full = tl.cdiv(tl.maximum(n_start + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
+        m_full = tl.minimum(tl.maximum(m_full, m_lo), seq_q)
+    else:
+        m_lo = seq_q * 0
+        m_full = seq_q * 0
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    # GQA: the query heads of this kv head's group are summed here, in one program, so no two
+    # programs write the same dK/dV rows.
+    for g in range(group):
+        h = kv_h * group + g
+        q_base = _base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm)
+        do_base = _base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom)
+        lse_base = _base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
+        delta_base = _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                   stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
+                                   m_lo, m_full, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M,
+                                   MASKED=CAUSAL, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                   stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
+                                   m_full, seq_q, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M,
+                                   MASKED=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    tl.store(_base(dk_ptr, b, kv_h, k_start, stride_dkb, stride_dkh, stride_dkn)
+             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
+    tl.store(_base(dv_ptr, b, kv_h, k_start, stride_dvb, stride_dvh, stride_dvn)
+             + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
+             dv.to(dv_ptr.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
+
+
+_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE)
+_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE)
+
+
+def _layout_strides(t: torch.Tensor, varlen: bool) -> tuple[int, ...]:
+    """(batch, head, row[, channel]) strides of a padded (B, H, S[, D]) tensor, or of a packed
+    (T, H[, D]) / lse (H, T) one as a batch of documents sharing storage (batch stride 0)."""
+    if not varlen:
+        return t.stride()
+    if t.dim() == 2:  # lse (heads, tokens)
+        return (0, t.stride(0), t.stride(1))
+    return (0, t.stride(1), t.stride(0), t.stride(2))
+
+
+def _check_backward_inputs(do, q, k, v, out, lse, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                           max_seqlen_k, block_m, block_n, causal_align):
+    """ValueError (RuntimeError: no way to run here) for what the backward cannot run; q, k, v, the
+    tiles, causal_align and the varlen offsets as the forward checks them."""
+    check_shapes(q, k, v, seq_dim=0 if varlen else 2)
+    _check_call(q, k, v, block_m, block_n, causal_align)
+    if varlen:
+        if cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
+            raise ValueError("varlen: give cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k together")
+        _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        lse_shape = (q.shape[1], q.shape[0])
+    else:
+        if cu_seqlens_k is not None or max_seqlen_q is not None or max_seqlen_k is not None:
+            raise ValueError("cu_seqlens_k, max_seqlen_q and max_seqlen_k need cu_seqlens_q (varlen)")
+        lse_shape = tuple(q.shape[:3])
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    if tuple(out.shape) != out_shape or tuple(do.shape) != out_shape:
+        raise ValueError(f"out {tuple(out.shape)} and do {tuple(do.shape)} must both be {out_shape} (q's sizes "
+                         "with v's head_dim)")
+    if out.dtype != q.dtype or do.dtype != q.dtype:
+        raise ValueError(f"out and do must have q's dtype {q.dtype} (got {out.dtype}, {do.dtype})")
+    if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(f"lse must be float32 {lse_shape} on {q.device}, as the forward returns it (got "
+                         f"{lse.dtype} {tuple(lse.shape)} on {lse.device})")
+
+
+def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
+                                    scale: float | None = None, *, causal_align: str = "bottom_right",
+                                    cu_seqlens_q: torch.Tensor | None = None,
+                                    cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                                    max_seqlen_k: int | None = None, block_m: int | None = None,
+                                    block_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of out = softmax(q k^T * scale) v given do = dL/d(out), from the forward's out
+    and lse (natural-log log-sum-exp of the scaled scores over visible keys, float32).
+
+    Padded: q (B, H, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), out and do (B, H, Sq, Dv), lse
+    (B, H, Sq). Varlen (``cu_seqlens_q`` given): q (Tq, H, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), lse
+    (H, Tq), cu_seqlens_* int32 (documents + 1,), max_seqlen_* the longest document. Any strides;
+    gradients in the inputs' dtypes. Causal: query i of a sequence sees key j iff j <= i + (Sk - Sq)
+    (``causal_align="bottom_right"``) or j <= i (``"top_left"``). ``block_m`` / ``block_n`` fix
+    the tiles of both kernels (powers of two >= 16) instead of the autotuned / interpreter ones.
+    """
+    varlen = cu_seqlens_q is not None
+    _check_backward_inputs(do, q, k, v, out, lse, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                           max_seqlen_k, block_m, block_n, causal_align)
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if scale is None:
+        scale = head_dim ** -0.5
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        grid_q, grid_k = max_seqlen_q, max_seqlen_k
+        # As the forward: the kernels read each document's lengths from cu_seqlens; the length
+        # arguments are only the autotuning key, max_seqlen rounded up to a power of two so that
+        # batches of varying lengths reuse a few tunings.
+        seq_q, seq_k = triton.next_power_of_2(max(max_seqlen_q, 1)), triton.next_power_of_2(max(max_seqlen_k, 1))
+        # Rows outside every document (cu_seqlens_*[-1] short of the tensor) get 0.
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    else:
+        batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
+        grid_q, grid_k = seq_q, seq_k
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if batch == 0 or grid_q == 0 or grid_k == 0 or q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    cu_q, cu_k = (cu_seqlens_q, cu_seqlens_k) if varlen else (lse, lse)  # unread placeholders when not varlen
+    block_dv = max(16, triton.next_power_of_2(head_dim_v))
+
+    _bwd_preprocess[(triton.cdiv(grid_q, PREPROCESS_BLOCK_M), batch * heads)](
+        out, do, delta, cu_q, *_layout_strides(out, varlen), *_layout_strides(do, varlen),
+        *_layout_strides(lse, varlen), heads, grid_q,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, VARLEN=varlen, BLOCK_M=PREPROCESS_BLOCK_M)
+
+    # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
+    # integers (triton-lang/triton#11584), so there bf16 operands are widened to fp32 first, as in
+    # the forward; probabilities and dS are still rounded to bf16 before their matmuls.
+    dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
+    constants = dict(
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=block_dv,
+        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
+        # fp32 inputs: full-precision products, not TF32 (10-bit mantissa), as the forward.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
+        DOT_IN_FP32=dot_in_fp32,
+    )
+    common = (*_layout_strides(q, varlen), *_layout_strides(k, varlen), *_layout_strides(v, varlen),
+              *_layout_strides(do, varlen), *_layout_strides(lse, varlen))
+    scales = (scale, scale * LOG2E)
+    dq_args = (q, k, v, do, lse, delta, dq, cu_q, cu_k, *common, *_layout_strides(dq, varlen),
+               heads, heads // kv_heads, seq_q, seq_k, *scales)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
+                 *_layout_strides(dv, varlen), kv_heads, heads // kv_heads, seq_q, seq_k, *scales)
+    dq_grid = lambda meta: (triton.cdiv(grid_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+    dkdv_grid = lambda meta: (triton.cdiv(grid_k, meta["BLOCK_N"]), batch * kv_heads)  # noqa: E731
+    for kernel, tuned, grid, args in ((_bwd_dq, _bwd_dq_tuned, dq_grid, dq_args),
+                                      (_bwd_dkdv, _bwd_dkdv_tuned, dkdv_grid, dkdv_args)):
+        if block_m is None and tuned is not None:
+            tuned[grid](*args, **constants)
+        else:
+            tiles = dict(BLOCK_M=block_m or INTERPRETER_BLOCK_M, BLOCK_N=block_n or INTERPRETER_BLOCK_N)
+            kernel[grid(tiles)](*args, **constants, **tiles, num_warps=4, num_stages=2)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Differentiable flash attention: the forward kernel with ``return_lse=True``, saving q, k, v,
+    out and lse (O(seq) extra, never the N x N probabilities), and the backward kernels above."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                max_seqlen_k):
+        if cu_seqlens_q is None:
+            out, lse = flash_attention_triton(q, k, v, causal, scale, causal_align=causal_align, return_lse=True)
+        else:
+            out, lse = flash_attention_varlen_triton(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                causal_align=causal_align, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.options = dict(causal=causal, scale=scale, causal_align=causal_align, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_k=max_seqlen_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward_triton(do, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q,
+                                                     cu_seqlens_k=cu_seqlens_k, **ctx.options)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
+    """softmax(q k^T * scale) v, differentiable, by the Triton kernels: q (B, H, Sq, D), k (B, Hkv, Sk, D),
+    v (B, Hkv, Sk, Dv) -> (B, H, Sq, Dv). Causal aligned bottom-right by default (flash-attn >= 2.1)."""
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, None, None, None, None)
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
+    """:func:`flash_attn_func` over packed documents, flash-attn's varlen layout: q (Tq, H, D), k (Tk, Hkv, D),
+    v (Tk, Hkv, Dv) -> (Tq, H, Dv); document b is rows cu_seqlens_*[b]:cu_seqlens_*[b + 1] and attends
+    only to itself, with causal alignment per document."""
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k,
+                                        max_seqlen_q, max_seqlen_k)
