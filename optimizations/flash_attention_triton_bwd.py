@@ -488,6 +488,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: say so, not 0
     def backward(ctx, do):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward_triton(do, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q,

@@ -268,6 +268,14 @@ def test_flash_attn_varlen_func_trains_like_each_document_alone():
     assert_gradients_close(got, want, (q, k, v))
 
 
+def test_double_backward_is_refused_rather_than_silently_zero():
+    q, k, v, _ = random_problem(seq_q=8, seq_k=8)
+    q.requires_grad_()
+    (dq,) = torch.autograd.grad(flash_attn_func(q, k, v).square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dq.sum().backward()
+
+
 def test_training_api_is_exported_from_flash_attention_module():
     from gpubench.optimizations import flash_attention, flash_attention_triton_bwd
 
