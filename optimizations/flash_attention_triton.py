@@ -29,7 +29,9 @@ INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 INTERPRETER_BLOCK_M = 32
 INTERPRETER_BLOCK_N = 16
 
-LN2 = 0.6931471805599453  # the log-sum-exp is kept in log2 units on chip, returned in natural log
+# The log-sum-exp is kept in log2 units on chip, returned in natural log. A constexpr: a kernel may
+# read no other global (the interpreter allows it, the compiler does not).
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 def _configs(shapes):
@@ -51,15 +53,16 @@ GPU_CONFIGS = _configs((
     (64, 32, 4, 3),
     (64, 32, 4, 2),
 ))
-# Head dims above 128 (Gemma's 256, MLA's 192 / 128, padded to 256 / 128 tiles). Shared memory
-# holds about the query tile plus num_stages K and V tiles: BLOCK_M * BLOCK_D + num_stages *
-# BLOCK_N * (BLOCK_D + BLOCK_DV) elements. At 256 / 256 in 16 bits that is 192 KiB for
-# 128 x 64 x 2 stages (fits an H100 / H200's 227 KiB per block, not an A100's 163 KiB), 160 KiB
-# for 64 x 64 x 2, 96 KiB for 64 x 32 x 2; so at most 2 stages, never the 128-key tiles, and the
-# 32 x 32 tile is for fp32 (twice the bytes: 160 KiB at 2 stages). The fp32 output accumulator,
-# BLOCK_M x BLOCK_DV, lives in registers: 128 x 256 over 8 warps is 128 registers a thread, as
-# FlashAttention-2's own head_dim-256 tile (128 x 64, 8 warps); 64-row tiles with 4 warps hold
-# the same per thread, with 8 warps half. Configs that do not fit are skipped by the autotuner.
+# Head dims above 128 (Gemma's 256, MLA's 192 / 128, padded to 256 / 128 tiles): the query
+# tile, the K/V tiles and the fp32 BLOCK_M x BLOCK_DV accumulator are up to twice as wide, so at
+# most 2 stages and never the 128-key tiles. Shared memory per config, from compiling this kernel
+# for sm_90 (H100 / H200: 227 KiB per block; A100: 163 KiB) with Triton 3.9 on a machine without
+# a GPU, head_dim 256 / 256 (192 / 128 in brackets), bf16: 128 x 64 / 8 warps 96 KiB (96),
+# 64 x 64 64 (64), 64 x 32 48 (48), 32 x 32 34 (32); fp32 (twice the bytes): 288 (256), 208 (176),
+# 136 (120), 100 (84), so fp32 always has a config that fits, 64 x 32 or smaller on an A100.
+# 128 x 64 with 8 warps is FlashAttention-2's own head_dim-256 tile. Configs that do not fit are
+# skipped by the autotuner. (The same compile of head_dim 128, bf16, 128 x 64 / 8 warps / 3
+# stages gives 48 KiB and 255 registers, as the kernel before issue 20's changes did.)
 GPU_CONFIGS_LARGE_HEAD = _configs((
     (128, 64, 8, 2),
     (64, 64, 8, 2),
@@ -240,7 +243,7 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     # Normalise once at the end, by the complete denominator, rather than on every tile; then
     # store in the output's dtype, leaving out padded rows and channels. A row that saw no key
     # has acc 0 and row_sum 0: it stores 0 (divided by 1) and log-sum-exp -inf. Every other row
-    # has row_sum >= 1 (its maximum's weight), so the test cannot mistake one for the other.
+    # has row_sum >= 1 (its maximum's weight), so the two cannot be confused.
     nothing_seen = row_sum == 0.0
     acc = acc / tl.where(nothing_seen, 1.0, row_sum)[:, None]
     tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,

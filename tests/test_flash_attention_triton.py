@@ -137,3 +137,18 @@ def test_kernel_rejects_what_it_cannot_run():
         flash_attention_triton(w.q.double(), w.k.double(), w.v.double())
     with pytest.raises(ValueError, match="out must match q"):
         flash_attention_triton(w.q, w.k, w.v, out=torch.empty(1, 2, 33, 32, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_kernel_on_equal_documents_is_the_padded_kernel_bit_for_bit(causal):
+    # Packing only moves where each document starts: the same tiles, the same arithmetic, so the
+    # same bits, output and log-sum-exp (a varlen offset or stride error shows here as any change).
+    from gpubench.optimizations.flash_attention_triton import flash_attention_varlen_triton
+
+    w = make_workload(batch=3, heads=4, kv_heads=2, seq_len=37, head_dim=64, causal=causal)
+    out, lse = flash_attention_triton(w.q, w.k, w.v, causal=causal, return_lse=True)
+    cu = torch.arange(0, 4 * 37, 37, dtype=torch.int32)
+    q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (w.q, w.k, w.v))
+    packed_out, packed_lse = flash_attention_varlen_triton(q, k, v, cu, cu, 37, 37, causal=causal, return_lse=True)
+    assert torch.equal(packed_out, out.transpose(1, 2).flatten(0, 1))
+    assert torch.equal(packed_lse, lse.transpose(0, 1).flatten(1, 2))
