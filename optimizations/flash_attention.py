@@ -60,9 +60,9 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
         row_max = torch.full((batch, kv_heads, group * rows, 1), float("-inf"), dtype=torch.float32, device=q.device)
         row_sum = torch.zeros_like(row_max)
         acc = torch.zeros(batch, kv_heads, group * rows, head_dim_v, dtype=torch.float32, device=q.device)
-        # Rows that see no key at all (bottom-right with seq_q > seq_k): their maximum stays
+        # Rows that see no key at all (bottom-right with seq_q > seq_k, or no keys): their maximum stays
         # -inf, so they are shifted by 0 instead (weights exp(-inf) = 0, not NaN) and end as 0.
-        empty_rows = causal and m_start + offset < 0
+        empty_rows = causal and m_start + offset < 0 or seq_k == 0
         # Causal: K/V tiles wholly above the diagonal are never loaded.
         n_stop = max(0, min(seq_k, m_end + offset)) if causal else seq_k
         for n_start in range(0, n_stop, block_n):

@@ -288,6 +288,14 @@ def test_tiled_loop_and_eager_are_differentiable_to_float64_gradients(seq_q, seq
             assert rel_err(got.grad, want.grad) <= 1e-5
 
 
+def test_zero_keys_give_zero_rows_and_lse_minus_inf_everywhere():
+    q, k, v = qkv(seq_q=20, seq_k=0, head_dim=16, head_dim_v=8)
+    out, lse = flash_attention_triton(q, k, v, return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    for fn in (flash_attention_torch, attention, attention_reference):
+        assert (fn(q, k, v) == 0).all(), fn.__name__
+
+
 def test_tiled_loop_and_eager_reject_unknown_alignment():
     q, k, v = qkv()
     for fn in (flash_attention_torch, attention, attention_reference):
