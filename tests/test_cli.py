@@ -29,7 +29,7 @@ def test_list_shows_techniques_params_defaults_and_scenarios():
     result = invoke("list")
     assert result.exit_code == 0
     out = result.output
-    assert "flash_attention" in out and "head_dim" in out and "one of [32, 64, 96, 128]" in out
+    assert "flash_attention" in out and "head_dim" in out and "one of [32, 64, 96, 128, 192, 256]" in out
     assert "eager (baseline)" in out and "triton (optimized)" in out and "torch_tiled (optimized)" in out
     assert "smoke" in out and "gpu-quick" in out
 
