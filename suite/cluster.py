@@ -31,8 +31,7 @@ def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRe
 
     device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
     if not _WORKER_STATE:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        envmod.use_device(device)
         env = envmod.capture_env(device)
         gpu = env.get("gpu") or {}
         key = f"{socket.gethostname()}:{gpu.get('uuid') or device}" if device.type == "cuda" else \

@@ -24,11 +24,36 @@ from gpubench import stats, telemetry, timing
 from gpubench.errors import BadInput
 
 
+def cuda_device(device: str | int | torch.device) -> torch.device:
+    """The indexed CUDA device meant by ``cuda``, ``cuda:N``, ``N`` or a torch.device of either
+    form (``cuda`` alone means the current device). torch's per-device calls
+    (``torch.cuda.set_device`` above all) reject a ``cuda`` without an index, so every CUDA
+    entry point passes its device through here first."""
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"{device} is not a CUDA device")
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def use_device(device: str | torch.device) -> torch.device:
+    """Make ``device`` the current CUDA device (events, streams and allocations default to it)
+    when it is one, and return it with its index; a CPU device is returned as it is."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device
+    device = cuda_device(device)
+    torch.cuda.set_device(device)
+    return device
+
+
 def resolve_device(requested: str, source: str = "--device") -> torch.device:
-    """Turn ``auto|cpu|cuda|cuda:N`` into a device that exists here, or raise BadInput."""
+    """Turn ``auto|cpu|cuda|cuda:N`` into a device that exists here (a CUDA one always with its
+    index), or raise BadInput."""
     allowed = "auto, cpu, cuda or cuda:N"
     if requested == "auto":
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cpu":
         return torch.device("cpu")
     if requested == "cuda" or (requested.startswith("cuda:") and requested[5:].isdigit()):
@@ -164,9 +189,8 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     """Measure the device's ceilings: dense matmul FLOP/s (bf16 on a GPU, fp32 on a CPU), memory
     copy bandwidth (bytes read + written), host<->device bandwidth on a GPU, and the harness's
     per-repetition overhead."""
+    device = use_device(device)  # the harness's events record on the current device
     on_gpu = device.type == "cuda"
-    if on_gpu:
-        torch.cuda.set_device(device)  # the harness's events record on the current device
     policy = timing.Policy(warmup_s=0.1, min_reps=5, max_reps=30 if quick else 100,
                            min_time_s=0.2 if quick else 1.0, max_time_s=2.0 if quick else 8.0,
                            target_iqr=0.02, flush_l2=False)

@@ -166,8 +166,7 @@ class InProcess:
     def start(self) -> list[DeviceState]:
         from gpubench import env as envmod
 
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # events, streams and allocations default to this GPU
+        self.device = envmod.use_device(self.device)  # events, streams and allocations default to this GPU
         env = envmod.capture_env(self.device)
         info = DeviceInfo(key=str(self.device), type=self.device.type,
                           index=(env.get("gpu") or {}).get("index"), label=env["device_label"],

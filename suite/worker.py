@@ -170,14 +170,10 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
     """The worker's life: start, report ready, measure jobs until told to stop or the context breaks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_output(log_path)
-    import torch
-
     from gpubench import env as envmod
     from gpubench import notices, runner, telemetry
 
-    device = torch.device(device_text)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = envmod.use_device(device_text)
     energy = None
     if device.type == "cuda":
         try:

@@ -1,0 +1,86 @@
+"""Every CUDA entry point accepts ``cuda``, ``cuda:N`` and a torch.device of either form.
+
+The H200's first `gpubench env --calibrate` died on ``torch.cuda.set_device("cuda")``: torch
+rejects a CUDA device without an index there. These tests stand a strict fake in for
+``torch.cuda`` (it rejects what the real one rejects) and drive each entry point up to the
+first line after it selects the device, on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubench import env as envmod
+from gpubench import supervisor
+
+
+class Reached(Exception):
+    """The entry point got past selecting its device."""
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as a 2-GPU machine sees it, as far as selecting a device goes; the current
+    device is 1, so a ``cuda`` that silently became ``cuda:0`` is caught too."""
+    selected: list[int] = []
+
+    def set_device(device):
+        # torch.cuda.set_device -> torch.cuda._utils._get_device_index(device, optional=False)
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            if device.type != "cuda" or device.index is None:
+                raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+            device = device.index
+        selected.append(int(device))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    return selected
+
+
+FORMS = ["cuda", "cuda:0", "cuda:1", torch.device("cuda"), torch.device("cuda", 0)]
+EXPECTED = [1, 0, 1, 1, 0]  # "cuda" alone is the current device (1 in the fake)
+
+
+@pytest.mark.parametrize("form,index", list(zip(FORMS, EXPECTED)), ids=[str(f) for f in FORMS])
+def test_calibrate_selects_the_device_in_every_form(fake_cuda, monkeypatch, form, index):
+    def stop(*args, **kwargs):
+        raise Reached
+    monkeypatch.setattr(envmod.timing, "Clock", stop)  # the line after selecting the device
+    with pytest.raises(Reached):
+        envmod.calibrate(form, quick=True)
+    assert fake_cuda == [index]
+
+
+@pytest.mark.parametrize("form,index", list(zip(FORMS, EXPECTED)), ids=[str(f) for f in FORMS])
+def test_use_device_returns_the_indexed_device(fake_cuda, form, index):
+    assert envmod.use_device(form) == torch.device("cuda", index)
+    assert fake_cuda == [index]
+
+
+def test_use_device_leaves_a_cpu_alone(fake_cuda):
+    assert envmod.use_device("cpu") == torch.device("cpu")
+    assert fake_cuda == []
+
+
+@pytest.mark.parametrize("requested,index", [("auto", 1), ("cuda", 1), ("cuda:0", 0)])
+def test_resolve_device_always_names_an_index(fake_cuda, requested, index):
+    assert envmod.resolve_device(requested) == torch.device("cuda", index)
+
+
+def test_in_process_device_selects_cuda_without_index(fake_cuda, monkeypatch):
+    def stop(*args, **kwargs):
+        raise Reached
+    monkeypatch.setattr(envmod, "capture_env", stop)  # the line after selecting the device
+    dev = supervisor.InProcess("cuda", calibrate=False, telemetry_interval_s=0.1)
+    with pytest.raises(Reached):
+        dev.start()
+    assert fake_cuda == [1] and dev.device == torch.device("cuda", 1)
+
+
+def test_cuda_device_refuses_a_cpu():
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        envmod.cuda_device("cpu")
