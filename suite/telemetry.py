@@ -13,7 +13,8 @@ Where there is no NVML (a CPU run, no NVIDIA driver, nvidia-ml-py not installed)
 runner does not need to special-case it.
 
 The sampling logic talks to a :class:`TelemetrySource`; :class:`NvmlSource` is the real one and
-tests inject a fake, which is how the sampler is tested on a CPU.
+tests inject a fake, which is how the sampler is tested on a CPU. Energy per call, timed against
+the counter's steps and checked against the board's power limit, is :mod:`gpubench.energy`.
 
 Units: power in W, energy in mJ (NVML's counter, cumulative since the driver loaded), clocks in
 MHz, temperature in degrees C, utilization in %, memory used in MiB (2**20 bytes, as nvidia-smi).
@@ -102,7 +103,8 @@ class TelemetrySource(Protocol):
         ...
 
     def energy_mj(self) -> float | None:
-        """Cumulative energy counter in mJ, None if unsupported."""
+        """Cumulative energy counter in mJ, None if unsupported. A source may also offer
+        ``power_limit_w()`` (the board's limit in W, or None): energy figures are checked against it."""
         ...
 
     def close(self) -> None:
@@ -320,6 +322,24 @@ class NvmlSource:
             if self._permanent(e):
                 self.unsupported.add("energy_mj")
             return None
+
+    def power_limit_w(self) -> float | None:
+        """The board's power limit in W: the enforced limit (what the power limiter holds the
+        average to, after any cap set on the board), else the power-management limit; None where
+        NVML answers neither. Read each time: an administrator may change it during a run."""
+        if not self._open:
+            return None
+        for name in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"):
+            fn = getattr(self._nv, name, None)
+            if fn is None:
+                continue
+            try:
+                milliwatts = fn(self._handle)
+            except self._nv.NVMLError:
+                continue
+            if milliwatts:
+                return float(milliwatts) / 1000.0
+        return None
 
     @property
     def handle(self) -> Any:
@@ -592,6 +612,16 @@ class TelemetrySampler:
             return None
         try:
             return source.energy_mj()
+        except Exception:
+            return None
+
+    def power_limit_w(self) -> float | None:
+        """The board's power limit in W from the source (None if unavailable or not reported)."""
+        reader = getattr(self._source, "power_limit_w", None)  # optional in a TelemetrySource
+        if reader is None:
+            return None
+        try:
+            return reader()
         except Exception:
             return None
 

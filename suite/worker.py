@@ -79,8 +79,9 @@ class Done:
 class SharedTag:
     """The case and variant running now, in shared memory, so the supervisor's telemetry thread
     tags its samples with what this worker is doing. ``energy_mj`` reads the device's energy
-    counter in this process (NVML is not tied to a process). What ``run_case`` needs of
-    telemetry: ``set_tag`` and ``energy_mj``."""
+    counter in this process (NVML is not tied to a process), ``power_limit_w`` the board's power
+    limit. What ``run_case`` needs of telemetry: ``set_tag``, ``energy_mj`` (and, to check energy
+    figures, ``power_limit_w``)."""
 
     def __init__(self, buffer: Any, energy: Any = None):
         self._buffer = buffer
@@ -94,6 +95,12 @@ class SharedTag:
         try:
             return None if self._energy is None else self._energy.energy_mj()
         except Exception:  # noqa: BLE001 - energy is optional
+            return None
+
+    def power_limit_w(self) -> float | None:
+        try:
+            return None if self._energy is None else self._energy.power_limit_w()
+        except Exception:  # noqa: BLE001 - without it, energy figures go unchecked
             return None
 
 

@@ -539,6 +539,12 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h):
         return self._reading("memory", SimpleNamespace(used=3 * 2**30))
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._reading("enforced_limit", 700_000)
+
+    def nvmlDeviceGetPowerManagementLimit(self, h):
+        return self._reading("management_limit", 650_000)
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         return self._reading("event_reasons", 0x4)
 
@@ -582,6 +588,25 @@ def test_unsupported_nvml_field_becomes_none_and_is_not_asked_again():
         assert src.energy_mj() is None
     assert nv.calls["temp"] == 1 and nv.calls["energy"] == 1
     assert src.unsupported == {"temp_c", "energy_mj"}
+
+
+def test_power_limit_is_the_enforced_one_else_the_management_limit_else_unknown():
+    nv = FakeNvml()
+    s = TelemetrySampler(NvmlSource(0, nvml=nv), clock=FakeClock())
+    assert s.power_limit_w() == 700.0  # mW from NVML, W here
+    nv.unsupported.add("enforced_limit")
+    assert s.power_limit_w() == 650.0
+    nv.unsupported.add("management_limit")
+    assert s.power_limit_w() is None
+    s.close()
+    assert s.power_limit_w() is None
+
+
+def test_without_nvml_there_is_no_power_limit_and_the_reason_is_kept():
+    s = TelemetrySampler.for_device("cpu")
+    assert s.power_limit_w() is None and s.energy_mj() is None
+    assert s.run_summary()["status"] == "unavailable" and "device is cpu" in s.run_summary()["reason"]
+    assert TelemetrySampler(FakeSource()).power_limit_w() is None  # a source that does not offer one
 
 
 def test_nvml_read_that_fails_entirely_raises_and_sampler_counts_it():
