@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import pandas as pd
 
 from gpubench.atomic import atomic_write_chunks, atomic_write_json, atomic_write_text
+from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
 
 # 2: variants are named by what they run (their role is a field), side data recorded per timed
@@ -51,8 +52,9 @@ class VariantRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     recorded: list[dict[str, Any]] = field(default_factory=list)  # numbers a call recorded, per timed call
     peak_memory_bytes: int | None = None
-    energy_mj_per_call: float | None = None
-    energy_error: str | None = None
+    energy_mj_per_call: float | None = None  # = energy.mj_per_call: None where not measured or flagged
+    energy_error: str | None = None  # why there is no figure (a flag, a counter that did not advance, a raise)
+    energy: EnergyMeasurement | None = None  # the window behind the figure (None in older runs)
     profile: dict[str, Any] | None = None  # policy.profile: gpubench.profiling's summary, or {"error": ...}
 
     def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
@@ -232,6 +234,7 @@ def cases_frame(doc: dict[str, Any]) -> pd.DataFrame:
                 "check_error": check.get("error"), "check_tolerance": check.get("tolerance"),
                 "peak_memory_bytes": v.get("peak_memory_bytes"),
                 "energy_mj_per_call": v.get("energy_mj_per_call"),
+                "energy_uncertainty_mj": (v.get("energy") or {}).get("uncertainty_mj"),
             }
             row.update({f"p_{k}": val for k, val in case.get("params", {}).items()})
             row.update({f"m_{k}": val for k, val in (v.get("metrics") or {}).items()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from gpubench import profiling, stats, techniques, timing
+from gpubench import energy, profiling, stats, techniques, timing
 from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, RunRecord, VariantRecord
 from gpubench.scenario import Case, Scenario
@@ -298,8 +298,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
         vrec.metrics = derive_rates(metrics, measured.median_s, ceilings)
     outputs.clear()
 
-    # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter is
-    #    too coarse for single short calls).
+    # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter
+    #    advances in steps, so each variant runs alone for several of them; gpubench.energy).
     if sampler.energy_mj() is not None and case.policy.energy_s > 0:
         for name, call in calls.items():
             vrec = record.variants[name]
@@ -307,8 +307,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
                 sampler.set_tag(case.id, f"{name}:energy")
                 try:
                     with profiling.nvtx_range(f"{case.id}/{name}", device):
-                        vrec.energy_mj_per_call = _energy_per_call(call, workload, device, sampler,
-                                                                   case.policy.energy_s)
+                        vrec.energy = _energy_per_call(call, workload, device, sampler, case.policy.energy_s)
+                    vrec.energy_mj_per_call, vrec.energy_error = vrec.energy.mj_per_call, vrec.energy.error
                 except Exception as exc:  # noqa: BLE001 - the timing and check stand
                     vrec.energy_error = describe(exc).message
 
@@ -339,19 +339,16 @@ def _call_once(variant: Variant, workload: Workload, device: torch.device) -> tu
 
 
 def _energy_per_call(call: Callable[[Recorder], Any], workload: Workload, device: torch.device,
-                     sampler: TelemetrySampler, seconds: float) -> float | None:
-    timing.synchronize(device)
-    start_mj, n, t_end = sampler.energy_mj(), 0, time.perf_counter() + seconds
-    while n == 0 or time.perf_counter() < t_end:
+                     sampler: TelemetrySampler, seconds: float) -> energy.EnergyMeasurement:
+    def one_call() -> None:
         if workload.reset is not None:
             workload.reset()
         call(Recorder())
-        n += 1
-    timing.synchronize(device)
-    end_mj = sampler.energy_mj()
-    if start_mj is None or end_mj is None:
-        return None
-    return (end_mj - start_mj) / n
+
+    limit = getattr(sampler, "power_limit_w", None)  # a probe without it: the figure is not checked
+    return energy.measure_energy_per_call(one_call, sampler.energy_mj, time.perf_counter, min_window_s=seconds,
+                                          power_limit_w=limit() if limit is not None else None,
+                                          sync=lambda: timing.synchronize(device))
 
 
 def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, Any] | None) -> dict[str, Any]:
