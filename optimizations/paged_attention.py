@@ -1,14 +1,21 @@
 """Paged decode attention: one query token per sequence attends over a KV cache kept in blocks
 scattered through a pool, reading each key and value through the sequence's block table (no
 gather copy) into an fp32 online softmax. :func:`paged_decode_attention` runs the Triton kernel
-(:mod:`.paged_attention_triton`) on CUDA and :func:`paged_decode_attention_torch`, the same walk
-over blocks as PyTorch steps, elsewhere.
+(:mod:`.paged_attention_triton`) on CUDA and, elsewhere, :func:`paged_decode_attention_gathered`:
+every sequence's keys gathered through the table in one index_select, then one fused SDPA call
+(GQA without repeating K/V), no Python loop. :func:`paged_decode_attention_torch` is the kernel's
+walk over blocks as PyTorch steps (the paged_attention technique's CPU stand-in).
+
+A serving engine calls the same decode every layer with the same tables: it builds the
+per-token slot index once per step (:func:`decode_token_slots`) and passes it to
+:func:`gathered_decode` in each layer.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 from gpubench.triton_support import dispatch
 
@@ -44,9 +51,57 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     through the block table. q (batch, heads, head_dim); k_cache, v_cache (num_blocks, block_size,
     kv_heads, head_dim), heads a multiple of kv_heads; block_tables (batch, max_blocks) int32,
     entries past a sequence's last block never read; context_lens (batch,) int32 (0 gives zeros).
-    The Triton kernel on CUDA, the PyTorch loop elsewhere; ``out`` receives the result."""
-    return dispatch(KERNEL, paged_decode_attention_torch, q, k_cache, v_cache, block_tables, context_lens,
+    The Triton kernel on CUDA, one gather and SDPA elsewhere; ``out`` receives the result."""
+    return dispatch(KERNEL, paged_decode_attention_gathered, q, k_cache, v_cache, block_tables, context_lens,
                     scale=scale, out=out)
+
+
+def decode_token_slots(block_tables: torch.Tensor, context_lens: torch.Tensor,
+                       block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each sequence's keys lie in the flattened pool (``num_blocks * block_size`` slots):
+    ``(slots (batch, width) int64, live (batch, width) bool)``, width the table's blocks times
+    ``block_size``. Positions past a context point at the sequence's first slot (written, so
+    finite: an engine's pool is torch.empty and 0 * NaN would leak through the softmax) and are
+    marked dead. Table entries past a sequence's last block are never followed. Host-sync free."""
+    batch, blocks = block_tables.shape
+    device = block_tables.device
+    offsets = torch.arange(block_size, device=device)
+    slots = (block_tables.to(torch.long)[:, :, None] * block_size + offsets).view(batch, blocks * block_size)
+    live = torch.arange(blocks * block_size, device=device)[None, :] < context_lens.to(torch.long)[:, None]
+    return torch.where(live, slots, slots[:, :1]), live
+
+
+def gathered_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                    live: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Decode attention of q ``(batch, heads, head_dim)`` over the keys at ``slots`` of the
+    flattened pool (from :func:`decode_token_slots`, ``live`` masking the padding): one
+    index_select for K and one for V, one SDPA call with GQA by head grouping (no K/V repeat).
+    A sequence with no live key gets zeros."""
+    batch, width = slots.shape
+    kv_heads, head_dim = k_cache.shape[-2:]
+    if width == 0:
+        return torch.zeros_like(q)
+    flat = slots.reshape(-1)
+    k = k_cache.reshape(-1, kv_heads, head_dim).index_select(0, flat).view(batch, width, kv_heads, head_dim)
+    v = v_cache.reshape(-1, kv_heads, head_dim).index_select(0, flat).view(batch, width, kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=live[:, None, None, :], scale=scale,
+                                         enable_gqa=q.shape[1] != kv_heads)[:, :, 0, :]
+    # An all-dead row (context 0) softmaxes over nothing: NaN there, zeros wanted.
+    return out.masked_fill(~live[:, :1, None], 0.0)
+
+
+def paged_decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                    scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`paged_decode_attention` vectorized: :func:`decode_token_slots` then
+    :func:`gathered_decode` (no loop over blocks, no host sync); into ``out`` when given."""
+    batch, heads, head_dim, block_size, _ = check_shapes(q, k_cache, v_cache, block_tables, context_lens)
+    if scale is None:
+        scale = head_dim ** -0.5
+    slots, live = decode_token_slots(block_tables.to(q.device), context_lens.to(q.device), block_size)
+    result = gathered_decode(q, k_cache, v_cache, slots, live, scale)
+    return result if out is None else out.copy_(result)
 
 
 def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -55,5 +55,5 @@ def test_running_list_extended_in_place_is_caught(monkeypatch):
 def test_paged_decode_that_leaves_out_the_decoding_token_is_caught(monkeypatch):
     """Context lengths of the paged decode count the cached tokens but not the one being decoded
     (already written to its slot): each decoding token attends over its past, never itself."""
-    _assert_caught_on(monkeypatch, "paged_kv_serving", PAGED, PagedKV, "prepare_decode",
+    _assert_caught_on(monkeypatch, "paged_kv_serving", PAGED, PagedKV, "decode_rows",
                       "[s.cached + 1 for s in seqs]", "[s.cached for s in seqs]")

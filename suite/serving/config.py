@@ -19,6 +19,12 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # prompt tokens one step may take in
     temperature: float = 0.0
     wait: bool = True  # honour arrival times (False: every request is there at time 0)
+    # decode-only steps at bucketed batch sizes over static buffers, replayed as CUDA graphs;
+    # None: on for CUDA, off elsewhere (True on a CPU runs the buckets eagerly, for tests)
+    cuda_graphs: bool | None = None
+
+    def graphs_on(self, device) -> bool:
+        return self.cuda_graphs if self.cuda_graphs is not None else device.type == "cuda"
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

@@ -82,9 +82,10 @@ class Engine:
             if r.prompt_len + r.output_len > c.max_len:
                 raise ValueError(f"request {r.id}: prompt {r.prompt_len} + output {r.output_len} tokens "
                                  f"exceeds max_len {c.max_len}")
-        kv = make_kv(self.weights, c)
+        graphs = c.graphs_on(self.weights.device)
+        kv = make_kv(self.weights, c, spare_unit=graphs)
         scheduler = make_scheduler(kv, c)
-        runner = ModelRunner(self.weights, kv, c.temperature)
+        runner = ModelRunner(self.weights, kv, c.temperature, decode_graphs=graphs, max_batch=c.max_batch)
         seqs = [Sequence.of(r, c.temperature) for r in requests]
         pending = deque(sorted(seqs, key=lambda s: s.req.arrival_s))
         timeline, problems = Timeline(), []

@@ -1,10 +1,14 @@
 """The engine's KV cache: K and V of every layer in units of ``unit_tokens`` tokens, handed out
 by an allocator from :mod:`gpubench.serving.blocks`, behind one interface (:class:`KVBackend`):
 what the scheduler asks (admit, grow, release) and what the model runner asks (where a token's
-K/V go, attention of one decoding token per sequence over its cache).
+K/V go, addressing of a step's decodes as host lists and then device tensors, attention of one
+decoding token per sequence over its cache). Each layer writes a step's new K/V in one
+index_copy_ per tensor.
 
 - :class:`PagedKV`: ``block_size``-token blocks from one pool, found through block tables;
-  decode attention is :func:`gpubench.optimizations.paged_attention.paged_decode_attention`.
+  decode attention is the Triton kernel of :mod:`gpubench.optimizations.paged_attention` on CUDA,
+  elsewhere one gather of every sequence's keys through a per-token slot index built once per
+  step, then SDPA.
 - :class:`ContiguousKV`: one ``max_len``-token slab per admitted request; decode attention is
   padded batch attention over the batch's slabs, as static caches do it.
 
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.optimizations.paged_attention import paged_decode_attention
+from gpubench.optimizations.paged_attention import decode_token_slots, gathered_decode, paged_decode_attention
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import KV_LAYOUTS, EngineConfig
 from gpubench.serving.sequence import Sequence
@@ -41,23 +45,31 @@ class Allocator(Protocol):
 
 
 @dataclass(frozen=True)
-class DecodeBatch:
-    """Where the decoding tokens of one step go: a flat slot (unit * unit_tokens + offset) each."""
+class DecodeRows:
+    """One step's decoding sequences as host lists (what the model runner stages to the device):
+    each one's write slot, context length (its decoding token included) and addressing row."""
 
-    slots: torch.Tensor
+    slots: list[int]
+    lens: list[int]
+    rows: list[list[int]]  # paged: the block table padded to the widest; contiguous: [slab]
 
 
 @dataclass(frozen=True)
-class PagedDecode(DecodeBatch):
-    block_tables: torch.Tensor  # (batch, widest table) int32, padded with block 0 (never read)
+class PagedDecode:
+    block_tables: torch.Tensor  # (batch, widest table) int32, entries past a sequence's end never read
     context_lens: torch.Tensor  # (batch,) int32, the decoding token included
+    token_slots: torch.Tensor | None = None  # CPU: (batch, width) each key's flat slot, built once per step
+    live: torch.Tensor | None = None  # CPU: (batch, width) keys inside each context
 
 
 @dataclass(frozen=True)
-class ContiguousDecode(DecodeBatch):
+class ContiguousDecode:
     slabs: torch.Tensor  # (batch,) each sequence's slab
-    width: int  # the longest context of the batch
+    width: int  # positions read per slab: the longest context (eager) or max_len (CUDA graphs)
     mask: torch.Tensor  # (batch, 1, 1, width): position within the sequence's own context
+
+
+DecodeBatch = PagedDecode | ContiguousDecode
 
 
 class KVBackend(ABC):
@@ -66,7 +78,7 @@ class KVBackend(ABC):
     fill: ClassVar[Callable[..., torch.Tensor]]
 
     def __init__(self, weights: LlamaWeights, budget_bytes: int, unit_tokens: int,
-                 allocator: Callable[[int], Allocator]):
+                 allocator: Callable[[int], Allocator], spare_unit: bool = False):
         c = weights.config
         self.device = weights.device
         self.token_bytes = c.kv_bytes_per_token(weights.embed.element_size())
@@ -75,7 +87,10 @@ class KVBackend(ABC):
         if self.units < 1:
             raise ValueError(f"a KV budget of {budget_bytes} bytes holds no {unit_tokens}-token {self.unit} "
                              f"({self.token_bytes * unit_tokens} bytes)")
-        shape = (self.units, unit_tokens, c.num_kv_heads, c.head_dim)
+        # A spare unit past the allocator's (CUDA graphs: a bucket's padding rows write there) is
+        # outside the budget and never handed out.
+        self.spare_unit = self.units if spare_unit else None
+        shape = (self.units + spare_unit, unit_tokens, c.num_kv_heads, c.head_dim)
         fill = type(self).fill
         self.k = [fill(shape, dtype=weights.dtype, device=self.device) for _ in range(c.num_layers)]
         self.v = [fill(shape, dtype=weights.dtype, device=self.device) for _ in range(c.num_layers)]
@@ -109,21 +124,31 @@ class KVBackend(ABC):
 
     # -- the model runner's side --------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the K/V of tokens at flat slot indices."""
-        self.k[layer].view(-1, *k.shape[1:])[slots] = k
-        self.v[layer].view(-1, *v.shape[1:])[slots] = v
-
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the tokens at flat slot indices."""
-        return self.k[layer].flatten(0, 1)[slots], self.v[layer].flatten(0, 1)[slots]
+        """Store the K/V of a step's new tokens at their flat slots: one index_copy_ each."""
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
     @abstractmethod
-    def slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
-        """Flat slots of the sequence's token positions ``start:stop``."""
+    def slot_list(self, seq: Sequence, start: int, stop: int) -> list[int]:
+        """Flat slots (unit * unit_tokens + offset) of the sequence's token positions ``start:stop``."""
 
     @abstractmethod
-    def prepare_decode(self, seqs: list[Sequence]) -> DecodeBatch:
-        """Slots and addressing for one decoding token (position ``cached``) per sequence."""
+    def decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
+        """Host-side addressing of one decoding token (position ``cached``) per sequence."""
+
+    @abstractmethod
+    def padding_row(self, width: int) -> tuple[int, list[int]]:
+        """Write slot and addressing row of a padding row (CUDA graph buckets): the spare unit."""
+
+    @abstractmethod
+    def decode_width(self) -> int:
+        """Columns of an addressing row at the longest request (the static buffers of CUDA graphs)."""
+
+    @abstractmethod
+    def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> DecodeBatch:
+        """Device-side addressing of a step's decodes from its staged ``lens`` (batch,) and
+        ``rows`` (batch, columns), built once per step for every layer; ``width``: the longest
+        context (contiguous KV reads that many positions). No host sync (CUDA-graph safe)."""
 
     @abstractmethod
     def decode_attention(self, layer: int, q: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
@@ -137,26 +162,40 @@ class PagedKV(KVBackend):
 
     layout, unit, fill = "paged", "block", torch.empty
 
-    def __init__(self, weights: LlamaWeights, budget_bytes: int, block_size: int):
-        super().__init__(weights, budget_bytes, block_size, lambda n: BlockManager(n, block_size))
-        self.block_size = block_size
+    def __init__(self, weights: LlamaWeights, budget_bytes: int, block_size: int, max_len: int = 0,
+                 spare_unit: bool = False):
+        super().__init__(weights, budget_bytes, block_size, lambda n: BlockManager(n, block_size), spare_unit)
+        self.block_size, self.max_len = block_size, max_len
         self.manager: BlockManager = self.allocator
 
-    def slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
-        table = torch.tensor(self.manager.tables[seq.id], dtype=torch.long)
-        pos = torch.arange(start, stop)
-        return (table[pos // self.block_size] * self.block_size + pos % self.block_size).to(self.device)
+    def slot_list(self, seq: Sequence, start: int, stop: int) -> list[int]:
+        table, size = self.manager.tables[seq.id], self.block_size
+        return [table[p // size] * size + p % size for p in range(start, stop)]
 
-    def prepare_decode(self, seqs: list[Sequence]) -> PagedDecode:
+    def decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
         tables = [self.manager.tables[s.id] for s in seqs]
         width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        slots = torch.tensor([self.manager.slot(s.id, s.cached) for s in seqs], dtype=torch.long)
-        lens = torch.tensor([s.cached + 1 for s in seqs], dtype=torch.int32)
-        return PagedDecode(slots.to(self.device), block_tables.to(self.device), lens.to(self.device))
+        size = self.block_size
+        slots = [t[s.cached // size] * size + s.cached % size for s, t in zip(seqs, tables)]
+        return DecodeRows(slots, [s.cached + 1 for s in seqs], [t + [0] * (width - len(t)) for t in tables])
+
+    def padding_row(self, width: int) -> tuple[int, list[int]]:
+        return self.spare_unit * self.block_size, [self.spare_unit] * width
+
+    def decode_width(self) -> int:
+        return -(-self.max_len // self.block_size)
+
+    def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> PagedDecode:
+        tables, lens = rows.to(torch.int32), lens.to(torch.int32)
+        if self.device.type == "cuda":  # the Triton kernel walks the tables itself
+            return PagedDecode(tables, lens)
+        slots, live = decode_token_slots(rows, lens, self.block_size)
+        return PagedDecode(tables, lens, slots, live)
 
     def decode_attention(self, layer: int, q: torch.Tensor, batch: PagedDecode) -> torch.Tensor:
-        return paged_decode_attention(q, self.k[layer], self.v[layer], batch.block_tables, batch.context_lens)
+        if batch.token_slots is None:
+            return paged_decode_attention(q, self.k[layer], self.v[layer], batch.block_tables, batch.context_lens)
+        return gathered_decode(q, self.k[layer], self.v[layer], batch.token_slots, batch.live)
 
 
 class ContiguousKV(KVBackend):
@@ -165,36 +204,44 @@ class ContiguousKV(KVBackend):
 
     layout, unit, fill = "contiguous", "slab", torch.zeros
 
-    def __init__(self, weights: LlamaWeights, budget_bytes: int, max_len: int):
-        super().__init__(weights, budget_bytes, max_len, lambda n: SlabAllocator(n, max_len))
+    def __init__(self, weights: LlamaWeights, budget_bytes: int, max_len: int, spare_unit: bool = False):
+        super().__init__(weights, budget_bytes, max_len, lambda n: SlabAllocator(n, max_len), spare_unit)
         self.max_len = max_len
         self.slabs: SlabAllocator = self.allocator
 
-    def slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
-        return (self.slabs.owner[seq.id] * self.max_len + torch.arange(start, stop)).to(self.device)
+    def slot_list(self, seq: Sequence, start: int, stop: int) -> list[int]:
+        base = self.slabs.owner[seq.id] * self.max_len
+        return list(range(base + start, base + stop))
 
-    def prepare_decode(self, seqs: list[Sequence]) -> ContiguousDecode:
-        slabs = torch.tensor([self.slabs.owner[s.id] for s in seqs], dtype=torch.long)
-        pos = torch.tensor([s.cached for s in seqs], dtype=torch.long)
-        width = int(pos.max()) + 1
-        live = torch.arange(width)[None, :] <= pos[:, None]  # (batch, width)
-        return ContiguousDecode((slabs * self.max_len + pos).to(self.device), slabs.to(self.device), width,
-                                live[:, None, None, :].to(self.device))
+    def decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
+        slabs = [self.slabs.owner[s.id] for s in seqs]
+        return DecodeRows([slab * self.max_len + s.cached for s, slab in zip(seqs, slabs)],
+                          [s.cached + 1 for s in seqs], [[slab] for slab in slabs])
+
+    def padding_row(self, width: int) -> tuple[int, list[int]]:
+        return self.spare_unit * self.max_len, [self.spare_unit]
+
+    def decode_width(self) -> int:
+        return 1
+
+    def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> ContiguousDecode:
+        live = torch.arange(width, device=lens.device)[None, :] < lens[:, None]  # (batch, width)
+        return ContiguousDecode(rows[:, 0], width, live[:, None, None, :])
 
     def decode_attention(self, layer: int, q: torch.Tensor, batch: ContiguousDecode) -> torch.Tensor:
         """Read the batch's slabs up to the longest context, mask each row past its own length."""
         keys = self.k[layer][batch.slabs, :batch.width]  # (batch, width, kv_heads, d)
         values = self.v[layer][batch.slabs, :batch.width]
-        group = q.shape[1] // keys.shape[2]
-        keys = keys.transpose(1, 2).repeat_interleave(group, dim=1)  # (batch, heads, width, d)
-        values = values.transpose(1, 2).repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=batch.mask)
+        out = F.scaled_dot_product_attention(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=batch.mask, enable_gqa=q.shape[1] != keys.shape[2])
         return out[:, :, 0, :]
 
 
-def make_kv(weights: LlamaWeights, config: EngineConfig) -> KVBackend:
+def make_kv(weights: LlamaWeights, config: EngineConfig, spare_unit: bool = False) -> KVBackend:
+    """The backend ``config.kv`` names; ``spare_unit``: one unit more, outside the budget, where
+    the padding rows of CUDA-graph buckets write."""
     if config.kv == "paged":
-        return PagedKV(weights, config.kv_budget_bytes, config.block_size)
+        return PagedKV(weights, config.kv_budget_bytes, config.block_size, config.max_len, spare_unit)
     if config.kv == "contiguous":
-        return ContiguousKV(weights, config.kv_budget_bytes, config.max_len)
+        return ContiguousKV(weights, config.kv_budget_bytes, config.max_len, spare_unit)
     raise ValueError(f"kv layout {config.kv!r} is not one of {KV_LAYOUTS}")

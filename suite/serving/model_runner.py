@@ -1,14 +1,22 @@
 """The model runner: one forward pass over a step's prefills and decodes, then each sequence's
 next token. Every sequence feeds the tokens whose K/V are not cached yet (``tokens[cached:]``): a
 prefill all of them, attending over any cached prefix and causally among themselves; a decode its
-last one, attending over its cache."""
+last one, attending over its cache.
+
+The step's index tensors are built once (:mod:`.step_inputs`); each layer then writes all new
+K/V in one index_copy_ per tensor, runs every prefill in one padded SDPA call and every decode
+in one paged (or padded-slab) attention call. A step of only decodes may replay a CUDA graph
+(:mod:`.graphs`). The one host sync of a step is reading its sampled tokens back.
+"""
 from __future__ import annotations
 
 import torch
 
-from gpubench.models.llama import LlamaWeights, causal_attention, forward
+from gpubench.models.llama import LlamaWeights, forward
+from gpubench.serving.graphs import DecodeGraphs
 from gpubench.serving.kv import KVBackend
 from gpubench.serving.sequence import Sequence
+from gpubench.serving.step_inputs import Staging, StepInputs, build_step, prefill_attention
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], temperature: float) -> list[int]:
@@ -21,44 +29,42 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], temperature: float) -> li
 
 
 class ModelRunner:
-    def __init__(self, weights: LlamaWeights, kv: KVBackend, temperature: float):
+    """``decode_graphs``: run decode-only steps at bucketed batch sizes up to ``max_batch`` over
+    static buffers, captured as CUDA graphs on CUDA (the KV backend needs its spare unit)."""
+
+    def __init__(self, weights: LlamaWeights, kv: KVBackend, temperature: float, *,
+                 decode_graphs: bool = False, max_batch: int = 0):
         self.weights, self.kv, self.temperature = weights, kv, temperature
         self.device = weights.device
+        self.staging = Staging(self.device)
+        self.graphs = None
+        if decode_graphs:
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(kv, self.staging, max_batch, self.forward,
+                                           capture=self.device.type == "cuda")
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits of each sequence's last new token."""
+        kv, prefill, decode = self.kv, inputs.prefill, inputs.decode
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kv.write(layer, inputs.slots, k, v)
+            if prefill is None:
+                return kv.decode_attention(layer, q, decode)
+            out = prefill_attention(kv.k[layer], kv.v[layer], q[:prefill.tokens], prefill)
+            if decode is None:
+                return out
+            return torch.cat([out, kv.decode_attention(layer, q[prefill.tokens:], decode)])
+
+        return forward(self.weights, inputs.tokens, inputs.positions, attend, logits_at=inputs.logits_at)
 
     def run(self, prefills: list[Sequence], decodes: list[Sequence]) -> list[int]:
         """The next token of every sequence, prefills first; their K/V are cached on the way."""
-        kv, device = self.kv, self.device
-        tokens, positions, last = [], [], []
-        for s in prefills:
-            tokens += s.tokens[s.cached:]
-            positions += range(s.cached, len(s.tokens))
-            last.append(len(tokens) - 1)
-        first_decode = len(tokens)
-        for s in decodes:
-            tokens.append(s.tokens[s.cached])
-            positions.append(s.cached)
-            last.append(len(tokens) - 1)
-        new_slots = [kv.slots(s, s.cached, len(s.tokens)) for s in prefills]
-        past_slots = [kv.slots(s, 0, s.cached) if s.cached else None for s in prefills]
-        batch = kv.prepare_decode(decodes) if decodes else None
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            outs, start = [], 0
-            for slots, past in zip(new_slots, past_slots):
-                stop = start + len(slots)
-                kv.write(layer, slots, k[start:stop], v[start:stop])
-                past_k, past_v = kv.read(layer, past) if past is not None else (None, None)
-                outs.append(causal_attention(q[start:stop], k[start:stop], v[start:stop], past_k, past_v))
-                start = stop
-            if batch is not None:
-                kv.write(layer, batch.slots, k[first_decode:], v[first_decode:])
-                outs.append(kv.decode_attention(layer, q[first_decode:], batch))
-            return torch.cat(outs) if len(outs) > 1 else outs[0]
-
-        tok = torch.tensor(tokens, dtype=torch.long, device=device)
-        pos = torch.tensor(positions, dtype=torch.long, device=device)
         with torch.inference_mode():
-            logits = forward(self.weights, tok, pos, attend, logits_at=torch.tensor(last, device=device))
+            if self.graphs is not None and not prefills and len(decodes) <= self.graphs.buckets[-1]:
+                logits = self.graphs.run(decodes)
+            else:
+                logits = self.forward(build_step(self.kv, self.staging, prefills, decodes))
         for s in prefills:
             s.cached = len(s.tokens)
         for s in decodes:
