@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from gpubench.baselines.flash_attention import CAUSAL_ALIGNS, check_shapes
+from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
@@ -70,7 +71,10 @@ GPU_CONFIGS_LARGE_HEAD = _configs((
     (64, 32, 4, 2),
     (32, 32, 4, 2),
 ))
-AUTOTUNE_KEY = ["seq_q", "seq_k", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN"]  # Triton adds the dtypes
+# Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
+# length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
+# and Triton version (gpubench.autotune).
+AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN"]  # + dtypes
 
 
 def _prune_by_head_dim(configs, named_args, **kwargs):
@@ -156,7 +160,7 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
                          stride_vb, stride_vh, stride_vn, stride_vd,
                          stride_ob, stride_oh, stride_om, stride_od,
                          stride_lb, stride_lh, stride_lm,
-                         heads, group, seq_q, seq_k, qk_scale_log2,
+                         heads, group, seq_q, seq_k, qk_scale_log2, seq_q_bucket, seq_k_bucket,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
                          VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
@@ -254,10 +258,10 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
         tl.store(lse_base + offs_m * stride_lm, lse, mask=m_mask)
 
 
-_flash_attention_fwd_tuned = (None if INTERPRETED else
-                              triton.autotune(configs=GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, key=AUTOTUNE_KEY,
-                                              prune_configs_by={"early_config_prune": _prune_by_head_dim}
-                                              )(_flash_attention_fwd))
+_flash_attention_fwd_tuned = (None if INTERPRETED else PersistentAutotuner(
+    triton.autotune(configs=GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, key=AUTOTUNE_KEY,
+                    prune_configs_by={"early_config_prune": _prune_by_head_dim})(_flash_attention_fwd),
+    "flash_attention_fwd"))
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -303,7 +307,8 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
         scale = head_dim ** -0.5
     cu_q, cu_k = cu_seqlens if varlen else (q, q)  # unread placeholders when not varlen
     args = (q, k, v, out, out if lse is None else lse, cu_q, cu_k, *strides,
-            heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e))
+            heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), length_bucket(seq_q),
+            length_bucket(seq_k))
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584; its debugging guide says to cast bf16 to fp32 there),
     # so under the interpreter the bf16 operands are widened to fp32 first. The products are the

@@ -24,6 +24,7 @@ import triton.language as tl
 from gpubench.baselines.flash_attention import check_shapes
 from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
                                                            flash_attention_triton, flash_attention_varlen_triton)
+from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
@@ -53,17 +54,20 @@ DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 6
                        (32, 64, 4, 3)])
 DKDV_CONFIGS_WIDE = _configs([(32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 1)])
 DQ_CONFIGS_WIDE = _configs([(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)])
-AUTOTUNE_KEY = ["seq_q", "seq_k", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN"]  # + dtypes
+# Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.autotune).
+AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN"]  # + dtypes
 
 
-def _autotuned(kernel, configs, wide_configs):
-    """``kernel`` autotuned over ``configs`` for head dims up to 128, ``wide_configs`` above."""
+def _autotuned(kernel, configs, wide_configs, name):
+    """``kernel`` autotuned over ``configs`` for head dims up to 128, ``wide_configs`` above, its
+    tunings kept on disk as ``name``."""
     def prune(candidates, named_args, **kwargs):
         wide = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
         return [c for c in candidates if any(c is w for w in wide_configs) == wide]
 
-    return None if INTERPRETED else triton.autotune(configs=configs + wide_configs, key=AUTOTUNE_KEY,
-                                                    prune_configs_by={"early_config_prune": prune})(kernel)
+    return None if INTERPRETED else PersistentAutotuner(
+        triton.autotune(configs=configs + wide_configs, key=AUTOTUNE_KEY,
+                        prune_configs_by={"early_config_prune": prune})(kernel), name)
 
 
 @triton.jit
@@ -219,7 +223,7 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
             stride_dob, stride_doh, stride_dom, stride_dod,
             stride_lb, stride_lh, stride_lm,
             stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-            heads, group, seq_q, seq_k, sm_scale, qk_scale_log2,
+            heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
             DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
@@ -284,7 +288,7 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
               stride_lb, stride_lh, stride_lm,
               stride_dkb, stride_dkh, stride_dkn, stride_dkd,
               stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-              kv_heads, group, seq_q, seq_k, sm_scale, qk_scale_log2,
+              kv_heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
               DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
@@ -349,8 +353,8 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
              dv.to(dv_ptr.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
 
 
-_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE)
-_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE)
+_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE, "flash_attention_bwd_dq")
+_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE, "flash_attention_bwd_dkdv")
 
 
 def _layout_strides(t: torch.Tensor, varlen: bool) -> tuple[int, ...]:
@@ -452,7 +456,8 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
     )
     common = (*_layout_strides(q, varlen), *_layout_strides(k, varlen), *_layout_strides(v, varlen),
               *_layout_strides(do, varlen), *_layout_strides(lse, varlen))
-    scales = (scale, scale * LOG2E)
+    # the scales, then the lengths' autotuning buckets
+    scales = (scale, scale * LOG2E, length_bucket(seq_q), length_bucket(seq_k))
     dq_args = (q, k, v, do, lse, delta, dq, cu_q, cu_k, *common, *_layout_strides(dq, varlen),
                heads, heads // kv_heads, seq_q, seq_k, *scales)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
