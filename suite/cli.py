@@ -165,9 +165,20 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
         out.print(f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: "
                   f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=True)
     guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
-                              repeat_scale=repeat_scale, workers=workers)
-    out.print(f"estimated time: {guess.text()}", markup=False)
+                              repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
+    out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=True)
     out.print("nothing was run or written (--dry-run)")
+
+
+def _case_times(device: str) -> "CaseTimes | None":
+    """The case-time history of the device model a run on ``device`` would use (None where the
+    device cannot be named here, e.g. a Ray cluster's)."""
+    from gpubench.devicecache import CaseTimes
+
+    try:
+        return CaseTimes(envmod.device_label(torch.device(device.split("#")[0])))
+    except (RuntimeError, AssertionError, ValueError):
+        return None
 
 
 def _default_scenario(device_opt: str | None) -> str:
@@ -251,7 +262,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         return
     if total > LARGE_RUN_CASES:
         guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
-                                  only=only_list, repeat_scale=repeat_scale, workers=workers)
+                                  only=only_list, repeat_scale=repeat_scale, workers=workers,
+                                  history=_case_times(device_list[0]))
         out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
                   f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
                   f"the run and keeps what finished.", soft_wrap=True)
@@ -261,6 +273,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                                       calibrate=not no_calibrate)
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
+    if outcome.record.time_use is not None:
+        out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
     out.print(f"run directory: {outcome.run_dir}")
     out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)")
     try:  # the run is on disk already; a report that fails costs the report only

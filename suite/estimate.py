@@ -1,7 +1,10 @@
 """How long a run will take, said before it starts (``gpubench run --dry-run``, and the warning
 before a large run).
 
-A case that ran before under the same ``--out`` directory (the same case id, device type and
+A case that ran before on this device model (at the same ``--repeat-scale``) counts what it took
+then, from the device's case-time history (:class:`gpubench.devicecache.CaseTimes`, which every run
+adds to), and the run's fixed cost (worker start-up, calibration) is what the last runs there spent
+beside their cases. Failing that, a case that ran before under the same ``--out`` directory (the same case id, device type and
 ``--repeat-scale``) counts what it took then; a case with no such record counts its technique's
 mean there; any other case counts the bounds its measurement policy sets: per variant, the
 warm-up, then the timing loop, which ``max_reps`` may end at once and ``max_time_s`` ends at the
@@ -19,6 +22,7 @@ from typing import Iterable
 import torch
 
 from gpubench import techniques
+from gpubench.devicecache import CaseTimes
 from gpubench.scenario import Case, Scenario
 from gpubench.timing import Policy
 
@@ -34,15 +38,22 @@ class Estimate:
     measured: int  # cases whose figure is an earlier run's time (their own, or their technique's)
     earlier: Path | None  # where those runs were found
     workers: int
+    from_history: int = 0  # cases whose figure is their own time in this device's history
+    history: Path | None = None
+    overhead_s: float = 0.0  # the run's fixed cost, from the history
 
     def text(self) -> str:
         span = (f"about {duration_text(self.high_s)}" if self.high_s <= 1.25 * self.low_s
                 else f"{duration_text(self.low_s)} to {duration_text(self.high_s)}")
         basis = []
+        if self.from_history:
+            basis.append(f"{self.from_history} of {self.cases} cases from what they took on this device "
+                         f"({self.history}), with its runs' start-up of {duration_text(self.overhead_s)}")
         if self.measured:
             basis.append(f"{self.measured} of {self.cases} cases from earlier runs in {self.earlier}")
-        if self.measured < self.cases:
-            basis.append(f"{'the other cases' if self.measured else 'every case'} from its measurement "
+
+        if self.from_history + self.measured < self.cases:
+            basis.append(f"{'the other cases' if self.measured or self.from_history else 'every case'} from its measurement "
                          "policy: warm-up and timing loop, with building inputs and checking on top")
         if self.workers > 1:
             basis.append(f"{self.workers} workers side by side")
@@ -98,11 +109,15 @@ def earlier_times(out_root: Path, gpu: bool, repeat_scale: float) -> tuple[dict[
 
 
 def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.device, *, out_root: Path | None,
-             only: list[str] | None = None, repeat_scale: float = 1.0, workers: int = 1) -> Estimate:
+             only: list[str] | None = None, repeat_scale: float = 1.0, workers: int = 1,
+             history: CaseTimes | None = None) -> Estimate:
     """The run's wall time. ``cases``: the cases when they are built already (else a large sweep is
-    estimated entry by entry, from its technique's earlier mean or its policy, never built)."""
+    estimated entry by entry, from its technique's earlier mean or its policy, never built).
+    ``history``: this device model's case times."""
     gpu = device.type == "cuda"
     by_id, by_technique = earlier_times(out_root, gpu, repeat_scale) if out_root is not None else ({}, {})
+    known, overhead = history.read() if history is not None else ({}, None)
+    from_history = 0
     counts = scenario.count(only)
     total = sum(counts.values())
     low = high = 0.0
@@ -110,6 +125,10 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
     bounds: dict[tuple, tuple[float, float]] = {}  # per technique, variants and policy: the same for many cases
     if cases is not None or total <= BY_ID_UP_TO:
         for case in cases if cases is not None else scenario.iter_cases(only, repeat_scale):
+            seconds = known.get(CaseTimes.key(case.id, repeat_scale))
+            if seconds is not None:
+                low, high, from_history = low + seconds, high + seconds, from_history + 1
+                continue
             seconds = by_id.get(case.id, by_technique.get(case.technique))
             if seconds is not None:
                 low, high, measured = low + seconds, high + seconds, measured + 1
@@ -131,6 +150,8 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
             lo, hi = policy_bounds_s(policy, variants_run(entry.technique, entry.variants, device), gpu)
             low, high = low + n * lo, high + n * hi
     workers = max(1, min(workers, total or 1))
-    return Estimate(low / workers, high / workers, total, measured,
-                    Path(out_root) if measured and out_root is not None else None, workers)
+    overhead = overhead if from_history and overhead is not None else 0.0
+    return Estimate(low / workers + overhead, high / workers + overhead, total, measured,
+                    Path(out_root) if measured and out_root is not None else None, workers,
+                    from_history, history.path if from_history else None, overhead)
 

@@ -79,12 +79,48 @@ class CaseRecord:
     speedups: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, Any] | None = None
     device: dict[str, Any] | None = None  # the device it ran on: key, type, index, label, uuid, host
+    # Where elapsed_s went, in seconds: build, check (first calls, reference, checks), warmup,
+    # timing (the timed rounds' wall time), timed (the timed calls' own samples: part of timing),
+    # metrics, energy, profile, other (elapsed_s less the rest). None for records of older runs.
+    phases_s: dict[str, float] | None = None
 
     def role_variant(self, role: str) -> str | None:
         return next((n for n, v in self.variants.items() if v.role == role), None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class TimeUse:
+    """Where a run's wall time went: the run's own wall clock (worker start-up, calibration and
+    writing the results included), the workers that shared it, and its cases' phases summed
+    (:data:`gpubench.runner.PHASES`, ``timed`` and ``other``)."""
+
+    wall_s: float
+    workers: int
+    cases_s: float  # the cases' own elapsed_s, summed
+    phases_s: dict[str, float]
+    timed_share: float  # timed calls / (wall_s x workers): what a run spends on what it reports
+
+    @classmethod
+    def of(cls, cases: list[CaseRecord], wall_s: float, workers: int) -> "TimeUse":
+        phases: dict[str, float] = {}
+        for case in cases:
+            for name, seconds in (case.phases_s or {}).items():
+                phases[name] = phases.get(name, 0.0) + seconds
+        capacity = max(wall_s, 1e-9) * max(workers, 1)
+        return cls(wall_s, max(workers, 1), sum(c.elapsed_s or 0.0 for c in cases), phases,
+                   min(1.0, phases.get("timed", 0.0) / capacity))
+
+    def text(self) -> str:
+        """The run's closing line."""
+        spent = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases_s.items()
+                          if name != "timed" and seconds >= 0.05)
+        workers = f" x {self.workers} workers" if self.workers > 1 else ""
+        return (f"timed calls were {self.timed_share:.0%} of wall time ({self.phases_s.get('timed', 0.0):.1f} s "
+                f"of {self.wall_s:.1f} s{workers}; the cases took {self.cases_s:.1f} s" +
+                (f": {spent})" if spent else ")"))
 
 
 @dataclass
@@ -107,6 +143,7 @@ class RunRecord:
     clocks: dict[str, Any] | None = None  # --lock-clocks: what was locked, or why not
     abort_reason: str | None = None
     crash: Failure | None = None
+    time_use: TimeUse | None = None  # where the run's wall time went (None in older runs)
 
     @property
     def summary(self) -> dict[str, int]:

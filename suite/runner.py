@@ -177,6 +177,25 @@ class CaseInterrupted(KeyboardInterrupt):
         self.record = record
 
 
+_memory_capped: set[str] = set()  # the CUDA devices this process has capped (policy.gpu_memory_gib)
+
+
+def cap_gpu_memory(device: torch.device, gib: float) -> float | None:
+    """Let this process allocate at most ``gib`` GiB on ``device`` (0: lift a cap set before);
+    the fraction of the device's memory that is, or None for no cap."""
+    key = str(device)
+    if gib <= 0:
+        if key in _memory_capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            _memory_capped.discard(key)
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    _memory_capped.add(key)
+    return fraction
+
+
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
              ceilings: dict[str, Any] | None, run_dir: Path | str | None = None) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
@@ -186,11 +205,14 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     assert tech is not None
     record = new_record(case)
     t0 = time.perf_counter()
+    if device.type == "cuda":
+        cap_gpu_memory(device, case.policy.gpu_memory_gib)
     timings: dict[str, timing.VariantTiming] = {}
+    phases = timing.PhaseTimer()
     interrupted = False
     try:
         with deadline(case.policy.case_timeout_s), profiling.nvtx_range(case.id, device):
-            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings, run_dir)
+            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings, run_dir, phases)
     except KeyboardInterrupt:
         record.status = "interrupted"
         record.failure = Failure("interrupted", "stopped by Ctrl-C")
@@ -199,6 +221,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         record.failure = describe(exc)
     finally:
         sampler.set_tag(None, None)
+        phases.enter("stats")
         # Whatever was measured before a failure is kept.
         for name, t in timings.items():
             vrec = record.variants[name]
@@ -206,6 +229,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
                 _store_samples(vrec, t)
         _store_speedups(record)
         record.elapsed_s = time.perf_counter() - t0
+        record.phases_s = phase_seconds(phases.stop(), record.elapsed_s, timings)
         if record.status == "running":
             record.status = _case_status(record)
     # Outside the except block, so the failed call's frames (and tensors) are gone by now.
@@ -218,7 +242,9 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
 
 def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timing.Clock,
                   sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: CaseRecord,
-                  timings: dict[str, timing.VariantTiming], run_dir: Path | str | None = None) -> None:
+                  timings: dict[str, timing.VariantTiming], run_dir: Path | str | None = None,
+                  phases: timing.PhaseTimer | None = None) -> None:
+    phases = phases or timing.PhaseTimer()
     cast = tech.cast(device)
     wanted = tech.resolve(case.variants, device) if case.variants is not None else list(tech.variants)
     names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
@@ -230,7 +256,9 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
     runnable = [tech.variants[n] for n in names if record.variants[n].status != "skipped"]
 
     sampler.set_tag(case.id, "build")
+    phases.enter("build")
     workload = tech.build_fn(case.params, device, case.seed)
+    phases.enter("check")
 
     # 1. One checked call per variant (also the first warm-up call).
     outputs: dict[str, Any] = {}
@@ -276,7 +304,9 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
     #    case is failed by its check).
     calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs}
     timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
-                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings, nvtx_case=case.id)
+                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings, nvtx_case=case.id,
+                               phases=phases)
+    phases.enter("metrics")
     for name, t in timings.items():
         vrec = record.variants[name]
         vrec.timing = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
@@ -298,6 +328,7 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
         vrec.metrics = derive_rates(metrics, measured.median_s, ceilings)
     outputs.clear()
 
+    phases.enter("energy")
     # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter
     #    advances in steps, so each variant runs alone for several of them; gpubench.energy).
     if sampler.energy_mj() is not None and case.policy.energy_s > 0:
@@ -312,6 +343,7 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
                 except Exception as exc:  # noqa: BLE001 - the timing and check stand
                     vrec.energy_error = describe(exc).message
 
+    phases.enter("profile")
     # 5. Profiles (policy.profile), last: after every timed and energy call, so they cannot touch
     #    the samples. A failed profile is recorded as {"error": ...} and fails nothing.
     if case.policy.profile and run_dir is not None:
@@ -323,6 +355,18 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
                     vrec.profile = profiling.profile_variant(functools.partial(call, Recorder()), device,
                                                              case.policy.profile_calls, run_dir, case.id, name,
                                                              reset=workload.reset)
+
+
+PHASES = ("build", "check", "warmup", "timing", "metrics", "energy", "profile", "stats")
+
+
+def phase_seconds(laps: dict[str, float], elapsed_s: float, timings: dict[str, timing.VariantTiming]) -> dict[str, float]:
+    """A case's phase laps in :data:`PHASES` order (0 for a phase it never reached), ``timed``
+    (the timed calls' own samples, part of ``timing``) and ``other`` (elapsed less the phases)."""
+    out = {name: laps.get(name, 0.0) for name in PHASES}
+    out["timed"] = sum(sum(t.samples_s) for t in timings.values())
+    out["other"] = max(0.0, elapsed_s - sum(out[name] for name in PHASES))
+    return out
 
 
 def _call_once(variant: Variant, workload: Workload, device: torch.device) -> tuple[Any, int | None]:

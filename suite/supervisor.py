@@ -38,6 +38,7 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch  # noqa: E402
 
 from gpubench import hygiene, notices, results, runner, techniques, worker  # noqa: E402
+from gpubench.devicecache import CaseTimes  # noqa: E402
 from gpubench.errors import BadInput  # noqa: E402
 from gpubench.results import CaseRecord, Failure, RunRecord  # noqa: E402
 from gpubench.scenario import Case, Scenario  # noqa: E402
@@ -528,6 +529,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
     clock_lock = hygiene.ClockLock(options.devices if options.lock_clocks and not options.cluster else [])
     clocks = clock_lock.state if options.lock_clocks else None
     jobs: list[Job] = []
+    t_start = time.perf_counter()
     try:
         with clock_lock:
             started = executor.start()
@@ -563,7 +565,12 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         run.cases = [sink.records[i] for i in sorted(sink.records)]
         states = executor.devices()
         _describe_devices(run, states, processes, clocks)
+        cap = memory_cap_warning(run, cases)
+        if cap:
+            run.warnings.append(cap)
         _attach_telemetry(run, states)
+        run.time_use = results.TimeUse.of(run.cases, time.perf_counter() - t_start, max(1, len(run.devices)))
+        _remember_case_times(run)
         if options.cluster:
             run.telemetry = {"status": "unavailable", "reason": "the cases ran as Ray tasks: telemetry is not "
                              "sampled on the cluster's nodes"}
@@ -572,6 +579,32 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         _write_telemetry(run_dir, states)
         progress.run_finished()
     return runner.RunOutcome(run_dir.path, run)
+
+
+def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
+    """What a reader must know of a run whose cases capped the GPU's memory (policy
+    gpu_memory_gib): the memory was a smaller card's, the compute and bandwidth were not."""
+    caps = sorted({c.policy.gpu_memory_gib for c in cases if c.policy.gpu_memory_gib > 0})
+    if not caps or not any(d.get("type") == "cuda" for d in run.devices.values()):
+        return None
+    total = (run.env.get("gpu") or {}).get("total_memory_bytes")
+    label = run.device_label or "the GPU"
+    of = f" of its {total / 2**30:.0f} GiB" if total else ""
+    return (f"GPU memory capped at {' / '.join(f'{c:g}' for c in caps)} GiB{of} (policy gpu_memory_gib, through "
+            f"torch.cuda.set_per_process_memory_fraction): allocations past the cap fail as on a card of that "
+            f"size, but compute, memory bandwidth and caches are still the {label}'s, so times are not a "
+            f"smaller card's.")
+
+
+def _remember_case_times(run: RunRecord) -> None:
+    """Add the run's case times to this device model's history (``--dry-run`` estimates from it).
+    A cache: a home directory that cannot be written costs the next estimate, not this run."""
+    if not run.device_label or run.time_use is None or not run.cases:
+        return
+    try:
+        CaseTimes(run.device_label).record(run.cases, run.repeat_scale, run.time_use.wall_s, run.time_use.workers)
+    except OSError as exc:
+        run.warnings.append(f"the case times could not be kept for later estimates ({exc})")
 
 
 def _describe_devices(run: RunRecord, states: Sequence[DeviceState], processes: dict[str, Any],

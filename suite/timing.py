@@ -46,6 +46,10 @@ class Policy:
     energy_s: float = 0.3  # per variant, when the NVML energy counter is available
     profile: bool = False  # after timing: profile each variant (gpubench.profiling)
     profile_calls: int = 3  # calls under the profiler, after one warm-up call
+    # GPU only: the GiB of device memory the process may allocate (0: all of it), through
+    # torch.cuda.set_per_process_memory_fraction: a smaller card's memory on a bigger GPU, whose
+    # compute and bandwidth stay its own.
+    gpu_memory_gib: float = 0.0
 
     def scaled(self, factor: float) -> "Policy":
         """Scale repetition counts and times by ``factor`` (``--repeat-scale``)."""
@@ -72,7 +76,7 @@ class Policy:
         return out
 
 
-PROFILE_KEYS = ("profile", "profile_calls")
+PROFILE_KEYS = ("profile", "profile_calls", "gpu_memory_gib")  # left out of to_dict at their defaults
 
 
 POLICY_FIELDS: dict[str, tuple[type, str]] = {
@@ -88,6 +92,7 @@ POLICY_FIELDS: dict[str, tuple[type, str]] = {
     "energy_s": (float, "seconds >= 0"),
     "profile": (bool, "true or false"),
     "profile_calls": (int, "integer >= 1"),
+    "gpu_memory_gib": (float, "GiB >= 0 of GPU memory the process may allocate (0: all)"),
 }
 
 
@@ -181,6 +186,27 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = 
     return graph.replay
 
 
+class PhaseTimer:
+    """Wall seconds by phase, taken as laps: ``enter(name)`` closes the phase that is running and
+    opens ``name`` (``None``: none). A case's record says where its wall time went with it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.seconds: dict[str, float] = {}
+        self._clock = clock
+        self._current: str | None = None
+        self._since = 0.0
+
+    def enter(self, name: str | None) -> None:
+        now = self._clock()
+        if self._current is not None:
+            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + (now - self._since)
+        self._current, self._since = name, now
+
+    def stop(self) -> dict[str, float]:
+        self.enter(None)
+        return self.seconds
+
+
 @dataclass
 class VariantTiming:
     name: str
@@ -210,6 +236,7 @@ def measure_interleaved(
     on_switch: Callable[[str | None], None] | None = None,
     timings: dict[str, VariantTiming] | None = None,
     nvtx_case: str | None = None,
+    phases: PhaseTimer | None = None,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
@@ -220,7 +247,8 @@ def measure_interleaved(
     exception kept; the others go on. Pass ``timings`` to have samples land in a caller-owned dict
     as they are taken (so nothing measured is lost if the caller is interrupted). On CUDA each
     repetition is inside NVTX ranges ``<nvtx_case>/<variant>`` and ``<variant>#<rep>`` (``#w<n>``
-    for warm-up calls), pushed outside the timed region.
+    for warm-up calls), pushed outside the timed region. ``phases`` gets the laps ``warmup`` (graph
+    capture and warm-up calls) and ``timing`` (the timed rounds, resets and L2 flushes included).
     """
     from gpubench.profiling import nvtx_range
 
@@ -249,6 +277,8 @@ def measure_interleaved(
             timings[name].records.append(recorder.values)
         return seconds
 
+    if phases is not None:
+        phases.enter("warmup")
     calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
     active = list(calls)
     warmups = dict.fromkeys(calls, 0)
@@ -280,6 +310,8 @@ def measure_interleaved(
             active.remove(name)
     tag(None)
 
+    if phases is not None:
+        phases.enter("timing")
     t_start = time.perf_counter()
     while active:
         for name in list(active):

@@ -20,6 +20,16 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.fixture(autouse=True)
+def device_cache(tmp_path_factory, monkeypatch):
+    """Tunings and case times (gpubench.devicecache) go to a directory of each test's own, never
+    the user's ~/.cache, and one test's runs never shape another's estimates; worker
+    subprocesses inherit it."""
+    path = tmp_path_factory.mktemp("device-cache")
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def toys():
     """Register the toy techniques (tests/toys.py) for the duration of a test."""

@@ -295,13 +295,40 @@ def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scen
     assert second.exit_code == 0, second.output
     lines = second.output.splitlines()
     warning = next(line for line in lines if line.startswith("warning:"))
-    assert "3 cases (more than 2); estimated time" in warning and f"3 of 3 cases from earlier runs in {out}" in warning
+    assert "3 cases (more than 2); estimated time" in warning
+    assert "3 of 3 cases from what they took on this device" in warning
     assert lines.index(warning) < next(i for i, x in enumerate(lines) if x.startswith("[1/3]"))
-    # A case that never ran counts its technique's mean there; a technique that never ran, its policy.
+    # A case this device never ran counts its technique's mean in --out's runs; with no such runs,
+    # its policy.
     dry = invoke("run", "--scenario", note_scenario(4), "--out", out, "--dry-run")
-    assert "4 of 4 cases from earlier runs" in dry.output and "measurement policy" not in dry.output
+    assert "3 of 4 cases from what they took on this device" in dry.output
+    assert "1 of 4 cases from earlier runs" in dry.output and "measurement policy" not in dry.output
     dry = invoke("run", "--scenario", note_scenario(4), "--out", tmp_path / "elsewhere", "--dry-run")
-    assert "earlier runs" not in dry.output and "every case from its measurement policy" in dry.output
+    assert "earlier runs in" not in dry.output and "the other cases from its measurement policy" in dry.output, dry.output
+
+
+def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path, device_cache):
+    """A second run's estimate is what the first run's cases took on this device, plus the
+    run's start-up as measured, wherever the first run wrote its results (--out)."""
+    from gpubench import env as envmod
+    from gpubench.devicecache import CaseTimes
+
+    run = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate")
+    assert run.exit_code == 0, run.output
+    history = CaseTimes(envmod.device_label(envmod.resolve_device("cpu")))
+    assert history.path.parent.parent == device_cache
+    seconds, overhead = history.read()
+    doc = json.loads(next((tmp_path / "a").glob("*/results.json")).read_text())
+    assert sorted(seconds) == sorted(f"{c['id']}@1" for c in doc["cases"])
+    assert overhead == pytest.approx(doc["time_use"]["wall_s"] - doc["time_use"]["cases_s"], abs=2e-3)
+
+    dry = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "b", "--dry-run")
+    expected = sum(seconds.values()) + overhead
+    assert "3 of 3 cases from what they took on this device" in dry.output, dry.output
+    assert re.search(rf"estimated time: about {expected:.0f} s", dry.output), (expected, dry.output)
+    # Another repeat scale is another measurement policy: not counted from these times.
+    dry = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "b", "--dry-run", "--repeat-scale", "2")
+    assert "on this device" not in dry.output
 
 
 # -- wording the README and `gpubench list` show -------------------------------------------------

@@ -84,3 +84,39 @@ def test_in_process_device_selects_cuda_without_index(fake_cuda, monkeypatch):
 def test_cuda_device_refuses_a_cpu():
     with pytest.raises(ValueError, match="not a CUDA device"):
         envmod.cuda_device("cpu")
+
+
+# -- a smaller card's memory on a bigger GPU (policy gpu_memory_gib) -----------------------------
+
+def test_memory_cap_sets_the_fraction_of_the_device_and_lifts_it(fake_cuda, monkeypatch):
+    from types import SimpleNamespace
+
+    from gpubench import runner
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: fractions.append((f, d)))
+    monkeypatch.setattr(runner, "_memory_capped", set())
+    dev = torch.device("cuda", 0)
+    assert runner.cap_gpu_memory(dev, 0) is None and fractions == []  # never capped: nothing to lift
+    assert runner.cap_gpu_memory(dev, 24) == pytest.approx(24 / 141)
+    assert runner.cap_gpu_memory(dev, 500) == 1.0  # more than the card: no cap below its size
+    assert runner.cap_gpu_memory(dev, 0) is None
+    assert fractions == [(pytest.approx(24 / 141), dev), (1.0, dev), (1.0, dev)]
+
+
+def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
+    from gpubench.results import RunRecord
+    from gpubench.scenario import load as load_scenario
+    from gpubench.supervisor import memory_cap_warning
+
+    scen = load_scenario("gpu-consumer")
+    cases = scen.cases()
+    assert cases and all(c.policy.gpu_memory_gib == 24 for c in cases)
+    run = RunRecord(run_id="r", device="cuda", device_label="NVIDIA H200", scenario={},
+                    env={"gpu": {"total_memory_bytes": 150_000_000_000}},
+                    devices={"cuda:0": {"type": "cuda"}})
+    text = memory_cap_warning(run, cases)
+    assert "capped at 24 GiB of its 140 GiB" in text and "still the NVIDIA H200's" in text
+    run.devices = {"cpu": {"type": "cpu"}}
+    assert memory_cap_warning(run, cases) is None  # a CPU run caps nothing
