@@ -3,7 +3,8 @@
 
 :func:`claim_rows` turns a results document into rows of plain strings (the HTML template and
 :func:`markdown_lines` format them); it reads results only. A technique the run did not include
-still has its rows ("not in this run"), so every report lists every claim.
+still has its rows ("not in this run"), so every report lists every claim; :func:`split` sets those
+apart, and :func:`not_in_run_line` folds them into one line.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gpubench import techniques
 from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
 
 TITLE = "Published claims on this device"
+NOT_IN_RUN = "not in this run"
 # The CSS class of each verdict (the report's pass / fail colours).
 VERDICT_CLASS = {"holds": "pass", "falls short": "fail", "exceeds": "improved", "mixed": "",
                  "inconclusive": "not-comparable", "not comparable": "not-comparable"}
@@ -67,7 +69,7 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, A
            "claimed": claim.figure_text, "conditions": claim.conditions, "measures": claim.measures,
            "measured": "-", "cases": 0}
     if readings is None:
-        return {**row, "verdict": "not comparable", "reason": "not in this run"}
+        return {**row, "verdict": "not comparable", "reason": NOT_IN_RUN}
     comparable = [r for r in readings if r.comparable]
     if not comparable:
         return {**row, "verdict": "not comparable", "reason": _distinct([r.reason for r in readings])}
@@ -109,17 +111,40 @@ def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for row in rows:
         row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
     # Verdicts first, then claims this run's cases could not check, then techniques it left out.
-    return sorted(rows, key=lambda r: (r["verdict"] == "not comparable") + (r["reason"] == "not in this run"))
+    return sorted(rows, key=lambda r: (r["verdict"] == "not comparable") + (r["reason"] == NOT_IN_RUN))
+
+
+def split(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the rows this run read against its cases, the rows of techniques it did not include)."""
+    return [r for r in rows if r["reason"] != NOT_IN_RUN], [r for r in rows if r["reason"] == NOT_IN_RUN]
+
+
+def not_in_run_line(rows: list[dict[str, Any]]) -> str:
+    """The claims of techniques the run did not include, in one line: "9 published claims not
+    judged by this run (their techniques did not run): kv_cache, paged_kv_serving (3), ..."; empty
+    when there are none."""
+    left_out = Counter(r["technique"] for r in split(rows)[1])
+    if not left_out:
+        return ""
+    n = sum(left_out.values())
+    names = ", ".join(name + (f" ({k})" if k > 1 else "") for name, k in sorted(left_out.items()))
+    return (f"{n} published claim{'s' if n > 1 else ''} not judged by this run "
+            f"({'their techniques' if len(left_out) > 1 else 'its technique'} did not run): {names}")
 
 
 def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:
-    """The table in GitHub Markdown (``cell`` escapes a cell's text)."""
+    """The table in GitHub Markdown (``cell`` escapes a cell's text), the claims of techniques
+    the run did not include folded into one line under it."""
     if not rows:
         return []
+    judged, _ = split(rows)
+    folded = [f"_{cell(not_in_run_line(rows))}._", ""] if len(judged) < len(rows) else []
+    if not judged:
+        return [f"**{TITLE}**", ""] + folded
     lines = [f"**{TITLE}**", "", "| technique | claim | source | claimed | this run [95% CI] | verdict | why |",
              "|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in judged:
         lines.append("| " + " | ".join(cell(v) for v in (
             r["technique"], r["claim"], f"{r['source']} ({r['url']})", r["claimed"], r["measured"],
             f"**{r['verdict']}**", r["reason"])) + " |")
-    return lines + [""]
+    return lines + [""] + folded

@@ -24,7 +24,7 @@ from gpubench import compare as gate
 from gpubench import techniques
 from gpubench.atomic import atomic_write_text
 from gpubench.errors import BadInput
-from gpubench.reports import claims, figures, markdown, profile_view, sweep
+from gpubench.reports import claims, figures, markdown, phases, profile_view, sweep
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.terminal import (shown_by_technique, case_params, check_text, format_seconds,
                                        format_speedup, headline_text, named_time, param_text, shown_params)
@@ -135,8 +135,8 @@ def _read_by(name: str, cases: list[dict[str, Any]]) -> tuple[Any, ...]:
 def headline(doc: dict[str, Any]) -> dict[str, Any]:
     """Scenario, device, date, pass/fail counts, one line per technique by its own headline
     figure (time, or what it declares, e.g. KV utilization), the best and worst speedups over the
-    techniques read by time, and warnings that belong at the top (a run that did not complete, a
-    GPU that throttled)."""
+    techniques read by time, the timed calls' share of the wall time, the published claims, and
+    warnings that belong at the top (a run that did not complete, a GPU that throttled)."""
     cases = doc.get("cases", [])
     shown = shown_by_technique(doc)
     counts = {s: sum(c.get("status") == s for c in cases) for s in ("passed", "failed", "interrupted")}
@@ -160,6 +160,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
                         + (f", {share:.0%} of samples" if isinstance(share, (int, float)) else "")
                         + "): timings may be slower than the hardware allows.")
     scenario = doc.get("scenario") or {}
+    claim_rows = claims.claim_rows(doc)
     return {
         "scenario": scenario.get("name", "?"), "description": scenario.get("description") or "",
         "device": doc.get("device_label") or doc.get("device", "?"), "date": _date(doc.get("started_at")),
@@ -168,7 +169,9 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
-        "on_cpu": doc.get("device") == "cpu", "claims": claims.claim_rows(doc),
+        "on_cpu": doc.get("device") == "cpu", "claims": claim_rows, "claims_judged": claims.split(claim_rows)[0],
+        "claims_not_in_run": claims.split(claim_rows)[1], "claims_folded": claims.not_in_run_line(claim_rows),
+        "timed_share": phases.timed_share_text(doc),
     }
 
 
@@ -193,31 +196,41 @@ def _ceilings_text(ceilings: dict[str, Any] | None) -> str:
 
 
 def _pair(variants: dict[str, Any], base: str | None, opt: str | None, key: str,
-          fmt: Callable[[float], str]) -> str:
+          fmt: Callable[[float], str]) -> list[str]:
+    """The baseline's and the optimized variant's ``key``, formatted; empty when neither has it."""
     values = [(variants.get(n) or {}).get(key) if n else None for n in (base, opt)]
     if all(v is None for v in values):
-        return "-"
-    return " / ".join("-" if v is None else fmt(v) for v in values)
+        return []
+    return ["-" if v is None else fmt(v) for v in values]
+
+
+def energy_text(mj: float) -> str:
+    """Energy per call in the unit that reads best: 137 mJ, 80.3 J."""
+    return f"{mj / 1000:.3g} J" if abs(mj) >= 1000 else f"{mj:.3g} mJ"
 
 
 def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per case, numbered in run order: params, medians, speedup with CI, headline metric,
-    check, peak memory and energy (baseline / optimized), status and failure reason."""
+    check, peak memory and energy (baseline / optimized), status and failure reason. The
+    ``*_parts`` keys hold the same figures in pieces the HTML table may wrap between."""
     shown = shown_by_technique(doc)
     rows = []
     for number, case in enumerate(doc.get("cases", []), 1):
         variants = case.get("variants", {})
         base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
         passed = case.get("status") == "passed"
+        speedup = format_speedup(_ratio(case, opt))
+        memory = _pair(variants, base, opt, "peak_memory_bytes", human_bytes)
+        energy = _pair(variants, base, opt, "energy_mj_per_call", energy_text)
         rows.append({
             "number": number, "id": case["id"], "technique": case["technique"],
             "params": case_params(case, shown.get(case["technique"])),
             "baseline": named_time(case, base), "optimized": named_time(case, opt),
-            "speedup": format_speedup(_ratio(case, opt)), "headline": headline_text(case, base, opt),
+            "speedup": speedup, "speedup_parts": speedup.split(" ", 1), "headline": headline_text(case, base, opt),
             "check": check_text(case, opt).plain if opt else "-",
             "check_passed": ((variants.get(opt) or {}).get("check") or {}).get("passed"),
-            "memory": _pair(variants, base, opt, "peak_memory_bytes", human_bytes),
-            "energy": _pair(variants, base, opt, "energy_mj_per_call", lambda mj: f"{mj:.3g} mJ"),
+            "memory": " / ".join(memory) or "-", "memory_parts": memory,
+            "energy": " / ".join(energy) or "-", "energy_parts": energy,
             "status": case.get("status", "?"), "failed": not passed, "device": gate.case_device(case, doc),
             "reason": "" if passed else (case.get("failure") or {}).get("message", ""),
             "why": profile_view.why(case),
@@ -226,24 +239,24 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- one section per technique ----------------------------------------------------------------
-def _figure(title: str, fig: Any, empty_note: str) -> dict[str, str | None]:
-    """A figure for the template: its SVG, or ``empty_note`` when there is no figure or it has no
-    data (empty axes are never shown)."""
+def _figure(title: str, fig: Any) -> dict[str, str | None] | None:
+    """A figure for the template: its SVG, or None when there is no figure or it has no data: the
+    report leaves out what it cannot draw rather than show an empty frame."""
     if fig is None or figures.mark_data(fig) == 0:
         if fig is not None:
             figures.close(fig)
-        return {"title": title, "svg": None, "note": empty_note}
+        return None
     return {"title": title, "svg": figures.to_svg(fig), "note": None}
 
 
-def speedup_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+def speedup_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None] | None:
     """Speedup against the swept numeric param (one line per combination of the other varying
     params); without a numeric sweep (one case, categorical params) one point per case."""
     title = "speedup of optimized over baseline (95% CI)"
     points = [(c, r, label) for c, label in zip(cases, labels)
               for r in [_ratio(c, role_variant(c, "optimized"))] if r]
     if not points:
-        return _figure(title, None, "no speedup to show: no case has both a baseline and an optimized timing.")
+        return None
     params = list(dict.fromkeys(k for c, _, _ in points for k in c["params"]))
     varying = [k for k in params if len({repr(c["params"].get(k)) for c, _, _ in points}) > 1]
     numeric = [k for k in varying if all(isinstance(c["params"].get(k), (int, float))
@@ -254,20 +267,19 @@ def speedup_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, 
         for c, r, _ in points:
             key = " ".join(param_text(c["params"], k) for k in varying if k != x)
             series.setdefault(key, []).append((c["params"][x], r["ratio"], r["ci_low"], r["ci_high"]))
-        return _figure(f"{title} vs {x}", figures.speedup_sweep(series, x), "")
+        return _figure(f"{title} vs {x}", figures.speedup_sweep(series, x))
     ratios = [(r["ratio"], r["ci_low"], r["ci_high"]) for _, r, _ in points]
     fig = figures.ratio_points([p[2] for p in points], *zip(*ratios), x_label="speedup over baseline (x)")
-    return _figure(title, fig, "")
+    return _figure(title, fig)
 
 
-def latency_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+def latency_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None] | None:
     rows = [(label, {n: _samples(c, n) for n in (role_variant(c, "baseline"), role_variant(c, "optimized")) if n})
             for c, label in zip(cases, labels)]
-    return _figure("time per call, raw samples (box: quartiles, line: median)", figures.latency_boxes(rows),
-                   "no timing samples: no variant of these cases was timed.")
+    return _figure("time per call, raw samples (box: quartiles, line: median)", figures.latency_boxes(rows))
 
 
-def peak_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None]:
+def peak_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str | None] | None:
     roles = ("baseline", "optimized")
     def metric(case: dict[str, Any], role: str, key: str) -> Any:
         return ((case["variants"].get(role_variant(case, role)) or {}).get("metrics") or {}).get(key)
@@ -275,33 +287,30 @@ def peak_figure(cases: list[dict[str, Any]], labels: list[str]) -> dict[str, str
     panels = {title: {role: [metric(c, role, key) for c in cases] for role in roles}
               for key, title in (("pct_peak_flops", "% of measured peak FLOP/s"),
                                  ("pct_peak_bandwidth", "% of measured peak bandwidth"))}
-    counted = any(metric(c, role, k) is not None for c in cases for role in roles for k in ("flops", "bytes_moved"))
-    note = ("no % of peak: the run has no measured device peak (calibration off or failed)." if counted
-            else "no % of peak: this technique reports no FLOP or byte counts.")
-    return _figure("share of the measured device peak", figures.peak_bars(labels, panels), note)
+    return _figure("share of the measured device peak", figures.peak_bars(labels, panels))
 
 
 def technique_figures(tech: Any, cases: list[dict[str, Any]]) -> list[dict[str, str | None]]:
     """The figures the technique declares (``plots``), then those of its own hook
-    (``figures_fn``). A figure that fails to draw costs that figure only, with the reason shown."""
+    (``figures_fn``), each left out when the run holds no data for it. A figure that fails to draw
+    costs that figure only, with the reason shown."""
     if tech is None:
         return []
     out = []
     for plot in tech.plots:
         try:
-            out.append(_figure(plot.title, figures.declared(plot, cases, tech.defaults()),
-                               "no data for this figure in this run."))
+            out.append(_figure(plot.title, figures.declared(plot, cases, tech.defaults())))
         except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
             out.append({"title": plot.title, "svg": None, "note": f"the figure failed: {type(exc).__name__}: {exc}"})
     if tech.figures_fn is not None:
         try:
             with figures.styled():
                 made = list(tech.figures_fn(cases))
-            out += [_figure(str(title), fig, "no data for this figure in this run.") for title, fig in made]
+            out += [_figure(str(title), fig) for title, fig in made]
         except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
             out.append({"title": f"{tech.name} figures", "svg": None,
                         "note": f"the technique's figure hook failed: {type(exc).__name__}: {exc}"})
-    return out
+    return [fig for fig in out if fig is not None]
 
 
 def variant_rows(case: dict[str, Any], number: int) -> list[dict[str, Any]]:
@@ -359,7 +368,7 @@ def technique_sections(doc: dict[str, Any], rows: list[dict[str, Any]] | None = 
         tech = techniques.find(name, cases[0].get("source", ""))
         read_by = sweep.headline_figures(tech)
         large = len(cases) > sweep.LARGE
-        per_case = [latency_figure(cases, labels), peak_figure(cases, labels)]
+        per_case = [f for f in (latency_figure(cases, labels), peak_figure(cases, labels)) if f is not None]
         best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
         numbers = {id(c): n for n, c in group}
         sections.append({
@@ -368,17 +377,44 @@ def technique_sections(doc: dict[str, Any], rows: list[dict[str, Any]] | None = 
             "variant_notes": variant_descriptions(cases),
             "anchor": tech.anchor if tech else "",
             "cpu_note": tech.gpu_specific if tech and doc.get("device") == "cpu" else "",
-            "surface": _figure(sweep.surface_title(read_by), sweep.surface(cases, read_by),
-                               "no surface: fewer than two cases have the figure.") if large else None,
+            "surface": _figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
             "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
             "best": _extreme_rows(best, numbers, shown.get(name)),
             "worst": _extreme_rows(worst, numbers, shown.get(name)),
-            "figures": [speedup_figure(cases, labels)] + ([] if large else per_case) + technique_figures(tech, cases),
+            "figures": [f for f in [speedup_figure(cases, labels)] if f] + ([] if large else per_case)
+                       + technique_figures(tech, cases),
             "per_case_figures": per_case if large else [],
             "rows": [r for r in rows if r["technique"] == name] if large else [],
             "variants": [row for n, c in group for row in variant_rows(c, n)],
+            "phases": phase_rows(group, shown.get(name)),
+            "timed_share": phases.timed_share_text({"cases": cases}),
         })
+        section = sections[-1]
+        section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
+                                else _unplotted(cases))
     return sections
+
+
+def _unplotted(cases: list[dict[str, Any]]) -> str:
+    """Why a technique's section has no figure, in one sentence."""
+    failed = sum(c.get("status") != "passed" for c in cases)
+    if failed == len(cases):
+        return f"No figure: {'its case' if failed == 1 else f'all {failed} cases'} failed (why: the summary table)."
+    return "No figure: its cases recorded no timings or figures to plot."
+
+
+def phase_rows(group: list[tuple[int, dict[str, Any]]], shown: set[str] | None) -> list[dict[str, Any]]:
+    """Per case that recorded its phases: where its wall time went, as a sentence and as the
+    segments of a stacked bar (percent of the case's wall time)."""
+    rows = []
+    for number, case in group:
+        found = phases.breakdown(case)
+        if found is not None:
+            rows.append({"number": number, "params": case_params(case, shown), "text": phases.breakdown_text(found),
+                         "elapsed": format_seconds(found.elapsed_s),
+                         "segments": [{"key": key, "label": phases.LABELS[key], "pct": 100 * found.share(key),
+                                       "seconds": format_seconds(seconds)} for key, seconds in found.parts if seconds > 0]})
+    return rows
 
 
 # -- telemetry ---------------------------------------------------------------------------------
@@ -413,9 +449,10 @@ def telemetry_section(run: Run) -> dict[str, Any]:
     panels = [(label, pd.to_numeric(frame[col], errors="coerce").tolist()) for col, label in TELEMETRY_PANELS
               if col in frame]
     section["figure"] = _figure("telemetry over the run (shaded: cases, numbered as in the summary table)",
-                                figures.telemetry_timeline(t, panels, spans, throttled_t),
-                                "telemetry unavailable: the samples hold no power, clock, temperature "
-                                "or memory readings.")
+                                figures.telemetry_timeline(t, panels, spans, throttled_t))
+    if section["figure"] is None:
+        section.update(available=False, note="telemetry unavailable: the samples hold no power, clock, temperature "
+                                             "or memory readings.")
     return section
 
 
@@ -468,13 +505,13 @@ def _change_row(change: gate.Change, case: dict[str, Any], old: dict[str, Any],
             "speedup_before": format_speedup(_ratio(old, old_opt)), "speedup_after": format_speedup(_ratio(case, opt))}
 
 
-def comparison_figure(comparison: dict[str, Any]) -> dict[str, str | None]:
+def comparison_figure(comparison: dict[str, Any]) -> dict[str, str | None] | None:
     colors = {"regressed": "#c0392b", "improved": "#2e9b45", "unchanged": "#8c8c8c"}
     rows = [r for r in comparison["rows"] if r["ci"] is not None and r["class"] in colors]
     fig = figures.ratio_points([r["label"] for r in rows], *zip(*[r["ci"] for r in rows]),
                                x_label="optimized time, this run / the other (> 1: slower now)",
                                colors=[colors[r["class"]] for r in rows]) if rows else None
-    return _figure("change per case (95% CI)", fig, "no case has timings in both runs.")
+    return _figure("change per case (95% CI)", fig)
 
 
 # -- the document ------------------------------------------------------------------------------
@@ -522,12 +559,14 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
     # A large sweep's cases fold into one row of the summary table; its section holds them all.
     collapsed = {t["name"]: {"first": t["rows"][0]["number"], "last": t["rows"][-1]["number"], "count": t["count"],
                              "text": lines[t["name"]]} for t in sections if t["large"]}
-    show = {"show_device": len({r["device"] for r in rows}) > 1,
+    # Columns no case fills are left out, so the table fits the page with the ones that say something.
+    show = {"show_device": len({r["device"] for r in rows}) > 1, "show_headline": any(r["headline"] or r["why"] for r in rows),
             "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows)}
     context = {
         "head": head, "rows": rows, "fleet": fleet_matrix([doc, *others]), **show,
-        "columns": 10 + sum(show.values()), "collapsed": collapsed,
+        "columns": 6 + sum(show.values()), "collapsed": collapsed,
         "techniques": sections, "telemetry": telemetry_section(run),
+        "phase_legend": [(key, label, phases.MEANING[key]) for key, label in phases.PHASES],
         "profiles": profile_view.tables_by_technique(doc, _link_base(run.path, output_dir)),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
         "scenario": json.dumps(doc.get("scenario"), indent=2, default=str),

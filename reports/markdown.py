@@ -1,5 +1,5 @@
-"""summary.md: the run's headline and summary table (and, with --compare, the count of changes)
-in GitHub-flavoured Markdown, for a CI job summary or a pull-request comment.
+"""summary.md: the run's headline, summary table and published claims (and, with --compare, the
+count of changes) in GitHub-flavoured Markdown, for a CI job summary or a pull-request comment.
 
 It formats what :mod:`gpubench.reports.html` has already read out of the results (the headline
 and summary rows), escapes every cell, and stays under :data:`MAX_BYTES`: rows past the budget
@@ -39,6 +39,10 @@ def _table(header: list[str], rows: list[list[Any]], budget: int) -> list[str]:
     return lines
 
 
+def _sentence_case(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _headline(head: dict[str, Any]) -> list[str]:
     counts = f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
     if head.get("interrupted"):
@@ -47,7 +51,8 @@ def _headline(head: dict[str, Any]) -> list[str]:
     if head.get("not_by_time"):
         extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"
     lines = [f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}", "",
-             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."]
+             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."
+             + (f" {_sentence_case(cell(head['timed_share']))}." if head.get("timed_share") else "")]
     if head.get("techniques"):  # each technique by its own headline figure
         lines += [""] + [f"- **{cell(t['name'])}**: {cell(t['text'])}" for t in head["techniques"]]
     if head.get("description"):
@@ -55,9 +60,7 @@ def _headline(head: dict[str, Any]) -> list[str]:
     lines += [f"\n> **Warning:** {cell(w)}" for w in head.get("warnings", [])]
     if head.get("on_cpu"):
         lines += ["", "Measured on a CPU: where a technique's win is GPU-specific, these ratios are not the GPU's."]
-    from gpubench.reports.claims import markdown_lines  # it reads the registry; imported when used
-
-    return lines + [""] + markdown_lines(head.get("claims") or [], cell)
+    return lines + [""]
 
 
 def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
@@ -85,9 +88,13 @@ def _comparison(comparison: dict[str, Any]) -> list[str]:
 
 def render_summary(head: dict[str, Any], rows: list[dict[str, Any]],
                    comparison: dict[str, Any] | None = None, max_bytes: int = MAX_BYTES) -> str:
-    """The headline, the comparison's counts (if any) and the summary table."""
+    """The headline, the comparison's counts (if any), the summary table, then the published claims
+    (the table gets what the rest leaves of ``max_bytes``)."""
+    from gpubench.reports.claims import markdown_lines  # it reads the registry; imported when used
+
     lines = _headline(head)
     if comparison is not None:
         lines += _comparison(comparison)
-    lines += _summary(rows, max_bytes - _size(lines))
-    return "\n".join(lines) + "\n"
+    claims = markdown_lines(head.get("claims") or [], cell)
+    lines += _summary(rows, max_bytes - _size(lines) - _size(claims))
+    return "\n".join(lines + [""] + claims) + "\n"

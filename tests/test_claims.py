@@ -1,8 +1,9 @@
 """Published claims checked on the run's device (gpubench.claims, reports/claims.py): each verdict
 follows from the measured CI and the claimed band and nothing else (hand-made cases, no timing),
 a case that did not measure what the claim did is never given a verdict, device-independent
-claims get one on a CPU, every report and summary.md carry the table, every built-in technique
-declares a claim, and a technique without claims still works."""
+claims get one on a CPU, every report and summary.md carry the table (after the summary, the claims
+of techniques the run left out folded into one line), every built-in technique declares a claim,
+and a technique without claims still works."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +16,7 @@ from gpubench.claims import Claim, read_case, verdict
 from gpubench.contract import Claim as ContractClaim
 from gpubench.contract import Technique
 from gpubench.reports import html
-from gpubench.reports.claims import TITLE, claim_rows
+from gpubench.reports.claims import TITLE, claim_rows, not_in_run_line
 
 from test_report import make_run
 
@@ -158,7 +159,16 @@ def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
         assert str(escape(row["claim"])) in page and str(escape(row["source"])) in page
     assert "| packed_metadata | +14.3% per training step (read as 1.143x) |" in md
     assert "| 1.143x | 1.15x [1.12x, 1.18x] | **holds** |" in md
-    assert md.count("| **not comparable** | not in this run |") >= 5
+    # The claims of techniques the run left out: one line (the rows themselves in a closed <details>)
+    left_out = [r for r in rows.values() if r["reason"] == "not in this run"]
+    line = not_in_run_line(list(rows.values()))
+    assert len(left_out) >= 5 and line.startswith(f"{len(left_out)} published claims not judged by this run")
+    assert "moe_grouping" in line and "packed_metadata" not in line and "kv_cache" not in line
+    assert "not in this run" not in md and f"_{line}._" in md
+    table = page.split('<table id="claims-table">')[1].split("</table>")[0]
+    assert "not in this run" not in table and table.count("<tr>") == 1 + len(rows) - len(left_out)
+    assert f'<details id="claims-not-in-run">\n    <summary>{escape(line)}</summary>' in page
+    assert md.index("| # | technique |") < md.index(TITLE) and page.index('id="summary"') < page.index('id="claims"')
     verdicts = [r["verdict"] for r in claim_rows(doc)]
     assert verdicts[:2] == ["holds", "holds"] and set(verdicts[2:]) == {"not comparable"}  # judged first
     assert 'href="http' not in page  # sources are shown, not linked: the report fetches nothing
@@ -166,13 +176,16 @@ def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
 
 def test_a_run_with_none_of_the_techniques_lists_every_claim_as_not_in_this_run(tmp_path):
     doc = results_doc([])
-    md = html.write_report(make_run(tmp_path / "run", copy.deepcopy(doc))).markdown.read_text(encoding="utf-8")
+    written = html.write_report(make_run(tmp_path / "run", copy.deepcopy(doc)))
+    md, page = written.markdown.read_text(encoding="utf-8"), written.html.read_text(encoding="utf-8")
     rows = claim_rows(doc)
     declared = sum(len(t.claims) for t in techniques.all_techniques().values())
     assert len(rows) >= declared and {r["verdict"] for r in rows} == {"not comparable"}
     assert {r["reason"] for r in rows} == {"not in this run"}
     assert any(r["technique"] == "combined_training" and "25%" in r["claim"] for r in rows)
-    assert md.count("not in this run") == len(rows)
+    assert f"_{len(rows)} published claims not judged by this run (their techniques did not run): " in md
+    assert "| technique | claim |" not in md  # no table of rows that say nothing
+    assert 'id="claims-table"' not in page and f"<summary>{len(rows)} published claims not judged" in page
 
 
 def test_gpu_quick_on_an_h200_reaches_every_claim_a_gpu_can_check():

@@ -63,13 +63,20 @@ def figures_of(page: str) -> dict[str, list[str]]:
     return found
 
 
+# What an empty figure frame used to say: the report now leaves such a figure out.
+EMPTY_FRAME = ("no data for this figure", "no % of peak", "no speedup to show", "no timing samples", "no surface",
+               "no case has timings in both runs")
+
+
 def assert_no_empty_axes(page: str) -> None:
-    """Every figure is an SVG with a data element, or a note saying why there is none."""
+    """Every figure is an SVG with a data element, or says that it failed to draw; a figure with
+    nothing to show is left out, frame and all."""
     for title, body in FIGURE.findall(page):
         if "<svg" in body:
             assert DATA.search(body), title
         else:
-            assert 'class="note"' in body, title
+            assert 'class="note"' in body and "failed" in body, title
+    assert not [text for text in EMPTY_FRAME if text in page]
 
 
 # -- a real smoke run --------------------------------------------------------------------------
@@ -105,7 +112,8 @@ def test_figures_are_inline_svg_with_data(real_report):
     assert len(sweep) == len(latency) == len(timed)  # one of each per technique
     for body in sweep + latency + found["share of the measured device peak"][:1]:  # flash_attention has FLOPs
         assert "<svg" in body and DATA.search(body)
-    assert "no % of peak: this technique reports no FLOP or byte counts." in page  # kv_cache counts bytes held
+    kv = page.split('<section id="tech-kv_cache"')[1].split("</section>")[0]
+    assert "share of the measured device peak" not in kv  # kv_cache counts no FLOPs or bytes moved: no frame
     assert_no_empty_axes(page)
     for external in ("<img", "<link", "<script", " src=", 'href="http', "url(http", "@import"):
         assert external not in page  # nothing to fetch: readable offline
@@ -247,7 +255,7 @@ def test_a_single_case_run_draws_points_not_empty_sweeps(real_dir, tmp_path):
 
 
 @REAL_RUN
-def test_a_case_without_timings_gets_notes_instead_of_figures(real_dir, tmp_path):
+def test_a_case_without_timings_shows_no_empty_figure_and_says_so_once(real_dir, tmp_path):
     doc = json.loads((real_dir / "results.json").read_text())
     case = doc["cases"][0]
     case.update(status="failed", speedups={}, failure={"kind": "oom", "message": "out of memory", "traceback": ""})
@@ -255,8 +263,10 @@ def test_a_case_without_timings_gets_notes_instead_of_figures(real_dir, tmp_path
         v.update(samples_s=[], stats=None, metrics={})
     doc["cases"] = [case]
     page = html.render(html.load_run(make_run(tmp_path / "run", doc)))
-    assert "<svg" not in page
-    assert "no speedup to show" in page and "no timing samples" in page and "no % of peak" in page
+    assert "<svg" not in page and "<figure>" not in page
+    section = page.split(f'<section id="tech-{case["technique"]}"')[1].split("</section>")[0]
+    assert section.count("No figure: its case failed (why: the summary table).") == 1
+    assert_no_empty_axes(page)
 
 
 @REAL_RUN
@@ -355,7 +365,8 @@ def test_declared_plots_are_drawn_from_results_and_a_failing_one_costs_only_itse
                                                Plot("nothing recorded", y="absent", x="n")])
     page = html.render(run)
     assert DATA.search(figures_of(page)["GB/s against n"][0])
-    assert "no data for this figure in this run." in figures_of(page)["nothing recorded"][0]
+    assert "nothing recorded" not in page  # a declared plot with no data in the run is left out, frame and title
+    assert_no_empty_axes(page)
 
     def broken(plot, cases, defaults=None):
         raise KeyError("boom")
