@@ -23,6 +23,7 @@ import torch
 
 from gpubench import techniques
 from gpubench.devicecache import CaseTimes
+from gpubench.energy import max_window_s
 from gpubench.scenario import Case, Scenario
 from gpubench.timing import Policy
 
@@ -74,8 +75,12 @@ def policy_bounds_s(policy: Policy, variants: int, gpu: bool) -> tuple[float, fl
     """Seconds one case's measurement takes at least and at most, by its policy alone: the warm-up
     of each variant, then a timing loop that ``max_reps`` may end at once (short calls) and
     ``max_time_s`` ends at the latest (and energy sampling on a GPU)."""
-    fixed = variants * (policy.warmup_s + (policy.energy_s if gpu else 0.0))
-    return fixed, fixed + policy.max_time_s
+    # Energy: at least energy_s per variant, and up to the window's cap where the counter is slow
+    # or the calls long (gpubench.energy); none without a GPU or with energy_s 0.
+    energy_low = policy.energy_s if gpu and policy.energy_s > 0 else 0.0
+    energy_high = max_window_s(policy.energy_s) if energy_low else 0.0
+    fixed = variants * (policy.warmup_s + energy_low)
+    return fixed, fixed + policy.max_time_s + variants * (energy_high - energy_low)
 
 
 def variants_run(technique: str, variants: tuple[str, ...] | None, device: torch.device) -> int:
