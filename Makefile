@@ -1,7 +1,7 @@
 # Convenience targets; README.md's two commands are the supported way in on a fresh machine.
 PY ?= .venv/bin/python
 
-.PHONY: test smoke list env gpu-check
+.PHONY: test smoke list env gpu-check gpu-session
 
 test:
 	$(PY) -m pytest -q
@@ -26,3 +26,8 @@ gpu-check:
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 	python3 -m gpubench.cli env --calibrate --json > $(OUT)/env-calibrate.json
 	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs $(if $(ONLY),--only $(ONLY)) || true
+
+# The prepared session for a lent GPU (benchmarks/gpu_session.sh): gpu-quick whole, its dry-run
+# estimate, gpu-consumer, calibration; each part under its own timeout, packed into $(OUT).
+gpu-session:
+	OUT=$(OUT) bash benchmarks/gpu_session.sh
