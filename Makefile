@@ -28,6 +28,7 @@ gpu-check:
 	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs $(if $(ONLY),--only $(ONLY)) || true
 
 # The prepared session for a lent GPU (benchmarks/gpu_session.sh): gpu-quick whole, its dry-run
-# estimate, gpu-consumer, calibration; each part under its own timeout, packed into $(OUT).
+# estimate, gpu-consumer, calibration; each part under its own timeout, packed into $(SESSION_OUT).
+SESSION_OUT ?= gpu-session-out
 gpu-session:
-	OUT=$(OUT) bash benchmarks/gpu_session.sh
+	OUT=$(SESSION_OUT) bash benchmarks/gpu_session.sh
