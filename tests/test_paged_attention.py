@@ -9,7 +9,8 @@ import torch
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured, relative_l2_check
 from gpubench.kvmath import block_edge_lengths
-from gpubench.optimizations.paged_attention import paged_decode_attention, paged_decode_attention_torch
+from gpubench.optimizations.paged_attention import (decode_token_slots, paged_decode_attention,
+                                                     paged_decode_attention_gathered, paged_decode_attention_torch)
 from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
 from gpubench.reports import figures
 from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
@@ -43,7 +44,7 @@ def kernel(*a, **kw):
     return paged_decode_attention_triton(*a, tokens_per_step=16, **kw)
 
 
-PATHS = {"torch": torch_path, "triton": kernel}
+PATHS = {"torch": torch_path, "triton": kernel, "gathered": paged_decode_attention_gathered}
 
 CASES = [
     # (batch, heads, kv_heads, head_dim, block_size, context_len, dtype)
@@ -171,7 +172,8 @@ def test_kernel_handles_head_dim_not_a_power_of_two():
     assert rel_err(kernel(*a), gather_then_attend(*a)) <= 1e-5
 
 
-@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend], ids=["torch", "triton", "gather"])
+@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend, paged_decode_attention_gathered],
+                         ids=["torch", "triton", "gather", "gathered"])
 def test_empty_context_gives_zeros_not_nan(fn):
     w = make_workload()
     lens = w.context_lens.clone()
@@ -330,3 +332,35 @@ def test_torch_path_writes_into_out_and_returns_it():
     out = torch.full_like(w.q, float("nan"))
     assert torch_path(*args(w), out=out) is out
     assert rel_err(out, reference(w)) <= 1e-5
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (4, 1)])
+def test_vectorized_cpu_decode_equals_float64_reference_with_garbage_past_every_context(heads, kv_heads):
+    """The CPU fallback (one gather through a per-token slot index, one SDPA with GQA by grouping,
+    no loop over blocks) in float64 against the float64 reference to 1e-12, MHA, GQA and MQA,
+    contexts ending inside their last block, with NaN in every slot no context covers and
+    garbage block numbers in the table past each sequence's last block; and it agrees with the
+    block walk it replaced."""
+    w = make_workload(heads=heads, kv_heads=kv_heads, block_size=8, dtype="float32", batch=4)
+    q, k, v = (t.double() for t in (w.q, w.k_cache, w.v_cache))
+    tables = w.block_tables.clone()
+    keep = torch.zeros(k.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(w.lens):
+        for t in range(n):
+            keep[tables[b, t // 8], t % 8] = True
+        tables[b, -(-n // 8):] = 10_000  # never followed
+    assert any(n % 8 for n in w.lens)  # so some NaN lies in the tail of a partial last block
+    k[~keep], v[~keep] = float("nan"), float("nan")
+    slots, live = decode_token_slots(tables, w.context_lens, 8)
+    assert live.sum(1).tolist() == list(w.lens)
+    out = paged_decode_attention_gathered(q, k, v, tables, w.context_lens)
+    ref = TECHNIQUE.reference_fn(replace_cache(w, q, k.nan_to_num(0.0), v.nan_to_num(0.0)))
+    assert (out - ref).abs().max() <= 1e-12
+    walk = paged_decode_attention_torch(q, k, v, tables.clamp_max(k.shape[0] - 1), w.context_lens,
+                                        tokens_per_step=16)
+    assert (out - walk).abs().max() <= 1e-12
+
+
+def replace_cache(w, q, k, v):
+    from dataclasses import replace
+    return replace(w, q=q, k_cache=k, v_cache=v)

@@ -50,6 +50,8 @@ class BlockManager:
         """Grow the sequence's table to cover ``tokens``; False (and nothing taken) when the pool
         cannot."""
         table = self.tables[seq]
+        if tokens <= len(table) * self.block_size:  # the common case: the last block has room
+            return True
         need = self.blocks_for(tokens) - len(table)
         if need > len(self.free):
             return False
