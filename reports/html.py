@@ -171,7 +171,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
         "on_cpu": doc.get("device") == "cpu", "claims": claim_rows, "claims_judged": claims.split(claim_rows)[0],
         "claims_not_in_run": claims.split(claim_rows)[1], "claims_folded": claims.not_in_run_line(claim_rows),
-        "timed_share": phases.timed_share_text(doc),
+        "timed_share": phases.run_text(doc),
     }
 
 
@@ -387,11 +387,15 @@ def technique_sections(doc: dict[str, Any], rows: list[dict[str, Any]] | None = 
             "rows": [r for r in rows if r["technique"] == name] if large else [],
             "variants": [row for n, c in group for row in variant_rows(c, n)],
             "phases": phase_rows(group, shown.get(name)),
-            "timed_share": phases.timed_share_text({"cases": cases}),
+            "timed_share": phases.cases_text(cases),
         })
         section = sections[-1]
         section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
                                 else _unplotted(cases))
+        shown_keys = {seg["key"] for row in section["phases"] for seg in row["segments"]}
+        section["phase_legend"] = [(key, phases.LABELS.get(key, key), phases.MEANING.get(key, key))
+                                   for key in dict.fromkeys([k for k, _ in phases.PHASES] + sorted(shown_keys))
+                                   if key in shown_keys]
     return sections
 
 
@@ -412,7 +416,7 @@ def phase_rows(group: list[tuple[int, dict[str, Any]]], shown: set[str] | None) 
         if found is not None:
             rows.append({"number": number, "params": case_params(case, shown), "text": phases.breakdown_text(found),
                          "elapsed": format_seconds(found.elapsed_s),
-                         "segments": [{"key": key, "label": phases.LABELS[key], "pct": 100 * found.share(key),
+                         "segments": [{"key": key, "label": phases.LABELS.get(key, key), "pct": 100 * found.share(key),
                                        "seconds": format_seconds(seconds)} for key, seconds in found.parts if seconds > 0]})
     return rows
 
@@ -566,7 +570,6 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         "head": head, "rows": rows, "fleet": fleet_matrix([doc, *others]), **show,
         "columns": 6 + sum(show.values()), "collapsed": collapsed,
         "techniques": sections, "telemetry": telemetry_section(run),
-        "phase_legend": [(key, label, phases.MEANING[key]) for key, label in phases.PHASES],
         "profiles": profile_view.tables_by_technique(doc, _link_base(run.path, output_dir)),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
         "scenario": json.dumps(doc.get("scenario"), indent=2, default=str),

@@ -1,39 +1,41 @@
-"""Where a case's wall time went, from the ``phases_s`` the runner records per case: seconds spent
-building inputs, checking, warming up, in the timing loop (of which the timed calls themselves),
-on derived metrics, measuring energy and profiling, and the rest.
+"""Where a case's wall time went, from the ``phases_s`` the runner records per case (building
+inputs, checking, warming up, the timing loop and, within it, the timed calls themselves, metrics,
+energy, profiling, statistics, the rest), and the run's share of timed calls.
 
-Pure functions of the records: :func:`breakdown` reads one case, :func:`timed_share` the run (the
-timed calls' share of the cases' wall time, the figure that says how much of a run was
-measurement). A record without ``phases_s`` (runs written before it existed) has no breakdown, and
-every reader here then says nothing.
+Pure functions of the records: :func:`breakdown` reads one case, :func:`timed_share_text` the run:
+the run's own closing line when results.json has its ``time_use``, else the timed calls' share
+of the cases' wall time. A record without ``phases_s`` (runs written before it existed) has no
+breakdown, and every reader here then says nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gpubench.reports.terminal import format_seconds
+from gpubench.results import TimeUse
 
-# The phases as the runner records them, in its order, and how the report names them. "timed"
-# (the timed calls' own samples) is part of "timing": a breakdown splits "timing" into the timed
-# calls and the rest of the timing loop, so the parts add up to the case's wall time.
+# How the report names each phase, and what it stands for (a legend). "timed" (the timed calls'
+# own samples) is part of "timing": a breakdown splits "timing" into the timed calls and the rest
+# of the loop ("loop"), so the parts add up to the case's wall time. A phase the runner records
+# that is not named here is shown under its own key.
 PHASES = (("build", "build"), ("check", "check"), ("warmup", "warm-up"), ("timed", "timed calls"),
           ("loop", "timing loop"), ("metrics", "metrics"), ("energy", "energy"), ("profile", "profile"),
-          ("other", "other"))
-# What each name stands for, for a legend.
+          ("stats", "statistics"), ("other", "other"))
+LABELS = dict(PHASES)
 MEANING = {"build": "building inputs", "check": "the first checked call of each variant, the reference and the checks",
            "warmup": "warm-up calls", "timed": "the timed calls' own samples",
            "loop": "the rest of the timing loop (between and around the timed calls)", "metrics": "derived metrics",
-           "energy": "measuring energy", "profile": "profiling", "other": "the rest of the case's wall time"}
-LABELS = dict(PHASES)
-_RECORDED = ("build", "check", "warmup", "timing", "metrics", "energy", "profile")
+           "energy": "measuring energy per call", "profile": "profiling", "stats": "statistics over the samples",
+           "other": "the rest of the case's wall time"}
 
 
 @dataclass(frozen=True)
 class Breakdown:
-    """One case's wall time in parts that add up to it (``parts``: phase key and seconds, in
-    :data:`PHASES` order, none negative)."""
+    """One case's wall time in parts that add up to it (``parts``: phase key and seconds, in the
+    record's order with "timing" split into "timed" and "loop" and "other" last; none negative)."""
 
     elapsed_s: float
     timed_s: float
@@ -53,15 +55,20 @@ def breakdown(case: dict[str, Any]) -> Breakdown | None:
     phases = case.get("phases_s")
     if not isinstance(phases, dict) or not phases:
         return None
-    recorded = {k: _seconds(phases.get(k)) for k in _RECORDED}
-    timed = min(_seconds(phases.get("timed")), recorded["timing"])
-    elapsed = _seconds(case.get("elapsed_s")) or sum(recorded.values()) + _seconds(phases.get("other"))
-    other = _seconds(phases["other"]) if "other" in phases else max(0.0, elapsed - sum(recorded.values()))
-    values = {**recorded, "timed": timed, "loop": recorded["timing"] - timed, "other": other}
-    return Breakdown(elapsed, timed, tuple((key, values[key]) for key, _ in PHASES))
+    timed = min(_seconds(phases.get("timed")), _seconds(phases.get("timing")))
+    parts: list[tuple[str, float]] = []
+    for key, value in phases.items():
+        if key == "timing":
+            parts += [("timed", timed), ("loop", _seconds(value) - timed)]
+        elif key not in ("timed", "other"):
+            parts.append((str(key), _seconds(value)))
+    spent = sum(seconds for _, seconds in parts)
+    elapsed = _seconds(case.get("elapsed_s")) or spent + _seconds(phases.get("other"))
+    other = _seconds(phases["other"]) if "other" in phases else max(0.0, elapsed - spent)
+    return Breakdown(elapsed, timed, tuple(parts + [("other", other)]))
 
 
-def timed_share(cases: Iterable[dict[str, Any]]) -> tuple[float, float] | None:
+def cases_timed_share(cases: Iterable[dict[str, Any]]) -> tuple[float, float] | None:
     """(seconds in timed calls, wall seconds) summed over the cases that recorded phases; None
     when none did."""
     found = [b for b in map(breakdown, cases) if b is not None]
@@ -75,19 +82,35 @@ def percent(share: float) -> str:
     return f"{100 * share:.0f}%" if share >= 0.1 else f"{100 * share:.2g}%"
 
 
-def timed_share_text(doc: dict[str, Any]) -> str | None:
-    """"timed calls were 41% of wall time (52.1 s of 127 s)" over the run's cases; None when no
-    case recorded its phases."""
-    found = timed_share(doc.get("cases") or [])
+def cases_text(cases: Iterable[dict[str, Any]]) -> str | None:
+    """"timed calls were 41% of the cases' wall time (52.1 s of 127 s)"; None when no case
+    recorded its phases."""
+    found = cases_timed_share(cases)
     if found is None or found[1] <= 0:
         return None
     timed, wall = found
-    return f"timed calls were {percent(timed / wall)} of wall time ({format_seconds(timed)} of {format_seconds(wall)})"
+    return (f"timed calls were {percent(timed / wall)} of the cases' wall time "
+            f"({format_seconds(timed)} of {format_seconds(wall)})")
+
+
+def run_text(doc: dict[str, Any]) -> str | None:
+    """The run's closing line on where its wall time went, as ``gpubench run`` printed it (from
+    results.json's ``time_use``); for a run without one, the share over its cases
+    (:func:`cases_text`); None when neither was recorded."""
+    recorded = doc.get("time_use")
+    if isinstance(recorded, dict):
+        names = {f.name for f in dataclasses.fields(TimeUse)}
+        try:
+            return TimeUse(**{k: v for k, v in recorded.items() if k in names}).text()
+        except (TypeError, ValueError, AttributeError):
+            pass  # a malformed record: the cases still say it
+    return cases_text(doc.get("cases") or [])
 
 
 def breakdown_text(found: Breakdown) -> str:
     """"1.2 s: build 0.3 s, ..., timed calls 0.5 s (41%), ..." leaving out the phases that took no
     time."""
-    parts = [f"{LABELS[key]} {format_seconds(seconds)}" + (f" ({percent(found.share(key))})" if key == "timed" else "")
+    parts = [f"{LABELS.get(key, key)} {format_seconds(seconds)}"
+             + (f" ({percent(found.share(key))})" if key == "timed" else "")
              for key, seconds in found.parts if seconds > 0]
     return f"{format_seconds(found.elapsed_s)}: " + ", ".join(parts)

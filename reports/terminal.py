@@ -149,12 +149,9 @@ def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, st
         for line in summary_lines(doc):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = doc["summary"]
-    from gpubench.reports.phases import timed_share_text  # phases imports this module's formatting
-
-    timed = timed_share_text(doc)
     console.print(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
-                  + f" ({doc['status']})" + (f"; {timed}" if timed else ""))
+                  + f" ({doc['status']})")
     if doc.get("abort_reason"):
         console.print(f"[bold red]run {doc['status']}[/]: {doc['abort_reason']}", markup=True)
     if doc["device"] == "cpu" and gpu_notes:

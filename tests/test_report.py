@@ -4,6 +4,7 @@ telemetry with throttling, hostile text, a 200-case sweep): what they contain, t
 holds data, that results text is escaped, that each technique is read by its own headline figure,
 that a large sweep reads as a surface, and the `report` command's exit codes."""
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -17,8 +18,8 @@ from gpubench.results import role_variant
 from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
-from gpubench.reports import figures, html, markdown, sweep
-from gpubench.reports.terminal import format_speedup
+from gpubench.reports import figures, html, markdown, phases, sweep
+from gpubench.reports.terminal import format_seconds, format_speedup
 from gpubench.telemetry import SAMPLE_COLUMNS
 
 import report_runs
@@ -525,3 +526,90 @@ def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_sc
     assert "warning: the report could not be written (RuntimeError: disk on fire)" in result.output
     run_dir = next((tmp_path / "b").iterdir())
     assert (run_dir / "results.json").exists() and not (run_dir / "report.html").exists()
+
+
+# -- where the wall time went (phases_s) ------------------------------------------------------------
+PHASED = {"build": 1.0, "check": 0.5, "warmup": 0.2, "timing": 3.0, "metrics": 0.1, "energy": 0.4, "profile": 0.0,
+          "stats": 0.05, "timed": 2.5, "other": 0.25}
+
+
+def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
+    found = phases.breakdown({"elapsed_s": 5.5, "phases_s": PHASED})
+    parts = dict(found.parts)
+    assert [k for k, _ in found.parts] == ["build", "check", "warmup", "timed", "loop", "metrics", "energy",
+                                           "profile", "stats", "other"]  # "timing" split into timed + the loop
+    assert (parts["timed"], parts["loop"], found.timed_s) == (2.5, 0.5, 2.5)
+    assert sum(parts.values()) == pytest.approx(found.elapsed_s) == pytest.approx(5.5)
+    text = phases.breakdown_text(found)
+    assert text.startswith("5.5 s: build 1 s, check 500 ms,") and "timed calls 2.5 s (45%), timing loop 500 ms" in text
+    assert "profile" not in text  # a phase that took no time is not listed
+    # "other" left out of the record: what the phases leave of elapsed_s; a phase the report does not
+    # know by name: shown under its own
+    record = {k: v for k, v in PHASED.items() if k != "other"} | {"compile": 0.3}
+    parts = dict(phases.breakdown({"elapsed_s": 6.0, "phases_s": record}).parts)
+    assert parts["compile"] == 0.3 and parts["other"] == pytest.approx(6.0 - 5.25 - 0.3)
+    for old in ({"elapsed_s": 1.0}, {"elapsed_s": 1.0, "phases_s": None}, {"elapsed_s": 1.0, "phases_s": {}}):
+        assert phases.breakdown(old) is None  # a record of an older run has no breakdown
+
+
+def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their_wall_time():
+    from gpubench.results import TimeUse
+
+    cases = [{"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
+             {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
+             {"elapsed_s": 90.0}]  # no phases recorded: not counted on either side
+    assert phases.run_text({"cases": cases}) == "timed calls were 40% of the cases' wall time (4 s of 10 s)"
+    use = TimeUse(wall_s=20.0, workers=1, cases_s=10.0, phases_s={"timing": 5.5, "timed": 4.0, "other": 5.5},
+                  timed_share=0.2)
+    assert phases.run_text({"cases": cases, "time_use": dataclasses.asdict(use)}) == use.text()  # as `run` printed it
+    assert phases.run_text({"cases": [{"elapsed_s": 1.0}]}) is None and phases.run_text({}) is None
+
+
+@pytest.fixture(scope="session")
+def h200_shaped(real_dir, tmp_path_factory) -> tuple[dict, str, str]:
+    """report_runs.h200_shaped_doc's report and summary.md."""
+    doc = report_runs.h200_shaped_doc(real_dir)
+    written = html.write_report(report_runs.write_run(tmp_path_factory.mktemp("h200") / "run", doc))
+    return doc, written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
+
+
+@REAL_RUN
+def test_the_report_says_where_the_wall_time_went_and_an_older_run_says_nothing_of_it(h200_shaped, tmp_path):
+    doc, page, md = h200_shaped
+    timed = sum(c["phases_s"]["timed"] for c in doc["cases"])
+    wall = sum(c["elapsed_s"] for c in doc["cases"])
+    line = (f"timed calls were {phases.percent(timed / wall)} of the cases' wall time "
+            f"({format_seconds(timed)} of {format_seconds(wall)})")
+    assert f'<dd id="timed-share">{escape(line)};' in page and f"{line[0].upper()}{line[1:]}." in md
+    for name in {c["technique"] for c in doc["cases"]}:
+        section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
+        details = section.split('<details class="phases">')[1].split("</details>")[0]
+        numbers = [n for n, c in enumerate(doc["cases"], 1) if c["technique"] == name]
+        assert re.findall(r'href="#case-(\d+)"', details) == [str(n) for n in numbers]  # a line per case
+        for bar in re.findall(r'<div class="bar">(.*?)</div>', details):  # the parts fill the case's bar
+            assert sum(map(float, re.findall(r"width: ([\d.]+)%", bar))) == pytest.approx(100, abs=0.1)
+    old = copy.deepcopy(doc)
+    for case in old["cases"]:
+        del case["phases_s"]
+    written = html.write_report(make_run(tmp_path / "old", old))
+    old_page, old_md = written.html.read_text(), written.markdown.read_text()
+    assert "timed calls" not in old_page and "timed calls" not in old_md.lower()
+    assert 'class="phases"' not in old_page
+
+
+@REAL_RUN
+def test_a_reviewer_reads_the_summary_first_every_column_and_no_empty_figure(h200_shaped):
+    """Issue 24's H200 report: the summary table before the claims, the claims of techniques the
+    run left out in one line, peak memory and energy columns present, no empty figure frame."""
+    doc, page, md = h200_shaped
+    assert page.index('<section id="summary">') < page.index('<section id="claims">')
+    head = page.split('<table id="summary-table">')[1].split("</thead>")[0]
+    assert "peak memory base / opt" in head and "energy per call base / opt" in head
+    step = next(r for r in html.summary_rows(doc) if r["technique"] == "combined_training")
+    assert step["energy"] == "80.3 J / 47.7 J"  # the H200's 80,291 mJ per training step, in J
+    assert '<span class="nw">80.3 J</span> / <span class="nw">47.7 J</span>' in page  # may wrap at the "/"
+    folded = re.search(r'<details id="claims-not-in-run">\s*<summary>(.*?)</summary>', page).group(1)
+    assert folded.startswith("9 published claims not judged by this run (their techniques did not run): ")
+    table = page.split('<table id="claims-table">')[1].split("</table>")[0]
+    assert "not in this run" not in table and table.count("<tr>") == 1 + 5  # the four techniques' 5 claims
+    assert_no_empty_axes(page)

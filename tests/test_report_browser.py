@@ -1,8 +1,10 @@
-"""The HTML report in a real browser (headless Chromium, 1300 px wide), on a small real run and on a
-synthesized 200-case sweep: it loads with no console errors; every figure decodes and has a size;
-no figure's text leaves its SVG box; nothing is wider than the page, with every collapsed section
-closed and opened; no mathtext reaches the page; a screenshot is saved under the test's temporary
-directory (GPUBENCH_KEEP_SCREENSHOT=path keeps a copy)."""
+"""The HTML report in a real browser (headless Chromium, 1300 px wide), on a small real run, on a
+synthesized 200-case sweep and on a run shaped like issue 24's H200 run (four techniques, peak
+memory and energy columns, most claims not judged): it loads with no console errors; every figure
+decodes and has a size; no figure's text leaves its SVG box; nothing is wider than the page, with
+every collapsed section closed and opened; the summary comes before the claims and every column of
+the summary table is in view; no empty figure frame; no mathtext reaches the page; a screenshot is
+saved under the test's temporary directory (GPUBENCH_KEEP_SCREENSHOT=path keeps a copy)."""
 import html
 import json
 import os
@@ -15,6 +17,7 @@ import pytest
 
 import report_runs
 from gpubench.reports import html as report_html
+from test_report import EMPTY_FRAME
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 WIDTH = 1300
@@ -53,7 +56,11 @@ function measure() {
   }
   const bad = svgs.filter(s => !s.closest('details:not([open])'))
                   .filter(s => { const r = s.getBoundingClientRect(); return !(r.width > 0 && r.height > 0); });
+  const top = sel => { const e = document.querySelector(sel); return e ? e.getBoundingClientRect().top : null; };
+  const heads = [...document.querySelectorAll('#summary-table thead th')].map(th => {
+    const r = th.getBoundingClientRect(); return [th.textContent.trim(), Math.round(r.left), Math.round(r.right)]; });
   return {scroll_width: document.documentElement.scrollWidth, inner_width: vw,
+          summary_top: top('#summary'), claims_top: top('#claims'), summary_heads: heads,
           height: document.documentElement.scrollHeight, svgs: svgs.length, bad_svgs: bad.length,
           wide: wide, outside: outside};
 }
@@ -83,11 +90,15 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, Path]:
-    """The small real run's report (tests/report_runs.py) and a synthesized 200-case sweep's."""
+    """The small real run's report (tests/report_runs.py), a synthesized 200-case sweep's, and
+    the H200-shaped run's (report_runs.h200_shaped_doc)."""
     out = tmp_path_factory.mktemp("runs")
     sweep = report_runs.write_run(out / "sweep", report_runs.sweep_doc())
-    return {"small run": report_html.write_report(report_runs.small_run(out)).html,
-            "200-case sweep": report_html.write_report(sweep).html}
+    small = report_runs.small_run(out)
+    h200 = report_runs.write_run(out / "h200", report_runs.h200_shaped_doc(small))
+    return {"small run": report_html.write_report(small).html,
+            "200-case sweep": report_html.write_report(sweep).html,
+            "H200-shaped run": report_html.write_report(h200).html}
 
 
 def probe(report: Path, tmp_path: Path) -> tuple[dict, list[str]]:
@@ -136,12 +147,13 @@ def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_
 
 
 @pytest.mark.timeout(900)  # the small run (~10 s, ~35 s where the speculative pair is not cached) and two pages
-@pytest.mark.parametrize("which", ["small run", "200-case sweep"])
+@pytest.mark.parametrize("which", ["small run", "200-case sweep", "H200-shaped run"])
 def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box(reports, which, tmp_path):
     needs_chromium()
     report = reports[which]
     text = report.read_text(encoding="utf-8")
     assert "mathdefault" not in text and mathtext(text) == []  # tick labels are plain text
+    assert [frame for frame in EMPTY_FRAME if frame in text] == []  # a figure with no data is left out
 
     result, console_errors = probe(report, tmp_path)
     assert not result["errors"] and not console_errors, (result["errors"], console_errors)
@@ -152,6 +164,11 @@ def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box
         assert seen["outside"] == [], (state, seen["outside"][:10])  # every <text> inside its <svg>
         assert seen["scroll_width"] <= seen["inner_width"] == WIDTH, (state, seen["wide"][:10])
         assert seen["wide"] == [], (state, seen["wide"][:10])  # nothing runs off the page
+        assert seen["summary_top"] < seen["claims_top"]  # the summary first
+        assert seen["summary_heads"] and all(0 <= left < right <= WIDTH for _, left, right in seen["summary_heads"])
+    if which == "H200-shaped run":  # every column in view, the energy and memory columns included
+        heads = [name for name, _, _ in result["closed"]["summary_heads"]]
+        assert "peak memory base / opt" in heads and "energy per call base / opt" in heads, heads
     if which == "200-case sweep":  # read as a surface: a few screens, not a 200-row table and box plot
         assert result["closed"]["height"] < 6000 < result["opened"]["height"]
 
