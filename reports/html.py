@@ -100,8 +100,24 @@ def _samples(case: dict[str, Any], name: str | None) -> list[float]:
 _ratio = sweep.speedup_of
 
 
+_OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
+
+
+def _params(case: dict[str, Any], shown: set[str] | None) -> str:
+    """The case's params as the report labels it: those that tell the technique's cases apart
+    (``shown``), less those left at a default that means off or "the same as" (causal=False,
+    block_m=0); two cases still differ in a param at least one of them sets."""
+    tech = techniques.find(case["technique"], case.get("source", ""))
+    defaults = tech.defaults() if tech is not None else {}
+    params = case["params"]
+    keep = {k for k in (params if shown is None else shown)
+            if not (k in defaults and params.get(k) == defaults[k] and any(defaults[k] is v or defaults[k] == v
+                                                                            for v in _OFF))}
+    return case_params(case, keep)
+
+
 def _label(case: dict[str, Any], shown: dict[str, set[str]]) -> str:
-    return f"{case['technique']} {case_params(case, shown.get(case['technique']))}".strip()
+    return f"{case['technique']} {_params(case, shown.get(case['technique']))}".strip()
 
 
 def _date(iso: str | None) -> str:
@@ -224,7 +240,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         energy = _pair(variants, base, opt, "energy_mj_per_call", energy_text)
         rows.append({
             "number": number, "id": case["id"], "technique": case["technique"],
-            "params": case_params(case, shown.get(case["technique"])),
+            "params": _params(case, shown.get(case["technique"])),
             "baseline": named_time(case, base), "optimized": named_time(case, opt),
             "speedup": speedup, "speedup_parts": speedup.split(" ", 1), "headline": headline_text(case, base, opt),
             "check": check_text(case, opt).plain if opt else "-",
@@ -345,7 +361,7 @@ def variant_descriptions(cases: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def _extreme_rows(found: list[sweep.Reading], numbers: dict[int, int], shown: set[str] | None) -> list[dict[str, Any]]:
-    return [{"number": numbers[id(r.case)], "params": case_params(r.case, shown), "figure": r.text,
+    return [{"number": numbers[id(r.case)], "params": _params(r.case, shown), "figure": r.text,
              "baseline": named_time(r.case, role_variant(r.case, "baseline")),
              "optimized": named_time(r.case, role_variant(r.case, "optimized"))} for r in found]
 
@@ -364,7 +380,7 @@ def technique_sections(doc: dict[str, Any], rows: list[dict[str, Any]] | None = 
     sections = []
     for name, group in by_technique.items():
         cases = [c for _, c in group]
-        labels = [f"#{n} {case_params(c, shown.get(name))}".strip() for n, c in group]
+        labels = [f"#{n} {_params(c, shown.get(name))}".strip() for n, c in group]
         tech = techniques.find(name, cases[0].get("source", ""))
         read_by = sweep.headline_figures(tech)
         large = len(cases) > sweep.LARGE
@@ -414,7 +430,7 @@ def phase_rows(group: list[tuple[int, dict[str, Any]]], shown: set[str] | None) 
     for number, case in group:
         found = phases.breakdown(case)
         if found is not None:
-            rows.append({"number": number, "params": case_params(case, shown), "text": phases.breakdown_text(found),
+            rows.append({"number": number, "params": _params(case, shown), "text": phases.breakdown_text(found),
                          "elapsed": format_seconds(found.elapsed_s),
                          "segments": [{"key": key, "label": phases.LABELS.get(key, key), "pct": 100 * found.share(key),
                                        "seconds": format_seconds(seconds)} for key, seconds in found.parts if seconds > 0]})
