@@ -613,3 +613,15 @@ def test_a_reviewer_reads_the_summary_first_every_column_and_no_empty_figure(h20
     table = page.split('<table id="claims-table">')[1].split("</table>")[0]
     assert "not in this run" not in table and table.count("<tr>") == 1 + 5  # the four techniques' 5 claims
     assert_no_empty_axes(page)
+
+
+@REAL_RUN
+def test_case_labels_leave_out_params_left_off_and_still_tell_every_case_apart(real_report):
+    doc, _, _ = real_report
+    rows = html.summary_rows(doc)
+    labels = [f"{r['technique']} {r['params']}" for r in rows]
+    assert len(set(labels)) == len(labels)  # every case its own label
+    flash = [(r["params"], c["params"]) for r, c in zip(rows, doc["cases"]) if c["technique"] == "flash_attention"]
+    assert all("causal=False" not in label and "block_m=0" not in label for label, _ in flash)  # off: said by nothing
+    assert all(("causal=True" in label) == params["causal"] for label, params in flash)
+    assert all(f"seq_len={params['seq_len']}" in label for label, params in flash)
