@@ -6,9 +6,9 @@ every sequence's keys gathered through the table in one index_select, then one f
 (GQA without repeating K/V), no Python loop. :func:`paged_decode_attention_torch` is the kernel's
 walk over blocks as PyTorch steps (the paged_attention technique's CPU stand-in).
 
-A serving engine calls the same decode every layer with the same tables: it builds the
-per-token slot index once per step (:func:`decode_token_slots`) and passes it to
-:func:`gathered_decode` in each layer.
+A serving engine calls the same decode every layer with the same tables: it builds its index
+and mask once per step and calls :func:`gathered_decode` in each layer (whole blocks at a time
+where its pool holds only finite values).
 """
 from __future__ import annotations
 
@@ -71,19 +71,22 @@ def decode_token_slots(block_tables: torch.Tensor, context_lens: torch.Tensor,
     return torch.where(live, slots, slots[:, :1]), live
 
 
-def gathered_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+def gathered_decode(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, index: torch.Tensor,
                     live: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Decode attention of q ``(batch, heads, head_dim)`` over the keys at ``slots`` of the
-    flattened pool (from :func:`decode_token_slots`, ``live`` masking the padding): one
-    index_select for K and one for V, one SDPA call with GQA by head grouping (no K/V repeat).
+    """Decode attention of q ``(batch, heads, head_dim)`` over keys gathered from a pool seen as
+    rows of tokens ``(rows, tokens_per_row, kv_heads, head_dim)``: ``index`` ``(batch, n)``
+    picks each sequence's rows (one index_select for K, one for V), ``live`` ``(batch, n *
+    tokens_per_row)`` masks what lies past each context (those slots must hold finite values),
+    and one SDPA call attends with GQA by head grouping (no K/V repeat). Rows of single tokens
+    address slots (:func:`decode_token_slots`); rows of blocks follow a block table as it is.
     A sequence with no live key gets zeros."""
-    batch, width = slots.shape
-    kv_heads, head_dim = k_cache.shape[-2:]
+    batch, width = live.shape
+    kv_heads, head_dim = k_rows.shape[-2:]
     if width == 0:
         return torch.zeros_like(q)
-    flat = slots.reshape(-1)
-    k = k_cache.reshape(-1, kv_heads, head_dim).index_select(0, flat).view(batch, width, kv_heads, head_dim)
-    v = v_cache.reshape(-1, kv_heads, head_dim).index_select(0, flat).view(batch, width, kv_heads, head_dim)
+    flat = index.reshape(-1)
+    k = k_rows.index_select(0, flat).view(batch, width, kv_heads, head_dim)
+    v = v_rows.index_select(0, flat).view(batch, width, kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=live[:, None, None, :], scale=scale,
                                          enable_gqa=q.shape[1] != kv_heads)[:, :, 0, :]
@@ -100,7 +103,9 @@ def paged_decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_ca
     if scale is None:
         scale = head_dim ** -0.5
     slots, live = decode_token_slots(block_tables.to(q.device), context_lens.to(q.device), block_size)
-    result = gathered_decode(q, k_cache, v_cache, slots, live, scale)
+    kv_heads = k_cache.shape[2]
+    result = gathered_decode(q, k_cache.reshape(-1, 1, kv_heads, head_dim), v_cache.reshape(-1, 1, kv_heads, head_dim),
+                             slots, live, scale)
     return result if out is None else out.copy_(result)
 
 

@@ -7,8 +7,7 @@ index_copy_ per tensor.
 
 - :class:`PagedKV`: ``block_size``-token blocks from one pool, found through block tables;
   decode attention is the Triton kernel of :mod:`gpubench.optimizations.paged_attention` on CUDA,
-  elsewhere one gather of every sequence's keys through a per-token slot index built once per
-  step, then SDPA.
+  elsewhere one gather of every sequence's blocks through its table, then SDPA.
 - :class:`ContiguousKV`: one ``max_len``-token slab per admitted request; decode attention is
   padded batch attention over the batch's slabs, as static caches do it.
 
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.optimizations.paged_attention import decode_token_slots, gathered_decode, paged_decode_attention
+from gpubench.optimizations.paged_attention import gathered_decode, paged_decode_attention
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import KV_LAYOUTS, EngineConfig
 from gpubench.serving.sequence import Sequence
@@ -56,10 +55,9 @@ class DecodeRows:
 
 @dataclass(frozen=True)
 class PagedDecode:
-    block_tables: torch.Tensor  # (batch, widest table) int32, entries past a sequence's end never read
+    block_tables: torch.Tensor  # (batch, widest table): int32 for the kernel; int64 on CPU, padded with block 0
     context_lens: torch.Tensor  # (batch,) int32, the decoding token included
-    token_slots: torch.Tensor | None = None  # CPU: (batch, width) each key's flat slot, built once per step
-    live: torch.Tensor | None = None  # CPU: (batch, width) keys inside each context
+    live: torch.Tensor | None = None  # CPU: (batch, table width * block_size) keys inside each context
 
 
 @dataclass(frozen=True)
@@ -157,10 +155,12 @@ class KVBackend(ABC):
 
 
 class PagedKV(KVBackend):
-    """The pool is torch.empty, as an engine's is: slots nobody wrote must never be read as data
-    (the decode paths mask them)."""
+    """The pool is zeroed once, so every slot holds finite values (K/V written by some sequence,
+    or 0): the CPU decode gathers whole blocks through the tables and masks what lies past each
+    context in the scores (a NaN in never-written memory would survive that mask as 0 * NaN).
+    The Triton kernel never reads past a context at all."""
 
-    layout, unit, fill = "paged", "block", torch.empty
+    layout, unit, fill = "paged", "block", torch.zeros
 
     def __init__(self, weights: LlamaWeights, budget_bytes: int, block_size: int, max_len: int = 0,
                  spare_unit: bool = False):
@@ -186,16 +186,15 @@ class PagedKV(KVBackend):
         return -(-self.max_len // self.block_size)
 
     def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> PagedDecode:
-        tables, lens = rows.to(torch.int32), lens.to(torch.int32)
         if self.device.type == "cuda":  # the Triton kernel walks the tables itself
-            return PagedDecode(tables, lens)
-        slots, live = decode_token_slots(rows, lens, self.block_size)
-        return PagedDecode(tables, lens, slots, live)
+            return PagedDecode(rows.to(torch.int32), lens.to(torch.int32))
+        live = torch.arange(rows.shape[1] * self.block_size)[None, :] < lens[:, None]
+        return PagedDecode(rows, lens, live)
 
     def decode_attention(self, layer: int, q: torch.Tensor, batch: PagedDecode) -> torch.Tensor:
-        if batch.token_slots is None:
+        if batch.live is None:
             return paged_decode_attention(q, self.k[layer], self.v[layer], batch.block_tables, batch.context_lens)
-        return gathered_decode(q, self.k[layer], self.v[layer], batch.token_slots, batch.live)
+        return gathered_decode(q, self.k[layer], self.v[layer], batch.block_tables, batch.live)
 
 
 class ContiguousKV(KVBackend):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.models.llama import LlamaWeights, forward
+from gpubench.models.llama import LlamaWeights, fused_forward
 from gpubench.serving.graphs import DecodeGraphs
 from gpubench.serving.kv import KVBackend
 from gpubench.serving.sequence import Sequence
@@ -56,7 +56,7 @@ class ModelRunner:
                 return out
             return torch.cat([out, kv.decode_attention(layer, q[prefill.tokens:], decode)])
 
-        return forward(self.weights, inputs.tokens, inputs.positions, attend, logits_at=inputs.logits_at)
+        return fused_forward(self.weights, inputs.tokens, inputs.positions, attend, logits_at=inputs.logits_at)
 
     def run(self, prefills: list[Sequence], decodes: list[Sequence]) -> list[int]:
         """The next token of every sequence, prefills first; their K/V are cached on the way."""

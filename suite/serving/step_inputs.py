@@ -11,6 +11,7 @@ of them, causal when no prefill has a cached prefix, else with the mask ``key j 
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -38,12 +39,12 @@ class Staging:
     def put(self, values: list[int], into: torch.Tensor | None = None) -> torch.Tensor:
         """``values`` on the device (a view of ``into`` when given: a preallocated buffer)."""
         n = len(values)
+        packed = torch.frombuffer(array("q", values), dtype=torch.long) if n else torch.empty(0, dtype=torch.long)
         if self.device.type != "cuda":
-            packed = torch.tensor(values, dtype=torch.long)
             return packed if into is None else into[:n].copy_(packed)
         if n > self.host.numel():
             self._grow(max(n, 2 * self.host.numel()))
-        self.host[:n] = torch.tensor(values, dtype=torch.long)
+        self.host[:n] = packed
         target = self.dev if into is None else into
         return target[:n].copy_(self.host[:n], non_blocking=True)
 
