@@ -111,8 +111,7 @@ def _params(case: dict[str, Any], shown: set[str] | None) -> str:
     defaults = tech.defaults() if tech is not None else {}
     params = case["params"]
     keep = {k for k in (params if shown is None else shown)
-            if not (k in defaults and params.get(k) == defaults[k] and any(defaults[k] is v or defaults[k] == v
-                                                                            for v in _OFF))}
+            if not (k in defaults and params.get(k) == defaults[k] and defaults[k] in _OFF)}
     return case_params(case, keep)
 
 
@@ -177,6 +176,7 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
                         + "): timings may be slower than the hardware allows.")
     scenario = doc.get("scenario") or {}
     claim_rows = claims.claim_rows(doc)
+    judged, not_in_run = claims.split(claim_rows)
     return {
         "scenario": scenario.get("name", "?"), "description": scenario.get("description") or "",
         "device": doc.get("device_label") or doc.get("device", "?"), "date": _date(doc.get("started_at")),
@@ -185,8 +185,8 @@ def headline(doc: dict[str, Any]) -> dict[str, Any]:
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(doc.get("ceilings")), "warnings": warnings,
-        "on_cpu": doc.get("device") == "cpu", "claims": claim_rows, "claims_judged": claims.split(claim_rows)[0],
-        "claims_not_in_run": claims.split(claim_rows)[1], "claims_folded": claims.not_in_run_line(claim_rows),
+        "on_cpu": doc.get("device") == "cpu", "claims": claim_rows, "claims_judged": judged,
+        "claims_not_in_run": not_in_run, "claims_folded": claims.not_in_run_line(claim_rows),
         "timed_share": phases.run_text(doc),
     }
 
