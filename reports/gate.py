@@ -49,7 +49,9 @@ def headline(comp: Comparison) -> str:
     parts = [f"{n} {v.replace('_', ' ')}" for v, n in counts.items() if n]
     verdict = "PASS" if comp.passed else "FAIL"
     missing_note = " (missing cases allowed)" if comp.allow_missing and counts["missing"] else ""
-    return (f"{verdict}: {', '.join(parts) or 'no cases'}{missing_note}; current {comp.current['run_id']} vs "
+    never = (f"the {' and the '.join(comp.unfinished)} run{'s' if len(comp.unfinished) > 1 else ''} never "
+             f"completed; " if comp.unfinished else "")
+    return (f"{verdict}: {never}{', '.join(parts) or 'no cases'}{missing_note}; current {comp.current['run_id']} vs "
             f"baseline {comp.baseline['run_id']} on {comp.current['device_label']}")
 
 
@@ -67,6 +69,8 @@ def print_table(comp: Comparison, console: Console) -> None:
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
                       _context(c), c.reason[:120])
     console.print(table)
+    for message in comp.problems:
+        console.print(f"[bold red]fails the gate[/]: {escape(message)}", soft_wrap=True)
     for message in comp.forced:
         console.print(f"[yellow]forced[/]: {escape(message)}", soft_wrap=True)
 
@@ -85,6 +89,8 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for message in comp.forced:
         lines.insert(2, f"> forced: {_cell(message)}")
+    for message in comp.problems:
+        lines.insert(2, f"> **fails the gate**: {_cell(message)}")
     size = sum(len(x) + 1 for x in lines)
     for i, c in enumerate(comp.changes):
         row = (f"| `{_cell(c.case_id)}`{f' ({_cell(c.variant)})' if c.variant else ''}"

@@ -6,8 +6,13 @@ A case **regresses** only when the slowdown is beyond the threshold *and* statis
 the whole CI lies beyond the threshold, or p < 0.002 with the median effect beyond it (the rule
 asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy machine passes.
 
-The gate fails (exit 1) on a regression, on any case that failed in the current run (a wrong
-result, an error, a timeout), and on a case missing from the current run unless allowed.
+The gate fails (exit 1) on a regression, on any case that failed or was interrupted in the current
+run (a wrong result, an error, a timeout, Ctrl-C), on a case it cannot judge (no samples or no
+figure on either side, or a baseline case that did not pass), on a case missing from the current
+run unless allowed, and on a current run that never completed (killed, interrupted, aborted, out of
+disk), whatever ``--allow-missing`` says: that option is for cases a complete run left out on
+purpose, not for the cases a dead run never reached. A baseline that never completed fails the
+gate too, unless forced.
 Runs from different hardware or different scenario definitions are refused unless forced; forced
 over different definitions, the gate compares the cases both runs hold (a case only in the baseline
 is listed as missing, and does not fail).
@@ -114,16 +119,18 @@ class Comparison:
     allow_missing: bool
     forced: list[str]  # refusals overridden with --force
     strict: bool = False  # inconclusive cases fail too
+    problems: list[str] = field(default_factory=list)  # what fails the gate besides its cases (a run that never completed)
+    unfinished: list[str] = field(default_factory=list)  # "current", "baseline": the runs that never completed
 
     @property
     def failing(self) -> list[Change]:
-        bad = ({"regressed", "failed"} | (set() if self.allow_missing else {"missing"})
+        bad = ({"regressed", "failed", "no_samples"} | (set() if self.allow_missing else {"missing"})
                | ({"inconclusive"} if self.strict else set()))
         return [c for c in self.changes if c.verdict in bad]
 
     @property
     def passed(self) -> bool:
-        return not self.failing
+        return not self.failing and not self.problems
 
     @property
     def exit_code(self) -> int:
@@ -134,7 +141,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "baseline": self.baseline, "current": self.current, "counts": self.counts(),
-                "forced": self.forced, "strict": self.strict, "changes": [c.to_dict() for c in self.changes]}
+                "forced": self.forced, "strict": self.strict, "problems": self.problems,
+                "unfinished": self.unfinished, "changes": [c.to_dict() for c in self.changes]}
 
 
 def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
@@ -159,6 +167,21 @@ def _meta(doc: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": doc.get("run_id"), "scenario": (doc.get("scenario") or {}).get("name"),
             "device_label": doc.get("device_label"), "source": doc.get("source", "gpubench"),
             "path": doc.get("path")}
+
+
+def never_completed(doc: dict[str, Any]) -> str | None:
+    """Why a run's record is not a whole run (its status and how many cases it holds), or None
+    for a complete one. A file without a status (pytest-benchmark JSON) is whole."""
+    status = doc.get("status")
+    if status in (None, "complete"):
+        return None
+    cases = len(doc.get("cases") or [])
+    planned = doc.get("planned_cases")
+    held = f"{cases} case{'s' if cases != 1 else ''} recorded" + (f" of {planned} planned" if planned else "")
+    why = {"running": "still 'running': the process was killed or is still going",
+           "interrupted": "interrupted"}.get(status, status)
+    reason = doc.get("abort_reason")
+    return f"status {why}{f' ({reason})' if reason else ''}; {held}"
 
 
 def _definition(doc: dict[str, Any]) -> Any:
@@ -213,27 +236,56 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
     per_technique = ((current.get("scenario") or {}).get("thresholds") or {})
     several = len(set(base_labels) | set(cur_labels)) > 1 and not forced
     key = (lambda c, doc: (c["id"], case_device(c, doc))) if several else (lambda c, doc: (c["id"], ""))
+    problems, unfinished = [], []
+    for side, doc in (("current", current), ("baseline", baseline)):
+        why = never_completed(doc)
+        if why is None:
+            continue
+        unfinished.append(side)
+        if side == "current":
+            problems.append(f"the current run never completed ({why}): the cases it did not reach were never "
+                            f"measured, so the gate cannot pass it (--allow-missing covers cases a complete run "
+                            f"left out, not these); run the scenario to the end")
+        elif force:
+            forced.append(f"the baseline run never completed ({why}): cases it lacks are new, not gated")
+        else:
+            problems.append(f"the baseline run never completed ({why}): cases it lacks would be new, not gated; "
+                            f"store a complete run as the baseline (gpubench baseline save refuses any other), "
+                            f"or pass --force")
     base_cases = {key(c, baseline): c for c in baseline.get("cases", [])}
     cur_cases = {key(c, current): c for c in current.get("cases", [])}
     changes = []
     for index, ((case_id, device), cur) in enumerate(cur_cases.items()):
         t = float(per_technique.get(cur.get("technique"), threshold))
         change = Change(case_id, cur.get("technique", "?"), "new", threshold=t, device=device)
+        base = base_cases.get((case_id, device))
         if cur.get("status") != "passed":
-            failure = cur.get("failure") or {}
-            change.verdict = "failed"
-            change.reason = failure.get("message") or f"case {cur.get('status')}"
-        elif (case_id, device) in base_cases:
-            _fill(change, base_cases[(case_id, device)], cur, seed=index)
+            change.verdict, change.reason = "failed", _not_passed(cur, "")
+        elif base is not None and base.get("status") != "passed":
+            change.verdict, change.reason = "no_samples", _not_passed(base, "in the baseline, ") + ": nothing to compare with"
+        elif base is not None:
+            _fill(change, base, cur, seed=index)
         changes.append(change)
     for (case_id, device), base in base_cases.items():
         if (case_id, device) not in cur_cases:
             changes.append(Change(case_id, base.get("technique", "?"), "missing",
                                   threshold=float(per_technique.get(base.get("technique"), threshold)),
-                                  reason="in the baseline, not in the current run", device=device))
+                                  reason="in the baseline, not in the current run" + (
+                                      ", which stopped before it" if "current" in unfinished else ""), device=device))
     changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
                                 else (c.ratio or 0.0)))
-    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced, strict)
+    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced, strict, problems,
+                      unfinished)
+
+
+def _not_passed(case: dict[str, Any], where: str) -> str:
+    """What happened to a case that did not pass: its failure's message, or 'case interrupted
+    (stopped by Ctrl-C)' and the like."""
+    status = case.get("status") or "never finished"
+    message = (case.get("failure") or {}).get("message")
+    if status == "failed":
+        return f"{where}{message}" if message else f"{where}case failed"
+    return f"{where}case {status}" + (f" ({message})" if message else "")
 
 
 def _samples(case: dict[str, Any], name: str | None) -> list[float]:

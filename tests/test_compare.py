@@ -349,3 +349,185 @@ def test_a_stored_schema_1_baseline_is_compared_by_role_with_a_run_whose_variant
     change = compare.compare(old, new).changes[0]
     assert change.verdict == "regressed" and change.ratio == pytest.approx(1.5, rel=0.01)
     assert change.variant == "optimized -> triton" and change.context["variant"] == "eager"
+
+
+# -- every branch of the gate's decision (issue 25 A.3: an interrupted case once passed as "no samples")
+
+from gpubench.reports import gate as gate_report  # noqa: E402
+
+# What each verdict does to the gate: fails by default, with --allow-missing, with --strict. A new
+# verdict must be added here (the test below checks the table covers compare.ORDER).
+FAILS = {  # verdict: (default, --allow-missing, --strict)
+    "regressed": (True, True, True), "failed": (True, True, True), "missing": (True, False, True),
+    "no_samples": (True, True, True), "inconclusive": (False, False, True), "improved": (False, False, False),
+    "unchanged": (False, False, False), "new": (False, False, False),
+}
+
+
+def _comparison(verdict, **kw):
+    meta = {"run_id": "r", "device_label": "CPU: test"}
+    return compare.Comparison(meta, meta, [compare.Change("a", "t", verdict)], kw.get("allow_missing", False), [],
+                              kw.get("strict", False))
+
+
+@pytest.mark.parametrize("verdict", compare.ORDER)
+def test_each_verdict_passes_or_fails_the_gate_as_documented_in_exit_code_headline_and_markdown(verdict):
+    assert set(FAILS) == set(compare.ORDER)
+    for fails, options in zip(FAILS[verdict], ({}, {"allow_missing": True}, {"strict": True})):
+        comp = _comparison(verdict, **options)
+        assert comp.exit_code == (1 if fails else 0), (verdict, options)
+        assert gate_report.headline(comp).startswith("FAIL" if fails else "PASS"), (verdict, options)
+        assert gate_report.to_markdown(comp).startswith(f"## gpubench compare: {'❌' if fails else '✅'}")
+        assert comp.to_dict()["passed"] is (not fails)
+
+
+def _ci(ratio, low, high):
+    return stats.RatioCI(ratio, low, high)
+
+
+@pytest.mark.parametrize("ci,p,expected", [
+    (_ci(1.20, 1.10, 1.30), 0.5, "regressed"),  # the whole CI beyond +5%
+    (_ci(1.20, 1.01, 1.40), 0.001, "regressed"),  # CI reaches in, but p < 0.002 and the median beyond
+    (_ci(1.20, 1.01, 1.40), 0.01, "unchanged"),  # beyond, but not shown to be real
+    (_ci(1.04, 1.03, 1.05), 1e-9, "unchanged"),  # real, but within the threshold
+    (_ci(0.80, 0.75, 0.85), 0.5, "improved"),
+    (_ci(0.80, 0.70, 0.97), 0.001, "improved"),
+    (_ci(0.80, 0.70, 0.97), 0.01, "unchanged"),
+    (_ci(0.96, 0.955, 0.965), 1e-9, "unchanged"),  # 1/1.05 = 0.952: within the threshold
+])
+def test_verdict_of_each_branch(ci, p, expected):
+    assert compare.verdict_of(ci, p, 0.05) == expected
+
+
+def _timed(case_id, samples, status="passed", failure=None, opt_samples=None):
+    case = _case(case_id, samples, status=status)
+    case["failure"] = failure
+    if opt_samples is not None:
+        case["variants"]["optimized"]["samples_s"] = list(opt_samples)
+    return case
+
+
+SAMPLES = list(np.random.default_rng(7).normal(1.0, 0.005, 25))
+
+
+@pytest.mark.parametrize("status,message,fragment", [
+    ("interrupted", "stopped by Ctrl-C", "case interrupted (stopped by Ctrl-C)"),
+    ("interrupted", "stopped by SIGTERM", "case interrupted (stopped by SIGTERM)"),
+    ("failed", "optimized fails: check failed", "optimized fails: check failed"),
+    ("running", None, "case running"),
+])
+def test_a_current_case_that_did_not_pass_fails_the_gate_even_with_every_sample(status, message, fragment):
+    # An interrupted case keeps the samples it took: they must not make it a pass.
+    failure = {"kind": status, "message": message} if message else None
+    comp = compare.compare(_doc(cases=[_timed("a", SAMPLES)]),
+                           _doc(cases=[_timed("a", SAMPLES, status=status, failure=failure)]), allow_missing=True)
+    assert [(c.verdict, c.reason) for c in comp.changes] == [("failed", fragment)]
+    assert comp.exit_code == 1 and gate_report.headline(comp).startswith("FAIL: 1 failed")
+
+
+@pytest.mark.parametrize("status", ["interrupted", "failed"])
+def test_a_case_the_baseline_did_not_pass_cannot_be_gated_and_fails(status):
+    # Its samples (an interrupted case keeps those it took) are no reference.
+    base = _doc(cases=[_timed("a", SAMPLES, status=status, failure={"kind": status, "message": "stopped by Ctrl-C"})])
+    comp = compare.compare(base, _doc(cases=[_timed("a", SAMPLES)]))
+    change = comp.changes[0]
+    assert change.verdict == "no_samples" and change.reason.startswith("in the baseline, ")
+    assert "nothing to compare with" in change.reason
+    assert comp.exit_code == 1 and gate_report.headline(comp).startswith("FAIL: 1 no samples")
+
+
+@pytest.mark.parametrize("side", ["baseline", "current"])
+def test_a_case_without_samples_on_either_side_fails_the_gate(side):
+    empty = _timed("a", SAMPLES, opt_samples=[])
+    base, cur = (empty, _timed("a", SAMPLES)) if side == "baseline" else (_timed("a", SAMPLES), empty)
+    comp = compare.compare(_doc(cases=[base]), _doc(cases=[cur]), allow_missing=True)
+    assert comp.changes[0].verdict == "no_samples" and f"in the {side if side == 'baseline' else 'current run'}" \
+        in comp.changes[0].reason
+    assert not comp.passed
+
+
+def test_a_pytest_benchmark_file_saved_without_its_raw_times_fails_rather_than_passing_ungated(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"machine_info": {"cpu": {"brand_raw": "Test CPU"}}, "benchmarks": [
+        {"name": "t", "fullname": "b.py::t", "group": "g", "stats": {"median": 1e-3, "rounds": 20}}]}))
+    doc = compare.load_any(path)
+    comp = compare.compare(doc, doc)
+    assert comp.changes[0].verdict == "no_samples" and comp.exit_code == 1
+
+
+def _gated(value):
+    case = _timed("a", SAMPLES)
+    case["gate_metric"] = "bytes_reserved"
+    if value is not None:
+        case["variants"]["optimized"]["metrics"] = {"bytes_reserved": value}
+    return case
+
+
+@pytest.mark.parametrize("before,after,verdict", [
+    (1000, 1000, "unchanged"), (1000, 1200, "regressed"), (1000, 800, "improved"),
+    (1000, 1040, "unchanged"),  # exact, but within the 5% threshold
+    (None, 1000, "no_samples"), (1000, None, "no_samples"), (0, 1000, "no_samples"),
+])
+def test_a_technique_gated_on_its_own_figure_takes_each_branch(before, after, verdict):
+    comp = compare.compare(_doc(cases=[_gated(before)]), _doc(cases=[_gated(after)]))
+    assert comp.changes[0].verdict == verdict
+    assert comp.passed is (verdict in ("unchanged", "improved"))
+
+
+def test_an_improvement_the_control_shows_too_is_inconclusive():
+    both_fast = _case("a", [v * 0.6 for v in SAMPLES])
+    comp = compare.compare(_doc(cases=[_case("a", SAMPLES)]), _doc(cases=[both_fast]))
+    assert comp.changes[0].verdict == "inconclusive" and comp.passed
+
+
+def _unfinished(doc, status, planned=53, reason=None):
+    doc = {**doc, "status": status, "planned_cases": planned}
+    if reason:
+        doc["abort_reason"] = reason
+    return doc
+
+
+@pytest.mark.parametrize("status,fragment", [
+    ("interrupted", "status interrupted (stopped by SIGTERM)"),
+    ("running", "still 'running': the process was killed"),
+    ("aborted", "status aborted (the disk is full"),
+])
+def test_a_current_run_that_never_completed_fails_the_gate_even_with_allow_missing_or_force(status, fragment):
+    reason = {"interrupted": "stopped by SIGTERM", "aborted": "the disk is full"}.get(status)
+    base = _doc(cases=[_timed(x, SAMPLES) for x in "abc"])
+    cur = _unfinished(_doc(cases=[_timed("a", SAMPLES)]), status, planned=3, reason=reason)
+    for options in ({}, {"allow_missing": True}, {"allow_missing": True, "force": True}):
+        comp = compare.compare(base, cur, **options)
+        assert comp.exit_code == 1, options
+        assert comp.unfinished == ["current"] and fragment in comp.problems[0]
+        assert "1 case recorded of 3 planned" in comp.problems[0]
+        assert gate_report.headline(comp).startswith("FAIL: the current run never completed; ")
+        assert "fails the gate" in gate_report.to_markdown(comp) and fragment in gate_report.to_markdown(comp)
+        missing = [c for c in comp.changes if c.verdict == "missing"]
+        assert len(missing) == 2 and all("stopped before it" in c.reason for c in missing)
+    assert compare.compare(base, {**cur, "status": "complete"}, allow_missing=True).passed  # the control
+
+
+def test_a_baseline_that_never_completed_fails_the_gate_unless_forced():
+    base = _unfinished(_doc(cases=[_timed("a", SAMPLES)]), "interrupted", planned=2)
+    cur = _doc(cases=[_timed("a", SAMPLES), _timed("b", SAMPLES)])
+    comp = compare.compare(base, cur)
+    assert comp.exit_code == 1 and comp.unfinished == ["baseline"] and "--force" in comp.problems[0]
+    assert {c.case_id: c.verdict for c in comp.changes} == {"a": "unchanged", "b": "new"}
+    forced = compare.compare(base, cur, force=True)
+    assert forced.passed and any("baseline run never completed" in m for m in forced.forced)
+
+
+def test_the_cli_gate_says_a_killed_current_run_never_completed_with_allow_missing(tmp_path):
+    # A run killed mid-way: results.json still 'running', the finished cases in cases.jsonl.
+    from gpubench import results
+
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({**_doc(cases=[_timed(x, SAMPLES) for x in "abc"]), "status": "complete"}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(_unfinished(_doc(), "running", planned=3)))
+    (run / results.CASES_LOG).write_text(json.dumps({"index": 0, **_timed("a", SAMPLES)}) + "\n")
+    out = _gate(base, run, "--allow-missing")
+    assert out.exit_code == 1, out.output
+    assert "FAIL: the current run never completed" in out.output and "1 case recorded of 3 planned" in out.output
