@@ -166,7 +166,7 @@ def profile_steps(weights: LlamaWeights, reqs: list[Request], graphs: bool | Non
 
     Engine(weights, config).run(reqs)  # warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    host_reads = profiling._HostReads() if not cuda else mock.MagicMock()
+    host_reads = profiling._HostReads() if not cuda else nullcontext()
     with mock.patch.object(model_runner.ModelRunner, "run", traced), host_reads:
         with profile(activities=activities) as prof:
             Engine(weights, config).run(reqs)

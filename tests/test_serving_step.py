@@ -229,3 +229,24 @@ def test_engine_with_bucketed_decode_generates_each_requests_lone_tokens(weights
         assert run.tokens[r.id] == reference_generate(weights64, r)[0], f"request {r.id}"
     if kv == "paged":
         assert run.preemptions > 0
+
+
+def test_fused_forward_equals_the_models_forward_and_follows_weight_changes(weights64):
+    """The serving forward (q, k, v from one stacked matmul, one rotary call) computes the model's
+    logits (float64, 1e-12), and its stacked copy is remade when a projection changes in place."""
+    from gpubench.models.llama import fused_forward, fused_qkv
+
+    weights = random_weights(TINY, seed=5, dtype=torch.float64)
+    tokens, positions = torch.randint(0, TINY.vocab_size, (2, 9)), torch.arange(9).expand(2, 9)
+
+    def attend(i, q, k, v):
+        return torch.stack([causal_attention(q[b], k[b], v[b]) for b in range(2)])
+
+    with torch.inference_mode():
+        assert torch.allclose(fused_forward(weights, tokens, positions, attend),
+                              forward(weights, tokens, positions, attend), rtol=0, atol=1e-12)
+    stacked = fused_qkv(weights)[1]
+    with torch.no_grad():
+        weights.layers[1].wv.mul_(-1.0)
+    assert fused_qkv(weights)[1] is not stacked
+    assert torch.equal(fused_qkv(weights)[1][-weights.layers[1].wv.shape[0]:], weights.layers[1].wv)

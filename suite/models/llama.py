@@ -96,7 +96,7 @@ class LlamaWeights:
     lm_head: torch.Tensor
     source: str = "random"
     _rope: dict = field(default_factory=dict, repr=False)
-    _fused: list = field(default_factory=list, repr=False)  # per layer wq, wk, wv stacked (fused_qkv)
+    _fused: dict = field(default_factory=dict, repr=False, init=False, compare=False)  # see fused_qkv
 
     @property
     def dtype(self) -> torch.dtype:
@@ -233,11 +233,14 @@ def attention_residual(c: LlamaConfig, layer: LayerWeights, i: int, x: torch.Ten
 
 def fused_qkv(weights: LlamaWeights) -> list[torch.Tensor]:
     """Per layer the q, k and v projections stacked into one matrix (as vLLM's QKVParallelLinear
-    holds them): concatenated once per weights object, so they are copies; for inference on
-    weights that no longer change."""
-    if not weights._fused:
-        weights._fused.extend(torch.cat([layer.wq, layer.wk, layer.wv]) for layer in weights.layers)
-    return weights._fused
+    holds them). Copies, made once and remade only when a projection is replaced or changed in
+    place (its tensor version moves); no gradient reaches wq, wk, wv through them."""
+    key = tuple((id(t), t._version) for layer in weights.layers for t in (layer.wq, layer.wk, layer.wv))
+    if weights._fused.get("key") != key:
+        with torch.no_grad():
+            stacked = [torch.cat([layer.wq, layer.wk, layer.wv]) for layer in weights.layers]
+        weights._fused.update(key=key, qkv=stacked)
+    return weights._fused["qkv"]
 
 
 def fused_forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,

@@ -11,6 +11,7 @@ of them, causal when no prefill has a cached prefix, else with the mask ``key j 
 """
 from __future__ import annotations
 
+import itertools
 from array import array
 from dataclasses import dataclass
 
@@ -29,12 +30,12 @@ class Staging:
     def __init__(self, device: torch.device, capacity: int = 1 << 14):
         self.device = device
         self.host = self.dev = None
-        self._grow(capacity)
+        if device.type == "cuda":  # elsewhere the packed host tensor is used as it is
+            self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
-        cuda = self.device.type == "cuda"
-        self.host = torch.empty(capacity, dtype=torch.long, pin_memory=cuda)
-        self.dev = torch.empty(capacity, dtype=torch.long, device=self.device) if cuda else self.host
+        self.host = torch.empty(capacity, dtype=torch.long, pin_memory=True)
+        self.dev = torch.empty(capacity, dtype=torch.long, device=self.device)
 
     def put(self, values: list[int], into: torch.Tensor | None = None) -> torch.Tensor:
         """``values`` on the device (a view of ``into`` when given: a preallocated buffer)."""
@@ -49,8 +50,21 @@ class Staging:
         return target[:n].copy_(self.host[:n], non_blocking=True)
 
 
-def split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(flat, sizes)) if len(sizes) > 1 else [flat]
+class Pack:
+    """A step's host lists, named, concatenated in the order they are added, staged in one copy."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+
+    def add(self, name: str, values: list[int]) -> None:
+        self.values += values
+        self.names.append(name)
+        self.sizes.append(len(values))
+
+    def stage(self, staging: Staging) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, torch.split(staging.put(self.values), self.sizes)))
 
 
 @dataclass(frozen=True)
@@ -77,67 +91,74 @@ class StepInputs:
     decode: DecodeBatch | None
 
 
-def prefill_lists(kv: KVBackend, prefills: list[Sequence]) -> tuple[list[int], list[int], list[int], list[int],
-                                                                      list[list[int]]]:
-    """Host lists of the prefills: tokens, positions, new slots, query rows (packed indices, padded
-    to the longest) and key rows (flat slots of the whole context, padded to the longest)."""
-    tokens, positions, slots, q_rows, k_rows = [], [], [], [], []
-    longest_new = max(len(s.tokens) - s.cached for s in prefills)
-    longest = max(len(s.tokens) for s in prefills)
-    for s in prefills:
-        start, n = len(tokens), len(s.tokens)
+def pack_prefills(kv: KVBackend, prefills: list[Sequence], pack: Pack) -> tuple[int, int]:
+    """The prefills' new tokens, their positions and slots; their query rows (indices into the
+    packed tokens, padded to the longest with the row's last) and key rows (flat slots of each
+    whole context, padded to the longest with its first); where each new token sits in the
+    padded batch, and each one's cached prefix. Returns the padded widths (queries, keys)."""
+    tokens, positions, slots, q_rows, k_rows, out_index = [], [], [], [], [], []
+    width_q = max(len(s.tokens) - s.cached for s in prefills)
+    width_k = max(len(s.tokens) for s in prefills)
+    for r, s in enumerate(prefills):
+        start, n, new = len(tokens), len(s.tokens), len(s.tokens) - s.cached
         context = kv.slot_list(s, 0, n)
         tokens += s.tokens[s.cached:]
         positions += range(s.cached, n)
         slots += context[s.cached:]
-        new = n - s.cached
         q_rows += range(start, start + new)
-        q_rows += [start + new - 1] * (longest_new - new)
-        k_rows.append(context + [context[0]] * (longest - n))
-    return tokens, positions, slots, q_rows, k_rows
+        q_rows += [start + new - 1] * (width_q - new)
+        k_rows += context
+        k_rows += [context[0]] * (width_k - n)
+        out_index += range(r * width_q, r * width_q + new)
+    for name, values in (("tokens", tokens), ("positions", positions), ("slots", slots), ("q_rows", q_rows),
+                         ("k_rows", k_rows), ("out_index", out_index), ("past", [s.cached for s in prefills])):
+        pack.add(name, values)
+    return width_q, width_k
+
+
+def pack_decodes(kv: KVBackend, decodes: list[Sequence], pack: Pack) -> int:
+    """One token per decode, its position and slot, each context length and addressing row.
+    Returns the longest context."""
+    rows = kv.decode_rows(decodes)
+    pack.add("decode_tokens", [s.tokens[s.cached] for s in decodes])
+    pack.add("decode_positions", [s.cached for s in decodes])
+    pack.add("decode_slots", rows.slots)
+    pack.add("lens", rows.lens)
+    pack.add("rows", [x for row in rows.rows for x in row])
+    return max(rows.lens)
+
+
+def prefill_layout(t: dict[str, torch.Tensor], width_q: int, width_k: int, has_past: bool) -> PrefillLayout:
+    """The padded batch's indices, and its mask when some prefill has a cached prefix: query i of
+    row r (at position past_r + i) sees keys 0 .. past_r + i."""
+    past = t["past"]
+    rows = past.shape[0]
+    mask = None
+    if has_past:
+        i = torch.arange(width_q, device=past.device)[None, :, None]
+        j = torch.arange(width_k, device=past.device)[None, None, :]
+        mask = (j <= past[:, None, None] + i)[:, None]
+    return PrefillLayout(t["q_rows"].view(rows, width_q), t["k_rows"].view(rows, width_k), t["out_index"], mask)
 
 
 def build_step(kv: KVBackend, staging: Staging, prefills: list[Sequence], decodes: list[Sequence]) -> StepInputs:
-    """The step's inputs, staged to the device in one copy (see the module docstring)."""
-    tokens, positions, slots, q_rows, k_rows = prefill_lists(kv, prefills) if prefills else ([], [], [], [], [])
-    n_prefill = len(tokens)
-    if decodes:
-        rows = kv.decode_rows(decodes)
-        tokens += [s.tokens[s.cached] for s in decodes]
-        positions += [s.cached for s in decodes]
-        slots += rows.slots
-    last: list[int] = []
-    if prefills:
-        at = 0
-        for s in prefills:
-            at += len(s.tokens) - s.cached
-            last.append(at - 1)
-        last += range(n_prefill, len(tokens))
-    n, p = len(tokens), len(prefills)
-    width_q = len(q_rows) // p if p else 0
-    width_k = len(k_rows[0]) if p else 0
-    past = [s.cached for s in prefills]
-    out_index = [r * width_q + i for r, s in enumerate(prefills) for i in range(len(s.tokens) - s.cached)]
-    values = tokens + positions + slots + last + q_rows + [x for row in k_rows for x in row] + out_index + past
-    sizes = [n, n, n, len(last), len(q_rows), p * width_k, len(out_index), p]
-    if decodes:
-        values += rows.lens + [x for row in rows.rows for x in row]
-        sizes += [len(decodes), len(decodes) * len(rows.rows[0])]
-    parts = split(staging.put(values), sizes)
-    tok, pos, slot, at_last, q_idx, k_slots, out_idx, past_t = parts[:8]
-    layout = None
-    if prefills:
-        mask = None
-        if any(past):  # query i of row r (at position past_r + i) sees keys 0 .. past_r + i
-            i = torch.arange(width_q, device=tok.device)[None, :, None]
-            j = torch.arange(width_k, device=tok.device)[None, None, :]
-            mask = (j <= past_t[:, None, None] + i)[:, None]
-        layout = PrefillLayout(q_idx.view(p, width_q), k_slots.view(p, width_k), out_idx, mask)
-    decode = None
-    if decodes:
-        lens, table = parts[8], parts[9].view(len(decodes), -1)
-        decode = kv.decode_batch(lens, table, max(rows.lens))
-    return StepInputs(tok, pos, slot, at_last if prefills else None, layout, decode)
+    """The step's inputs, staged to the device in one copy (see the module docstring): prefills
+    first, then decodes, in the new tokens' order."""
+    pack = Pack()
+    widths = pack_prefills(kv, prefills, pack) if prefills else None
+    longest = pack_decodes(kv, decodes, pack) if decodes else 0
+    if prefills:  # logits wanted: each prefill's last new token, then every decode's one
+        ends = list(itertools.accumulate(len(s.tokens) - s.cached for s in prefills))
+        pack.add("logits_at", [end - 1 for end in ends] + list(range(ends[-1], ends[-1] + len(decodes))))
+    t = pack.stage(staging)
+    if prefills and decodes:
+        tokens, positions, slots = (torch.cat([t[k], t["decode_" + k]]) for k in ("tokens", "positions", "slots"))
+    else:
+        prefix = "" if prefills else "decode_"
+        tokens, positions, slots = (t[prefix + k] for k in ("tokens", "positions", "slots"))
+    layout = prefill_layout(t, *widths, any(s.cached for s in prefills)) if prefills else None
+    decode = kv.decode_batch(t["lens"], t["rows"].view(len(decodes), -1), longest) if decodes else None
+    return StepInputs(tokens, positions, slots, t.get("logits_at"), layout, decode)
 
 
 def prefill_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,

@@ -34,8 +34,9 @@ TECHNIQUE = Technique(
                   when={"trace_file": ("!=", "", "lengths drawn from distributions, not a real trace")})],
     gpu_specific="Concurrency and KV utilization are the same on any device (they are bookkeeping). "
                  "Throughput follows from them only where a bigger batch costs little more per step, "
-                 "as on a GPU; on a CPU each extra request adds its compute, and the paged decode runs "
-                 "as a PyTorch block loop rather than the Triton kernel.",
+                 "as on a GPU; on a CPU each extra request adds its compute, and the paged decode "
+                 "gathers each sequence's blocks (one copy per layer) instead of reading them in place "
+                 "as the Triton kernel does.",
     headline="max_concurrency",
     headline_figures=(Headline("max_concurrency", "max concurrent requests"),
                       Headline("kv_utilization", "KV utilization", percent=True),
