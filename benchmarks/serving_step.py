@@ -15,7 +15,8 @@
    (left padding, ``generate``, greedy, every request generating O tokens), on a checkpoint
    written by transformers into a temporary directory (nothing is downloaded).
 
-    python benchmarks/serving_step.py [--device cpu|cuda] [--model tiny] [--batch 64] [--what step,profile,hf]
+    python benchmarks/serving_step.py [--device cpu|cuda] [--model tiny] [--batch 64] [--threads N]
+                                      [--what step,profile,hf]
 """
 from __future__ import annotations
 
@@ -240,7 +241,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--graphs", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--what", default="step,profile,hf")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     graphs = {"auto": None, "on": True, "off": False}[args.graphs]
     what = set(args.what.split(","))

@@ -87,11 +87,22 @@ def gathered_decode(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
     flat = index.reshape(-1)
     k = k_rows.index_select(0, flat).view(batch, width, kv_heads, head_dim)
     v = v_rows.index_select(0, flat).view(batch, width, kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=live[:, None, None, :], scale=scale,
-                                         enable_gqa=q.shape[1] != kv_heads)[:, :, 0, :]
+    out = grouped_decode_sdpa(q, k.transpose(1, 2), v.transpose(1, 2), live[:, None, None, :], scale)
     # An all-dead row (context 0) softmaxes over nothing: NaN there, zeros wanted.
     return out.masked_fill(~live[:, :1, None], 0.0)
+
+
+def grouped_decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                        scale: float | None = None) -> torch.Tensor:
+    """One decoding query per sequence, q ``(batch, heads, d)``, over k, v ``(batch, kv_heads,
+    tokens, d)``: the query heads sharing a KV head become that head's rows of queries, so each
+    K/V is read once for its whole group (no repeat, no GQA broadcast inside SDPA). ``mask``
+    ``(batch, 1, 1, tokens)``. Returns ``(batch, heads, d)``."""
+    batch, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, heads // kv_heads, head_dim), k, v,
+                                         attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, head_dim)
 
 
 def paged_decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

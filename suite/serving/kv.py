@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.optimizations.paged_attention import gathered_decode, paged_decode_attention
+from gpubench.optimizations.paged_attention import gathered_decode, grouped_decode_sdpa, paged_decode_attention
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import KV_LAYOUTS, EngineConfig
 from gpubench.serving.sequence import Sequence
@@ -231,9 +230,7 @@ class ContiguousKV(KVBackend):
         """Read the batch's slabs up to the longest context, mask each row past its own length."""
         keys = self.k[layer][batch.slabs, :batch.width]  # (batch, width, kv_heads, d)
         values = self.v[layer][batch.slabs, :batch.width]
-        out = F.scaled_dot_product_attention(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=batch.mask, enable_gqa=q.shape[1] != keys.shape[2])
-        return out[:, :, 0, :]
+        return grouped_decode_sdpa(q, keys.transpose(1, 2), values.transpose(1, 2), batch.mask)
 
 
 def make_kv(weights: LlamaWeights, config: EngineConfig, spare_unit: bool = False) -> KVBackend:
