@@ -31,6 +31,8 @@ from gpubench.scenario import Case, Scenario
 from gpubench.telemetry import TelemetrySampler
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as a shell reports a process it killed
+EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a file of the run could not be written, the disk being full
 
 
 class CaseTimeout(BaseException):
@@ -128,8 +130,10 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
+        if self.record.disk_full:
+            return EXIT_DISK_FULL
         if self.record.status == "interrupted":
-            return EXIT_INTERRUPTED
+            return EXIT_TERMINATED if self.record.signal == "SIGTERM" else EXIT_INTERRUPTED
         if self.record.status != "complete":  # aborted or crashed: not every case ran
             return EXIT_FAILED
         return EXIT_OK if self.record.summary["failed"] == 0 else EXIT_FAILED
