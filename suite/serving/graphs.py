@@ -63,6 +63,8 @@ class DecodeGraphs:
         self.kv, self.staging, self.forward = kv, staging, decode_forward
         self.buckets = batch_buckets(max_batch)
         self.columns = kv.decode_width()
+        if self.columns < 1:
+            raise ValueError(f"bucketed decode needs the longest request (max_len {kv.max_len}) to size its buffers")
         self.width = kv.max_len  # contiguous KV reads whole slabs: the graph's shapes cannot follow the batch
         self.buffer = torch.zeros((4 + self.columns) * self.buckets[-1], dtype=torch.long, device=kv.device)
         self.pad_slot, self.pad_row = kv.padding_row(self.columns)
