@@ -9,14 +9,16 @@
    pass stubbed out (its host-side cost alone). Variants interleave, each repeated; the figure
    is the median over repetitions of each run's median step. The plain step runs inside each
    engine step (its time then subtracted from the engine's), so both see the same machine load.
-2. ``profile``: per decode step, the ops, kernel launches (CUDA) and host syncs torch.profiler
+2. ``graphs`` (CUDA): a graph-replayed decode step's host time (bookkeeping, staging, launch)
+   against its GPU time (CUDA events).
+3. ``profile``: per decode step, the ops, kernel launches (CUDA) and host syncs torch.profiler
    sees (:func:`gpubench.profiling.summarize`).
-3. ``hf``: the whole trace served by the paged engine against one padded Hugging Face batch
+4. ``hf``: the whole trace served by the paged engine against one padded Hugging Face batch
    (left padding, ``generate``, greedy, every request generating O tokens), on a checkpoint
    written by transformers into a temporary directory (nothing is downloaded).
 
     python benchmarks/serving_step.py [--device cpu|cuda] [--model tiny] [--batch 64] [--threads N]
-                                      [--what step,profile,hf]
+                                      [--what step,graphs,profile,hf]
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from gpubench import profiling
 from gpubench.models.llama import SIZES, LlamaWeights, forward, load_hf, random_weights
-from gpubench.serving import model_runner
+from gpubench.serving import graphs, model_runner
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine
 from gpubench.serving.traces import Request
@@ -176,6 +178,37 @@ def profile_steps(weights: LlamaWeights, reqs: list[Request], graphs: bool | Non
         "top_ops": [(t["name"], t["self_us_per_call"], t["count_per_call"]) for t in summary["top_ops"][:8]]}
 
 
+def graph_step_times(weights: LlamaWeights, reqs: list[Request]) -> dict[str, float]:
+    """CUDA only: per full-batch decode step, the host time to stage and launch its graph replay
+    (plus the step's host bookkeeping, from the stubbed-forward run) against the GPU time between
+    CUDA events around it. A host time under the GPU time means the GPU, not Python, sets the pace."""
+    config = kv_budget(weights, reqs, engine_config(reqs, graphs=True))
+    original = graphs.DecodeGraphs.run
+    launch_ms: list[float] = []
+    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def run(self, decodes):
+        if len(decodes) < len(reqs):
+            return original(self, decodes)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        logits = original(self, decodes)
+        end.record()
+        launch_ms.append((time.perf_counter() - t0) * 1e3)
+        events.append((start, end))
+        return logits
+
+    with mock.patch.object(graphs.DecodeGraphs, "run", run):
+        Engine(weights, config).run(reqs)
+    torch.cuda.synchronize(weights.device)
+    gpu = [a.elapsed_time(b) for a, b in events]
+    with stubbed_forward(weights):
+        bookkeeping = statistics.median(interleaved_steps_ms(weights, reqs, config, stub=True)[0])
+    return {"launch_ms": statistics.median(launch_ms), "bookkeeping_ms": bookkeeping,
+            "gpu_ms": statistics.median(gpu)}
+
+
 def hf_comparison(size: str, reqs: list[Request], device: torch.device, repeats: int) -> dict[str, float]:
     """Seconds to serve ``reqs`` (all at time 0): the paged engine vs one padded HF generate batch."""
     import transformers
@@ -240,7 +273,7 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--graphs", choices=["auto", "on", "off"], default="auto")
-    parser.add_argument("--what", default="step,profile,hf")
+    parser.add_argument("--what", default="step,graphs,profile,hf", help="graphs: CUDA only")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
@@ -258,6 +291,10 @@ def main() -> None:
         print(f"step ms (median of {args.repeats} runs' medians): engine paged {m['engine']:.3f}, engine "
               f"contiguous {m['engine_contiguous']:.3f}, plain contiguous {m['plain']:.3f}, engine with the "
               f"forward stubbed {m['engine_stubbed']:.3f}; paged / plain {m['engine'] / m['plain']:.2f}")
+    if "graphs" in what and device.type == "cuda":
+        m = graph_step_times(weights, reqs)
+        print(f"graph decode step: host {m['bookkeeping_ms'] + m['launch_ms']:.3f} ms (bookkeeping "
+              f"{m['bookkeeping_ms']:.3f} + staging and replay launch {m['launch_ms']:.3f}), GPU {m['gpu_ms']:.3f} ms")
     if "profile" in what:
         print("per full-batch decode step:", profile_steps(weights, reqs, graphs))
     if "hf" in what:
