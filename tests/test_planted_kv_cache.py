@@ -8,6 +8,7 @@ from planted import caught, passed, run_planted
 from planted import mutant as _mutant
 
 import gpubench.optimizations.kv_cache as paged_allocator
+from gpubench import kvmath
 
 # One sequence per length at and around block (and window) edges; gpt-oss-20b's layer 0 slides
 # over 128 tokens.
@@ -40,3 +41,30 @@ def test_allocator_one_block_short_also_reads_back_tokens_not_stored_at_block_mu
     monkeypatch.setattr(paged_allocator, "held_blocks", _mutant(paged_allocator.held_blocks, *ONE_BLOCK_SHORT))
     detail = run_planted("kv_cache", **KV_EDGES).variants["paged"].check["detail"]
     assert "tokens not stored), at lengths [16, 32, 256]" in detail, detail
+
+
+# Sliding layers forgotten in the bytes that hold tokens: every layer counted as holding the whole
+# sequence (issue 25: gpt-oss-20b's paged utilization 0.94 -> 1.19, waste -27.7%).
+WINDOWS_FORGOTTEN = ("min(n, w) if w else n for n in lengths", "n for n in lengths")
+KV_WINDOW_RANDOM = dict(model="gpt-oss-20b", layers=2, max_len=1024)
+
+
+def test_holding_bytes_that_forget_sliding_windows_fail_both_allocators_against_the_live_count(monkeypatch):
+    """The storage and every read-back are right; only the figure the metrics (utilization, the
+    waste vLLM's claim reads) are built on is wrong. The check counts the live tokens' bytes it
+    read back and fails the case; the paged allocator's utilization above 1.0 is named."""
+    assert passed(run_planted("kv_cache", **KV_WINDOW_RANDOM))
+    monkeypatch.setattr(kvmath, "token_bytes", _mutant(kvmath.token_bytes, *WINDOWS_FORGOTTEN))
+    record = run_planted("kv_cache", **KV_WINDOW_RANDOM)
+    assert caught(record), (record.status, record.failure)
+    assert caught(record, "contiguous")
+    paged = record.variants["paged"].check
+    assert paged["metric"] == "holding_bytes_off_live_count" and paged["error"] > 0, paged
+    utilization = float(paged["detail"].split("(utilization ")[1].split(",")[0])
+    assert utilization > 1.0 and "waste -" in paged["detail"], paged["detail"]
+
+
+def test_a_full_attention_model_is_untouched_by_the_same_bug(monkeypatch):
+    """Control: without sliding layers the mutant computes the same figure, and the case passes."""
+    monkeypatch.setattr(kvmath, "token_bytes", _mutant(kvmath.token_bytes, *WINDOWS_FORGOTTEN))
+    assert passed(run_planted("kv_cache", model="llama-3.1-8b", layers=2, max_len=1024))

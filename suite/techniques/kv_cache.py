@@ -7,7 +7,7 @@ block (and window) edges, where block arithmetic goes wrong.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from gpubench.baselines.kv_cache import ContiguousKVCache
 from gpubench.baselines.kv_cache import build_cache as build_contiguous
 from gpubench.claims import vllm_kv_waste
 from gpubench.contract import CheckResult, Headline, Measured, Param, Plot, Technique, Workload
+from gpubench.errors import BadInput
 from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
@@ -142,34 +143,62 @@ def reference(w: KVCacheWorkload) -> dict[str, int]:
             for name in ALLOCATORS}
 
 
-@TECHNIQUE.check
-def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
-    """Measured storage must equal the prediction to the byte, and every live token must read
-    back bit-exact through the allocator's addressing (a token it never stored reads back
-    missing)."""
-    cache, w = output.cache, output.workload
-    predicted = reference_bytes[cache.allocator]
-    measured = cache.storage_bytes()
-    mismatched, missing, at_lengths = 0, 0, set()
+@dataclass
+class ReadBack:
+    """What a cache gave back for every sequence's live tokens (each layer's whole sequence, or
+    its window for a sliding layer)."""
+
+    mismatched: int = 0  # (sequence, layer) read-backs that differ from what was written
+    missing: int = 0  # live tokens it never stored
+    at_lengths: set[int] = field(default_factory=set)  # lengths of the sequences that differ
+    live_bytes: int = 0  # bytes of the live tokens read back: a count independent of kvmath
+
+
+def read_back(cache: ContiguousKVCache | PagedKVCache, w: KVCacheWorkload) -> ReadBack:
+    out = ReadBack()
     for i, seq in enumerate(w.sequences):
         for layer, window in enumerate(w.layout.windows):
             start = max(0, seq.length - window) if window else 0
             got = cache.read(i, layer, start, seq.length)
+            out.live_bytes += sum(t.nbytes for t in (got.values, got.scales) if t is not None)
             src = seq.layers[layer]
             ok = same_bytes(got.values, src.values[start:])
             if src.scales is not None:
                 ok = ok and same_bytes(got.scales, src.scales[start:])
             if not ok:
-                mismatched += 1
-                missing += seq.length - start - got.values.shape[0]
-                at_lengths.add(seq.length)
+                out.mismatched += 1
+                out.missing += seq.length - start - got.values.shape[0]
+                out.at_lengths.add(seq.length)
+    return out
+
+
+@TECHNIQUE.check
+def check(reference_bytes: dict[str, int], output: Allocation) -> CheckResult:
+    """Measured storage must equal the prediction to the byte, and every live token must read
+    back bit-exact through the allocator's addressing (a token it never stored reads back
+    missing). The bytes the metrics call holding tokens (:func:`kvmath.token_bytes`, whence
+    utilization and the waste the claims read) must equal the bytes of the live tokens read back,
+    and utilization lie in [0, 1]: above 1.0, waste is negative."""
+    cache, w = output.cache, output.workload
+    predicted = reference_bytes[cache.allocator]
+    measured = cache.storage_bytes()
+    got = read_back(cache, w)
     error = abs(measured - predicted)
-    passed = error == 0 and mismatched == 0
-    detail = "" if passed else f"measured {measured} B vs predicted {predicted} B"
-    if mismatched:
-        detail += (f"; {mismatched} (sequence, layer) read-backs differ ({missing} tokens not stored), "
-                   f"at lengths {sorted(at_lengths)[:8]}")
-    return CheckResult(passed, float(error), 0.0, "bytes_off_prediction", detail)
+    if error or got.mismatched:
+        detail = f"measured {measured} B vs predicted {predicted} B"
+        if got.mismatched:
+            detail += (f"; {got.mismatched} (sequence, layer) read-backs differ ({got.missing} tokens not stored), "
+                       f"at lengths {sorted(got.at_lengths)[:8]}")
+        return CheckResult(False, float(error), 0.0, "bytes_off_prediction", detail)
+    holding = kvmath.token_bytes(w.layout, w.lengths)
+    utilization = holding / measured if measured else 0.0
+    if holding != got.live_bytes or not 0.0 <= utilization <= 1.0:
+        return CheckResult(False, float(abs(holding - got.live_bytes)), 0.0, "holding_bytes_off_live_count",
+                           f"bytes holding tokens {holding} B (utilization {utilization:.4g}, waste "
+                           f"{1 - utilization:.2%}) vs {got.live_bytes} B of live tokens read back "
+                           f"(utilization {got.live_bytes / measured if measured else 0.0:.4g}); utilization must "
+                           "lie in [0, 1]")
+    return CheckResult(True, 0.0, 0.0, "bytes_off_prediction", "")
 
 
 GIB = 2**30
