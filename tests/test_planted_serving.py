@@ -57,3 +57,16 @@ def test_paged_decode_that_leaves_out_the_decoding_token_is_caught(monkeypatch):
     (already written to its slot): each decoding token attends over its past, never itself."""
     _assert_caught_on(monkeypatch, "paged_kv_serving", PAGED, PagedKV, "decode_rows",
                       "[s.cached + 1 for s in seqs]", "[s.cached for s in seqs]")
+
+
+def test_a_preempted_request_whose_sampler_is_reseeded_is_caught(monkeypatch):
+    """Sampled serving (T=0.8) with preemption forced: a preempted request's generator starts over
+    from its seed, so after its recompute it redraws numbers it already used and its tokens leave
+    those it samples alone. The check compares sampled tokens as greedy ones (a request draws from
+    its own generator however it is batched), so the paged variant fails; the contiguous one never
+    preempts and passes."""
+    record = _assert_caught_on(monkeypatch, "paged_kv_serving", dict(FORCING, temperature=0.8), Sequence, "preempt",
+                               "self.preemptions += 1",
+                               "self.preemptions += 1; self.generator.manual_seed(self.req.seed)")
+    assert record.variants["paged"].metrics["preemptions"] >= FORCING["min_preemptions"]
+    assert "sampling margin" in record.variants["paged"].check["detail"]

@@ -21,7 +21,7 @@ from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
 from gpubench.serving.kv import make_kv
-from gpubench.serving.model_runner import ModelRunner
+from gpubench.serving.model_runner import ModelRunner, sample
 from gpubench.serving.metrics import serving_metrics, serving_series
 from gpubench.serving.reference import reference_generate
 from gpubench.serving.sequence import Sequence
@@ -136,6 +136,44 @@ def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
     assert greedy != [runs[0].tokens[r.id] for r in requests], "sampling at T=0.8 should differ from greedy"
 
 
+def test_the_sampler_draws_what_torch_multinomial_draws_and_its_margin_says_how_near_a_tie():
+    """The written-out exponential race picks the token torch.multinomial picks from the same
+    generator state (the sampled tokens of earlier versions stay the same), and its margin is T
+    times the log-ratio of the race's top two scores, the greedy one the top-2 logit gap."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    seqs = [Sequence.of(Request(i, 0.0, [1], 4, seed=100 + i), 0.8) for i in range(4)]
+    margins: list[float] = []
+    drawn = sample(logits, seqs, 0.8, margins)
+    probs = torch.softmax(logits.float() / 0.8, dim=-1)
+    for i, token in enumerate(drawn):
+        assert token == int(torch.multinomial(probs[i], 1, generator=torch.Generator().manual_seed(100 + i)))
+        race = probs[i] / torch.empty_like(probs[i]).exponential_(generator=torch.Generator().manual_seed(100 + i))
+        top = race.topk(2).values
+        assert margins[i] == pytest.approx(0.8 * math.log(top[0] / top[1]))
+    greedy: list[float] = []
+    assert sample(logits, seqs, 0.0, greedy) == logits.argmax(-1).tolist()
+    top = logits.float().topk(2).values
+    assert greedy == pytest.approx((top[:, 0] - top[:, 1]).tolist())
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_sampled_requests_preempted_far_from_their_end_equal_lone_generation_token_for_token(weights64, scheduler):
+    """T=0.8 with preemption forced (every request at time 0 into 20 blocks of 8 tokens): a
+    preempted request's generator goes on where it stopped, so each request's sampled tokens are
+    exactly those it samples alone (float64: no near-ties), and the technique's check says so."""
+    requests = trace(10, seed=1, prompt="uniform:4:12", output="uniform:20:32")
+    cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
+                       block_size=8, max_len=48, max_batch=8, wait=False, temperature=0.8)
+    run = Engine(weights64, cfg).run(requests)
+    assert run.preemptions >= 3 and min(run.preempted_tokens_left) >= 5, run.preempted_tokens_left
+    ref = ServingReference({}, {}, 0.8, torch.float64, {r.id: r.output_len for r in requests})
+    for r in requests:
+        ref.tokens[r.id], ref.gaps[r.id] = reference_generate(weights64, r, temperature=0.8)
+        assert run.tokens[r.id] == ref.tokens[r.id], f"request {r.id}"
+    result = check(ref, run)
+    assert result.passed and result.error == 0 and "near-tie" not in result.detail, result
+
+
 # -- the check --------------------------------------------------------------------------------
 
 def _ref(tokens, gaps, temperature=0.0, dtype=torch.float32, lengths=None, min_preemptions=0):
@@ -170,8 +208,21 @@ def test_check_fails_on_accounting_problems_and_short_outputs():
     ref = _ref({0: [5, 6]}, {0: [1.0, 1.0]})
     assert not check(ref, _run({0: [5, 6]}, problems=["3 blocks leaked"])).passed
     assert not check(ref, _run({0: [5]})).passed
-    sampled = _ref({0: [5, 6]}, {0: [1.0, 1.0]}, temperature=1.0)
-    assert check(sampled, _run({0: [9, 9]})).passed
+    over = Timeline(live_bytes=[300, 900], reserved_bytes=[400, 800])  # utilization 1.125 at step 2
+    result = check(ref, _run({0: [5, 6]}, timeline=over))
+    assert not result.passed and result.metric == "accounting_problems"
+    assert "KV utilization outside [0, 1] at 1 step(s): step 2 has 900 bytes live in 800 reserved" in result.detail
+
+
+def test_check_compares_sampled_tokens_as_greedy_ones():
+    """Sampled decoding is checked token for token against the lone reference: a clear divergence
+    fails, naming the sampling margin; one at a near-tie of the race is allowed and reported."""
+    ref = _ref({0: [5, 6, 7]}, {0: [0.5, 1e-5, 0.5]}, temperature=0.8)
+    assert check(ref, _run({0: [5, 6, 7]})).passed
+    wrong = check(ref, _run({0: [9, 6, 7]}))
+    assert not wrong.passed and "request 0: token 0 is 9, alone it is 5 (sampling margin 0.5)" in wrong.detail
+    near = check(ref, _run({0: [5, 8, 1]}))
+    assert near.passed and "1 request(s) diverged at a near-tie" in near.detail
 
 
 def test_check_fails_a_paged_run_that_preempted_less_than_the_case_asks():

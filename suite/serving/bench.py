@@ -21,10 +21,12 @@ from gpubench.serving.traces import (ARRIVAL_HELP, LENGTH_HELP, Request, TraceSp
                                      parse_length)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-# Greedy decoding is compared token for token. Batching changes floating-point rounding (a
-# different matmul shape, padded vs paged attention), so where the one-at-a-time reference's two
-# best logits were closer than this, the engines may legitimately pick the other one; such a
-# divergence is counted and reported, not failed. Any other difference fails.
+# Decoding is compared token for token, greedy and sampled alike (a sampled request draws from its
+# own seeded generator, however it is batched or preempted). Batching changes floating-point
+# rounding (a different matmul shape, padded vs paged attention), so where the one-at-a-time
+# reference's choice was nearer a tie than this (in logit units: greedy's top-2 logit gap, the
+# sampled race's margin), the engines may legitimately pick the other token; such a divergence is
+# counted and reported, not failed. Any other difference fails.
 NEAR_TIE = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.1}
 
 LATENCY_PERCENTILES = tuple(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl")
@@ -146,7 +148,7 @@ def serve(w: ServingWorkload, rec: Recorder, **engine: Any) -> ServingRun:
 @dataclass
 class ServingReference:
     tokens: dict[int, list[int]]  # request id -> tokens generated alone
-    gaps: dict[int, list[float]]  # request id -> top-2 logit gap at each of those tokens
+    gaps: dict[int, list[float]]  # request id -> how near a tie each of those choices was (logit units)
     temperature: float
     dtype: torch.dtype
     lengths: dict[int, int] = field(default_factory=dict)  # every request's output length
@@ -163,16 +165,27 @@ def reference(w: ServingWorkload) -> ServingReference:
     return ref
 
 
+def utilization_problems(run: ServingRun) -> list[str]:
+    """Steps whose KV utilization (live / reserved bytes, what the metrics average and the waste
+    claims read) leaves [0, 1]: more bytes live than reserved means negative waste."""
+    tl = run.timeline
+    bad = [i for i, (live, res) in enumerate(zip(tl.live_bytes, tl.reserved_bytes)) if not 0 <= live <= res]
+    if not bad:
+        return []
+    i = bad[0]
+    return [f"KV utilization outside [0, 1] at {len(bad)} step(s): step {i + 1} has {tl.live_bytes[i]} bytes live "
+            f"in {tl.reserved_bytes[i]} reserved"]
+
+
 def check(ref: ServingReference, out: ServingRun) -> CheckResult:
-    """Greedy: every request's tokens equal the reference's (a divergence where the reference's top
-    two logits were within the dtype's near-tie margin is allowed and reported). Sampled: every
-    request produced its full length. Always: exact KV accounting (no leaked or doubly owned
-    block, never over the budget), and a run with paged KV preempted at least ``min_preemptions``
-    times."""
-    if out.accounting_problems:
-        return CheckResult(False, float(len(out.accounting_problems)), None, "accounting_problems",
-                           "; ".join(out.accounting_problems[:3]))
-    greedy = ref.temperature <= 0
+    """Every checked request's tokens equal the reference's, greedy or sampled (a divergence where
+    the reference's choice was within the dtype's near-tie margin is allowed and reported); every
+    other request produced its full length. Always: exact KV accounting (no leaked or doubly owned
+    block, never over the budget, never more bytes live than reserved), and a run with paged KV
+    preempted at least ``min_preemptions`` times."""
+    problems = out.accounting_problems + utilization_problems(out)
+    if problems:
+        return CheckResult(False, float(len(problems)), None, "accounting_problems", "; ".join(problems[:3]))
     margin = NEAR_TIE[ref.dtype]
     mismatched, near_ties, first_bad = 0, 0, None
     for rid, length in ref.lengths.items():
@@ -185,7 +198,7 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
             mismatched += 1
             first_bad = first_bad or f"request {rid}: {len(got)} tokens, expected {len(expected)}"
             continue
-        if not greedy or got == expected:
+        if got == expected:
             continue
         i = next(j for j, (a, b) in enumerate(zip(got, expected)) if a != b)
         if ref.gaps[rid][i] < margin:
@@ -193,12 +206,11 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
         else:
             mismatched += 1
             first_bad = first_bad or (f"request {rid}: token {i} is {got[i]}, alone it is {expected[i]} "
-                                      f"(top-2 logit gap {ref.gaps[rid][i]:.3g})")
+                                      f"({'top-2 logit gap' if ref.temperature <= 0 else 'sampling margin'} "
+                                      f"{ref.gaps[rid][i]:.3g})")
     notes = [first_bad] if first_bad else []
     if near_ties:
         notes.append(f"{near_ties} request(s) diverged at a near-tie (top-2 logits within {margin:g}), allowed")
-    if not greedy:
-        notes.append("sampled decoding: lengths and accounting checked, not tokens")
     if left := out.preempted_tokens_left:
         notes.append(f"{len(left)} preemption(s), {min(left)} to {max(left)} tokens still to generate")
     missing = max(0, ref.min_preemptions - out.preemptions) if out.kv == "paged" else 0

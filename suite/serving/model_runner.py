@@ -19,13 +19,31 @@ from gpubench.serving.sequence import Sequence
 from gpubench.serving.step_inputs import Staging, StepInputs, build_step, prefill_attention
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], temperature: float) -> list[int]:
+def sample(logits: torch.Tensor, seqs: list[Sequence], temperature: float,
+           margins: list[float] | None = None) -> list[int]:
     """Greedy (temperature 0: argmax) or sampled from softmax(logits / T), each request from its
-    own seeded generator, so a request draws the same numbers however it is batched."""
+    own seeded generator, so a request draws the same numbers however it is batched, and however
+    often it is preempted. A draw is the exponential race torch.multinomial runs for one sample
+    (the argmax of p / E, E ~ Exp(1) from the generator: the same tokens), written out so that
+    ``margins``, when given, gets each choice's distance from a tie in logit units: the top two
+    logits' gap (greedy), or T times the log-ratio of the race's top two scores (sampled). A
+    change of the logits smaller than that (batching's rounding) may pick the other token."""
     if temperature <= 0:
+        if margins is not None:
+            top = logits.float().topk(2, dim=-1).values
+            margins += (top[:, 0] - top[:, 1]).tolist()
         return logits.argmax(dim=-1).tolist()
     probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
-    return [int(torch.multinomial(probs[i], 1, generator=s.generator)) for i, s in enumerate(seqs)]
+    tokens = []
+    for p, s in zip(probs, seqs):
+        race = p / torch.empty_like(p).exponential_(generator=s.generator)
+        if margins is None:
+            tokens.append(int(race.argmax()))
+            continue
+        top = race.topk(2)
+        tokens.append(int(top.indices[0]))
+        margins.append(temperature * float(top.values[0].log() - top.values[1].log()))
+    return tokens
 
 
 class ModelRunner:

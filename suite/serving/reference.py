@@ -12,8 +12,8 @@ from gpubench.serving.traces import Request
 
 def reference_generate(weights: LlamaWeights, request: Request,
                        temperature: float = 0.0) -> tuple[list[int], list[float]]:
-    """The request's tokens decoded alone, and at each step the gap between the two largest
-    logits (how near a tie greedy's choice was)."""
+    """The request's tokens decoded alone, and at each step how near a tie its choice was, in
+    logit units (:func:`sample`'s margins: greedy's top-2 logit gap, or the sampled race's)."""
     c = weights.config
     past_k: list[torch.Tensor | None] = [None] * c.num_layers
     past_v: list[torch.Tensor | None] = [None] * c.num_layers
@@ -32,9 +32,7 @@ def reference_generate(weights: LlamaWeights, request: Request,
             tok = torch.tensor(feed, dtype=torch.long, device=weights.device)
             pos = torch.arange(start, start + len(feed), device=weights.device)
             logits = forward(weights, tok, pos, attend, logits_at=torch.tensor([len(feed) - 1], device=weights.device))
-            top = logits[0].float().topk(2).values
-            gaps.append(float(top[0] - top[1]))
-            token = sample(logits, [seq], temperature)[0]
+            token = sample(logits, [seq], temperature, margins=gaps)[0]
             seq.output.append(token)
             start += len(feed)
             feed = [token]
