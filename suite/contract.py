@@ -187,9 +187,17 @@ class Variant:
     description: str = ""
     # Returns None when the variant can run on this device, else the reason it cannot.
     unavailable: Callable[[torch.device], str | None] | None = None
+    # Returns None when the variant is timed on this device as usual, else why it runs there only
+    # to be checked (a Triton kernel in Triton's interpreter on a CPU): its output is checked like
+    # any other, it is never timed, so no figure of it is compared with anything, and it never
+    # plays the baseline or optimized role.
+    checked_only: Callable[[torch.device], str | None] | None = None
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         return None if self.unavailable is None else self.unavailable(device)
+
+    def checked_only_reason(self, device: torch.device) -> str | None:
+        return None if self.checked_only is None else self.checked_only(device)
 
     @property
     def takes_recorder(self) -> bool:
@@ -334,7 +342,8 @@ class Technique:
         return fn
 
     def variant(self, name: str, role: str = "peer", description: str = "",
-                unavailable: Callable[[torch.device], str | None] | None = None):
+                unavailable: Callable[[torch.device], str | None] | None = None,
+                checked_only: Callable[[torch.device], str | None] | None = None):
         if role not in ROLES:
             raise ValueError(f"variant {name}: role must be one of {ROLES}")
         if name in ROLES and role != name:
@@ -344,7 +353,7 @@ class Technique:
             if name in self.variants:
                 raise ValueError(f"technique {self.name}: variant {name} registered twice")
             doc = description or first_paragraph(fn.__doc__)
-            self.variants[name] = Variant(name, role, fn, doc, unavailable)
+            self.variants[name] = Variant(name, role, fn, doc, unavailable, checked_only)
             return fn
 
         return register
@@ -399,13 +408,15 @@ class Technique:
 
     def cast(self, device: torch.device) -> dict[str, tuple[str, str | None]]:
         """Each variant's role on ``device`` and why it cannot run there (None when it can):
-        the first runnable variant declared for baseline / optimized plays that role; every other
-        variant is a peer (a role nobody can play stays with the first declared, unrunnable)."""
+        the first variant declared for baseline / optimized that runs there and is timed there
+        (not only checked) plays that role; every other variant is a peer (a role nobody can play
+        stays with the first declared, unrunnable)."""
         reasons = {v.name: v.unavailable_reason(device) for v in self.variants.values()}
         out = {name: ("peer", reason) for name, reason in reasons.items()}
         for role in ("baseline", "optimized"):
             declared = self.declared(role)
-            player = next((v for v in declared if reasons[v.name] is None), declared[0] if declared else None)
+            player = next((v for v in declared if reasons[v.name] is None and v.checked_only_reason(device) is None),
+                          declared[0] if declared else None)
             if player is not None:
                 out[player.name] = (role, reasons[player.name])
         return out

@@ -257,6 +257,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
         record.variants[name] = VariantRecord(role=role, description=tech.variants[name].description)
         if reason:
             record.variants[name].status, record.variants[name].reason = "skipped", reason
+        elif (note := tech.variants[name].checked_only_reason(device)) is not None:  # checked, never timed
+            record.variants[name].reason, record.variants[name].timing = note, {"method": "none", "not_timed": note}
     runnable = [tech.variants[n] for n in names if record.variants[n].status != "skipped"]
 
     sampler.set_tag(case.id, "build")
@@ -306,7 +308,8 @@ def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timi
 
     # 2. Timing, interleaved, of every variant that ran (a wrong result is still timed, and the
     #    case is failed by its check).
-    calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs}
+    calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs
+             if record.variants[n].timing is None}
     timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
                                on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings, nvtx_case=case.id,
                                phases=phases)

@@ -286,14 +286,22 @@ def test_plots_bandwidth_against_context_and_time_against_batch_only_when_batch_
     assert _drawn(no_data) == {}
 
 
-def test_kernel_plays_optimized_on_cuda_and_torch_blocks_stands_in_on_cpu():
+def test_kernel_plays_optimized_on_cuda_and_torch_blocks_stands_in_on_cpu(monkeypatch):
+    """On a CPU the kernel runs in Triton's interpreter (tests have it on): a peer, checked only,
+    with torch_blocks playing optimized; compiled on CUDA, the kernel plays optimized."""
     from gpubench import techniques
+    from gpubench.optimizations.paged_attention import KERNEL
+    from gpubench.triton_support import INTERPRETER_NOTE, kernel_module
 
     assert techniques.get("paged_attention") is TECHNIQUE
     assert TECHNIQUE.incomplete() == [] and TECHNIQUE.gpu_specific and TECHNIQUE.anchor
-    assert TECHNIQUE.variants["triton"].unavailable_reason(CPU)  # says why: the kernel needs CUDA
+    assert TECHNIQUE.variants["triton"].unavailable_reason(CPU) is None
+    assert TECHNIQUE.variants["triton"].checked_only_reason(CPU) == INTERPRETER_NOTE
     assert TECHNIQUE.playing("baseline", CPU).name == "gather"
     assert TECHNIQUE.playing("optimized", CPU).name == "torch_blocks"
+    assert TECHNIQUE.cast(CPU)["triton"] == ("peer", None)
+    monkeypatch.setattr(kernel_module(KERNEL[0]), "INTERPRETED", False)  # as compiled on a GPU
+    assert TECHNIQUE.variants["triton"].unavailable_reason(CPU)  # says why: the kernel needs CUDA
     cast = TECHNIQUE.cast(torch.device("cuda"))
     assert cast["triton"] == ("optimized", None) and cast["torch_blocks"] == ("peer", None)
 

@@ -23,7 +23,7 @@ from gpubench.contract import (CheckResult, Claim, Measured, Param, Plot, Techni
 from gpubench.gqa import head_params, head_problems
 from gpubench.kvmath import block_edge_lengths
 from gpubench.optimizations.paged_attention import KERNEL, paged_decode_attention_torch
-from gpubench.triton_support import kernel_module, kernel_problem
+from gpubench.triton_support import interpreter_note, kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Blocks in the pool beyond those the sequences hold, as a fraction of those (at least one): the
@@ -153,7 +153,9 @@ def gather(w: PagedDecodeWorkload) -> torch.Tensor:
     return gather_then_attend(*w.args())
 
 
-@TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device))
+@TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device,
+                                                                                        interpreter_ok=True),
+                   checked_only=interpreter_note(KERNEL[0]))
 def triton_kernel(w: PagedDecodeWorkload) -> torch.Tensor:
     """the Triton kernel: each (sequence, head) walks its block table, online softmax in registers"""
     return getattr(kernel_module(KERNEL[0]), KERNEL[1])(*w.args(), out=w.triton_out)
