@@ -198,13 +198,21 @@ def test_sdpa_peers_agree_with_baseline(kv_heads, causal):
         assert TECHNIQUE.check_fn(ref, out).passed
 
 
-def test_cuda_only_variants_say_why_on_cpu_and_the_tiled_loop_plays_optimized_there():
-    for name in ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
+def test_cuda_only_variants_say_why_on_cpu_and_the_tiled_loop_plays_optimized_there(monkeypatch):
+    """On a CPU the kernels run only in Triton's interpreter (tests have it on): triton is a peer,
+    checked and never timed, and the tiled loop plays optimized; compiled on CUDA, the kernel
+    plays optimized with the loop timed beside it."""
+    from gpubench.triton_support import INTERPRETER_NOTE
+
+    for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
         assert TECHNIQUE.variants[name].unavailable_reason(CPU)
-    for name in ("eager", "torch_tiled", "sdpa"):
+    for name in ("eager", "torch_tiled", "sdpa", "triton"):
         assert TECHNIQUE.variants[name].unavailable_reason(CPU) is None
-    assert TECHNIQUE.playing("optimized", CPU).name == "torch_tiled"
-    # On CUDA the kernel plays optimized and the loop is timed beside it as a peer.
+    assert TECHNIQUE.variants["triton"].checked_only_reason(CPU) == INTERPRETER_NOTE
+    assert TECHNIQUE.playing("optimized", CPU).name == "torch_tiled" and TECHNIQUE.cast(CPU)["triton"][0] == "peer"
+    for name in (flash.KERNEL[0], flash.TRAIN_KERNELS):
+        monkeypatch.setattr(kernel_module(name), "INTERPRETED", False)  # as compiled on a GPU
+    assert TECHNIQUE.variants["triton"].unavailable_reason(CPU)  # needs CUDA
     cast = TECHNIQUE.cast(torch.device("cuda"))
     assert cast["triton"] == ("optimized", None) and cast["torch_tiled"][0] == "peer"
 
@@ -301,7 +309,7 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 
 import gpubench.techniques.flash_attention as flash  # noqa: E402
 from gpubench.baselines.flash_attention import attention_reference  # noqa: E402
-from gpubench.triton_support import kernel_problem  # noqa: E402
+from gpubench.triton_support import kernel_module, kernel_problem  # noqa: E402
 from planted import mutant  # noqa: E402
 
 TRAIN_CASES = [
@@ -458,9 +466,10 @@ def test_new_params_validate_and_build_the_shapes_they_name():
     assert w.grad_out.shape == (2, 4, 5, 128) and w.tiled_out.shape == (2, 4, 5, 128)
     assert w.q.requires_grad and not make_workload().q.requires_grad
     v = make_workload(varlen=True, batch=5, seq_len=30, seq_len_q=8, heads=4, kv_heads=2)
-    assert v.q.shape == (sum(v.docs.lens_q), 4, 64) and v.k.shape == (sum(v.docs.lens_k), 2, 64)
+    tail = flash.PACKED_TAIL_ROWS  # rows after the last document, as a packed buffer of fixed capacity has
+    assert v.q.shape == (sum(v.docs.lens_q) + tail, 4, 64) and v.k.shape == (sum(v.docs.lens_k) + tail, 2, 64)
     assert all(1 <= n <= 30 for n in v.docs.lens_k) and all(1 <= n <= 8 for n in v.docs.lens_q)
-    assert v.docs.cu_seqlens_q.dtype == torch.int32 and v.docs.cu_seqlens_k.tolist()[-1] == v.k.shape[0]
+    assert v.docs.cu_seqlens_q.dtype == torch.int32 and v.docs.cu_seqlens_k.tolist()[-1] == v.k.shape[0] - tail
     params = TECHNIQUE.defaults()
     for bad in (dict(mode="backward"), dict(causal_align="center"), dict(head_dim=80), dict(head_dim_v=48)):
         name, value = next(iter(bad.items()))
@@ -505,3 +514,21 @@ def test_triton_variant_in_the_interpreter_matches_float64(params, mode):
     w = make_workload(**{**params, "mode": mode, "block_m": 16, "block_n": 16})
     result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["triton"].fn(w))
     assert result.passed, result
+
+
+@pytest.mark.parametrize("name", ["eager", "torch_tiled", "triton"])
+def test_varlen_gradients_of_the_rows_after_the_last_document_are_exactly_zero(name):
+    """The packed stream ends with a tail no document owns: nothing reads it, so dq, dk and dv
+    there are exactly 0 in every variant and in the reference the check compares against, and
+    the output is compared on the documents' rows only."""
+    if name == "triton" and _interpreter_problem():
+        pytest.skip(_interpreter_problem())
+    w = make_workload(varlen=True, batch=3, seq_len=20, seq_len_q=0, heads=4, kv_heads=2, head_dim=32, causal=True,
+                      mode="train", block_m=16, block_n=16)
+    tail = flash.PACKED_TAIL_ROWS
+    assert w.q.shape[0] == w.docs.total_q + tail and w.k.shape[0] == w.docs.total_k + tail
+    ref, got = reference(w), TECHNIQUE.variants[name].fn(w)
+    assert got["out"].shape[0] == ref["out"].shape[0] == w.docs.total_q
+    for key in ("dq", "dk", "dv"):
+        assert bool((ref[key][-tail:] == 0).all()) and bool((got[key][-tail:] == 0).all()), (name, key)
+    assert TECHNIQUE.check_fn(ref, got).passed

@@ -65,20 +65,20 @@ def _kernel_with(tmp_path: Path, old: str, new: str):
 ], ids=["gqa-fp32-full", "gqa-bf16-causal"])
 def test_triton_kernel_reading_interleaved_kv_heads_is_caught(monkeypatch, tmp_path, params):
     """The kernel maps query head h to kv head h % kv_heads (interleaved, as a repeat() would
-    lay them out) instead of h // group; run by Triton's interpreter, with the tiled loop timed
-    beside it as a peer: the loop writes its own buffer, so it cannot overwrite the kernel's
-    output before the check (it did: wherever both ran, the kernel was checked on the loop's
-    output)."""
+    lay them out) instead of h // group; run by Triton's interpreter as a CPU run has it (a peer,
+    checked and never timed), with the tiled loop playing optimized beside it: the loop writes its
+    own buffer, so it cannot overwrite the kernel's output before the check (it did: wherever both
+    ran, the kernel was checked on the loop's output)."""
     problem = kernel_problem(flash.KERNEL[0], "cpu", interpreter_ok=True)
     if problem:
         pytest.skip(problem)
-    monkeypatch.setattr(flash.TECHNIQUE.variants["triton"], "unavailable", lambda device: None)
     assert passed(run_planted("flash_attention", **params))
     buggy = _kernel_with(tmp_path, "kv_h = h // group", "kv_h = h % (heads // group)")
     monkeypatch.setattr(flash, "kernel_module", lambda name: buggy)
     record = run_planted("flash_attention", **params)
-    assert record.role_variant("optimized") == "triton" and caught(record), (record.status, record.failure)
-    assert record.variants["torch_tiled"].check["passed"]
+    assert record.role_variant("optimized") == "torch_tiled" and caught(record, "triton"), \
+        (record.status, record.failure)
+    assert record.variants["torch_tiled"].check["passed"] and not record.variants["triton"].samples_s
 
 
 def _module_with(tmp_path: Path, name: str, old: str, new: str):
@@ -113,12 +113,58 @@ def test_triton_backward_with_a_wrong_gradient_is_caught_by_the_train_check(monk
     problem = kernel_problem(flash.TRAIN_KERNELS, "cpu", interpreter_ok=True)
     if problem:
         pytest.skip(problem)
-    monkeypatch.setattr(flash.TECHNIQUE.variants["triton"], "unavailable", lambda device: None)
     assert passed(run_planted("flash_attention", **params))
     buggy = _module_with(tmp_path, flash.TRAIN_KERNELS, *BACKWARD_BUGS[bug])
     real = flash.kernel_module
     monkeypatch.setattr(flash, "kernel_module", lambda name: buggy if name == flash.TRAIN_KERNELS else real(name))
     record = run_planted("flash_attention", **params)
-    assert record.role_variant("optimized") == "triton" and caught(record), (record.status, record.failure)
+    assert caught(record, "triton"), (record.status, record.failure)
     check = record.variants["triton"].check
     assert check["error"] > 5 * check["tolerance"] and any(g in check["detail"] for g in ("dq", "dk", "dv"))
+
+
+# Smoke's entry of more queries than keys: 80 at the end of 48 keys, causal bottom-right, so the
+# first 32 query rows (the whole first 32-row tile) see no key; forward and train.
+MORE_QUERIES = dict(batch=1, heads=4, kv_heads=2, seq_len=48, seq_len_q=80, head_dim=64, dtype="float32",
+                    causal=True, block_m=32, block_n=16)
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_rows_that_see_no_key_left_unguarded_are_caught_with_more_queries_than_keys(monkeypatch, mode):
+    """The loop forgets query tiles that see no key (it guards only an empty key set): their
+    running maximum stays -inf and exp(-inf - -inf) is NaN, where the output (and its gradients)
+    must be 0. Only more queries than keys under bottom-right causal reaches it; smoke's chunk of
+    72 queries at the end of 200 keys does not."""
+    buggy = _mutant(flash.flash_attention_torch, "empty_rows = causal and m_start + offset < 0 or seq_k == 0",
+                    "empty_rows = seq_k == 0")
+    _assert_caught_only_with(monkeypatch, dict(MORE_QUERIES, mode=mode), "flash_attention_torch", buggy)
+    chunk = dict(SMALL_TILES, seq_len=200, seq_len_q=72, causal=True, mode=mode)
+    assert passed(run_planted("flash_attention", **chunk))  # the smoke case before: blind to it
+
+
+# Rows of the varlen stream after the last document (the technique packs PACKED_TAIL_ROWS there).
+GRADS_ZEROED = "dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)"
+GRADS_UNINITIALISED = "dq, dk, dv = (torch.full_like(t, float('nan')) for t in (q, k, v))"
+SMOKE_VARLEN_TRAIN = dict(batch=4, heads=4, kv_heads=1, seq_len=160, head_dim=192, head_dim_v=128, dtype="float32",
+                          causal=True, varlen=True, mode="train", block_m=64, block_n=32)
+
+
+@pytest.mark.parametrize("params", [dict(TRAIN, batch=3, seq_len=30, seq_len_q=0, varlen=True), SMOKE_VARLEN_TRAIN],
+                         ids=["small", "smoke-mla"])
+def test_triton_varlen_gradients_left_unwritten_after_the_last_document_are_caught(monkeypatch, tmp_path, params):
+    """The varlen backward allocates dq, dk, dv uninitialised (torch.empty_like, as the padded
+    path may: its kernels write every row): the rows after cu_seqlens[-1], which no document owns
+    and no kernel program visits, keep whatever the memory held (poisoned here with NaN, for a
+    deterministic test). The workload packs a tail of rows after the last document, and their
+    gradients must be 0, so the check sees it."""
+    problem = kernel_problem(flash.TRAIN_KERNELS, "cpu", interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    control = run_planted("flash_attention", **params)
+    assert passed(control) and control.variants["triton"].check["passed"]
+    buggy = _module_with(tmp_path, flash.TRAIN_KERNELS, GRADS_ZEROED, GRADS_UNINITIALISED)
+    real = flash.kernel_module
+    monkeypatch.setattr(flash, "kernel_module", lambda name: buggy if name == flash.TRAIN_KERNELS else real(name))
+    record = run_planted("flash_attention", **params)
+    assert caught(record, "triton"), (record.status, record.failure)
+    assert "NaN" in record.variants["triton"].check["detail"]

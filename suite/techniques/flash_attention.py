@@ -23,7 +23,7 @@ from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Pa
                                relative_l2_check, tensors_check)
 from gpubench.optimizations.flash_attention import KERNEL, flash_attention_torch
 from gpubench.optional import optional_import
-from gpubench.triton_support import kernel_module, kernel_problem
+from gpubench.triton_support import interpreter_note, kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # 192 / 128: DeepSeek's MLA prefill (q/k 192, v 128); 256: Gemma 2/3
@@ -37,6 +37,10 @@ OUTPUT_KEYS = ("out", "dq", "dk", "dv")
 # sizes (measured here: seeds 0-9, GQA, varlen, MLA's 192/128, causal and not), so 2e-2 leaves the
 # kernels room for their different rounding. A wrong dq, dk or dv errs 0.1 or more.
 TRAIN_TOLERANCE = {**DTYPE_TOLERANCE, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+# varlen: rows of random data after the last document, as in a packed buffer of fixed capacity
+# (flash-attn reads nothing past cu_seqlens[-1]). Nothing attends to them and they attend to
+# nothing: the output is compared on the documents' rows, and their gradients must be 0.
+PACKED_TAIL_ROWS = 5
 
 TECHNIQUE = Technique(
     name="flash_attention",
@@ -132,6 +136,15 @@ class Documents:
     def max_seqlen_k(self) -> int:
         return max(self.lens_k)
 
+    @property
+    def total_q(self) -> int:
+        """Packed query rows that belong to a document (cu_seqlens_q[-1]); the rest is tail."""
+        return sum(self.lens_q)
+
+    @property
+    def total_k(self) -> int:
+        return sum(self.lens_k)
+
     def spans(self) -> list[tuple[slice, slice]]:
         """Each document's (query rows, key rows) in the packed stream."""
         out, q0, k0 = [], 0, 0
@@ -143,13 +156,13 @@ class Documents:
 
 @dataclass(kw_only=True)
 class AttentionWorkload(Workload):
-    q: torch.Tensor  # (batch, heads, seq_q, head_dim); varlen (total_q, heads, head_dim)
-    k: torch.Tensor  # (batch, kv_heads, seq_k, head_dim); varlen (total_k, kv_heads, head_dim)
+    q: torch.Tensor  # (batch, heads, seq_q, head_dim); varlen (total_q + PACKED_TAIL_ROWS, heads, head_dim)
+    k: torch.Tensor  # (batch, kv_heads, seq_k, head_dim); varlen (total_k + PACKED_TAIL_ROWS, kv_heads, head_dim)
     v: torch.Tensor  # as k, with head_dim_v channels
     causal: bool
     causal_align: str
     train: bool  # q, k, v require grad; every variant returns the output and dq, dk, dv
-    grad_out: torch.Tensor | None  # train: the upstream gradient, shaped like the output
+    grad_out: torch.Tensor | None  # train: the upstream gradient, shaped like the output (varlen: documents' rows)
     docs: Documents | None  # varlen: the packing
     blocks: dict[str, int]  # block_m and block_n for the tiled variants, or empty: their defaults
     # Where the two tiled variants write in forward mode, one buffer each (the harness makes every
@@ -187,13 +200,15 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionW
         lens_k = torch.randint(1, seq_k + 1, (batch,), generator=gen).tolist()
         lens_q = torch.randint(1, seq_q + 1, (batch,), generator=gen).tolist() if params["seq_len_q"] else lens_k
         docs = Documents(_cu_seqlens(lens_q, device), _cu_seqlens(lens_k, device), lens_q, lens_k)
-        shapes = ((sum(lens_q), heads, dim), (sum(lens_k), kv, dim), (sum(lens_k), kv, dim_v))
+        rows_q, rows_k = sum(lens_q) + PACKED_TAIL_ROWS, sum(lens_k) + PACKED_TAIL_ROWS
+        shapes = ((rows_q, heads, dim), (rows_k, kv, dim), (rows_k, kv, dim_v))
     else:
         shapes = ((batch, heads, seq_q, dim), (batch, kv, seq_k, dim), (batch, kv, seq_k, dim_v))
     dtype, train = DTYPES[params["dtype"]], params["mode"] == "train"
     q, k, v = (torch.randn(*shape, generator=gen).to(device=device, dtype=dtype) for shape in shapes)
     out_shape = (*q.shape[:-1], dim_v)
-    grad_out = torch.randn(*out_shape, generator=gen).to(device=device, dtype=dtype) if train else None
+    grad_shape = (docs.total_q, *out_shape[1:]) if docs is not None else out_shape
+    grad_out = torch.randn(*grad_shape, generator=gen).to(device=device, dtype=dtype) if train else None
     # Gradients come back from torch.autograd.grad, never accumulated: no reset between calls.
     return AttentionWorkload(params=dict(params), device=device, seed=seed, q=q.requires_grad_(train),
                              k=k.requires_grad_(train), v=v.requires_grad_(train), causal=params["causal"],
@@ -221,7 +236,9 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Do
     """Packed documents the eager way (Hugging Face's eager path with an attention mask): scattered
     into a zero-padded (documents, heads, longest, dim) batch, scores materialized and masked past
     each document's own keys (and by its causal diagonal), fp32 softmax, @ V, gathered back to the
-    packed rows. Differentiable. A query row that sees no key gives 0."""
+    packed rows (the documents' rows: a tail after the last document is never read).
+    Differentiable. A query row that sees no key gives 0."""
+    q, k, v = q[:docs.total_q], k[:docs.total_k], v[:docs.total_k]
     n, heads, kv, dim = len(docs.lens_q), q.shape[1], k.shape[1], q.shape[-1]
     longest_q, longest_k = docs.max_seqlen_q, docs.max_seqlen_k
     device = q.device
@@ -264,10 +281,19 @@ def eager(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
 
 
 def _kernel_problem(device: torch.device) -> str | None:
-    return kernel_problem(KERNEL[0], device) or kernel_problem(TRAIN_KERNELS, device)
+    """On CUDA, or in Triton's interpreter on a CPU (checked there, never timed)."""
+    return kernel_problem(KERNEL[0], device, interpreter_ok=True) or \
+        kernel_problem(TRAIN_KERNELS, device, interpreter_ok=True)
 
 
-@TECHNIQUE.variant("triton", role="optimized", unavailable=_kernel_problem)
+# Forward tiles where Triton's interpreter runs a case that fixes none (on a GPU the autotuner
+# picks them): one of the GPU's candidate tiles, with BLOCK_M != BLOCK_N as the causal split
+# wants. The interpreter runs a program per tile in NumPy: these check smoke's 1024 tokens in ~1 s,
+# where its own 32 x 16 takes ~25 s.
+INTERPRETER_BLOCKS = {"block_m": 128, "block_n": 64}
+
+
+@TECHNIQUE.variant("triton", role="optimized", unavailable=_kernel_problem, checked_only=interpreter_note(KERNEL[0]))
 def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
     """the fused Triton kernels: online softmax over K/V tiles held on chip (varlen: one stream cut by
     cu_seqlens); train: flash_attn_func / flash_attn_varlen_func, FlashAttention-2's backward
@@ -279,13 +305,14 @@ def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor
             return run_mode(w, lambda: functions.flash_attn_func(w.q, w.k, w.v, **args))
         d = w.docs
         return run_mode(w, lambda: functions.flash_attn_varlen_func(
-            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, **args))
+            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, **args)[:d.total_q])
     kernels = kernel_module(KERNEL[0])
+    blocks = w.blocks or (INTERPRETER_BLOCKS if getattr(kernels, "INTERPRETED", False) else {})
     if w.docs is None:
-        return getattr(kernels, KERNEL[1])(w.q, w.k, w.v, out=w.triton_out, **args, **w.blocks)
+        return getattr(kernels, KERNEL[1])(w.q, w.k, w.v, out=w.triton_out, **args, **blocks)
     d = w.docs
     return kernels.flash_attention_varlen_triton(w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q,
-                                                 d.max_seqlen_k, out=w.triton_out, **args, **w.blocks)
+                                                 d.max_seqlen_k, out=w.triton_out, **args, **blocks)[:d.total_q]
 
 
 def tiled_per_document(w: AttentionWorkload) -> torch.Tensor:
@@ -297,7 +324,7 @@ def tiled_per_document(w: AttentionWorkload) -> torch.Tensor:
         out = None if w.train else w.tiled_out[rows_q].transpose(0, 1)[None]
         outs.append(flash_attention_torch(q, k, v, causal=w.causal, causal_align=w.causal_align, out=out,
                                           **w.blocks)[0].transpose(0, 1))
-    return torch.cat(outs) if w.train else w.tiled_out
+    return torch.cat(outs) if w.train else w.tiled_out[:w.docs.total_q]
 
 
 @TECHNIQUE.variant("torch_tiled", role="optimized")
@@ -392,7 +419,7 @@ def _flash_attn(w: AttentionWorkload) -> torch.Tensor:
     if w.docs is not None:
         d = w.docs
         return optional_import("flash_attn", "flash_attn_varlen_func")(
-            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, causal=w.causal)
+            w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, causal=w.causal)[:d.total_q]
     out = optional_import("flash_attn", "flash_attn_func")(w.q.transpose(1, 2), w.k.transpose(1, 2),
                                                           w.v.transpose(1, 2), causal=w.causal)
     return out.transpose(1, 2)
@@ -451,8 +478,9 @@ def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: tor
 
 @TECHNIQUE.reference
 def reference(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Attention in float64 (``attention_reference``; varlen: each document alone); train mode adds
-    dq, dk, dv by :func:`reference_backward`, a chunk of query rows at a time."""
+    """Attention in float64 (``attention_reference``; varlen: each document alone, the documents'
+    rows); train mode adds dq, dk, dv by :func:`reference_backward`, a chunk of query rows at a
+    time (varlen: exactly 0 on the tail after the last document)."""
     args = dict(causal=w.causal, causal_align=w.causal_align, return_lse=w.train)
     with torch.no_grad():
         if w.docs is None:
@@ -531,7 +559,8 @@ def metrics(w: AttentionWorkload, measured: Measured) -> dict[str, Any]:
     forward = sum(attention_flops(b, heads, s_q, s_k, head_dim, head_dim_v, w.causal, w.causal_align)
                   for b, s_q, s_k in problems)
     tokens = sum(b * s_q for b, s_q, _ in problems)
-    out: dict[str, Any] = {"bytes_moved": attention_bytes(w.q, w.k, w.v, w.train),
+    q, k, v = (w.q, w.k, w.v) if w.docs is None else (w.q[:w.docs.total_q], w.k[:w.docs.total_k], w.v[:w.docs.total_k])
+    out: dict[str, Any] = {"bytes_moved": attention_bytes(q, k, v, w.train),
                            "tokens_per_s": tokens / measured.median_s}
     if w.train:
         # The flash-attention repository's benchmark: backward 2.5x the forward, a step 3.5x.
