@@ -117,6 +117,23 @@ def test_group_by_expert_is_a_stable_sort_into_contiguous_slices():
     assert torch.equal(torch.div(g.order, 2, rounding_mode="floor"), g.token)
 
 
+def test_group_by_expert_keeps_token_order_within_an_expert_among_thousands_of_ties():
+    """The sort must be stable where ties are many: 4,096 tokens routed top-4 over 8 experts (about
+    2,000 rows per expert id). torch's default sort leaves 10 rows in order and scrambles ties at
+    this scale, so an unstable argsort fails here (tests/test_planted_moe_grouping.py plants it)."""
+    experts = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(t))[:4] for t in range(4096)])
+    assert_stable_grouping(group_by_expert(experts, num_experts=8), experts)
+
+
+def assert_stable_grouping(g, experts: torch.Tensor) -> None:
+    """Every (token, slot) row once, experts in order, and within each expert the rows in their
+    flattened (token, slot) order: the positions ``order`` rise strictly inside every slice."""
+    assert sorted(g.order.tolist()) == list(range(experts.numel()))
+    assert torch.equal(g.expert, experts.flatten()[g.order]) and bool((g.expert.diff() >= 0).all())
+    same_expert = g.expert[1:] == g.expert[:-1]
+    assert bool((g.order.diff()[same_expert] > 0).all()), "ties out of token order: the sort is not stable"
+
+
 # -- correctness of every path ----------------------------------------------------------------
 
 CASES = {

@@ -41,3 +41,25 @@ def test_wait_for_the_reload_after_its_recompute_is_caught_with_slow_copies(monk
     indent = "\n" + " " * 12  # the body of the loop over layers
     buggy = _mutant(two_buffers.train_step, wait + indent + recompute, recompute + indent + wait)
     _assert_caught_only_with(monkeypatch, params, buggy)
+
+
+# Smoke's fallback entry: the second staging buffer refused (buffer_limit 1), slow copies.
+FALLBACK = dict(hidden=48, heads=4, kv_heads=2, batch=1, seq_len=40, vocab=128, copy_delay_ms=5.0, buffer_limit=1)
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_one_buffer_fallback_recomputing_before_its_reload_lands_is_caught(monkeypatch, layers):
+    """The wait for a reload guards only the two-buffer path: when the second buffer cannot be had,
+    the fallback recomputes each layer from a buffer whose reload is still in flight (the previous
+    layer's input, or nothing yet). No smoke case reached the fallback before buffer_limit; the
+    cases with two buffers still pass with the bug."""
+    params = dict(FALLBACK, layers=layers)
+    control = run_planted("activation_offload", **params)
+    assert passed(control), control.failure
+    metrics = control.variants["two_buffers"].metrics
+    assert metrics["buffers"] == 1 and "staging buffer 2 not allocated" in metrics["fallback"]
+    buggy = _mutant(two_buffers.train_step, "copier.wait(landed.pop(i))",
+                    "if n > 1:\n                copier.wait(landed.pop(i))")
+    monkeypatch.setattr(two_buffers, "train_step", buggy)
+    assert caught(run_planted("activation_offload", **params))
+    assert passed(run_planted("activation_offload", **dict(params, buffer_limit=0)))  # two buffers: blind to it

@@ -47,3 +47,36 @@ def test_slot_major_token_index_is_caught_in_two_top_k_cases(monkeypatch, params
     buggy = _mutant(sort_group.group_by_expert, 'token=torch.div(order, experts.shape[1], rounding_mode="floor")',
                     "token=order % experts.shape[0]")
     _assert_caught_only_with(monkeypatch, params, "group_by_expert", buggy)
+
+
+COUNTS = ("counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(\n"
+          "        0, flat, torch.ones_like(flat))")
+
+
+@pytest.mark.parametrize("tokens", [5, 9])
+def test_counts_of_only_the_experts_hit_are_caught_where_an_expert_gets_no_token(monkeypatch, tokens):
+    """Counts from torch.unique(..., return_counts=True) list only the experts that got a token:
+    with an expert left out, every later expert's slice goes to the wrong expert's weights. Smoke's
+    entry with 5 and 9 tokens routed top-2 over 16 experts reaches it (its other cases hit every
+    expert, and pass with the bug)."""
+    params = dict(experts=16, top_k=2, hidden=32, expert_dim=24, tokens=tokens, dtype="float32")
+    control = run_planted("moe_grouping", **params)
+    assert passed(control) and control.variants["sort_group"].metrics["experts_hit"] < 16
+    buggy = _mutant(sort_group.group_by_expert, COUNTS, "counts = torch.unique(flat, return_counts=True)[1]")
+    monkeypatch.setattr(sort_group, "group_by_expert", buggy)
+    assert caught(run_planted("moe_grouping", **params))
+    assert passed(run_planted("moe_grouping", **TOP_2))  # every expert hit: blind to it
+
+
+def test_an_unstable_argsort_is_caught_by_ties_at_scale():
+    """argsort without stable=True: the output and gradients stay right (index_add_ sums the same
+    rows), so no run's check can see it; the grouping test with thousands of tied expert ids
+    does, where the 10-row one passes."""
+    from test_moe_grouping import assert_stable_grouping
+
+    buggy = _mutant(sort_group.group_by_expert, "torch.argsort(flat, stable=True)", "torch.argsort(flat)")
+    small = torch.tensor([[3, 0], [0, 5], [3, 5], [6, 0], [5, 3]])
+    assert_stable_grouping(buggy(small, 8), small)  # the old test's 10 rows: blind to it
+    experts = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(t))[:4] for t in range(4096)])
+    with pytest.raises(AssertionError, match="not stable"):
+        assert_stable_grouping(buggy(experts, 8), experts)

@@ -12,7 +12,7 @@ from gpubench import packing
 from gpubench.models.llama import causal_attention
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.techniques import packed_metadata as technique
-from planted import caught, passed, run_planted
+from planted import caught, mutant, passed, run_planted
 
 SMALL = dict(model="tiny", layers=1, rows=1, seq_len=128, mean_doc_len=16)
 
@@ -79,3 +79,17 @@ def test_cache_keyed_by_batch_geometry_serves_stale_metadata_and_fails_the_runs_
     assert record.variants["per_layer"].check["passed"]
     assert record.variants["cached"].check["metric"] == "max_abs_diff"
     assert record.variants["cached"].metrics["cache_misses_per_step"] == 1
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_mask_built_from_the_first_rows_positions_is_caught_with_several_rows(monkeypatch, rows):
+    """The block-causal mask reads the first row's position ids for every row (a mask built for
+    one row and broadcast): later rows attend across their own documents' boundaries. A batch of
+    one packed row, all smoke had before, cannot tell; smoke's 2- and 3-row entry does."""
+    buggy = mutant(packing.block_causal_mask, "back <= position_ids[:, :, None]", "back <= position_ids[:1, :, None]")
+    params = dict(SMALL, rows=rows, mean_doc_len=24)
+    assert passed(run_planted("packed_metadata", **params))
+    monkeypatch.setattr(packing, "block_causal_mask", buggy)
+    record = run_planted("packed_metadata", **params)
+    assert caught(record) and caught(record, "per_layer")
+    assert passed(run_planted("packed_metadata", **SMALL))  # one row: blind to it

@@ -38,3 +38,21 @@ def test_block_loop_masking_a_full_last_block_wrongly_is_caught(monkeypatch, bug
     assert caught(record), (record.status, record.failure)
     assert record.variants["torch_blocks"].check["metric"] == "max_rel_l2"
     assert record.variants["gather"].status == "ok"  # the baseline, checked against float64 too
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_block_walk_stopping_at_the_last_whole_block_is_caught_when_a_partial_block_is_alone_in_a_step(
+        monkeypatch, block_size):
+    """The walk counts a context's blocks by floor division: the last partial block is dropped
+    only where it would start a step of its own (the loop takes 256 tokens a step). Smoke's entry
+    with a longest context of 260 reaches it; its block-edge lengths up to 250 end inside a step
+    and pass with the bug."""
+    params = dict(batch=4, heads=8, kv_heads=2, head_dim=64, context_len=260, block_size=block_size)
+    assert passed(run_planted("paged_attention", **params))
+    monkeypatch.setattr(paged_decode, "paged_decode_attention_torch",
+                        _mutant(paged_decode.paged_decode_attention_torch,
+                                "range(0, -(-longest // block_size), blocks_per_step)",
+                                "range(0, longest // block_size, blocks_per_step)"))
+    record = run_planted("paged_attention", **params)
+    assert record.role_variant("optimized") == "torch_blocks" and caught(record), (record.status, record.failure)
+    assert passed(run_planted("paged_attention", **DECODE_EDGES, block_size=block_size))

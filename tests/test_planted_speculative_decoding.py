@@ -60,3 +60,27 @@ def test_a_target_cache_rollback_one_short_fails_a_sampled_runs_check(monkeypatc
     check = _caught_not_as_shipped(monkeypatch, spec, "speculative_generate", "cache.truncate(base + 1 + n)",
                                    "cache.truncate(base + n)", temperature=1.0)
     assert check["metric"] == "target_logits_rel_l2" and check["error"] > check["tolerance"], check
+
+
+# Each generation case here takes 30-45 s on 2 loaded cores (the check replays every
+# verification): one case per bug, smoke runs each at T 0.6 and 1.5 with both drafters.
+
+def test_draft_probabilities_taken_at_temperature_1_are_caught_at_another_temperature(monkeypatch):
+    """The draft model's q computed from softmax(logits), not softmax(logits / T): its drafts and
+    the acceptance ratios use the wrong q (the output still follows the target, rejection sampling
+    corrects it), so only the replay of the drafter's probabilities sees it, and only where T is not
+    1.0 (smoke's only sampled temperature before; a T = 1.0 case passes with the bug)."""
+    old, new = "q = probabilities(logits, temperature)", "q = probabilities(logits, 1.0)"
+    check = _caught_not_as_shipped(monkeypatch, spec.ModelDrafter, "propose", old, new, temperature=0.6)
+    assert not check["passed"], check
+    assert passed(run_planted("speculative_decoding", **SMALL, temperature=1.0))
+
+
+def test_target_probabilities_taken_at_temperature_1_fail_the_rule_test(monkeypatch):
+    """The acceptance rule's p computed from the target's logits at T = 1.0 whatever the run's
+    temperature: the tokens follow softmax(logits), not softmax(logits / T). The check's
+    distribution test of the rule at the run's own verifications rejects it (T = 1.5, prompt
+    lookup, whose q is one-hot: the target's p alone decides)."""
+    check = _caught_not_as_shipped(monkeypatch, spec, "verify", "p = probabilities(logits, temperature)",
+                                   "p = probabilities(logits, 1.0)", temperature=1.5, drafter="ngram")
+    assert not check["passed"], check

@@ -41,6 +41,8 @@ TECHNIQUE = Technique(
         Param("dtype", str, "float32", "weights and activations", choices=list(DTYPES)),
         Param("copy_delay_ms", float, 0.0, "stress: hold every reload back this long (slow copies must "
               "still never be read early)", min=0.0),
+        Param("buffer_limit", int, 0, "stress: staging buffers the device can hold, 0 for no limit; 1: the second "
+              "allocation fails as on a full GPU, and two_buffers runs its one-buffer fallback", min=0),
     ],
     anchor="Unsloth offloaded gradient checkpointing with double buffering: ~8% faster per step, 207-279 ms "
            "saved per step on 8B-14B models, +0.23-0.47 GB; slower on unified-memory GPUs",
@@ -74,6 +76,7 @@ class OffloadWorkload(Workload):
     targets: torch.Tensor  # tokens shifted by one
     positions: torch.Tensor
     copy_delay_s: float
+    buffer_limit: int  # staging buffers an offloaded step may allocate (0: any number)
 
 
 @TECHNIQUE.validate
@@ -111,7 +114,23 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> OffloadWor
 
     return OffloadWorkload(params=dict(params), device=device, seed=seed, reset=reset, weights=weights,
                            tokens=stream[:, :-1].to(device), targets=stream[:, 1:].to(device),
-                           positions=positions.to(device), copy_delay_s=params["copy_delay_ms"] / 1e3)
+                           positions=positions.to(device), copy_delay_s=params["copy_delay_ms"] / 1e3,
+                           buffer_limit=params["buffer_limit"])
+
+
+def limited_allocator(limit: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Staging buffers as ``torch.empty_like``, the allocation after ``limit`` of them failing with
+    torch's out-of-memory error (0: never), as on a device too full for another buffer."""
+    made = 0
+
+    def allocate(like: torch.Tensor) -> torch.Tensor:
+        nonlocal made
+        if limit and made >= limit:
+            raise torch.OutOfMemoryError(f"buffer_limit {limit}: staging buffer {made + 1} refused")
+        made += 1
+        return torch.empty_like(like)
+
+    return allocate
 
 
 def _finish(w: OffloadWorkload, loss: torch.Tensor) -> dict[str, Any]:
@@ -124,7 +143,8 @@ def _finish(w: OffloadWorkload, loss: torch.Tensor) -> dict[str, Any]:
 
 def _offloaded(train_step: Callable[..., tuple[torch.Tensor, OffloadStats]], w: OffloadWorkload,
                rec: Recorder) -> dict[str, Any]:
-    loss, stats = train_step(w.weights, w.tokens, w.targets, w.positions, copy_delay_s=w.copy_delay_s)
+    loss, stats = train_step(w.weights, w.tokens, w.targets, w.positions, copy_delay_s=w.copy_delay_s,
+                             allocate=limited_allocator(w.buffer_limit))
     rec.record(**vars(stats))
     return _finish(w, loss)
 
