@@ -22,7 +22,7 @@ import pandas as pd
 
 from gpubench import compare as gate
 from gpubench import techniques
-from gpubench.atomic import atomic_write_text
+from gpubench.atomic import DiskFull, atomic_write_text
 from gpubench.errors import BadInput
 from gpubench.reports import claims, figures, markdown, phases, profile_view, sweep
 from gpubench.reports.kv_table import human_bytes
@@ -628,6 +628,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None,
     try:
         atomic_write_text(html_path, text)
         atomic_write_text(md_path, summary)
+    except DiskFull:
+        raise  # not bad input: the CLI says so, exit 74
     except OSError as exc:
         raise BadInput(f"{html_path}: cannot write the report there ({exc.strerror or exc}); "
                        f"give a writable file with -o/--output.") from None

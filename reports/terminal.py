@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -114,7 +115,8 @@ def summary_rows(doc: dict[str, Any]) -> list[tuple[str | Text, ...]]:
 
 
 def summary_title(doc: dict[str, Any]) -> str:
-    return f"{doc['scenario']['name']} on {doc.get('device_label', doc['device'])}"
+    # A run stopped while its workers started has no device label yet: name what it asked for.
+    return f"{doc['scenario']['name']} on {doc.get('device_label') or doc.get('device') or 'no device'}"
 
 
 def summary_table(doc: dict[str, Any]) -> Table:
@@ -143,7 +145,9 @@ def summary_lines(doc: dict[str, Any], widest: int = 60) -> list[str]:
 
 
 def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
-    if console.is_terminal:
+    if not doc["cases"]:
+        console.print(f"{summary_title(doc)}: no case finished", markup=False, highlight=False)
+    elif console.is_terminal:
         console.print(summary_table(doc))
     else:
         for line in summary_lines(doc):
@@ -153,7 +157,8 @@ def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, st
                   + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
                   + f" ({doc['status']})")
     if doc.get("abort_reason"):
-        console.print(f"[bold red]run {doc['status']}[/]: {doc['abort_reason']}", markup=True)
+        console.print(f"[bold red]run {doc['status']}[/]: {escape(doc['abort_reason'])}", markup=True,
+                      soft_wrap=not console.is_terminal)
     if doc["device"] == "cpu" and gpu_notes:
         ran = {c["technique"] for c in doc["cases"]}
         for name, note in sorted(gpu_notes.items()):

@@ -1,7 +1,8 @@
 """Command line: ``gpubench run | profile | report | compare | baseline save | list | env | kv-cache | serve``.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
-130 interrupted (what finished is saved).
+74 the disk is full (what finished is kept), 130 interrupted by Ctrl-C and 143 by SIGTERM (what
+finished is saved).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from gpubench import env as envmod
 from gpubench import estimate, results, runner, scenario as scenariomod, techniques, timing
+from gpubench.atomic import DiskFull
 from gpubench.errors import BadInput
 from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
@@ -70,9 +72,22 @@ class _ClosedPipeSafe:
         return getattr(self._stream, name)
 
 
+def disk_full_text(exc: OSError, what: str) -> str:
+    """One paragraph for a full disk: which file, how much room is left there, what was kept."""
+    import shutil
+
+    where = Path(exc.filename or ".")
+    try:
+        free = f"; {shutil.disk_usage(where if where.is_dir() else where.parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = ""
+    return f"the disk is full: writing {where} failed ({exc.strerror}{free}). {what}"
+
+
 class _Group(click.Group):
-    """Turns BadInput anywhere in a command into a one-paragraph message and exit code 2; a closed
-    stdout pipe changes neither what a command does nor its exit code."""
+    """Turns BadInput anywhere in a command into a one-paragraph message and exit code 2, and a
+    full disk into one with exit code 74; a closed stdout pipe changes neither what a command does
+    nor its exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
         real = sys.stdout
@@ -82,6 +97,10 @@ class _Group(click.Group):
         except BadInput as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(runner.EXIT_BAD_INPUT)
+        except DiskFull as exc:
+            click.echo(f"error: {disk_full_text(exc, 'Nothing else was changed; free some space and run it again.')}",
+                       err=True)
+            ctx.exit(runner.EXIT_DISK_FULL)
         finally:
             guarded.flush()
             sys.stdout = real
@@ -129,11 +148,11 @@ class _CaseProgress:
                 f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
         if record.status != "passed" and record.failure is not None:
             line += f"\n    {record.failure.message}"
-        self.console.print(line, markup=False)
+        self.console.print(line, markup=False, soft_wrap=not self.interactive)  # a log line is never wrapped
 
     def note(self, text: str) -> None:
         """What a running case says (a draft model trained once): above the bar, or a log line."""
-        self.console.print(f"note: {text}", markup=False)
+        self.console.print(f"note: {text}", markup=False, soft_wrap=not self.interactive)
 
     def _params(self, technique: str, params: dict[str, Any]) -> str:
         return case_params({"params": params}, self.shown.get(technique))
@@ -248,6 +267,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
             if name not in in_scenario:
                 raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
                                f"its techniques: {', '.join(in_scenario)}.")
+    supervisor.check_options(options)  # refused before anything is printed or created
     out = _console()
     where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
     counts = scen.count(only_list)  # a huge sweep is counted, not built
@@ -255,9 +275,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
     out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
               f"{where}" + ("" if isolation == "process" else ", in this process")
-              + f": {total:,} case{'s' if total != 1 else ''}")
+              + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
     if dry_run:
-        supervisor.check_options(options)
         _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers)
         return
     if total > LARGE_RUN_CASES:
@@ -268,24 +287,70 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                   f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
                   f"the run and keeps what finished.", soft_wrap=True)
     progress = _CaseProgress(out, scen.varying(only_list))
-    outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
-                                      progress=progress, telemetry_interval_s=telemetry_interval,
-                                      calibrate=not no_calibrate)
+    with supervisor.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
+        outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
+                                          progress=progress, telemetry_interval_s=telemetry_interval,
+                                          calibrate=not no_calibrate)
+        try:
+            code = _close_run(out, outcome)
+        except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
+            sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
+            code = runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+    sys.exit(code)
+
+
+def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
+    """The summary, where the run is, its report; the exit code (the run's, unless the report
+    could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
         out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
-    out.print(f"run directory: {outcome.run_dir}")
-    out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)")
+    out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
+    if outcome.record.disk_full:
+        click.echo(f"error: {_disk_full_run_text(outcome)}", err=True)
+        return runner.EXIT_DISK_FULL
+    out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)", soft_wrap=True)
     try:  # the run is on disk already; a report that fails costs the report only
         from gpubench.reports import html as html_report
 
         written = html_report.write_report(outcome.run_dir)
-        out.print(f"report: {written.html} (+ {written.markdown.name})")
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001
+        out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
+    except DiskFull as exc:
+        click.echo(f"error: {disk_full_text(exc, 'The run itself is saved (results.json); no report was written: free some space, then `gpubench report ' + str(outcome.run_dir) + '` writes it.')}", err=True)
+        return runner.EXIT_DISK_FULL
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
+        out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
+                  f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=True)
+        sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
+        return runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
-                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False)
-    sys.exit(outcome.exit_code)
+                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
+    return outcome.exit_code
+
+
+def _disk_full_run_text(outcome: runner.RunOutcome) -> str:
+    """The full-disk paragraph of a run: where it stopped, what is kept and readable, what next."""
+    run = outcome.record
+    try:
+        kept = len(results.load_results(outcome.run_dir).get("cases") or [])
+    except BadInput:
+        kept = 0
+    planned = run.planned_cases
+    done = len(run.cases)
+    if run.status == "complete":
+        stopped = f"Every one of the {done} cases ran"
+    elif planned is None:
+        stopped = "The run stopped before any case ran"
+    else:
+        stopped = f"The run stopped after {done} of {planned} case{'s' if planned != 1 else ''}"
+    path, _, strerror = run.disk_full.rpartition(": ")
+    return disk_full_text(OSError(0, strerror, path),
+                          f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
+                          f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
+                          f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
+                          f"scenario again for the rest. Exit code {runner.EXIT_DISK_FULL}.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,6 +514,8 @@ def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
         target = gate.store_path(baseline_dir, part, name)
         try:
             atomic_write_text(target, json.dumps(part, indent=1) + "\n")
+        except DiskFull:
+            raise  # not bad input: exit 74
         except OSError as exc:
             raise BadInput(f"--baseline-dir {baseline_dir}: cannot write {target} ({exc.strerror or exc}).") from None
         click.echo(f"baseline saved: {target}")
@@ -587,8 +654,9 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
              as_json) -> None:
     """KV-cache memory per token, per sequence and per GPU; how many sequences fit.
 
-    Exit codes: 0 it fits; 1 it does not fit (the weights on one GPU, a single sequence, or the
-    requested --batch: a result, stated with what to try); 2 bad input (an invalid option or config,
+    Exit codes: 0 it fits; 1 it does not fit (the weights on one GPU, a single sequence, the
+    requested --batch, or one request of --max-len, which vLLM refuses to start with: a result,
+    stated with what to try); 2 bad input (an invalid option or config,
     a length beyond the model's positions without --allow-long)."""
     from gpubench import kvmath
     from gpubench.models import config as model_config
@@ -640,10 +708,25 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
         if memory_note:
             out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
         kv_table.render(plan, out)
-    if not plan.fits:  # a result, not bad input: exit 1 (see the docstring)
+    refused = _vllm_refuses(plan)
+    if not plan.fits or refused:  # a result, not bad input: exit 1 (see the docstring)
         if as_json:
-            click.echo(plan.fit_problem, err=True)
+            click.echo(plan.fit_problem or refused, err=True)
+        elif refused:
+            _console().print(refused, style="bold red", markup=False, soft_wrap=True)
         sys.exit(1)
+
+
+def _vllm_refuses(plan: Any) -> str:
+    """Why vLLM would not start with this plan although the batch fits (one request of --max-len
+    needs more KV than there is: its start-up check), or ''."""
+    if not plan.fits or plan.free_bytes < 0 or plan.vllm_max_concurrency >= 1:
+        return ""
+    from gpubench.kvmath import human_bytes
+
+    return (f"vLLM would refuse to start: one request of --max-len {plan.max_len:,} tokens needs "
+            f"{human_bytes(plan.vllm_bytes_per_request)} of KV, and {human_bytes(max(0, plan.free_bytes))} is free for "
+            f"KV per GPU; lower --max-len (vLLM's --max-model-len) or add GPUs (--tp).")
 
 
 def _list_presets(as_json: bool) -> None:

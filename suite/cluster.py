@@ -62,15 +62,21 @@ def ray_module() -> Any:
     return ray
 
 
+def check_address(address: str) -> None:
+    """``--cluster``: ``ray`` or ``ray://HOST:PORT``; BadInput otherwise (before a run directory is made)."""
+    if address != "ray" and not address.startswith("ray://"):
+        raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
+                       "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
+                       "the allocation and give --cluster ray (README, 'A Ray cluster').")
+
+
 class RayCluster:
     """The executor for ``--cluster``: ``ray`` starts a local Ray instance (or joins the one
     RAY_ADDRESS names), ``ray://HOST:PORT`` connects to an existing cluster."""
 
     def __init__(self, address: str, devices: Sequence[str], *, gpu_type: str | None = None, calibrate: bool = True,
                  max_parallel: int | None = None):
-        if address != "ray" and not address.startswith("ray://"):
-            raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance) or "
-                           "ray://HOST:PORT (an existing cluster).")
+        check_address(address)
         self.ray = ray_module()
         self.address = None if address == "ray" else address
         self.device_type = "cuda" if any(d.startswith("cuda") for d in devices) else "cpu"

@@ -4,7 +4,8 @@
 ``to_dict`` gives the results.json form that ``compare`` and ``report`` read.
 ``runs/<timestamp>-<scenario>/`` holds ``results.json`` (everything, raw samples included),
 ``results.csv`` (one row per case x variant), ``telemetry.csv`` and ``env.json``. Every write is
-atomic: a crash leaves the last complete file.
+atomic: a crash leaves the last complete file. A full disk (:class:`gpubench.atomic.DiskFull`)
+stops the run, and :meth:`RunDirectory.close_on_full_disk` keeps what can still be kept.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from gpubench.atomic import atomic_write_chunks, atomic_write_json, atomic_write_text
+from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
+                             atomic_write_text, disk_full)
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
 
@@ -29,6 +31,8 @@ from gpubench.errors import BadInput
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 CASES_LOG = "cases.jsonl"
+RESERVE = ".gpubench-reserve"  # room set aside at the start to close the record if the disk fills
+RESERVE_BYTES = 256 * 1024
 
 
 @dataclass
@@ -133,6 +137,9 @@ class RunRecord:
     repeat_scale: float = 1.0
     only: list[str] | None = None
     status: str = "running"  # complete, interrupted, aborted, crashed
+    planned_cases: int | None = None  # the jobs the run set out to measure (None before they are made)
+    signal: str | None = None  # SIGINT (Ctrl-C) or SIGTERM: what interrupted the run
+    disk_full: str | None = None  # the write that failed when the disk filled ("PATH: No space left on device")
     started_at: str = ""
     finished_at: str | None = None
     ceilings: dict[str, Any] | None = None
@@ -158,7 +165,7 @@ class RunRecord:
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
         doc = {"schema_version": SCHEMA_VERSION, "kind": "gpubench.results", "gpubench_version": __version__,
                **json_safe(fields), "cases": [], "summary": self.summary}
-        for key in ("abort_reason", "crash", "clocks"):
+        for key in ("abort_reason", "crash", "clocks", "signal", "disk_full"):
             if doc[key] is None:
                 del doc[key]
         if cases:
@@ -192,8 +199,13 @@ def json_safe(value: Any) -> Any:
 
 
 class RunDirectory:
+    """The run's files. Every write that fails on a full disk records it (``full``) and raises
+    :class:`DiskFull`; the supervisor then stops the run and calls :meth:`close_on_full_disk`."""
+
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.full: DiskFull | None = None  # the first write the full disk refused
+        self.logged: set[int] = set()  # the case indices cases.jsonl holds
 
     @classmethod
     def create(cls, out_root: Path, scenario_name: str, now: _dt.datetime | None = None) -> "RunDirectory":
@@ -217,14 +229,64 @@ class RunDirectory:
     def results_json(self) -> Path:
         return self.path / "results.json"
 
+    def _writing(self, write: Any, *args: Any) -> None:
+        try:
+            write(*args)
+        except DiskFull as exc:
+            self.full = self.full or exc
+            raise
+
+    def reserve(self) -> None:
+        """Set aside room (random bytes: a compressing file system cannot shrink them) that
+        :meth:`close_on_full_disk` frees to write the run's last record."""
+        try:
+            with open(self.path / RESERVE, "wb") as f:
+                f.write(os.urandom(RESERVE_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            self.release()
+            self.full = self.full or as_disk_full(exc, self.path / RESERVE)
+            raise self.full from None
+
+    def release(self) -> None:
+        try:
+            (self.path / RESERVE).unlink()
+        except FileNotFoundError:
+            pass
+
     def write_env(self, env: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "env.json", json_safe(env))
+        self._writing(atomic_write_json, self.path / "env.json", json_safe(env))
 
     def write_results(self, doc: dict[str, Any] | RunRecord) -> None:
         if isinstance(doc, RunRecord):
-            atomic_write_chunks(self.results_json, doc.json_chunks())
+            self._writing(atomic_write_chunks, self.results_json, doc.json_chunks())
         else:
-            atomic_write_json(self.results_json, json_safe(doc))
+            self._writing(atomic_write_json, self.results_json, json_safe(doc))
+
+    def close_on_full_disk(self, run: RunRecord, records: dict[int, CaseRecord]) -> list[str]:
+        """After the disk filled: free the reserve, then keep what still fits, most needed first:
+        results.json without its cases (the run's status, why it stopped; a reader takes the cases
+        from cases.jsonl), the finished cases the log lacks (each whole or not at all), then
+        results.json whole. Returns what could not be written."""
+        self.release()
+        lost = []
+        try:
+            self._writing(atomic_write_chunks, self.results_json, dataclasses.replace(run, cases=[]).json_chunks())
+        except DiskFull:
+            lost.append("results.json (it still says 'running'; the cases are in cases.jsonl)")
+        for index in sorted(set(records) - self.logged):
+            try:
+                self.append_case(index, records[index])
+            except DiskFull:
+                lost.append(f"case {records[index].id} ({records[index].status})")
+        try:
+            self.write_results(run)
+        except DiskFull:
+            pass  # the record without its cases is there, and the log holds them
+        return lost
 
     @property
     def cases_log(self) -> Path:
@@ -234,15 +296,17 @@ class RunDirectory:
         """One finished case, appended to the run log (a line of JSON, flushed and fsynced): what a
         reader of an unfinished run gets, at a cost that does not grow with the run."""
         line = json.dumps(json_safe({"index": index, **record.to_dict()}), allow_nan=False) + "\n"
-        with open(self.cases_log, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        self._writing(append_line, self.cases_log, line)
+        self.logged.add(index)
 
     def write_cases_csv(self, doc: dict[str, Any] | RunRecord) -> None:
         if isinstance(doc, RunRecord):  # case by case, never the whole run as one document
             doc = {"run_id": doc.run_id, "cases": (json_safe(c.to_dict()) for c in doc.cases)}
-        atomic_write_text(self.path / "results.csv", cases_frame(doc).to_csv(index=False))
+        self._writing(atomic_write_text, self.path / "results.csv", cases_frame(doc).to_csv(index=False))
+
+    def write_text(self, name: str, text: str) -> None:
+        """Another file of the run (telemetry.csv)."""
+        self._writing(atomic_write_text, self.path / name, text)
 
 
 def role_variant(case: dict[str, Any], role: str) -> str | None:
@@ -302,7 +366,9 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if version not in READABLE_VERSIONS:
         raise BadInput(f"{file}: schema_version is {version!r}; this gpubench reads versions "
                        f"{', '.join(map(str, READABLE_VERSIONS))}.")
-    if doc.get("status") == "running":  # killed mid-way: the run log holds what finished
+    # Killed mid-way (status running) or stopped by a full disk (results.json without its
+    # cases): the run log holds what finished.
+    if doc.get("status") != "complete" or not doc.get("cases"):
         logged = read_cases_log(file.parent / CASES_LOG)
         if len(logged) > len(doc.get("cases") or []):
             doc["cases"] = logged

@@ -16,21 +16,29 @@ Executors:
 Every finished case is appended to ``cases.jsonl`` (flushed, fsynced) so a run killed mid-way
 keeps what finished at a cost per case that does not grow with the run; ``results.json`` is
 written at the start (status ``running``) and assembled from the records at the end.
+
+SIGTERM (``timeout``, a CI cancel, a scheduler) stops the run as Ctrl-C does: the workers are
+stopped, the running case is recorded ``interrupted`` and the record is closed. A full disk stops
+it too (status ``aborted``): the room reserved at the start closes the record, and what finished
+stays readable.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import faulthandler
 import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 # Device counts through NVML where torch can: the supervisor never creates a CUDA context of its own.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -38,6 +46,7 @@ os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 import torch  # noqa: E402
 
 from gpubench import hygiene, notices, results, runner, techniques, worker  # noqa: E402
+from gpubench.atomic import DiskFull  # noqa: E402
 from gpubench.devicecache import CaseTimes  # noqa: E402
 from gpubench.errors import BadInput  # noqa: E402
 from gpubench.results import CaseRecord, Failure, RunRecord  # noqa: E402
@@ -112,10 +121,12 @@ class DeviceState:
 class Sink:
     """Where a finished case goes: the run's records (kept by case index), the run log, progress."""
 
-    def __init__(self, run_dir: results.RunDirectory, progress: runner.ProgressListener):
+    def __init__(self, run_dir: results.RunDirectory, progress: runner.ProgressListener,
+                 sigterm: "SigtermAsInterrupt | None" = None):
         self.run_dir = run_dir
         self.progress = progress
         self.records: dict[int, CaseRecord] = {}
+        self.sigterm = sigterm or SigtermAsInterrupt()  # whether SIGTERM stopped the run
 
     def started(self, job: Job) -> None:
         self.progress.case_started(job.index, job.case)
@@ -129,9 +140,14 @@ class Sink:
             print(f"gpubench: {text}", file=sys.stderr, flush=True)
 
     def finished(self, job: Job, record: CaseRecord) -> None:
+        """Kept, logged and shown. Once the disk is full, kept in memory only (the run is closing;
+        :meth:`RunDirectory.close_on_full_disk` logs what still fits)."""
         self.records[job.index] = record
-        self.run_dir.append_case(job.index, record)
-        self.progress.case_finished(job.index, job.case, record)
+        try:
+            if self.run_dir.full is None:
+                self.run_dir.append_case(job.index, record)
+        finally:
+            self.progress.case_finished(job.index, job.case, record)
 
 
 class Executor(Protocol):
@@ -143,6 +159,55 @@ class Executor(Protocol):
 
 class RunAborted(Exception):
     """The run cannot go on (in-process: the CUDA context is unusable)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the run stops as on Ctrl-C (a KeyboardInterrupt, so every path that closes the
+    record on Ctrl-C closes it on SIGTERM too)."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM")
+
+
+class SigtermAsInterrupt:
+    """While armed, SIGTERM raises :class:`Terminated` in the main thread, once; later ones, and
+    any that come while the record is being closed (disarmed), are ignored: the run is ending."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.received = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = True
+        if self.armed:
+            self.armed = False
+            raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[SigtermAsInterrupt]:
+    """Install :class:`SigtermAsInterrupt` for the block (in the main thread; elsewhere a signal
+    handler cannot be set, and SIGTERM keeps its default)."""
+    handler = SigtermAsInterrupt()
+    if threading.current_thread() is not threading.main_thread():
+        yield handler
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_reason(exc: BaseException | None) -> str:
+    """Why the cases still running were stopped, for their records."""
+    if isinstance(exc, Terminated):
+        return "stopped by SIGTERM"
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped by Ctrl-C"
+    if isinstance(exc, DiskFull):
+        return f"stopped: the disk is full ({exc.strerror}: {exc.filename})"
+    return f"stopped: the run failed ({type(exc).__name__}: {exc})" if exc is not None else "stopped"
 
 
 def failed_record(case: Case, kind: str, message: str, detail: str = "", elapsed_s: float | None = None,
@@ -167,6 +232,10 @@ class InProcess:
     def start(self) -> list[DeviceState]:
         from gpubench import env as envmod
 
+        # A segfault or abort in a case ends this process: Python's stack on stderr says where
+        # (the finished cases are in cases.jsonl).
+        if not faulthandler.is_enabled():
+            faulthandler.enable(file=sys.stderr, all_threads=False)
         self.device = envmod.use_device(self.device)  # events, streams and allocations default to this GPU
         env = envmod.capture_env(self.device)
         info = DeviceInfo(key=str(self.device), type=self.device.type,
@@ -192,6 +261,8 @@ class InProcess:
                                          job.run_dir)
             except runner.CaseInterrupted as stop:
                 stop.record.device = self.state.info.to_dict()
+                if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C
+                    stop.record.failure.message = stop_reason(Terminated())
                 sink.finished(job, stop.record)
                 raise KeyboardInterrupt from None
             record.device = self.state.info.to_dict()
@@ -492,8 +563,9 @@ def check_options(options: RunOptions) -> None:
     if options.max_parallel is not None and options.max_parallel < 1:
         raise BadInput(f"--max-parallel: {options.max_parallel} is not valid; allowed: an integer >= 1.")
     if options.cluster:
-        from gpubench.cluster import ray_module
+        from gpubench.cluster import check_address, ray_module
 
+        check_address(options.cluster)
         ray_module()
 
 
@@ -524,31 +596,62 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     run = RunRecord(run_id=run_dir.path.name, device=",".join(options.devices), device_label="",
                     scenario=scenario.to_dict(), env={}, repeat_scale=repeat_scale, only=only, started_at=_now())
-    executor = make_executor(options, run_dir, calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
-    sink = Sink(run_dir, progress)
+    try:
+        executor = make_executor(options, run_dir, calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
+    except BadInput:
+        _remove_if_empty(run_dir.path)  # refused before anything ran: leave no empty run directory
+        raise
+    with sigterm_as_interrupt() as sigterm:
+        sink = Sink(run_dir, progress, sigterm)
+        _run(run, options, executor, sink, cases, processes, progress)
+    return runner.RunOutcome(run_dir.path, run)
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def _run(run: RunRecord, options: RunOptions, executor: Executor, sink: Sink, cases: list[Case],
+         processes: dict[str, Any], progress: runner.ProgressListener) -> None:
+    """Start the executor, run the jobs, close the record whatever happened (Ctrl-C, SIGTERM, a
+    full disk, a fault in the harness)."""
+    run_dir = sink.run_dir
     clock_lock = hygiene.ClockLock(options.devices if options.lock_clocks and not options.cluster else [])
     clocks = clock_lock.state if options.lock_clocks else None
-    jobs: list[Job] = []
     t_start = time.perf_counter()
     try:
         with clock_lock:
-            started = executor.start()
-            _describe_devices(run, started, processes, clocks)
-            jobs = make_jobs(cases, _targets(options, started), run_dir.path)
-            progress.run_started(len(jobs))
-            run_dir.write_env(run.env)
-            run_dir.write_results(run)
             try:
+                run_dir.reserve()
+                started = executor.start()
+                _describe_devices(run, started, processes, clocks)
+                jobs = make_jobs(cases, _targets(options, started), run_dir.path)
+                run.planned_cases = len(jobs)
+                progress.run_started(len(jobs))
+                run_dir.write_env(run.env)
+                run_dir.write_results(run)
                 with notices.listening(sink.note):  # in-process cases; a worker's come over its pipe
                     executor.run(jobs, sink)
             finally:
-                if isinstance(executor, LocalWorkers):
-                    for job, info, elapsed in executor.in_flight():  # Ctrl-C or a fault in the supervisor
-                        sink.finished(job, failed_record(job.case, "interrupted", "stopped by Ctrl-C",
-                                                         elapsed_s=elapsed, device=info))
-                executor.close()
-    except KeyboardInterrupt:
-        run.status = "interrupted"
+                sink.sigterm.armed = False  # the record is being closed: a SIGTERM now must not cut it
+                try:
+                    why = stop_reason(sys.exc_info()[1])
+                    for job, info, elapsed in (executor.in_flight() if isinstance(executor, LocalWorkers) else []):
+                        with contextlib.suppress(DiskFull):  # kept in memory; run_dir.full says the disk is full
+                            sink.finished(job, failed_record(job.case, "interrupted", why, elapsed_s=elapsed,
+                                                             device=info))
+                finally:
+                    executor.close()
+    except KeyboardInterrupt as exc:
+        sigterm = isinstance(exc, Terminated) or sink.sigterm.received
+        run.status, run.signal = "interrupted", "SIGTERM" if sigterm else "SIGINT"
+        run.abort_reason = stop_reason(Terminated() if sigterm else exc) + (
+            "" if run.planned_cases is not None else " while the workers were starting: no case ran")
+    except DiskFull as exc:
+        run.status = "aborted"
+        run.abort_reason = f"the disk is full ({exc.strerror}: {exc.filename}); " + (
+            "the cases after it were not run" if sink.records else "no case ran")
     except RunAborted as exc:
         run.status, run.abort_reason = "aborted", str(exc)
     except BadInput as exc:  # found once the executor met the device or cluster: exit 2, run kept
@@ -559,6 +662,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         run.crash = runner.describe(exc)
         run.abort_reason = run.crash.message
     finally:
+        sink.sigterm.armed = False
         if run.status == "running":
             run.status = "complete"
         run.finished_at = _now()
@@ -574,11 +678,29 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         if options.cluster:
             run.telemetry = {"status": "unavailable", "reason": "the cases ran as Ray tasks: telemetry is not "
                              "sampled on the cluster's nodes"}
-        run_dir.write_results(run)
-        run_dir.write_cases_csv(run)
-        _write_telemetry(run_dir, states)
+        _write_run(run_dir, run, sink.records, states)
         progress.run_finished()
-    return runner.RunOutcome(run_dir.path, run)
+
+
+def _write_run(run_dir: results.RunDirectory, run: RunRecord, records: dict[int, CaseRecord],
+               states: Sequence[DeviceState]) -> None:
+    """results.json, results.csv and telemetry.csv. On a full disk (before or now), what still
+    fits is kept (:meth:`RunDirectory.close_on_full_disk`) and ``run.disk_full`` says which write
+    the disk refused."""
+    run_dir.release()
+    if run_dir.full is None:
+        try:
+            run_dir.write_results(run)
+            run_dir.write_cases_csv(run)
+            _write_telemetry(run_dir, states)
+            return
+        except DiskFull:
+            pass
+    run.disk_full = f"{run_dir.full.filename}: {run_dir.full.strerror}"
+    run_dir.close_on_full_disk(run, records)
+    for write in (lambda: run_dir.write_cases_csv(run), lambda: _write_telemetry(run_dir, states)):
+        with contextlib.suppress(DiskFull):
+            write()
 
 
 def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
@@ -648,9 +770,8 @@ def _attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:
 def _write_telemetry(run_dir: results.RunDirectory, states: Sequence[DeviceState]) -> None:
     import pandas as pd
 
-    from gpubench.atomic import atomic_write_text
     from gpubench.telemetry import SAMPLE_COLUMNS
 
     frames = [s.sampler.to_dataframe().assign(device=s.info.key) for s in states if s.sampler is not None]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*SAMPLE_COLUMNS, "device"])
-    atomic_write_text(run_dir.path / "telemetry.csv", frame.to_csv(index=False))
+    run_dir.write_text("telemetry.csv", frame.to_csv(index=False))
