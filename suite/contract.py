@@ -93,7 +93,7 @@ class Param:
         else:
             ok = isinstance(value, str)
         if not ok:
-            return f"{value!r} is not a {self.type_name}"
+            return f"{value!r} is not {'an' if self.type_name == 'int' else 'a'} {self.type_name}"
         if self.choices is not None and value not in self.choices:
             return f"{value!r} is not one of {list(self.choices)}"
         if self.min is not None and value < self.min:

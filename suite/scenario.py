@@ -164,6 +164,10 @@ def resolve(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        yamls = sorted(p.name for p in path.glob("*.y*ml"))[:5]
+        raise BadInput(f"scenario {name_or_path!r}: is a directory, not a scenario file; give a YAML file"
+                       + (f" (here: {', '.join(yamls)})" if yamls else "") + " or a shipped scenario name.")
     shipped = shipped_scenarios()
     stem = name_or_path[:-5] if name_or_path.endswith(".yaml") else name_or_path
     if stem in shipped:

@@ -43,7 +43,7 @@ def test_case_ids_and_seeds_are_stable_and_distinct(toys, write_scenario):
 def test_bad_type_reports_file_line_and_key(toys, write_scenario):
     path = write_scenario(GOOD.replace("n: [8, 16, 32]", "n: [8, sixteen, 32]"))
     message, problems = problems_of(path)
-    assert problems == [f"{path}:5: toy_kernel.n: 'sixteen' is not a int"]
+    assert problems == [f"{path}:5: toy_kernel.n: 'sixteen' is not an int"]
     assert "nothing was run" in message
 
 

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import pkgutil
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -112,7 +113,8 @@ def _import(spec: str, base_dir: Path | None) -> ModuleType:
     path = _file_of(spec, base_dir)
     if path is not None:
         if not path.is_file():
-            raise BadInput(f"technique {spec!r}: no such file ({path}); give a built-in technique, a module "
+            what = "is a directory, not a .py file" if path.is_dir() else "no such file"
+            raise BadInput(f"technique {spec!r}: {what} ({path}); give a built-in technique, a module "
                            f"(my_pkg.my_pair) or a .py file relative to the scenario.")
         name = f"gpubench_user_{path.stem}"
         module_spec = importlib.util.spec_from_file_location(name, path)
@@ -123,6 +125,19 @@ def _import(spec: str, base_dir: Path | None) -> ModuleType:
     if base_dir is not None and str(base_dir) not in sys.path:
         sys.path.append(str(base_dir))
     return importlib.import_module(spec)
+
+
+def _where_raised(exc: BaseException) -> str:
+    """'ValueError: bad at /path/pair.py:12 (in build_table)': the exception and the line of the
+    user's code it came from (the innermost frame outside the import machinery)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} at {exc.filename}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and f.filename != __file__]
+    if frames:
+        text += f" at {frames[-1].filename}:{frames[-1].lineno} (in {frames[-1].name})"
+    return text
 
 
 def load(spec: str, base_dir: Path | None = None) -> Technique:
@@ -144,9 +159,13 @@ def load(spec: str, base_dir: Path | None = None) -> Technique:
         module = _import(module_spec, base_dir)
     except BadInput:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's module: say why, no traceback
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_spec.startswith(exc.name):  # the module is there; an import inside it is not
+            raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}.") from None
         raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
                        f"importable module: {type(exc).__name__}: {exc}.") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while imported: where, no traceback
+        raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}.") from None
     technique = getattr(module, attribute, None)
     if technique is None:
         raise BadInput(f"technique {spec!r}: module {module.__name__} ({getattr(module, '__file__', '?')}) has no "
