@@ -72,16 +72,16 @@ class _ClosedPipeSafe:
         return getattr(self._stream, name)
 
 
-def disk_full_text(exc: OSError, what: str) -> str:
-    """One paragraph for a full disk: which file, how much room is left there, what was kept."""
+def disk_full_text(path: str | None, strerror: str | None, what: str) -> str:
+    """One paragraph for a full disk: the file it refused, how much room is left there, what was kept."""
     import shutil
 
-    where = Path(exc.filename or ".")
+    where = Path(path or ".")
     try:
         free = f"; {shutil.disk_usage(where if where.is_dir() else where.parent).free / 2**20:.1f} MiB free there"
     except OSError:
         free = ""
-    return f"the disk is full: writing {where} failed ({exc.strerror}{free}). {what}"
+    return f"the disk is full: writing {where} failed ({strerror or 'no space left'}{free}). {what}"
 
 
 class _Group(click.Group):
@@ -98,8 +98,8 @@ class _Group(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(runner.EXIT_BAD_INPUT)
         except DiskFull as exc:
-            click.echo(f"error: {disk_full_text(exc, 'Nothing else was changed; free some space and run it again.')}",
-                       err=True)
+            click.echo("error: " + disk_full_text(exc.filename, exc.strerror, "Nothing else was changed; free some "
+                                                  "space and run it again."), err=True)
             ctx.exit(runner.EXIT_DISK_FULL)
         finally:
             guarded.flush()
@@ -294,9 +294,16 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         try:
             code = _close_run(out, outcome)
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
-            sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
-            code = runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+            code = _interrupted_exit(exc, outcome)
     sys.exit(code)
+
+
+def _interrupted_exit(exc: KeyboardInterrupt, outcome: runner.RunOutcome) -> int:
+    """143 when SIGTERM stopped the run or what came after it, else 130."""
+    from gpubench import supervisor
+
+    sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
+    return runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
 
 
 def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
@@ -317,13 +324,14 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
         written = html_report.write_report(outcome.run_dir)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
-        click.echo(f"error: {disk_full_text(exc, 'The run itself is saved (results.json); no report was written: free some space, then `gpubench report ' + str(outcome.run_dir) + '` writes it.')}", err=True)
+        click.echo("error: " + disk_full_text(exc.filename, exc.strerror, f"The run itself is saved (results.json); no "
+                                              f"report was written: free some space, then `gpubench report "
+                                              f"{outcome.run_dir}` writes it."), err=True)
         return runner.EXIT_DISK_FULL
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
         out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
                   f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=True)
-        sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
-        return runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+        return _interrupted_exit(exc, outcome)
     except Exception as exc:  # noqa: BLE001
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
                   f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
@@ -346,7 +354,7 @@ def _disk_full_run_text(outcome: runner.RunOutcome) -> str:
     else:
         stopped = f"The run stopped after {done} of {planned} case{'s' if planned != 1 else ''}"
     path, _, strerror = run.disk_full.rpartition(": ")
-    return disk_full_text(OSError(0, strerror, path),
+    return disk_full_text(path, strerror,
                           f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
                           f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
                           f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
