@@ -16,10 +16,11 @@ POLICY_TEXT = {
     "contiguous_ring": "contiguous, window ring",
 }
 POLICY_LEGEND = (
-    "paged: blocks on demand (window-aware: sliding layers keep only blocks inside their window, as "
-    "vLLM's hybrid allocator; full length: every layer keeps every token). contiguous: every layer "
-    "reserves max_len slots per sequence up front (window ring: sliding layers reserve only a ring "
-    "of window slots)."
+    "paged: vLLM's block pool, blocks on demand, one null block kept back (window-aware: as vLLM's hybrid "
+    "KV-cache manager, sliding and chunked layers keep only the blocks they still read, in KV-cache groups of "
+    "equal size, padding included; full length: every layer keeps every token, as "
+    "--disable-hybrid-kv-cache-manager). contiguous: every layer reserves max_len slots per sequence up front "
+    "(window ring: sliding and chunked layers reserve only a ring of window or chunk slots)."
 )
 
 
@@ -59,6 +60,8 @@ def render(plan: KVPlan, console: Console) -> None:
     p = plan
     window_text = (f"; {p.sliding_layers} of {p.num_layers} layers slide (window "
                    f"{sorted({w for w in p.windows if w})})" if p.sliding_layers else "")
+    window_text += (f"; {p.chunked_layers} of {p.num_layers} layers use chunked local attention (chunk "
+                    f"{sorted({c for c in p.chunks if c})})" if p.chunked_layers else "")
     per_token = (f"one latent of {p.head_dim} values ({p.head_dim_source}) per token per layer"
                  if p.attention == "MLA" else
                  f"{p.kv_heads_per_gpu} KV head(s) per GPU x head_dim {p.head_dim} ({p.head_dim_source})")
@@ -83,13 +86,22 @@ def render(plan: KVPlan, console: Console) -> None:
     table.add_row("weights per GPU", human_bytes(p.weight_bytes_per_gpu), p.weight_note)
     if p.kv_scale_bytes:
         table.add_row("K/V scales per GPU", human_bytes(p.kv_scale_bytes),
-                      "per-tensor fp32 scales of each layer: layer parameters, counted with the weights as vLLM "
-                      "does (not taken from the KV block pool)")
+                      "per-tensor fp32 scales of each layer: model buffers, counted with the weights as vLLM "
+                      "does (not taken from the KV block pool): "
+                      + ("inside the given weight memory" if p.kv_scales_in_weights
+                         else "added to the weights counted from the config"))
     if p.overhead_bytes:
         table.add_row("other overhead", human_bytes(p.overhead_bytes), "activations etc. (--overhead)")
     table.add_row("free for KV per GPU", human_bytes(p.free_bytes),
                   "the model does not fit" if p.free_bytes < 0 else "")
-    table.add_row("max tokens (paged)", f"{p.max_tokens:,}", "every layer holding every token")
+    groups = (f"{p.vllm_num_blocks:,} blocks // {p.kv_cache_groups} KV-cache groups x {p.block_size}"
+              if p.kv_cache_groups > 1 else f"{p.vllm_num_blocks:,} blocks x {p.block_size}")
+    table.add_row("vLLM's GPU KV cache size", f"{p.max_tokens:,} tokens",
+                  f"{groups}, as its start-up log (blocks: free // (block of one layer x {p.kv_group_size} layers))")
+    if p.padding_layers:
+        table.add_row("padding layers", str(p.padding_layers),
+                      f"vLLM groups the layers {p.kv_group_size} to a group and pads the last group of a kind: the "
+                      f"memory of {p.num_layers + p.padding_layers} layers for {p.num_layers}")
     console.print(table)
     policies = Table(title=f"sequences of {p.seq_len:,} tokens (max_len {p.max_len:,})"
                      + (f", batch {p.batch:,}" if p.batch else ""), title_justify="left")
@@ -117,17 +129,25 @@ def render_concurrency(p: KVPlan, console: Console) -> None:
     table.add_column()
     table.add_row("steady-state decode", f"{p.policies['paged'].max_sequences:,}",
                   f"sequences of {p.seq_len:,} tokens, all decoding"
-                  + ("; a sliding layer holds only its window's blocks" if p.sliding_layers else ""))
+                  + ("; a sliding layer holds only its window's blocks" if p.sliding_layers and p.hybrid else "")
+                  + ("; a chunked layer only its chunk's" if p.chunked_layers and p.hybrid else "")
+                  + "; one pool block is vLLM's null block")
     sliding = (f"; sliding layers ceil(min(window - 1 + {p.max_num_batched_tokens:,}, max_len) / B) + 1"
-               if p.sliding_layers else "")
+               if p.sliding_layers and p.hybrid else "")
+    sliding += (f"; chunked layers ceil(min(chunk + {p.max_num_batched_tokens:,}, max_len) / B)"
+                if p.chunked_layers and p.hybrid else "")
     table.add_row("vLLM start-up log's max concurrency", f"{p.vllm_max_concurrency:,.2f}x",
                   f"for {p.max_len:,} tokens per request (--max-len, vLLM's --max-model-len): "
                   f"{p.vllm_blocks_per_request:,} blocks of one layer, {human_bytes(p.vllm_bytes_per_request)} "
                   f"per request (full layers ceil(max_len / B){sliding})")
     console.print(table)
     notes = []
-    if p.sliding_layers:
-        notes.append(f"During a long prefill a sliding layer holds the whole prefill chunk besides its window: vLLM "
+    if not p.hybrid:
+        notes.append("Hybrid KV-cache manager disabled (--disable-hybrid-kv-cache-manager): every layer keeps every "
+                     "token, as vLLM then does.")
+    elif p.sliding_layers or p.chunked_layers:
+        notes.append(f"During a long prefill a sliding (or chunked) layer holds the whole prefill chunk besides its "
+                     f"window (or chunk): vLLM "
                      f"charges each request that worst case, with the chunk max_num_batched_tokens = "
                      f"{p.max_num_batched_tokens:,} ({p.batched_tokens_note}; --max-num-batched-tokens), so its "
                      "log shows fewer sequences than a decoding batch holds.")

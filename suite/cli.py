@@ -656,10 +656,12 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
               help="vLLM's prefill chunk, for its start-up max concurrency with sliding-window layers. Default: "
                    "vllm serve's, 8192 on a GPU of >= 70 GiB other than an A100, else 2048.")
 @click.option("--overhead", metavar="SIZE", default="0", help="Other memory per GPU (activations, CUDA graphs), e.g. 4GiB.")
+@click.option("--disable-hybrid-kv-cache-manager", "no_hybrid", is_flag=True,
+              help="As vLLM's flag: every layer keeps every token (sliding and chunked layers included).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_size, tp, gpu_memory,
              utilization, weight_bytes, weight_dtype, max_len, allow_long, max_num_batched_tokens, overhead,
-             as_json) -> None:
+             no_hybrid, as_json) -> None:
     """KV-cache memory per token, per sequence and per GPU; how many sequences fit.
 
     Exit codes: 0 it fits; 1 it does not fit (the weights on one GPU, a single sequence, the
@@ -708,7 +710,8 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
                        gpu_memory_bytes=gpu_bytes, utilization=utilization, weight_bytes=wb,
                        weight_note=wnote, max_len=max_len, allow_long=allow_long,
                        max_num_batched_tokens=max_num_batched_tokens, device_name=device_name,
-                       overhead_bytes=parse_size(overhead, "--overhead", default_unit="gib"))
+                       overhead_bytes=parse_size(overhead, "--overhead", default_unit="gib"),
+                       kv_scales_in_weights=weight_bytes is not None, hybrid=not no_hybrid)
     if as_json:
         click.echo(json.dumps({**plan.to_dict(), "gpu_memory_note": memory_note.strip(" ()")}, indent=2))
     else:

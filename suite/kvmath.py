@@ -103,18 +103,24 @@ class KVLayout:
     kv_heads_per_gpu: int  # MLA: 1 latent
     vectors_per_token: int  # per layer: 2 x kv heads (K and V), or 1 latent for MLA
     vector_len: int  # head_dim, or kv_lora_rank + qk_rope_head_dim
-    windows: tuple[int | None, ...]  # per layer
+    windows: tuple[int | None, ...]  # per layer: sliding window, else None
     tp_note: str
+    chunks: tuple[int | None, ...] = ()  # per layer: chunked local attention's chunk, else None (or empty)
 
     @property
     def num_layers(self) -> int:
         return len(self.windows)
 
+    @property
+    def spans(self) -> tuple[tuple[int | None, int | None], ...]:
+        """Per layer, what it attends to: (window, chunk); (None, None) is full attention."""
+        return tuple(zip(self.windows, self.chunks or (None,) * len(self.windows)))
+
     @cached_property
-    def window_counts(self) -> tuple[tuple[int | None, int], ...]:
-        """(window, number of layers) pairs, in first-seen order: per-layer sums take one term per
-        distinct window."""
-        return tuple(Counter(self.windows).items())
+    def span_counts(self) -> tuple[tuple[tuple[int | None, int | None], int], ...]:
+        """((window, chunk), number of layers) pairs, in first-seen order (vLLM groups layers in
+        this order too): per-layer sums take one term per distinct kind of layer."""
+        return tuple(Counter(self.spans).items())
 
     @property
     def bytes_per_token_per_layer(self) -> int:
@@ -142,7 +148,7 @@ def layout_for(cfg: ModelConfig, kv_dtype: str = "bf16", tp: int = 1) -> KVLayou
     if cfg.mla is not None:
         return KVLayout(cfg.name, "MLA", fmt, tp, 1, 1, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim,
                         cfg.layer_windows, "MLA latent is shared by all heads: every GPU keeps all of it"
-                        if tp > 1 else "")
+                        if tp > 1 else "", cfg.layer_chunks)
     kv = cfg.num_kv_heads
     if kv >= tp:
         if kv % tp:
@@ -153,7 +159,8 @@ def layout_for(cfg: ModelConfig, kv_dtype: str = "bf16", tp: int = 1) -> KVLayou
         if tp % kv:
             raise BadInput(f"--tp: {tp} GPUs cannot share {kv} KV heads evenly; allowed: a multiple of {kv} or a divisor of it.")
         per_gpu, note = 1, f"{kv} KV heads < {tp} GPUs: each GPU keeps one head (replicated {tp // kv}x)"
-    return KVLayout(cfg.name, cfg.attention, fmt, tp, per_gpu, 2 * per_gpu, cfg.head_dim, cfg.layer_windows, note)
+    return KVLayout(cfg.name, cfg.attention, fmt, tp, per_gpu, 2 * per_gpu, cfg.head_dim, cfg.layer_windows, note,
+                    cfg.layer_chunks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,34 +194,68 @@ def window_blocks(length: int, window: int, block_size: int) -> int:
     return (length - 1) // block_size - first // block_size + 1
 
 
-def layer_slots(window: int | None, length: int, policy: str, block_size: int, max_len: int) -> int:
-    """Token slots one layer (full attention, or sliding with ``window``) reserves for one
-    sequence of ``length`` tokens."""
+def chunk_blocks(length: int, chunk: int, block_size: int) -> int:
+    """Blocks a chunk-aware paged allocator still holds for a chunked local attention layer once
+    ``length`` tokens were written: those of the chunk the last token belongs to (positions
+    (length - 1) // chunk * chunk .. length - 1; earlier chunks are never read again)."""
+    if length <= 0:
+        return 0
+    first = (length - 1) // chunk * chunk
+    return (length - 1) // block_size - first // block_size + 1
+
+
+def held_blocks(span: tuple[int | None, int | None], length: int, block_size: int) -> int:
+    """Blocks one layer of this span (window, chunk) holds at ``length`` tokens, window- and
+    chunk-aware: what vLLM's hybrid allocator keeps for that layer's KV-cache group."""
+    window, chunk = span
+    if window:
+        return window_blocks(length, window, block_size)
+    if chunk:
+        return chunk_blocks(length, chunk, block_size)
+    return blocks_for(length, block_size)
+
+
+def live_tokens(span: tuple[int | None, int | None], length: int) -> int:
+    """Tokens one layer still needs: the whole sequence, the window of a sliding layer, or the
+    last token's chunk for a chunked layer."""
+    window, chunk = span
+    if window:
+        return min(length, window)
+    if chunk:
+        return length - (length - 1) // chunk * chunk if length > 0 else 0
+    return length
+
+
+def layer_slots(window: int | None, length: int, policy: str, block_size: int, max_len: int,
+                chunk: int | None = None) -> int:
+    """Token slots one layer (full attention, sliding with ``window``, or chunked local attention
+    with ``chunk``) reserves for one sequence of ``length`` tokens."""
     if policy == "paged":
-        n = window_blocks(length, window, block_size) if window else blocks_for(length, block_size)
-        return n * block_size
+        return held_blocks((window, chunk), length, block_size) * block_size
     if policy == "paged_full":
         return blocks_for(length, block_size) * block_size
     if policy == "contiguous":
         return max_len
     if policy == "contiguous_ring":
-        return min(max_len, window) if window else max_len
+        span = window or chunk
+        return min(max_len, span) if span else max_len
     raise ValueError(f"unknown policy {policy!r}; allowed: {POLICIES}")
 
 
 def slots_per_layer(layout: KVLayout, length: int, policy: str, block_size: int, max_len: int) -> list[int]:
     """Token slots each layer reserves for one sequence of ``length`` tokens."""
-    return [layer_slots(w, length, policy, block_size, max_len) for w in layout.windows]
+    return [layer_slots(w, length, policy, block_size, max_len, c) for w, c in layout.spans]
 
 
 def live_tokens_per_layer(layout: KVLayout, length: int) -> list[int]:
-    """Tokens each layer still needs: the whole sequence, or the window for sliding layers."""
-    return [min(length, w) if w else length for w in layout.windows]
+    """Tokens each layer still needs (see :func:`live_tokens`)."""
+    return [live_tokens(span, length) for span in layout.spans]
 
 
 def sequence_bytes(layout: KVLayout, length: int, policy: str, block_size: int, max_len: int) -> int:
     """Bytes one sequence occupies on one GPU (per-tensor scales not included: see fixed_bytes)."""
-    slots = sum(count * layer_slots(w, length, policy, block_size, max_len) for w, count in layout.window_counts)
+    slots = sum(count * layer_slots(w, length, policy, block_size, max_len, c)
+                for (w, c), count in layout.span_counts)
     return slots * layout.bytes_per_token_per_layer
 
 
@@ -228,7 +269,12 @@ def cache_bytes(layout: KVLayout, lengths: list[int], policy: str, block_size: i
 
 def token_bytes(layout: KVLayout, lengths: list[int]) -> int:
     """Bytes that actually hold live tokens (what an ideal allocator would need)."""
-    live = sum(count * sum(min(n, w) if w else n for n in lengths) for w, count in layout.window_counts)
+    live = 0
+    for (w, chunk), count in layout.span_counts:
+        if chunk:  # chunked local attention: the last token's chunk
+            live += count * sum(live_tokens((w, chunk), n) for n in lengths)
+        else:  # the whole sequence, or a sliding layer's window
+            live += count * sum(min(n, w) if w else n for n in lengths)
     return live * layout.bytes_per_token_per_layer
 
 
@@ -259,13 +305,16 @@ def human_bytes(n: float | None) -> str:
 
 def block_size_for(cfg: ModelConfig, given: int | None) -> tuple[int, str]:
     """The paged block size and why: ``given`` (--block-size), else vLLM's default on CUDA (16
-    tokens; 64 for MLA, which vLLM's FlashMLA backend forces)."""
+    tokens; 64 for MLA). For MLA, vLLM's FlashMLA backend replaces a block size that is not a
+    multiple of 64 by 64 (its start-up log: "Forcing kv cache block size to 64"), so a given 16 or
+    32 is planned as 64, as vLLM would run it."""
     if given is not None:
-        note = "given (--block-size)"
         if cfg.mla is not None and given % MLA_BLOCK_SIZE:
-            note += (f"; vLLM would not run MLA with it: its FlashMLA backend forces {MLA_BLOCK_SIZE} "
-                     "(CUTLASS MLA: 128)")
-        return given, note
+            return MLA_BLOCK_SIZE, (f"--block-size {given} given, but vLLM's FlashMLA backend (its MLA default on "
+                                    f"Hopper) forces a multiple of {MLA_BLOCK_SIZE} for MLA, so vLLM runs "
+                                    f"{MLA_BLOCK_SIZE}-token blocks: planned with {MLA_BLOCK_SIZE} "
+                                    "(CUTLASS MLA, Blackwell: --block-size 128)")
+        return given, "given (--block-size)"
     if cfg.mla is not None:
         return MLA_BLOCK_SIZE, (f"MLA default: vLLM's FlashMLA backend (its MLA default on Hopper) forces "
                                 f"{MLA_BLOCK_SIZE}-token blocks; the CUTLASS MLA backend (Blackwell) uses 128: "
@@ -281,19 +330,105 @@ def default_batched_tokens(gpu_memory_bytes: int, device_name: str = "") -> tupl
     return 2048, "vllm serve's default on a GPU under 70 GiB or an A100"
 
 
-def vllm_blocks_per_request(layout: KVLayout, max_len: int, block_size: int, batched_tokens: int) -> int:
-    """Blocks (of one layer each) that vLLM's start-up log charges one request of ``max_len``
-    tokens when it reports maximum concurrency: a full-attention layer ceil(max_len / B); a
-    sliding layer ceil(min(window - 1 + batched_tokens, max_len) / B) + 1, its worst case: during
-    chunked prefill it holds the window's last window - 1 tokens and the whole new chunk, plus a
-    block because the window need not start on a block edge (vLLM's SlidingWindowSpec)."""
-    total = 0
-    for window, count in layout.window_counts:
-        if window:
-            total += count * (blocks_for(min(window - 1 + batched_tokens, max_len), block_size) + 1)
-        else:
-            total += count * blocks_for(max_len, block_size)
-    return total
+# --------------------------------------------------------------------------------------------
+# vLLM's KV-cache groups (vllm/v1/core/kv_cache_utils.py, kv_cache_interface.py; the formulas of
+# vLLM's main branch of early 2026, read at commit 001cabc: see README "KV-cache calculator")
+
+Span = tuple[int | None, int | None]  # (window, chunk): (None, None) = full attention
+
+
+@dataclass(frozen=True)
+class KVCacheGroups:
+    """How vLLM's KV-cache manager groups one GPU's attention layers. Layers of one kind (full,
+    sliding with one window, chunked with one chunk) share a block table; every group holds the
+    same number of layers, ``group_size``, so that a pool block (one block of every layer in a
+    group) has one size. The smallest kind count is the group size (or the largest, when it is
+    under 1.5x the smallest); a kind whose count is not a multiple gets a last group padded with
+    empty layers: Gemma-3-27B's 10 full and 52 sliding layers become 7 groups of 10, the memory of
+    70 layers. With the hybrid manager disabled every layer keeps every token: one group."""
+
+    group_size: int
+    spans: tuple[Span, ...]  # one per group
+
+    @property
+    def layers_with_padding(self) -> int:
+        return self.group_size * len(self.spans)
+
+
+def vllm_kv_cache_groups(layout: KVLayout, hybrid: bool = True) -> KVCacheGroups:
+    counts = Counter(layout.spans if hybrid else [(None, None)] * layout.num_layers)
+    if len(counts) == 1:
+        (span, n), = counts.items()
+        return KVCacheGroups(n, (span,))
+    smallest, largest = min(counts.values()), max(counts.values())
+    size = largest if largest < 1.5 * smallest else smallest
+    spans: list[Span] = []
+    for span, n in counts.items():
+        spans += [span] * math.ceil(n / size)
+    return KVCacheGroups(size, tuple(spans))
+
+
+def vllm_request_blocks(span: Span, max_len: int, block_size: int, batched_tokens: int) -> int:
+    """Pool blocks vLLM charges one request of ``max_len`` tokens in a group of this span (its
+    spec's max_memory_usage_bytes / page size): full ceil(max_len / B); sliding
+    ceil(min(window - 1 + chunk_tokens, max_len) / B) + 1 (during chunked prefill it holds the
+    window's last window - 1 tokens and the whole new chunk of ``batched_tokens``, plus a block
+    because the window need not start on a block edge); chunked local attention
+    ceil(min(chunk + batched_tokens, max_len) / B)."""
+    window, chunk = span
+    if window:
+        return blocks_for(min(window - 1 + batched_tokens, max_len), block_size) + 1
+    if chunk:
+        return blocks_for(min(chunk + batched_tokens, max_len), block_size)
+    return blocks_for(max_len, block_size)
+
+
+@dataclass(frozen=True)
+class VLLMPool:
+    """vLLM's block pool on one GPU for a KV budget: ``num_blocks`` pool blocks (floored: the
+    budget // page // group_size), one of them vLLM's null block, which no request gets."""
+
+    groups: KVCacheGroups
+    page_bytes: int  # one block of one layer
+    num_blocks: int
+    block_size: int
+
+    @property
+    def block_bytes(self) -> int:
+        """One pool block: one block of each layer of a group."""
+        return self.page_bytes * self.groups.group_size
+
+    @property
+    def log_tokens(self) -> int:
+        """vLLM's start-up log "GPU KV cache size: N tokens": num_blocks // groups x B."""
+        return self.num_blocks // len(self.groups.spans) * self.block_size
+
+    def sequence_blocks(self, length: int) -> int:
+        """Pool blocks one sequence of ``length`` tokens holds in steady state (window- and
+        chunk-aware per group)."""
+        return sum(held_blocks(span, length, self.block_size) for span in self.groups.spans)
+
+    def max_sequences(self, length: int) -> int:
+        """Sequences of ``length`` tokens that fit at once: every pool block but the null block."""
+        per_seq = self.sequence_blocks(length)
+        return max(0, self.num_blocks - 1) // per_seq if per_seq else 0
+
+    def request_blocks(self, max_len: int, batched_tokens: int) -> int:
+        """Pool blocks vLLM charges one request of ``max_len`` tokens for its maximum concurrency."""
+        return sum(vllm_request_blocks(span, max_len, self.block_size, batched_tokens) for span in self.groups.spans)
+
+    def max_concurrency(self, max_len: int, batched_tokens: int) -> float:
+        """vLLM's start-up log "Maximum concurrency for max_len tokens per request": num_blocks
+        (null block included, as vLLM divides) / the request's pool blocks."""
+        need = self.request_blocks(max_len, batched_tokens)
+        return self.num_blocks / need if need else 0.0
+
+
+def vllm_pool(layout: KVLayout, kv_bytes: int, block_size: int, hybrid: bool = True) -> VLLMPool:
+    groups = vllm_kv_cache_groups(layout, hybrid)
+    page = block_size * layout.bytes_per_token_per_layer
+    num_blocks = max(0, kv_bytes) // page // groups.group_size if page else 0
+    return VLLMPool(groups, page, num_blocks, block_size)
 
 
 @dataclass
@@ -323,12 +458,20 @@ class KVPlan:
     num_layers: int
     sliding_layers: int
     windows: list[int | None]
+    chunked_layers: int  # chunked local attention (Llama-4's attention_chunk_size)
+    chunks: list[int | None]
+    hybrid: bool  # vLLM's hybrid KV-cache manager on (window- and chunk-aware blocks)
+    kv_cache_groups: int  # vLLM's KV-cache groups (block tables)
+    kv_group_size: int  # layers per group
+    padding_layers: int  # empty layers vLLM adds so every group has kv_group_size layers
+    vllm_num_blocks: int  # vLLM's "# GPU blocks": KV budget // page // group size, null block included
     head_dim: int
     head_dim_source: str
     kv_heads_per_gpu: int
     bytes_per_token_per_layer: int
     bytes_per_token: int  # per GPU, all layers
-    kv_scale_bytes: int  # per GPU: per-tensor scales, counted with the weights (vLLM: layer parameters)
+    kv_scale_bytes: int  # per GPU: per-tensor scales, model buffers counted with the weights (as vLLM does)
+    kv_scales_in_weights: bool  # the weight figure already held them (a measured --weight-bytes)
     naive_bytes_per_token: float  # whole model, one GPU
     exact_bytes_per_token_tp1: int  # whole model, one GPU, every layer
     naive_vs_exact: float  # naive / exact
@@ -339,12 +482,12 @@ class KVPlan:
     weight_note: str
     overhead_bytes: int
     free_bytes: int  # per GPU, for KV (negative: the model does not fit)
-    max_tokens: int  # paged blocks that fit, every layer holding every token
+    max_tokens: int  # vLLM's "GPU KV cache size: N tokens": num_blocks // groups x block size
     policies: dict[str, PolicyPlan]
     # vLLM's start-up log: "Maximum concurrency for max_len tokens per request"
     max_num_batched_tokens: int  # the prefill chunk of vLLM's worst case
     batched_tokens_note: str
-    vllm_blocks_per_request: int  # summed over layers
+    vllm_blocks_per_request: int  # blocks of one layer, summed over the layers of every group (padding included)
     vllm_bytes_per_request: int
     vllm_max_concurrency: float
     fits: bool  # the model, one sequence and the requested batch fit on each GPU
@@ -356,7 +499,8 @@ class KVPlan:
 
 
 def _fitting_tp(cfg: ModelConfig, fmt: KVFormat, *, tp: int, need_sequences: int, seq_len: int, block_size: int,
-                max_len: int, limit_bytes: int, weight_bytes: int, overhead_bytes: int) -> int | None:
+                limit_bytes: int, weight_bytes: int, overhead_bytes: int, kv_scales_in_weights: bool,
+                hybrid: bool) -> int | None:
     """The smallest tensor parallelism above ``tp`` (up to MAX_SUGGESTED_TP) whose GPUs each hold
     their share of the weights and ``need_sequences`` sequences, or None."""
     kv = cfg.num_kv_heads
@@ -367,8 +511,9 @@ def _fitting_tp(cfg: ModelConfig, fmt: KVFormat, *, tp: int, need_sequences: int
             layout = layout_for(cfg, fmt, t)
         except BadInput:
             continue
-        usable = limit_bytes - math.ceil(weight_bytes / t) - layout.fixed_bytes - overhead_bytes
-        if usable >= 0 and usable >= need_sequences * sequence_bytes(layout, seq_len, "paged", block_size, max_len):
+        scales = 0 if kv_scales_in_weights else layout.fixed_bytes
+        usable = limit_bytes - math.ceil(weight_bytes / t) - scales - overhead_bytes
+        if usable >= 0 and vllm_pool(layout, usable, block_size, hybrid).max_sequences(seq_len) >= need_sequences:
             return t
     return None
 
@@ -384,7 +529,13 @@ def _long_problems(cfg: ModelConfig, seq_len: int, max_len: int | None) -> list[
 def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "bf16", block_size: int | None = None,
          tp: int = 1, gpu_memory_bytes: int, utilization: float = 0.9, weight_bytes: int,
          weight_note: str = "", max_len: int | None = None, overhead_bytes: int = 0, allow_long: bool = False,
-         max_num_batched_tokens: int | None = None, device_name: str = "") -> KVPlan:
+         max_num_batched_tokens: int | None = None, device_name: str = "", kv_scales_in_weights: bool = True,
+         hybrid: bool = True) -> KVPlan:
+    """A capacity plan for one GPU of ``tp``. ``weight_bytes`` is the whole model's weight memory;
+    ``kv_scales_in_weights``: whether it already holds the per-tensor K/V scale buffers (True for
+    a measured figure such as --weight-bytes; False for a count of parameters, to which they are
+    added). ``hybrid``: vLLM's hybrid KV-cache manager on (its default), else every layer keeps
+    every token (--disable-hybrid-kv-cache-manager)."""
     problems = []
     for name, value in (("--seq-len", seq_len), ("--block-size", block_size), ("--tp", tp),
                         ("--gpu-memory", gpu_memory_bytes), ("--max-len", max_len),
@@ -416,25 +567,33 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
     layout = layout_for(cfg, kv_dtype, tp)
     exact_tp1 = layout_for(cfg, kv_dtype, 1).bytes_per_token
     naive = naive_bytes_per_token(cfg, layout.fmt)
-    per_gpu_weights = math.ceil(weight_bytes / tp)
+    # Per-tensor K/V scales are buffers of every attention layer: model memory, which vLLM measures
+    # with the weights, never taken from the KV budget. A given --weight-bytes is that measured
+    # memory; a weight figure counted from the config's parameters gets them added here.
+    per_gpu_weights = math.ceil(weight_bytes / tp) + (0 if kv_scales_in_weights else layout.fixed_bytes)
     limit_bytes = int(gpu_memory_bytes * utilization)
-    # Per-tensor scales are layer parameters: model memory, as vLLM counts them, not KV pool.
-    free = limit_bytes - per_gpu_weights - layout.fixed_bytes - overhead_bytes
+    free = limit_bytes - per_gpu_weights - overhead_bytes
     usable = max(0, free)
+    pool = vllm_pool(layout, usable, block_size, hybrid)
+    full_pool = vllm_pool(layout, usable, block_size, hybrid=False)
     live = token_bytes(layout, [seq_len])
     policies = {}
     for policy in POLICIES:
-        per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
-        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch if batch else None,
-                                      usable // per_seq if per_seq else 0, live / per_seq if per_seq else 0.0)
-    page_bytes = block_size * layout.bytes_per_token_per_layer  # one block of one layer
-    vllm_blocks = vllm_blocks_per_request(layout, max_len, block_size, max_num_batched_tokens)
+        if policy in ("paged", "paged_full"):  # vLLM's block pool, hybrid manager on / off
+            p = pool if policy == "paged" else full_pool
+            per_seq, fit = p.sequence_blocks(seq_len) * p.block_bytes, p.max_sequences(seq_len)
+        else:
+            per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
+            fit = usable // per_seq if per_seq else 0
+        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch if batch else None, fit,
+                                      live / per_seq if per_seq else 0.0)
+    page_bytes = pool.page_bytes  # one block of one layer
+    vllm_blocks = pool.request_blocks(max_len, max_num_batched_tokens) * pool.groups.group_size
 
     paged = policies["paged"]
     fit_problem, need = "", 0
     if free < 0:
-        other = f" + {human_bytes(layout.fixed_bytes)} of K/V scales" if layout.fixed_bytes else ""
-        other += f" + {human_bytes(overhead_bytes)} of --overhead" if overhead_bytes else ""
+        other = f" + {human_bytes(overhead_bytes)} of --overhead" if overhead_bytes else ""
         fit_problem = (f"{cfg.name} does not fit: weights {human_bytes(per_gpu_weights)} per GPU{other} exceed the "
                        f"usable {human_bytes(limit_bytes)} ({human_bytes(gpu_memory_bytes)} x utilization "
                        f"{utilization:g})")
@@ -451,8 +610,8 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
     suggested = None
     if fit_problem:
         suggested = _fitting_tp(cfg, layout.fmt, tp=tp, need_sequences=need, seq_len=seq_len, block_size=block_size,
-                                max_len=max_len, limit_bytes=limit_bytes, weight_bytes=weight_bytes,
-                                overhead_bytes=overhead_bytes)
+                                limit_bytes=limit_bytes, weight_bytes=weight_bytes, overhead_bytes=overhead_bytes,
+                                kv_scales_in_weights=kv_scales_in_weights, hybrid=hybrid)
         tries = [f"--tp {suggested}"] if suggested else []
         if free >= 0:
             tries += ["a shorter --seq-len", "a smaller --kv-dtype"] + (["a smaller --batch"] if batch else [])
@@ -465,17 +624,21 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
         seq_len=seq_len, max_len=max_len, max_position_embeddings=cfg.max_position_embeddings, long_note=long_note,
         batch=batch, block_size=block_size, block_size_note=block_note, tp=tp, tp_note=layout.tp_note,
         num_layers=cfg.num_layers, sliding_layers=cfg.sliding_layers, windows=list(cfg.layer_windows),
+        chunked_layers=cfg.chunked_layers, chunks=list(cfg.layer_chunks), hybrid=hybrid,
+        kv_cache_groups=len(pool.groups.spans), kv_group_size=pool.groups.group_size,
+        padding_layers=pool.groups.layers_with_padding - layout.num_layers, vllm_num_blocks=pool.num_blocks,
         head_dim=layout.vector_len,
         head_dim_source=("kv_lora_rank + qk_rope_head_dim" if cfg.mla else
                          "config head_dim" if cfg.head_dim_from_config else "hidden_size / num_attention_heads"),
         kv_heads_per_gpu=layout.kv_heads_per_gpu, bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
         bytes_per_token=layout.bytes_per_token, kv_scale_bytes=layout.fixed_bytes,
+        kv_scales_in_weights=kv_scales_in_weights,
         naive_bytes_per_token=naive, exact_bytes_per_token_tp1=exact_tp1, naive_vs_exact=naive / exact_tp1,
         gpu_memory_bytes=gpu_memory_bytes, utilization_target=utilization, weight_bytes=weight_bytes,
         weight_bytes_per_gpu=per_gpu_weights, weight_note=weight_note, overhead_bytes=overhead_bytes,
-        free_bytes=free, max_tokens=(usable // (page_bytes * layout.num_layers)) * block_size if page_bytes else 0,
+        free_bytes=free, max_tokens=pool.log_tokens,
         policies=policies, max_num_batched_tokens=max_num_batched_tokens, batched_tokens_note=batched_note,
         vllm_blocks_per_request=vllm_blocks, vllm_bytes_per_request=vllm_blocks * page_bytes,
-        vllm_max_concurrency=(usable // page_bytes) / vllm_blocks if vllm_blocks else 0.0,
+        vllm_max_concurrency=pool.max_concurrency(max_len, max_num_batched_tokens),
         fits=not fit_problem, fit_problem=fit_problem, suggested_tp=suggested,
     )

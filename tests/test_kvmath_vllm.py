@@ -89,8 +89,10 @@ def test_a_batch_that_does_not_fit_exits_1_and_a_fitting_one_exits_0():
     free = int(20 * GiB * 0.9) - LLAMA8_WEIGHTS
     most = free // (4096 * LLAMA8_TOKEN)  # 6 sequences of 4,096 tokens (512 MiB each)
     assert most == 6
-    assert cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--batch", str(most)).exit_code == 0
-    over = cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--batch", str(most + 1))
+    # --max-len 4096: vLLM would refuse the model's 131,072 positions (16 GiB per request) on this GPU
+    fits = cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--max-len", "4096", "--batch", str(most))
+    assert fits.exit_code == 0, fits.output
+    over = cli("--model", "llama-3.1-8b", "--gpu-memory", "20", "--max-len", "4096", "--batch", str(most + 1))
     assert over.exit_code == 1 and f"at most {most} sequences" in " ".join(over.output.split())
 
 
@@ -158,15 +160,21 @@ def test_a_length_beyond_the_models_positions_is_refused_unless_allowed():
 # -- point 17: fp8 scales are weights -------------------------------------------------------------
 
 def test_fp8_scales_are_counted_with_the_weights_not_in_the_kv_pool():
-    """Llama-2-7B fp8: 32 layers x (K and V) x one fp32 scale = 256 B per GPU, counted with the
-    weights; a batch's KV is exactly its blocks (4,096 tokens x 32 layers x 2 x 32 heads x 128 x 1 B)."""
+    """Llama-2-7B fp8: 32 layers x (K and V) x one fp32 scale = 256 B per GPU, buffers of the model:
+    inside a measured --weight-bytes (nothing more comes off the KV budget), added to a weight
+    figure counted from parameters; a batch's KV is exactly its blocks (4,096 tokens x 32 layers x
+    2 x 32 heads x 128 x 1 B)."""
     weights = 13 * 10**9
     p = plan("llama-2-7b", seq_len=4096, batch=3, kv_dtype="fp8", gpu_memory_bytes=80 * GiB, weight_bytes=weights)
     per_seq = 4096 * 32 * 2 * 32 * 128
     assert p.kv_scale_bytes == 32 * 2 * 4 == 256
-    assert p.free_bytes == int(80 * GiB * 0.9) - weights - 256
+    assert p.free_bytes == int(80 * GiB * 0.9) - weights
     assert p.policies["paged"].batch_bytes == 3 * per_seq  # no scales in the KV
-    assert p.policies["paged"].max_sequences == p.free_bytes // per_seq
+    pool_blocks = p.free_bytes // (16 * 2 * 32 * 128) // 32  # page of one layer, 32 layers in the group
+    assert p.policies["paged"].max_sequences == (pool_blocks - 1) // 256  # the null block is no one's
+    counted = plan("llama-2-7b", seq_len=4096, kv_dtype="fp8", gpu_memory_bytes=80 * GiB, weight_bytes=weights,
+                   kv_scales_in_weights=False)
+    assert counted.free_bytes == p.free_bytes - 256 and counted.weight_bytes_per_gpu == weights + 256
     text = _render(p)
     assert "K/V scales per GPU" in text and "counted with the weights as vLLM" in text
     assert "K/V scales" not in _render(plan("llama-2-7b", seq_len=4096, gpu_memory_bytes=80 * GiB))  # bf16: none
@@ -188,11 +196,15 @@ def test_sliding_window_vllm_log_figure_is_the_prefill_worst_case():
     p = plan("gpt-oss-20b", seq_len=8192, max_len=8192, gpu_memory_bytes=80 * GiB)
     page = 16 * 2 * 8 * 64 * 2  # one block of one layer
     usable = p.free_bytes
+    # vLLM: two KV-cache groups of 12 layers (full, sliding); a pool block is one block of 12 layers
+    assert (p.kv_cache_groups, p.kv_group_size, p.padding_layers) == (2, 12, 0)
+    pool_blocks = usable // page // 12
+    assert p.vllm_num_blocks == pool_blocks and p.max_tokens == pool_blocks // 2 * 16
     assert kvmath.window_blocks(8192, 128, 16) == 8
     assert p.policies["paged"].bytes_per_sequence == (12 * 512 + 12 * 8) * page
-    assert p.policies["paged"].max_sequences == usable // ((12 * 512 + 12 * 8) * page)
+    assert p.policies["paged"].max_sequences == (pool_blocks - 1) // (512 + 8)
     assert p.max_num_batched_tokens == 8192 and p.vllm_blocks_per_request == 12 * 512 + 12 * 513
-    assert p.vllm_max_concurrency == pytest.approx((usable // page) / (12 * 512 + 12 * 513))
+    assert p.vllm_max_concurrency == pool_blocks / (512 + 513)  # vLLM floors to pool blocks, then divides
     assert 1.9 < p.policies["paged"].max_sequences / p.vllm_max_concurrency < 2.1
     # a smaller chunk: ceil((127 + 2048) / 16) + 1 = 137 blocks per sliding layer
     small = plan("gpt-oss-20b", seq_len=8192, max_len=8192, gpu_memory_bytes=80 * GiB, max_num_batched_tokens=2048)
@@ -200,7 +212,7 @@ def test_sliding_window_vllm_log_figure_is_the_prefill_worst_case():
     text = _render(p)
     assert "steady-state decode" in text and "vLLM start-up log's max concurrency" in text
     assert f"{p.vllm_max_concurrency:,.2f}x for 8,192 tokens per request" in text
-    assert "During a long prefill a sliding layer holds the whole prefill chunk" in text
+    assert "During a long prefill a sliding (or chunked) layer holds the whole prefill chunk" in text
 
 
 def test_full_attention_vllm_figure_equals_steady_state_at_max_len():
@@ -225,9 +237,12 @@ def test_mla_defaults_to_64_token_blocks_and_says_why():
     p = plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB)
     assert p.block_size == 64 and "FlashMLA" in p.block_size_note and "128" in p.block_size_note
     assert p.policies["paged"].bytes_per_sequence == 61 * 2 * 64 * 576 * 2
-    given = plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB, block_size=16)
-    assert given.block_size == 16 and "forces 64" in given.block_size_note
-    assert given.policies["paged"].bytes_per_sequence == 61 * 7 * 16 * 576 * 2
+    # vLLM's FlashMLA backend replaces a block size that is not a multiple of 64 by 64
+    for size in (16, 32):
+        given = plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB, block_size=size)
+        assert given.block_size == 64 and f"--block-size {size} given" in given.block_size_note
+        assert given.policies["paged"].bytes_per_sequence == 61 * 2 * 64 * 576 * 2
+    assert plan("deepseek-v3", seq_len=100, tp=8, gpu_memory_bytes=141 * GiB, block_size=128).block_size == 128
     assert plan("llama-3.1-8b", seq_len=100, gpu_memory_bytes=80 * GiB).block_size == 16
     out = " ".join(cli("--model", "deepseek-v3", "--tp", "8", "--gpu-memory", "141").output.split())
     assert "block size 64 tokens: MLA default: vLLM's FlashMLA backend" in out

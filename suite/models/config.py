@@ -48,6 +48,7 @@ class ModelConfig:
     intermediate_size: int | None
     max_position_embeddings: int | None
     layer_windows: tuple[int | None, ...]  # per layer: None = full attention, else window size
+    layer_chunks: tuple[int | None, ...]  # per layer: chunked local attention's chunk size, else None
     mla: MLA | None
     torch_dtype: str
     tie_word_embeddings: bool
@@ -65,12 +66,16 @@ class ModelConfig:
     def sliding_layers(self) -> int:
         return sum(w is not None for w in self.layer_windows)
 
+    @property
+    def chunked_layers(self) -> int:
+        return sum(c is not None for c in self.layer_chunks)
+
     def with_layers(self, n: int) -> "ModelConfig":
         """The first ``n`` layers only (the same per-layer pattern): for allocating a model's real
         cache layout at a size a small machine can hold."""
         from dataclasses import replace
 
-        return replace(self, num_layers=n, layer_windows=self.layer_windows[:n])
+        return replace(self, num_layers=n, layer_windows=self.layer_windows[:n], layer_chunks=self.layer_chunks[:n])
 
 
 # Integer fields a plan reads, each with a bound far above any published model (layers: the largest
@@ -81,6 +86,7 @@ CONFIG_LIMITS = {
     "max_position_embeddings": 2**30, "sliding_window": 2**30, "kv_lora_rank": 2**16,
     "qk_rope_head_dim": 2**16, "qk_nope_head_dim": 2**16, "v_head_dim": 2**16, "q_lora_rank": 2**20,
     "moe_intermediate_size": 2**22, "n_routed_experts": 2**16, "num_local_experts": 2**16,
+    "attention_chunk_size": 2**30,
 }
 
 
@@ -127,23 +133,39 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         head_dim_from_config=from_config, vocab_size=raw.get("vocab_size"),
         intermediate_size=raw.get("intermediate_size"),
         max_position_embeddings=raw.get("max_position_embeddings"),
-        layer_windows=_layer_windows(raw, layers, source), mla=mla,
+        layer_windows=_layer_windows(raw, layers, source), layer_chunks=_layer_chunks(raw, layers, source), mla=mla,
         torch_dtype=DTYPE_ALIASES.get(str(raw.get("torch_dtype") or "bfloat16"), str(raw.get("torch_dtype") or "bfloat16")),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), raw=raw,
     )
 
 
+# Families whose published configs set ``sliding_window`` without saying which layers use it, and
+# how transformers reads them (their modeling / configuration code, not a guess):
+INTERLEAVED_EVERY_OTHER = ("gemma2",)  # layer i slides when i is even (transformers' Gemma2: (i + 1) % 2)
+PATTERNED = {"gemma3": 6, "gemma3_text": 6}  # full when (i + 1) % sliding_window_pattern == 0; its default
+SLIDE_EVERY_LAYER = ("mistral", "mixtral")  # one window for every layer
+CHUNKED_FAMILIES = {"llama4": 4, "llama4_text": 4}  # RoPE layers chunked; no_rope_layer_interval's default
+
+
 def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
-    """Which layers attend through a sliding window, by each family's convention:
+    """Which layers attend through a sliding window, as transformers reads each family's config:
 
     - ``layer_types`` (gpt-oss, newer configs): "sliding_attention" layers use ``sliding_window``;
     - Qwen2-style ``use_sliding_window``: when true, layers from ``max_window_layers`` on slide
       (the first ``max_window_layers`` use full attention); when false, none does, whatever
       ``sliding_window`` says;
-    - Mistral-style: a ``sliding_window`` with no switch applies to every layer.
+    - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
+      absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
+    - Gemma-2: layers alternate, starting with a sliding one;
+    - Mistral / Mixtral: one window for every layer.
+
+    A ``sliding_window`` in any other config says nothing about which layers use it: refused
+    (exit 2) rather than guessed, since every layer sliding and none sliding differ by 10x in
+    capacity.
     """
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
+    model_type = str(raw.get("model_type") or "")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise BadInput(f"{source}: layer_types must list one type per layer ({layers}); it has "
@@ -156,7 +178,57 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
             return (None,) * layers
         first_sliding = raw.get("max_window_layers", 0) or 0
         return tuple(window if i >= first_sliding else None for i in range(layers))
-    return (window,) * layers if window is not None else (None,) * layers
+    if window is None:
+        return (None,) * layers
+    pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", PATTERNED.get(model_type)))
+    if pattern is not None:
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
+            raise BadInput(f"{source}: sliding_window_pattern={pattern!r} does not say which layers slide; allowed: "
+                           "a positive integer P (layer i is full when (i + 1) % P == 0, as transformers reads it), "
+                           "or a layer_types list.")
+        return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
+    if model_type in INTERLEAVED_EVERY_OTHER:
+        return tuple(window if i % 2 == 0 else None for i in range(layers))
+    if model_type in SLIDE_EVERY_LAYER:
+        return (window,) * layers
+    raise BadInput(
+        f"{source}: sliding_window={window} is set but which layers use it cannot be known: model_type "
+        f"{model_type or '(none)'!r} has no layer_types, use_sliding_window or sliding_window_pattern, and its "
+        "family's convention is not one gpubench knows. Allowed: add layer_types (one of \"sliding_attention\" / "
+        "\"full_attention\" per layer), or sliding_window_pattern P (every P-th layer full), or "
+        "use_sliding_window with max_window_layers; known families: "
+        f"{', '.join(INTERLEAVED_EVERY_OTHER + tuple(PATTERNED) + SLIDE_EVERY_LAYER)}; or remove sliding_window "
+        "if no layer slides.")
+
+
+def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
+    """Which layers use chunked local attention (Llama-4's ``attention_chunk_size``: a token attends
+    only to the tokens of its own chunk), as transformers and vLLM read the config: layers whose
+    ``layer_types`` entry is "chunked_attention", else Llama-4's RoPE layers (``no_rope_layers[i]``
+    = 1; when that list is absent or empty, every ``no_rope_layer_interval``-th layer, default 4,
+    is a NoPE layer with full attention)."""
+    chunk = raw.get("attention_chunk_size")
+    if chunk is None:
+        return (None,) * layers
+    types = raw.get("layer_types")
+    if isinstance(types, list) and len(types) == layers and "chunked_attention" in types:
+        return tuple(chunk if t == "chunked_attention" else None for t in types)
+    model_type = str(raw.get("model_type") or "")
+    if model_type not in CHUNKED_FAMILIES:
+        raise BadInput(f"{source}: attention_chunk_size={chunk} is set but which layers use it cannot be known: "
+                       f"model_type {model_type or '(none)'!r} is not Llama-4 and layer_types has no "
+                       "\"chunked_attention\" entries. Allowed: layer_types with \"chunked_attention\" per chunked "
+                       "layer, or model_type llama4 / llama4_text (RoPE layers chunked, as no_rope_layers says).")
+    rope = raw.get("no_rope_layers")
+    if not rope:
+        interval = raw.get("no_rope_layer_interval", CHUNKED_FAMILIES[model_type])
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
+            raise BadInput(f"{source}: no_rope_layer_interval={interval!r}; allowed: a positive integer.")
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(rope, list) or len(rope) != layers or any(v not in (0, 1) for v in rope):
+        raise BadInput(f"{source}: no_rope_layers must list 0 (NoPE, full attention) or 1 (RoPE, chunked) for each "
+                       f"of the {layers} layers.")
+    return tuple(chunk if use_rope else None for use_rope in rope)
 
 
 # --------------------------------------------------------------------------------------------
