@@ -7,7 +7,14 @@ The duration every throughput divides by is vLLM's benchmark duration: from the 
 from ``vllm bench serve``: times are taken inside the engine's loop (no HTTP client or
 detokenizer between), every request generates exactly its output_len tokens (as
 ``--ignore-eos``), percentiles interpolate linearly as numpy's do, and KV utilization, peak
-concurrency and preemptions come from the engine's own timeline."""
+concurrency and preemptions come from the engine's own timeline.
+
+Counted as ``vllm bench serve`` counts them (vllm/benchmarks/serve.py ``calculate_metrics`` and
+lib/endpoint_request_func.py, main of early 2026, read at 009e6d4 / 02cfb53): TPOT is (end-to-end
+latency - TTFT) / (tokens - 1), 0 for goodput when a request has one token; a request is good when
+``slo_ms / 1000 >= metric_s`` for every SLO, compared in seconds in floating point exactly as
+vLLM does (so a TTFT exactly at the SLO counts as vLLM counts it); a request that produced no
+token is failed (vLLM: "Never received a valid chunk"): not completed, no latency, not good."""
 from __future__ import annotations
 
 import statistics
@@ -15,7 +22,9 @@ from typing import Any
 
 import torch
 
-from gpubench.serving.engine import ServingRun
+from gpubench.serving.engine import RequestTimes, ServingRun
+
+MS_PER_S = 1000  # vLLM divides the SLO (ms) by this and compares in seconds
 
 
 def _summary(values: list[float], scale: float = 1e3) -> dict[str, float | None]:
@@ -26,18 +35,43 @@ def _summary(values: list[float], scale: float = 1e3) -> dict[str, float | None]
     return {"mean": float(t.mean()), "median": q[0], "p90": q[1], "p99": q[2]}
 
 
+def completed(run: ServingRun) -> list[RequestTimes]:
+    """The requests vLLM's client counts as successful: those that produced a token."""
+    return [r for r in run.requests if r.token_times_s]
+
+
+def request_latencies_s(r: RequestTimes) -> tuple[float, float, float]:
+    """(TTFT, end-to-end, TPOT for goodput) of a completed request, each computed as vLLM does:
+    TTFT = first token - arrival; end-to-end = last token - arrival; TPOT = (end-to-end - TTFT) /
+    (tokens - 1), and 0 for a request of one token."""
+    times = r.token_times_s
+    ttft = times[0] - r.arrival_s
+    e2e = (r.finish_s if r.finish_s is not None else times[-1]) - r.arrival_s
+    tpot = (e2e - ttft) / (len(times) - 1) if len(times) > 1 else 0.0
+    return ttft, e2e, tpot
+
+
 def latencies_s(run: ServingRun) -> dict[str, list[float]]:
-    """Per request: TTFT (first token - arrival), TPOT ((last - first) / (n - 1), requests of
-    more than one token), end-to-end; per token gap: ITL."""
+    """Per completed request: TTFT, end-to-end and (requests of more than one token) TPOT, as
+    :func:`request_latencies_s`; per token gap: ITL."""
     out: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": [], "e2e": []}
-    for r in run.requests:
+    for r in completed(run):
+        ttft, e2e, tpot = request_latencies_s(r)
         times = r.token_times_s
-        out["ttft"].append(times[0] - r.arrival_s)
-        out["e2e"].append(r.finish_s - r.arrival_s)
+        out["ttft"].append(ttft)
+        out["e2e"].append(e2e)
         if len(times) > 1:
-            out["tpot"].append((times[-1] - times[0]) / (len(times) - 1))
+            out["tpot"].append(tpot)
         out["itl"] += [b - a for a, b in zip(times, times[1:])]
     return out
+
+
+def is_good(r: RequestTimes, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
+    """Within both SLOs, compared as vLLM does: ``slo_ms / 1000 >= latency_s`` (seconds, floats)."""
+    if not r.token_times_s:
+        return False
+    ttft, _, tpot = request_latencies_s(r)
+    return all(slo >= value for slo, value in ((slo_ttft_ms / MS_PER_S, ttft), (slo_tpot_ms / MS_PER_S, tpot)))
 
 
 def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
@@ -45,26 +79,29 @@ def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> 
     arrival's gap, as vllm bench serve's duration) to the last finish; goodput counts the
     requests within both SLOs; KV utilization is live / reserved bytes averaged over steps;
     kv_budget_used is the most reserved over the budget."""
-    reqs = run.requests
-    duration = max(r.finish_s for r in reqs)  # every time is measured from the run's start
+    reqs, done = run.requests, completed(run)
+    finishes = [r.finish_s for r in reqs if r.finish_s is not None]
+    # every time is measured from the run's start
+    duration = max(finishes) if finishes else run.duration_s
     lat = latencies_s(run)
-    good = 0
-    for r, ttft in zip(reqs, lat["ttft"]):
-        times = r.token_times_s
-        per_token = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-        good += ttft * 1e3 <= slo_ttft_ms and per_token * 1e3 <= slo_tpot_ms
-    out_tokens = sum(r.output_len for r in reqs)
-    in_tokens = sum(r.prompt_len for r in reqs)
+    good = sum(is_good(r, slo_ttft_ms, slo_tpot_ms) for r in done)
+    out_tokens = sum(len(r.token_times_s) for r in done)
+    in_tokens = sum(r.prompt_len for r in done)
+
+    def per_s(count: int) -> float | None:
+        return count / duration if duration > 0 else None
+
     tl = run.timeline
     util = [live / res for live, res in zip(tl.live_bytes, tl.reserved_bytes) if res > 0]
     metrics: dict[str, Any] = {
         "requests": len(reqs),
+        "completed": len(done),  # produced a token (vLLM's successful requests)
         "duration_s": duration,
-        "request_throughput": len(reqs) / duration,
-        "output_tokens_per_s": out_tokens / duration,
-        "total_tokens_per_s": (out_tokens + in_tokens) / duration,
-        "goodput_requests_per_s": good / duration,
-        "slo_attained": good / len(reqs),
+        "request_throughput": per_s(len(done)),
+        "output_tokens_per_s": per_s(out_tokens),
+        "total_tokens_per_s": per_s(out_tokens + in_tokens),
+        "goodput_requests_per_s": per_s(good),
+        "slo_attained": good / len(reqs) if reqs else None,
         "kv_utilization": sum(util) / len(util) if util else None,
         "kv_budget_used": max(tl.reserved_bytes) / run.kv_budget_bytes if tl.reserved_bytes else None,
         "max_concurrency": max(tl.running) if tl.running else 0,
