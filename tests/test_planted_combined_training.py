@@ -34,7 +34,10 @@ def test_a_skipped_reload_is_caught(monkeypatch, dtype):
     assert record.variants["sort_group"].check["passed"]  # one buffer: untouched
 
 
-def test_sort_group_without_routing_weights_is_caught_by_the_other_paths_plain_step(monkeypatch):
+def test_sort_group_without_routing_weights_is_caught_three_ways(monkeypatch):
+    """The bug is in the variant and in its plain step alike. The router is then cut off from the
+    loss (its gradients all zero: the check's first failure), sort_group's layer disagrees with its
+    independent float64 reference, and in float32 the loop's plain step differs too."""
     params = dict(SMALL, dtype="float32")
     assert passed(run_planted("combined_training", **params))
     buggy = mutant(sort_group_module.moe_forward, "return _scatter_back(x, y * scale, g)",
@@ -42,7 +45,17 @@ def test_sort_group_without_routing_weights_is_caught_by_the_other_paths_plain_s
     monkeypatch.setitem(ct.FORWARDS, "sort_group", buggy)
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)
-    assert "where_loop plain step" in record.variants["all_on"].check["detail"]
+    detail = record.variants["all_on"].check["detail"]
+    assert "all-zero gradient: layers.0.experts.router_weight, layers.0.experts.router_bias" in detail, detail
+    loop = record.variants["all_off"].check  # its own path is untouched: only the cross-path comparison differs
+    assert "against the sort_group plain step" in loop["detail"] and "own path" in loop["detail"], loop
+    w = ct.build({**ct.TECHNIQUE.defaults(), **params}, torch.device("cpu"), 0)
+    assert not ct.layer_check(w, "sort_group").passed and ct.layer_check(w, "where_loop").passed
+    ref = ct.reference(w)
+    w.reset()
+    out = ct.TECHNIQUE.variants["sort_group"].call(w, Recorder())
+    cross = ct.tensors_check(ct._flat(ref["where_loop"]), ct._flat(out), ct.CROSS_PATH_TOLERANCE, dtype=torch.float32)
+    assert not cross.passed, cross
 
 
 def _cached_step_on(w, cache):
@@ -69,3 +82,42 @@ def test_a_stale_metadata_cache_is_caught(monkeypatch):
     _cached_step_on(first, cache)
     result = ct.check(reference, _cached_step_on(second, cache))
     assert not result.passed, result
+
+
+# The MoE half reads the attention's output without its norm: mlp_norm is cut off from the loss,
+# in every variant and in the plain step alike (they run the same layer code).
+MLP_NORM_SKIPPED = ("hs = rms_norm(x, layer.mlp_norm, c.rms_eps)", "hs = x")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_layer_that_skips_mlp_norm_is_caught_by_the_zero_gradient_and_the_independent_layer(monkeypatch, dtype):
+    """Comparing a variant with its plain step cannot see it (both run the bug: every mlp_norm
+    gradient is exactly 0 in each). The run's check fails every variant: mlp_norm learns nothing,
+    and the layer disagrees with its independent float64 reference."""
+    params = dict(SMALL, dtype=dtype)
+    assert passed(run_planted("combined_training", **params))
+    monkeypatch.setattr(ct, "moe_decoder_layer", mutant(ct.moe_decoder_layer, *MLP_NORM_SKIPPED))
+    record = run_planted("combined_training", **params)
+    assert caught(record), (record.status, record.failure)
+    for name in ct.VARIANTS:
+        check = record.variants[name].check
+        assert not check["passed"] and check["metric"] == "zero_gradients", (name, check)
+        assert "layers.0.mlp_norm, layers.1.mlp_norm, layers.2.mlp_norm" in check["detail"], check["detail"]
+    w = ct.build({**ct.TECHNIQUE.defaults(), **params}, torch.device("cpu"), 0)
+    layer = ct.layer_check(w, "where_loop")
+    assert not layer.passed and "layer 0 (where_loop) against its independent float64 reference" in layer.detail
+    assert layer.error == 1.0, layer  # the worst: mlp_norm's gradient, 0 where the reference's is not
+
+
+def test_a_layer_bug_that_leaves_every_gradient_nonzero_is_caught_by_the_independent_layer(monkeypatch):
+    """The MoE half's residual dropped in layer code shared by the variants and the plain step:
+    every parameter still learns and every variant equals its plain step, but the layer no longer
+    computes what the model defines; the independent float64 layer fails every variant."""
+    params = dict(SMALL, dtype="float32")
+    buggy = mutant(ct.moe_decoder_layer, "return x + moe_forward(", "return 0.5 * x + moe_forward(")
+    monkeypatch.setattr(ct, "moe_decoder_layer", buggy)
+    record = run_planted("combined_training", **params)
+    assert caught(record), (record.status, record.failure)
+    for name in ct.VARIANTS:
+        check = record.variants[name].check
+        assert not check["passed"] and "against its independent float64 reference" in check["detail"], (name, check)

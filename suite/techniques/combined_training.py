@@ -29,7 +29,11 @@ from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Measured, Param, Pl
                                tensors_check)
 from gpubench.models.llama import LlamaConfig, head_loss, rope_cos_sin
 from gpubench.models.moe import MoEConfig, SyncLog
-from gpubench.models.moe_decoder import MoEDecoderWeights, moe_decoder_layer, random_moe_decoder
+from gpubench.gradients import learning_check
+from gpubench.models.moe import MoEWeights
+from gpubench.models.moe_decoder import (ATTENTION, MoEDecoderLayer, MoEDecoderWeights, moe_decoder_layer,
+                                         random_moe_decoder)
+from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.optimizations import activation_offload as two_buffer_schedule
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.packing import (IGNORE_INDEX, StepStats, build_metadata, document_positions, next_token_labels,
@@ -60,6 +64,11 @@ CUDA_TOLERANCE = {**TOLERANCE, torch.float32: 1e-4, torch.bfloat16: 1e-1}
 CUDA_ROUTER_TOLERANCE = {**CUDA_TOLERANCE, torch.bfloat16: 3e-1}
 ROUTER = (".experts.router_weight", ".experts.router_bias")
 CROSS_PATH_TOLERANCE = {torch.float32: 1e-4}
+# The layer code against its independent float64 reference (:func:`layer_check`): both in float64
+# but for the layer code's RMSNorm, which normalizes in float32 as Llama does (~1e-7 relative).
+LAYER_TOLERANCE = 1e-5
+LAYER_TOKENS = 256  # the first tokens of row 0, its documents cut there
+ROUTING_TIE = 1e-4  # a random input whose routing is this near a tie is drawn again (at most 8 times)
 assert IGNORE_INDEX == -100  # head_loss's cross_entropy ignores -100, the packed labels' "no target"
 
 
@@ -277,10 +286,90 @@ def plain_step(w: CombinedWorkload, moe: str) -> dict[str, Any]:
     return out
 
 
+MOE_PATHS = ("where_loop", "sort_group")
+
+
+def _layer_in_float64(layer: MoEDecoderLayer) -> MoEDecoderLayer:
+    leaf = lambda t: t.detach().to(torch.float64).requires_grad_(True)  # noqa: E731
+    return MoEDecoderLayer(**{name: leaf(getattr(layer, name)) for name in ATTENTION}, experts=layer.experts.map(leaf))
+
+
+def _layer_params(layer: MoEDecoderLayer) -> dict[str, torch.Tensor]:
+    return {**{name: getattr(layer, name) for name in ATTENTION},
+            **dict(zip(MoEWeights.names(), layer.experts.tensors()))}
+
+
+def _first_row_documents(w: CombinedWorkload, tokens: int) -> list[int]:
+    """Row 0's document lengths (doc_lens is row-major, each row's sum to seq_len), cut at ``tokens``."""
+    lens, total = [], 0
+    for n in w.doc_lens.tolist():
+        if total >= tokens:
+            break
+        lens.append(min(n, tokens - total))
+        total += lens[-1]
+    return lens
+
+
+def layer_check(w: CombinedWorkload, moe: str) -> CheckResult:
+    """Every layer as the model runs it (:func:`moe_decoder_layer` with ``moe``'s path and the
+    packed attention, the layer's weights in float64) against :func:`moe_decoder_layer_float64`,
+    written separately: on a random float64 input of row 0's first documents (redrawn while its
+    routing is within ROUTING_TIE of a tie), the output and the gradients of the input and of
+    every layer parameter for a random upstream gradient, within LAYER_TOLERANCE. A parameter
+    whose gradient the independent reference says is nonzero and the layer code leaves at 0 is
+    what this exists for: the plain step runs the same layer code as the variants, so comparing
+    them cannot see it."""
+    weights = w.weights
+    c, m, device = weights.config, weights.moe, w.device
+    lens = _first_row_documents(w, min(LAYER_TOKENS, w.tokens.shape[1]))
+    n = sum(lens)
+    meta = build_metadata(torch.tensor(lens, dtype=torch.int32, device=device), 1, n, BACKEND, torch.float64)
+    empty = torch.empty(0, dtype=torch.float64, device=device)  # the layer reads no embedding or head
+    worst = CheckResult(True, 0.0, LAYER_TOLERANCE, "max_rel_l2", "")
+    for i in range(c.num_layers):
+        layers = list(weights.layers)
+        layers[i] = _layer_in_float64(weights.layers[i])  # one float64 copy at a time (GPU memory)
+        result = _one_layer_check(MoEDecoderWeights(c, m, empty, layers, empty, empty), i, moe, meta, lens,
+                                  torch.Generator().manual_seed(w.seed + 11 + i))
+        if not result.passed:
+            return CheckResult(False, result.error, LAYER_TOLERANCE, result.metric,
+                               f"layer {i} ({moe}) against its independent float64 reference: {result.detail}")
+        if (result.error or 0) > (worst.error or 0):
+            worst = CheckResult(True, result.error, LAYER_TOLERANCE, result.metric, f"layer {i}: {result.detail}")
+    return worst
+
+
+def _one_layer_check(model: MoEDecoderWeights, i: int, moe: str, meta, lens: list[int],
+                     gen: torch.Generator) -> CheckResult:
+    """Layer ``i`` of ``model`` (float64) by the layer code and by the independent reference."""
+    c, m, device = model.config, model.moe, model.device
+    cos, sin = rope_cos_sin(model, meta.position_ids)  # the tables are an input of both
+    params = _layer_params(model.layers[i])
+    leaves = list(params.values())
+    for _ in range(8):
+        x = torch.randn(len(cos[0]), c.hidden_size, generator=gen, dtype=torch.float64).to(device).requires_grad_(True)
+        expected, nearest_tie = moe_decoder_layer_float64(c, m, params, x, cos[0], sin[0], lens)
+        if nearest_tie >= ROUTING_TIE:
+            break
+    upstream = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(device)
+    want = torch.autograd.grad((expected * upstream).sum(), [x, *leaves])
+    got_out = moe_decoder_layer(model, i, x[None], cos, sin, lambda _, q, k, v: packed_attention(meta, q, k, v),
+                                FORWARDS[moe])[0]
+    got = torch.autograd.grad((got_out * upstream).sum(), [x, *leaves], allow_unused=True)
+    names = ["input", *params]
+    return tensors_check({"output": expected.detach(), **dict(zip(names, want))},
+                         {"output": got_out.detach(),
+                          **{n: torch.zeros_like(t) if g is None else g for n, g, t in zip(names, got, [x, *leaves])}},
+                         {torch.float64: LAYER_TOLERANCE}, dtype=torch.float64)
+
+
 @TECHNIQUE.reference
-def reference(w: CombinedWorkload) -> dict[str, dict[str, Any]]:
-    """The plain step of each MoE path, by path."""
-    return {moe: plain_step(w, moe) for moe in ("where_loop", "sort_group")}
+def reference(w: CombinedWorkload) -> dict[str, Any]:
+    """The plain step of each MoE path, by path, and each path's layer against its independent
+    float64 reference (``layer_check``: path -> CheckResult)."""
+    out: dict[str, Any] = {moe: plain_step(w, moe) for moe in MOE_PATHS}
+    out["layer_check"] = {moe: layer_check(w, moe) for moe in MOE_PATHS}
+    return out
 
 
 def _flat(out: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -304,18 +393,26 @@ def same_path_check(ref: dict[str, torch.Tensor], out: dict[str, torch.Tensor], 
 
 @TECHNIQUE.check
 def check(ref: dict[str, dict[str, Any]], out: dict[str, Any]) -> CheckResult:
-    """The loss and every named gradient against the plain step of the variant's MoE path (within
+    """Every parameter must learn (no all-zero gradient: :func:`gpubench.gradients.learning_check`),
+    and the variant's path's layer agree with its independent float64 reference (:func:`layer_check`);
+    then the loss and every named gradient against the plain step of the variant's MoE path (within
     TOLERANCE of the weights' dtype; on CUDA see :func:`same_path_check`); in float32, against the other
     path's plain step as well (within CROSS_PATH_TOLERANCE). The error kept is the worst relative L2 against the same path."""
     moe = out.get("moe") if isinstance(out, dict) else None
-    if moe not in ref:
-        return CheckResult(False, None, None, "max_rel_l2", f"output names no MoE path of {sorted(ref)}")
+    if moe not in MOE_PATHS:
+        return CheckResult(False, None, None, "max_rel_l2", f"output names no MoE path of {list(MOE_PATHS)}")
+    dead = learning_check(out.get("grads", {}), what=f"the {moe} variant's step")
+    if dead is not None:
+        return dead
+    layer = ref.get("layer_check", {}).get(moe)
+    if layer is not None and not layer.passed:
+        return layer
     dtype = next(iter(ref[moe]["grads"].values())).dtype  # the weights' (the loss is kept in float32)
     same = same_path_check(_flat(ref[moe]), _flat(out), dtype, cuda=ref[moe]["loss"].is_cuda)
     if not same.passed or dtype not in CROSS_PATH_TOLERANCE:
         own = "bit-identical" if same.passed and same.error == 0 else same.detail
         return CheckResult(same.passed, same.error, same.tolerance, same.metric, f"against the plain step ({moe}): {own}")
-    other = next(path for path in ref if path != moe)
+    other = next(path for path in MOE_PATHS if path != moe)
     cross = tensors_check(_flat(ref[other]), _flat(out), CROSS_PATH_TOLERANCE, dtype=dtype)
     versus = f"{other} plain step: {cross.metric} {cross.error:.3g}" if cross.error is not None else other
     if not cross.passed:
