@@ -6,7 +6,8 @@ of ``kv_lora_rank + qk_rope_head_dim`` values, with no factor 2. Quantized forma
 scales (stated per format below). How many tokens each layer holds depends on the allocator:
 
 - ``paged``: blocks of ``block_size`` tokens on demand, window-aware: a sliding-window layer keeps
-  only the blocks that still hold tokens inside its window (what vLLM's hybrid allocator does);
+  only the blocks that still hold tokens inside its window, a chunked local attention layer only
+  those of the current chunk (what vLLM's hybrid allocator does);
 - ``paged_full``: blocks on demand, but every layer keeps the whole sequence (an engine that
   ignores windows);
 - ``contiguous``: every layer reserves ``max_len`` slots per sequence up front (static caches);
@@ -15,16 +16,20 @@ scales (stated per format below). How many tokens each layer holds depends on th
 Tensor parallelism splits KV heads across GPUs; with fewer KV heads than GPUs each GPU keeps one
 (replicated). An MLA latent is shared by all heads, so each GPU keeps all of it.
 
-A capacity plan (:func:`plan`) follows vLLM where vLLM's figures can be compared:
+A capacity plan (:func:`plan`) follows vLLM's own arithmetic (its main branch of early 2026; see
+README "KV-cache calculator" for what each figure is and where vLLM versions differ):
 
-- per-tensor scales (fp8's K and V scales, nvfp4's global scale) are layer parameters, counted with
-  the model's memory, not taken from the KV block pool (vLLM keeps them as ``k_scale`` /
-  ``v_scale`` parameters of each attention layer);
+- per-tensor scales (fp8's K and V scales, nvfp4's global scale) are buffers of every attention
+  layer, part of the model's memory, never taken from the KV block pool;
 - the default block size is vLLM's on CUDA: 16 tokens, or 64 for MLA models (vLLM's FlashMLA
-  backend, its MLA default on Hopper, forces 64; the CUTLASS MLA backend, Blackwell's, 128);
+  backend replaces a block size that is not a multiple of 64 by 64; CUTLASS MLA, Blackwell: 128);
+- layers are grouped as vLLM's hybrid KV-cache manager groups them (:class:`KVCacheGroups`: one
+  kind per group, groups of equal size, the last of a kind padded); the pool holds
+  budget // page // group size blocks, one of them the null block no request gets;
 - besides the steady-state decode capacity, the plan gives the maximum concurrency vLLM's start-up
-  log reports: a worst case per request of ``max_len`` tokens in which a sliding layer holds
-  ``window - 1`` tokens plus a whole prefill chunk (``max_num_batched_tokens``) plus one block.
+  log reports: whole pool blocks divided by what one request of ``max_len`` tokens needs in the
+  worst case (a sliding layer ``window - 1`` tokens plus a whole prefill chunk plus one block; a
+  chunked layer its chunk plus a prefill chunk).
 
 Per-layer sums cost one term per distinct window (not per layer), and model configs are bounded
 (:data:`gpubench.models.config.CONFIG_LIMITS`), so a plan answers at once whatever the sizes.

@@ -386,3 +386,23 @@ def test_variants_named_by_allocator_and_registered():
     assert technique.TECHNIQUE.playing("baseline", torch.device("cpu")).name == "contiguous"
     assert technique.TECHNIQUE.playing("optimized", torch.device("cpu")).name == "paged"
     assert technique.TECHNIQUE.figures_fn is None
+
+
+def test_chunked_layers_hold_only_the_last_tokens_chunk():
+    """Llama-4's chunked local attention (chunk 8,192, blocks of 16): at 8,192 tokens the last token
+    is the chunk's last, all 512 blocks held; one token more starts a new chunk (1 block); at
+    8,200 the new chunk spans 8,192 .. 8,199, inside block 512 (1 block). Live tokens follow the
+    same chunk, and a contiguous ring keeps a chunk of slots."""
+    assert kvmath.chunk_blocks(8192, 8192, 16) == 512
+    assert kvmath.chunk_blocks(8193, 8192, 16) == 1 and kvmath.chunk_blocks(8200, 8192, 16) == 1
+    assert kvmath.chunk_blocks(8210, 8192, 16) == 2 and kvmath.chunk_blocks(100, 8192, 16) == 7
+    assert kvmath.live_tokens((None, 8192), 8193) == 1 and kvmath.live_tokens((None, 8192), 8192) == 8192
+    assert kvmath.layer_slots(None, 20000, "contiguous_ring", 16, 20000, chunk=8192) == 8192
+    raw = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+           "head_dim": 128, "model_type": "llama4_text", "attention_chunk_size": 64}
+    layout = kvmath.layout_for(model_config.from_dict(raw, "l4", "test"), "bf16")
+    assert layout.spans == ((None, 64), (None, 64), (None, 64), (None, None))
+    per_token_layer = 2 * 1 * 128 * 2
+    # 100 tokens, block 16: chunked layers hold positions 64..99 (blocks 4..6: 3), the full one 7 blocks
+    assert kvmath.sequence_bytes(layout, 100, "paged", 16, 100) == (3 * 3 + 7) * 16 * per_token_layer
+    assert kvmath.token_bytes(layout, [100]) == (3 * 36 + 100) * per_token_layer
