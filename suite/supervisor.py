@@ -235,7 +235,8 @@ class InProcess:
         # A segfault or abort in a case ends this process: Python's stack on stderr says where
         # (the finished cases are in cases.jsonl).
         if not faulthandler.is_enabled():
-            faulthandler.enable(file=sys.stderr, all_threads=False)
+            with contextlib.suppress(AttributeError, ValueError, OSError):  # a stderr without a file descriptor
+                faulthandler.enable(file=sys.stderr, all_threads=False)
         self.device = envmod.use_device(self.device)  # events, streams and allocations default to this GPU
         env = envmod.capture_env(self.device)
         info = DeviceInfo(key=str(self.device), type=self.device.type,
