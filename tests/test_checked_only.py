@@ -60,3 +60,33 @@ def test_a_wrong_checked_only_variant_fails_the_case_by_its_check():
     record = run(toy(3.0))
     assert record.status == "failed" and record.failure.kind == "check"
     assert record.variants["kernel"].status == "check_failed" and "peer kernel" in record.failure.message
+
+
+PROBE = """
+import os, torch
+from gpubench import triton_support
+from gpubench.optimizations.flash_attention import KERNEL
+print(os.environ.get("TRITON_INTERPRET"), triton_support.interpreted(),
+      triton_support.kernel_problem(KERNEL[0], "cpu", interpreter_ok=True) is None)
+"""
+
+
+def _probe(**env_changes: str | None) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in {**os.environ, **env_changes}.items() if v is not None}
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_without_cuda_gpubench_turns_the_interpreter_on_unless_the_environment_says_no():
+    """A process (a run's worker) that imports gpubench's Triton plumbing before Triton, on a
+    machine without CUDA, gets TRITON_INTERPRET=1 and can run the kernels; TRITON_INTERPRET=0
+    stays off, and the kernel then says why it cannot run on a CPU."""
+    if torch.cuda.is_available():
+        return  # with CUDA nothing is switched on
+    assert _probe(TRITON_INTERPRET=None) == ["1", "True", "True"]
+    assert _probe(TRITON_INTERPRET="0") == ["0", "False", "False"]

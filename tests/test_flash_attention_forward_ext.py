@@ -336,7 +336,8 @@ def test_forward_kernel_compiles_for_a_hopper_gpu(tmp_path):
     import subprocess
     import sys
 
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    # Compiled, not interpreted: without it gpubench turns the interpreter on where there is no CUDA.
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile afresh, not from a cache
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                             timeout=300)
