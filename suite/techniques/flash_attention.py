@@ -288,8 +288,8 @@ def _kernel_problem(device: torch.device) -> str | None:
 
 # Forward tiles where Triton's interpreter runs a case that fixes none (on a GPU the autotuner
 # picks them): one of the GPU's candidate tiles, with BLOCK_M != BLOCK_N as the causal split
-# wants. The interpreter runs a program per tile in NumPy: these check smoke's 1024 tokens in ~1 s,
-# where its own 32 x 16 takes ~25 s.
+# wants. The interpreter runs a program per tile in NumPy: with these 1024 tokens take ~1-2 s on a
+# 2-core AMD EPYC, with its own 32 x 16 ~25 s.
 INTERPRETER_BLOCKS = {"block_m": 128, "block_n": 64}
 
 
