@@ -407,11 +407,13 @@ def check(ref: dict[str, dict[str, Any]], out: dict[str, Any]) -> CheckResult:
     layer = ref.get("layer_check", {}).get(moe)
     if layer is not None and not layer.passed:
         return layer
+    independent = f"; layer vs independent float64: {layer.error:.2g}" if layer is not None else ""
     dtype = next(iter(ref[moe]["grads"].values())).dtype  # the weights' (the loss is kept in float32)
     same = same_path_check(_flat(ref[moe]), _flat(out), dtype, cuda=ref[moe]["loss"].is_cuda)
     if not same.passed or dtype not in CROSS_PATH_TOLERANCE:
         own = "bit-identical" if same.passed and same.error == 0 else same.detail
-        return CheckResult(same.passed, same.error, same.tolerance, same.metric, f"against the plain step ({moe}): {own}")
+        return CheckResult(same.passed, same.error, same.tolerance, same.metric,
+                           f"against the plain step ({moe}): {own}{independent}")
     other = next(path for path in MOE_PATHS if path != moe)
     cross = tensors_check(_flat(ref[other]), _flat(out), CROSS_PATH_TOLERANCE, dtype=dtype)
     versus = f"{other} plain step: {cross.metric} {cross.error:.3g}" if cross.error is not None else other
@@ -419,7 +421,8 @@ def check(ref: dict[str, dict[str, Any]], out: dict[str, Any]) -> CheckResult:
         return CheckResult(False, cross.error, cross.tolerance, cross.metric,
                            f"against the {other} plain step: {cross.detail} (own path: {same.error:.3g})")
     own = "bit-identical" if same.error == 0 else same.detail
-    return CheckResult(True, same.error, same.tolerance, same.metric, f"against the plain step ({moe}): {own}; {versus}")
+    return CheckResult(True, same.error, same.tolerance, same.metric,
+                       f"against the plain step ({moe}): {own}; {versus}{independent}")
 
 
 # -- metrics ----------------------------------------------------------------------------------
