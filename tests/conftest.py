@@ -20,12 +20,23 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+_SHARED_CACHE = None  # the cache directory the session started with (the user's, or CI's)
+
+
 @pytest.fixture(autouse=True)
 def device_cache(tmp_path_factory, monkeypatch):
     """Tunings and case times (gpubench.devicecache) go to a directory of each test's own, never
     the user's ~/.cache, and one test's runs never shape another's estimates; worker
-    subprocesses inherit it."""
+    subprocesses inherit it. The speculative pair's trained weights (spec_pair/, ~25 s to train)
+    stay shared: that directory links to the session's own cache."""
+    global _SHARED_CACHE
+    from gpubench.devicecache import cache_root
+
+    if _SHARED_CACHE is None:
+        _SHARED_CACHE = cache_root()
     path = tmp_path_factory.mktemp("device-cache")
+    (_SHARED_CACHE / "spec_pair").mkdir(parents=True, exist_ok=True)
+    (path / "spec_pair").symlink_to(_SHARED_CACHE / "spec_pair", target_is_directory=True)
     monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(path))
     return path
 

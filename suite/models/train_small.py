@@ -12,7 +12,7 @@ nothing, so the default pair is trained, deterministically and in a few tens of 
 - **models**: Llama-shaped (:mod:`gpubench.models.llama`), a 6-layer target (~0.9M parameters)
   and a 1-layer draft (~0.2M), trained with AdamW on next-byte prediction from the same seed, one
   CPU thread, deterministic algorithms, fixed batch order.
-- **cache**: the trained weights are stored under ``$GPUBENCH_CACHE_DIR`` (default
+- **cache**: the trained weights are stored under :func:`gpubench.devicecache.cache_root` (``$GPUBENCH_CACHE_DIR``, default
   ``~/.cache/gpubench``), in ``spec_pair/<key>.pt`` where the key hashes the corpus, the configs
   and the training recipe; a later run loads them in milliseconds. A file that cannot be read, or
   whose contents do not match the key, is rebuilt, never trusted.
@@ -173,8 +173,9 @@ class TrainedPair:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("GPUBENCH_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "gpubench"
+    from gpubench.devicecache import cache_root
+
+    return cache_root()
 
 
 def pair_key(corpus_digest: str, target: LlamaConfig = TARGET_CONFIG, draft: LlamaConfig = DRAFT_CONFIG,
