@@ -321,7 +321,9 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
     try:  # the run is on disk already; a report that fails costs the report only
         from gpubench.reports import html as html_report
 
+        t_report = time.perf_counter()
         written = html_report.write_report(outcome.run_dir)
+        _remember_report_time(outcome, time.perf_counter() - t_report)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
         click.echo("error: " + disk_full_text(exc.filename, exc.strerror, f"The run itself is saved (results.json); no "
@@ -336,6 +338,17 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
                   f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
     return outcome.exit_code
+
+
+def _remember_report_time(outcome: runner.RunOutcome, seconds: float) -> None:
+    """The report's share of a run, for the next dry run's estimate (a cache: never fails a run)."""
+    from gpubench.devicecache import CaseTimes
+
+    if outcome.record.device_label and outcome.record.cases:
+        try:
+            CaseTimes(outcome.record.device_label).record_report(seconds, len(outcome.record.cases))
+        except OSError:
+            pass
 
 
 def _disk_full_run_text(outcome: runner.RunOutcome) -> str:

@@ -62,10 +62,16 @@ def read_cache_doc(path: Path, schema: int) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and doc.get("schema") == schema else None
 
 
+def _median(values: Any) -> float | None:
+    kept = [float(x) for x in values or [] if isinstance(x, (int, float)) and x >= 0]
+    return statistics.median(kept) if kept else None
+
+
 class CaseTimes:
     """The wall time of each case on one device model (``device_label``, as runs record it), by
-    case id and ``--repeat-scale``, the newest run's figure winning; and the fixed cost of the
-    last runs (their wall time less their cases' time, per worker)."""
+    case id and ``--repeat-scale``, the newest run's figure winning; the fixed cost of the last
+    runs (their wall time less their cases' time, per worker); and what their reports took per
+    case."""
 
     def __init__(self, device_label: str, root: Path | None = None):
         self.device_label = device_label
@@ -77,12 +83,28 @@ class CaseTimes:
 
     def read(self) -> tuple[dict[str, float], float | None]:
         """(seconds by :meth:`key`, a run's fixed cost in seconds or None)."""
+        known, overhead, _ = self.read_all()
+        return known, overhead
+
+    def read_all(self) -> tuple[dict[str, float], float | None, float | None]:
+        """:meth:`read`, and the seconds the report took per case (None: never measured here)."""
         doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
         cases = doc.get("cases") if isinstance(doc.get("cases"), dict) else {}
         seconds = {k: float(v["s"]) for k, v in cases.items()
                    if isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and v["s"] > 0}
-        overheads = [float(x) for x in doc.get("run_overheads_s") or [] if isinstance(x, (int, float)) and x >= 0]
-        return seconds, (statistics.median(overheads) if overheads else None)
+        return seconds, _median(doc.get("run_overheads_s")), _median(doc.get("report_s_per_case"))
+
+    def record_report(self, seconds: float, cases: int) -> None:
+        """What writing a run's report (HTML and summary.md) took, per case: the part of a
+        `gpubench run` that comes after its cases and grows with them."""
+        if cases < 1 or seconds < 0:
+            return
+        with locked(self.path):
+            doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {"schema": CASE_TIMES_SCHEMA,
+                                                                    "device": self.device_label}
+            kept = [x for x in doc.get("report_s_per_case") or [] if isinstance(x, (int, float))]
+            doc["report_s_per_case"] = (kept + [round(seconds / cases, 5)])[-RUN_OVERHEADS_KEPT:]
+            atomic_write_json(self.path, doc)
 
     def record(self, cases: list[Any], repeat_scale: float, wall_s: float, workers: int) -> None:
         """Add a run's finished cases (records with ``id``, ``status`` and ``elapsed_s``) and its
@@ -101,5 +123,6 @@ class CaseTimes:
             if finished and len(finished) == len(cases):  # an interrupted run's wall time says nothing
                 cases_s = sum(float(c.elapsed_s) for c in finished)
                 overheads = (overheads + [round(max(0.0, wall_s - cases_s / max(workers, 1)), 3)])[-RUN_OVERHEADS_KEPT:]
-            atomic_write_json(self.path, {"schema": CASE_TIMES_SCHEMA, "device": self.device_label,
-                                          "cases": known, "run_overheads_s": overheads})
+            doc.update({"schema": CASE_TIMES_SCHEMA, "device": self.device_label, "cases": known,
+                        "run_overheads_s": overheads})
+            atomic_write_json(self.path, doc)

@@ -41,7 +41,7 @@ class Estimate:
     workers: int
     from_history: int = 0  # cases whose figure is their own time in this device's history
     history: Path | None = None
-    overhead_s: float = 0.0  # the run's fixed cost, from the history
+    overhead_s: float = 0.0  # the run's start-up and report, from the history
 
     def text(self) -> str:
         span = (f"about {duration_text(self.high_s)}" if self.high_s <= 1.25 * self.low_s
@@ -49,7 +49,7 @@ class Estimate:
         basis = []
         if self.from_history:
             basis.append(f"{self.from_history} of {self.cases} cases from what they took on this device "
-                         f"({self.history}), with its runs' start-up of {duration_text(self.overhead_s)}")
+                         f"({self.history}), with its runs' start-up and report of {duration_text(self.overhead_s)}")
         if self.measured:
             basis.append(f"{self.measured} of {self.cases} cases from earlier runs in {self.earlier}")
 
@@ -121,7 +121,7 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
     ``history``: this device model's case times."""
     gpu = device.type == "cuda"
     by_id, by_technique = earlier_times(out_root, gpu, repeat_scale) if out_root is not None else ({}, {})
-    known, overhead = history.read() if history is not None else ({}, None)
+    known, overhead, report_s = history.read_all() if history is not None else ({}, None, None)
     from_history = 0
     counts = scenario.count(only)
     total = sum(counts.values())
@@ -156,6 +156,8 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
             low, high = low + n * lo, high + n * hi
     workers = max(1, min(workers, total or 1))
     overhead = overhead if from_history and overhead is not None else 0.0
+    if from_history and report_s is not None:  # the report comes after the cases, and grows with them
+        overhead += report_s * total
     return Estimate(low / workers + overhead, high / workers + overhead, total, measured,
                     Path(out_root) if measured and out_root is not None else None, workers,
                     from_history, history.path if from_history else None, overhead)

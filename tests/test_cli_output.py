@@ -309,7 +309,8 @@ def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scen
 
 def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path, device_cache):
     """A second run's estimate is what the first run's cases took on this device, plus the
-    run's start-up as measured, wherever the first run wrote its results (--out)."""
+    run's start-up and its report's time per case as measured, wherever the first run wrote its
+    results (--out)."""
     from gpubench import env as envmod
     from gpubench.devicecache import CaseTimes
 
@@ -317,13 +318,14 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
     assert run.exit_code == 0, run.output
     history = CaseTimes(envmod.device_label(envmod.resolve_device("cpu")))
     assert history.path.parent.parent == device_cache
-    seconds, overhead = history.read()
+    seconds, overhead, report_s = history.read_all()
     doc = json.loads(next((tmp_path / "a").glob("*/results.json")).read_text())
     assert sorted(seconds) == sorted(f"{c['id']}@1" for c in doc["cases"])
     assert overhead == pytest.approx(doc["time_use"]["wall_s"] - doc["time_use"]["cases_s"], abs=2e-3)
 
     dry = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "b", "--dry-run")
-    expected = sum(seconds.values()) + overhead
+    assert report_s is not None and report_s > 0  # the report's time per case, measured by the run
+    expected = sum(seconds.values()) + overhead + 3 * report_s
     assert "3 of 3 cases from what they took on this device" in dry.output, dry.output
     assert re.search(rf"estimated time: about {expected:.0f} s", dry.output), (expected, dry.output)
     # Another repeat scale is another measurement policy: not counted from these times.
