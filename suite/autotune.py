@@ -68,7 +68,7 @@ class PersistentAutotuner:
         self.name = name
         self.tuned = 0
         self.reused = 0
-        self._loaded: set[Path] = set()
+        self._paths: dict[torch.device, Path] = {}  # loaded already, by device (a launch stays cheap)
 
     def path(self, device: torch.device) -> Path:
         import triton
@@ -80,18 +80,22 @@ class PersistentAutotuner:
 
     def _launch(self, grid: Any, *args: Any, **kwargs: Any) -> Any:
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        path = self.path(device)
-        if path not in self._loaded:
-            self._loaded.add(path)
+        path = self._paths.get(device)
+        if path is None:
+            path = self._paths[device] = self.path(device)
             self.reused += self.load(path)
-        before = set(self.tuner.cache)
+        before = len(self.tuner.cache)  # Triton only ever adds to it
         result = self.tuner[grid](*args, **kwargs)
-        new = [key for key in self.tuner.cache if key not in before]
-        if new:
+        if len(self.tuner.cache) != before:
+            new = list(self.tuner.cache)[before:]
             self.tuned += len(new)
-            self.save(path, new)
+            try:
+                self.save(path, new)
+                kept = f"kept in {path} for later runs"
+            except OSError as exc:  # a cache: a home that cannot be written costs the next run a tuning
+                kept = f"not kept ({exc})"
             notices.notice(f"autotuned Triton kernel {self.name} for {len(new)} new shape(s) on "
-                           f"{gpu_model(device)}; kept in {path} for later runs")
+                           f"{gpu_model(device)}; {kept}")
         return result
 
     def load(self, path: Path) -> int:

@@ -159,3 +159,12 @@ def test_flash_kernels_key_on_length_buckets_not_exact_lengths():
         assert "seq_q" not in module.AUTOTUNE_KEY and "seq_k" not in module.AUTOTUNE_KEY
         for kernel in kernels:
             assert {"seq_q_bucket", "seq_k_bucket"} <= set(kernel.arg_names)
+
+
+def test_a_cache_that_cannot_be_written_costs_a_tuning_not_the_launch(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory would go")
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(blocker))
+    tuner = PersistentAutotuner(FakeAutotuner(), "kern")
+    launch(tuner, 512)  # tuned, launched, not kept: no exception
+    assert tuner.tuner.benchmarks == 1 and len(tuner.tuner.launched) == 1
