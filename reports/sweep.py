@@ -44,8 +44,9 @@ def speedup_of(case: dict[str, Any], name: str | None) -> dict[str, float] | Non
 
 
 def headline_figures(tech: Any) -> tuple[Headline, ...]:
-    """What ``tech`` is read by; empty for time (and for a technique this gpubench does not know)."""
-    return tuple(getattr(tech, "headline_figures", ()) or ())
+    """What ``tech`` is read by in place of time; empty for time (and for a technique this gpubench
+    does not know). A figure declared with ``replaces_time=False`` is shown beside the speedup."""
+    return tuple(h for h in getattr(tech, "headline_figures", ()) or () if getattr(h, "replaces_time", True))
 
 
 def value_text(value: float, figure: Headline) -> str:

@@ -11,9 +11,10 @@ and decorates its pieces:
 - ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
 - ``@T.metrics``: ``(workload, measured) -> dict``; ``flops`` / ``bytes_moved`` per call become
   TFLOP/s, GB/s and % of the measured device peak;
-- optional ``@T.reference``, ``@T.validate``, ``@T.figures``, declared :class:`Plot` s,
-  ``headline_figures`` (:class:`Headline`) where the technique's win is not time, and ``claims``
-  (:class:`Claim`, from :mod:`gpubench.claims`): the published figures the report checks.
+- optional ``@T.reference``, ``@T.validate``, declared :class:`Plot` s, ``headline_figures``
+  (:class:`Headline`): the figures the report reads the technique by beside or instead of time,
+  ``claims`` (:class:`Claim`, from :mod:`gpubench.claims`): the published figures the report
+  checks, and ``benchmarks`` (:class:`Bench`): the small sizes benchmarks/ times it at.
 
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
@@ -24,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 import statistics
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -49,10 +52,14 @@ class Param:
     choices: Sequence[Any] | None = None
     min: float | None = None
     max: float | None = None
+    # True: ``min`` itself is refused (a timeout, a duration to divide by: "> 0", not ">= 0").
+    min_exclusive: bool = False
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:
             raise TypeError(f"Param {self.name}: type must be one of int, float, str, bool")
+        if self.min_exclusive and self.min is None:
+            raise ValueError(f"Param {self.name}: min_exclusive needs a min")
         problem = self.problem(self.default)
         if problem is not None:
             raise ValueError(f"Param {self.name}: default {self.default!r}: {problem}")
@@ -67,9 +74,9 @@ class Param:
             return f"one of {list(self.choices)}"
         text = self.type_name
         if self.min is not None and self.max is not None:
-            text += f" in [{self.min}, {self.max}]"
+            text += f" in {'(' if self.min_exclusive else '['}{self.min}, {self.max}]"
         elif self.min is not None:
-            text += f" >= {self.min}"
+            text += f" {'>' if self.min_exclusive else '>='} {self.min}"
         elif self.max is not None:
             text += f" <= {self.max}"
         return text
@@ -96,6 +103,8 @@ class Param:
             return f"{value!r} is not {'an' if self.type_name == 'int' else 'a'} {self.type_name}"
         if self.choices is not None and value not in self.choices:
             return f"{value!r} is not one of {list(self.choices)}"
+        if self.min is not None and self.min_exclusive and value <= self.min:
+            return f"{value!r} is not above {self.min} (the minimum, excluded)"
         if self.min is not None and value < self.min:
             return f"{value!r} is below the minimum {self.min}"
         if self.max is not None and value > self.max:
@@ -263,20 +272,45 @@ class Plot:
 
 @dataclass(frozen=True)
 class Headline:
-    """A figure other than time that a technique is read by in the report's headline (kv_cache:
-    KV utilization; serving: output tokens/s). ``metric`` is a per-variant metric, shown baseline
-    -> optimized under ``label``; ``percent`` shows a fraction as a percentage; ``higher_is_better``
-    says which way is a win (it orders cases best first). A technique that declares none is read
-    by time: the optimized variant's speedup over the baseline."""
+    """A figure the report's headline reads a technique by. ``metric`` is a per-variant metric,
+    shown baseline -> optimized under ``label``; ``percent`` shows a fraction as a percentage;
+    ``higher_is_better`` says which way is a win (it orders cases best first).
+
+    ``replaces_time`` (the default): the win is this figure, not time (kv_cache: KV utilization;
+    serving: output tokens/s), so it stands in place of the speedup and ranks the cases. False: a
+    figure shown beside the speedup, the win is still time (moe_grouping: host syncs per step). A
+    technique that declares none is read by time alone: the optimized variant's speedup."""
 
     metric: str
     label: str = ""  # default: the metric's name
     percent: bool = False
     higher_is_better: bool = True
+    replaces_time: bool = True
 
     @property
     def name(self) -> str:
         return self.label or self.metric
+
+
+_BENCH_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A small size the pytest-benchmark suite (benchmarks/test_bench_techniques.py) times the
+    technique at: ``params`` over the technique's defaults; every variant that runs and is timed on
+    the device is timed there, and each output is checked as a run checks it. One line in the
+    declaration: ``benchmarks=[Bench("causal", {"seq_len": 512, "causal": True})]``. Optional: the
+    suite lists a technique that declares none as skipped and never times it at its defaults,
+    which may be a GPU's sizes."""
+
+    name: str  # in the test's id, so in the benchmark JSON's names: letters, digits, - _ .
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _BENCH_NAME.fullmatch(self.name):
+            raise ValueError(f"Bench {self.name!r}: a name is letters, digits, '-', '_' or '.'")
+        object.__setattr__(self, "params", dict(self.params))
 
 
 @dataclass
@@ -300,7 +334,9 @@ class Technique:
     params: Sequence[Param]
     anchor: str = ""  # the published figure the pair is measured against (stated here only)
     gpu_specific: str = ""  # non-empty: why a CPU ratio is not the GPU's win
-    headline: str = ""  # a metric key shown beside the speedup when the win is not time (e.g. utilization)
+    # Deprecated: headline_figures=(Headline(metric, replaces_time=False),). Read back, ``headline``
+    # is the first headline figure's metric (a property, defined below the class).
+    headline: InitVar[str] = ""
     # The regression gate compares this metric (per call, lower is better, deterministic) instead of
     # time, for techniques whose figure of merit is not time (kv_cache: bytes_reserved).
     gate_metric: str = ""
@@ -310,31 +346,45 @@ class Technique:
     reference_fn: Callable[[Workload], Any] | None = None
     metrics_fn: Callable[[Workload, Measured], dict[str, Any]] | None = None
     validate_fn: Callable[[dict[str, Any]], list[str]] | None = None
-    # Report hook: case records of this technique (from results.json) -> [(title, matplotlib
-    # Figure)]. Reads results only; never re-runs anything. Prefer declared ``plots``.
+    # Deprecated (declare ``plots``): case records of this technique -> [(title, matplotlib
+    # Figure)]. The report calls it only where the technique is importable: code is not in a run.
     figures_fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]] | None = None
     plots: Sequence[Plot] = ()
     source: str = ""  # where it came from: a module path or file (set by the registry)
-    # What the report's headline reads the technique by, when it is not time (the first one also
-    # ranks its cases); empty: time, the speedup of optimized over baseline.
+    # What the report's headline reads the technique by beside or instead of time (see Headline);
+    # empty: time alone, the speedup of optimized over baseline.
     headline_figures: Sequence[Headline] = ()
     # The published figures the pair is checked against (the report's "published claims on this
     # device" table): see gpubench.claims.Claim. Optional: a technique without claims still runs.
     claims: Sequence[Claim] = ()
+    # The small sizes benchmarks/ times the technique at (see Bench); empty: not benchmarked there.
+    benchmarks: Sequence[Bench] = ()
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, headline: str) -> None:
         if self.shape not in SHAPES:
             raise ValueError(f"technique {self.name}: shape must be one of {SHAPES}")
         names = [p.name for p in self.params]
         if len(names) != len(set(names)):
             raise ValueError(f"technique {self.name}: duplicate param names")
         self.plots = list(self.plots)
-        self.headline_figures = tuple(self.headline_figures)
-        if any(not isinstance(h, Headline) for h in self.headline_figures):
-            raise TypeError(f"technique {self.name}: headline_figures must be Headline(...) declarations")
-        self.claims = tuple(self.claims)
-        if any(not isinstance(c, Claim) for c in self.claims):
-            raise TypeError(f"technique {self.name}: claims must be Claim(...) declarations")
+        self.headline_figures = _declared(self.name, "headline_figures", self.headline_figures, Headline)
+        if headline:
+            self._take_legacy_headline(headline)
+        self.claims = _declared(self.name, "claims", self.claims, Claim)
+        self.benchmarks = _declared(self.name, "benchmarks", self.benchmarks, Bench)
+        problems = self.bench_problems()
+        if problems:
+            raise ValueError(f"technique {self.name}: {'; '.join(problems)}")
+        if self.figures_fn is not None:
+            warnings.warn(_FIGURES_DEPRECATED, DeprecationWarning, stacklevel=3)
+
+    def _take_legacy_headline(self, metric: str) -> None:
+        """``headline="x"``, the older spelling: a figure shown beside the speedup, put first so
+        that ``headline`` reads back as it was given."""
+        warnings.warn(f"Technique(headline={metric!r}) is deprecated: use "
+                      f"headline_figures=(Headline({metric!r}, replaces_time=False),)", DeprecationWarning, stacklevel=4)
+        rest = tuple(h for h in self.headline_figures if h.metric != metric)
+        self.headline_figures = (Headline(metric, replaces_time=False),) + rest
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
@@ -373,7 +423,9 @@ class Technique:
         return fn
 
     def figures(self, fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]]):
-        """Optional: the technique's own report figures, built from its case records."""
+        """Deprecated: the technique's own report figures, built from its case records. Declare
+        :class:`Plot` s instead: a run holds them, so its report draws them without this code."""
+        warnings.warn(_FIGURES_DEPRECATED, DeprecationWarning, stacklevel=2)
         self.figures_fn = fn
         return fn
 
@@ -393,6 +445,24 @@ class Technique:
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
+
+    def bench_params(self, bench: Bench) -> dict[str, Any]:
+        """The params ``bench`` is built with: its own over the defaults."""
+        return {**self.defaults(), **bench.params}
+
+    def bench_problems(self) -> list[str]:
+        """What is wrong with the declared benchmark sizes: a name used twice, an unknown param, a
+        value its param refuses (cross-param rules are ``validate``'s, which may come later)."""
+        names = [b.name for b in self.benchmarks]
+        out = [f"benchmark {n!r} declared twice" for n in sorted({n for n in names if names.count(n) > 1})]
+        for bench in self.benchmarks:
+            for key, value in bench.params.items():
+                param = self.param(key)
+                problem = f"unknown param; allowed: {', '.join(p.name for p in self.params)}" if param is None \
+                    else param.problem(value)
+                if problem is not None:
+                    out.append(f"benchmark {bench.name!r}: {key}: {problem}")
+        return out
 
     def declared(self, role: str) -> list[Variant]:
         """The variants declared for ``role``, in order of preference."""
@@ -449,6 +519,27 @@ class Technique:
         roles = {v.role for v in self.variants.values()}
         missing += [f"{r} variant" for r in ("baseline", "optimized") if r not in roles]
         return missing
+
+
+def _headline_metric(self: Technique) -> str:
+    """The first headline figure's metric, "" for a technique read by time alone (what a case
+    record keeps as ``headline``; the attribute older code reads)."""
+    return self.headline_figures[0].metric if self.headline_figures else ""
+
+
+# Set after the class: a property in its body would become the default of the ``headline`` InitVar.
+Technique.headline = property(_headline_metric)  # type: ignore[assignment]
+
+_FIGURES_DEPRECATED = ("Technique.figures / figures_fn is deprecated: declare Plot(...)s (Technique(plots=...) or "
+                       "@T.plot), which a run records and its report draws without the technique's code")
+
+
+def _declared(technique: str, what: str, values: Sequence[Any], kind: type) -> tuple[Any, ...]:
+    """``values`` as a tuple, each one a ``kind`` declaration, else TypeError."""
+    values = tuple(values)
+    if any(not isinstance(v, kind) for v in values):
+        raise TypeError(f"technique {technique}: {what} must be {kind.__name__}(...) declarations")
+    return values
 
 
 def first_paragraph(docstring: str | None) -> str:

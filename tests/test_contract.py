@@ -1,11 +1,16 @@
-"""The public contract: roles cast per device, the shared checks, the recorder hand-off."""
+"""The public contract: roles cast per device, the shared checks, the recorder hand-off, one
+declaration per idea (headline figures, plots, benchmark sizes) with the older spellings still
+working behind a DeprecationWarning."""
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
-from gpubench.contract import (DTYPE_TOLERANCE, Plot, Recorder, Technique, Workload, relative_l2_check,
-                               tensors_check)
+from gpubench.contract import (DTYPE_TOLERANCE, Bench, Headline, Param, Plot, Recorder, Technique, Workload,
+                               relative_l2_check, tensors_check)
+from gpubench.reports import sweep
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -114,3 +119,75 @@ def test_plots_refuse_an_unknown_kind_or_a_line_without_x():
     with pytest.raises(ValueError, match="needs x"):
         Plot("t", y="tflops")
     assert Plot("t", y=("a", "b"), kind="bars").ys == ("a", "b")
+
+
+# -- one mechanism per idea: the older spellings warn and become the new declarations ----------
+def test_a_headline_string_warns_with_its_replacement_and_becomes_a_figure_beside_the_speedup():
+    with pytest.warns(DeprecationWarning, match=r"headline_figures=\(Headline\('syncs', replaces_time=False\),\)"):
+        t = Technique("t", summary="s", shape="kernel", params=[], headline="syncs")
+    assert t.headline_figures == (Headline("syncs", replaces_time=False),)
+    assert t.headline == "syncs"  # what case records keep, read back as given
+    assert sweep.headline_figures(t) == ()  # still read by time
+
+
+def test_a_headline_string_beside_declared_figures_reads_back_first_and_keeps_the_figures_the_win_is_read_by():
+    tokens = Headline("tokens_per_s", "tokens/s")
+    with pytest.warns(DeprecationWarning):
+        t = Technique("t", summary="s", shape="serving_run", params=[], headline="syncs", headline_figures=(tokens,))
+    assert t.headline == "syncs" and sweep.headline_figures(t) == (tokens,)
+    with pytest.warns(DeprecationWarning):  # the same metric twice is one figure
+        same = Technique("t", summary="s", shape="serving_run", params=[], headline="tokens_per_s",
+                         headline_figures=(tokens,))
+    assert [h.metric for h in same.headline_figures] == ["tokens_per_s"]
+
+
+def test_headline_figures_alone_raise_no_warning_and_the_first_is_the_headline_metric():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        beside = Technique("t", summary="s", shape="kernel", params=[],
+                           headline_figures=(Headline("syncs", replaces_time=False),))
+        plain = Technique("t", summary="s", shape="kernel", params=[])
+    assert beside.headline == "syncs" and plain.headline == "" and sweep.headline_figures(beside) == ()
+
+
+def test_a_figures_hook_warns_to_declare_plots_and_still_works_both_ways():
+    def hook(cases):
+        return [("n", None)]
+
+    t = Technique("t", summary="s", shape="kernel", params=[])
+    with pytest.warns(DeprecationWarning, match="declare Plot"):
+        assert t.figures(hook) is hook
+    assert t.figures_fn is hook
+    with pytest.warns(DeprecationWarning, match="declare Plot"):
+        given = Technique("t", summary="s", shape="kernel", params=[], figures_fn=hook)
+    assert given.figures_fn is hook
+
+
+# -- params: what a policy key needs too ----------------------------------------------------------
+def test_an_exclusive_minimum_refuses_the_minimum_itself_and_says_so():
+    timeout = Param("case_timeout_s", float, 300.0, "seconds", min=0, min_exclusive=True)
+    assert timeout.problem(0) == "0 is not above 0 (the minimum, excluded)"
+    assert timeout.problem(1e-9) is None and timeout.allowed() == "float > 0"
+    assert Param("x", float, 1.0, min=0, max=2, min_exclusive=True).allowed() == "float in (0, 2]"
+    assert Param("warmup_s", float, 0.0, min=0).problem(0.0) is None  # inclusive by default
+    with pytest.raises(ValueError, match="default 0"):
+        Param("x", float, 0, min=0, min_exclusive=True)
+    with pytest.raises(ValueError, match="needs a min"):
+        Param("x", float, 1.0, min_exclusive=True)
+
+
+# -- declared benchmark sizes ---------------------------------------------------------------------
+def test_benchmark_sizes_are_checked_against_the_params_when_declared():
+    params = [Param("n", int, 4, min=1), Param("mode", str, "a", choices=["a", "b"])]
+    t = Technique("t", summary="s", shape="kernel", params=params, benchmarks=[Bench("small", {"n": 2})])
+    assert t.bench_params(t.benchmarks[0]) == {"n": 2, "mode": "a"}
+    with pytest.raises(ValueError) as err:
+        Technique("t", summary="s", shape="kernel", params=params,
+                  benchmarks=[Bench("x", {"n": 0}), Bench("x", {"size": 3, "mode": "c"})])
+    text = str(err.value)
+    assert "'x' declared twice" in text and "n: 0 is below the minimum 1" in text
+    assert "size: unknown param; allowed: n, mode" in text and "mode: 'c' is not one of ['a', 'b']" in text
+    with pytest.raises(TypeError, match="Bench"):
+        Technique("t", summary="s", shape="kernel", params=params, benchmarks=[{"n": 2}])
+    with pytest.raises(ValueError, match="letters, digits"):
+        Bench("two words")
