@@ -380,11 +380,11 @@ class Technique:
 
     def _take_legacy_headline(self, metric: str) -> None:
         """``headline="x"``, the older spelling: a figure shown beside the speedup, put first so
-        that ``headline`` reads back as it was given."""
+        that ``headline`` reads back as it was given; a metric already declared stays as declared."""
         warnings.warn(f"Technique(headline={metric!r}) is deprecated: use "
                       f"headline_figures=(Headline({metric!r}, replaces_time=False),)", DeprecationWarning, stacklevel=4)
-        rest = tuple(h for h in self.headline_figures if h.metric != metric)
-        self.headline_figures = (Headline(metric, replaces_time=False),) + rest
+        if all(h.metric != metric for h in self.headline_figures):
+            self.headline_figures = (Headline(metric, replaces_time=False),) + self.headline_figures
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
