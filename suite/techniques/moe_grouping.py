@@ -12,8 +12,8 @@ from typing import Any, Callable
 import torch
 
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
-from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Param, Plot, Recorder, Technique,
-                               Workload, tensors_check)
+from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Headline, Measured, Param, Plot, Recorder,
+                               Technique, Workload, tensors_check)
 from gpubench.claims import UNSLOTH_NVIDIA
 from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route
 from gpubench.optimizations.moe_grouping import (grouped_gemm_path, grouped_mm_function, moe_forward as sort_and_group,
@@ -55,7 +55,10 @@ TECHNIQUE = Technique(
         "per-op overhead and the loop's per-expert gradient assembly in the backward, and torch's "
         "grouped_mm is itself a loop of matmuls, so the CPU ratio says little about a GPU's."
     ),
-    headline="syncs_per_step",
+    headline_figures=(Headline("syncs_per_step", "host syncs per step", higher_is_better=False,
+                               replaces_time=False),),
+    benchmarks=[Bench("32-experts-top-4", {"experts": 32, "top_k": 4, "hidden": 256, "expert_dim": 256,
+                                             "tokens": 512})],
     params=[
         Param("experts", int, 8, "experts in the layer (gpt-oss-20b: 32, gpt-oss-120b: 128)", min=1),
         Param("top_k", int, 2, "experts per token (gpt-oss: 4)", min=1),
