@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import cli, scenario as scenariomod
+from gpubench import cli_run, scenario as scenariomod
 from gpubench.cli import main
 from gpubench.reports.gate import case_labels
 from gpubench.reports.terminal import case_params, print_summary
@@ -281,7 +281,7 @@ def test_a_huge_sweep_is_counted_not_built(tmp_path, monkeypatch):
     result = invoke("run", "--scenario", path, "--dry-run", "--out", tmp_path / "runs")
     assert result.exit_code == 0, result.output
     assert "250,000 cases" in result.output and "(249,997 more)" in result.output
-    assert len(built) == cli.DRY_RUN_IDS
+    assert len(built) == cli_run.DRY_RUN_IDS
 
 
 def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scenario, tmp_path, monkeypatch):
@@ -290,7 +290,7 @@ def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scen
     assert first.exit_code == 0 and "warning:" not in first.output
     # Past the limit, a run says how many cases and how long before it starts; the estimate now
     # rests on the first run's measured times of the same cases.
-    monkeypatch.setattr(cli, "LARGE_RUN_CASES", 2)
+    monkeypatch.setattr(cli_run, "LARGE_RUN_CASES", 2)
     second = invoke("run", "--scenario", note_scenario(3), "--out", out, "--no-calibrate", "--isolation", "none")
     assert second.exit_code == 0, second.output
     lines = second.output.splitlines()

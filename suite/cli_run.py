@@ -1,0 +1,369 @@
+"""``gpubench run`` (a scenario through the supervisor, its progress, summary and report),
+``gpubench profile`` (one case under the profiler) and ``gpubench report`` (a run's HTML report)."""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpubench import env as envmod
+from gpubench import estimate, results, runner, scenario as scenariomod, techniques
+from gpubench.atomic import DiskFull
+from gpubench.cli_console import disk_full_text, make_console
+from gpubench.errors import BadInput
+from gpubench.reports.terminal import case_params, format_speedup, print_summary
+
+if TYPE_CHECKING:
+    from gpubench.devicecache import CaseTimes
+
+
+class _CaseProgress:
+    """A progress bar on a terminal (case i/n, technique, params, elapsed); one line per case
+    otherwise (CI logs)."""
+
+    def __init__(self, console: Console, shown: dict[str, set[str]]):
+        self.console = console
+        self.shown = shown
+        self.interactive = console.is_terminal
+        self.bar: Progress | None = None
+        self.task = None
+        self.t0 = time.perf_counter()
+
+    def run_started(self, total: int) -> None:
+        self.total = total
+        if self.interactive:
+            self.bar = Progress(TextColumn("case"), MofNCompleteColumn(), BarColumn(),
+                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console)
+            self.bar.start()
+            self.task = self.bar.add_task("calibrating", total=total)
+
+    def case_started(self, index: int, case: scenariomod.Case) -> None:
+        self.case_t0 = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{case.technique} {self._params(case.technique, case.params)}")
+
+    def case_finished(self, index: int, case: scenariomod.Case, record: results.CaseRecord) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        opt = record.role_variant("optimized")
+        line = (f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
+                f"{self._params(case.technique, record.params)}  {opt or 'optimized'} speedup "
+                f"{format_speedup(record.speedups.get(opt))}  "
+                f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
+        if record.status != "passed" and record.failure is not None:
+            line += f"\n    {record.failure.message}"
+        self.console.print(line, markup=False, soft_wrap=not self.interactive)  # a log line is never wrapped
+
+    def note(self, text: str) -> None:
+        """What a running case says (a draft model trained once): above the bar, or a log line."""
+        self.console.print(f"note: {text}", markup=False, soft_wrap=not self.interactive)
+
+    def _params(self, technique: str, params: dict[str, Any]) -> str:
+        return case_params({"params": params}, self.shown.get(technique))
+
+    def run_finished(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+LARGE_RUN_CASES = 2_000  # a plain run past this many cases is announced with its estimated time
+DRY_RUN_IDS = 3  # case ids a dry run shows per technique
+
+
+def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, int], only: list[str] | None,
+                   device: str, out_root: Path, repeat_scale: float, workers: int) -> None:
+    """The cases a run would measure (a count per technique, the first cases' params that vary) and
+    its estimated time."""
+    shown = scen.varying(only)
+    first: dict[str, list[str]] = {}
+    for entry in scen.entries:
+        if only and entry.technique not in only:
+            continue
+        labels = first.setdefault(entry.technique, [])
+        labels += [case_params({"params": c.params}, shown[entry.technique]) for c in
+                   itertools.islice(scen.entry_cases(entry, repeat_scale), DRY_RUN_IDS - len(labels))]
+    width, digits = max(map(len, counts), default=0), len(f"{max(counts.values(), default=0):,}")
+    for technique, n in counts.items():
+        more = f"; ... ({n - len(first[technique]):,} more)" if n > len(first[technique]) else ""
+        out.print(f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: "
+                  f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=True)
+    guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
+                              repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
+    out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=True)
+    out.print("nothing was run or written (--dry-run)")
+
+
+def _case_times(device: str) -> "CaseTimes | None":
+    """The case-time history of the device model a run on ``device`` would use (None where the
+    device cannot be named here, e.g. a Ray cluster's)."""
+    from gpubench.devicecache import CaseTimes
+
+    try:
+        return CaseTimes(envmod.device_label(torch.device(device.split("#")[0])))
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+
+def _default_scenario(device_opt: str | None) -> str:
+    wants_gpu = device_opt not in (None, "auto") and "cpu" not in device_opt
+    return "gpu-quick" if (wants_gpu or (device_opt in (None, "auto") and torch.cuda.is_available())) else "smoke"
+
+
+@click.command()
+@click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
+              help="A shipped scenario name (see `gpubench list`) or a YAML file. "
+                   "Default: smoke on a CPU machine, gpu-quick on a GPU machine.")
+@click.option("--device", "--devices", "devices", metavar="all|cpu|cuda|cuda:N[,...]",
+              help="Where the cases run (overrides the scenario's device): one worker process per device, "
+                   "cases spread over them; 'all' is every GPU here.")
+@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Parent directory of the run directory <timestamp>-<scenario>/.")
+@click.option("--only", metavar="TECH,...", help="Run only these techniques of the scenario.")
+@click.option("--repeat-scale", type=float, default=1.0, show_default=True,
+              help="Scale repetition counts and times of the measurement policy (e.g. 0.2 for a quick look).")
+@click.option("--telemetry-interval", type=float, default=0.05, show_default=True, help="NVML sampling interval, seconds.")
+@click.option("--no-calibrate", is_flag=True, help="Skip measuring the device peak (no %-of-peak metrics).")
+@click.option("--isolation", type=click.Choice(["process", "none"]), default="process", show_default=True,
+              help="process: each device's cases in a worker process that a hang or crash cannot take the run "
+                   "down with; none: every case in this process (for a debugger).")
+@click.option("--max-parallel", type=int, default=None, help="At most this many workers at once (default: one per device).")
+@click.option("--cluster", metavar="ray|ray://HOST:PORT", help="Run each case as a Ray task (pip install 'gpubench[ray]').")
+@click.option("--gpu-type", metavar="TYPE", help="With --cluster: Ray's accelerator type the tasks ask for (e.g. H100).")
+@click.option("--per-model", is_flag=True, help="Run every case once on each device model among the devices "
+              "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.")
+@click.option("--exclusive", is_flag=True, help="Refuse to start (exit 2) when other processes are using a GPU.")
+@click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
+@click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
+              "estimate the run time; run nothing, write nothing.")
+@click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
+              "traces under RUN/profiles/, a launch/sync/copy breakdown in results.json and the report.")
+def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
+        telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
+        cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
+        dry_run: bool, profile: bool) -> None:
+    """Run a scenario: check and time every case, write a run directory."""
+    from gpubench import supervisor
+
+    if repeat_scale <= 0:
+        raise BadInput(f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy).")
+    if telemetry_interval <= 0:
+        raise BadInput(f"--telemetry-interval: {telemetry_interval} is not valid; allowed: seconds > 0.")
+    if gpu_type and not cluster:
+        raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
+    scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    if devices is not None:
+        device_list = supervisor.resolve_devices(devices, "--devices")
+    elif cluster:
+        device_list = ["cuda" if scen.device.startswith("cuda") else "cpu"]
+    else:
+        device_list = supervisor.resolve_devices(scen.device, f"{scen.path}: device")
+    options = supervisor.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
+                                    max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
+                                    per_model=per_model, profile=profile)
+    only_list = None
+    if only:
+        only_list = [t.strip() for t in only.split(",") if t.strip()]
+        in_scenario = sorted({e.technique for e in scen.entries})
+        for name in only_list:
+            if techniques.get(name) is None:
+                raise BadInput(f"--only: {name!r} is not a registered technique; allowed: "
+                               f"{', '.join(techniques.all_techniques())}.")
+            if name not in in_scenario:
+                raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
+                               f"its techniques: {', '.join(in_scenario)}.")
+    supervisor.check_options(options)  # refused before anything is printed or created
+    out = make_console()
+    where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
+    counts = scen.count(only_list)  # a huge sweep is counted, not built
+    total = sum(counts.values())
+    workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
+    out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
+              f"{where}" + ("" if isolation == "process" else ", in this process")
+              + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
+    if dry_run:
+        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers)
+        return
+    if total > LARGE_RUN_CASES:
+        guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
+                                  only=only_list, repeat_scale=repeat_scale, workers=workers,
+                                  history=_case_times(device_list[0]))
+        out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
+                  f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
+                  f"the run and keeps what finished.", soft_wrap=True)
+    progress = _CaseProgress(out, scen.varying(only_list))
+    with supervisor.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
+        outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
+                                          progress=progress, telemetry_interval_s=telemetry_interval,
+                                          calibrate=not no_calibrate)
+        try:
+            code = _close_run(out, outcome)
+        except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
+            code = _interrupted_exit(exc, outcome)
+    sys.exit(code)
+
+
+def _interrupted_exit(exc: KeyboardInterrupt, outcome: runner.RunOutcome) -> int:
+    """143 when SIGTERM stopped the run or what came after it, else 130."""
+    from gpubench import supervisor
+
+    sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
+    return runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+
+
+def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
+    """The summary, where the run is, its report; the exit code (the run's, unless the report
+    could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
+    notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
+    print_summary(outcome.doc, out, notes)
+    if outcome.record.time_use is not None:
+        out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
+    out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
+    if outcome.record.disk_full:
+        click.echo(f"error: {_disk_full_run_text(outcome)}", err=True)
+        return runner.EXIT_DISK_FULL
+    out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)", soft_wrap=True)
+    try:  # the run is on disk already; a report that fails costs the report only
+        from gpubench.reports import html as html_report
+
+        t_report = time.perf_counter()
+        written = html_report.write_report(outcome.run_dir)
+        _remember_report_time(outcome, time.perf_counter() - t_report)
+        out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
+    except DiskFull as exc:
+        click.echo("error: " + disk_full_text(exc.filename, exc.strerror, f"The run itself is saved (results.json); no "
+                                              f"report was written: free some space, then `gpubench report "
+                                              f"{outcome.run_dir}` writes it."), err=True)
+        return runner.EXIT_DISK_FULL
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
+        out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
+                  f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=True)
+        return _interrupted_exit(exc, outcome)
+    except Exception as exc:  # noqa: BLE001
+        out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
+                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
+    return outcome.exit_code
+
+
+def _remember_report_time(outcome: runner.RunOutcome, seconds: float) -> None:
+    """The report's share of a run, for the next dry run's estimate (a cache: never fails a run)."""
+    from gpubench.devicecache import CaseTimes
+
+    if outcome.record.device_label and outcome.record.cases:
+        try:
+            CaseTimes(outcome.record.device_label).record_report(seconds, len(outcome.record.cases))
+        except OSError:
+            pass
+
+
+def _disk_full_run_text(outcome: runner.RunOutcome) -> str:
+    """The full-disk paragraph of a run: where it stopped, what is kept and readable, what next."""
+    run = outcome.record
+    try:
+        kept = len(results.load_results(outcome.run_dir).get("cases") or [])
+    except BadInput:
+        kept = 0
+    planned = run.planned_cases
+    done = len(run.cases)
+    if run.status == "complete":
+        stopped = f"Every one of the {done} cases ran"
+    elif planned is None:
+        stopped = "The run stopped before any case ran"
+    else:
+        stopped = f"The run stopped after {done} of {planned} case{'s' if planned != 1 else ''}"
+    path, _, strerror = run.disk_full.rpartition(": ")
+    return disk_full_text(path, strerror,
+                          f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
+                          f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
+                          f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
+                          f"scenario again for the rest. Exit code {runner.EXIT_DISK_FULL}.")
+
+
+@click.command(name="profile")
+@click.argument("target", metavar="TECHNIQUE|CASE_ID")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A param of the case (repeatable).")
+@click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
+              help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
+                   "first case; --param overrides. Default: the technique's defaults.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
+@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Parent directory of the run directory <timestamp>-profile-<technique>/.")
+@click.option("--calls", type=click.IntRange(min=1), default=None, help="Calls under the profiler [default: 3].")
+@click.option("--repeat-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
+              help="Scale of the timing before the profile.")
+def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None, device: str, out_root: str,
+                calls: int | None, repeat_scale: float) -> None:
+    """Profile one case without a full run: check, time briefly, then profile every variant.
+
+    gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
+    breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
+    report in a run directory."""
+    from gpubench import profiling, supervisor
+    from gpubench.reports import html as html_report
+    from gpubench.reports.profile_view import case_table
+
+    device_text = supervisor.resolve_devices(device, "--device")[0]
+    scen = scenariomod.one_case_scenario(target, list(params), scenario_name, device_text, calls)
+    options = supervisor.RunOptions(devices=[device_text], isolation="none")
+    outcome = supervisor.run_scenario(scen, options, Path(out_root), calibrate=False, repeat_scale=repeat_scale)
+    out = make_console()
+    doc = outcome.doc
+    for number, case in enumerate(doc["cases"], 1):
+        table = case_table(case, number, link_base=f"{outcome.run_dir}/")
+        if table is None:
+            reason = (case.get("failure") or {}).get("message") or "no variant ran"
+            out.print(f"{case['id']}: nothing profiled ({reason})", markup=False)
+            continue
+        grid = Table(title=f"{case['id']} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
+        grid.add_column("per call")
+        for col in table["columns"]:
+            grid.add_column(f"{col['role']} {col['name']}")
+        for row in table["rows"]:
+            grid.add_row(row["label"], *row["cells"])
+        grid.add_row(table["top_title"], *["\n".join(c["top"]) or (c["error"] or "-") for c in table["columns"]])
+        out.print(grid)
+        for col in table["columns"]:
+            out.print(f"trace {col['name']}: {col['trace'] or col['error']}", markup=False, soft_wrap=True)
+        for note in table["notes"]:
+            out.print(f"note: {note}", markup=False)
+        for col in table["columns"]:
+            for note in col["notes"]:
+                out.print(f"note ({col['name']}): {note}", markup=False)
+        out.print(f"syncs counted: {table['sync_counting']}", markup=False)
+    try:
+        written = html_report.write_report(outcome.run_dir)
+        out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False)
+    except Exception as exc:  # noqa: BLE001 - the traces are on disk already
+        out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
+    sys.exit(outcome.exit_code)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
+@click.option("--compare", "others", type=click.Path(path_type=Path), multiple=False, default=None,
+              metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "
+              "regressions first. Further runs may follow RUN_DIR: then a technique x device matrix of all.")
+@click.argument("more", nargs=-1, type=click.Path(path_type=Path))
+def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[Path, ...]) -> None:
+    """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it.
+
+    gpubench report RUN --compare OTHER: the two runs side by side.
+    gpubench report RUN --compare RUN2 RUN3 ...: the technique x device matrix of all the runs."""
+    from gpubench.reports import html as html_report
+
+    compare = ([others] if others is not None else []) + list(more)
+    if more and others is None:
+        raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
+    written = html_report.write_report(run_dir, output, compare=compare)
+    click.echo(f"report: {written.html}")
+    click.echo(f"summary: {written.markdown}")
