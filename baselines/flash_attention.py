@@ -1,55 +1,17 @@
 """Eager attention: materialize the N x N scores, softmax them in float32, multiply by V (what
-Hugging Face's ``eager`` attention and most reference code do); and the float64 references every
-attention test checks against, padded (SDPA's layout) and variable-length (flash-attn's packed one).
-
-Conventions shared by every attention path of gpubench (eager, the tiled loop, the Triton kernels):
-q (batch, heads, seq_q, head_dim), k (batch, kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k,
-head_dim_v), heads a multiple of kv_heads (GQA / MQA), head_dim and head_dim_v each 1..256; the output
-is (batch, heads, seq_q, head_dim_v). ``causal_align`` places the causal diagonal when seq_q != seq_k:
-"bottom_right" (the default, as flash-attn >= 2.1 and serving engines: query i sees keys
-j <= i + seq_k - seq_q, what a chunk of queries at the end of a KV cache needs) or "top_left" (SDPA's
-``is_causal``: j <= i). Equal lengths: both the same. A query row that sees no key (bottom-right with
-seq_q > seq_k) gets output 0 and log-sum-exp -inf.
+Hugging Face's ``eager`` attention and most reference code do). Conventions (layouts, GQA, causal
+alignment, rows that see no key): :mod:`gpubench.attention`.
 """
 from __future__ import annotations
 
 import torch
 
-CAUSAL_ALIGNS = ("bottom_right", "top_left")
-# Scores the float64 reference holds at once, in elements (256 MiB).
-REFERENCE_CHUNK_ELEMENTS = 2**25
-
-
-def causal_offset(seq_q: int, seq_k: int, causal_align: str) -> int:
-    """The shift of the causal diagonal: query i sees keys j <= i + offset."""
-    if causal_align not in CAUSAL_ALIGNS:
-        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS} (got {causal_align!r})")
-    return seq_k - seq_q if causal_align == "bottom_right" else 0
-
-
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_dim: int = 2) -> None:
-    """ValueError unless q, k, v are a valid attention problem (``seq_dim`` 2 for the padded layout
-    (batch, heads, seq, dim), 0 for the packed one (tokens, heads, dim))."""
-    dims = 4 if seq_dim == 2 else 3
-    if not q.dim() == k.dim() == v.dim() == dims:
-        raise ValueError(f"q, k, v must each have {dims} dims (got {q.dim()}, {k.dim()}, {v.dim()})")
-    head_dim_axis = dims - 1
-    heads, kv_heads = q.shape[1], k.shape[1]  # heads are dim 1 in both layouts
-    if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
-    same = [a for a in range(k.dim()) if a != head_dim_axis]
-    if [k.shape[a] for a in same] != [v.shape[a] for a in same] or k.shape[head_dim_axis] != q.shape[head_dim_axis] \
-            or (seq_dim == 2 and k.shape[0] != q.shape[0]):
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}: k must have q's "
-                         "batch and head_dim, v k's shape but for its own head_dim_v")
-    for name, dim in (("head_dim", q.shape[head_dim_axis]), ("head_dim_v", v.shape[head_dim_axis])):
-        if not 1 <= dim <= 256:
-            raise ValueError(f"{name} {dim} is not supported (1..256)")
+from gpubench.attention import causal_offset, check_shapes, softmax_with_empty_rows
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
-    """softmax(q k^T * scale) v in SDPA's layout (see the module's conventions), differentiable."""
+    """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.attention`), differentiable."""
     check_shapes(q, k, v)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
@@ -65,74 +27,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         above_diagonal = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(offset + 1)
         scores = scores.masked_fill(above_diagonal, float("-inf"))
     if causal and offset < 0 or seq_k == 0:  # some rows see no key: softmax would make them NaN
-        return _softmax_with_empty_rows(scores, v)
+        return softmax_with_empty_rows(scores, v)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v)
-
-
-def _softmax_with_empty_rows(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(scores) v with rows of only -inf giving 0 (and a zero gradient, not NaN): those rows
-    are softmaxed as zeros and their weights then multiplied by 0."""
-    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1,
-                          dtype=torch.promote_types(scores.dtype, torch.float32))
-    probs = probs.masked_fill(empty, 0.0).to(v.dtype)
-    return torch.matmul(probs, v)
-
-
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                        scale: float | None = None, causal_align: str = "bottom_right", *,
-                        return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Attention in float64 (SDPA's layout), a chunk of query rows at a time so memory stays
-    bounded; differentiable, so its gradients are the backward pass's reference too. With
-    ``return_lse`` also the natural-log log-sum-exp of the scaled scores over the visible keys,
-    (batch, heads, seq_q) float64, -inf for a row that sees no key."""
-    check_shapes(q, k, v)
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
-    batch, heads, seq_q, head_dim = q.shape
-    kv_heads, seq_k = k.shape[1], k.shape[2]
-    offset = causal_offset(seq_q, seq_k, causal_align)
-    scale = head_dim ** -0.5 if scale is None else scale
-    q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (b, kv_heads, group, s, d): no copy of k, v
-    outs, lses = [], []
-    rows = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads * seq_k))
-    key_pos = torch.arange(seq_k, device=q.device)
-    for start in range(0, seq_q, rows):
-        stop = min(start + rows, seq_q)
-        scores = torch.einsum("bkgqd,bknd->bkgqn", q[:, :, :, start:stop], k) * scale
-        if causal:
-            query_pos = torch.arange(start, stop, device=q.device)
-            scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None] + offset, float("-inf"))
-        outs.append(_softmax_with_empty_rows(scores, v[:, :, None]))
-        lses.append(torch.logsumexp(scores, dim=-1))
-    out = torch.cat(outs, dim=3).flatten(1, 2) if outs else q.new_zeros(batch, heads, 0, v.shape[-1])
-    if not return_lse:
-        return out
-    lse = torch.cat(lses, dim=3).flatten(1, 2) if lses else q.new_zeros(batch, heads, 0)
-    return out, lse
-
-
-def attention_reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                               cu_seqlens_k: torch.Tensor, causal: bool = False, scale: float | None = None,
-                               causal_align: str = "bottom_right", *, return_lse: bool = False
-                               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Packed (flash-attn varlen) attention in float64, each document run alone by
-    :func:`attention_reference`: q (total_q, heads, head_dim), k (total_k, kv_heads, head_dim), v
-    (total_k, kv_heads, head_dim_v); document b is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against
-    k/v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. Returns out (total_q, heads, head_dim_v) float64
-    [and lse (heads, total_q)]."""
-    check_shapes(q, k, v, seq_dim=0)
-    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if len(cu_q) != len(cu_k) or len(cu_q) < 1:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be (batch + 1,) (got {len(cu_q)}, {len(cu_k)})")
-    outs, lses = [], []
-    for b in range(len(cu_q) - 1):
-        doc = [t[lo:hi].transpose(0, 1)[None] for t, lo, hi in ((q, cu_q[b], cu_q[b + 1]), (k, cu_k[b], cu_k[b + 1]),
-                                                                (v, cu_k[b], cu_k[b + 1]))]
-        out, lse = attention_reference(*doc, causal=causal, scale=scale, causal_align=causal_align, return_lse=True)
-        outs.append(out[0].transpose(0, 1))
-        lses.append(lse[0])
-    out = torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2], dtype=torch.float64)
-    if not return_lse:
-        return out
-    return out, torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0, dtype=torch.float64)

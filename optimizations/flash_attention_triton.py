@@ -8,7 +8,7 @@ fp32 in with fp32 accumulation, causal aligned bottom-right (flash-attn's defaul
 j <= i + seq_k - seq_q) or top-left (SDPA's ``is_causal``), the padded layout (SDPA's) and the packed
 variable-length one (flash-attn's ``cu_seqlens``), and optionally the log-sum-exp of each row that the
 backward pass (:mod:`.flash_attention_triton_bwd`) recomputes from. Conventions:
-:mod:`gpubench.baselines.flash_attention`. Tiles are autotuned on a GPU; under Triton's interpreter
+:mod:`gpubench.attention`. Tiles are autotuned on a GPU; under Triton's interpreter
 (``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.baselines.flash_attention import CAUSAL_ALIGNS, check_shapes
+from gpubench.attention import CAUSAL_ALIGNS, check_shapes
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 

@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.baselines.flash_attention import check_shapes
+from gpubench.attention import check_shapes
+# The forward kernel's own argument checks and tile configs: both files are one optimization (the
+# forward and backward of one kernel), so sharing its private helpers crosses no layer.
 from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
                                                            flash_attention_triton, flash_attention_varlen_triton)
 from gpubench.autotune import PersistentAutotuner, length_bucket

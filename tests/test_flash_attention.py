@@ -308,7 +308,7 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 # -- train mode, varlen, causal alignment, head dims (issue 20) ---------------------------------
 
 import gpubench.techniques.flash_attention as flash  # noqa: E402
-from gpubench.baselines.flash_attention import attention_reference  # noqa: E402
+from gpubench.attention import attention_reference  # noqa: E402
 from gpubench.triton_support import kernel_module, kernel_problem  # noqa: E402
 from planted import mutant  # noqa: E402
 

@@ -4,7 +4,7 @@ interpreter here) returns the log-sum-exp the backward pass recomputes from, han
 default, flash-attn's) or top-left (SDPA's) with seq_q != seq_k, and runs packed variable-length
 documents that never attend across each other; the eager baseline and the tiled PyTorch loop follow
 the same conventions. Everything is checked against the float64 references of
-baselines/flash_attention.py, which are themselves checked against SDPA with an explicit mask.
+gpubench/attention.py, which are themselves checked against SDPA with an explicit mask.
 Sizes are tiny: the interpreter runs the kernel in numpy."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpubench.baselines.flash_attention import attention, attention_reference, attention_reference_varlen
+from gpubench.attention import attention_reference, attention_reference_varlen
+from gpubench.baselines.flash_attention import attention
 from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
 from gpubench.optimizations.flash_attention_triton import flash_attention_triton, flash_attention_varlen_triton
 

@@ -16,8 +16,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.torch_version import TorchVersion
 
-from gpubench.baselines.flash_attention import (CAUSAL_ALIGNS, REFERENCE_CHUNK_ELEMENTS, attention,
-                                                attention_reference, attention_reference_varlen, causal_offset)
+from gpubench.attention import (CAUSAL_ALIGNS, REFERENCE_CHUNK_ELEMENTS, attention_reference,
+                                attention_reference_varlen, causal_offset)
+from gpubench.baselines.flash_attention import attention
 from gpubench.gqa import head_params, head_problems, kv_heads
 from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Param, Plot, Technique, Workload,
                                relative_l2_check, tensors_check)
