@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.optimizations.paged_attention import check_shapes
+from gpubench.paged_decode import check_shapes
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernel below is decorated
@@ -91,7 +91,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
                                   block_tables: torch.Tensor, context_lens: torch.Tensor,
                                   scale: float | None = None, *, tokens_per_step: int = TOKENS_PER_STEP,
                                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`gpubench.optimizations.paged_attention.paged_decode_attention` by the Triton kernel.
+    """:func:`gpubench.paged_decode.paged_decode_attention` by the Triton kernel.
     ``tokens_per_step``: keys loaded per loop step, a power of two. ``out``: written in place
     (shaped, typed and placed like q), else allocated."""
     if not q.is_cuda and not INTERPRETED:

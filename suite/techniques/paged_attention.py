@@ -22,7 +22,8 @@ from gpubench.contract import (CheckResult, Claim, Measured, Param, Plot, Techni
                                tensors_check)
 from gpubench.gqa import head_params, head_problems
 from gpubench.kvmath import block_edge_lengths
-from gpubench.optimizations.paged_attention import KERNEL, paged_decode_attention_torch
+from gpubench.optimizations.paged_attention import paged_decode_attention_torch
+from gpubench.paged_decode import KERNEL
 from gpubench.triton_support import interpreter_note, kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
