@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from gpubench import telemetry
+from gpubench import telemetry_source
 from gpubench.telemetry import (
     BENIGN_REASONS,
     SAMPLE_COLUMNS,
@@ -658,7 +658,7 @@ def test_resolve_cuda_index_maps_through_cuda_visible_devices():
 ])
 def test_for_device_picks_the_nvml_gpu_cuda_means(monkeypatch, visible, device, nvml_index):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
-    monkeypatch.setattr(telemetry, "_torch_gpu_uuid", lambda i: None)
+    monkeypatch.setattr(telemetry_source, "_torch_gpu_uuid", lambda i: None)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
@@ -671,7 +671,7 @@ def test_for_device_picks_the_nvml_gpu_cuda_means(monkeypatch, visible, device, 
 
 def test_for_device_prefers_torchs_uuid_for_the_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
-    monkeypatch.setattr(telemetry, "_torch_gpu_uuid", lambda i: "GPU-cccc-2222")
+    monkeypatch.setattr(telemetry_source, "_torch_gpu_uuid", lambda i: "GPU-cccc-2222")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     s = TelemetrySampler.for_device("cuda:0")
     assert s.run_summary()["device"]["nvml_index"] == 2
@@ -680,7 +680,7 @@ def test_for_device_prefers_torchs_uuid_for_the_device(monkeypatch):
 
 def test_for_device_out_of_range_is_unavailable_not_a_crash(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
-    monkeypatch.setattr(telemetry, "_torch_gpu_uuid", lambda i: None)
+    monkeypatch.setattr(telemetry_source, "_torch_gpu_uuid", lambda i: None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     s = TelemetrySampler.for_device("cuda:3")
     assert not s.available and "CUDA_VISIBLE_DEVICES" in s.reason
