@@ -1,10 +1,11 @@
 """The report's "published claims on this device" table: every claim every technique declares
 (:class:`gpubench.claims.Claim`), read against this run's cases, one row per claim.
 
-:func:`claim_rows` turns a results document into rows of plain strings (the HTML template and
-:func:`markdown_lines` format them); it reads results only. A technique the run did not include
-still has its rows ("not in this run"), so every report lists every claim; :func:`split` sets those
-apart, and :func:`not_in_run_line` folds them into one line.
+:func:`claim_rows` turns a run into rows of plain strings (the HTML template and
+:func:`markdown_lines` format them); it reads the run only: the claims its techniques declared
+when it ran, and those of the techniques it left out, as the run recorded them. Those still have
+their rows ("not in this run"), so every report lists every claim; :func:`split` sets them apart,
+and :func:`not_in_run_line` folds them into one line.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-from gpubench import techniques
 from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
+from gpubench.results import CaseRecord, RunRecord, as_run
 
 TITLE = "Published claims on this device"
 NOT_IN_RUN = "not in this run"
@@ -24,11 +25,9 @@ _MAX_REASONS = 2
 _SHARED_WHY = re.compile(r"(.*?) \((.*)\)")
 
 
-def _claims_of(name: str, cases: Sequence[dict[str, Any]]) -> tuple[Claim, ...]:
-    source = cases[0].get("source", "") if cases else ""
-    tech = techniques.find(name, source) if cases else techniques.get(name)
-    declared = tuple(getattr(tech, "claims", ()) or ()) if tech is not None else ()
-    return declared or FALLBACK_CLAIMS.get(name, ())
+def _claims_of(run: RunRecord, name: str) -> tuple[Claim, ...]:
+    tech = run.technique(name)
+    return (tech.claims if tech is not None else ()) or FALLBACK_CLAIMS.get(name, ())
 
 
 def _figure(reading: Reading, unit: str, predicted: bool) -> str:
@@ -94,20 +93,21 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, A
     return {**row, "measured": measured, "cases": len(comparable), "verdict": verdict, "reason": reason}
 
 
-def claim_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per declared claim of every registered technique and every technique in the run:
-    claim, source, the claimed figure, this run's comparable figure with its 95% CI, the verdict
-    and why (:mod:`gpubench.claims`); the claims with a verdict first."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
-    for case in doc.get("cases", []):
-        grouped.setdefault(case.get("technique", "?"), []).append(case)
-    names = list(grouped) + [n for n in [*techniques.all_techniques(), *FALLBACK_CLAIMS] if n not in grouped]
-    device = str(doc.get("device") or "")
+def claim_rows(doc: RunRecord | dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per declared claim of every technique in the run and of every technique it left
+    out (as the run recorded them): claim, source, the claimed figure, this run's comparable
+    figure with its 95% CI, the verdict and why (:mod:`gpubench.claims`); the claims with a
+    verdict first."""
+    run = as_run(doc)
+    grouped: dict[str, list[CaseRecord]] = {}
+    for case in run.cases:
+        grouped.setdefault(case.technique, []).append(case)
     rows = []
-    for name in dict.fromkeys(names):
-        cases = grouped.get(name)
-        for claim in _claims_of(name, cases or []):
-            rows.append(_row(name, claim, read_cases(claim, cases, device) if cases else None))
+    for name, cases in grouped.items():
+        as_written = [c.to_dict() for c in cases]  # the verdict's rule reads case records as results.json holds them
+        rows += [_row(name, claim, read_cases(claim, as_written, run.device)) for claim in _claims_of(run, name)]
+    for name, claims in run.claims_elsewhere().items():
+        rows += [_row(name, claim, None) for claim in claims if name not in grouped]
     for row in rows:
         row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
     # Verdicts first, then claims this run's cases could not check, then techniques it left out.

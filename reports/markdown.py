@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpubench.reports.claims import markdown_lines
+
 MAX_BYTES = 60_000
 _NOTE_RESERVE = 300  # room kept for a "rows left out" note
 
@@ -90,8 +92,6 @@ def render_summary(head: dict[str, Any], rows: list[dict[str, Any]],
                    comparison: dict[str, Any] | None = None, max_bytes: int = MAX_BYTES) -> str:
     """The headline, the comparison's counts (if any), the summary table, then the published claims
     (the table gets what the rest leaves of ``max_bytes``)."""
-    from gpubench.reports.claims import markdown_lines  # it reads the registry; imported when used
-
     lines = _headline(head)
     if comparison is not None:
         lines += _comparison(comparison)

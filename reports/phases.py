@@ -9,13 +9,12 @@ breakdown, and every reader here then says nothing.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gpubench.reports.terminal import format_seconds
-from gpubench.results import TimeUse
+from gpubench.results import CaseRecord, RunRecord
 
 # How the report names each phase, and what it stands for (a legend). "timed" (the timed calls'
 # own samples) is part of "timing": a breakdown splits "timing" into the timed calls and the rest
@@ -49,10 +48,10 @@ def _seconds(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
-def breakdown(case: dict[str, Any]) -> Breakdown | None:
+def breakdown(case: CaseRecord) -> Breakdown | None:
     """The case's ``phases_s`` as parts of its wall time; None when it recorded none. "other" is
     the record's, or what the recorded phases leave of ``elapsed_s``."""
-    phases = case.get("phases_s")
+    phases = case.phases_s
     if not isinstance(phases, dict) or not phases:
         return None
     timed = min(_seconds(phases.get("timed")), _seconds(phases.get("timing")))
@@ -63,12 +62,12 @@ def breakdown(case: dict[str, Any]) -> Breakdown | None:
         elif key not in ("timed", "other"):
             parts.append((str(key), _seconds(value)))
     spent = sum(seconds for _, seconds in parts)
-    elapsed = _seconds(case.get("elapsed_s")) or spent + _seconds(phases.get("other"))
+    elapsed = _seconds(case.elapsed_s) or spent + _seconds(phases.get("other"))
     other = _seconds(phases["other"]) if "other" in phases else max(0.0, elapsed - spent)
     return Breakdown(elapsed, timed, tuple(parts + [("other", other)]))
 
 
-def cases_timed_share(cases: Iterable[dict[str, Any]]) -> tuple[float, float] | None:
+def cases_timed_share(cases: Iterable[CaseRecord]) -> tuple[float, float] | None:
     """(seconds in timed calls, wall seconds) summed over the cases that recorded phases; None
     when none did."""
     found = [b for b in map(breakdown, cases) if b is not None]
@@ -82,7 +81,7 @@ def percent(share: float) -> str:
     return f"{100 * share:.0f}%" if share >= 0.1 else f"{100 * share:.2g}%"
 
 
-def cases_text(cases: Iterable[dict[str, Any]]) -> str | None:
+def cases_text(cases: Iterable[CaseRecord]) -> str | None:
     """"timed calls were 41% of the cases' wall time (52.1 s of 127 s)"; None when no case
     recorded its phases."""
     found = cases_timed_share(cases)
@@ -93,18 +92,16 @@ def cases_text(cases: Iterable[dict[str, Any]]) -> str | None:
             f"({format_seconds(timed)} of {format_seconds(wall)})")
 
 
-def run_text(doc: dict[str, Any]) -> str | None:
+def run_text(run: RunRecord) -> str | None:
     """The run's closing line on where its wall time went, as ``gpubench run`` printed it (from
     results.json's ``time_use``); for a run without one, the share over its cases
     (:func:`cases_text`); None when neither was recorded."""
-    recorded = doc.get("time_use")
-    if isinstance(recorded, dict):
-        names = {f.name for f in dataclasses.fields(TimeUse)}
+    if run.time_use is not None:
         try:
-            return TimeUse(**{k: v for k, v in recorded.items() if k in names}).text()
+            return run.time_use.text()
         except (TypeError, ValueError, AttributeError):
             pass  # a malformed record: the cases still say it
-    return cases_text(doc.get("cases") or [])
+    return cases_text(run.cases)
 
 
 def breakdown_text(found: Breakdown) -> str:

@@ -5,10 +5,10 @@ profiles show a clear difference (``syncs 33 -> 1``). Reads only what
 :mod:`gpubench.profiling` recorded in results.json."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from gpubench.kvmath import human_bytes
-from gpubench.results import role_variant
+from gpubench.results import CaseRecord, RunRecord
 
 TOP_SHOWN = 5
 CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason
@@ -24,22 +24,25 @@ def _number(value: Any) -> str:
     return f"{int(value):,}"
 
 
-def _profiled(case: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _profiled(case: CaseRecord) -> list[tuple[str, dict[str, Any]]]:
     """The case's profiled variants, baseline first, then optimized, then peers."""
-    variants = case.get("variants") or {}
-    order = [role_variant(case, "baseline"), role_variant(case, "optimized")]
-    names = [n for n in order if n] + [n for n in variants if n not in order]
-    return [(n, variants[n]["profile"]) for n in names if isinstance(variants.get(n, {}).get("profile"), dict)]
+    order = [case.role_variant("baseline"), case.role_variant("optimized")]
+    names = [n for n in order if n] + [n for n in case.variants if n not in order]
+    return [(n, case.variants[n].profile) for n in names
+            if n in case.variants and isinstance(case.variants[n].profile, dict)]
 
 
-def why(case: dict[str, Any]) -> str:
+def _profile(case: CaseRecord, role: str) -> dict[str, Any] | None:
+    variant = case.variant(case.role_variant(role))
+    return None if variant is None else variant.profile or {}
+
+
+def why(case: CaseRecord) -> str:
     """``syncs 33 -> 1``: the counts that changed clearly between baseline and optimized (at most
     two, the first of :data:`WHY_KEYS` first); empty when neither was profiled or nothing did."""
-    profiles = (case.get("variants") or {})
-    base, opt = (role_variant(case, r) for r in ("baseline", "optimized"))
-    if not base or not opt:
+    a, b = _profile(case, "baseline"), _profile(case, "optimized")
+    if a is None or b is None:
         return ""
-    a, b = ((profiles.get(n) or {}).get("profile") or {} for n in (base, opt))
     reasons = []
     for label, key in WHY_KEYS:
         x, y = a.get(key), b.get(key)
@@ -74,8 +77,9 @@ def _top(profile: dict[str, Any]) -> list[str]:
             for op in (profile.get("top_ops") or [])[:TOP_SHOWN]]
 
 
-def case_table(case: dict[str, Any], number: int, link_base: str = "") -> dict[str, Any] | None:
+def case_table(case: CaseRecord | Mapping[str, Any], number: int, link_base: str = "") -> dict[str, Any] | None:
     """The "what changed" table of one case, or None when no variant was profiled."""
+    case = case if isinstance(case, CaseRecord) else CaseRecord.from_dict(case)
     profiled = _profiled(case)
     if not profiled:
         return None
@@ -94,24 +98,24 @@ def case_table(case: dict[str, Any], number: int, link_base: str = "") -> dict[s
     columns = []
     for name, p in profiled:
         trace = p.get("trace")
-        columns.append({"name": name, "role": case["variants"][name].get("role", ""), "error": p.get("error"),
+        columns.append({"name": name, "role": case.variants[name].role, "error": p.get("error"),
                         "top": _top(p), "trace": f"{link_base}{trace}" if trace else None,
                         "notes": [n for n in p.get("notes") or [] if n not in common]})
     counting = ok[0].get("sync_counting", "") if ok else ""
-    return {"number": number, "id": case["id"], "why": why(case), "columns": columns,
+    return {"number": number, "id": case.id, "why": why(case), "columns": columns,
             "rows": [{"label": label, "cells": cells} for label, cells in rows],
             "top_title": f"top ops by self {'device' if basis == 'device' else 'CPU'} time (share, per call)",
             "calls": ok[0].get("calls") if ok else None, "sync_counting": counting,
             "notes": [n for n in (ok[0].get("notes") or []) if n in common] if ok else []}
 
 
-def tables_by_technique(doc: dict[str, Any], link_base: str = "") -> dict[str, list[dict[str, Any]]]:
+def tables_by_technique(run: RunRecord, link_base: str = "") -> dict[str, list[dict[str, Any]]]:
     """Each technique's "what changed" tables, numbered as the summary table numbers the cases.
     ``link_base``: the run directory relative to the report's (traces are linked from there)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for number, case in enumerate(doc.get("cases", []), 1):
+    for number, case in enumerate(run.cases, 1):
         table = case_table(case, number, link_base)
         if table is not None:
-            out.setdefault(case["technique"], []).append(table)
+            out.setdefault(case.technique, []).append(table)
     return out
 

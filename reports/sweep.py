@@ -3,7 +3,8 @@
 the technique, its best and worst cases and, once a sweep is large, the surface of that figure
 over the swept params (a heatmap) in place of one row per case.
 
-Pure: case records in (as results.json holds them), strings, rows and matplotlib figures out.
+Pure: case records in (:class:`gpubench.results.CaseRecord`), strings, rows and matplotlib
+figures out.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gpubench.contract import Headline
-from gpubench.reports import figures
+from gpubench.declarations import TechniqueRecord
+from gpubench.reports import drawing
+from gpubench.reports.plots import read_value
 from gpubench.reports.terminal import case_params, format_speedup
-from gpubench.results import role_variant
+from gpubench.results import CaseRecord
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -30,23 +33,16 @@ ANNOTATED_COLUMNS = 32  # up to this many heatmap columns, each cell carries its
 class Reading:
     """One passed case read by its technique's headline figure."""
 
-    case: dict[str, Any]
+    case: CaseRecord
     factor: float  # how many times better the optimized variant is (> 1: a win)
     text: str  # as the report shows it: "1.23x [1.10, 1.35]", "KV utilization 42% -> 98%"
 
 
-def speedup_of(case: dict[str, Any], name: str | None) -> dict[str, float] | None:
-    """The speedup record of variant ``name`` over the baseline (ratio and its CI), if complete."""
-    ratio = (case.get("speedups") or {}).get(name) if name else None
-    if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
-        return ratio
-    return None
-
-
-def headline_figures(tech: Any) -> tuple[Headline, ...]:
+def headline_figures(tech: TechniqueRecord | None) -> tuple[Headline, ...]:
     """What ``tech`` is read by in place of time; empty for time (and for a technique this gpubench
     does not know). A figure declared with ``replaces_time=False`` is shown beside the speedup."""
-    return tuple(h for h in getattr(tech, "headline_figures", ()) or () if getattr(h, "replaces_time", True))
+    declared = tech.headline_figures if tech is not None else ()
+    return tuple(h for h in declared if getattr(h, "replaces_time", True))
 
 
 def value_text(value: float, figure: Headline) -> str:
@@ -55,10 +51,9 @@ def value_text(value: float, figure: Headline) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def _pair(case: dict[str, Any], figure: Headline) -> tuple[float, float] | None:
+def _pair(case: CaseRecord, figure: Headline) -> tuple[float, float] | None:
     """The figure's value for the baseline and the optimized variant, when both are numbers."""
-    values = [figures.read_value(case, name, figure.metric) if name else None
-              for name in (role_variant(case, "baseline"), role_variant(case, "optimized"))]
+    values = [read_value(case, case.role_variant(role), figure.metric) for role in ("baseline", "optimized")]
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
         return float(values[0]), float(values[1])
     return None
@@ -69,15 +64,15 @@ def _factor(before: float, after: float, figure: Headline) -> float | None:
     return better / worse if better > 0 and worse > 0 else None
 
 
-def readings(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> list[Reading]:
+def readings(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> list[Reading]:
     """The passed cases that have the figure, in run order: by time, the optimized variant's
     speedup; else by the first declared figure, optimized against baseline."""
     out = []
     for case in cases:
-        if case.get("status") != "passed":
+        if not case.passed:
             continue
         if not read_by:
-            ratio = speedup_of(case, role_variant(case, "optimized"))
+            ratio = case.speedup(case.role_variant("optimized"))
             if ratio:
                 out.append(Reading(case, ratio["ratio"], format_speedup(ratio)))
             continue
@@ -95,11 +90,11 @@ def _span(values: list[float], figure: Headline) -> str:
     return low if low == high else f"{low}–{high}"
 
 
-def technique_line(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> str:
+def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> str:
     """The technique in one line, by its own figure: by time, the speedup (its range and median
     over several cases); else each declared figure, baseline -> optimized (ranges over several
     cases, and in how many the optimized variant was better)."""
-    passed = [c for c in cases if c.get("status") == "passed"]
+    passed = [c for c in cases if c.passed]
     if not read_by:
         found = readings(passed, ())
         if not found:
@@ -146,7 +141,7 @@ def surface_title(read_by: Sequence[Headline]) -> str:
     return f"{read_by[0].name} over the swept params, optimized against baseline (blue: better, red: worse)"
 
 
-def surface(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> Figure | None:
+def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure | None:
     """A heatmap of each case's factor (see :func:`readings`) on a log scale centred on 1: the
     swept param with the most values across, one row per combination of the other swept params;
     a failed case is a grey cell marked "fail". None when fewer than two cases have the figure
@@ -154,33 +149,33 @@ def surface(cases: Sequence[dict[str, Any]], read_by: Sequence[Headline]) -> Fig
     found = readings(cases, read_by)
     if len(found) < 2:
         return None
-    keys = list(dict.fromkeys(k for c in cases for k in c.get("params", {})))
-    distinct = {k: sorted({repr(c["params"].get(k)): c["params"].get(k) for c in cases}.values(), key=_order)
+    keys = list(dict.fromkeys(k for c in cases for k in c.params))
+    distinct = {k: sorted({repr(c.params.get(k)): c.params.get(k) for c in cases}.values(), key=_order)
                 for k in keys}
     varying = [k for k in keys if len(distinct[k]) > 1]
     if not varying:
         return None
     across = max(varying, key=lambda k: (len(distinct[k]), _order(distinct[k][0])[0] == 0))
     down = [k for k in varying if k != across]
-    rows = sorted({tuple(repr(c["params"].get(k)) for k in down): tuple(c["params"].get(k) for k in down)
+    rows = sorted({tuple(repr(c.params.get(k)) for k in down): tuple(c.params.get(k) for k in down)
                    for c in cases}.values(), key=lambda row: tuple(_order(v) for v in row))
     row_of = {tuple(repr(v) for v in row): i for i, row in enumerate(rows)}
     col_of = {repr(v): j for j, v in enumerate(distinct[across])}
     # Labels as the rest of the report writes params (case_params), from a case of each row / column.
-    row_labels = {row_of[tuple(repr(c["params"].get(k)) for k in down)]: case_params(c, set(down)) for c in cases}
-    col_labels = {col_of[repr(c["params"].get(across))]: case_params(c, {across}).split("=", 1)[-1] for c in cases}
+    row_labels = {row_of[tuple(repr(c.params.get(k)) for k in down)]: case_params(c, set(down)) for c in cases}
+    col_labels = {col_of[repr(c.params.get(across))]: case_params(c, {across}).split("=", 1)[-1] for c in cases}
 
-    def cell(case: dict[str, Any]) -> tuple[int, int]:
-        params = case["params"]
+    def cell(case: CaseRecord) -> tuple[int, int]:
+        params = case.params
         return row_of[tuple(repr(params.get(k)) for k in down)], col_of[repr(params.get(across))]
 
     grid = np.full((len(rows), len(distinct[across])), np.nan)
     for r in found:
         grid[cell(r.case)] = math.log2(r.factor)
-    failed = [cell(c) for c in cases if c.get("status") not in ("passed", None)]
+    failed = [cell(c) for c in cases if c.status not in ("passed", None)]
     bound = max(float(np.nanmax(np.abs(grid))), math.log2(1.25))
     n_rows, n_cols = grid.shape
-    with figures.styled():
+    with drawing.styled():
         fig = Figure(figsize=(min(11.0, 2.4 + 0.4 * n_cols), 1.2 + 0.3 * n_rows))
         ax = fig.add_subplot()
         # Vector cells (a mesh, not an embedded bitmap) centred on integer positions, first row on top.

@@ -2,14 +2,14 @@
 plain line per case in a log."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.results import role_variant
+from gpubench.results import CaseRecord, RunRecord, as_run
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -27,12 +27,12 @@ def format_speedup(speedup: dict[str, float] | None) -> str:
     return f"{speedup['ratio']:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
 
 
-def named_time(case: dict[str, Any], name: str | None) -> str:
+def named_time(case: CaseRecord, name: str | None) -> str:
     """A variant's median time after its name (what ran: ``triton 1.2 ms``)."""
-    if name is None:
-        return "-"
-    median = (((case.get("variants") or {}).get(name) or {}).get("stats") or {}).get("median")
-    return f"{name} {format_seconds(median)}"
+    variant = case.variant(name)
+    if variant is None:
+        return "-" if name is None else f"{name} -"
+    return f"{name} {format_seconds(variant.median_s)}"
 
 
 def param_text(params: dict[str, Any], key: str) -> str:
@@ -44,8 +44,8 @@ def param_text(params: dict[str, Any], key: str) -> str:
     return f"{key}={value}"
 
 
-def case_params(case: dict[str, Any], swept: set[str] | None = None) -> str:
-    params = case["params"]
+def case_params(case: CaseRecord | Mapping[str, Any], swept: set[str] | None = None) -> str:
+    params = case.params if isinstance(case, CaseRecord) else case["params"]
     return " ".join(param_text(params, k) for k in params if swept is None or k in swept)
 
 
@@ -56,24 +56,23 @@ def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str
     return keys or set(swept)
 
 
-def shown_by_technique(doc: dict[str, Any]) -> dict[str, set[str]]:
+def shown_by_technique(run: RunRecord) -> dict[str, set[str]]:
     swept: dict[str, set[str]] = {}
-    for entry in doc.get("scenario", {}).get("entries", []):
+    for entry in run.scenario.get("entries", []):
         swept.setdefault(entry["technique"], set()).update(entry.get("params", {}))
-    return {t: shown_params([c["params"] for c in doc["cases"] if c["technique"] == t], keys)
+    return {t: shown_params([c.params for c in run.cases if c.technique == t], keys)
             for t, keys in swept.items()}
 
 
-def check_text(case: dict[str, Any], name: str) -> Text:
-    v = case["variants"].get(name)
+def check_text(case: CaseRecord, name: str) -> Text:
+    v = case.variant(name)
     if v is None:
         return Text("-")
-    check = v.get("check")
-    if v.get("status") in ("error", "skipped") or check is None:
-        return Text(v.get("status") or "-", style="red" if v.get("status") == "error" else "dim")
-    err = check.get("error")
-    figure = f" {check['metric']}={err:.1e}" if isinstance(err, float) and check["metric"] != "reference" else ""
-    return Text(("pass" if check["passed"] else "FAIL") + figure, style="green" if check["passed"] else "bold red")
+    if v.status in ("error", "skipped") or v.check is None:
+        return Text(v.status or "-", style="red" if v.status == "error" else "dim")
+    err, metric, passed = v.check.get("error"), v.check.get("metric"), v.check.get("passed")
+    figure = f" {metric}={err:.1e}" if isinstance(err, float) and metric != "reference" else ""
+    return Text(("pass" if passed else "FAIL") + figure, style="green" if passed else "bold red")
 
 
 def _figure(value: Any, key: str) -> str:
@@ -82,57 +81,55 @@ def _figure(value: Any, key: str) -> str:
     return f"{100 * value:.1f}%" if key in ("utilization",) or key.startswith("pct_") else f"{value:.3g}"
 
 
-def headline_text(case: dict[str, Any], base: str | None, opt: str | None) -> str:
+def headline_text(case: CaseRecord, base: str | None, opt: str | None) -> str:
     """The technique's headline metric, baseline -> optimized (for wins that are not time)."""
-    key = case.get("headline")
-    if not key or base is None or opt is None:
+    key = case.headline
+    before, after = case.variant(base), case.variant(opt)
+    if not key or before is None or after is None:
         return ""
-    before = (case["variants"][base].get("metrics") or {}).get(key)
-    after = (case["variants"][opt].get("metrics") or {}).get(key)
-    return f"{key} {_figure(before, key)} -> {_figure(after, key)}"
+    return f"{key} {_figure(before.metric(key), key)} -> {_figure(after.metric(key), key)}"
 
 
 SUMMARY_COLUMNS = (("case", "left"), ("baseline", "right"), ("optimized", "right"), ("speedup [95% CI]", "right"),
                    ("headline", "left"), ("check", "left"), ("status", "left"))
 
 
-def summary_rows(doc: dict[str, Any]) -> list[tuple[str | Text, ...]]:
+def summary_rows(run: RunRecord) -> list[tuple[str | Text, ...]]:
     """One row per case, in :data:`SUMMARY_COLUMNS` order."""
-    shown = shown_by_technique(doc)
+    shown = shown_by_technique(run)
     rows = []
-    for case in doc["cases"]:
-        base, opt = role_variant(case, "baseline"), role_variant(case, "optimized")
-        status = Text(case["status"], style="green" if case["status"] == "passed" else "bold red")
-        if case["status"] != "passed" and case.get("failure"):
-            status.append(f": {case['failure']['message']}"[:160], style="red")
+    for case in run.cases:
+        base, opt = case.role_variant("baseline"), case.role_variant("optimized")
+        status = Text(case.status, style="green" if case.passed else "bold red")
+        if not case.passed and case.failure:
+            status.append(f": {case.failure.message}"[:160], style="red")
         rows.append((
-            f"{case['technique']} {case_params(case, shown.get(case['technique']))}".strip(),
-            named_time(case, base), named_time(case, opt),
-            format_speedup(case["speedups"].get(opt) if opt else None),
+            f"{case.technique} {case_params(case, shown.get(case.technique))}".strip(),
+            named_time(case, base), named_time(case, opt), format_speedup(case.speedups.get(opt) if opt else None),
             headline_text(case, base, opt), check_text(case, opt) if opt else Text("-"), status,
         ))
     return rows
 
 
-def summary_title(doc: dict[str, Any]) -> str:
+def summary_title(run: RunRecord) -> str:
     # A run stopped while its workers started has no device label yet: name what it asked for.
-    return f"{doc['scenario']['name']} on {doc.get('device_label') or doc.get('device') or 'no device'}"
+    return f"{run.scenario.get('name', '?')} on {run.device_label or run.device or 'no device'}"
 
 
-def summary_table(doc: dict[str, Any]) -> Table:
-    table = Table(title=summary_title(doc), title_justify="left")
+def summary_table(run: RunRecord) -> Table:
+    table = Table(title=summary_title(run), title_justify="left")
     for column, justify in SUMMARY_COLUMNS:
         table.add_column(column, justify=justify)
-    for row in summary_rows(doc):
+    for row in summary_rows(run):
         table.add_row(*row)
     return table
 
 
-def summary_lines(doc: dict[str, Any], widest: int = 60) -> list[str]:
+def summary_lines(run: RunRecord, widest: int = 60) -> list[str]:
     """The summary for a log (stdout not a terminal): plain text, one line per case, columns
     aligned by padding (a column wider than ``widest`` characters is not padded to), no box
     drawing and no wrapping. An empty column (no technique with a headline) is left out."""
-    rows = [[str(cell) for cell in row] for row in summary_rows(doc)]
+    rows = [[str(cell) for cell in row] for row in summary_rows(run)]
     keep = [i for i in range(len(SUMMARY_COLUMNS)) if i == 0 or any(r[i] not in ("", "-") for r in rows)]
     table = [[SUMMARY_COLUMNS[i][0] for i in keep]] + [[r[i] for i in keep] for r in rows]
     widths = [min(widest, max(len(r[j]) for r in table)) for j in range(len(keep))]
@@ -141,30 +138,30 @@ def summary_lines(doc: dict[str, Any], widest: int = 60) -> list[str]:
         cells = [cell.rjust(w) if SUMMARY_COLUMNS[keep[j]][1] == "right" else cell.ljust(w)
                  for j, (cell, w) in enumerate(zip(r, widths))]
         lines.append("  ".join(cells).rstrip())
-    return [f"{summary_title(doc)}: {len(rows)} case{'s' if len(rows) != 1 else ''}"] + lines
+    return [f"{summary_title(run)}: {len(rows)} case{'s' if len(rows) != 1 else ''}"] + lines
 
 
-def print_summary(doc: dict[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
-    if not doc["cases"]:
-        console.print(f"{summary_title(doc)}: no case finished", markup=False, highlight=False)
+def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
+    run = as_run(doc)
+    if not run.cases:
+        console.print(f"{summary_title(run)}: no case finished", markup=False, highlight=False)
     elif console.is_terminal:
-        console.print(summary_table(doc))
+        console.print(summary_table(run))
     else:
-        for line in summary_lines(doc):
+        for line in summary_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
-    s = doc["summary"]
+    s = run.summary
     console.print(f"{s['passed']} passed, {s['failed']} failed"
-                  + (f", {s['interrupted']} interrupted" if s.get("interrupted") else "")
-                  + f" ({doc['status']})")
-    if doc.get("abort_reason"):
-        console.print(f"[bold red]run {doc['status']}[/]: {escape(doc['abort_reason'])}", markup=True,
+                  + (f", {s['interrupted']} interrupted" if s["interrupted"] else "") + f" ({run.status})")
+    if run.abort_reason:
+        console.print(f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True,
                       soft_wrap=not console.is_terminal)
-    if doc["device"] == "cpu" and gpu_notes:
-        ran = {c["technique"] for c in doc["cases"]}
+    if run.device == "cpu" and gpu_notes:
+        ran = {c.technique for c in run.cases}
         for name, note in sorted(gpu_notes.items()):
             if name in ran and note:
                 console.print(f"[yellow]note[/]: {name} measured on a CPU: {note}", soft_wrap=not console.is_terminal)
-    tele = doc.get("telemetry") or {}
+    tele = run.telemetry or {}
     if tele.get("status") == "unavailable":
         console.print(f"telemetry: unavailable: {tele.get('reason')}")
     elif tele.get("throttled"):

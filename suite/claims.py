@@ -20,6 +20,7 @@ when the whole CI is beyond it; it has no "exceeds".
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -85,6 +86,23 @@ class Claim:
         bad = [k for k, (op, *_) in self.when.items() if op not in _OPS]
         if bad:
             raise ValueError(f"Claim {self.text!r}: when {bad}: operators are {list(_OPS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The claim as results.json holds it (every field: a run is judged by the claims of its day)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Claim":
+        """The claim a run recorded (:meth:`to_dict`); keys this version does not know are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in known}
+        for key in ("figure", "gpus"):  # JSON has lists where the claim had tuples
+            if isinstance(fields.get(key), list):
+                fields[key] = tuple(fields[key])
+        if isinstance(fields.get("when"), Mapping):
+            fields["when"] = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
+                              for k, v in fields["when"].items()}
+        return cls(**fields)
 
     @property
     def figure_text(self) -> str:

@@ -14,9 +14,10 @@ mean power x wall time per call. A mean power above the board's limit is flagged
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 # Changes of the counter to see before a figure is given: 4 changes span 3 whole refresh periods,
 # so one late or irregular refresh moves the window by a third at most, and the cadence is
@@ -49,6 +50,14 @@ class EnergyMeasurement:
     counter_steps: int  # changes of the counter seen during the calls
     counter_period_s: float | None  # mean time between those changes (the refresh cadence seen)
     error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EnergyMeasurement":
+        """The window a results file recorded; keys this version does not know are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in data.items() if k in known}
+        return cls(**{"mj_per_call": None, "uncertainty_mj": None, "mean_power_w": None, "power_limit_w": None,
+                      "window_s": 0.0, "calls": 0, "counter_steps": 0, "counter_period_s": None, **given})
 
 
 @dataclass(frozen=True)

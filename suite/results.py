@@ -17,22 +17,37 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
                              atomic_write_text, disk_full)
+from gpubench.declarations import Declarations, TechniqueRecord, declare, legacy_claims_elsewhere, legacy_record
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
 
 # 2: variants are named by what they run (their role is a field), side data recorded per timed
-# call (``recorded``), the technique's ``source``. Version 1 files are still read.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# call (``recorded``), the technique's ``source``. 3: the run records the declarations of its
+# techniques (``techniques``) and the claims of those it left out (``claims_elsewhere``), so a
+# report needs no technique code. Versions 1 and 2 are still read (upgraded on read).
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 CASES_LOG = "cases.jsonl"
 RESERVE = ".gpubench-reserve"  # room set aside at the start to close the record if the disk fills
 RESERVE_BYTES = 256 * 1024
+
+
+def _fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``data`` that are fields of ``cls``: a file of a newer minor version may carry
+    keys this version does not know, and they are ignored, never a crash."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in known}
+
+
+def _typed(cls: Any, data: Any) -> Any:
+    """``cls.from_dict(data)`` for a dict, None for None (an optional record)."""
+    return cls.from_dict(data) if isinstance(data, Mapping) else None
 
 
 @dataclass
@@ -40,6 +55,10 @@ class Failure:
     kind: str  # exception, oom, timeout, check, variant, interrupted
     message: str
     traceback: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Failure":
+        return cls(**{"kind": "", "message": "", **_fields(cls, data)})
 
 
 @dataclass
@@ -63,6 +82,26 @@ class VariantRecord:
 
     def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
         self.status, self.reason, self.error = status, prefix + failure.message, failure
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "VariantRecord":
+        fields = _fields(cls, data)
+        return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
+                      "energy": _typed(EnergyMeasurement, fields.get("energy")),
+                      "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
+                      "samples_s": fields.get("samples_s") or []})
+
+    # Typed reads of the figures the report shows (the record keeps the writer's dicts).
+    @property
+    def median_s(self) -> float | None:
+        return (self.stats or {}).get("median")
+
+    @property
+    def passed_check(self) -> bool | None:
+        return (self.check or {}).get("passed")
+
+    def metric(self, key: str) -> Any:
+        return self.metrics.get(key)
 
 
 @dataclass
@@ -91,8 +130,42 @@ class CaseRecord:
     def role_variant(self, role: str) -> str | None:
         return next((n for n, v in self.variants.items() if v.role == role), None)
 
+    def variant(self, name: str | None) -> VariantRecord | None:
+        return self.variants.get(name) if name else None
+
+    def speedup(self, name: str | None) -> dict[str, float] | None:
+        """Variant ``name``'s speedup over the baseline (ratio, ci_low, ci_high) when complete."""
+        ratio = self.speedups.get(name) if name else None
+        if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
+            return ratio
+        return None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def device_label(self) -> str:
+        """The hardware it ran on by name ("" when the record does not say: the run's then)."""
+        return str((self.device or {}).get("label") or "")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CaseRecord":
+        fields = _fields(cls, data)
+        variants = {str(n): VariantRecord.from_dict(_upgraded_variant(n, v))
+                    for n, v in (fields.get("variants") or {}).items() if isinstance(v, Mapping)}
+        return cls(**{"id": "?", "technique": "?", "params": {}, "seed": 0, "policy": {}, **fields,
+                      "params": fields.get("params") or {}, "policy": fields.get("policy") or {},
+                      "failure": _typed(Failure, fields.get("failure")), "variants": variants,
+                      "speedups": fields.get("speedups") or {}})
+
+
+def _upgraded_variant(name: str, record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Version 1 named a variant by its role; a record without ``role`` takes its name's."""
+    return record if record.get("role") else {**record, "role": name}
 
 
 @dataclass
@@ -116,6 +189,11 @@ class TimeUse:
         capacity = max(wall_s, 1e-9) * max(workers, 1)
         return cls(wall_s, max(workers, 1), sum(c.elapsed_s or 0.0 for c in cases), phases,
                    min(1.0, phases.get("timed", 0.0) / capacity))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TimeUse":
+        return cls(**{"wall_s": 0.0, "workers": 1, "cases_s": 0.0, "phases_s": {}, "timed_share": 0.0,
+                      **_fields(cls, data)})
 
     def text(self) -> str:
         """The run's closing line."""
@@ -151,6 +229,10 @@ class RunRecord:
     abort_reason: str | None = None
     crash: Failure | None = None
     time_use: TimeUse | None = None  # where the run's wall time went (None in older runs)
+    # The declarations of the run's techniques and the claims of those it left out, recorded
+    # by the run's process (:meth:`declare`); empty in runs of versions 1 and 2.
+    declarations: Declarations = field(default_factory=Declarations)
+    schema_version: int = SCHEMA_VERSION  # of the file it was read from (the writer's: the newest)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -158,23 +240,78 @@ class RunRecord:
         return {"cases": len(statuses), "passed": statuses.count("passed"),
                 "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
 
+    # -- declarations ------------------------------------------------------------------------
+    def declare(self) -> None:
+        """Record the declarations of the techniques of its cases and scenario entries that it
+        does not hold yet, through the registry: the run's process, where a plug-in is importable."""
+        wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or [] if e.get("technique")}
+        wanted.update({c.technique: c.source for c in self.cases})
+        declare(self.declarations, wanted)
+
+    @property
+    def recorded_declarations(self) -> bool:
+        """Whether the file recorded its techniques' declarations (schema 3 on): older runs did not."""
+        return self.schema_version >= 3
+
+    def technique(self, name: str) -> TechniqueRecord | None:
+        """What the report reads technique ``name`` by: the run's own record of it; for a run of
+        schema 1 or 2 only, the registry's today (the fallback for old runs). None: unknown."""
+        if self.recorded_declarations:
+            return self.declarations.techniques.get(name)
+        found = self.declarations.techniques.get(name)
+        if found is None:
+            source = next((c.source for c in self.cases if c.technique == name), "")
+            found = legacy_record(name, source)
+            if found is not None:
+                self.declarations.techniques[name] = found
+        return found
+
+    def claims_elsewhere(self) -> dict[str, tuple[Any, ...]]:
+        """The published claims of techniques this run left out (the registry's, for an old run)."""
+        if self.recorded_declarations:
+            return self.declarations.claims_elsewhere
+        return legacy_claims_elsewhere(list(dict.fromkeys(c.technique for c in self.cases)))
+
+    # -- the file ----------------------------------------------------------------------------
     def to_dict(self, cases: bool = True) -> dict[str, Any]:
         from gpubench import __version__
 
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cases"}
+        skip = ("cases", "declarations", "schema_version")
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
-        doc = {"schema_version": SCHEMA_VERSION, "kind": "gpubench.results", "gpubench_version": __version__,
-               **json_safe(fields), "cases": [], "summary": self.summary}
+        declared, elsewhere = self.declarations.to_dicts()
+        doc = {"schema_version": self.schema_version, "kind": "gpubench.results", "gpubench_version": __version__,
+               **json_safe(fields), "techniques": json_safe(declared), "claims_elsewhere": json_safe(elsewhere),
+               "cases": [], "summary": self.summary}
         for key in ("abort_reason", "crash", "clocks", "signal", "disk_full"):
             if doc[key] is None:
                 del doc[key]
+        if not self.recorded_declarations:
+            del doc["techniques"], doc["claims_elsewhere"]
         if cases:
             doc["cases"] = [c.to_dict() for c in self.cases]
         return doc
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+        """The record a results document was written from (:func:`load_run` reads the file;
+        this takes a document already read, of any readable version)."""
+        fields = _fields(cls, data)
+        return cls(**{"run_id": "", "device": "", "device_label": "", "scenario": {}, "env": {}, **fields,
+                      "scenario": fields.get("scenario") or {}, "env": fields.get("env") or {},
+                      "cases": [CaseRecord.from_dict(c) for c in data.get("cases") or [] if isinstance(c, Mapping)],
+                      "devices": fields.get("devices") or {}, "warnings": fields.get("warnings") or [],
+                      "crash": _typed(Failure, fields.get("crash")),
+                      "time_use": _typed(TimeUse, fields.get("time_use")),
+                      "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
+                      # A document without a version (made by hand) recorded no declarations either.
+                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0]})
+
     def json_chunks(self) -> Iterator[str]:
         """results.json piece by piece, one case at a time (a run of 10,000 cases is never held
-        as one document)."""
+        as one document). The techniques' declarations are recorded first (:meth:`declare`)."""
+        if self.recorded_declarations:
+            self.declare()
         head = json.dumps(self.to_dict(cases=False), indent=2, allow_nan=False, default=str)
         before, after = head.split('"cases": []', 1)
         yield before + '"cases": ['
@@ -348,9 +485,10 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a run directory or a results.json; raise :class:`BadInput` when it is missing,
-    corrupt, or of another schema version."""
+def read_document(path: str | Path) -> dict[str, Any]:
+    """The one reader of a results file: a run directory or its results.json, checked (kind,
+    readable schema version) and with the cases of its run log where the file lacks them. Raises
+    :class:`BadInput` (exit 2) naming the file when it is missing, corrupt or of another version."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
     if not file.exists():
@@ -376,6 +514,23 @@ def load_results(path: str | Path) -> dict[str, Any]:
             doc["summary"] = {"cases": len(logged), "passed": statuses.count("passed"),
                               "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
     return doc
+
+
+def load_run(path: str | Path) -> RunRecord:
+    """A run directory or results.json read back into the records that wrote it (versions 1
+    and 2 upgraded on read); :class:`BadInput` as :func:`read_document` says."""
+    return RunRecord.from_dict(read_document(path))
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """The results document as a dict (the gate, which also reads pytest-benchmark JSON, and
+    scripts); the same reader as :func:`load_run`."""
+    return read_document(path)
+
+
+def as_run(doc: RunRecord | Mapping[str, Any]) -> RunRecord:
+    """A reader's run: the record itself, or one read from a results document already loaded."""
+    return doc if isinstance(doc, RunRecord) else RunRecord.from_dict(doc)
 
 
 def read_cases_log(path: Path) -> list[dict[str, Any]]:

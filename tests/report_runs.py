@@ -47,13 +47,12 @@ entries:
 
 def small_run(out_dir: Path) -> Path:
     """Run :data:`SCENARIO` on the CPU into ``out_dir``; the run directory."""
-    import torch
-
-    from gpubench import runner, scenario
+    from gpubench import scenario, supervisor
 
     path = out_dir / "report-test.yaml"
     path.write_text(SCENARIO)
-    outcome = runner.run_scenario(scenario.load(str(path)), torch.device("cpu"), out_dir / "runs")
+    options = supervisor.RunOptions(devices=["cpu"], isolation="none")  # in this process: no worker start-up
+    outcome = supervisor.run_scenario(scenario.load(str(path)), options, out_dir / "runs")
     assert outcome.doc["summary"]["failed"] == 0, [c.get("failure") for c in outcome.doc["cases"]]
     return outcome.run_dir
 

@@ -40,7 +40,7 @@ def test_a_run_over_two_device_models_reports_a_matrix_with_a_cell_per_case_and_
     cases = [_case("a", H100, SAMPLES, 0.5), _case("a", H200, SAMPLES, 0.25),
              _case("b", H100, SAMPLES, 2.0), _case("b", H200, SAMPLES, 1.0)]
     run = html.load_run(_run(tmp_path, "mixed", cases, f"{H100} + {H200}"))
-    matrix = html.fleet_matrix([run.doc])
+    matrix = html.fleet_matrix([run.record])
     assert matrix["columns"] == [H100, H200]
     cells = {r["label"].split()[-1]: [c["text"] for c in r["cells"]] for r in matrix["rows"]}
     assert cells == {"n=a": ["2.00x [1.90, 2.10]", "4.00x [3.80, 4.20]"],
@@ -54,7 +54,7 @@ def test_several_runs_give_one_matrix_and_one_model_gives_none(tmp_path):
     one = _run(tmp_path, "h100", [_case("a", None, SAMPLES, 0.5)], H100)
     two = _run(tmp_path, "h200", [_case("a", None, SAMPLES, 0.25)], H200)
     three = _run(tmp_path, "h100b", [_case("a", None, SAMPLES, 0.5)], H100)
-    assert html.fleet_matrix([html.load_run(one).doc]) is None
+    assert html.fleet_matrix([html.load_run(one).record]) is None
     result = CliRunner().invoke(main, ["report", one, "--compare", two, three])
     assert result.exit_code == 0, result.output
     page = (tmp_path / "h100" / "report.html").read_text()

@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from gpubench.results import role_variant
+from gpubench.results import CaseRecord, RunRecord, role_variant
 from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
-from gpubench.reports import figures, html, markdown, phases, sweep
+from gpubench.reports import figures, html, markdown, phases, plots, sweep
 from gpubench.reports.terminal import format_seconds, format_speedup
 from gpubench.telemetry import SAMPLE_COLUMNS
 
@@ -202,9 +202,10 @@ def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(re
     assert f"- **kv_cache**: {markdown.cell(lines['kv_cache'])}" in md and "not kv_cache" in md
 
 
-def _metric_case(before: float, after: float, status: str = "passed", key: str = "utilization") -> dict:
-    return {"status": status, "variants": {"contiguous": {"role": "baseline", "metrics": {key: before}},
-                                           "paged": {"role": "optimized", "metrics": {key: after}}}}
+def _metric_case(before: float, after: float, status: str = "passed", key: str = "utilization") -> CaseRecord:
+    return CaseRecord.from_dict({"status": status,
+                                 "variants": {"contiguous": {"role": "baseline", "metrics": {key: before}},
+                                              "paged": {"role": "optimized", "metrics": {key: after}}}})
 
 
 def test_a_technique_line_gives_its_figure_baseline_to_optimized():
@@ -282,7 +283,7 @@ def test_results_text_is_escaped_everywhere(real_dir, tmp_path):
     page = html.write_report(make_run(tmp_path / "run", doc)).html.read_text()
     assert "<script" not in page and "<img" not in page and "<i>gone" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;script&gt;alert(3)" in page
-    assert "is not registered in this gpubench" in page  # an unknown technique still renders
+    assert "this gpubench does not know it" in page  # an unknown technique still renders
     assert_no_empty_axes(page)
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "<script" not in md and "<img" not in md and "\\| 50%" in md
@@ -372,7 +373,7 @@ def test_declared_plots_are_drawn_from_results_and_a_failing_one_costs_only_itse
     def broken(plot, cases, defaults=None):
         raise KeyError("boom")
 
-    monkeypatch.setattr(figures, "declared", broken)
+    monkeypatch.setattr(plots, "declared", broken)
     page = html.render(run)
     assert "the figure failed: KeyError" in page and "</html>" in page
 
@@ -404,7 +405,7 @@ def test_the_sweep_surface_has_one_cell_per_case_at_its_params():
     cases = doc["cases"]
     failed = cases[7]
     failed.update(status="failed", speedups={})
-    fig = sweep.surface(cases, ())
+    fig = sweep.surface([CaseRecord.from_dict(c) for c in cases], ())
     ax = fig.axes[0]
     grid = ax.collections[0].get_array().reshape(8, 25)
     assert [t.get_text() for t in ax.get_xticklabels()] == [str(n) for n in report_runs.SWEEP_LENGTHS]
@@ -534,7 +535,7 @@ PHASED = {"build": 1.0, "check": 0.5, "warmup": 0.2, "timing": 3.0, "metrics": 0
 
 
 def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
-    found = phases.breakdown({"elapsed_s": 5.5, "phases_s": PHASED})
+    found = phases.breakdown(CaseRecord.from_dict({"elapsed_s": 5.5, "phases_s": PHASED}))
     parts = dict(found.parts)
     assert [k for k, _ in found.parts] == ["build", "check", "warmup", "timed", "loop", "metrics", "energy",
                                            "profile", "stats", "other"]  # "timing" split into timed + the loop
@@ -546,10 +547,10 @@ def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
     # "other" left out of the record: what the phases leave of elapsed_s; a phase the report does not
     # know by name: shown under its own
     record = {k: v for k, v in PHASED.items() if k != "other"} | {"compile": 0.3}
-    parts = dict(phases.breakdown({"elapsed_s": 6.0, "phases_s": record}).parts)
+    parts = dict(phases.breakdown(CaseRecord.from_dict({"elapsed_s": 6.0, "phases_s": record})).parts)
     assert parts["compile"] == 0.3 and parts["other"] == pytest.approx(6.0 - 5.25 - 0.3)
     for old in ({"elapsed_s": 1.0}, {"elapsed_s": 1.0, "phases_s": None}, {"elapsed_s": 1.0, "phases_s": {}}):
-        assert phases.breakdown(old) is None  # a record of an older run has no breakdown
+        assert phases.breakdown(CaseRecord.from_dict(old)) is None  # a record of an older run has no breakdown
 
 
 def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their_wall_time():
@@ -558,11 +559,12 @@ def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their
     cases = [{"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
              {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
              {"elapsed_s": 90.0}]  # no phases recorded: not counted on either side
-    assert phases.run_text({"cases": cases}) == "timed calls were 40% of the cases' wall time (4 s of 10 s)"
+    assert phases.run_text(RunRecord.from_dict({"cases": cases})) == "timed calls were 40% of the cases' wall time (4 s of 10 s)"
     use = TimeUse(wall_s=20.0, workers=1, cases_s=10.0, phases_s={"timing": 5.5, "timed": 4.0, "other": 5.5},
                   timed_share=0.2)
-    assert phases.run_text({"cases": cases, "time_use": dataclasses.asdict(use)}) == use.text()  # as `run` printed it
-    assert phases.run_text({"cases": [{"elapsed_s": 1.0}]}) is None and phases.run_text({}) is None
+    assert phases.run_text(RunRecord.from_dict({"cases": cases, "time_use": dataclasses.asdict(use)})) == use.text()  # as `run` printed it
+    assert phases.run_text(RunRecord.from_dict({"cases": [{"elapsed_s": 1.0}]})) is None
+    assert phases.run_text(RunRecord.from_dict({})) is None
 
 
 @pytest.fixture(scope="session")

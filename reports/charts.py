@@ -1,0 +1,173 @@
+"""The generic figures of every report, from plain numbers (labels, ratios, samples): speedup
+against a swept param, ratios with their CI per row, raw-sample boxes, shares of the device peak,
+telemetry over time. Each returns a Figure, or None when there is nothing to draw, so the report
+says so in words instead of showing empty axes."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from gpubench.reports.drawing import (COLORS, SERIES, WIDTH_IN, error_bars, label_rows, legend_below, log_x_if_spread,
+                                      new_figure, reference, row_labels, styled, text_lines, ticks_at, time_unit, wrap)
+
+
+def speedup_sweep(series: dict[str, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
+    """Speedup (with CI bars) against a swept numeric parameter; one line per ``series`` label,
+    each point ``(x, ratio, ci_low, ci_high)``."""
+    series = {k: sorted(v) for k, v in series.items() if v}
+    if not series:
+        return None
+    with styled():
+        fig = new_figure(3.0 + 0.15 * len(series))
+        ax = fig.add_subplot()
+        handles = {}
+        for color, (label, points) in zip(itertools.cycle(SERIES), series.items()):
+            x, y, lo, hi = zip(*points)
+            handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), marker="o", ms=4, capsize=3,
+                                         color=color, label=label or None)
+        reference(ax.axhline(1.0, color="black", lw=0.8, ls="--"))
+        xs = sorted({p[0] for pts in series.values() for p in pts})
+        log_x_if_spread(ax, xs)
+        ticks_at(ax, xs)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("speedup over baseline (x)")
+        if len(series) > 1 or next(iter(series)):
+            legend_below(fig, handles)
+    return fig
+
+
+def ratio_points(labels: Sequence[str], ratios: Sequence[float], lows: Sequence[float],
+                 highs: Sequence[float], x_label: str, colors: Sequence[str] | None = None) -> Figure | None:
+    """One row per label: a ratio with its CI as a horizontal bar, a dashed line at 1 (no change).
+    Used where there is no numeric sweep (a single case, categorical params) and for comparisons."""
+    if not labels:
+        return None
+    n = len(labels)
+    rows, note = row_labels(labels)
+    lines = max(text_lines(r) for r in rows)
+    with styled():
+        fig = new_figure(0.9 + 0.14 * text_lines(note) * bool(note) + (0.16 + 0.12 * lines) * n)
+        ax = fig.add_subplot()
+        ys = list(range(n))[::-1]
+        for i, (y, r, lo, hi) in enumerate(zip(ys, ratios, lows, highs)):
+            ax.errorbar([r], [y], xerr=error_bars([r], [lo], [hi]), fmt="o", ms=4, capsize=3,
+                        color=(colors[i] if colors else SERIES[0]))
+        reference(ax.axvline(1.0, color="black", lw=0.8, ls="--"))
+        label_rows(ax, ys, rows, note)
+        ax.set_ylim(-0.7, n - 0.3)
+        log_x_if_spread(ax, list(lows) + list(highs))
+        ax.set_xlabel(x_label)
+        ax.grid(axis="y", visible=False)
+    return fig
+
+
+def latency_boxes(rows: Sequence[tuple[str, dict[str, Sequence[float]]]]) -> Figure | None:
+    """Box plots of the raw timing samples: per row (a case), one box per variant."""
+    rows = [(label, {v: s for v, s in groups.items() if s}) for label, groups in rows]
+    rows = [(label, groups) for label, groups in rows if groups]
+    if not rows:
+        return None
+    variants = list(dict.fromkeys(v for _, groups in rows for v in groups))
+    unit, scale = time_unit([x for _, g in rows for s in g.values() for x in s])
+    step = len(variants) + 1
+    shown, note = row_labels([label for label, _ in rows])
+    row_in = max(0.22 * step, 0.13 * max(text_lines(r) for r in shown) + 0.1)
+    handles: dict[str, Any] = {}
+    with styled():
+        fig = new_figure(0.7 + 0.14 * text_lines(note) * bool(note) + row_in * len(rows))
+        ax = fig.add_subplot()
+        for k, variant in enumerate(variants):
+            data = [[x / scale for x in groups[variant]] for _, groups in rows if variant in groups]
+            pos = [-(i * step + k) for i, (_, groups) in enumerate(rows) if variant in groups]
+            color = COLORS.get(variant, SERIES[(k + 2) % len(SERIES)])
+            style = dict(positions=pos, widths=0.7, patch_artist=True, manage_ticks=False,
+                         boxprops={"facecolor": color, "alpha": 0.6},
+                         flierprops={"markersize": 2, "markeredgecolor": color}, medianprops={"color": "black"})
+            _horizontal_boxplot(ax, data, style)
+            handles[variant] = Patch(facecolor=color, alpha=0.6)
+        label_rows(ax, [-(i * step + (len(variants) - 1) / 2) for i in range(len(rows))], shown, note)
+        ax.set_ylim(-(len(rows) - 1) * step - len(variants) + 0.2, 0.8)
+        log_x_if_spread(ax, [x / scale for _, g in rows for s in g.values() for x in s])
+        ax.set_xlabel(f"time per call ({unit})")
+        ax.grid(axis="y", visible=False)
+        legend_below(fig, handles)
+    return fig
+
+
+def _horizontal_boxplot(ax: Any, data: list[list[float]], style: dict[str, Any]) -> dict[str, Any]:
+    try:  # matplotlib >= 3.10 names the orientation; older ones take vert=False
+        return ax.boxplot(data, orientation="horizontal", **style)
+    except TypeError:
+        return ax.boxplot(data, vert=False, **style)
+
+
+def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]]) -> Figure | None:
+    """Grouped horizontal bars, one panel per metric (e.g. % of peak FLOP/s, % of peak
+    bandwidth): per label, one bar per variant; None values are left out."""
+    panels = {title: {v: vals for v, vals in by_variant.items() if any(x is not None for x in vals)}
+              for title, by_variant in panels.items()}
+    panels = {title: by_variant for title, by_variant in panels.items() if by_variant}
+    if not labels or not panels:
+        return None
+    variants = list(dict.fromkeys(v for by_variant in panels.values() for v in by_variant))
+    height = 0.8 / len(variants)
+    shown, note = row_labels(labels)
+    row_in = max(0.2 * (len(variants) + 1), 0.13 * max(text_lines(r) for r in shown) + 0.1)
+    with styled():
+        fig = new_figure(0.7 + 0.14 * text_lines(note) * bool(note) + row_in * len(labels))
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+        for ax, (title, by_variant) in zip(axes, panels.items()):
+            for k, variant in enumerate(variants):
+                if variant not in by_variant:
+                    continue
+                offset = ((len(variants) - 1) / 2 - k) * height
+                points = [(-i + offset, x) for i, x in enumerate(by_variant[variant]) if x is not None]
+                ax.barh([p[0] for p in points], [p[1] for p in points], height=height, label=variant,
+                        color=COLORS.get(variant, SERIES[(k + 2) % len(SERIES)]))
+            ax.set_xlabel(title)
+            ax.grid(axis="y", visible=False)
+        label_rows(axes[0], [-i for i in range(len(labels))], shown, "")
+        if note:
+            fig.suptitle(wrap(note, WIDTH_IN - 0.4, 7), x=0.02, ha="left", fontsize=7)
+        handles = {}
+        for ax in axes:
+            for bar in ax.containers:
+                handles.setdefault(bar.get_label(), bar)
+        legend_below(fig, handles)
+    return fig
+
+
+def telemetry_timeline(t_s: Sequence[float], panels: Sequence[tuple[str, Sequence[float]]],
+                       spans: Sequence[tuple[float, float, str]], throttled_t: Sequence[float]) -> Figure | None:
+    """Stacked time series (power, clocks, temperature, memory) sharing the time axis; each case's
+    time span shaded and numbered; samples with a harmful throttle reason marked in red."""
+    panels = [(label, values) for label, values in panels
+              if any(v is not None and not math.isnan(v) for v in values)]
+    if not t_s or not panels:
+        return None
+    with styled():
+        fig = new_figure(0.6 + 1.5 * len(panels))
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, (label, values) in zip(axes, panels):
+            ax.plot(t_s, values, lw=1, color=SERIES[0])
+            ax.set_ylabel(label)
+            for i, (t0, t1, _) in enumerate(spans):
+                reference(ax.axvspan(t0, t1, color=("#f3c98b" if i % 2 else "#a9cce3"), alpha=0.35, lw=0))
+            if throttled_t:
+                low = min(v for v in values if v is not None and not math.isnan(v))
+                ax.plot(throttled_t, [low] * len(throttled_t), "|", color="#c0392b", ms=8,
+                        label="throttled")
+        if len(spans) <= 40:
+            for t0, t1, name in spans:
+                axes[0].annotate(name, ((t0 + t1) / 2, 1.0), xycoords=("data", "axes fraction"),
+                                 ha="center", va="bottom", fontsize=6)
+        axes[-1].set_xlabel("time since the first sample (s)")
+        if throttled_t:
+            legend_below(fig, {"throttled": Line2D([], [], color="#c0392b", marker="|", ls="none", ms=8)})
+    return fig
+

@@ -1,0 +1,271 @@
+"""Drawing helpers every report figure shares: the style, SVG output, plain-number log axes,
+legends under the axes, wrapped row labels.
+
+Figures are made with ``matplotlib.figure.Figure`` directly, never through pyplot: no GUI
+backend, no global figure list, nothing left open. :func:`to_svg` renders with matplotlib's SVG
+writer, which escapes any text (case labels come from scenario files); mathtext is off, so a ``$``
+in a label is just a character.
+
+Readable by construction: every log axis goes through :func:`log_ticks` (plain-number labels such as
+"128", "1k", "0.1", at least two of them in view), including those a technique's own hook made,
+which :func:`to_svg` passes through it too; legends sit under the axes (:func:`legend_below`),
+never on data; row labels of horizontal charts leave out what every row shares and wrap
+(:func:`row_labels`), and a single row's label goes above its axes.
+
+:func:`mark_data` gives the artists that carry data (lines with points, bars, collections, images:
+not the frame, ticks, grid or reference lines) an SVG id starting with ``data-``; the report uses
+its count to refuse empty axes (a technique's own figures included), and a reader or a test can
+find the data in the SVG.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import math
+import re
+import sys
+import textwrap
+from typing import Any, Iterator, Sequence
+
+import matplotlib
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, Locator, LogFormatter, MaxNLocator, NullFormatter
+
+STYLE = {
+    "svg.fonttype": "none",  # text stays text: small files, selectable labels
+    "svg.hashsalt": "gpubench",  # deterministic ids: the same run gives the same report
+    "text.parse_math": False,
+    "axes.formatter.use_mathtext": False,
+    "font.size": 8,
+    "axes.titlesize": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+}
+COLORS = {"baseline": "#8c8c8c", "optimized": "#1f6fb4"}
+SERIES = ("#1f6fb4", "#d9711c", "#2e9b45", "#c0392b", "#7d4fb0", "#8c564b", "#d45ca8", "#17a2b8")
+WIDTH_IN = 7.0
+_ids = itertools.count(1)
+REFERENCE = "reference"  # gid of what is drawn for orientation (the 1x line, case shading), not data
+
+
+@contextlib.contextmanager
+def styled() -> Iterator[None]:
+    """The report's matplotlib settings (figures are built and saved inside this)."""
+    with matplotlib.rc_context(STYLE):
+        yield
+
+
+def to_svg(fig: Any) -> str:
+    """``fig`` as an ``<svg>`` element (no XML prolog), then closed if pyplot holds it."""
+    buf = io.StringIO()
+    for ax in fig.axes:  # a technique's own figures too: no log axis reaches the SVG unplain
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                log_ticks(axis)
+    with styled():
+        # No metadata block: no date (the same run gives the same SVG), nothing but the drawing.
+        fig.savefig(buf, format="svg", bbox_inches="tight",
+                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def close(fig: Any) -> None:
+    """Release ``fig`` from pyplot's figure list, where a technique's own hook put it there."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close(fig)
+
+
+def mark_data(fig: Any) -> int:
+    """Give every data artist of ``fig`` an SVG id ``data-N``; return how many there are."""
+    count = 0
+    for ax in fig.axes:
+        for artist in [*ax.lines, *ax.patches, *ax.collections, *ax.images]:
+            if artist.get_gid() == REFERENCE:
+                continue
+            if isinstance(artist, Line2D) and len(artist.get_xdata()) == 0:
+                continue  # a legend proxy
+            if isinstance(artist, PathCollection) and len(artist.get_offsets()) == 0:
+                continue
+            if artist.get_gid() is None:
+                artist.set_gid(f"data-{next(_ids)}")
+            count += 1
+    return count
+
+
+def reference(artist: Any) -> None:
+    artist.set_gid(REFERENCE)
+
+
+def time_unit(seconds: Sequence[float]) -> tuple[str, float]:
+    """The unit (name, seconds per unit) that suits the typical value of ``seconds``."""
+    typical = sorted(seconds)[len(seconds) // 2] if seconds else 1.0
+    for name, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if typical >= scale:
+            return name, scale
+    return "ns", 1e-9
+
+
+def new_figure(height_in: float) -> Figure:
+    return Figure(figsize=(WIDTH_IN, max(1.8, height_in)))
+
+
+# -- plain text: numbers, log axes, legends, labels ---------------------------------------------
+def plain_number(value: float) -> str:
+    """A tick label as plain text: "128", "1024", "1k", "2.5M", "0.1" (never mathtext)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    size = abs(value)
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if size >= scale and float(round(value / scale * 10)) == value / scale * 10:
+            return f"{value / scale:g}{suffix}"  # 1k, 2.5k, 10M: exact at one decimal
+    if size >= 1 and value == int(value):
+        return str(int(value))  # 1024, 65536
+    return f"{value:.3g}" if size >= 1e-3 else f"{value:.2g}"
+
+
+PLAIN = FuncFormatter(lambda v, _: plain_number(v))
+
+
+class PlainLogLocator(Locator):
+    """Major ticks of a log axis, at least two in view: the powers of the base when two or more
+    fall in the view (thinned to at most 8), else 1-2-5 steps (1, 2, 5, 10, 20, ...), else evenly
+    spaced round numbers (a view narrower than 2x)."""
+
+    def __init__(self, base: float = 10) -> None:
+        self.base = base
+
+    def __call__(self) -> list[float]:
+        return self.tick_values(*self.axis.get_view_interval())
+
+    def tick_values(self, vmin: float, vmax: float) -> list[float]:
+        lo, hi = sorted((vmin, vmax))
+        if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= 0:
+            return []
+        lo = max(lo, hi * 1e-12)
+        inside = lambda vs: sorted({v for v in vs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)})  # noqa: E731
+        first, last = math.floor(math.log(lo, self.base)) - 1, math.ceil(math.log(hi, self.base)) + 1
+        powers = inside(self.base ** k for k in range(first, last + 1))
+        if len(powers) >= 2:
+            step = -(-len(powers) // 8)
+            return powers[::step]
+        decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+        steps = inside(m * 10.0 ** k for k in decades for m in (1, 2, 5))
+        if len(steps) >= 2:
+            return steps
+        even = inside(v for v in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if v > 0)
+        return even if len(even) >= 2 else [lo, hi]
+
+
+def log_ticks(axis: Any) -> None:
+    """The one way a log axis is labelled: :class:`PlainLogLocator` (unless the figure fixed its
+    ticks), plain-number labels, unlabelled minor ticks. Idempotent."""
+    base = getattr(axis.get_transform(), "base", 10)
+    if not isinstance(axis.get_major_locator(), (PlainLogLocator, FixedLocator)):
+        axis.set_major_locator(PlainLogLocator(base))
+    if isinstance(axis.get_major_formatter(), LogFormatter):  # its labels are mathtext (2^7, 10^3)
+        axis.set_major_formatter(PLAIN)
+    if isinstance(axis.get_minor_formatter(), LogFormatter):
+        axis.set_minor_formatter(NullFormatter())
+
+
+def log_axis(ax: Any, which: str, base: float = 10) -> None:
+    """Make ``which`` ("x" or "y") of ``ax`` a log axis with plain labels (:func:`log_ticks`)."""
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    log_ticks(ax.xaxis if which == "x" else ax.yaxis)
+
+
+def log_x_if_spread(ax: Any, values: Sequence[float]) -> None:
+    """A log x scale when the values span more than 8x."""
+    positive = [v for v in values if v > 0]
+    if len(positive) == len(values) and positive and max(positive) / min(positive) > 8:
+        log_axis(ax, "x")
+
+
+def _spaced(values: Sequence[float], log: bool, gap: float = 0.07) -> list[float]:
+    """Of sorted ``values``, those at least ``gap`` of the axis span apart (the last one always
+    kept), so explicit tick labels do not print over each other (64, 77, 100 on a 0-512 axis)."""
+    pos = [math.log(v) if log else v for v in values]
+    span = (max(pos) - min(pos)) or 1.0
+    kept: list[int] = []
+    for i in range(len(values)):
+        if not kept or (pos[i] - pos[kept[-1]]) / span >= gap:
+            kept.append(i)
+        elif i == len(values) - 1:
+            kept[-1] = i  # the last value is kept; the one too close before it goes
+    return [values[i] for i in kept]
+
+
+def ticks_at(ax: Any, xs: Sequence[float]) -> None:
+    """x ticks at the swept values when there are few (12 or fewer), spaced so none overlap:
+    a param swept over 2 and 4 reads 2, 4, not 2.00, 2.25, ..."""
+    xs = sorted(set(xs))
+    if 1 <= len(xs) <= 12:
+        kept = _spaced(xs, ax.xaxis.get_scale() == "log")
+        ax.set_xticks(kept, [plain_number(x) for x in kept])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def legend_below(fig: Figure, handles: dict[str, Any]) -> None:
+    """One legend for the whole figure, under the axes, where it covers no data; the figure grows
+    by the legend's height, so the axes keep theirs."""
+    if not handles:
+        return
+    longest = max(len(text) for text in handles)  # columns: as many as fit the width at 7 pt
+    ncol = max(1, min(len(handles), 4, int(WIDTH_IN * 72 / ((longest + 6) * 7 * 0.6))))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7,
+               bbox_to_anchor=(0.5, 0.0))
+    rows = -(-len(handles) // ncol)
+    legend_in = 0.15 * rows + 0.2
+    fig.set_figheight(fig.get_figheight() + legend_in)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+
+
+def wrap(text: str, width_in: float, fontsize: float = 8) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``fontsize`` points."""
+    chars = max(12, int(width_in * 72 / (fontsize * 0.6)))
+    return "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False)) or text
+
+
+_PARAM_START = re.compile(r" (?=[^\s=]+=)")  # a space before the next k=v (values may hold spaces)
+ROW_LABEL_IN = 2.6  # the widest a row label may be (of the figure's 7 in) before it wraps
+
+
+def row_labels(labels: Sequence[str]) -> tuple[list[str], str]:
+    """Row labels for a horizontal chart: each ``k=v`` every row shares is left out (and returned,
+    to be said once above the axes), the rest wrapped to :data:`ROW_LABEL_IN`. One row: no row
+    label; the whole label is the note above."""
+    if len(labels) == 1:
+        return [""], labels[0]
+    parts = [_PARAM_START.split(label) for label in labels]
+    shared = [p for p in parts[0] if "=" in p and all(p in other for other in parts[1:])]
+    rows = [" ".join(p for p in ps if p not in shared) for ps in parts]
+    return [wrap(r, ROW_LABEL_IN, 8) for r in rows], (("every row: " + " ".join(shared)) if shared else "")
+
+
+def label_rows(ax: Any, ys: Sequence[float], rows: Sequence[str], note: str) -> None:
+    """Put :func:`row_labels`' rows at ``ys`` and its note above ``ax`` (left-aligned); a single
+    row has no row label and no tick, so the data take the figure's width."""
+    ax.set_yticks(ys, rows)
+    if rows == [""]:
+        ax.tick_params(axis="y", left=False)
+    if note:
+        ax.set_title(wrap(note, WIDTH_IN - 0.4, 7), loc="left", fontsize=7)
+
+
+def text_lines(text: str) -> int:
+    return text.count("\n") + 1
+
+
+def error_bars(values: Sequence[float], lows: Sequence[float], highs: Sequence[float]) -> list[list[float]]:
+    """Distances below and above each value (never negative: a CI may not contain its point)."""
+    return [[max(0.0, v - lo) for v, lo in zip(values, lows)], [max(0.0, hi - v) for v, hi in zip(values, highs)]]
+

@@ -1,0 +1,263 @@
+"""One section of the report per technique: what it does and what each variant runs, the published
+figure, a CPU caveat where the win is GPU-specific, its params and what they mean, the generic
+figures, the figures it declared, and every variant of every case.
+
+Everything a section says of a technique comes from the run's own record of it
+(:meth:`gpubench.results.RunRecord.technique`): a run is drawn by the declarations of its day,
+also where the technique's code is gone. The one exception is a technique's own figure function
+(deprecated ``figures_fn``: code, not data), called through :func:`gpubench.declarations.figures_hook`
+when it can be loaded here; when it cannot, the section says why its figures are missing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from gpubench.declarations import TechniqueRecord, figures_hook
+from gpubench.reports import charts, drawing, phases, plots, sweep
+from gpubench.reports.terminal import (case_params, check_text, format_seconds, format_speedup, named_time,
+                                       param_text, shown_by_technique)
+from gpubench.results import CaseRecord, RunRecord
+
+Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
+_OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
+
+
+def params_label(case: CaseRecord, shown: set[str] | None, defaults: dict[str, Any]) -> str:
+    """The case's params as the report labels it: those that tell the technique's cases apart
+    (``shown``), less those left at a default that means off or "the same as" (causal=False,
+    block_m=0); two cases still differ in a param at least one of them sets."""
+    keep = {k for k in (case.params if shown is None else shown)
+            if not (k in defaults and case.params.get(k) == defaults[k] and defaults[k] in _OFF)}
+    return case_params(case, keep)
+
+
+class Labels:
+    """How the report names a run's cases: the technique and the params that tell them apart."""
+
+    def __init__(self, run: RunRecord) -> None:
+        self.run = run
+        self.shown = shown_by_technique(run)
+        self._defaults: dict[str, dict[str, Any]] = {}
+
+    def defaults(self, technique: str) -> dict[str, Any]:
+        if technique not in self._defaults:
+            tech = self.run.technique(technique)
+            self._defaults[technique] = tech.defaults() if tech is not None else {}
+        return self._defaults[technique]
+
+    def params(self, case: CaseRecord) -> str:
+        return params_label(case, self.shown.get(case.technique), self.defaults(case.technique))
+
+    def label(self, case: CaseRecord) -> str:
+        return f"{case.technique} {self.params(case)}".strip()
+
+
+# -- figures -----------------------------------------------------------------------------------
+def figure(title: str, fig: Any) -> Figure | None:
+    """A figure for the template: its SVG, or None when there is no figure or it has no data: the
+    report leaves out what it cannot draw rather than show an empty frame."""
+    if fig is None or drawing.mark_data(fig) == 0:
+        if fig is not None:
+            drawing.close(fig)
+        return None
+    return {"title": title, "svg": drawing.to_svg(fig), "note": None}
+
+
+def _missing(title: str, why: str) -> Figure:
+    return {"title": title, "svg": None, "note": why}
+
+
+def speedup_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
+    """Speedup against the swept numeric param (one line per combination of the other varying
+    params); without a numeric sweep (one case, categorical params) one point per case."""
+    title = "speedup of optimized over baseline (95% CI)"
+    points = [(c, r, label) for c, label in zip(cases, labels) for r in [c.speedup(c.role_variant("optimized"))] if r]
+    if not points:
+        return None
+    keys = list(dict.fromkeys(k for c, _, _ in points for k in c.params))
+    varying = [k for k in keys if len({repr(c.params.get(k)) for c, _, _ in points}) > 1]
+    numeric = [k for k in varying if all(isinstance(c.params.get(k), (int, float))
+                                         and not isinstance(c.params.get(k), bool) for c, _, _ in points)]
+    if numeric:
+        x = max(numeric, key=lambda k: len({c.params[k] for c, _, _ in points}))
+        series: dict[str, list[tuple[float, float, float, float]]] = {}
+        for c, r, _ in points:
+            key = " ".join(param_text(c.params, k) for k in varying if k != x)
+            series.setdefault(key, []).append((c.params[x], r["ratio"], r["ci_low"], r["ci_high"]))
+        return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
+    ratios = [(r["ratio"], r["ci_low"], r["ci_high"]) for _, r, _ in points]
+    fig = charts.ratio_points([p[2] for p in points], *zip(*ratios), x_label="speedup over baseline (x)")
+    return figure(title, fig)
+
+
+def _samples(case: CaseRecord, name: str) -> list[float]:
+    return [x for x in case.variants[name].samples_s if isinstance(x, (int, float)) and math.isfinite(x)]
+
+
+def latency_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
+    rows = [(label, {n: _samples(c, n) for n in (c.role_variant("baseline"), c.role_variant("optimized")) if n})
+            for c, label in zip(cases, labels)]
+    return figure("time per call, raw samples (box: quartiles, line: median)", charts.latency_boxes(rows))
+
+
+def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
+    roles = ("baseline", "optimized")
+
+    def metric(case: CaseRecord, role: str, key: str) -> Any:
+        variant = case.variant(case.role_variant(role))
+        return variant.metric(key) if variant is not None else None
+
+    panels = {title: {role: [metric(c, role, key) for c in cases] for role in roles}
+              for key, title in (("pct_peak_flops", "% of measured peak FLOP/s"),
+                                 ("pct_peak_bandwidth", "% of measured peak bandwidth"))}
+    return figure("share of the measured device peak", charts.peak_bars(labels, panels))
+
+
+def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[Figure]:
+    """The figures the technique declared (``plots``, as the run recorded them), then those of
+    its own figure function where its code can be loaded here (else a note says why they are
+    missing), each left out when the run holds no data for it. A figure that fails to draw
+    costs that figure only, with the reason shown."""
+    if tech is None:
+        return []
+    out = []
+    for plot in tech.plots:
+        try:
+            out.append(figure(plot.title, plots.declared(plot, cases, tech.defaults())))
+        except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
+            out.append(_missing(plot.title, f"the figure failed: {type(exc).__name__}: {exc}"))
+    hook, why_not = figures_hook(tech)
+    if why_not:
+        out.append(_missing(f"{tech.name}'s own figures", f"not drawn: {why_not}"))
+    if hook is not None:
+        try:
+            with drawing.styled():
+                made = list(hook([c.to_dict() for c in cases]))  # the hook's contract: case dicts
+            out += [figure(str(title), fig) for title, fig in made]
+        except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
+            out.append(_missing(f"{tech.name} figures", f"the technique's figure hook failed: {type(exc).__name__}: {exc}"))
+    return [fig for fig in out if fig is not None]
+
+
+# -- tables ------------------------------------------------------------------------------------
+def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
+    rows = []
+    for name, v in case.variants.items():
+        s = v.stats or {}
+        rows.append({"case": number, "variant": name, "role": v.role, "status": v.status, "reason": v.reason or "",
+                     "median": format_seconds(v.median_s),
+                     "ci": f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]" if s else "",
+                     "n": s.get("n", 0), "speedup": format_speedup(case.speedup(name)),
+                     "check": check_text(case, name).plain})
+    return rows
+
+
+def _sentence(text: str) -> str:
+    """``text`` on one line, ending as a sentence ends (a full stop added where it has none)."""
+    text = " ".join(text.split())
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
+def variant_descriptions(cases: list[CaseRecord]) -> list[dict[str, str]]:
+    """What each variant runs, in full as the run recorded it: the baseline and the optimized
+    variant first, then the peers that were timed."""
+    seen: dict[str, dict[str, str]] = {}
+    for case in cases:
+        for name, v in case.variants.items():
+            if name not in seen and (v.role != "peer" or v.stats):
+                seen[name] = {"name": name, "role": v.role, "description": v.description or ""}
+    order = {"baseline": 0, "optimized": 1}
+    return sorted(seen.values(), key=lambda d: order.get(d["role"], 2))
+
+
+def param_rows(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[dict[str, str]]:
+    """The params the run's cases set, with what each means and accepts (as the run recorded
+    the technique's declaration), and the values the cases took."""
+    if tech is None:
+        return []
+    rows = []
+    for p in tech.params:
+        values = list(dict.fromkeys(repr(c.params[p.name]) for c in cases if p.name in c.params))
+        rows.append({"name": p.name, "help": p.help, "allowed": p.allowed, "default": repr(p.default),
+                     "values": ", ".join(v.strip("'") for v in values) or "-"})
+    return rows
+
+
+def _extreme_rows(found: list[sweep.Reading], numbers: dict[int, int], labels: Labels) -> list[dict[str, Any]]:
+    return [{"number": numbers[id(r.case)], "params": labels.params(r.case), "figure": r.text,
+             "baseline": named_time(r.case, r.case.role_variant("baseline")),
+             "optimized": named_time(r.case, r.case.role_variant("optimized"))} for r in found]
+
+
+def _unplotted(cases: list[CaseRecord]) -> str:
+    """Why a technique's section has no figure, in one sentence."""
+    failed = sum(not c.passed for c in cases)
+    if failed == len(cases):
+        return f"No figure: {'its case' if failed == 1 else f'all {failed} cases'} failed (why: the summary table)."
+    return "No figure: its cases recorded no timings or figures to plot."
+
+
+def phase_rows(group: list[tuple[int, CaseRecord]], labels: Labels) -> list[dict[str, Any]]:
+    """Per case that recorded its phases: where its wall time went, as a sentence and as the
+    segments of a stacked bar (percent of the case's wall time)."""
+    rows = []
+    for number, case in group:
+        found = phases.breakdown(case)
+        if found is not None:
+            rows.append({"number": number, "params": labels.params(case), "text": phases.breakdown_text(found),
+                         "elapsed": format_seconds(found.elapsed_s),
+                         "segments": [{"key": key, "label": phases.LABELS.get(key, key), "pct": 100 * found.share(key),
+                                       "seconds": format_seconds(seconds)} for key, seconds in found.parts if seconds > 0]})
+    return rows
+
+
+def _phase_legend(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    shown_keys = {seg["key"] for row in rows for seg in row["segments"]}
+    return [(key, phases.LABELS.get(key, key), phases.MEANING.get(key, key))
+            for key in dict.fromkeys([k for k, _ in phases.PHASES] + sorted(shown_keys)) if key in shown_keys]
+
+
+# -- the sections --------------------------------------------------------------------------------
+def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseRecord]], labels: Labels,
+                      rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One technique's section (see the module's docstring). A technique with more than
+    :data:`sweep.LARGE` cases reads as a sweep: the surface of its headline figure over the swept
+    params and its best and worst cases come first; its per-case rows (``rows``: the summary
+    table's) and per-case figures sit in collapsed sections."""
+    cases = [c for _, c in group]
+    case_labels = [f"#{n} {labels.params(c)}".strip() for n, c in group]
+    tech = run.technique(name)
+    read_by = sweep.headline_figures(tech)
+    large = len(cases) > sweep.LARGE
+    per_case = [f for f in (latency_figure(cases, case_labels), peak_figure(cases, case_labels)) if f is not None]
+    best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
+    numbers = {id(c): n for n, c in group}
+    phase_table = phase_rows(group, labels)
+    section = {
+        "name": name, "registered": tech is not None, "count": len(cases), "large": large,
+        "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),
+        "anchor": tech.anchor if tech else "", "params": param_rows(tech, cases),
+        "cpu_note": tech.gpu_specific if tech and run.device == "cpu" else "",
+        "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
+        "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
+        "best": _extreme_rows(best, numbers, labels), "worst": _extreme_rows(worst, numbers, labels),
+        "figures": [f for f in [speedup_figure(cases, case_labels)] if f] + ([] if large else per_case)
+                   + technique_figures(tech, cases),
+        "per_case_figures": per_case if large else [],
+        "rows": [r for r in rows if r["technique"] == name] if large else [],
+        "variants": [row for n, c in group for row in variant_rows(c, n)],
+        "phases": phase_table, "phase_legend": _phase_legend(phase_table), "timed_share": phases.cases_text(cases),
+    }
+    section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
+                            else _unplotted(cases))
+    return section
+
+
+def technique_sections(run: RunRecord, rows: Sequence[dict[str, Any]], labels: Labels | None = None) -> list[dict[str, Any]]:
+    """A section per technique, in the order the run first ran each."""
+    labels = labels or Labels(run)
+    by_technique: dict[str, list[tuple[int, CaseRecord]]] = {}
+    for number, case in enumerate(run.cases, 1):
+        by_technique.setdefault(case.technique, []).append((number, case))
+    return [technique_section(run, name, group, labels, rows) for name, group in by_technique.items()]
