@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from gpubench.baselines import activation_offload as one_buffer_schedule
 from gpubench.claims import COMBINED_TRAINING
-from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Measured, Param, Plot, Recorder, Technique, Workload,
-                               tensors_check)
+from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Headline, Measured, Param, Plot, Recorder,
+                               Technique, Workload, tensors_check)
 from gpubench.models.llama import LlamaConfig, head_loss, rope_cos_sin
 from gpubench.models.moe import MoEConfig, SyncLog
 from gpubench.gradients import learning_check
@@ -109,7 +109,10 @@ TECHNIQUE = Technique(
         "the metadata's mask construction, the loop's per-expert op overhead and gradient assembly, and what "
         "a thread overlaps on these cores; the sync counts are the same on every device."
     ),
-    headline="host_syncs_per_step",
+    headline_figures=(Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False,
+                               replaces_time=False),),
+    benchmarks=[Bench(f"{n}-layers", {"layers": n, "hidden": 64, "experts": 8, "top_k": 2, "expert_dim": 64,
+                                         "rows": 1, "seq_len": 256, "mean_doc_len": 48}) for n in (2, 4)],
     params=[
         Param("layers", int, 2, "decoder layers (each checkpointed, its input offloaded)", min=1),
         Param("hidden", int, 64, "model width (gpt-oss: 2880)", min=8),

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.baselines.packed_metadata import train_step as per_layer_step
-from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Param, Plot, Recorder, Technique,
-                               Workload, tensors_check)
+from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Headline, Measured, Param, Plot, Recorder,
+                               Technique, Workload, tensors_check)
 from gpubench.claims import UNSLOTH_NVIDIA
 from gpubench.errors import BadInput
 from gpubench.models.llama import (SIZES, LayerWeights, LlamaConfig, LlamaWeights, causal_attention, forward,
@@ -63,7 +63,10 @@ TECHNIQUE = Technique(
         "the CPU ratio shows is the cost of constructing the mask (elementwise work over rows x seq^2 "
         "per layer) against the step's compute, so it is not the GPU's ratio."
     ),
-    headline="host_syncs_per_step",
+    headline_figures=(Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False,
+                               replaces_time=False),),
+    benchmarks=[Bench(f"{n}-layers", {"model": "tiny", "layers": n, "rows": 1, "seq_len": 512, "mean_doc_len": 48})
+                for n in (2, 4)],
     params=[
         Param("model", str, "tiny", "model size of gpubench.models.llama (random seeded weights)",
               choices=list(SIZES)),

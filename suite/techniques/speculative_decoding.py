@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gpubench.baselines.speculative_decoding import generate
-from gpubench.contract import Claim, Measured, Param, Plot, Recorder, Technique, Workload
+from gpubench.contract import Bench, Claim, Headline, Measured, Param, Plot, Recorder, Technique, Workload
 from gpubench.errors import BadInput
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
@@ -63,7 +63,9 @@ TECHNIQUE = Technique(
         "both, but not in the same proportion). The CPU ratio is a real measurement of this machine, "
         "not a prediction of a GPU's."
     ),
-    headline="predicted_speedup",
+    headline_figures=(Headline("predicted_speedup", "predicted speedup", replaces_time=False),),
+    benchmarks=[Bench(drafter, {"drafter": drafter, "prompts": 1, "max_new_tokens": 48})
+                for drafter in ("draft_model", "ngram")],
     # Lines against k; the drafter (and adaptive_k, temperature) label the lines where they vary.
     plots=[
         Plot("Measured and predicted speedup against k", x="k", variants=("optimized",),
