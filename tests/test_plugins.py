@@ -124,3 +124,73 @@ def test_a_broken_pair_exits_2_with_one_paragraph(tmp_path):
     proc = gpubench("run", "--scenario", "s.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "missing check" in proc.stderr and "Bring your own pair" in proc.stderr
+
+
+def twin_pairs(root: Path) -> dict[str, Path]:
+    """a/pair.py and b/pair.py: one file name in two folders, each naming its technique from a
+    module beside it that has one name too (naming.py), imported relatively."""
+    files = {}
+    for folder in ("a", "b"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "naming.py").write_text(f"NAME = 'rmsnorm_{folder}'\n")
+        source = EXAMPLE.read_text().replace('TECHNIQUE = Technique(\n    "rmsnorm",',
+                                             'from . import naming\n\nTECHNIQUE = Technique(\n    naming.NAME,')
+        assert "naming.NAME" in source  # the example still reads as this test rewrites it
+        (root / folder / "pair.py").write_text(source)
+        files[f"rmsnorm_{folder}"] = (root / folder / "pair.py").resolve()
+    return files
+
+
+@pytest.fixture
+def forget_twins():
+    from gpubench import techniques
+
+    yield
+    for name in ("rmsnorm_a", "rmsnorm_b"):
+        techniques.unregister(name)
+
+
+def test_two_plugin_files_of_one_name_are_two_modules_and_leave_sys_path_alone(tmp_path, forget_twins):
+    files = twin_pairs(tmp_path)
+    path = tmp_path / "twins.yaml"
+    path.write_text(scenario_text("a/pair.py") + "  - technique: b/pair.py\n    params: {rows: [64], hidden: 64}\n")
+    path_before = list(sys.path)
+    loaded = scenario.load(path)
+    assert sys.path == path_before
+    from gpubench import techniques
+
+    for name, file in files.items():
+        tech = techniques.get(name)
+        assert tech is not None and tech.source == str(file)
+        # Each technique's code lives in its own module, found under its own name (what pickling,
+        # typing.get_type_hints and dataclasses look up): the second file did not replace the first.
+        assert Path(sys.modules[tech.build_fn.__module__].__file__).resolve() == file
+    assert sorted({c.technique for c in loaded.cases()}) == ["rmsnorm_a", "rmsnorm_b"]
+
+
+def test_a_plugin_file_is_found_again_by_its_recorded_source_in_a_fresh_process(tmp_path):
+    files = twin_pairs(tmp_path)
+    probe = ("import sys; from gpubench import techniques\n"
+             "for name, source in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+             "    t = techniques.find(name, source)\n"
+             "    print(t.name, t.source, t.build_fn.__module__)\n")
+    args = [part for name, file in files.items() for part in (name, str(file))]
+    proc = subprocess.run([sys.executable, "-c", probe, *args], cwd=tmp_path.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    assert [(n, s) for n, s, _ in lines] == [(n, str(f)) for n, f in files.items()]
+    assert lines[0][2] != lines[1][2]  # two modules in that process too
+
+
+def test_an_absolute_import_of_a_module_beside_a_plugin_file_is_bad_input_saying_how(tmp_path):
+    (tmp_path / "naming.py").write_text("NAME = 'rmsnorm_abs'\n")
+    (tmp_path / "pair.py").write_text("import naming\n" + EXAMPLE.read_text())
+    path = tmp_path / "s.yaml"
+    path.write_text(scenario_text("pair.py"))
+    path_before = list(sys.path)
+    with pytest.raises(BadInput) as info:
+        scenario.load(path)
+    assert "No module named 'naming'" in str(info.value) and "from . import naming" in str(info.value)
+    assert sys.path == path_before  # and the failed file left no module behind
+    assert not [m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == str(tmp_path / "pair.py")]

@@ -6,13 +6,21 @@
 - a scenario entry naming a module (``technique: my_pkg.my_pair``, looked up on ``sys.path`` and
   beside the scenario file; ``my_pkg.pairs:NORM`` names another attribute than ``TECHNIQUE``) or
   a Python file (``technique: pairs/my_pair.py``, relative to it).
+
+A file is loaded as a module of its own, named after its resolved path (two ``pair.py`` in two
+folders are two modules), inside a package that stands for its folder: a module beside it is
+imported relatively (``from . import helpers``), and ``sys.path`` is left as it is. Its recorded
+``source`` is that resolved path, which is how a worker process or a later report finds it again.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import pkgutil
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -109,6 +117,35 @@ def _file_of(spec: str, base_dir: Path | None) -> Path | None:
     return (base_dir / path if not path.is_absolute() and base_dir is not None else path).resolve()
 
 
+def _folder_package(folder: Path) -> ModuleType:
+    """The package standing for a plug-in's folder (created once per folder, never executed): its
+    ``__path__`` is the folder, so relative imports of the plug-in find the modules beside it, and
+    its name comes from the folder's resolved path, so two folders never share a module."""
+    readable = re.sub(r"\W", "_", folder.name)[:40]
+    name = f"gpubench_user_{readable}_{hashlib.sha1(str(folder).encode()).hexdigest()[:12]}"
+    package = sys.modules.get(name)
+    if package is None:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        package = sys.modules[name] = importlib.util.module_from_spec(spec)
+    return package
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Executes a plug-in file as ``<its folder's package>.<stem>``; a file that raises leaves no
+    module behind (as a failed import does)."""
+    name = f"{_folder_package(path.parent).__name__}.{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
 def _import(spec: str, base_dir: Path | None) -> ModuleType:
     path = _file_of(spec, base_dir)
     if path is not None:
@@ -116,15 +153,19 @@ def _import(spec: str, base_dir: Path | None) -> ModuleType:
             what = "is a directory, not a .py file" if path.is_dir() else "no such file"
             raise BadInput(f"technique {spec!r}: {what} ({path}); give a built-in technique, a module "
                            f"(my_pkg.my_pair) or a .py file relative to the scenario.")
-        name = f"gpubench_user_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        return module
+        return _import_file(path)
     if base_dir is not None and str(base_dir) not in sys.path:
         sys.path.append(str(base_dir))
     return importlib.import_module(spec)
+
+
+def _sibling_hint(exc: ModuleNotFoundError, path: Path | None) -> str:
+    """For a plug-in file whose absolute import names a module beside it: how to import that one."""
+    top = (exc.name or "").split(".")[0]
+    if path is None or not top or not ((path.parent / f"{top}.py").is_file() or (path.parent / top).is_dir()):
+        return ""
+    return (f" {top} is beside {path.name}: a plug-in file imports the modules beside it relatively "
+            f"(from . import {top}); sys.path is left as it is.")
 
 
 def _where_raised(exc: BaseException) -> str:
@@ -161,7 +202,8 @@ def load(spec: str, base_dir: Path | None = None) -> Technique:
         raise
     except ModuleNotFoundError as exc:
         if exc.name is None or not module_spec.startswith(exc.name):  # the module is there; an import inside it is not
-            raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}.") from None
+            raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}."
+                           f"{_sibling_hint(exc, path)}") from None
         raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
                        f"importable module: {type(exc).__name__}: {exc}.") from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised while imported: where, no traceback
