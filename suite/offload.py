@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.models.llama import LlamaWeights, causal_attend, decoder_layer, head_loss, rope_cos_sin
+from gpubench.phase_timer import PhaseTimer
 
 # One checkpointed layer: (weights, i, x, cos, sin) -> layer i's output. The default is the Llama
 # decoder layer with plain causal attention; a model with other layers (packed attention, an MoE
@@ -78,7 +79,7 @@ class Copier:
         else:
             self.pool = _cpu_copy_pool()
         self._futures: list[Future] = []
-        self._timed: list[tuple[Any, Any, str]] = []  # CUDA (start, end, stats field) to read at finish
+        self.timer = PhaseTimer(device)  # h2d, d2h (copy stream or worker thread) and wait (compute)
 
     def __enter__(self) -> Copier:
         return self
@@ -106,7 +107,7 @@ class Copier:
             self.stats.bytes_h2d += nbytes
         else:
             self.stats.bytes_d2h += nbytes
-        field = "h2d_ms" if reload else "d2h_ms"
+        phase = "h2d" if reload else "d2h"
         if self.cuda:
             # With no marker, the copy still waits for the compute queued so far: a device dst (a
             # staging buffer) comes from the allocator on the compute stream, whose queued kernels
@@ -116,45 +117,37 @@ class Copier:
             with torch.cuda.stream(self.stream):
                 if reload and self.delay_s:
                     torch.cuda._sleep(int(self.delay_s * 1.5e9))  # ~cycles at 1.5 GHz: a slow copy
-                start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(self.stream)
+                start = self.timer.mark(self.stream)
                 dst.copy_(src, non_blocking=True)
-                done.record(self.stream)
+                done = self.timer.mark(self.stream)
             if src.is_cuda:  # the allocator must not reuse src before the copy ran (a host src: the step holds it)
                 src.record_stream(self.stream)
-            self._timed.append((start, done, field))
+            self.timer.add(phase, start, done)
             return done
 
         def run() -> None:
             if reload and self.delay_s:
                 time.sleep(self.delay_s)
-            t0 = time.perf_counter()
-            _memcpy(dst, src)
-            setattr(self.stats, field, getattr(self.stats, field) + (time.perf_counter() - t0) * 1e3)
+            with self.timer.span(phase):
+                _memcpy(dst, src)
         future = self.pool.submit(run)
         self._futures.append(future)
         return future
 
     def wait(self, handle: Any) -> None:
         """Compute does not go on until the copy behind ``handle`` has landed; the stall is timed."""
-        if self.cuda:
-            before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            before.record(self.compute)
-            self.compute.wait_event(handle)
-            after.record(self.compute)
-            self._timed.append((before, after, "wait_ms"))
-            return
-        t0 = time.perf_counter()
-        handle.result()
-        self.stats.wait_ms += (time.perf_counter() - t0) * 1e3
+        with self.timer.span("wait", self.compute if self.cuda else None):
+            if self.cuda:
+                self.compute.wait_event(handle)
+            else:
+                handle.result()
 
     def finish(self) -> OffloadStats:
-        """The step's stats, CUDA event timings collected (this synchronizes the device)."""
+        """The step's stats, the phase times read (on CUDA this waits for the device)."""
         if self.cuda:
             torch.cuda.synchronize()
-            for start, end, field in self._timed:
-                setattr(self.stats, field, getattr(self.stats, field) + start.elapsed_time(end))
-        self._timed.clear()
+        for phase, seconds in self.timer.seconds.items():
+            setattr(self.stats, f"{phase}_ms", seconds * 1e3)
         return self.stats
 
 

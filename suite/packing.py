@@ -6,10 +6,9 @@ instrumentation (:class:`StepStats`). Shared by the per-layer and cached variant
 from __future__ import annotations
 
 import contextlib
-import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +16,7 @@ from torch.torch_version import TorchVersion
 
 from gpubench.models.llama import LlamaWeights
 from gpubench.optional import optional_import
+from gpubench.phase_timer import PhaseTimer
 from gpubench.triton_support import kernel_module
 
 BACKENDS = ("sdpa", "triton_varlen", "flash_attn_varlen")
@@ -59,16 +59,15 @@ class StepOutput:
 # -- instrumentation --------------------------------------------------------------------------
 
 class StepStats:
-    """One training step's phase times (perf_counter on a CPU; CUDA events on a GPU, so nothing
-    synchronizes to read a clock mid-step), its metadata builds and the host syncs they make
+    """One training step's phase times (:class:`gpubench.phase_timer.PhaseTimer`: nothing
+    synchronizes to read a clock mid-step on a GPU), its metadata builds and the host syncs they make
     (counted by construction), cache hits and misses, the mask bytes built, and the metadata
     bytes still alive when the forward pass ends (what autograd holds for the backward pass)."""
 
     PHASES = ("build", "forward", "backward", "optimizer")
 
     def __init__(self, device: torch.device | str | None = None):
-        self.cuda = torch.device(device or "cpu").type == "cuda"
-        self.spans: list[tuple[str, Any, Any]] = []
+        self.timer = PhaseTimer(device)
         self.builds = 0
         self.host_syncs = 0  # .item() calls made by the builds
         self.cache_hits = 0
@@ -78,20 +77,8 @@ class StepStats:
         self.metadata_bytes_held = 0
         self._built: list[tuple[weakref.ref, bool]] = []  # every metadata tensor built, is it a mask
 
-    def _now(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    @contextlib.contextmanager
-    def span(self, name: str) -> Iterator[None]:
-        start = self._now()
-        try:
-            yield
-        finally:
-            self.spans.append((name, start, self._now()))
+    def span(self, name: str):
+        return self.timer.span(name)
 
     def note_build(self, meta: PackedMetadata) -> None:
         self.builds += 1
@@ -118,11 +105,7 @@ class StepStats:
         """What a Recorder keeps of the step: ``<phase>_ms`` summed over its spans (``build``
         lies inside ``forward``) and the counts. On CUDA this waits for the step's last event
         (the harness's clock waits for the step right after anyway)."""
-        ms = dict.fromkeys(self.PHASES, 0.0)
-        if self.cuda and self.spans:
-            self.spans[-1][2].synchronize()
-        for name, start, end in self.spans:
-            ms[name] = ms.get(name, 0.0) + (start.elapsed_time(end) if self.cuda else 1e3 * (end - start))
+        ms = {**dict.fromkeys(self.PHASES, 0.0), **{name: 1e3 * s for name, s in self.timer.seconds.items()}}
         return {**{f"{name}_ms": value for name, value in ms.items()},
                 "builds": self.builds, "host_syncs": self.host_syncs, "cache_hits": self.cache_hits,
                 "cache_misses": self.cache_misses, "mask_bytes_built": self.mask_bytes_built,
