@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gpubench.contract import CheckResult, Measured, Param, Plot, Recorder, Workload
+from gpubench.contract import Bench, CheckResult, Measured, Param, Plot, Recorder, Workload
 from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, ServingRun
@@ -42,6 +42,9 @@ PLOTS = [
     Plot("Time to first token, CDF over requests (ms)", y="series.ttft_ms", kind="cdf", ylabel="TTFT (ms)"),
     Plot("End-to-end latency, CDF over requests (ms)", y="series.e2e_ms", kind="cdf", ylabel="end-to-end latency (ms)"),
 ]
+# What benchmarks/ times both serving pairs at: 16 requests at once (offline throughput), tiny model.
+BENCHMARKS = [Bench("16-requests", {"requests": 16, "arrival": "all", "prompt_len": "uniform:8:32",
+                                    "output_len": "exp:24:64", "max_len": 96, "kv_budget_mib": 0.5})]
 
 
 def common_params() -> list[Param]:

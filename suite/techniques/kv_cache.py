@@ -16,7 +16,7 @@ from gpubench import kvmath
 from gpubench.baselines.kv_cache import ContiguousKVCache
 from gpubench.baselines.kv_cache import build_cache as build_contiguous
 from gpubench.claims import vllm_kv_waste
-from gpubench.contract import CheckResult, Headline, Measured, Param, Plot, Technique, Workload
+from gpubench.contract import Bench, CheckResult, Headline, Measured, Param, Plot, Technique, Workload
 from gpubench.errors import BadInput
 from gpubench.kvstorage import SequenceKV, random_rows, same_bytes
 from gpubench.models import config as model_config
@@ -31,7 +31,7 @@ TECHNIQUE = Technique(
             "measured bytes checked against the calculator.",
     anchor="vLLM: prior systems use 20.4-38.2% of KV memory for token states; vLLM wastes under 4%",
     claims=[vllm_kv_waste("utilization")],
-    headline="utilization",
+    benchmarks=[Bench(model, {"model": model, "max_len": 512}) for model in ("llama-3.1-8b", "gpt-oss-20b")],
     headline_figures=(Headline("utilization", "KV utilization", percent=True),),
     gate_metric="bytes_reserved",
     gpu_specific="The bytes are the same on any device; the time (allocate and write the cache) "

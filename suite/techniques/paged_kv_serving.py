@@ -37,7 +37,7 @@ TECHNIQUE = Technique(
                  "as on a GPU; on a CPU each extra request adds its compute, and the paged decode "
                  "gathers each sequence's blocks (one copy per layer) instead of reading them in place "
                  "as the Triton kernel does.",
-    headline="max_concurrency",
+    benchmarks=bench.BENCHMARKS,
     headline_figures=(Headline("max_concurrency", "max concurrent requests"),
                       Headline("kv_utilization", "KV utilization", percent=True),
                       Headline("output_tokens_per_s", "output tokens/s")),
