@@ -382,7 +382,8 @@ class Technique:
         """``headline="x"``, the older spelling: a figure shown beside the speedup, put first so
         that ``headline`` reads back as it was given; a metric already declared stays as declared."""
         warnings.warn(f"Technique(headline={metric!r}) is deprecated: use "
-                      f"headline_figures=(Headline({metric!r}, replaces_time=False),)", DeprecationWarning, stacklevel=4)
+                      f"headline_figures=(Headline({metric!r}, replaces_time=False),)",
+                      DeprecationWarning, stacklevel=4)
         if all(h.metric != metric for h in self.headline_figures):
             self.headline_figures = (Headline(metric, replaces_time=False),) + self.headline_figures
 
