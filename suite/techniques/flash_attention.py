@@ -20,7 +20,7 @@ from gpubench.attention import (CAUSAL_ALIGNS, REFERENCE_CHUNK_ELEMENTS, attenti
                                 attention_reference_varlen, causal_offset)
 from gpubench.baselines.flash_attention import attention
 from gpubench.gqa import head_params, head_problems, kv_heads
-from gpubench.contract import (DTYPE_TOLERANCE, CheckResult, Claim, Measured, Param, Plot, Technique, Workload,
+from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Measured, Param, Plot, Technique, Workload,
                                relative_l2_check, tensors_check)
 from gpubench.optimizations.flash_attention import KERNEL, flash_attention_torch
 from gpubench.optional import optional_import
@@ -116,6 +116,9 @@ TECHNIQUE = Technique(
              y="peak_memory", x="seq_len", panels=("head_dim", "causal"), ylabel="peak MiB",
              scale=2**-20, log_y=True),
     ],
+    benchmarks=[Bench(name, {"batch": 1, "heads": 4, "seq_len": 512, "causal": causal, "mode": mode})
+                for name, causal, mode in (("full", False, "forward"), ("causal", True, "forward"),
+                                           ("causal-train", True, "train"))],
 )
 
 

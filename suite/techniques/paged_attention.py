@@ -18,7 +18,7 @@ import torch
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench import gqa
 from gpubench.claims import VLLM
-from gpubench.contract import (CheckResult, Claim, Measured, Param, Plot, Technique, Workload, relative_l2_check,
+from gpubench.contract import (Bench, CheckResult, Claim, Measured, Param, Plot, Technique, Workload, relative_l2_check,
                                tensors_check)
 from gpubench.gqa import head_params, head_problems
 from gpubench.kvmath import block_edge_lengths
@@ -64,6 +64,7 @@ TECHNIQUE = Technique(
              y="gbps", x="context_len", ylabel="GB/s"),
         Plot("Time per decode step (ms) against batch", y="time", x="batch", scale=1e3, ylabel="ms per step"),
     ],
+    benchmarks=[Bench("4-seqs-512", {"batch": 4, "heads": 8, "kv_heads": 2, "context_len": 512})],
 )
 
 
