@@ -1,107 +1,19 @@
-"""Speculative decoding: a drafter (a small model, or prompt lookup) proposes k tokens, the target
-scores them all in one forward pass, and the acceptance rule (:func:`verify`) keeps exactly the
-target's distribution (greedy: its tokens); both KV caches are rolled back past rejected drafts.
+"""Speculative decoding: a drafter (a small model, or prompt lookup: :mod:`gpubench.drafting`)
+proposes k tokens, the target scores them all in one forward pass, and the acceptance rule
+(:func:`verify`) keeps exactly the target's distribution (greedy: its tokens); both KV caches are
+rolled back past rejected drafts.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
+from gpubench.drafting import Drafter, Verification
 from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaWeights
-from gpubench.timing import synchronize
-
-
-class Drafter(Protocol):
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        """Up to ``k`` draft tokens after ``tokens``, and the drafter's probabilities of them
-        (``(len(drafts), vocab)``), or None when the drafter is deterministic (a one-hot q)."""
-
-    def rollback(self, valid: int) -> None:
-        """Only the first ``valid`` tokens of the last proposal's context plus drafts still stand."""
-
-
-class ModelDrafter:
-    """Drafts by decoding a small model autoregressively from its own KV cache. A proposal of k
-    drafts feeds the context and the first k - 1 drafts; ``rollback(valid)`` keeps the first
-    ``valid`` of those (or all, when fewer were fed)."""
-
-    def __init__(self, weights: LlamaWeights, capacity: int):
-        self.cache = KVCache(weights, capacity)
-        self.forwards = 0
-
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        drafts: list[int] = []
-        probs: list[torch.Tensor] = []
-        # The cache holds a prefix of the context, never its last token (the rollback keeps it so):
-        # feed the confirmed tokens it has not seen, then the last one, whose logits give draft 0.
-        feed = tokens[self.cache.length:-1] + tokens[-1:]
-        for i in range(k):
-            logits = self.cache.forward(feed)[0]
-            self.forwards += 1
-            if temperature <= 0:
-                token = int(logits.argmax())
-            else:
-                q = probabilities(logits, temperature)
-                token = int(torch.multinomial(q, 1, generator=generator))
-                probs.append(q)
-            drafts.append(token)
-            feed = [token]
-        # The last draft is never fed: its K/V are only needed if it is accepted, and then the next
-        # proposal feeds it (with the bonus token) anyway.
-        return drafts, (torch.stack(probs) if probs else None)
-
-    def rollback(self, valid: int) -> None:
-        self.cache.truncate(min(valid, self.cache.length))
-
-
-class NgramDrafter:
-    """Prompt-lookup decoding: find the latest earlier occurrence of the context's last n tokens
-    (n from ``n_max`` down to ``n_min``) and propose the k tokens that followed it. No model;
-    deterministic, so its q is one-hot."""
-
-    def __init__(self, n_max: int = 3, n_min: int = 1):
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"need 1 <= n_min ({n_min}) <= n_max ({n_max})")
-        self.n_max, self.n_min = n_max, n_min
-        # The state: the first ``length`` context tokens as little-endian int32s (bytes.rfind searches them).
-        self.context_bytes = bytearray()
-        self.length = 0
-        self._tokens: list[int] = []
-        self.forwards = 0
-
-    def _sync(self, tokens: list[int]) -> None:
-        if self.length > len(tokens) or self._tokens is not tokens:
-            self.context_bytes, self.length, self._tokens = bytearray(), 0, tokens
-        for t in tokens[self.length:]:
-            self.context_bytes += t.to_bytes(4, "little")
-        self.length = len(tokens)
-
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        self._sync(tokens)
-        n_tokens = len(tokens)
-        buf = self.context_bytes
-        for n in range(min(self.n_max, n_tokens - 1), self.n_min - 1, -1):
-            pattern = bytes(buf[(n_tokens - n) * 4:])
-            end = (n_tokens - 1) * 4  # a match must leave at least one token after it
-            while True:
-                at = buf.rfind(pattern, 0, end)
-                if at < 0:
-                    break
-                if at % 4 == 0:
-                    start = at // 4 + n
-                    return list(tokens[start:start + k]), None
-                end = at + len(pattern) - 1  # misaligned (inside a token): look further back
-        return [], None
-
-    def rollback(self, valid: int) -> None:
-        pass  # nothing is cached beyond the confirmed tokens
+from gpubench.phase_timer import PhaseTimer
 
 
 @dataclass
@@ -114,8 +26,8 @@ class SpecStats:
     target_forwards: int = 0  # verifications and the prefill
     emitted: int = 0  # tokens produced by verifications (accepted + one resampled or bonus each)
     draft_forwards: int = 0
-    draft_s: float = 0.0  # wall time spent drafting
-    verify_s: float = 0.0  # wall time spent in target passes and the acceptance rule
+    draft_s: float = 0.0  # time spent drafting (gpubench.phase_timer: CUDA events on a GPU)
+    verify_s: float = 0.0  # time spent in target passes and the acceptance rule
     k_used: list[int] = field(default_factory=list)  # the k asked of the drafter, per verification
     # accepted_at[i]: verifications that drafted at least i + 1 tokens and accepted the (i+1)-th
     accepted_at: list[int] = field(default_factory=list)
@@ -144,21 +56,6 @@ class SpecStats:
             mine += [0] * (len(theirs) - len(mine))
             for i, v in enumerate(theirs):
                 mine[i] += v
-
-
-@dataclass(frozen=True)
-class Verification:
-    """One verification as it ran: after the first ``start`` tokens, ``asked`` drafts were asked
-    for and ``drafts`` proposed (with the drafter's probabilities ``q``, None when one-hot); the
-    target's ``logits`` scored them; ``accepted`` were kept and ``token`` followed."""
-
-    start: int
-    asked: int
-    drafts: list[int]
-    q: torch.Tensor | None
-    logits: torch.Tensor
-    accepted: int
-    token: int
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tensor:
@@ -219,32 +116,32 @@ def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequenc
     # and the drafts, so row 0 of its logits scores the first draft.
     cache = KVCache(target, goal + k_max + 1)
     k_now = k
+    timer = PhaseTimer(device)
     with torch.inference_mode():
         if len(tokens) > 1:
             cache.forward(tokens[:-1])
             stats.target_forwards += 1
         while len(tokens) < goal:
             budget = min(k_now, goal - len(tokens) - 1)  # room for the token each verification adds
-            t0 = time.perf_counter()
-            drafts, q = drafter.propose(tokens, budget, temperature, generator) if budget > 0 else ([], None)
-            synchronize(device)
-            t1 = time.perf_counter()
-            base = cache.length
-            logits = cache.forward([tokens[-1]] + drafts, all_logits=True)
-            n, nxt = verify(logits, drafts, q, temperature, generator)
-            cache.truncate(base + 1 + n)  # keep the last token and the accepted drafts
-            drafter.rollback(len(tokens) + n)
-            if trace is not None:
-                trace.append(Verification(len(tokens), budget, drafts, q, logits, n, nxt))
-            tokens += drafts[:n]
-            tokens.append(nxt)
-            stats.verify_s += time.perf_counter() - t1
-            stats.draft_s += t1 - t0
+            with timer.span("draft"):
+                drafts, q = drafter.propose(tokens, budget, temperature, generator) if budget > 0 else ([], None)
+            with timer.span("verify"):
+                base = cache.length
+                logits = cache.forward([tokens[-1]] + drafts, all_logits=True)
+                n, nxt = verify(logits, drafts, q, temperature, generator)
+                cache.truncate(base + 1 + n)  # keep the last token and the accepted drafts
+                drafter.rollback(len(tokens) + n)
+                if trace is not None:
+                    trace.append(Verification(len(tokens), budget, drafts, q, logits, n, nxt))
+                tokens += drafts[:n]
+                tokens.append(nxt)
             stats.verified(len(drafts), n, budget)
             if adaptive and drafts:
                 if n == len(drafts) == k_now:
                     k_now = min(k_now + 1, k_max)
                 elif n < len(drafts):
                     k_now = max(1, k_now - 1)
+    phases = timer.seconds
+    stats.draft_s, stats.verify_s = phases.get("draft", 0.0), phases.get("verify", 0.0)
     stats.draft_forwards = getattr(drafter, "forwards", 0)
     return tokens[len(prompt):], stats

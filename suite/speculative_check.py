@@ -13,7 +13,7 @@ import torch
 
 from gpubench.contract import DTYPE_TOLERANCE, CheckResult
 from gpubench.models.llama import LlamaWeights, causal_attend, forward
-from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, Verification
+from gpubench.drafting import ModelDrafter, NgramDrafter, Verification
 
 
 @dataclass(frozen=True)

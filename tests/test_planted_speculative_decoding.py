@@ -7,6 +7,7 @@ from __future__ import annotations
 from planted import caught, passed, run_planted
 from planted import mutant as _mutant
 
+from gpubench import drafting
 from gpubench.optimizations import speculative_decoding as spec
 from gpubench.techniques import speculative_decoding as technique
 
@@ -38,7 +39,7 @@ def test_resampling_from_p_instead_of_the_residual_fails_a_sampled_runs_check(mo
 def test_a_draft_cache_rollback_that_keeps_one_rejected_draft_fails_a_greedy_runs_check(monkeypatch):
     """A rollback off by one keeps a rejected draft's K/V in the draft model's cache: the tokens stay
     exact, only acceptance drops; the check recomputes the draft cache without it."""
-    check = _caught_not_as_shipped(monkeypatch, spec.ModelDrafter, "rollback", "min(valid, ", "min(valid + 1, ")
+    check = _caught_not_as_shipped(monkeypatch, drafting.ModelDrafter, "rollback", "min(valid, ", "min(valid + 1, ")
     assert "mismatched_tokens 0" in check["detail"], check  # greedy output is still exact
     assert check["metric"] in ("drafter_state_mismatches", "unexplained_drafts"), check
 
@@ -47,7 +48,7 @@ def test_prompt_lookup_indexing_its_buffer_by_bytes_fails_a_greedy_runs_check(mo
     """Prompt lookup's buffer holds int32 bytes; skipping what it holds by its length in bytes, not
     tokens, leaves it with the prompt only, and later proposals come from a stale context. The
     output stays exact; the check's own prompt lookup (and the buffer's replay) disagree."""
-    check = _caught_not_as_shipped(monkeypatch, spec.NgramDrafter, "_sync", "tokens[self.length:]",
+    check = _caught_not_as_shipped(monkeypatch, drafting.NgramDrafter, "_sync", "tokens[self.length:]",
                                    "tokens[len(self.context_bytes):]", drafter="ngram")
     assert "mismatched_tokens 0" in check["detail"], check
     assert check["metric"] in ("unexplained_drafts", "drafter_state_mismatches"), check
@@ -71,7 +72,7 @@ def test_draft_probabilities_taken_at_temperature_1_are_caught_at_another_temper
     corrects it), so only the replay of the drafter's probabilities sees it, and only where T is not
     1.0 (smoke's only sampled temperature before; a T = 1.0 case passes with the bug)."""
     old, new = "q = probabilities(logits, temperature)", "q = probabilities(logits, 1.0)"
-    check = _caught_not_as_shipped(monkeypatch, spec.ModelDrafter, "propose", old, new, temperature=0.6)
+    check = _caught_not_as_shipped(monkeypatch, drafting.ModelDrafter, "propose", old, new, temperature=0.6)
     assert not check["passed"], check
     assert passed(run_planted("speculative_decoding", **SMALL, temperature=1.0))
 

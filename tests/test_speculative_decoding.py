@@ -21,11 +21,13 @@ from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaConfig, random_weights
 from gpubench.optimizations import speculative_decoding as spec
-from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, Verification, speculative_generate
+from gpubench.drafting import ModelDrafter, NgramDrafter, Verification
+from gpubench.optimizations.speculative_decoding import speculative_generate
 from gpubench.reports import figures
 from gpubench import speculative_check
 from gpubench.speculative_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
                                         rule_steps)
+from gpubench.techniques import speculative_decoding as technique_module
 from gpubench.techniques.speculative_decoding import TECHNIQUE, SpecWorkload, early_layers, predicted_speedup
 
 CPU = torch.device("cpu")
@@ -368,6 +370,9 @@ def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
     assert w.prompts and all(len(p) == 32 for p in w.prompts)
     (base, out), (base_rec, out_rec), result = run_case(w)
     assert result.passed and result.error == 0.0 and result.metric == "mismatched_tokens"
+    # the harness derives metrics baseline first: plain's timed call gives the target step
+    mb = TECHNIQUE.metrics_fn(w, Measured("plain", [0.2], 0.2, base, CPU, records=[base_rec]))
+    assert mb["predicted_speedup"] == 1.0 and mb["target_forwards_per_token"] == 1.0
     m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.1], 0.1, out, CPU, records=[out_rec]))
     for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "c", "verify_cost", "predicted_speedup",
                 "predicted_speedup_with_verify_cost", "per_position_acceptance", "k_mean"):
@@ -378,8 +383,6 @@ def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
         assert m["predicted_speedup_from_accepted_length"] == pytest.approx(
             m["mean_accepted_length"] / (m["k_mean"] * m["c"] + m["verify_cost"]))
     assert 1.0 <= m["mean_accepted_length"] <= w.params["k"] * (2 if w.params["adaptive_k"] else 1) + 1
-    mb = TECHNIQUE.metrics_fn(w, Measured("plain", [0.2], 0.2, base, CPU, records=[base_rec]))
-    assert mb["predicted_speedup"] == 1.0 and mb["target_forwards_per_token"] == 1.0
 
 
 def _record(draft_s, verify_s):
@@ -403,6 +406,22 @@ def test_metrics_come_from_the_timed_calls_records_only(small):
     assert m["target_step_s"] == 0.01 and m["target_forwards_per_token"] == pytest.approx(4 / 9)
     assert m["predicted_speedup"] == pytest.approx(predicted_speedup(0.75, 8 / 3, 0.5))
     assert m["predicted_speedup_with_verify_cost"] == pytest.approx(predicted_speedup(0.75, 8 / 3, 0.5, 2.0))
+
+
+def test_the_target_step_is_plains_decode_phase_in_its_timed_calls_and_metrics_time_nothing(small, monkeypatch):
+    """c and verify_cost are in units of one plain decode step, read from what plain's timed calls
+    recorded (decode phase over decode steps, median over the calls); metrics call no model."""
+    params = {**TECHNIQUE.defaults(), "prompts": 1, "max_new_tokens": 9}
+    w = SpecWorkload(params=params, device=CPU, seed=0, target=small, draft=small, prompts=[[1, 2, 3]])
+    rec = Recorder()
+    TECHNIQUE.variants["plain"].call(w, rec)
+    assert rec.values["decode_steps"] == 8 and rec.values["decode_s"] > 0
+    monkeypatch.setattr(technique_module, "generate", None)  # a metric that decoded would raise
+    plain = [{"target_forwards": 9, "decode_s": s, "decode_steps": 8} for s in (0.08, 0.16, 0.24)]
+    mb = TECHNIQUE.metrics_fn(w, Measured("plain", [0.2] * 3, 0.2, None, CPU, records=plain))
+    assert mb["predicted_speedup"] == 1.0 and w.target_step_s == pytest.approx(0.02)
+    m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.2], 0.2, None, CPU, records=[_record(0.04, 0.06)]))
+    assert m["target_step_s"] == pytest.approx(0.02) and m["c"] == pytest.approx(0.04 / 8 / 0.02)
 
 
 def test_prompts_are_seeded_and_come_from_the_held_out_text():

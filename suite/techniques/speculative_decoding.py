@@ -9,8 +9,6 @@ its drafter's final state against a cacheless recomputation (:mod:`gpubench.spec
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,12 @@ from gpubench.errors import BadInput
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaWeights, load_hf
+from gpubench.drafting import ModelDrafter, NgramDrafter
 from gpubench.optimizations import speculative_decoding as spec
-from gpubench.optimizations.speculative_decoding import ModelDrafter, NgramDrafter, SpecStats, speculative_generate
+from gpubench.optimizations.speculative_decoding import SpecStats, speculative_generate
 from gpubench import speculative_check
 from gpubench.optional import optional_import
+from gpubench.phase_timer import PhaseTimer
 from gpubench.speculative_check import Decoded, Generation, Replay
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -194,7 +194,8 @@ class SpecWorkload(Workload):
     target: LlamaWeights
     draft: LlamaWeights | None  # None for drafter ngram
     prompts: list[list[int]]
-    # One plain decode step of the target (s): the unit of c and verify_cost, measured once by metrics.
+    # One plain decode step of the target (s), the unit of c and verify_cost: what plain's timed
+    # calls measured, set by plain's metrics (the harness derives metrics baseline first).
     target_step_s: float | None = None
 
 
@@ -251,12 +252,15 @@ def _generator(w: SpecWorkload, i: int) -> torch.Generator | None:
 @TECHNIQUE.variant("plain", role="baseline")
 def plain(w: SpecWorkload, rec: Recorder) -> Decoded:
     """one target forward pass per token, a KV cache for the past"""
-    tokens, forwards = [], 0
+    tokens, forwards, timer = [], 0, PhaseTimer(w.device)
     for i, prompt in enumerate(w.prompts):
-        out, n = generate(w.target, prompt, w.params["max_new_tokens"], w.params["temperature"], _generator(w, i))
+        out, n = generate(w.target, prompt, w.params["max_new_tokens"], w.params["temperature"], _generator(w, i),
+                          timer)
         tokens.append(out)
         forwards += n
-    rec.record(target_forwards=forwards)
+    # the one-token steps after each prompt's prefill: a plain decode step of the target
+    steps = len(w.prompts) * (w.params["max_new_tokens"] - 1)
+    rec.record(target_forwards=forwards, decode_s=timer.seconds.get("decode", 0.0), decode_steps=steps)
     return Decoded(tokens, w.params["temperature"])
 
 
@@ -306,21 +310,11 @@ def predicted_speedup(a: float, k: float, c: float, verify_cost: float = 1.0) ->
     return expected_tokens(a, k) / (k * c + verify_cost)
 
 
-def target_step_seconds(w: SpecWorkload, reps: int = 3) -> float:
-    """One plain decode step of the target (forward, cache write, pick): generating 1 + n tokens
-    less generating 1 (the prefill), over n; median of ``reps``. Measured once per workload."""
-    if w.target_step_s is None:
-        prompt, n = w.prompts[0], max(1, min(32, w.params["max_new_tokens"]))
-
-        def seconds(new: int) -> float:
-            t0 = time.perf_counter()
-            generate(w.target, prompt, new)
-            return time.perf_counter() - t0
-
-        seconds(1 + n)  # warm
-        short = statistics.median(seconds(1) for _ in range(reps))
-        long = statistics.median(seconds(1 + n) for _ in range(reps))
-        w.target_step_s = max(long - short, 1e-9) / n
+def target_step_seconds(w: SpecWorkload, measured: Measured) -> float | None:
+    """One plain decode step of the target (forward, cache write, pick): plain's decode phase over
+    its steps, median over its timed calls; kept on the workload for draft_verify's metrics."""
+    if measured.variant == "plain" and measured.median_of("decode_steps"):
+        w.target_step_s = max(measured.median_of("decode_s"), 1e-9) / measured.median_of("decode_steps")
     return w.target_step_s
 
 
@@ -349,10 +343,12 @@ def metrics(w: SpecWorkload, measured: Measured) -> dict[str, Any]:
     calls = len(records)
     total = {key: sum(r[key] for r in records) for key in records[0] if not isinstance(records[0][key], list)}
     m["target_forwards_per_token"] = total["target_forwards"] / (calls * new_tokens)
+    step = target_step_seconds(w, measured)
     if "drafted" not in total:  # plain decoding: its own 1x
         m["predicted_speedup"] = 1.0
         return m
-    step = target_step_seconds(w)
+    if step is None:  # plain was not measured: nothing to express draft and verify costs in
+        return m
     drafted, verifications = total["drafted"], total["verifications"]
     a = total["accepted"] / drafted if drafted else None
     k_mean = drafted / verifications
