@@ -200,14 +200,14 @@ def two_smoke_runs(tmp_path_factory):
     2-core machine two threads make run-to-run drift much larger). The serving and training
     entries are left out here: they take most of smoke's time, and what this exercises is the
     gate end to end, not each technique's timing (each has its own tests)."""
-    from gpubench import runner, scenario
+    from gpubench import scenario, supervisor
 
     out = tmp_path_factory.mktemp("gate")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        dirs = [runner.run_scenario(scenario.load("smoke"), torch.device("cpu"), out, calibrate=False,
-                                    only=KERNELS).run_dir
+        options = supervisor.RunOptions(devices=["cpu"], isolation="none")
+        dirs = [supervisor.run_scenario(scenario.load("smoke"), options, out, calibrate=False, only=KERNELS).run_dir
                 for _ in range(2)]
     finally:
         torch.set_num_threads(threads)
