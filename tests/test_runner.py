@@ -4,12 +4,14 @@ import json
 import pytest
 import torch
 
+from gpubench import outcome as outcomes
 from gpubench import results, runner, scenario
+from inprocess import run_in_process
 
 
 def run(write_scenario, tmp_path, body, **kw):
     scen = scenario.load(write_scenario(body))
-    return runner.run_scenario(scen, torch.device("cpu"), tmp_path / "runs", calibrate=False, **kw)
+    return run_in_process(scen, torch.device("cpu"), tmp_path / "runs", calibrate=False, **kw)
 
 
 def by_mode(doc):
@@ -39,7 +41,7 @@ def test_failing_cases_are_recorded_with_their_reason_and_the_run_goes_on(toys, 
     doc = outcome.doc
     cases = by_mode(doc)
     assert doc["status"] == "complete" and len(doc["cases"]) == 9
-    assert outcome.exit_code == runner.EXIT_FAILED
+    assert outcome.exit_code == outcomes.EXIT_FAILED
 
     raised = cases["optimized_raises"]
     assert raised["status"] == "failed" and "kernel launch failed" in raised["failure"]["message"]
@@ -129,7 +131,7 @@ def _without_reset(build):
 def test_ctrl_c_saves_what_finished(toys, write_scenario, tmp_path):
     body = "name: stop\nentries:\n  - technique: toy_kernel\n    params: {mode: [ok, interrupt, ok]}\n"
     outcome = run(write_scenario, tmp_path, body)
-    assert outcome.exit_code == runner.EXIT_INTERRUPTED
+    assert outcome.exit_code == outcomes.EXIT_INTERRUPTED
     on_disk = json.loads((outcome.run_dir / "results.json").read_text())
     assert on_disk["status"] == "interrupted"
     assert [c["status"] for c in on_disk["cases"]] == ["passed", "interrupted"]
@@ -159,7 +161,7 @@ def test_run_directory_holds_every_file(toys, write_scenario, tmp_path):
     assert {"results.json", "results.csv", "telemetry.csv", "env.json"} <= names
     assert outcome.run_dir.name.endswith("-files")
     doc = json.loads((outcome.run_dir / "results.json").read_text())
-    assert doc["schema_version"] == 2 and doc["telemetry"]["status"] == "unavailable"
+    assert doc["schema_version"] == 3 and doc["telemetry"]["status"] == "unavailable"
     assert "cpu" in doc["telemetry"]["reason"]
     assert doc["env"]["torch"] == torch.__version__
 
@@ -188,7 +190,7 @@ def test_a_harness_fault_marks_the_run_crashed_and_keeps_finished_cases(toys, wr
     on_disk = json.loads((outcome.run_dir / "results.json").read_text())
     assert on_disk["status"] == "crashed" and "harness bug" in on_disk["abort_reason"]
     assert on_disk["cases"][0]["status"] == "passed"
-    assert outcome.exit_code == runner.EXIT_FAILED
+    assert outcome.exit_code == outcomes.EXIT_FAILED
 
 
 def test_a_broken_cuda_context_stops_the_run_with_the_reason(toys, write_scenario, tmp_path, monkeypatch):
@@ -199,7 +201,7 @@ def test_a_broken_cuda_context_stops_the_run_with_the_reason(toys, write_scenari
     outcome = run(write_scenario, tmp_path, body)
     assert outcome.doc["status"] == "aborted" and len(outcome.doc["cases"]) == 2
     assert "illegal memory access" in outcome.doc["abort_reason"] and "2 later case(s) not run" in outcome.doc["abort_reason"]
-    assert outcome.exit_code == runner.EXIT_FAILED
+    assert outcome.exit_code == outcomes.EXIT_FAILED
 
 
 def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_energy_calls(
