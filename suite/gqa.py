@@ -1,5 +1,5 @@
 """Query and key/value heads of the attention techniques (grouped-query attention): the params a
-scenario sets, the rule they must meet, and the kv head count they mean."""
+scenario sets, the rules they must meet, and the kv head count they mean."""
 from __future__ import annotations
 
 from typing import Any
@@ -20,3 +20,17 @@ def kv_heads(params: dict[str, Any]) -> int:
 def head_problems(params: dict[str, Any]) -> list[str]:
     heads, kv = params["heads"], kv_heads(params)
     return [] if heads % kv == 0 else [f"heads ({heads}) must be divisible by kv_heads ({kv})"]
+
+
+def decoder_head_problems(params: dict[str, Any]) -> list[str]:
+    """The head rules of a decoder built from ``hidden``, ``heads`` and ``kv_heads`` (all given):
+    hidden splits into heads of an even head_dim (RoPE rotates pairs of channels), heads into
+    groups of kv_heads."""
+    problems = []
+    if params["hidden"] % params["heads"]:
+        problems.append(f"hidden {params['hidden']} is not a multiple of heads {params['heads']}")
+    elif (params["hidden"] // params["heads"]) % 2:
+        problems.append(f"head_dim {params['hidden'] // params['heads']} (hidden / heads) must be even")
+    if params["heads"] % params["kv_heads"]:
+        problems.append(f"heads {params['heads']} is not a multiple of kv_heads {params['kv_heads']}")
+    return problems

@@ -1,13 +1,14 @@
-"""The gpt-oss mixture-of-experts MLP layer that moe_grouping's paths share: its config, seeded
-weights, the router (:func:`route`), the expert SwiGLU (:func:`swiglu`), and :class:`SyncLog`,
-the host reads a forward pass makes. Weights are laid out as gpt-oss keeps them in transformers:
-``gate_up`` (experts, hidden, 2 * expert_dim), ``down`` (experts, expert_dim, hidden), one tensor
-per weight, so every path's gradient is one full tensor per weight.
+"""The gpt-oss mixture-of-experts MLP layer that moe_grouping's paths share: its config and its
+params' rule (:func:`routing_problems`), seeded weights, the router (:func:`route`), the expert
+SwiGLU (:func:`swiglu`), and :class:`SyncLog`, the host reads a forward pass makes. Weights are
+laid out as gpt-oss keeps them in transformers: ``gate_up`` (experts, hidden, 2 * expert_dim),
+``down`` (experts, expert_dim, hidden), one tensor per weight, so every path's gradient is one full
+tensor per weight.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -92,6 +93,13 @@ class MoEWeights:
     def map(self, fn) -> "MoEWeights":
         """A new MoEWeights with ``fn`` applied to every tensor."""
         return MoEWeights(*(fn(t) for t in self.tensors()))
+
+
+def routing_problems(params: dict[str, Any]) -> list[str]:
+    """The rule of a router's params ``experts`` and ``top_k``: a token picks at most every expert."""
+    if params["top_k"] > params["experts"]:
+        return [f"top_k ({params['top_k']}) must not exceed experts ({params['experts']})"]
+    return []
 
 
 def init_weights(config: MoEConfig, generator: torch.Generator, dtype: torch.dtype = torch.float32,

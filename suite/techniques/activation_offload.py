@@ -14,6 +14,7 @@ from gpubench.baselines import activation_offload as one_buffer_schedule
 from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Headline, Measured, Param, Plot, Recorder,
                                Technique, Workload, tensors_check)
 from gpubench.claims import UNSLOTH_NVIDIA
+from gpubench.gqa import decoder_head_problems
 from gpubench.models.llama import (LlamaConfig, LlamaWeights, causal_attend, decoder_layer, head_loss,
                                    random_weights, rope_cos_sin)
 from gpubench.offload import OffloadStats
@@ -81,16 +82,7 @@ class OffloadWorkload(Workload):
     buffer_limit: int  # staging buffers an offloaded step may allocate (0: any number)
 
 
-@TECHNIQUE.validate
-def validate(params: dict[str, Any]) -> list[str]:
-    problems = []
-    if params["hidden"] % params["heads"]:
-        problems.append(f"hidden {params['hidden']} is not a multiple of heads {params['heads']}")
-    elif (params["hidden"] // params["heads"]) % 2:
-        problems.append(f"head_dim {params['hidden'] // params['heads']} (hidden / heads) must be even")
-    if params["heads"] % params["kv_heads"]:
-        problems.append(f"heads {params['heads']} is not a multiple of kv_heads {params['kv_heads']}")
-    return problems
+validate = TECHNIQUE.validate(decoder_head_problems)
 
 
 @TECHNIQUE.build

@@ -5,7 +5,6 @@ its forward and backward seconds and its host reads by construction.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,9 +14,11 @@ from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Headline, Measured, Param, Plot, Recorder,
                                Technique, Workload, tensors_check)
 from gpubench.claims import UNSLOTH_NVIDIA
-from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route
-from gpubench.optimizations.moe_grouping import (grouped_gemm_path, grouped_mm_function, moe_forward as sort_and_group,
+from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route, routing_problems
+from gpubench.optimizations.moe_grouping import (grouped_gemm_path, grouped_mm_function, grouped_mm_problem,
+                                                 moe_forward as sort_and_group,
                                                  moe_forward_grouped_mm)
+from gpubench.phase_timer import PhaseTimer
 from gpubench.timing import count_cuda_syncs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -87,11 +88,7 @@ class MoEWorkload(Workload):
     grad_out: torch.Tensor  # (tokens, hidden), the gradient fed to the backward pass
 
 
-@TECHNIQUE.validate
-def validate(params: dict[str, Any]) -> list[str]:
-    if params["top_k"] > params["experts"]:
-        return [f"top_k ({params['top_k']}) must not exceed experts ({params['experts']})"]
-    return []
+validate = TECHNIQUE.validate(routing_problems)
 
 
 @TECHNIQUE.build
@@ -111,35 +108,29 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> MoEWorkloa
 
 # -- one step -----------------------------------------------------------------------------------
 
-def step(w: MoEWorkload, rec: Recorder, forward: Forward, count_syncs: bool = False) -> dict[str, torch.Tensor]:
-    """Forward and backward of one path: records each part's seconds (CUDA events on a GPU) and
-    its host reads by construction; with ``count_syncs`` on CUDA, also the syncs torch counts."""
-    cuda = w.device.type == "cuda"
-    count_syncs = count_syncs and cuda
-    log = SyncLog()
-    if cuda:
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        marks[0].record()
-    t0 = time.perf_counter()
-    with count_cuda_syncs(count_syncs) as forward_syncs:
+def step(w: MoEWorkload, rec: Recorder, forward: Forward) -> dict[str, torch.Tensor]:
+    """Forward and backward of one path: records each part's seconds (the one phase timer: CUDA
+    events on a GPU, read after the step) and its host reads by construction."""
+    log, timer = SyncLog(), PhaseTimer(w.device)
+    with timer.span("forward"):
         out = forward(w.x, w.weights, w.config, log)
-    if cuda:
-        marks[1].record()
-    t1 = time.perf_counter()
     forward_reads = len(log)
-    with count_cuda_syncs(count_syncs) as backward_syncs:
+    with timer.span("backward"):
         grads = torch.autograd.grad(out, (w.x, *w.weights), w.grad_out)
-    if cuda:
-        marks[2].record()
-        marks[2].synchronize()
-        forward_s, backward_s = (marks[i].elapsed_time(marks[i + 1]) * 1e-3 for i in (0, 1))
-    else:
-        forward_s, backward_s = t1 - t0, time.perf_counter() - t1
-    rec.record(forward_s=forward_s, backward_s=backward_s, syncs_forward=forward_reads,
+    seconds = timer.seconds
+    rec.record(forward_s=seconds["forward"], backward_s=seconds["backward"], syncs_forward=forward_reads,
                syncs_backward=len(log) - forward_reads)
-    if count_syncs:
-        rec.record(measured_syncs_forward=forward_syncs["n"], measured_syncs_backward=backward_syncs["n"])
     return dict(zip(OUTPUT_KEYS, (out.detach(), *grads)))
+
+
+def cuda_syncs(w: MoEWorkload, forward: Forward) -> tuple[int, int]:
+    """The syncs torch's sync debug mode sees in one forward and backward of a path (CUDA only).
+    The mode slows every op it watches, so this is a call of its own, never timed."""
+    with count_cuda_syncs(True) as forward_syncs:
+        out = forward(w.x, w.weights, w.config, SyncLog())
+    with count_cuda_syncs(True) as backward_syncs:
+        torch.autograd.grad(out, (w.x, *w.weights), w.grad_out)
+    return forward_syncs["n"], backward_syncs["n"]
 
 
 @TECHNIQUE.variant("where_loop", role="baseline")
@@ -154,13 +145,21 @@ def sort_group(w: MoEWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
     return step(w, rec, sort_and_group)
 
 
-def _grouped_mm_unavailable(device: torch.device) -> str | None:
+def grouped_mm_unavailable(device: torch.device, params: dict[str, Any] | None = None) -> str | None:
+    """Why grouped_mm cannot run: this torch has none, or (given a case's params) the layer breaks
+    its 16-byte row rule, the one :func:`grouped_mm_problem` states, so a misaligned case skips the
+    variant with that reason. The contract asks availability per device only (params None) until
+    it passes a case's params too."""
     if grouped_mm_function() is None:
         return f"torch {torch.__version__} has no grouped_mm (torch.nn.functional.grouped_mm / torch._grouped_mm)"
-    return None
+    if params is None:
+        return None
+    config = MoEConfig(experts=params["experts"], top_k=params["top_k"], hidden=params["hidden"],
+                       expert_dim=params["expert_dim"])
+    return grouped_mm_problem(config, DTYPES[params["dtype"]])
 
 
-@TECHNIQUE.variant("grouped_mm", unavailable=_grouped_mm_unavailable)
+@TECHNIQUE.variant("grouped_mm", unavailable=grouped_mm_unavailable)
 def grouped_mm(w: MoEWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
     """sort-and-group with torch's grouped GEMM per projection; offsets stay on the device"""
     return step(w, rec, moe_forward_grouped_mm)
@@ -230,11 +229,9 @@ def metrics(w: MoEWorkload, measured: Measured) -> dict[str, Any]:
                    syncs_method="by construction (host reads in the code)")
     path = GEMM_PATHS.get(measured.variant) or grouped_gemm_path(w.device, w.x.dtype)
     if w.device.type == "cuda" and measured.variant in FORWARDS:
-        # Sync debug mode slows every op it watches: one extra, untimed call counts the syncs
-        # torch sees; the timed calls recorded only the by-construction counts.
-        probe = Recorder()
-        step(w, probe, FORWARDS[measured.variant], count_syncs=True)
-        fwd, bwd = probe.values["measured_syncs_forward"], probe.values["measured_syncs_backward"]
+        # the timed calls recorded the by-construction counts; torch's own count needs its debug
+        # mode, which slows every op, so it comes from one call of its own (timing nothing)
+        fwd, bwd = cuda_syncs(w, FORWARDS[measured.variant])
         out.update(syncs_per_step=fwd + bwd, syncs_forward=fwd, syncs_backward=bwd,
                    syncs_method="torch.cuda sync debug mode", syncs_by_construction=constructed)
         if measured.variant == "grouped_mm":
