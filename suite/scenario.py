@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import yaml
 
 from gpubench import techniques
+from gpubench.compare import parse_threshold
 from gpubench.errors import BadInput
 from gpubench.timing import POLICY_FIELDS, Policy, policy_problems
 
@@ -297,8 +298,6 @@ def parse(text: str, path: Path) -> Scenario:
 
 def _thresholds(raw: Any, bad) -> dict[str, float]:
     """``thresholds: {technique: 10%}``: the slowdown the regression gate tolerates per technique."""
-    from gpubench.compare import parse_threshold
-
     if not isinstance(raw, dict):
         bad(("thresholds",), "thresholds", "must be a mapping of technique: slowdown (e.g. 10% or 0.1)")
         return {}
@@ -411,3 +410,60 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
                     seen.add(problem)
                     bad(where + ("params",), f"{name}.params", problem)
     return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+
+# --------------------------------------------------------------------------------------------
+# One case, for `gpubench profile`
+
+def one_case_scenario(target: str, params: list[str], scenario_name: str | None, device: str,
+                      calls: int | None = None) -> Scenario:
+    """The scenario ``gpubench profile`` runs: one case with ``policy.profile`` on. ``target`` is a
+    technique or a case id (``moe_grouping[tokens=512,...]``); with ``scenario_name`` the case and
+    its policy come from that scenario (the case with that id, or the technique's first case);
+    ``params`` (``KEY=VALUE``) override. Validated as a scenario file is (BadInput, exit 2)."""
+    technique, _, inner = target.partition("[")
+    from_id = _parse_pairs([p for p in inner.rstrip("]").split(",") if p], "the case id") if inner else {}
+    overrides = _parse_pairs(list(params), "--param")
+    if techniques.get(technique) is None:
+        raise BadInput(f"profile: {technique!r} is not a registered technique; allowed: "
+                       f"{', '.join(techniques.all_techniques())} (or a case id such as {technique}[tokens=512]).")
+    policy: dict[str, Any] = {}
+    case_params: dict[str, Any] = {}
+    if scenario_name is not None:
+        chosen = _case_to_profile(load(scenario_name), technique, target if inner else None)
+        case_params, policy = dict(chosen.params), chosen.policy.to_dict()
+    case_params.update(from_id)
+    case_params.update(overrides)
+    policy.update(profile=True, **({"profile_calls": calls} if calls is not None else {}))
+    text = yaml.safe_dump({"name": f"profile-{technique}", "device": device, "policy": policy,
+                           "entries": [{"technique": technique, "params": {k: [v] if isinstance(v, list) else v
+                                                                           for k, v in case_params.items()}}]},
+                          sort_keys=False)
+    return parse(text, Path(f"gpubench profile {target}"))
+
+
+def _case_to_profile(scen: Scenario, technique: str, case_id: str | None) -> Case:
+    """The scenario's case with ``case_id``, or its first case of ``technique``; BadInput if none."""
+    cases = list(scen.iter_cases(only=[technique]))
+    if not cases:
+        raise BadInput(f"--scenario: {scen.name} ({scen.path}) has no case of {technique}; its techniques: "
+                       f"{', '.join(sorted({e.technique for e in scen.entries}))}.")
+    chosen = next((c for c in cases if c.id == case_id), None) if case_id is not None else cases[0]
+    if chosen is None:
+        raise BadInput(f"profile: {scen.name} ({scen.path}) has no case {case_id}; its {technique} cases: "
+                       f"{', '.join(c.id for c in cases[:5])}{' ...' if len(cases) > 5 else ''}.")
+    return chosen
+
+
+def _parse_pairs(pairs: list[str], where: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each value read as YAML (``tokens=512`` is an int); BadInput otherwise."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"{where}: {pair!r} is not valid; allowed: KEY=VALUE, e.g. tokens=512.")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out

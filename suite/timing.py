@@ -26,6 +26,7 @@ import torch
 
 from gpubench import stats
 from gpubench.contract import Recorder
+from gpubench.profiling import nvtx_range
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -250,8 +251,6 @@ def measure_interleaved(
     for warm-up calls), pushed outside the timed region. ``phases`` gets the laps ``warmup`` (graph
     capture and warm-up calls) and ``timing`` (the timed rounds, resets and L2 flushes included).
     """
-    from gpubench.profiling import nvtx_range
-
     timings = {} if timings is None else timings
     for name in calls:
         timings.setdefault(name, VariantTiming(name))
