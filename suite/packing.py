@@ -1,6 +1,7 @@
-"""Packed batches for training (:class:`PackedBatch`): the attention metadata of rows that hold
-several documents (:class:`PackedMetadata`, :func:`build_metadata`), attention and next-token loss
-over them, one training step over one or more micro-batches (:func:`training_step`) and its
+"""Packed batches for training (:class:`PackedBatch`): rows of random document lengths
+(:func:`draw_doc_lens`), the attention metadata of rows that hold several documents
+(:class:`PackedMetadata`, :func:`build_metadata`), attention and next-token loss over them, one
+training step over one or more micro-batches (:func:`training_step`) and its
 instrumentation (:class:`StepStats`). Shared by the per-layer and cached variants of
 ``packed_metadata``, which differ only in how often they call the builder."""
 from __future__ import annotations
@@ -118,6 +119,21 @@ def phase(stats: StepStats | None, name: str):
 
 
 # -- building the metadata --------------------------------------------------------------------
+
+def draw_doc_lens(rows: int, seq: int, mean: int, gen: torch.Generator) -> list[list[int]]:
+    """Document lengths of each row, drawn until the row is full (the last one cut to fit), so
+    rows hold different documents; every row has at least two (no document is seq long)."""
+    longest = max(1, min(2 * mean - 1, seq - 1))
+    out = []
+    for _ in range(rows):
+        lens, left = [], seq
+        while left:
+            n = min(left, int(torch.randint(1, longest + 1, (1,), generator=gen)))
+            lens.append(n)
+            left -= n
+        out.append(lens)
+    return out
+
 
 def cu_seqlens_of(doc_lens: torch.Tensor) -> torch.Tensor:
     """The int32 running sum of ``doc_lens`` with a leading 0: document d is tokens

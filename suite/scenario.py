@@ -36,7 +36,7 @@ import yaml
 from gpubench import techniques
 from gpubench.compare import parse_threshold
 from gpubench.errors import BadInput
-from gpubench.timing import POLICY_FIELDS, Policy, policy_problems
+from gpubench.timing import POLICY_PARAMS, Policy, policy_problems
 
 TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")
@@ -316,15 +316,14 @@ def _thresholds(raw: Any, bad) -> dict[str, float]:
 
 def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
     if not isinstance(raw, dict):
-        bad(key_path, label, f"must be a mapping of policy keys; allowed keys: {', '.join(POLICY_FIELDS)}")
+        bad(key_path, label, f"must be a mapping of policy keys; allowed keys: {', '.join(POLICY_PARAMS)}")
         return base
     problems = policy_problems({**{k: v for k, v in base.to_dict().items() if k in ("min_reps", "max_reps")}, **raw})
     for key, message in problems.items():
         bad(key_path + (key,), f"{label}.{key}", message)
     if problems:
         return base
-    return dataclasses.replace(base, **{k: float(v) if POLICY_FIELDS[k][0] is float else v
-                                        for k, v in raw.items()})
+    return dataclasses.replace(base, **{k: POLICY_PARAMS[k].coerce(v) for k, v in raw.items()})
 
 
 def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None) -> Entry | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import time
 import traceback
 import warnings
@@ -25,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpubench import stats
-from gpubench.contract import Recorder
+from gpubench.contract import Param, Recorder
 from gpubench.profiling import nvtx_range
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -33,23 +32,23 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Policy:
-    """How long and how often to measure. Scenario files set these under ``policy:``."""
+    """How long and how often to measure. Scenario files set these under ``policy:``; what each
+    key means and allows is declared once, in :data:`POLICY_PARAMS`."""
 
-    warmup_s: float = 0.05  # per variant, before timing (at least one call)
-    min_reps: int = 5  # per variant
-    max_reps: int = 200  # per variant
-    min_time_s: float = 0.2  # measured time per variant before stopping is allowed
-    max_time_s: float = 10.0  # cap on one case's timing loop (wall clock, all variants)
-    target_iqr: float = 0.05  # stop once IQR/median of every variant is at or below this
-    case_timeout_s: float = 300.0  # a case taking longer is stopped and recorded as failed
-    flush_l2: bool = True  # GPU only
-    cuda_graph: bool = False  # GPU only: replay a captured graph (stateless variants only)
-    energy_s: float = 0.3  # per variant, when the NVML energy counter is available
-    profile: bool = False  # after timing: profile each variant (gpubench.profiling)
-    profile_calls: int = 3  # calls under the profiler, after one warm-up call
-    # GPU only: the GiB of device memory the process may allocate (0: all of it), through
-    # torch.cuda.set_per_process_memory_fraction: a smaller card's memory on a bigger GPU, whose
-    # compute and bandwidth stay its own.
+    warmup_s: float = 0.05
+    min_reps: int = 5
+    max_reps: int = 200
+    min_time_s: float = 0.2
+    max_time_s: float = 10.0
+    target_iqr: float = 0.05
+    case_timeout_s: float = 300.0
+    flush_l2: bool = True
+    cuda_graph: bool = False
+    energy_s: float = 0.3
+    profile: bool = False
+    profile_calls: int = 3
+    # Through torch.cuda.set_per_process_memory_fraction: a smaller card's memory on a bigger GPU,
+    # whose compute and bandwidth stay its own.
     gpu_memory_gib: float = 0.0
 
     def scaled(self, factor: float) -> "Policy":
@@ -80,42 +79,62 @@ class Policy:
 PROFILE_KEYS = ("profile", "profile_calls", "gpu_memory_gib")  # left out of to_dict at their defaults
 
 
-POLICY_FIELDS: dict[str, tuple[type, str]] = {
-    "warmup_s": (float, "seconds >= 0"),
-    "min_reps": (int, "integer >= 1"),
-    "max_reps": (int, "integer >= 1"),
-    "min_time_s": (float, "seconds >= 0"),
-    "max_time_s": (float, "seconds > 0"),
-    "target_iqr": (float, "fraction >= 0 (IQR / median)"),
-    "case_timeout_s": (float, "seconds > 0"),
-    "flush_l2": (bool, "true or false"),
-    "cuda_graph": (bool, "true or false"),
-    "energy_s": (float, "seconds >= 0"),
-    "profile": (bool, "true or false"),
-    "profile_calls": (int, "integer >= 1"),
-    "gpu_memory_gib": (float, "GiB >= 0 of GPU memory the process may allocate (0: all)"),
-}
+@dataclass(frozen=True)
+class PolicyParam(Param):
+    """A ``policy:`` key, checked as a technique's params are (:meth:`Param.problem`: type, range,
+    choices), with one bound more: ``above``, an exclusive minimum (a time limit of 0 s would mean
+    none to the runner's alarm, but a kill at once to the supervisor)."""
+
+    above: float | None = None
+
+    def problem(self, value: Any) -> str | None:
+        problem = super().problem(value)
+        if problem is None and self.above is not None and value <= self.above:
+            return f"{value!r} is not above {self.above:g}"
+        return problem
+
+    def allowed(self) -> str:
+        if self.type is bool:
+            return "true or false"  # as a scenario file spells it
+        text = super().allowed()
+        return text if self.above is None else f"{text} > {self.above:g}"
+
+
+POLICY_PARAMS: dict[str, PolicyParam] = {p.name: p for p in (
+    PolicyParam("warmup_s", float, Policy.warmup_s, "seconds of warm-up per variant before timing, at least "
+                "one call", min=0),
+    PolicyParam("min_reps", int, Policy.min_reps, "timed calls per variant, at least", min=1),
+    PolicyParam("max_reps", int, Policy.max_reps, "timed calls per variant, at most", min=1),
+    PolicyParam("min_time_s", float, Policy.min_time_s, "seconds of timed calls per variant before stopping is "
+                "allowed", min=0),
+    PolicyParam("max_time_s", float, Policy.max_time_s, "seconds of wall time one case's timing loop may take, "
+                "all variants", above=0),
+    PolicyParam("target_iqr", float, Policy.target_iqr, "stop once IQR / median of every variant is at or below "
+                "this", min=0),
+    PolicyParam("case_timeout_s", float, Policy.case_timeout_s, "seconds a case may take before it is stopped "
+                "and recorded as failed", above=0),
+    PolicyParam("flush_l2", bool, Policy.flush_l2, "GPU: overwrite the L2 cache before each timed call"),
+    PolicyParam("cuda_graph", bool, Policy.cuda_graph, "GPU: replay a captured CUDA graph (stateless variants "
+                "only)"),
+    PolicyParam("energy_s", float, Policy.energy_s, "seconds per variant of energy measurement, where NVML has "
+                "an energy counter", min=0),
+    PolicyParam("profile", bool, Policy.profile, "after timing: profile each variant (gpubench.profiling)"),
+    PolicyParam("profile_calls", int, Policy.profile_calls, "calls under the profiler, after one warm-up call",
+                min=1),
+    PolicyParam("gpu_memory_gib", float, Policy.gpu_memory_gib, "GiB of GPU memory the process may allocate "
+                "(0: all)", min=0),
+)}
 
 
 def policy_problems(values: dict[str, Any]) -> dict[str, str]:
     """Per-key problems with a ``policy:`` mapping (empty when valid)."""
     problems: dict[str, str] = {}
     for key, value in values.items():
-        if key not in POLICY_FIELDS:
-            problems[key] = f"unknown policy key; allowed: {', '.join(POLICY_FIELDS)}"
-            continue
-        typ, allowed = POLICY_FIELDS[key]
-        if typ is bool:
-            ok = isinstance(value, bool)
-        elif typ is int:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        else:
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value) and value >= 0)
-            if ok and key in ("max_time_s", "case_timeout_s"):
-                ok = value > 0
-        if not ok:
-            problems[key] = f"{value!r} is not valid; allowed: {allowed}"
+        param = POLICY_PARAMS.get(key)
+        if param is None:
+            problems[key] = f"unknown policy key; allowed: {', '.join(POLICY_PARAMS)}"
+        elif (problem := param.problem(value)) is not None:
+            problems[key] = f"{problem}; allowed: {param.allowed()} ({param.help})"
     if not problems and values.get("min_reps", 1) > values.get("max_reps", 10**9):
         problems["min_reps"] = f"{values['min_reps']} is above max_reps ({values['max_reps']})"
     return problems

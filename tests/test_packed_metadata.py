@@ -18,7 +18,8 @@ from gpubench.errors import BadInput
 from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
-from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone, draw_doc_lens, resolve_backend
+from gpubench.packing import draw_doc_lens
+from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone, resolve_backend
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)

@@ -9,10 +9,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench import profiling, runner, scenario, timing
+from gpubench import profiling, scenario, timing
 from gpubench.cli import main
 from gpubench.errors import BadInput
 from gpubench.reports import html as html_report
+from inprocess import run_in_process
 
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 3, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}\n"
 LAYERS = 3
@@ -34,7 +35,7 @@ def profiled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiled")
     path = root / "pairs.yaml"
     path.write_text(PAIRS)
-    outcome = runner.run_scenario(scenario.load(path), torch.device("cpu"), root / "runs", calibrate=False)
+    outcome = run_in_process(scenario.load(path), torch.device("cpu"), root / "runs", calibrate=False)
     return outcome.run_dir, {c["technique"]: c for c in outcome.doc["cases"]}
 
 
@@ -122,7 +123,7 @@ def test_samples_are_all_taken_before_the_first_profiling_call(toys, write_scena
     monkeypatch.setattr(profiling, "profile_variant", profiled)
     body = "name: order\nentries:\n  - technique: toy_kernel\n    params: {n: 64}\npolicy: {profile: true, " \
            "warmup_s: 0, min_reps: 3, max_reps: 3, min_time_s: 0, target_iqr: 1.0, energy_s: 0}\n"
-    doc = runner.run_scenario(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
+    doc = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
                               calibrate=False).doc
     ran = [v for v in doc["cases"][0]["variants"].values() if v["status"] != "skipped"]
     assert events.count("profile") == len(ran) >= 2
@@ -136,7 +137,7 @@ def test_a_failing_profile_is_recorded_and_the_case_still_passes(toys, write_sce
 
     monkeypatch.setattr(profiling, "_profile", broken)
     body = "name: broken\nentries:\n  - technique: toy_kernel\n    params: {n: 16}\n    policy: {profile: true}\n"
-    case = runner.run_scenario(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
+    case = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
                                calibrate=False).doc["cases"][0]
     assert case["status"] == "passed"
     assert case["variants"]["optimized"]["profile"] == {"error": "RuntimeError: profiler unavailable"}
@@ -148,7 +149,7 @@ def test_nvtx_ranges_name_the_case_each_variant_and_each_repetition(toys, write_
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: (pushed.append(name), depth.append(1)))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: depth.pop())
     body = "name: nvtx\nentries:\n  - technique: toy_kernel\n    params: {n: 16}\n"
-    case = runner.run_scenario(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
+    case = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
                                calibrate=False).doc["cases"][0]
     cid = case["id"]
     assert pushed[0] == cid and not depth  # every range pushed was popped

@@ -1,4 +1,5 @@
 """Timing harness: accurate on a known-duration workload, interleaved, adaptive, fault-tolerant."""
+import dataclasses
 import time
 import traceback
 import weakref
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from gpubench import stats, timing
+from gpubench.contract import Param
 
 CPU = torch.device("cpu")
 
@@ -85,9 +87,25 @@ def test_harness_overhead_is_measured_and_small():
 def test_policy_validation_names_bad_keys_and_values():
     problems = timing.policy_problems({"min_reps": 0, "flush_l2": "yes", "warm": 1})
     assert set(problems) == {"min_reps", "flush_l2", "warm"}
+    assert problems["min_reps"].startswith("0 is below the minimum 1; allowed: int >= 1")
+    assert problems["flush_l2"].startswith("'yes' is not a bool; allowed: true or false")
+    assert problems["warm"].startswith("unknown policy key; allowed: warmup_s, min_reps")
+    assert timing.policy_problems({"case_timeout_s": 0})["case_timeout_s"].startswith("0 is not above 0; allowed: float > 0")
+    # a warm-up of 0 s is allowed, a timing loop of 0 s is not
+    assert set(timing.policy_problems({"max_time_s": 0.0, "warmup_s": 0})) == {"max_time_s"}
     assert timing.policy_problems({"min_reps": 10, "max_reps": 5}) == {"min_reps": "10 is above max_reps (5)"}
     assert timing.policy_problems({"min_reps": 2, "max_time_s": 1.5, "cuda_graph": True}) == {}
     assert set(timing.policy_problems({"case_timeout_s": float("inf"), "warmup_s": float("nan")})) == {"case_timeout_s", "warmup_s"}
+
+
+def test_every_policy_key_is_one_declared_param_with_the_policys_default():
+    # One mechanism checks typed values: a policy key is a contract.Param (its problem() is the
+    # technique params' check), declared once, so a new Policy field without a declaration fails here.
+    fields = {f.name: f.default for f in dataclasses.fields(timing.Policy)}
+    assert list(timing.POLICY_PARAMS) == list(fields)
+    for name, param in timing.POLICY_PARAMS.items():
+        assert isinstance(param, Param) and param.default == fields[name] and param.help, name
+    assert timing.POLICY_PARAMS["warmup_s"].coerce(1) == 1.0 and isinstance(timing.POLICY_PARAMS["warmup_s"].coerce(1), float)
 
 
 def test_a_failed_call_does_not_keep_its_tensors_alive():

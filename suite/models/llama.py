@@ -123,6 +123,15 @@ class LlamaWeights:
             out.update({f"layers.{i}.{f}": getattr(layer, f) for f in LayerWeights.__dataclass_fields__})
         return out
 
+    def with_parameters(self, params: list[torch.Tensor]) -> LlamaWeights:
+        """These weights with each parameter replaced by the tensor at the same place in ``params``
+        (:meth:`parameters` order); tied embeddings stay tied."""
+        by_id = {id(old): new for old, new in zip(self.parameters(), params)}
+        layers = [LayerWeights(**{f: by_id[id(getattr(layer, f))] for f in LayerWeights.__dataclass_fields__})
+                  for layer in self.layers]
+        return replace(self, embed=by_id[id(self.embed)], layers=layers, final_norm=by_id[id(self.final_norm)],
+                       lm_head=by_id[id(self.lm_head)])
+
 
 def random_weights(config: LlamaConfig, seed: int, dtype: torch.dtype = torch.float32,
                    device: torch.device | str = "cpu") -> LlamaWeights:

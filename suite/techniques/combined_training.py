@@ -24,24 +24,23 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.baselines import activation_offload as one_buffer_schedule
+from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.claims import COMBINED_TRAINING
 from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Headline, Measured, Param, Plot, Recorder,
                                Technique, Workload, tensors_check)
 from gpubench.models.llama import LlamaConfig, head_loss, rope_cos_sin
-from gpubench.models.moe import MoEConfig, SyncLog
+from gpubench.models.moe import MoEConfig, SyncLog, routing_problems
+from gpubench.gqa import decoder_head_problems
 from gpubench.gradients import learning_check
 from gpubench.models.moe import MoEWeights
 from gpubench.models.moe_decoder import (ATTENTION, MoEDecoderLayer, MoEDecoderWeights, moe_decoder_layer,
                                          random_moe_decoder)
 from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.optimizations import activation_offload as two_buffer_schedule
+from gpubench.optimizations.moe_grouping import moe_forward as sort_and_group
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
-from gpubench.packing import (IGNORE_INDEX, StepStats, build_metadata, document_positions, next_token_labels,
-                              packed_attention, phase)
-from gpubench.techniques.activation_offload import validate as validate_attention
-from gpubench.techniques.moe_grouping import FORWARDS
-from gpubench.techniques.moe_grouping import validate as validate_routing
-from gpubench.techniques.packed_metadata import draw_doc_lens
+from gpubench.packing import (IGNORE_INDEX, StepStats, build_metadata, document_positions, draw_doc_lens,
+                              next_token_labels, packed_attention, phase)
 from gpubench.timing import count_cuda_syncs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -91,6 +90,7 @@ VARIANTS = {  # name -> (role, options, description)
     "sort_group": ("peer", Options(False, "sort_group", 1), "the baseline with only sort-and-group MoE on"),
     "two_buffers": ("peer", Options(False, "where_loop", 2), "the baseline with only double-buffered reloads on"),
 }
+FORWARDS = {"where_loop": per_expert_loop, "sort_group": sort_and_group}  # moe_grouping's two paths
 SPLIT = ("build_ms", "moe_forward_ms", "wait_ms", "optimizer_ms", "other_ms")
 
 TECHNIQUE = Technique(
@@ -148,7 +148,7 @@ class CombinedWorkload(Workload):
 @TECHNIQUE.validate
 def validate(params: dict[str, Any]) -> list[str]:
     # the attention's shape rules are activation_offload's, the router's moe_grouping's
-    problems = validate_attention(params) + validate_routing(params)
+    problems = decoder_head_problems(params) + routing_problems(params)
     if params["mean_doc_len"] >= params["seq_len"]:
         problems.append(f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
                         "a packed row holds at least two documents")

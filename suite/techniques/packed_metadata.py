@@ -11,7 +11,6 @@ through the model in float64, from the document lengths drawn here and nothing o
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -24,12 +23,12 @@ from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Headl
                                Technique, Workload, tensors_check)
 from gpubench.claims import UNSLOTH_NVIDIA
 from gpubench.errors import BadInput
-from gpubench.models.llama import (SIZES, LayerWeights, LlamaConfig, LlamaWeights, causal_attention, forward,
+from gpubench.models.llama import (SIZES, LlamaConfig, LlamaWeights, causal_attention, forward,
                                    random_weights, with_overrides)
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
 from gpubench.optional import optional_import
-from gpubench.packing import BACKENDS, TRITON_VARLEN, PackedBatch, StepOutput, StepStats
+from gpubench.packing import BACKENDS, TRITON_VARLEN, PackedBatch, StepOutput, StepStats, draw_doc_lens
 from gpubench.timing import count_cuda_syncs
 from gpubench.triton_support import kernel_problem
 
@@ -152,38 +151,6 @@ def resolve_backend(choice: str, device: torch.device, dtype: str) -> str:
     return choice
 
 
-def draw_doc_lens(rows: int, seq: int, mean: int, gen: torch.Generator) -> list[list[int]]:
-    """Document lengths of each row, drawn until the row is full (the last one cut to fit), so
-    rows hold different documents; every row has at least two (no document is seq long)."""
-    longest = max(1, min(2 * mean - 1, seq - 1))
-    out = []
-    for _ in range(rows):
-        lens, left = [], seq
-        while left:
-            n = min(left, int(torch.randint(1, longest + 1, (1,), generator=gen)))
-            lens.append(n)
-            left -= n
-        out.append(lens)
-    return out
-
-
-def rebind(template: LlamaWeights, params: list[torch.Tensor]) -> LlamaWeights:
-    """``template`` with each of its parameters replaced by the tensor at the same place in
-    ``params`` (LlamaWeights.parameters() order); tied embeddings stay tied."""
-    by_id = {id(old): new for old, new in zip(template.parameters(), params)}
-    layers = [LayerWeights(**{f: by_id[id(getattr(layer, f))] for f in LayerWeights.__dataclass_fields__})
-              for layer in template.layers]
-    return dataclasses.replace(template, embed=by_id[id(template.embed)], layers=layers,
-                               final_norm=by_id[id(template.final_norm)], lm_head=by_id[id(template.lm_head)])
-
-
-def parameter_names(weights: LlamaWeights) -> list[str]:
-    names = ["embed", "final_norm"] + ([] if weights.lm_head is weights.embed else ["lm_head"])
-    for i in range(len(weights.layers)):
-        names += [f"layers.{i}.{f}" for f in LayerWeights.__dataclass_fields__]
-    return names
-
-
 @TECHNIQUE.build
 def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWorkload:
     device = torch.device(device)
@@ -210,13 +177,13 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWork
         optimizer = torch.optim.AdamW(live, lr=LR, weight_decay=0.01)
         for p, (m, v) in zip(live, moments):
             optimizer.state[p] = {"step": torch.tensor(ADAM_STEP0), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
-        return rebind(pristine, live), optimizer
+        return pristine.with_parameters(live), optimizer
 
     weights, optimizer = fresh_state()
     workload = PackedWorkload(
         params=dict(params), device=device, seed=seed, config=config,
         backend=resolve_backend(params["backend"], device, params["dtype"]), batches=batches, lens=lens,
-        names=parameter_names(pristine), cache=PackedMetadataCache(), weights=weights, optimizer=optimizer)
+        names=list(pristine.named_parameters()), cache=PackedMetadataCache(), weights=weights, optimizer=optimizer)
 
     def reset() -> None:
         workload.weights, workload.optimizer = fresh_state()
@@ -280,7 +247,7 @@ def documents_alone(w: PackedWorkload) -> dict[str, torch.Tensor]:
     run by itself through the model in float64 (positions 0..n-1, plain causal attention), each
     token's loss against the next token of its own document (0 for a document's last token); the
     step's loss, the mean over each micro-batch's targets, averaged over micro-batches."""
-    weights = rebind(w.weights, [p.detach().double() for p in w.weights.parameters()])
+    weights = w.weights.with_parameters([p.detach().double() for p in w.weights.parameters()])
     rows, seq = w.batches[0].tokens.shape
     token_losses = torch.zeros(len(w.batches), rows, seq, dtype=torch.float64, device=w.device)
     with torch.no_grad():
