@@ -9,10 +9,16 @@ cancelled with ``force=True``, which kills its worker process. Ray is an optiona
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any, Sequence
 
+import torch
+
+from gpubench import env as envmod
 from gpubench.errors import BadInput
+from gpubench.executor import DeviceState, failed_record, kill_grace_s
 from gpubench.results import CaseRecord
 from gpubench.worker import DeviceInfo, Job, run_job
 
@@ -22,13 +28,6 @@ _WORKER_STATE: dict[str, Any] = {}  # inside a Ray worker process: its device, e
 def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRecord, dict[str, Any]]:
     """Runs inside a Ray worker: measure one case on the device Ray assigned (cuda:0 is the GPU
     it made visible), reusing this process's environment capture and calibration."""
-    import os
-    import socket
-
-    import torch
-
-    from gpubench import env as envmod
-
     device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
     if not _WORKER_STATE:
         envmod.use_device(device)
@@ -54,6 +53,7 @@ def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRe
 
 
 def ray_module() -> Any:
+    """Ray, imported only when a run asks for a cluster: an optional extra, and slow to import."""
     try:
         import ray
     except ImportError:
@@ -105,8 +105,6 @@ class RayCluster:
         return max(1, min(slots, self.max_parallel or slots))
 
     def run(self, jobs: list[Job], sink: Any) -> None:
-        from gpubench.supervisor import failed_record, kill_grace_s
-
         ray = self.ray
         options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False}
         if self.device_type == "cuda":
@@ -153,9 +151,7 @@ class RayCluster:
                         job.case, "timeout", f"timeout (Ray task cancelled, its worker killed, after {now - start:.1f} s): "
                         f"the case passed policy.case_timeout_s = {limit:g} s", elapsed_s=now - start))
 
-    def devices(self) -> list[Any]:
-        from gpubench.supervisor import DeviceState
-
+    def devices(self) -> list[DeviceState]:
         return [DeviceState(s["info"], s["env"], s["ceilings"]) for s in self.discovered.values()]
 
     def close(self) -> None:

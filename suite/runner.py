@@ -1,7 +1,8 @@
 """One case, measured: build the workload once (seeded), run every variant once and check its
 output against the reference, time the variants interleaved, derive metrics, and (where NVML has
 an energy counter) measure energy per call. A worker process (or the supervisor itself, with
-``--isolation none``) calls :func:`run_case` for each case it is given.
+``--isolation none``) calls :func:`run_case` for each case it is given; a run of many cases goes
+through :func:`gpubench.supervisor.run_scenario`.
 
 A case that raises, runs out of memory or passes its time limit is recorded as failed with the
 reason; the run goes on. The time limit here is SIGALRM on the main thread: it stops Python code
@@ -18,21 +19,20 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 import torch
 
 from gpubench import energy, profiling, stats, techniques, timing
 from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
-from gpubench.results import CaseRecord, Failure, RunRecord, VariantRecord
-from gpubench.scenario import Case, Scenario
+# Re-exported for gpubench.cli until its split lands (the names live in gpubench.outcome now).
+from gpubench.outcome import (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, EXIT_INTERRUPTED,  # noqa: F401
+                              EXIT_OK, EXIT_TERMINATED, RunOutcome)
+from gpubench.results import CaseRecord, Failure, VariantRecord
+from gpubench.scenario import Case
 from gpubench.telemetry import TelemetrySampler
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as a shell reports a process it killed
-EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a file of the run could not be written, the disk being full
 
 
 class CaseTimeout(BaseException):
@@ -100,61 +100,8 @@ def cuda_context_broken(device: torch.device) -> str | None:
     return None
 
 
-class ProgressListener(Protocol):
-    """What a run tells its caller as it goes. ``note`` (optional: a listener without it has notices
-    printed to stderr) is what a case says while it runs (:mod:`gpubench.notices`)."""
-
-    def run_started(self, total: int) -> None: ...
-    def case_started(self, index: int, case: Case) -> None: ...
-    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: ...
-    def run_finished(self) -> None: ...
-
-
-class Silent:
-    def run_started(self, total: int) -> None: pass
-    def case_started(self, index: int, case: Case) -> None: pass
-    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: pass
-    def note(self, text: str) -> None: pass
-    def run_finished(self) -> None: pass
-
-
-@dataclass
-class RunOutcome:
-    run_dir: Path
-    record: RunRecord
-
-    @property
-    def doc(self) -> dict[str, Any]:
-        """The run as results.json holds it."""
-        return self.record.to_dict()
-
-    @property
-    def exit_code(self) -> int:
-        if self.record.disk_full:
-            return EXIT_DISK_FULL
-        if self.record.status == "interrupted":
-            return EXIT_TERMINATED if self.record.signal == "SIGTERM" else EXIT_INTERRUPTED
-        if self.record.status != "complete":  # aborted or crashed: not every case ran
-            return EXIT_FAILED
-        return EXIT_OK if self.record.summary["failed"] == 0 else EXIT_FAILED
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def run_scenario(scenario: Scenario, device: torch.device, out_root: Path | str = "runs", *,
-                 only: list[str] | None = None, repeat_scale: float = 1.0,
-                 progress: ProgressListener | None = None, telemetry_interval_s: float = 0.05,
-                 calibrate: bool = True) -> RunOutcome:
-    """Every case in this process, on ``device`` (``--isolation none``); see
-    :func:`gpubench.supervisor.run_scenario` for worker processes."""
-    from gpubench import supervisor
-
-    options = supervisor.RunOptions(devices=[str(device)], isolation="none")
-    return supervisor.run_scenario(scenario, options, out_root, only=only, repeat_scale=repeat_scale,
-                                   progress=progress, telemetry_interval_s=telemetry_interval_s,
-                                   calibrate=calibrate)
 
 
 def unloadable(case: Case, source: str) -> CaseRecord:
@@ -200,6 +147,32 @@ def cap_gpu_memory(device: torch.device, gib: float) -> float | None:
     return fraction
 
 
+@dataclass
+class CaseRun:
+    """One case while it is measured: where and how (technique, case, device, clock, telemetry,
+    the device's ceilings, the run directory for profiles), the record the stages fill in, the
+    phase laps, and the timings, which the timing loop fills as samples are taken so that a case
+    cut short (time limit, Ctrl-C, a fault) keeps every sample it took."""
+
+    tech: Technique
+    case: Case
+    device: torch.device
+    clock: timing.Clock
+    sampler: TelemetrySampler
+    ceilings: dict[str, Any] | None
+    run_dir: Path | str | None
+    record: CaseRecord
+    phases: timing.PhaseTimer = field(default_factory=timing.PhaseTimer)
+    timings: dict[str, timing.VariantTiming] = field(default_factory=dict)
+
+    def tag(self, what: str | None) -> None:
+        """Tell telemetry what runs now (its samples are tagged with it)."""
+        self.sampler.set_tag(self.case.id, what)
+
+    def variant(self, name: str) -> VariantRecord:
+        return self.record.variants[name]
+
+
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
              ceilings: dict[str, Any] | None, run_dir: Path | str | None = None) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
@@ -207,161 +180,208 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     nothing is profiled."""
     tech = techniques.get(case.technique)
     assert tech is not None
-    record = new_record(case)
+    run = CaseRun(tech, case, device, clock, sampler, ceilings, run_dir, new_record(case))
     t0 = time.perf_counter()
     if device.type == "cuda":
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
-    timings: dict[str, timing.VariantTiming] = {}
-    phases = timing.PhaseTimer()
     interrupted = False
     try:
         with deadline(case.policy.case_timeout_s), profiling.nvtx_range(case.id, device):
-            _measure_case(tech, case, device, clock, sampler, ceilings, record, timings, run_dir, phases)
+            _measure(run)
     except KeyboardInterrupt:
-        record.status = "interrupted"
-        record.failure = Failure("interrupted", "stopped by Ctrl-C")
+        run.record.status = "interrupted"
+        run.record.failure = Failure("interrupted", "stopped by Ctrl-C")
         interrupted = True
     except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
-        record.failure = describe(exc)
+        run.record.failure = describe(exc)
     finally:
-        sampler.set_tag(None, None)
-        phases.enter("stats")
-        # Whatever was measured before a failure is kept.
-        for name, t in timings.items():
-            vrec = record.variants[name]
-            if len(vrec.samples_s) != t.n:
-                _store_samples(vrec, t)
-        _store_speedups(record)
-        record.elapsed_s = time.perf_counter() - t0
-        record.phases_s = phase_seconds(phases.stop(), record.elapsed_s, timings)
-        if record.status == "running":
-            record.status = _case_status(record)
+        _assemble(run, t0)
     # Outside the except block, so the failed call's frames (and tensors) are gone by now.
-    if device.type == "cuda" or record.failure is not None:
+    if device.type == "cuda" or run.record.failure is not None:
         _free_memory(device)
     if interrupted:
-        raise CaseInterrupted(record)
-    return record
+        raise CaseInterrupted(run.record)
+    return run.record
 
 
-def _measure_case(tech: Technique, case: Case, device: torch.device, clock: timing.Clock,
-                  sampler: TelemetrySampler, ceilings: dict[str, Any] | None, record: CaseRecord,
-                  timings: dict[str, timing.VariantTiming], run_dir: Path | str | None = None,
-                  phases: timing.PhaseTimer | None = None) -> None:
-    phases = phases or timing.PhaseTimer()
+def _measure(run: CaseRun) -> None:
+    """The case's stages in order, each handing the next what it produced."""
+    runnable = _plan_variants(run)
+    workload = _build(run)
+    outputs = _check(run, workload, runnable)
+    calls = _time(run, workload, outputs)
+    _derive(run, workload, outputs, calls)
+
+
+def _plan_variants(run: CaseRun) -> list[Variant]:
+    """A record per variant the case asks for, in role order: skipped with its reason where it
+    cannot run here, marked checked-only where it runs but is never timed. The variants to run."""
+    tech, device = run.tech, run.device
     cast = tech.cast(device)
-    wanted = tech.resolve(case.variants, device) if case.variants is not None else list(tech.variants)
+    wanted = tech.resolve(run.case.variants, device) if run.case.variants is not None else list(tech.variants)
     names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
     for name in names:
         role, reason = cast[name]
-        record.variants[name] = VariantRecord(role=role, description=tech.variants[name].description)
+        vrec = run.record.variants[name] = VariantRecord(role=role, description=tech.variants[name].description)
         if reason:
-            record.variants[name].status, record.variants[name].reason = "skipped", reason
+            vrec.status, vrec.reason = "skipped", reason
         elif (note := tech.variants[name].checked_only_reason(device)) is not None:  # checked, never timed
-            record.variants[name].reason, record.variants[name].timing = note, {"method": "none", "not_timed": note}
-    runnable = [tech.variants[n] for n in names if record.variants[n].status != "skipped"]
+            vrec.reason, vrec.timing = note, {"method": "none", "not_timed": note}
+    return [tech.variants[n] for n in names if run.variant(n).status != "skipped"]
 
-    sampler.set_tag(case.id, "build")
-    phases.enter("build")
-    workload = tech.build_fn(case.params, device, case.seed)
-    phases.enter("check")
 
-    # 1. One checked call per variant (also the first warm-up call).
+def _build(run: CaseRun) -> Workload:
+    """Stage 1: the case's seeded inputs, which every variant receives."""
+    run.tag("build")
+    run.phases.enter("build")
+    return run.tech.build_fn(run.case.params, run.device, run.case.seed)
+
+
+def _check(run: CaseRun, workload: Workload, runnable: list[Variant]) -> dict[str, Any]:
+    """Stage 2: one checked call per variant (also its first warm-up call), each output compared
+    with the reference. The outputs, by variant, of the variants that ran."""
+    run.phases.enter("check")
     outputs: dict[str, Any] = {}
     for v in runnable:
-        vrec = record.variants[v.name]
-        sampler.set_tag(case.id, v.name)
+        vrec = run.variant(v.name)
+        run.tag(v.name)
         try:
-            with profiling.nvtx_range(f"{case.id}/{v.name}", device):
-                outputs[v.name], vrec.peak_memory_bytes = _call_once(v, workload, device)
+            with profiling.nvtx_range(f"{run.case.id}/{v.name}", run.device):
+                outputs[v.name], vrec.peak_memory_bytes = _call_once(v, workload, run.device)
             vrec.status = "ok"
         except Exception as exc:  # noqa: BLE001 - recorded per variant
             failure = describe(exc)
             vrec.fail("error", failure)
             if failure.kind == "oom":
-                _free_memory(device)
-
-    base = record.role_variant("baseline")
-    if tech.reference_fn is not None:
-        sampler.set_tag(case.id, "reference")
-        reference = tech.reference_fn(workload)
-        to_check = list(outputs)
-    elif base in outputs:
-        reference = outputs[base]
-        to_check = [n for n in outputs if n != base]
-        record.variants[base].check = {"passed": True, "error": 0.0, "tolerance": None,
-                                       "metric": "reference", "detail": "the baseline is the reference"}
-    else:
-        reference, to_check = None, []
-        for name in outputs:  # ran, but nothing to compare with
-            record.variants[name].status = "unchecked"
-            record.variants[name].reason = f"no reference: baseline {base} did not run"
+                _free_memory(run.device)
+    reference, to_check = _reference(run, workload, outputs)
     for name in to_check:
         try:
-            result = tech.check_fn(reference, outputs[name])
+            result = run.tech.check_fn(reference, outputs[name])
         except Exception as exc:  # noqa: BLE001 - a check that cannot compare is a failed check
             result = CheckResult(False, None, None, "error", f"check raised {describe(exc).message}")
-        record.variants[name].check = result.to_dict()
+        run.variant(name).check = result.to_dict()
         if not result.passed:
-            record.variants[name].status = "check_failed"
-    del reference
+            run.variant(name).status = "check_failed"
+    return outputs
 
-    # 2. Timing, interleaved, of every variant that ran (a wrong result is still timed, and the
-    #    case is failed by its check).
-    calls = {n: functools.partial(tech.variants[n].call, workload) for n in outputs
-             if record.variants[n].timing is None}
-    timing.measure_interleaved(calls, clock, case.policy, reset=workload.reset,
-                               on_switch=lambda n: sampler.set_tag(case.id, n), timings=timings, nvtx_case=case.id,
-                               phases=phases)
-    phases.enter("metrics")
-    for name, t in timings.items():
-        vrec = record.variants[name]
-        vrec.timing = {"method": clock.method, "l2_flush": clock.flushes_l2, "cuda_graph": t.cuda_graph}
+
+def _reference(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> tuple[Any, list[str]]:
+    """What the outputs are checked against (the technique's own reference, else the baseline's
+    output) and the variants to check against it."""
+    base = run.record.role_variant("baseline")
+    if run.tech.reference_fn is not None:
+        run.tag("reference")
+        return run.tech.reference_fn(workload), list(outputs)
+    if base in outputs:
+        run.variant(base).check = {"passed": True, "error": 0.0, "tolerance": None,
+                                   "metric": "reference", "detail": "the baseline is the reference"}
+        return outputs[base], [n for n in outputs if n != base]
+    for name in outputs:  # ran, but nothing to compare with
+        run.variant(name).status = "unchecked"
+        run.variant(name).reason = f"no reference: baseline {base} did not run"
+    return None, []
+
+
+Calls = dict[str, Callable[[Recorder], Any]]
+
+
+def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
+    """Stage 3: warm-up, then timed rounds interleaved (A B A B ...), of every variant that ran
+    and is timed (a wrong result is still timed; its check fails the case). The calls timed; the
+    samples are in ``run.timings``."""
+    calls = {n: functools.partial(run.tech.variants[n].call, workload) for n in outputs
+             if run.variant(n).timing is None}
+    timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
+                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases)
+    return calls
+
+
+def _derive(run: CaseRun, workload: Workload, outputs: dict[str, Any], calls: Calls) -> None:
+    """Stage 4: what the timed calls leave to record and what follows them, never touching their
+    samples: the timings and metrics from the median time, energy per call, profiles."""
+    run.phases.enter("metrics")
+    _record_timings(run)
+    _record_metrics(run, workload, outputs)
+    outputs.clear()  # the checked calls' outputs are no longer needed: free them before energy
+    run.phases.enter("energy")
+    _record_energy(run, workload, calls)
+    run.phases.enter("profile")
+    _record_profiles(run, workload, calls)
+
+
+def _record_timings(run: CaseRun) -> None:
+    for name, t in run.timings.items():
+        vrec = run.variant(name)
+        vrec.timing = {"method": run.clock.method, "l2_flush": run.clock.flushes_l2, "cuda_graph": t.cuda_graph}
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)
 
-    # 3. Metrics from the median time, what the timed calls recorded, and the checked call's output.
-    for name, t in timings.items():
-        vrec = record.variants[name]
+
+def _record_metrics(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> None:
+    """Metrics from the median time, what the timed calls recorded, and the checked call's output."""
+    for name, t in run.timings.items():
         if not t.samples_s:
             continue
-        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), device,
+        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), run.device,
                             records=list(t.records))
         try:
-            metrics = dict(tech.metrics_fn(workload, measured)) if tech.metrics_fn else {}
+            metrics = dict(run.tech.metrics_fn(workload, measured)) if run.tech.metrics_fn else {}
         except Exception as exc:  # noqa: BLE001 - the timing stands; the metric is marked broken
             metrics = {"metrics_error": describe(exc).message}
-        vrec.metrics = derive_rates(metrics, measured.median_s, ceilings)
-    outputs.clear()
+        run.variant(name).metrics = derive_rates(metrics, measured.median_s, run.ceilings)
 
-    phases.enter("energy")
-    # 4. Energy per call, where the GPU has an energy counter (not interleaved: the counter
-    #    advances in steps, so each variant runs alone for several of them; gpubench.energy).
-    if sampler.energy_mj() is not None and case.policy.energy_s > 0:
-        for name, call in calls.items():
-            vrec = record.variants[name]
-            if vrec.status in ("ok", "check_failed"):
-                sampler.set_tag(case.id, f"{name}:energy")
-                try:
-                    with profiling.nvtx_range(f"{case.id}/{name}", device):
-                        vrec.energy = _energy_per_call(call, workload, device, sampler, case.policy.energy_s)
-                    vrec.energy_mj_per_call, vrec.energy_error = vrec.energy.mj_per_call, vrec.energy.error
-                except Exception as exc:  # noqa: BLE001 - the timing and check stand
-                    vrec.energy_error = describe(exc).message
 
-    phases.enter("profile")
-    # 5. Profiles (policy.profile), last: after every timed and energy call, so they cannot touch
-    #    the samples. A failed profile is recorded as {"error": ...} and fails nothing.
-    if case.policy.profile and run_dir is not None:
-        for name, call in calls.items():
-            vrec = record.variants[name]
-            if vrec.status in ("ok", "check_failed", "unchecked"):
-                sampler.set_tag(case.id, f"{name}:profile")
-                with profiling.nvtx_range(f"{case.id}/{name}", device):
-                    vrec.profile = profiling.profile_variant(functools.partial(call, Recorder()), device,
-                                                             case.policy.profile_calls, run_dir, case.id, name,
-                                                             reset=workload.reset)
+def _record_energy(run: CaseRun, workload: Workload, calls: Calls) -> None:
+    """Energy per call, where the GPU has an energy counter (not interleaved: the counter
+    advances in steps, so each variant runs alone for several of them; gpubench.energy)."""
+    if run.sampler.energy_mj() is None or run.case.policy.energy_s <= 0:
+        return
+    for name, call in calls.items():
+        vrec = run.variant(name)
+        if vrec.status not in ("ok", "check_failed"):
+            continue
+        run.tag(f"{name}:energy")
+        try:
+            with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
+                vrec.energy = _energy_per_call(call, workload, run.device, run.sampler, run.case.policy.energy_s)
+            vrec.energy_mj_per_call, vrec.energy_error = vrec.energy.mj_per_call, vrec.energy.error
+        except Exception as exc:  # noqa: BLE001 - the timing and check stand
+            vrec.energy_error = describe(exc).message
+
+
+def _record_profiles(run: CaseRun, workload: Workload, calls: Calls) -> None:
+    """Profiles (policy.profile), last: after every timed and energy call, so they cannot touch
+    the samples. A failed profile is recorded as {"error": ...} and fails nothing."""
+    policy = run.case.policy
+    if not policy.profile or run.run_dir is None:
+        return
+    for name, call in calls.items():
+        vrec = run.variant(name)
+        if vrec.status in ("ok", "check_failed", "unchecked"):
+            run.tag(f"{name}:profile")
+            with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
+                vrec.profile = profiling.profile_variant(functools.partial(call, Recorder()), run.device,
+                                                         policy.profile_calls, run.run_dir, run.case.id, name,
+                                                         reset=workload.reset)
+
+
+def _assemble(run: CaseRun, t0: float) -> None:
+    """Stage 5, whatever happened before: the samples taken (a case cut short keeps them), the
+    speedups, the elapsed time and its phases, the status."""
+    record = run.record
+    run.sampler.set_tag(None, None)
+    run.phases.enter("stats")
+    for name, t in run.timings.items():
+        vrec = record.variants[name]
+        if len(vrec.samples_s) != t.n:
+            _store_samples(vrec, t)
+    _store_speedups(record)
+    record.elapsed_s = time.perf_counter() - t0
+    record.phases_s = phase_seconds(run.phases.stop(), record.elapsed_s, run.timings)
+    if record.status == "running":
+        record.status = _case_status(record)
 
 
 PHASES = ("build", "check", "warmup", "timing", "metrics", "energy", "profile", "stats")

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from gpubench import env as envmod
+from gpubench import notices, runner, techniques, telemetry, timing
+from gpubench.results import json_safe
 from gpubench.scenario import Case
 
 TAG_BYTES = 512
@@ -148,9 +151,6 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
             info: DeviceInfo) -> tuple[Any, bool]:
     """Measure one job where it is to run (a worker process, a Ray task): (its record, whether
     Ctrl-C was raised inside it). The technique is loaded from the job's source if need be."""
-    from gpubench import runner, techniques, timing
-    from gpubench.results import json_safe
-
     flush = job.case.policy.flush_l2
     if flush not in clocks:
         clocks[flush] = timing.Clock(device, flush_l2=flush)
@@ -177,9 +177,6 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
     """The worker's life: start, report ready, measure jobs until told to stop or the context breaks."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _redirect_output(log_path)
-    from gpubench import env as envmod
-    from gpubench import notices, runner, telemetry
-
     device = envmod.use_device(device_text)
     energy = None
     if device.type == "cuda":

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpubench import env as envmod
-from gpubench import supervisor
+from gpubench import in_process
 
 
 class Reached(Exception):
@@ -75,7 +75,7 @@ def test_in_process_device_selects_cuda_without_index(fake_cuda, monkeypatch):
     def stop(*args, **kwargs):
         raise Reached
     monkeypatch.setattr(envmod, "capture_env", stop)  # the line after selecting the device
-    dev = supervisor.InProcess("cuda", calibrate=False, telemetry_interval_s=0.1)
+    dev = in_process.InProcess("cuda", calibrate=False, telemetry_interval_s=0.1)
     with pytest.raises(Reached):
         dev.start()
     assert fake_cuda == [1] and dev.device == torch.device("cuda", 1)
@@ -108,7 +108,7 @@ def test_memory_cap_sets_the_fraction_of_the_device_and_lifts_it(fake_cuda, monk
 def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
     from gpubench.results import RunRecord
     from gpubench.scenario import load as load_scenario
-    from gpubench.supervisor import memory_cap_warning
+    from gpubench.closing import memory_cap_warning
 
     scen = load_scenario("gpu-consumer")
     cases = scen.cases()

@@ -19,8 +19,9 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import atomic, results, runner, scenario, supervisor
+from gpubench import atomic, results, scenario, stopping, supervisor
 from gpubench.atomic import DiskFull
+from gpubench.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
 from gpubench.cli import main
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -132,7 +133,7 @@ def test_a_disk_that_fills_mid_run_stops_it_keeps_what_finished_and_the_run_rend
                                       supervisor.RunOptions(devices=["cpu"], isolation=isolation), tmp_path / "runs",
                                       calibrate=False)
     run = outcome.record
-    assert outcome.exit_code == runner.EXIT_DISK_FULL == 74
+    assert outcome.exit_code == EXIT_DISK_FULL == 74
     assert run.status == "aborted" and "the disk is full" in run.abort_reason
     assert run.disk_full.endswith(f"{results.CASES_LOG}: {os.strerror(errno.ENOSPC)}")
     assert run.planned_cases == 8 and len(run.cases) == 4  # the fourth finished, but its append failed
@@ -163,7 +164,7 @@ def test_a_disk_that_fills_as_a_complete_run_is_closed_keeps_every_case_readable
     outcome = supervisor.run_scenario(scenario.load(pair_scenario(tmp_path, 3)),
                                       supervisor.RunOptions(devices=["cpu"], isolation="none"), tmp_path / "runs",
                                       calibrate=False)
-    assert outcome.record.status == "complete" and outcome.exit_code == runner.EXIT_DISK_FULL
+    assert outcome.record.status == "complete" and outcome.exit_code == EXIT_DISK_FULL
     doc = results.load_results(outcome.run_dir)
     assert doc["status"] == "complete" and doc["disk_full"] and len(doc["cases"]) == 3
 
@@ -259,7 +260,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_then_exits_143(tmp_path, how, isol
     time.sleep(0.5)  # well inside the second case's 1.5 s
     (os.killpg if how == "group" else os.kill)(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == runner.EXIT_TERMINATED == 143, out[-2000:] + err[-2000:]
+    assert proc.returncode == EXIT_TERMINATED == 143, out[-2000:] + err[-2000:]
     assert "leaked semaphore" not in err and "Traceback" not in err, err
     run_dir = next((tmp_path / "runs").iterdir())
     doc = results.load_results(run_dir)
@@ -276,12 +277,12 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_then_exits_143(tmp_path, how, isol
 
 
 def test_a_sigterm_while_the_record_is_closed_is_ignored_and_one_in_the_run_raises_once():
-    handler = supervisor.SigtermAsInterrupt()
-    with pytest.raises(supervisor.Terminated):
+    handler = stopping.SigtermAsInterrupt()
+    with pytest.raises(stopping.Terminated):
         handler(signal.SIGTERM, None)
     handler(signal.SIGTERM, None)  # the second: the run is closing already
     assert handler.received and not handler.armed
-    assert isinstance(supervisor.Terminated(), KeyboardInterrupt)  # every Ctrl-C path closes the run on it too
+    assert isinstance(stopping.Terminated(), KeyboardInterrupt)  # every Ctrl-C path closes the run on it too
 
 
 # -- refused before anything is created -------------------------------------------------------------

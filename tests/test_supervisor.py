@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import results, runner, scenario, supervisor
+import torch
+
+from gpubench import hygiene, local_workers, results, run_options, scenario, supervisor
+from gpubench.executor import kill_grace_s
+from gpubench.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from gpubench.errors import BadInput
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -58,14 +62,14 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     doc = outcome.doc
     cases = doc["cases"]
     assert [c["params"]["mode"] for c in cases] == modes and doc["status"] == "complete"
-    assert outcome.exit_code == runner.EXIT_FAILED
+    assert outcome.exit_code == EXIT_FAILED
     assert spy.seen == list(range(1, len(modes) + 1))  # results readable after every case
     assert all(c["status"] == "passed" for c in cases if c["params"]["mode"] == "ok")
     by_mode = {c["params"]["mode"]: c for c in cases}
 
     hang = by_mode["native_hang"]["failure"]
     assert hang["kind"] == "timeout" and "worker killed after" in hang["message"]
-    assert by_mode["native_hang"]["elapsed_s"] < 2.0 + supervisor.kill_grace_s(2.0) + 60  # not forever
+    assert by_mode["native_hang"]["elapsed_s"] < 2.0 + kill_grace_s(2.0) + 60  # not forever
 
     segv = by_mode["segfault"]["failure"]
     assert segv["kind"] == "crash" and "SIGSEGV" in segv["message"]
@@ -137,7 +141,7 @@ def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path):
     run_dir = _wait_for_cases(tmp_path / "runs", 1, proc)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     proc.communicate(timeout=60)
-    assert proc.returncode == runner.EXIT_INTERRUPTED
+    assert proc.returncode == EXIT_INTERRUPTED
     doc = results.load_results(run_dir)
     assert doc["status"] == "interrupted"
     statuses = [c["status"] for c in doc["cases"]]
@@ -176,18 +180,18 @@ def test_a_torn_last_line_of_the_run_log_is_left_out(tmp_path):
 
 def test_device_lists_resolve_and_bad_ones_are_bad_input():
     assert supervisor.resolve_devices("cpu,cpu") == ["cpu", "cpu"]
-    assert supervisor.slot_keys(["cpu", "cpu", "cuda:1"]) == ["cpu", "cpu#1", "cuda:1"]
-    assert supervisor.resolve_devices("auto") == (["cuda:0"] if supervisor.torch.cuda.is_available() else ["cpu"])
+    assert local_workers.slot_keys(["cpu", "cpu", "cuda:1"]) == ["cpu", "cpu#1", "cuda:1"]
+    assert supervisor.resolve_devices("auto") == (["cuda:0"] if torch.cuda.is_available() else ["cpu"])
     for bad, expected in (("tpu", "not a device"), ("cpu,npu:0", "not a device")):
         with pytest.raises(BadInput, match=expected):
             supervisor.resolve_devices(bad)
-    if not supervisor.torch.cuda.is_available():
+    if not torch.cuda.is_available():
         with pytest.raises(BadInput, match="no CUDA GPU is usable here"):
             supervisor.resolve_devices("cuda:0,cuda:1")
 
 
 def test_the_kill_comes_only_after_the_workers_own_alarm_had_its_chance():
-    assert supervisor.kill_grace_s(1.0) == 2.0 and supervisor.kill_grace_s(300.0) == 30.0
+    assert kill_grace_s(1.0) == 2.0 and kill_grace_s(300.0) == 30.0
 
 
 def test_isolation_none_takes_one_device(tmp_path):
@@ -196,16 +200,14 @@ def test_isolation_none_takes_one_device(tmp_path):
 
 
 def test_exclusive_refuses_to_start_when_another_process_holds_the_gpu(monkeypatch):
-    monkeypatch.setattr(supervisor.hygiene, "gpu_processes",
+    monkeypatch.setattr(hygiene, "gpu_processes",
                         lambda device: [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}])
     with pytest.raises(BadInput, match=r"--exclusive: other processes are using the GPU \(cuda:0: python3 \(pid 4242\)\)"):
-        supervisor._check_hygiene(["cuda:0"], exclusive=True)
-    assert supervisor._check_hygiene(["cuda:0"], exclusive=False)["cuda:0"][0]["pid"] == 4242
+        run_options.check_hygiene(["cuda:0"], exclusive=True)
+    assert run_options.check_hygiene(["cuda:0"], exclusive=False)["cuda:0"][0]["pid"] == 4242
 
 
 def test_hygiene_says_why_on_a_machine_without_a_gpu():
-    from gpubench import hygiene
-
     assert hygiene.gpu_processes("cpu") == "not a GPU"
     with hygiene.ClockLock([]) as lock:
         assert lock.state == {"cpu": {"locked": False, "reason": "no GPU in this run: nothing to lock"}}
@@ -224,7 +226,7 @@ def test_on_a_local_ray_cluster_a_crashing_case_fails_once_and_the_others_pass(t
     assert not ray.is_initialized()  # the instance it started is shut down
     doc = outcome.doc
     cases = doc["cases"]
-    assert [c["params"]["mode"] for c in cases] == modes and outcome.exit_code == runner.EXIT_FAILED
+    assert [c["params"]["mode"] for c in cases] == modes and outcome.exit_code == EXIT_FAILED
     assert [c["status"] for c in cases] == ["passed", "failed", "passed", "failed", "passed"]
     assert cases[1]["failure"]["kind"] == "crash" and "Ray worker died" in cases[1]["failure"]["message"]
     assert cases[3]["failure"]["kind"] == "timeout" and "cancelled" in cases[3]["failure"]["message"]

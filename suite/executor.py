@@ -1,0 +1,96 @@
+"""What the supervisor and every executor share: the :class:`Executor` protocol (start the
+devices, run jobs, say which devices were used, close), a started device's state
+(:class:`DeviceState`), where a finished case goes (:class:`Sink`), the record of a case that
+never reported back (:func:`failed_record`) and how long past its limit a case may run before its
+worker is killed (:func:`kill_grace_s`).
+
+The executors: :class:`gpubench.in_process.InProcess` (``--isolation none``),
+:class:`gpubench.local_workers.LocalWorkers` (the default) and
+:class:`gpubench.cluster.RayCluster` (``--cluster``).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpubench import results, runner
+from gpubench.outcome import ProgressListener
+from gpubench.results import CaseRecord, Failure
+from gpubench.scenario import Case
+from gpubench.stopping import SigtermAsInterrupt
+from gpubench.telemetry import TelemetrySampler
+from gpubench.worker import DeviceInfo, Job
+
+
+def kill_grace_s(timeout_s: float) -> float:
+    """How long past ``case_timeout_s`` the supervisor waits before it kills the worker: the
+    worker's own alarm stops Python-level hangs at the limit (keeping what was measured); only
+    a call that alarm cannot interrupt reaches the kill."""
+    return max(2.0, 0.1 * timeout_s)
+
+
+@dataclass
+class DeviceState:
+    """A device the run uses, as its worker reported it at start."""
+
+    info: DeviceInfo
+    env: dict[str, Any]
+    ceilings: dict[str, Any] | None
+    sampler: TelemetrySampler | None = None
+    processes: list[dict[str, Any]] | str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.info.to_dict(), "ceilings": self.ceilings, "other_processes": self.processes,
+                "telemetry": self.sampler.run_summary() if self.sampler is not None else None}
+
+
+class Sink:
+    """Where a finished case goes: the run's records (kept by case index), the run log, progress."""
+
+    def __init__(self, run_dir: results.RunDirectory, progress: ProgressListener,
+                 sigterm: SigtermAsInterrupt | None = None):
+        self.run_dir = run_dir
+        self.progress = progress
+        self.records: dict[int, CaseRecord] = {}
+        self.sigterm = sigterm or SigtermAsInterrupt()  # whether SIGTERM stopped the run
+
+    def started(self, job: Job) -> None:
+        self.progress.case_started(job.index, job.case)
+
+    def note(self, text: str) -> None:
+        """A case's notice (:mod:`gpubench.notices`), for listeners that show them."""
+        show = getattr(self.progress, "note", None)
+        if show is not None:
+            show(text)
+        else:
+            print(f"gpubench: {text}", file=sys.stderr, flush=True)
+
+    def finished(self, job: Job, record: CaseRecord) -> None:
+        """Kept, logged and shown. Once the disk is full, kept in memory only (the run is closing;
+        :meth:`RunDirectory.close_on_full_disk` logs what still fits)."""
+        self.records[job.index] = record
+        try:
+            if self.run_dir.full is None:
+                self.run_dir.append_case(job.index, record)
+        finally:
+            self.progress.case_finished(job.index, job.case, record)
+
+
+class Executor(Protocol):
+    def start(self) -> list[DeviceState]: ...
+    def run(self, jobs: list[Job], sink: Sink) -> None: ...
+    def devices(self) -> list[DeviceState]: ...  # every device used so far
+    def close(self) -> None: ...
+
+
+def failed_record(case: Case, kind: str, message: str, detail: str = "", elapsed_s: float | None = None,
+                  device: DeviceInfo | None = None) -> CaseRecord:
+    """The record of a case that failed outside the runner (its worker died or was killed, the run
+    stopped, nothing was left to run it on)."""
+    record = runner.new_record(case)
+    record.status = "interrupted" if kind == "interrupted" else "failed"
+    record.failure = Failure(kind, message, detail)
+    record.elapsed_s = elapsed_s
+    record.device = device.to_dict() if device is not None else None
+    return record
