@@ -244,7 +244,8 @@ class RunRecord:
     def declare(self) -> None:
         """Record the declarations of the techniques of its cases and scenario entries that it
         does not hold yet, through the registry: the run's process, where a plug-in is importable."""
-        wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or [] if e.get("technique")}
+        wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or []
+                  if e.get("technique") and (not self.only or e.get("technique") in self.only)}
         wanted.update({c.technique: c.source for c in self.cases})
         declare(self.declarations, wanted)
 
@@ -268,8 +269,10 @@ class RunRecord:
 
     def claims_elsewhere(self) -> dict[str, tuple[Any, ...]]:
         """The published claims of techniques this run left out (the registry's, for an old run)."""
-        if self.recorded_declarations:
-            return self.declarations.claims_elsewhere
+        if self.recorded_declarations:  # and the techniques it planned but ran no case of (a run cut short)
+            ran = {c.technique for c in self.cases}
+            planned = {n: t.claims for n, t in self.declarations.techniques.items() if n not in ran and t.claims}
+            return {**self.declarations.claims_elsewhere, **planned}
         return legacy_claims_elsewhere(list(dict.fromkeys(c.technique for c in self.cases)))
 
     # -- the file ----------------------------------------------------------------------------
