@@ -135,6 +135,33 @@ def test_reports_never_import_the_registry_or_runner_internals():
     assert broken(lambda rule: rule.startswith("a report")) == []
 
 
+# Kernels a core module finds by name (gpubench.triton_support's kernel-or-fallback dispatch), so that
+# a machine without Triton still runs the fallback: the only way core reaches into a pair, each named
+# here with why. A new string naming a pair's module in core fails below until it is listed.
+NAMED_KERNELS = {
+    ("suite/packing.py", "gpubench.optimizations.flash_attention_triton_bwd"): "packed attention's varlen kernel",
+    ("suite/paged_decode.py", "gpubench.optimizations.paged_attention_triton"): "the engine's paged decode kernel",
+}
+
+
+def named_modules() -> set[tuple[str, str]]:
+    """(file, module) for every string constant of a core module that names a pair's or a technique's module."""
+    found = set()
+    for path in sorted((ROOT / "suite").rglob("*.py")):
+        if is_core(module_name(path)):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and all(
+                        part.isidentifier() for part in node.value.split(".")) and (
+                        _under(node.value, "gpubench.baselines") or _under(node.value, "gpubench.optimizations")
+                        or is_technique_module(node.value)):
+                    found.add((str(path.relative_to(ROOT)), node.value))
+    return found
+
+
+def test_core_reaches_a_pair_only_through_named_triton_kernels():
+    assert named_modules() == set(NAMED_KERNELS)
+
+
 # ---- the walker itself: each rule fires on the import it names ----------------------------------
 
 @pytest.mark.parametrize("importer, imported, rule", [
