@@ -28,7 +28,8 @@ from gpubench import speculative_check
 from gpubench.speculative_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
                                         rule_steps)
 from gpubench.techniques import speculative_decoding as technique_module
-from gpubench.techniques.speculative_decoding import TECHNIQUE, SpecWorkload, early_layers, predicted_speedup
+from gpubench.models.decode_pair import early_layers
+from gpubench.techniques.speculative_decoding import TECHNIQUE, SpecWorkload, predicted_speedup
 
 CPU = torch.device("cpu")
 SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,

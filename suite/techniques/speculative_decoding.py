@@ -8,29 +8,24 @@ its drafter's final state against a cacheless recomputation (:mod:`gpubench.spec
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gpubench.baselines.speculative_decoding import generate
 from gpubench.contract import Bench, Claim, Headline, Measured, Param, Plot, Recorder, Technique, Workload
-from gpubench.errors import BadInput
-from gpubench.models import train_small
-from gpubench.models.decode_cache import KVCache
-from gpubench.models.llama import LlamaWeights, load_hf
 from gpubench.drafting import ModelDrafter, NgramDrafter
+from gpubench.errors import BadInput
+from gpubench.models.decode_pair import TRAINED, load_pair, pair_problems
+from gpubench.models.llama import LlamaWeights
 from gpubench.optimizations import speculative_decoding as spec
 from gpubench.optimizations.speculative_decoding import SpecStats, speculative_generate
 from gpubench import speculative_check
-from gpubench.optional import optional_import
 from gpubench.phase_timer import PhaseTimer
 from gpubench.speculative_check import Decoded, Generation, Replay
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-TRAINED = "trained"
 DRAFTERS = ("draft_model", "ngram")
 
 TECHNIQUE = Technique(
@@ -99,90 +94,19 @@ TECHNIQUE = Technique(
 )
 
 
-def _early_layers(spec: str) -> int | None:
-    if not spec.startswith("early:"):
-        return None
-    try:
-        return int(spec.split(":", 1)[1])
-    except ValueError:
-        return -1
-
-
-def _hf_layers(path: str) -> int | None:
-    try:
-        return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 @TECHNIQUE.validate
 def validate(params: dict[str, Any]) -> list[str]:
     problems = []
     if params["ngram_min"] > params["ngram_max"]:
         problems.append(f"ngram_min ({params['ngram_min']}) must not exceed ngram_max ({params['ngram_max']})")
-    target = params["target"]
-    if target != TRAINED and not (Path(target) / "config.json").is_file():
-        problems.append(f"target {target!r} is neither 'trained' nor a checkpoint directory holding config.json")
-    if params["drafter"] == "draft_model":
-        draft = params["draft"]
-        early = _early_layers(draft)
-        if early is not None:
-            layers = train_small.TARGET_CONFIG.num_layers if target == TRAINED else _hf_layers(target)
-            if early < 1 or (layers is not None and early >= layers):
-                problems.append(f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1"
-                                + (f" ({layers - 1})" if layers else ""))
-        elif draft == TRAINED:
-            if target != TRAINED:
-                problems.append("draft 'trained' pairs only with target 'trained' (they share the byte "
-                                "vocabulary); give a draft checkpoint or early:N for a checkpoint target")
-        elif not (Path(draft) / "config.json").is_file():
-            problems.append(f"draft {draft!r} is neither 'trained', 'early:N' nor a checkpoint directory "
-                            "holding config.json")
-    return problems
+    return problems + pair_problems(params["target"], _draft_spec(params))
+
+
+def _draft_spec(params: dict[str, Any]) -> str | None:
+    return params["draft"] if params["drafter"] == "draft_model" else None
 
 
 # -- workload ---------------------------------------------------------------------------------
-
-def _moved(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
-    """A copy of ``weights`` on ``device`` in ``dtype`` (a fresh RoPE cache)."""
-    move = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
-    layers = [replace(layer, **{n: move(getattr(layer, n)) for n in layer.__dataclass_fields__})
-              for layer in weights.layers]
-    embed = move(weights.embed)
-    lm_head = embed if weights.lm_head is weights.embed else move(weights.lm_head)
-    return LlamaWeights(weights.config, embed, layers, move(weights.final_norm), lm_head, source=weights.source)
-
-
-def early_layers(weights: LlamaWeights, n: int) -> LlamaWeights:
-    """The target's first ``n`` layers with its embedding, final norm and head: a draft that costs
-    n / layers of the target per token and needs no training (and agrees with it far less)."""
-    return LlamaWeights(replace(weights.config, num_layers=n), weights.embed, weights.layers[:n],
-                        weights.final_norm, weights.lm_head, source=f"first {n} layers of {weights.source}")
-
-
-def _checkpoint_tokens(path: str, vocab: int) -> torch.Tensor:
-    """The held-out corpus text in a checkpoint's own tokens (its tokenizer, read locally), or as
-    bytes when it has no tokenizer and a vocabulary of at least 256."""
-    text = bytes(train_small.split_corpus(train_small.corpus_bytes())[1].tolist()).decode("utf-8", "ignore")
-    auto_tokenizer, tokenizer = optional_import("transformers", "AutoTokenizer"), None
-    if not isinstance(auto_tokenizer, str):  # a str: why transformers cannot be imported
-        try:
-            tokenizer = auto_tokenizer.from_pretrained(path, local_files_only=True)
-        except Exception:  # noqa: BLE001 - no tokenizer files there: bytes, if the vocabulary holds them
-            pass
-    if tokenizer is not None:
-        return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    if vocab < 256:
-        raise BadInput(f"{path}: no tokenizer could be read there and the vocabulary ({vocab}) is too small "
-                       "for byte tokens; add the tokenizer files to the checkpoint directory")
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-
-
-def _warm_up(weights: LlamaWeights) -> None:
-    """One small forward pass, so lazy initialization is not charged to the first checked call."""
-    with torch.inference_mode():
-        KVCache(weights, 8).forward(list(range(4)))
-
 
 def _capacity(params: dict[str, Any]) -> int:
     """Positions one sequence may reach: prompt, new tokens and the drafts of the last verification."""
@@ -205,29 +129,8 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> SpecWorklo
     if problems:
         raise BadInput("speculative_decoding: " + "; ".join(problems))
     device = torch.device(device)
-    dtype = DTYPES[params["dtype"]]
-    if params["target"] == TRAINED or (params["drafter"] == "draft_model" and params["draft"] == TRAINED):
-        pair = train_small.trained_pair()
-    if params["target"] == TRAINED:
-        target = _moved(pair.target, device, dtype)
-        source = pair.held_out
-    else:
-        target = load_hf(params["target"], dtype, device)
-        source = _checkpoint_tokens(params["target"], target.config.vocab_size)
-    draft = None
-    if params["drafter"] == "draft_model":
-        spec = params["draft"]
-        if spec == TRAINED:
-            draft = _moved(pair.draft, device, dtype)
-        elif _early_layers(spec) is not None:
-            draft = early_layers(target, _early_layers(spec))
-        else:
-            draft = load_hf(spec, dtype, device)
-            if draft.config.vocab_size != target.config.vocab_size:
-                raise BadInput(f"draft {spec}: vocabulary of {draft.config.vocab_size} tokens differs from the "
-                               f"target's {target.config.vocab_size}; a draft must share the target's tokenizer")
-        _warm_up(draft)
-    _warm_up(target)
+    pair = load_pair(params["target"], _draft_spec(params), device, DTYPES[params["dtype"]])
+    target, draft, source = pair.target, pair.draft, pair.held_out
     need = _capacity(params)
     for name, model in (("target", target), ("draft", draft)):
         if model is not None and need > model.config.max_position:
