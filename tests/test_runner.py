@@ -221,3 +221,23 @@ def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_
         assert v["metrics"]["timed_calls"] == [3, 4, 5, 6]
         assert v["metrics"]["median_call"] == 4.5
         assert [r["call"] for r in v["recorded"]] == [3, 4, 5, 6]  # kept in results.json too
+
+
+def test_the_phase_record_says_where_a_cases_time_went_and_stops_where_the_case_did(toys, write_scenario, tmp_path):
+    # Every stage of run_case laps its phase: a case that ran through has each one (in PHASES order,
+    # then the timed calls' own seconds and the rest); a case whose build raised reached none after it.
+    body = ("name: phases\nentries:\n  - technique: toy_kernel\n    params: {n: 16, mode: [ok, build_raises]}\n"
+            "policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, "
+            "energy_s: 0}\n")
+    cases = by_mode(run(write_scenario, tmp_path, body).doc)
+    for mode, reached in (("ok", runner.PHASES), ("build_raises", ("build", "stats"))):
+        case = cases[mode]
+        phases = case["phases_s"]
+        assert list(phases) == [*runner.PHASES, "timed", "other"], mode
+        assert all(phases[p] > 0 for p in reached) and all(phases[p] == 0 for p in runner.PHASES if p not in reached), \
+            (mode, phases)
+        assert sum(phases[p] for p in runner.PHASES) + phases["other"] == pytest.approx(case["elapsed_s"], rel=1e-9)
+    ok = cases["ok"]
+    assert 0 < ok["phases_s"]["timed"] <= ok["phases_s"]["timing"]
+    assert ok["phases_s"]["timed"] == pytest.approx(sum(sum(v["samples_s"]) for v in ok["variants"].values()))
+    assert cases["build_raises"]["phases_s"]["timed"] == 0
