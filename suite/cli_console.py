@@ -11,9 +11,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpubench import runner
 from gpubench.atomic import DiskFull
 from gpubench.errors import BadInput
+from gpubench.outcome import EXIT_BAD_INPUT, EXIT_DISK_FULL
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -84,11 +84,11 @@ class CommandGroup(click.Group):
             return super().invoke(ctx)
         except BadInput as exc:
             click.echo(f"error: {exc}", err=True)
-            ctx.exit(runner.EXIT_BAD_INPUT)
+            ctx.exit(EXIT_BAD_INPUT)
         except DiskFull as exc:
             click.echo("error: " + disk_full_text(exc.filename, exc.strerror, "Nothing else was changed; free some "
                                                   "space and run it again."), err=True)
-            ctx.exit(runner.EXIT_DISK_FULL)
+            ctx.exit(EXIT_DISK_FULL)
         finally:
             guarded.flush()
             sys.stdout = real

@@ -16,10 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpubench import env as envmod
-from gpubench import estimate, results, runner, scenario as scenariomod, techniques
+from gpubench import estimate, results, run_options, scenario as scenariomod, stopping, techniques
 from gpubench.atomic import DiskFull
 from gpubench.cli_console import disk_full_text, make_console
 from gpubench.errors import BadInput
+from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_TERMINATED, RunOutcome
 from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 if TYPE_CHECKING:
@@ -161,14 +162,14 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
     scen = scenariomod.load(scenario_name or _default_scenario(devices))
     if devices is not None:
-        device_list = supervisor.resolve_devices(devices, "--devices")
+        device_list = run_options.resolve_devices(devices, "--devices")
     elif cluster:
         device_list = ["cuda" if scen.device.startswith("cuda") else "cpu"]
     else:
-        device_list = supervisor.resolve_devices(scen.device, f"{scen.path}: device")
-    options = supervisor.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
-                                    max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                    per_model=per_model, profile=profile)
+        device_list = run_options.resolve_devices(scen.device, f"{scen.path}: device")
+    options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
+                                     max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
+                                     per_model=per_model, profile=profile)
     only_list = None
     if only:
         only_list = [t.strip() for t in only.split(",") if t.strip()]
@@ -180,7 +181,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
             if name not in in_scenario:
                 raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
                                f"its techniques: {', '.join(in_scenario)}.")
-    supervisor.check_options(options)  # refused before anything is printed or created
+    run_options.check_options(options)  # refused before anything is printed or created
     out = make_console()
     where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
     counts = scen.count(only_list)  # a huge sweep is counted, not built
@@ -200,7 +201,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                   f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
                   f"the run and keeps what finished.", soft_wrap=True)
     progress = _CaseProgress(out, scen.varying(only_list))
-    with supervisor.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
+    with stopping.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
         outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
                                           progress=progress, telemetry_interval_s=telemetry_interval,
                                           calibrate=not no_calibrate)
@@ -211,15 +212,13 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     sys.exit(code)
 
 
-def _interrupted_exit(exc: KeyboardInterrupt, outcome: runner.RunOutcome) -> int:
+def _interrupted_exit(exc: KeyboardInterrupt, outcome: RunOutcome) -> int:
     """143 when SIGTERM stopped the run or what came after it, else 130."""
-    from gpubench import supervisor
-
-    sigterm = isinstance(exc, supervisor.Terminated) or outcome.record.signal == "SIGTERM"
-    return runner.EXIT_TERMINATED if sigterm else runner.EXIT_INTERRUPTED
+    sigterm = isinstance(exc, stopping.Terminated) or outcome.record.signal == "SIGTERM"
+    return EXIT_TERMINATED if sigterm else EXIT_INTERRUPTED
 
 
-def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
+def _close_run(out: Console, outcome: RunOutcome) -> int:
     """The summary, where the run is, its report; the exit code (the run's, unless the report
     could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
@@ -229,7 +228,7 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
     if outcome.record.disk_full:
         click.echo(f"error: {_disk_full_run_text(outcome)}", err=True)
-        return runner.EXIT_DISK_FULL
+        return EXIT_DISK_FULL
     out.print(f"results: {outcome.run_dir / 'results.json'} (+ results.csv, telemetry.csv, env.json)", soft_wrap=True)
     try:  # the run is on disk already; a report that fails costs the report only
         from gpubench.reports import html as html_report
@@ -242,7 +241,7 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
         click.echo("error: " + disk_full_text(exc.filename, exc.strerror, f"The run itself is saved (results.json); no "
                                               f"report was written: free some space, then `gpubench report "
                                               f"{outcome.run_dir}` writes it."), err=True)
-        return runner.EXIT_DISK_FULL
+        return EXIT_DISK_FULL
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
         out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
                   f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=True)
@@ -253,7 +252,7 @@ def _close_run(out: Console, outcome: runner.RunOutcome) -> int:
     return outcome.exit_code
 
 
-def _remember_report_time(outcome: runner.RunOutcome, seconds: float) -> None:
+def _remember_report_time(outcome: RunOutcome, seconds: float) -> None:
     """The report's share of a run, for the next dry run's estimate (a cache: never fails a run)."""
     from gpubench.devicecache import CaseTimes
 
@@ -264,7 +263,7 @@ def _remember_report_time(outcome: runner.RunOutcome, seconds: float) -> None:
             pass
 
 
-def _disk_full_run_text(outcome: runner.RunOutcome) -> str:
+def _disk_full_run_text(outcome: RunOutcome) -> str:
     """The full-disk paragraph of a run: where it stopped, what is kept and readable, what next."""
     run = outcome.record
     try:
@@ -284,7 +283,7 @@ def _disk_full_run_text(outcome: runner.RunOutcome) -> str:
                           f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
                           f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
                           f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
-                          f"scenario again for the rest. Exit code {runner.EXIT_DISK_FULL}.")
+                          f"scenario again for the rest. Exit code {EXIT_DISK_FULL}.")
 
 
 @click.command(name="profile")
@@ -306,13 +305,13 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
     breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
     report in a run directory."""
-    from gpubench import profiling, supervisor
+    from gpubench import supervisor
     from gpubench.reports import html as html_report
     from gpubench.reports.profile_view import case_table
 
-    device_text = supervisor.resolve_devices(device, "--device")[0]
+    device_text = run_options.resolve_devices(device, "--device")[0]
     scen = scenariomod.one_case_scenario(target, list(params), scenario_name, device_text, calls)
-    options = supervisor.RunOptions(devices=[device_text], isolation="none")
+    options = run_options.RunOptions(devices=[device_text], isolation="none")
     outcome = supervisor.run_scenario(scen, options, Path(out_root), calibrate=False, repeat_scale=repeat_scale)
     out = make_console()
     doc = outcome.doc
