@@ -71,7 +71,8 @@ def children(folder: Path) -> list[str]:
 
 
 def named(text: str, name: str, techniques: list[str]) -> bool:
-    return any(matcher(token, techniques).match(name) for token in FILE_TOKEN.findall(text) + FOLDER_TOKEN.findall(text))
+    tokens = FILE_TOKEN.findall(text) + FOLDER_TOKEN.findall(text)
+    return any(matcher(token, techniques).match(name) for token in tokens)
 
 
 def missing(block: list[str], repo: Path) -> list[str]:
