@@ -308,6 +308,7 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 # -- train mode, varlen, causal alignment, head dims (issue 20) ---------------------------------
 
 import gpubench.techniques.flash_attention as flash  # noqa: E402
+import gpubench.attention as attention_module  # noqa: E402
 from gpubench.attention import attention_reference  # noqa: E402
 from gpubench.triton_support import kernel_module, kernel_problem  # noqa: E402
 from planted import mutant  # noqa: E402
@@ -356,7 +357,7 @@ def test_reference_backward_equals_float64_autograd_in_several_row_chunks(monkey
     autograd's gradients of the float64 reference attention, with chunks of 7 query rows."""
     w = train_workload(**params)
     longest_k = max(w.docs.lens_k) if w.docs is not None else w.k.shape[2]
-    monkeypatch.setattr(flash, "REFERENCE_CHUNK_ELEMENTS", 7 * w.q.shape[1] * longest_k)
+    monkeypatch.setattr(attention_module, "REFERENCE_CHUNK_ELEMENTS", 7 * w.q.shape[1] * longest_k)
     ref = reference(w)
     leaves = [t.detach().double().requires_grad_(True) for t in (w.q, w.k, w.v)]
     if w.docs is None:
@@ -395,7 +396,7 @@ def test_train_check_fails_a_wrong_dq_dk_or_dv(bug, dtype):
     ref = reference(w)
     right = {key: t.to(w.q.dtype) for key, t in ref.items()}
     assert TECHNIQUE.check_fn(ref, right).passed
-    buggy = mutant(flash.reference_backward, *WRONG_GRADIENTS[bug])
+    buggy = mutant(attention_module.reference_backward, *WRONG_GRADIENTS[bug])
     grads = buggy(w.q, w.k, w.v, ref["out"], reference_lse(w), w.grad_out, True, w.causal_align)
     wrong = dict(right, **{key: g.to(w.q.dtype) for key, g in zip(("dq", "dk", "dv"), grads)})
     result = TECHNIQUE.check_fn(ref, wrong)

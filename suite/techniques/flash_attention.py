@@ -16,8 +16,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.torch_version import TorchVersion
 
-from gpubench.attention import (CAUSAL_ALIGNS, REFERENCE_CHUNK_ELEMENTS, attention_reference,
-                                attention_reference_varlen, causal_offset)
+from gpubench.attention import (CAUSAL_ALIGNS, attention_bytes, attention_flops, attention_reference,
+                                attention_reference_varlen, reference_backward)
 from gpubench.baselines.flash_attention import attention
 from gpubench.gqa import head_params, head_problems, kv_heads
 from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Claim, Measured, Param, Plot, Technique, Workload,
@@ -438,35 +438,6 @@ def run_flash_attn(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tenso
 
 # -- correctness ------------------------------------------------------------------------------
 
-def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       grad_out: torch.Tensor, causal: bool, causal_align: str) -> tuple[torch.Tensor, ...]:
-    """dq, dk, dv of attention in float64 (SDPA's layout), from the forward's output and
-    log-sum-exp, a chunk of query rows at a time so memory stays bounded at any length:
-    P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale,
-    dK = dS^T Q * scale; a kv head's gradients summed over the query heads that share it."""
-    q, k, v, out, lse, grad_out = (t.detach().to(torch.float64) for t in (q, k, v, out, lse, grad_out))
-    batch, heads, seq_q, head_dim = q.shape
-    kv, seq_k = k.shape[1], k.shape[2]
-    offset, scale = causal_offset(seq_q, seq_k, causal_align), head_dim ** -0.5
-    qg, og, dog = (t.unflatten(1, (kv, heads // kv)) for t in (q, out, grad_out))  # (b, kv, group, s, d)
-    lse = lse.unflatten(1, (kv, heads // kv))
-    delta = (dog * og).sum(dim=-1)
-    dq, dk, dv = torch.empty_like(qg), torch.zeros_like(k), torch.zeros_like(v)
-    rows = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads * seq_k))
-    key_pos = torch.arange(seq_k, device=q.device)
-    for start in range(0, seq_q, rows):
-        at = slice(start, min(start + rows, seq_q))
-        probs = torch.einsum("bkgqd,bknd->bkgqn", qg[:, :, :, at], k).mul_(scale).sub_(lse[..., at, None]).exp_()
-        if causal:  # also zeroes rows that see no key (lse -inf made them +inf)
-            query_pos = torch.arange(at.start, at.stop, device=q.device)
-            probs.masked_fill_(key_pos[None, :] > query_pos[:, None] + offset, 0.0)
-        dscores = torch.einsum("bkgqe,bkne->bkgqn", dog[:, :, :, at], v).sub_(delta[..., at, None]).mul_(probs)
-        dq[:, :, :, at] = torch.einsum("bkgqn,bknd->bkgqd", dscores, k) * scale
-        dk += torch.einsum("bkgqn,bkgqd->bknd", dscores, qg[:, :, :, at]) * scale
-        dv += torch.einsum("bkgqn,bkgqe->bkne", probs, dog[:, :, :, at])
-    return dq.flatten(1, 2), dk, dv
-
-
 def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """:func:`reference_backward` of each packed document alone, into packed gradients."""
     grads = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (w.q, w.k, w.v)]
@@ -513,45 +484,6 @@ def check(reference_output: torch.Tensor | dict[str, torch.Tensor], output: Any)
 
 
 # -- metrics ----------------------------------------------------------------------------------
-
-def _ramp_area_x2(t: int, seq_k: int) -> int:
-    """Twice the integral of clamp(u, 0, seq_k) for u from 0 to t."""
-    if t <= 0:
-        return 0
-    return t * t if t <= seq_k else seq_k * seq_k + 2 * seq_k * (t - seq_k)
-
-
-def score_area_x2(seq_q: int, seq_k: int, causal: bool, causal_align: str = "bottom_right") -> int:
-    """Twice the area of the score matrix that is computed: seq_q x seq_k, or under a causal mask
-    the area below its diagonal as a continuous region (seq^2 / 2 for equal lengths, as the
-    flash-attention repository counts causal; a chunk of seq_q queries at the end of seq_k keys:
-    seq_q * seq_k - seq_q^2 / 2)."""
-    if not causal:
-        return 2 * seq_q * seq_k
-    offset = causal_offset(seq_q, seq_k, causal_align)
-    return _ramp_area_x2(seq_q + offset, seq_k) - _ramp_area_x2(offset, seq_k)
-
-
-def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, head_dim_v: int, causal: bool,
-                    causal_align: str = "bottom_right") -> int:
-    """Forward FLOPs as the flash-attention repository counts them: two matmuls per head, Q K^T
-    (2 * seq_q * seq_k * head_dim) and P V (2 * seq_q * seq_k * head_dim_v), causal counting only the
-    area below the diagonal (half, for equal lengths)."""
-    return batch * heads * (head_dim + head_dim_v) * score_area_x2(seq_q, seq_k, causal, causal_align)
-
-
-def attention_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, train: bool = False) -> int:
-    """Least HBM traffic one call can do. Forward: read q, k, v once and write the output (q's rows,
-    v's head_dim). Train adds the log-sum-exp written (fp32, one per query row) and the backward's
-    reads of q, k, v, the output, its gradient and the log-sum-exp, and writes of dq, dk, dv."""
-    qkv = sum(t.numel() * t.element_size() for t in (q, k, v))
-    rows = q.numel() // q.shape[-1]
-    out = rows * v.shape[-1] * q.element_size()
-    if not train:
-        return qkv + out
-    lse = rows * 4
-    return (qkv + out + lse) + (qkv + 2 * out + lse + qkv)
-
 
 @TECHNIQUE.metrics
 def metrics(w: AttentionWorkload, measured: Measured) -> dict[str, Any]:
