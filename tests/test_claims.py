@@ -111,7 +111,7 @@ def test_a_malformed_claim_is_refused_when_declared():
 # -- techniques and the contract ---------------------------------------------------------------
 def test_every_built_in_technique_declares_a_claim_with_its_source():
     builtin = {n: t for n, t in techniques.all_techniques().items() if t.source.startswith("gpubench.techniques.")}
-    assert {"packed_metadata", "moe_grouping", "flash_attention", "kv_cache"} <= set(builtin)
+    assert builtin  # the registry loaded, or the loop below proves nothing
     for name, tech in builtin.items():
         assert tech.claims, name
         for claim in tech.claims:

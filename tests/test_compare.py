@@ -327,16 +327,6 @@ def test_a_slowdown_the_control_shows_too_is_inconclusive_not_a_regression():
     assert compare.compare(base, _doc(cases=[only_opt])).changes[0].verdict == "regressed"
 
 
-def test_every_technique_has_a_pytest_benchmark_file():
-    from pathlib import Path
-
-    from gpubench import techniques
-
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
-    missing = [n for n in techniques.all_techniques() if not (root / f"test_bench_{n}.py").exists()]
-    assert not missing, missing
-
-
 def test_a_stored_schema_1_baseline_is_compared_by_role_with_a_run_whose_variants_are_named():
     # Schema 1 named variants by role; schema 2 by what they run. The gate pairs them by role.
     rng = np.random.default_rng(5)

@@ -123,8 +123,10 @@ def test_plots_refuse_an_unknown_kind_or_a_line_without_x():
 
 # -- one mechanism per idea: the older spellings warn and become the new declarations ----------
 def test_a_headline_string_warns_with_its_replacement_and_becomes_a_figure_beside_the_speedup():
-    with pytest.warns(DeprecationWarning, match=r"headline_figures=\(Headline\('syncs', replaces_time=False\),\)"):
+    replacement = r"headline_figures=\(Headline\('syncs', replaces_time=False\),\)"
+    with pytest.warns(DeprecationWarning, match=replacement) as got:
         t = Technique("t", summary="s", shape="kernel", params=[], headline="syncs")
+    assert got[0].filename == __file__  # points at the declaration (tests/test_registry.py filters by file)
     assert t.headline_figures == (Headline("syncs", replaces_time=False),)
     assert t.headline == "syncs"  # what case records keep, read back as given
     assert sweep.headline_figures(t) == ()  # still read by time
@@ -155,12 +157,13 @@ def test_a_figures_hook_warns_to_declare_plots_and_still_works_both_ways():
         return [("n", None)]
 
     t = Technique("t", summary="s", shape="kernel", params=[])
-    with pytest.warns(DeprecationWarning, match="declare Plot"):
+    with pytest.warns(DeprecationWarning, match="declare Plot") as decorated:
         assert t.figures(hook) is hook
     assert t.figures_fn is hook
-    with pytest.warns(DeprecationWarning, match="declare Plot"):
+    with pytest.warns(DeprecationWarning, match="declare Plot") as given_warning:
         given = Technique("t", summary="s", shape="kernel", params=[], figures_fn=hook)
     assert given.figures_fn is hook
+    assert decorated[0].filename == given_warning[0].filename == __file__
 
 
 # -- params: what a policy key needs too ----------------------------------------------------------
