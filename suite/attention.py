@@ -13,6 +13,8 @@ seq_q > seq_k) gets output 0 and log-sum-exp -inf.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 CAUSAL_ALIGNS = ("bottom_right", "top_left")
@@ -55,6 +57,49 @@ def softmax_with_empty_rows(scores: torch.Tensor, v: torch.Tensor) -> torch.Tens
                           dtype=torch.promote_types(scores.dtype, torch.float32))
     probs = probs.masked_fill(empty, 0.0).to(v.dtype)
     return torch.matmul(probs, v)
+
+
+@dataclass(frozen=True)
+class Documents:
+    """A packed (varlen) batch: document d is q rows ``cu_seqlens_q[d]:cu_seqlens_q[d + 1]`` against
+    k/v rows ``cu_seqlens_k[d]:cu_seqlens_k[d + 1]``."""
+
+    cu_seqlens_q: torch.Tensor  # (documents + 1,) int32 on the workload's device
+    cu_seqlens_k: torch.Tensor
+    lens_q: list[int]  # host copies, drawn at build: no variant reads them back from the device
+    lens_k: list[int]
+
+    @classmethod
+    def of(cls, lens_q: list[int], lens_k: list[int], device: torch.device) -> Documents:
+        """The packing of documents of these lengths, in order."""
+        def cu_seqlens(lens: list[int]) -> torch.Tensor:
+            return torch.tensor([0, *lens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+        return cls(cu_seqlens(lens_q), cu_seqlens(lens_k), lens_q, lens_k)
+
+    @property
+    def max_seqlen_q(self) -> int:
+        return max(self.lens_q)
+
+    @property
+    def max_seqlen_k(self) -> int:
+        return max(self.lens_k)
+
+    @property
+    def total_q(self) -> int:
+        """Packed query rows that belong to a document (cu_seqlens_q[-1]); the rest is tail."""
+        return sum(self.lens_q)
+
+    @property
+    def total_k(self) -> int:
+        return sum(self.lens_k)
+
+    def spans(self) -> list[tuple[slice, slice]]:
+        """Each document's (query rows, key rows) in the packed stream."""
+        out, q0, k0 = [], 0, 0
+        for n_q, n_k in zip(self.lens_q, self.lens_k):
+            out.append((slice(q0, q0 + n_q), slice(k0, k0 + n_k)))
+            q0, k0 = q0 + n_q, k0 + n_k
+        return out
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from torch.torch_version import TorchVersion
 
-from gpubench.attention import (CAUSAL_ALIGNS, attention_bytes, attention_flops, attention_reference,
+from gpubench.attention import (CAUSAL_ALIGNS, Documents, attention_bytes, attention_flops, attention_reference,
                                 attention_reference_varlen, reference_backward)
 from gpubench.baselines.flash_attention import attention
 from gpubench.gqa import head_params, head_problems, kv_heads
@@ -122,42 +122,6 @@ TECHNIQUE = Technique(
 )
 
 
-@dataclass(frozen=True)
-class Documents:
-    """A packed (varlen) batch: document d is q rows ``cu_seqlens_q[d]:cu_seqlens_q[d + 1]`` against
-    k/v rows ``cu_seqlens_k[d]:cu_seqlens_k[d + 1]``."""
-
-    cu_seqlens_q: torch.Tensor  # (documents + 1,) int32 on the workload's device
-    cu_seqlens_k: torch.Tensor
-    lens_q: list[int]  # host copies, drawn at build: no variant reads them back from the device
-    lens_k: list[int]
-
-    @property
-    def max_seqlen_q(self) -> int:
-        return max(self.lens_q)
-
-    @property
-    def max_seqlen_k(self) -> int:
-        return max(self.lens_k)
-
-    @property
-    def total_q(self) -> int:
-        """Packed query rows that belong to a document (cu_seqlens_q[-1]); the rest is tail."""
-        return sum(self.lens_q)
-
-    @property
-    def total_k(self) -> int:
-        return sum(self.lens_k)
-
-    def spans(self) -> list[tuple[slice, slice]]:
-        """Each document's (query rows, key rows) in the packed stream."""
-        out, q0, k0 = [], 0, 0
-        for n_q, n_k in zip(self.lens_q, self.lens_k):
-            out.append((slice(q0, q0 + n_q), slice(k0, k0 + n_k)))
-            q0, k0 = q0 + n_q, k0 + n_k
-        return out
-
-
 @dataclass(kw_only=True)
 class AttentionWorkload(Workload):
     q: torch.Tensor  # (batch, heads, seq_q, head_dim); varlen (total_q + PACKED_TAIL_ROWS, heads, head_dim)
@@ -188,10 +152,6 @@ def validate(params: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _cu_seqlens(lens: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([0, *lens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-
-
 @TECHNIQUE.build
 def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionWorkload:
     device = torch.device(device)
@@ -203,7 +163,7 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> AttentionW
     if params["varlen"]:
         lens_k = torch.randint(1, seq_k + 1, (batch,), generator=gen).tolist()
         lens_q = torch.randint(1, seq_q + 1, (batch,), generator=gen).tolist() if params["seq_len_q"] else lens_k
-        docs = Documents(_cu_seqlens(lens_q, device), _cu_seqlens(lens_k, device), lens_q, lens_k)
+        docs = Documents.of(lens_q, lens_k, device)
         rows_q, rows_k = sum(lens_q) + PACKED_TAIL_ROWS, sum(lens_k) + PACKED_TAIL_ROWS
         shapes = ((rows_q, heads, dim), (rows_k, kv, dim), (rows_k, kv, dim_v))
     else:
