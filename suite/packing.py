@@ -15,12 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch.torch_version import TorchVersion
 
+from gpubench.errors import BadInput
 from gpubench.models.llama import LlamaWeights
 from gpubench.optional import optional_import
 from gpubench.phase_timer import PhaseTimer
-from gpubench.triton_support import kernel_module
+from gpubench.triton_support import kernel_module, kernel_problem
 
 BACKENDS = ("sdpa", "triton_varlen", "flash_attn_varlen")
+HALF = ("float16", "bfloat16")  # the dtypes flash-attn has kernels for
 # gpubench's own varlen attention (Triton forward and backward, autograd): flash_attn_varlen_func.
 TRITON_VARLEN = ("gpubench.optimizations.flash_attention_triton_bwd", "flash_attn_varlen_func")
 IGNORE_INDEX = -100
@@ -116,6 +118,38 @@ class StepStats:
 def phase(stats: StepStats | None, name: str):
     """``stats.span(name)``, or nothing when the step is not instrumented."""
     return contextlib.nullcontext() if stats is None else stats.span(name)
+
+
+# -- choosing the attention backend ----------------------------------------------------------
+
+def flash_varlen_unavailable(device: torch.device, dtype: str) -> str | None:
+    """Why flash-attn's varlen kernel cannot run here, or None."""
+    imported = optional_import("flash_attn", "flash_attn_varlen_func")
+    if isinstance(imported, str):
+        return imported
+    if torch.device(device).type != "cuda":
+        return "flash-attn runs on CUDA only"
+    if dtype not in HALF:
+        return f"flash-attn has no {dtype} kernel"
+    return None
+
+
+def triton_varlen_unavailable(device: torch.device) -> str | None:
+    """Why gpubench's Triton varlen attention cannot run here (on a CPU Triton's interpreter
+    could, far too slowly for a training step), or None."""
+    return kernel_problem(TRITON_VARLEN[0], device)
+
+
+def resolve_backend(choice: str, device: torch.device, dtype: str) -> str:
+    """The backend a case runs: "auto" is triton_varlen (our kernels) where they can run, else sdpa."""
+    if choice == "auto":
+        return "sdpa" if triton_varlen_unavailable(device) else "triton_varlen"
+    reason = {"triton_varlen": triton_varlen_unavailable,
+              "flash_attn_varlen": lambda device: flash_varlen_unavailable(device, dtype)}.get(choice,
+                                                                                             lambda _: None)(device)
+    if reason:
+        raise BadInput(f"packed attention backend {choice} cannot run here: {reason}; use backend sdpa or auto")
+    return choice
 
 
 # -- building the metadata --------------------------------------------------------------------

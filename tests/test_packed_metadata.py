@@ -18,8 +18,8 @@ from gpubench.errors import BadInput
 from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
-from gpubench.packing import draw_doc_lens
-from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone, resolve_backend
+from gpubench.packing import draw_doc_lens, resolve_backend
+from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)
@@ -457,14 +457,13 @@ def test_a_step_on_the_triton_varlen_backend_passes_its_check_against_each_docum
     """The pair as a CUDA run has it by default (our varlen kernels; here in Triton's interpreter, a
     one-layer model, about 8 s): both variants' losses match each document run alone in float64
     and the cached step is bit-identical to the per-layer one (the kernels are deterministic)."""
-    from gpubench.techniques import packed_metadata as technique
     from gpubench.triton_support import kernel_problem
     from planted import passed, run_planted
 
     problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)
     if problem:
         pytest.skip(problem)
-    monkeypatch.setattr(technique, "triton_varlen_unavailable", lambda device: None)
+    monkeypatch.setattr(packing, "triton_varlen_unavailable", lambda device: None)
     record = run_planted("packed_metadata", model="tiny", layers=1, rows=1, seq_len=64, mean_doc_len=16,
                          backend="triton_varlen")
     assert passed(record), record.failure

@@ -38,7 +38,7 @@ def varlen_on_cpu(monkeypatch):
         return torch.cat([causal_attention(q[a:b], k[a:b], v[a:b]) for a, b in zip(bounds, bounds[1:])])
 
     monkeypatch.setattr(packing, "optional_import", lambda module, name: flash_attn_varlen_func)
-    monkeypatch.setattr(technique, "flash_varlen_unavailable", lambda device, dtype: None)
+    monkeypatch.setattr(packing, "flash_varlen_unavailable", lambda device, dtype: None)
 
 
 @pytest.mark.parametrize("backend, dtype", [("sdpa", "float32"), ("flash_attn_varlen", "bfloat16")],

@@ -27,13 +27,11 @@ from gpubench.models.llama import (SIZES, LlamaConfig, LlamaWeights, causal_atte
                                    random_weights, with_overrides)
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
-from gpubench.optional import optional_import
-from gpubench.packing import BACKENDS, TRITON_VARLEN, PackedBatch, StepOutput, StepStats, draw_doc_lens
+from gpubench.packing import (BACKENDS, HALF, PackedBatch, StepOutput, StepStats, draw_doc_lens,
+                              resolve_backend)
 from gpubench.timing import count_cuda_syncs
-from gpubench.triton_support import kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-HALF = ("float16", "bfloat16")
 # On CUDA the attention backward (SDPA's kernels, flash-attn) accumulates with atomics, so two
 # identical steps can differ by float rounding: relative L2 allowed per tensor, by the weights' dtype.
 CUDA_TOLERANCE = {**DTYPE_TOLERANCE, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
@@ -119,36 +117,6 @@ def validate(params: dict[str, Any]) -> list[str]:
 def config_of(params: dict[str, Any]) -> LlamaConfig:
     config = SIZES[params["model"]]
     return with_overrides(config, num_layers=params["layers"]) if params["layers"] else config
-
-
-def flash_varlen_unavailable(device: torch.device, dtype: str) -> str | None:
-    """Why flash-attn's varlen kernel cannot run here, or None."""
-    imported = optional_import("flash_attn", "flash_attn_varlen_func")
-    if isinstance(imported, str):
-        return imported
-    if torch.device(device).type != "cuda":
-        return "flash-attn runs on CUDA only"
-    if dtype not in HALF:
-        return f"flash-attn has no {dtype} kernel"
-    return None
-
-
-def triton_varlen_unavailable(device: torch.device) -> str | None:
-    """Why gpubench's Triton varlen attention cannot run here (on a CPU Triton's interpreter
-    could, far too slowly for a training step), or None."""
-    return kernel_problem(TRITON_VARLEN[0], device)
-
-
-def resolve_backend(choice: str, device: torch.device, dtype: str) -> str:
-    """The backend a case runs: "auto" is triton_varlen (our kernels) where they can run, else sdpa."""
-    if choice == "auto":
-        return "sdpa" if triton_varlen_unavailable(device) else "triton_varlen"
-    reason = {"triton_varlen": triton_varlen_unavailable,
-              "flash_attn_varlen": lambda device: flash_varlen_unavailable(device, dtype)}.get(choice,
-                                                                                             lambda _: None)(device)
-    if reason:
-        raise BadInput(f"packed_metadata: backend {choice} cannot run here: {reason}; use backend sdpa or auto")
-    return choice
 
 
 @TECHNIQUE.build
