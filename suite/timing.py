@@ -25,6 +25,8 @@ import torch
 
 from gpubench import stats
 from gpubench.contract import Param, Recorder
+# The one phase timer; a case's stages are wall laps of it (no device given).
+from gpubench.phase_timer import PhaseTimer  # noqa: F401 - runner.CaseRun's phases
 from gpubench.profiling import nvtx_range
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -204,27 +206,6 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = 
         fn()
     synchronize(device)
     return graph.replay
-
-
-class PhaseTimer:
-    """Wall seconds by phase, taken as laps: ``enter(name)`` closes the phase that is running and
-    opens ``name`` (``None``: none). A case's record says where its wall time went with it."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
-        self.seconds: dict[str, float] = {}
-        self._clock = clock
-        self._current: str | None = None
-        self._since = 0.0
-
-    def enter(self, name: str | None) -> None:
-        now = self._clock()
-        if self._current is not None:
-            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + (now - self._since)
-        self._current, self._since = name, now
-
-    def stop(self) -> dict[str, float]:
-        self.enter(None)
-        return self.seconds
 
 
 @dataclass
