@@ -129,8 +129,6 @@ def test_a_technique_module_never_imports_another_technique_module():
     assert broken(lambda rule: rule.startswith("a technique module")) == []
 
 
-@pytest.mark.xfail(reason="reports/ still reads the registry (issue 26 point 1: the report reads only the "
-                          "run); the report engineer's change removes these imports", strict=False)
 def test_reports_never_import_the_registry_or_runner_internals():
     assert broken(lambda rule: rule.startswith("a report")) == []
 
