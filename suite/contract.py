@@ -194,28 +194,30 @@ class Variant:
     role: str
     fn: Callable[..., Any]
     description: str = ""
-    # Returns None when the variant can run on this device, else the reason it cannot.
-    unavailable: Callable[[torch.device], str | None] | None = None
+    # Returns None when the variant can run on this device, else the reason it cannot. A function
+    # of two arguments, ``(device, params)``, also gets the case's params (None when the question
+    # is about the device alone), so a case the variant cannot take (a layer width its kernel's
+    # alignment rule refuses) skips it with the reason instead of failing.
+    unavailable: Callable[..., str | None] | None = None
     # Returns None when the variant is timed on this device as usual, else why it runs there only
     # to be checked (a Triton kernel in Triton's interpreter on a CPU): its output is checked like
     # any other, it is never timed, so no figure of it is compared with anything, and it never
     # plays the baseline or optimized role.
     checked_only: Callable[[torch.device], str | None] | None = None
 
-    def unavailable_reason(self, device: torch.device) -> str | None:
-        return None if self.unavailable is None else self.unavailable(device)
+    def unavailable_reason(self, device: torch.device, params: Mapping[str, Any] | None = None) -> str | None:
+        if self.unavailable is None:
+            return None
+        if _positional(self.unavailable, required=False) >= 2:
+            return self.unavailable(device, params)
+        return self.unavailable(device)
 
     def checked_only_reason(self, device: torch.device) -> str | None:
         return None if self.checked_only is None else self.checked_only(device)
 
     @property
     def takes_recorder(self) -> bool:
-        try:
-            positional = [p for p in inspect.signature(self.fn).parameters.values()
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-        except (TypeError, ValueError):
-            return False
-        return len(positional) >= 2
+        return _positional(self.fn, required=True) >= 2
 
     def call(self, workload: Workload, recorder: Recorder | None = None) -> Any:
         if self.takes_recorder:
@@ -393,7 +395,7 @@ class Technique:
         return fn
 
     def variant(self, name: str, role: str = "peer", description: str = "",
-                unavailable: Callable[[torch.device], str | None] | None = None,
+                unavailable: Callable[..., str | None] | None = None,
                 checked_only: Callable[[torch.device], str | None] | None = None):
         if role not in ROLES:
             raise ValueError(f"variant {name}: role must be one of {ROLES}")
@@ -477,12 +479,13 @@ class Technique:
     def optimized(self) -> Variant:
         return self.declared("optimized")[0]
 
-    def cast(self, device: torch.device) -> dict[str, tuple[str, str | None]]:
-        """Each variant's role on ``device`` and why it cannot run there (None when it can):
+    def cast(self, device: torch.device, params: Mapping[str, Any] | None = None) -> dict[str, tuple[str, str | None]]:
+        """Each variant's role on ``device`` (for a case of ``params``, when given) and why it cannot
+        run there (None when it can):
         the first variant declared for baseline / optimized that runs there and is timed there
         (not only checked) plays that role; every other variant is a peer (a role nobody can play
         stays with the first declared, unrunnable)."""
-        reasons = {v.name: v.unavailable_reason(device) for v in self.variants.values()}
+        reasons = {v.name: v.unavailable_reason(device, params) for v in self.variants.values()}
         out = {name: ("peer", reason) for name, reason in reasons.items()}
         for role in ("baseline", "optimized"):
             declared = self.declared(role)
@@ -497,10 +500,11 @@ class Technique:
         return next((self.variants[n] for n, (r, reason) in self.cast(device).items()
                      if r == role and reason is None), None)
 
-    def resolve(self, names: Sequence[str], device: torch.device) -> list[str]:
+    def resolve(self, names: Sequence[str], device: torch.device,
+                params: Mapping[str, Any] | None = None) -> list[str]:
         """Variant names for a scenario's ``variants`` list, where a role name (baseline,
-        optimized) stands for the variant playing that role on ``device``."""
-        cast = self.cast(device)
+        optimized) stands for the variant playing that role on ``device`` (in a case of ``params``)."""
+        cast = self.cast(device, params)
         out = []
         for name in names:
             if name in self.variants:
@@ -541,6 +545,17 @@ def _declared(technique: str, what: str, values: Sequence[Any], kind: type) -> t
     if any(not isinstance(v, kind) for v in values):
         raise TypeError(f"technique {technique}: {what} must be {kind.__name__}(...) declarations")
     return values
+
+
+def _positional(fn: Callable[..., Any], *, required: bool) -> int:
+    """How many positional parameters ``fn`` takes (``required``: only those without a default);
+    0 when it cannot be inspected."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return 0
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len([p for p in positional if not required or p.default is p.empty])
 
 
 def first_paragraph(docstring: str | None) -> str:

@@ -217,8 +217,9 @@ def _plan_variants(run: CaseRun) -> list[Variant]:
     """A record per variant the case asks for, in role order: skipped with its reason where it
     cannot run here, marked checked-only where it runs but is never timed. The variants to run."""
     tech, device = run.tech, run.device
-    cast = tech.cast(device)
-    wanted = tech.resolve(run.case.variants, device) if run.case.variants is not None else list(tech.variants)
+    cast = tech.cast(device, run.case.params)
+    wanted = (tech.resolve(run.case.variants, device, run.case.params) if run.case.variants is not None
+              else list(tech.variants))
     names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
     for name in names:
         role, reason = cast[name]

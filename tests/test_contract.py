@@ -194,3 +194,26 @@ def test_benchmark_sizes_are_checked_against_the_params_when_declared():
         Technique("t", summary="s", shape="kernel", params=params, benchmarks=[{"n": 2}])
     with pytest.raises(ValueError, match="letters, digits"):
         Bench("two words")
+
+
+def test_a_two_argument_availability_gets_the_case_params_and_decides_per_case():
+    """``unavailable=(device, params)``: a case the variant cannot take skips it with the reason
+    (the runner passes each case's params); asked about the device alone it gets None. A
+    one-argument function keeps working as before."""
+    from gpubench.contract import Technique
+
+    seen = []
+
+    def odd_only(device, params):
+        seen.append(params)
+        return None if params is None or params["n"] % 2 else f"n={params['n']} is even"
+
+    t = Technique("per_case", summary="s", shape="kernel", params=[])
+    t.variant("base", role="baseline", unavailable=lambda d: None)(lambda w: 1)
+    t.variant("opt", role="optimized", unavailable=odd_only)(lambda w: 2)
+    cpu = torch.device("cpu")
+    assert t.cast(cpu) == {"base": ("baseline", None), "opt": ("optimized", None)}
+    assert t.cast(cpu, {"n": 4})["opt"] == ("optimized", "n=4 is even")
+    assert t.cast(cpu, {"n": 3})["opt"] == ("optimized", None)
+    assert seen == [None, {"n": 4}, {"n": 3}]
+    assert t.playing("optimized", cpu) is t.variants["opt"]

@@ -290,9 +290,6 @@ def test_grouped_mm_availability_consults_its_alignment_rule():
     assert module.grouped_mm_unavailable(CPU) is None
 
 
-@pytest.mark.xfail(strict=True, reason="the contract asks a variant's availability per device only: the "
-                                       "runner must pass the case's params to `unavailable` (asked of the "
-                                       "contract's owner); until then the misaligned case records an error")
 def test_a_misaligned_case_skips_grouped_mm_with_its_reason():
     from planted import run_planted
     record = run_planted("moe_grouping", **MISALIGNED)

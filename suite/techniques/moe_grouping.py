@@ -148,8 +148,7 @@ def sort_group(w: MoEWorkload, rec: Recorder) -> dict[str, torch.Tensor]:
 def grouped_mm_unavailable(device: torch.device, params: dict[str, Any] | None = None) -> str | None:
     """Why grouped_mm cannot run: this torch has none, or (given a case's params) the layer breaks
     its 16-byte row rule, the one :func:`grouped_mm_problem` states, so a misaligned case skips the
-    variant with that reason. The contract asks availability per device only (params None) until
-    it passes a case's params too."""
+    variant with that reason (the runner passes each case's params; None: the device alone)."""
     if grouped_mm_function() is None:
         return f"torch {torch.__version__} has no grouped_mm (torch.nn.functional.grouped_mm / torch._grouped_mm)"
     if params is None:
