@@ -27,9 +27,6 @@ import torch
 
 from gpubench import energy, profiling, stats, techniques, timing
 from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
-# Re-exported for gpubench.cli until its split lands (the names live in gpubench.outcome now).
-from gpubench.outcome import (EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, EXIT_INTERRUPTED,  # noqa: F401
-                              EXIT_OK, EXIT_TERMINATED, RunOutcome)
 from gpubench.results import CaseRecord, Failure, VariantRecord
 from gpubench.scenario import Case
 from gpubench.telemetry import TelemetrySampler

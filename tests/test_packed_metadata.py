@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import matplotlib
 import pytest
 import torch
 
@@ -419,7 +420,7 @@ def test_report_figures_break_step_time_down_by_layers():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["layers=1", "layers=2", "layers=4"]
     assert len(ax.patches) == 3 * 2 * 4  # layer counts x variants x phases
     build_color = ax.patches[0].get_facecolor()
-    assert build_color == pytest.approx(figures.matplotlib.colors.to_rgba(SERIES[0]))
+    assert build_color == pytest.approx(matplotlib.colors.to_rgba(SERIES[0]))
     widths = sorted(p.get_width() for p in ax.patches if p.get_facecolor() == build_color)
     assert widths == sorted([0.5, 1.0, 2.0] + [0.5] * 3)  # the build segments
     build = _lines(drawn[1][1])
