@@ -1,10 +1,13 @@
 # Convenience targets; README.md's two commands are the supported way in on a fresh machine.
 PY ?= .venv/bin/python
 
-.PHONY: test smoke list env gpu-check gpu-session
+.PHONY: test test-fast smoke list env gpu-check gpu-session
 
 test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
+
+test-fast:  # a developer's inner loop: everything but the end-to-end runs
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not e2e"
 
 smoke:
 	.venv/bin/gpubench run --scenario smoke

@@ -8,6 +8,10 @@ from pathlib import Path
 # loop, 1.3 s with OMP_WAIT_POLICY=PASSIVE (1.15 s with one thread). Set before torch (and so
 # libgomp) loads; worker subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# pytest-xdist's workers get COLUMNS=80 from the controller; the commands' output (rich) is then cut
+# at 80 columns, while a plain run (no terminal, no COLUMNS) gets the wide fixed width logs get.
+# Every test sees the same width whichever way the suite runs.
+os.environ.pop("COLUMNS", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -39,6 +43,17 @@ def device_cache(tmp_path_factory, monkeypatch):
     (path / "spec_pair").symlink_to(_SHARED_CACHE / "spec_pair", target_is_directory=True)
     monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def small_run_dir(tmp_path_factory):
+    """One small real run per session (tests/report_runs.py SCENARIO: every technique at a small
+    case on the CPU, short policy; ~10 s on 2 idle cores, ~25 s more where the speculative pair is
+    not cached yet), shared by every test that only reads a real run: never write into it (copy
+    it first, as ``shutil.copytree``)."""
+    import report_runs
+
+    return report_runs.small_run(tmp_path_factory.mktemp("small-run"))
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_env_states_the_harness_overhead():
     assert info["torch"] == torch.__version__ and "cpu" in info
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(1200)
 def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_path):
     # The console script, run outside the checkout: the shipped scenarios must be inside the package.

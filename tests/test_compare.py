@@ -166,7 +166,7 @@ def test_baseline_store_paths_are_per_device_model(tmp_path):
         compare.find_in_store(tmp_path, doc)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(2400)
 def test_benchmarks_run_and_their_json_feeds_the_gate(tmp_path):
     # benchmarks/ must not rot: run them (briefly) with pytest-benchmark and read the JSON back.

@@ -36,7 +36,7 @@ def scenario_text(technique: str) -> str:
         """)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_pair_in_a_file_outside_the_repository_runs_reports_and_passes_the_gate(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -60,7 +60,7 @@ def test_a_pair_in_a_file_outside_the_repository_runs_reports_and_passes_the_gat
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_module_on_the_path_and_an_installed_entry_point_are_found_and_listed(tmp_path):
     site = tmp_path / "site"
     (site / "my_pkg").mkdir(parents=True)

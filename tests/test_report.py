@@ -32,9 +32,10 @@ REAL_RUN = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="session")
-def real_dir(tmp_path_factory) -> Path:
-    """One small real run (report_runs.SCENARIO: every technique on the CPU, short policy)."""
-    return report_runs.small_run(tmp_path_factory.mktemp("runs"))
+def real_dir(small_run_dir) -> Path:
+    """One small real run (report_runs.SCENARIO: every technique on the CPU, short policy), the
+    session's (conftest.small_run_dir)."""
+    return small_run_dir
 
 
 @pytest.fixture(scope="session")

@@ -210,7 +210,7 @@ def _mount_tmpfs(path: Path, size: str) -> None:
         pytest.skip(f"mount is not permitted here: {done.stderr.decode().strip()}")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_real_full_disk_mid_run_exits_74_and_what_finished_renders_elsewhere(tmp_path):
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, "420k")  # the reserve (256 KiB), then room for some 30 of the 60 records
@@ -242,7 +242,7 @@ def _own_group() -> None:
     os.setsid()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("how,isolation", [("group", "process"), ("supervisor", "process"), ("group", "none")])
 def test_sigterm_stops_the_run_as_ctrl_c_does_then_exits_143(tmp_path, how, isolation):
     # `timeout` and a CI cancel signal the whole process group; a scheduler may signal only the
@@ -371,7 +371,7 @@ def test_a_param_of_the_wrong_type_reads_as_english(toys, write_scenario):
     assert result.exit_code == 2 and "'eight' is not an int" in result.output
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_segfault_with_isolation_none_leaves_pythons_stack_on_stderr(tmp_path):
     path = tmp_path / "seg.yaml"
     path.write_text(f"name: seg\n{FAST}\nentries:\n  - technique: {PLUGINS / 'faulty_pair.py'}\n"

@@ -51,7 +51,7 @@ class OnDiskAfterEachCase:
         self.seen.append(len(results.load_results(run_dir)["cases"]))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(tmp_path):
     modes = ["ok", "native_hang", "ok", "segfault", "ok", "exit", "ok", "raise", "ok"]
     spy = OnDiskAfterEachCase()
@@ -88,7 +88,7 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     assert time.monotonic() - t0 < 120
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path):
     scen = scenario.load("smoke")
     kw = dict(only=["flash_attention", "kv_cache"], repeat_scale=0.1, calibrate=False)
@@ -135,7 +135,7 @@ def _slow_scenario(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path):
     proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
     run_dir = _wait_for_cases(tmp_path / "runs", 1, proc)
@@ -151,7 +151,7 @@ def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path):
     assert not leftover.strip()  # no worker outlives its supervisor
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_killed_mid_way_keeps_its_finished_cases_and_reports(tmp_path):
     proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
     run_dir = _wait_for_cases(tmp_path / "runs", 2, proc)
@@ -213,7 +213,7 @@ def test_hygiene_says_why_on_a_machine_without_a_gpu():
         assert lock.state == {"cpu": {"locked": False, "reason": "no GPU in this run: nothing to lock"}}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_on_a_local_ray_cluster_a_crashing_case_fails_once_and_the_others_pass(tmp_path, monkeypatch):
     import ray  # the test extra installs it: CI runs this on a local 2-CPU Ray instance
 
