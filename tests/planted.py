@@ -26,15 +26,35 @@ class _NoTelemetry:
         return None
 
 
-def run_planted(technique: str, **params: Any) -> CaseRecord:
-    """One case of ``technique`` at ``params`` (over its defaults), measured in this process."""
+def run_planted(technique: str, *, variants: tuple[str, ...] | None = None, **params: Any) -> CaseRecord:
+    """One case of ``technique`` at ``params`` (over its defaults), measured in this process.
+    ``variants``: the variants to run (names, as a scenario's ``variants`` list; None: all, as a
+    run has them). A test whose bug only one variant can reach names that one and the baseline, so
+    it does not pay for peers its bug cannot touch (the Triton interpreter's checked-only run: most
+    of a CPU case's time); the case's data and seed do not depend on it."""
     tech = techniques.get(technique)
     full = {**tech.defaults(), **params}
     problems = tech.validate_fn(full) if tech.validate_fn else []
     assert not problems, problems
     case = Case(technique, full, QUICK, 0)
-    case = Case(technique, full, QUICK, case_seed(case.id))
-    return runner.run_case(case, CPU, timing.Clock(CPU, flush_l2=False), _NoTelemetry(), None)
+    case = Case(technique, full, QUICK, case_seed(case.id), variants)
+    record = runner.run_case(case, CPU, timing.Clock(CPU, flush_l2=False), _NoTelemetry(), None)
+    assert variants is None or set(record.variants) == set(variants), (variants, list(record.variants))
+    return record
+
+
+_SHIPPED: dict[str, CaseRecord] = {}
+
+
+def shipped(technique: str, *, variants: tuple[str, ...] | None = None, **params: Any) -> CaseRecord:
+    """The control: :func:`run_planted` with nothing planted, run once per process for each case
+    (several tests plant their bugs in the same case; the shipped code's record is the same for
+    all). Call it only before a test plants anything: a record made with a bug in place would be
+    handed to every later test of that case."""
+    key = repr((technique, variants, sorted(params.items())))
+    if key not in _SHIPPED:
+        _SHIPPED[key] = run_planted(technique, variants=variants, **params)
+    return _SHIPPED[key]
 
 
 def caught(record: CaseRecord, variant: str | None = None) -> bool:
