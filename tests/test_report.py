@@ -9,6 +9,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -39,10 +40,28 @@ def real_dir(small_run_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def real_report(real_dir) -> tuple[dict, str, str]:
-    written = html.write_report(real_dir)
+def real_report(real_dir, tmp_path_factory) -> tuple[dict, str, str, Path, Any]:
+    """The whole report of the real run, written once per session by the `report` command to a
+    file elsewhere (the shared run directory stays as it was): the results, the page, summary.md,
+    the page's path and the command's result. Every test that only reads this report shares it."""
+    out = tmp_path_factory.mktemp("real-report") / "elsewhere" / "r.html"
+    result = CliRunner().invoke(main, ["report", str(real_dir), "-o", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     doc = json.loads((real_dir / "results.json").read_text())
-    return doc, written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
+    return doc, out.read_text(encoding="utf-8"), out.with_name("summary.md").read_text(encoding="utf-8"), out, result
+
+
+def with_only(doc: dict, *technique_names: str) -> dict:
+    """A copy of ``doc`` holding only the cases of ``technique_names`` (its summary counted
+    again): a test of what the report does with some cases renders only those techniques'
+    sections and figures, not every technique's."""
+    kept = copy.deepcopy(doc)
+    kept["cases"] = [c for c in kept["cases"] if c["technique"] in technique_names]
+    assert kept["cases"], technique_names
+    failed = sum(c["status"] == "failed" for c in kept["cases"])
+    kept["summary"] = {**kept["summary"], "cases": len(kept["cases"]), "passed": len(kept["cases"]) - failed,
+                       "failed": failed}
+    return kept
 
 
 def make_run(root: Path, doc: dict, telemetry_rows: list[dict] | None = None, env: bool = True) -> Path:
@@ -84,7 +103,7 @@ def assert_no_empty_axes(page: str) -> None:
 # -- a real smoke run --------------------------------------------------------------------------
 @REAL_RUN
 def test_headline_counts_and_every_case_with_its_speedup(real_report):
-    doc, page, _ = real_report
+    doc, page, *_ = real_report
     n = len(doc["cases"])
     assert f"{n} cases: <span class=\"pass\">{n} passed</span>" in page
     assert "best speedup" in page and "worst speedup" in page
@@ -96,7 +115,7 @@ def test_headline_counts_and_every_case_with_its_speedup(real_report):
 
 @REAL_RUN
 def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(real_report):
-    doc, page, _ = real_report
+    doc, page, *_ = real_report
     for name in {c["technique"] for c in doc["cases"]}:
         tech = techniques.get(name)
         assert f'<section id="tech-{name}"' in page
@@ -106,7 +125,7 @@ def test_every_technique_has_a_section_with_its_anchor_figure_and_cpu_caveat(rea
 
 @REAL_RUN
 def test_figures_are_inline_svg_with_data(real_report):
-    doc, page, _ = real_report
+    doc, page, *_ = real_report
     found = figures_of(page)
     sweep = [b for t, bodies in found.items() if t.startswith("speedup of optimized") for b in bodies]
     latency = found["time per call, raw samples (box: quartiles, line: median)"]
@@ -123,7 +142,7 @@ def test_figures_are_inline_svg_with_data(real_report):
 
 @REAL_RUN
 def test_environment_block_and_telemetry_unavailable_on_a_cpu(real_report):
-    doc, page, _ = real_report
+    doc, page, *_ = real_report
     assert "<details><summary>env.json</summary>" in page and doc["env"]["torch"] in page
     assert f"telemetry unavailable: {escape(doc['telemetry']['reason'])}" in page
     assert "<script" not in page
@@ -131,7 +150,7 @@ def test_environment_block_and_telemetry_unavailable_on_a_cpu(real_report):
 
 @REAL_RUN
 def test_summary_md_has_the_headline_and_the_table_under_60_kb(real_report):
-    doc, _, md = real_report
+    doc, _, md, *_ = real_report
     assert len(md.encode()) < 60_000
     assert f"**{len(doc['cases'])} cases: {len(doc['cases'])} passed, 0 failed**" in md
     assert "| # | technique | case | baseline | optimized | speedup [95% CI] |" in md
@@ -143,7 +162,7 @@ def test_summary_md_has_the_headline_and_the_table_under_60_kb(real_report):
 def test_every_description_is_shown_whole(real_report):
     """Each technique's summary as a sentence and each variant's recorded description in full
     (never a first line or a fragment), the baseline and optimized variants first."""
-    doc, page, _ = real_report
+    doc, page, *_ = real_report
     for name in {c["technique"] for c in doc["cases"]}:
         section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
         summary = " ".join(techniques.get(name).summary.split())
@@ -174,10 +193,14 @@ def test_a_variant_is_described_by_the_whole_first_paragraph_of_its_docstring():
 
 
 @REAL_RUN
-def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(real_dir, tmp_path):
+def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(real_report):
     """kv_cache is read by KV utilization and the serving pairs by output tokens/s, never by a
-    speedup; best and worst speedup range only over the techniques read by time."""
-    doc = json.loads((real_dir / "results.json").read_text())
+    speedup; best and worst speedup range only over the techniques read by time (the headline of
+    the run with kv_cache and flash_attention edited to be the worst and best of all); the page's
+    header and summary.md give each technique the line the headline gives it (the session's
+    report of the run as it ran: the same rendering of the headline, no second page drawn)."""
+    real, page, md, *_ = real_report
+    doc = copy.deepcopy(real)
     kv = next(c for c in doc["cases"] if c["technique"] == "kv_cache")
     flash = next(c for c in doc["cases"] if c["technique"] == "flash_attention")
     for case, ratio in ((kv, 0.01), (flash, 50.0)):  # the worst and best of all if they counted
@@ -195,12 +218,12 @@ def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(re
     assert lines["continuous_batching"].startswith("output tokens/s ")
     assert lines["paged_kv_serving"].startswith("max concurrent requests ") and "output tokens/s" in lines["paged_kv_serving"]
     assert lines["flash_attention"].startswith("speedup ") and "to 50.00x over 4 cases" in lines["flash_attention"]
-    page = html.write_report(make_run(tmp_path / "run", doc)).html.read_text()
+    shown = {t["name"]: t["text"] for t in html.headline(real)["techniques"]}
+    assert shown.keys() == lines.keys() and shown["kv_cache"] == lines["kv_cache"]  # the edits were speedups only
     header = page.split("<nav>")[0]
-    for name, text in lines.items():
+    for name, text in shown.items():
         assert f'<a href="#tech-{name}">{name}</a>: {escape(text)}</li>' in header
-    md = (tmp_path / "run" / "summary.md").read_text()
-    assert f"- **kv_cache**: {markdown.cell(lines['kv_cache'])}" in md and "not kv_cache" in md
+    assert f"- **kv_cache**: {markdown.cell(shown['kv_cache'])}" in md and "not kv_cache" in md
 
 
 def _metric_case(before: float, after: float, status: str = "passed", key: str = "utilization") -> CaseRecord:
@@ -223,7 +246,9 @@ def test_a_technique_line_gives_its_figure_baseline_to_optimized():
 # -- hand-made edge cases ----------------------------------------------------------------------
 @REAL_RUN
 def test_a_failed_case_is_red_with_its_escaped_reason(real_dir, tmp_path):
+    """The run's first case failed, among the other cases of its technique (flash_attention)."""
     doc = json.loads((real_dir / "results.json").read_text())
+    doc = with_only(doc, doc["cases"][0]["technique"])
     case = doc["cases"][0]
     case["status"] = "failed"
     case["failure"] = {"kind": "exception", "message": "RuntimeError: <b>kernel</b> | launch failed", "traceback": ""}
@@ -274,7 +299,10 @@ def test_a_case_without_timings_shows_no_empty_figure_and_says_so_once(real_dir,
 
 @REAL_RUN
 def test_results_text_is_escaped_everywhere(real_dir, tmp_path):
+    """Hostile text in the scenario, in a technique's name, a case id and params (drawn in its
+    figures' labels too), beside the real cases of the run's last technique."""
     doc = json.loads((real_dir / "results.json").read_text())
+    doc = with_only(doc, doc["cases"][-1]["technique"])
     doc["scenario"]["description"] = "<script>alert(1)</script>"
     doc["scenario"]["name"] = "<img src=x onerror=alert(2)>"
     case = copy.deepcopy(doc["cases"][-1])
@@ -305,7 +333,11 @@ def _telemetry_rows(doc: dict, throttle_every: int) -> list[dict]:
 
 @REAL_RUN
 def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(real_dir, tmp_path):
+    """Telemetry of the run's first three cases (one technique's), the third throttled."""
     doc = json.loads((real_dir / "results.json").read_text())
+    doc = with_only(doc, doc["cases"][0]["technique"])
+    doc["cases"] = doc["cases"][:3]
+    assert len(doc["cases"]) == 3
     doc["telemetry"] = {"status": "ok", "reason": None, "interval_s": 0.05, "n_samples": 8 * len(doc["cases"]),
                         "throttled": True, "throttled_fraction": 0.25, "throttle_reasons": ["sw_thermal_slowdown"],
                         "benign_reasons": ["gpu_idle"]}
@@ -324,6 +356,7 @@ def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(real_dir
 @REAL_RUN
 def test_missing_telemetry_file_is_said_not_plotted(real_dir, tmp_path):
     doc = json.loads((real_dir / "results.json").read_text())
+    doc = with_only(doc, doc["cases"][0]["technique"])
     doc["telemetry"] = {"status": "ok", "reason": None, "interval_s": 0.05, "throttled": False}
     page = html.render(html.load_run(make_run(tmp_path / "run", doc, env=False)))
     assert "telemetry unavailable: telemetry.csv is missing from the run directory" in page
@@ -462,7 +495,10 @@ def test_a_sweep_at_the_threshold_keeps_its_rows_and_figures_in_view(tmp_path):
 # -- comparison --------------------------------------------------------------------------------
 @REAL_RUN
 def test_compare_lists_regressions_first_and_cases_of_one_run_apart(real_dir, tmp_path):
-    before = json.loads((real_dir / "results.json").read_text())
+    """Two runs of flash_attention's and kv_cache's cases (one read by time, one by its own figure):
+    one case slower, one faster, one only in the other run."""
+    before = with_only(json.loads((real_dir / "results.json").read_text()), "flash_attention", "kv_cache")
+    assert len(before["cases"]) >= 5
     steady = [1e-3 * (1 + 0.01 * i) for i in range(10)]  # the same samples in both runs: unchanged
     for case in before["cases"]:
         case["variants"][role_variant(case, "optimized")]["samples_s"] = steady
@@ -490,11 +526,12 @@ def test_compare_lists_regressions_first_and_cases_of_one_run_apart(real_dir, tm
 
 # -- command line ------------------------------------------------------------------------------
 @REAL_RUN
-def test_report_command_writes_html_and_summary_and_exits_0(real_dir, tmp_path):
-    out = tmp_path / "elsewhere" / "r.html"
-    result = CliRunner().invoke(main, ["report", str(real_dir), "-o", str(out)], catch_exceptions=False)
+def test_report_command_writes_html_and_summary_and_exits_0(real_report):
+    """The session's report is the command's (real_report): it exits 0, writes the page where -o
+    says and summary.md beside it, and says where."""
+    _, page, md, out, result = real_report
     assert result.exit_code == 0, result.output
-    assert out.exists() and (out.parent / "summary.md").exists()
+    assert out.exists() and (out.parent / "summary.md").exists() and page and md
     assert f"report: {out}" in result.output
 
 
@@ -510,8 +547,11 @@ def test_report_command_exits_2_on_a_missing_or_corrupt_results_file(tmp_path, b
 
 
 def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_scenario, tmp_path, monkeypatch):
+    """`run` writes the report of the run it made; a report that fails costs a warning, never the
+    run. In this process (--isolation none): the supervisor writes the report whatever the isolation."""
     path = write_scenario("name: ok\nentries:\n  - technique: toy_kernel\n")
-    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "a"), "--no-calibrate"],
+    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "a"), "--no-calibrate",
+                                      "--isolation", "none"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report_line = result.output.strip().splitlines()[-1]
@@ -522,7 +562,8 @@ def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_sc
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(html, "write_report", broken)
-    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "b"), "--no-calibrate"],
+    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "b"), "--no-calibrate",
+                                      "--isolation", "none"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "warning: the report could not be written (RuntimeError: disk on fire)" in result.output
@@ -591,7 +632,7 @@ def test_the_report_says_where_the_wall_time_went_and_an_older_run_says_nothing_
         assert re.findall(r'href="#case-(\d+)"', details) == [str(n) for n in numbers]  # a line per case
         for bar in re.findall(r'<div class="bar">(.*?)</div>', details):  # the parts fill the case's bar
             assert sum(map(float, re.findall(r"width: ([\d.]+)%", bar))) == pytest.approx(100, abs=0.1)
-    old = copy.deepcopy(doc)
+    old = with_only(doc, "combined_training")  # one technique's cases, as an older run recorded them
     for case in old["cases"]:
         del case["phases_s"]
     written = html.write_report(make_run(tmp_path / "old", old))
@@ -620,7 +661,7 @@ def test_a_reviewer_reads_the_summary_first_every_column_and_no_empty_figure(h20
 
 @REAL_RUN
 def test_case_labels_leave_out_params_left_off_and_still_tell_every_case_apart(real_report):
-    doc, _, _ = real_report
+    doc, *_ = real_report
     rows = html.summary_rows(doc)
     labels = [f"{r['technique']} {r['params']}" for r in rows]
     assert len(set(labels)) == len(labels)  # every case its own label
