@@ -89,13 +89,15 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, Path]:
-    """The small real run's report (tests/report_runs.py), a synthesized 200-case sweep's, and
-    the H200-shaped run's (report_runs.h200_shaped_doc)."""
+def reports(small_run_dir, tmp_path_factory) -> dict[str, Path]:
+    """The session's small real run's report (conftest.small_run_dir, written beside a copy of its
+    results: the shared run stays unwritten), a synthesized 200-case sweep's, and the H200-shaped
+    run's (report_runs.h200_shaped_doc)."""
     out = tmp_path_factory.mktemp("runs")
     sweep = report_runs.write_run(out / "sweep", report_runs.sweep_doc())
-    small = report_runs.small_run(out)
-    h200 = report_runs.write_run(out / "h200", report_runs.h200_shaped_doc(small))
+    small = out / "small"
+    shutil.copytree(small_run_dir, small)
+    h200 = report_runs.write_run(out / "h200", report_runs.h200_shaped_doc(small_run_dir))
     return {"small run": report_html.write_report(small).html,
             "200-case sweep": report_html.write_report(sweep).html,
             "H200-shaped run": report_html.write_report(h200).html}
@@ -124,6 +126,7 @@ def needs_chromium() -> None:
         pytest.skip("chromium is not installed (.ci/run installs it)")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)  # one small page, about 2 s
 def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_path):
     """The checks below would catch what they look for: a tick label past its SVG's edge, a row
@@ -146,7 +149,8 @@ def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_
     assert mathtext(page.read_text()) == [label + " far past the right edge"]
 
 
-@pytest.mark.timeout(900)  # the small run (~10 s, ~35 s where the speculative pair is not cached) and two pages
+@pytest.mark.e2e
+@pytest.mark.timeout(900)  # the session's small run (~10 s, ~35 s where the speculative pair is not cached), three pages
 @pytest.mark.parametrize("which", ["small run", "200-case sweep", "H200-shaped run"])
 def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box(reports, which, tmp_path):
     needs_chromium()
