@@ -6,10 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-import textwrap
 from html import escape
 from pathlib import Path
 
@@ -78,22 +75,31 @@ entries:
 """
 
 
-def gpubench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The command in a fresh process: nothing this test session registered leaks in."""
-    return subprocess.run([sys.executable, "-m", "gpubench.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
-
-
 @pytest.fixture(scope="module")
 def vanished_run(tmp_path_factory) -> Path:
-    """A real run of the plug-in pair, its module deleted afterwards."""
+    """A real run of the plug-in pair (in this process, isolation none, as `gpubench run
+    --no-calibrate --isolation none` runs it), then the pair forgotten as if it had run in another
+    process: unregistered, its modules dropped from sys.modules, its file deleted."""
+    from gpubench import scenario, techniques
+    from inprocess import run_in_process
+
     work = tmp_path_factory.mktemp("vanishing")
     (work / "vanishing_pair.py").write_text(PAIR)
     (work / "s.yaml").write_text(SCENARIO)
-    ran = gpubench("run", "--scenario", "s.yaml", "--out", "runs", "--no-calibrate", "--isolation", "none", cwd=work)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    loaded = set(sys.modules)
+    try:
+        with pytest.MonkeyPatch.context() as env:  # tunings and case times in a cache of the run's own
+            env.setenv("GPUBENCH_CACHE_DIR", str(work / "cache"))
+            outcome = run_in_process(scenario.load(str(work / "s.yaml")), "cpu", work / "runs", calibrate=False)
+    finally:
+        techniques.unregister("vanishing_pair")
+        for name in set(sys.modules) - loaded:
+            if name.startswith("gpubench_user_"):  # the plug-in file's module and its folder's package
+                del sys.modules[name]
+    assert outcome.exit_code == 0 and outcome.doc["summary"]["failed"] == 0, outcome.doc["summary"]
     (work / "vanishing_pair.py").unlink()
-    return next((work / "runs").iterdir())
+    assert techniques.get("vanishing_pair") is None and not [m for m in sys.modules if "vanishing" in m]
+    return outcome.run_dir
 
 
 def test_a_run_renders_its_headline_figures_claims_and_param_help_after_its_module_is_gone(vanished_run, monkeypatch):
