@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gpubench.optimizations.activation_offload as two_buffers
-from planted import caught, passed, run_planted
+from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
 # Smoke's shapes: the layer sweep, and two stress cases whose every reload is held back 5 ms.
@@ -19,7 +19,7 @@ DELAYED_3 = dict(hidden=48, heads=4, kv_heads=2, batch=1, seq_len=40, vocab=128,
 
 def _assert_caught_only_with(monkeypatch, params: dict, buggy) -> None:
     """The case passes as shipped, and fails by its check on two_buffers with ``buggy`` as its step."""
-    assert passed(run_planted("activation_offload", **params))
+    assert passed(shipped("activation_offload", **params))
     monkeypatch.setattr(two_buffers, "train_step", buggy)
     record = run_planted("activation_offload", **params)
     assert caught(record), (record.status, record.failure)

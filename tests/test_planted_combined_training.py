@@ -14,7 +14,7 @@ from gpubench.contract import Recorder
 from gpubench.optimizations import moe_grouping as sort_group_module
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.techniques import combined_training as ct
-from planted import caught, mutant, passed, run_planted
+from planted import caught, mutant, passed, run_planted, shipped
 
 SMALL = dict(layers=3, hidden=32, heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_dim=16, rows=1,
              seq_len=64, mean_doc_len=12)
@@ -25,7 +25,7 @@ def test_a_skipped_reload_is_caught(monkeypatch, dtype):
     """The next layer's reload is never issued: its wait is on the reload already landed, and the
     recompute reads the staging buffer's stale contents (the input of the layer two above)."""
     params = dict(SMALL, dtype=dtype)
-    assert passed(run_planted("combined_training", **params))
+    assert passed(shipped("combined_training", **params))
     buggy = mutant(two_buffers.train_step, "reload(i - 1)  # into the other buffer", "landed[i - 1] = landed[i]  #")
     monkeypatch.setattr(two_buffers, "train_step", buggy)
     record = run_planted("combined_training", **params)
@@ -39,7 +39,7 @@ def test_sort_group_without_routing_weights_is_caught_three_ways(monkeypatch):
     loss (its gradients all zero: the check's first failure), sort_group's layer disagrees with its
     independent float64 reference, and in float32 the loop's plain step differs too."""
     params = dict(SMALL, dtype="float32")
-    assert passed(run_planted("combined_training", **params))
+    assert passed(shipped("combined_training", **params))
     buggy = mutant(sort_group_module.moe_forward, "return _scatter_back(x, y * scale, g)",
                    "return _scatter_back(x, y, g)")
     monkeypatch.setitem(ct.FORWARDS, "sort_group", buggy)
@@ -95,7 +95,7 @@ def test_a_layer_that_skips_mlp_norm_is_caught_by_the_zero_gradient_and_the_inde
     gradient is exactly 0 in each). The run's check fails every variant: mlp_norm learns nothing,
     and the layer disagrees with its independent float64 reference."""
     params = dict(SMALL, dtype=dtype)
-    assert passed(run_planted("combined_training", **params))
+    assert passed(shipped("combined_training", **params))
     monkeypatch.setattr(ct, "moe_decoder_layer", mutant(ct.moe_decoder_layer, *MLP_NORM_SKIPPED))
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpubench.optimizations.moe_grouping as sort_group
-from planted import caught, passed, run_planted
+from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
 # Smoke's shapes: gpt-oss-20b routing (32 experts, top-4) scaled down; a top-2 layer at odd sizes;
@@ -21,7 +21,7 @@ TOP_1 = dict(experts=8, top_k=1, hidden=40, expert_dim=24, tokens=100, dtype="bf
 def _assert_caught_only_with(monkeypatch, params: dict, name: str, buggy) -> None:
     """The case passes as shipped, and fails by its check on the optimized variant with ``buggy``
     in place of the sort-and-group module's ``name``."""
-    assert passed(run_planted("moe_grouping", **params))
+    assert passed(shipped("moe_grouping", **params))
     monkeypatch.setattr(sort_group, name, buggy)
     record = run_planted("moe_grouping", **params)
     assert caught(record), (record.status, record.failure)

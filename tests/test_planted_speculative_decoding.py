@@ -4,7 +4,7 @@ greedy output exact (the target decides every token): only the replay of the dra
 from __future__ import annotations
 
 
-from planted import caught, passed, run_planted
+from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
 from gpubench import drafting
@@ -17,7 +17,7 @@ SMALL = {"prompts": 1, "prompt_len": 32, "max_new_tokens": 24, "k": 4}
 def _caught_not_as_shipped(monkeypatch, owner, name: str, old: str, new: str, **params):
     """The case as shipped (it must pass), then with ``owner.name`` mutated, wherever the technique
     looks it up (its check must fail it)."""
-    assert passed(control := run_planted("speculative_decoding", **SMALL, **params)), control.failure
+    assert passed(control := shipped("speculative_decoding", **SMALL, **params)), control.failure
     mutant = _mutant(getattr(owner, name), old, new)
     monkeypatch.setattr(owner, name, mutant)
     if getattr(technique, name, None) is not None:
