@@ -150,6 +150,7 @@ def test_labels_show_the_kv_heads_a_zero_stands_for():
 
 # -- notices from inside a case ---------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_a_notice_from_a_case_in_a_worker_process_reaches_the_run_output(note_scenario, tmp_path):
     result = invoke("run", "--scenario", note_scenario(2), "--out", tmp_path / "runs", "--no-calibrate")
     assert result.exit_code == 0, result.output
@@ -224,6 +225,7 @@ def _with_closed_stdout(*args, cwd=None) -> subprocess.CompletedProcess:
         os.close(write)
 
 
+@pytest.mark.e2e
 def test_a_closed_pipe_does_not_change_the_gates_exit_code(tmp_path):
     base = _write(tmp_path / "base.json", _gate_doc("s", ["a", "b"]))
     slower = _write(tmp_path / "slow.json", _gate_doc("s", ["a", "b"], scale=1.5))
@@ -234,6 +236,7 @@ def test_a_closed_pipe_does_not_change_the_gates_exit_code(tmp_path):
     assert regressed.returncode == 1, regressed.stderr  # the gate's own code, not the pipe's
 
 
+@pytest.mark.e2e
 def test_a_closed_pipe_does_not_stop_a_run(note_scenario, tmp_path):
     result = _with_closed_stdout("run", "--scenario", note_scenario(2), "--out", tmp_path / "runs",
                                  "--no-calibrate", "--isolation", "none")
@@ -310,11 +313,12 @@ def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scen
 def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path, device_cache):
     """A second run's estimate is what the first run's cases took on this device, plus the
     run's start-up and its report's time per case as measured, wherever the first run wrote its
-    results (--out)."""
+    results (--out). The first run's cases run in this process (--isolation none): its case
+    times and start-up are recorded the same way whichever runs them."""
     from gpubench import env as envmod
     from gpubench.devicecache import CaseTimes
 
-    run = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate")
+    run = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate", "--isolation", "none")
     assert run.exit_code == 0, run.output
     history = CaseTimes(envmod.device_label(envmod.resolve_device("cpu")))
     assert history.path.parent.parent == device_cache
