@@ -26,6 +26,16 @@ def gpubench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
                           env={**os.environ, **(env or {})})
 
 
+def gpubench_here(*args: str):
+    """The command in this process (click's runner): for what needs no fresh process, as the gate,
+    which reads only results files, and a scenario refused before anything is registered."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
 def scenario_text(technique: str) -> str:
     return textwrap.dedent(f"""\
         name: mine
@@ -52,12 +62,12 @@ def test_a_pair_in_a_file_outside_the_repository_runs_reports_and_passes_the_gat
     assert {n: v["role"] for n, v in case["variants"].items()} == {"eager": "baseline", "fused": "optimized"}
     assert case["variants"]["fused"]["check"]["passed"]
     # A fresh process, from another directory, renders the technique's own description (found
-    # through the recorded source), and the gate reads the run.
+    # through the recorded source), and the gate reads the run (only its results: in this process).
     reported = gpubench("report", str(run_dir), cwd=tmp_path)
     assert reported.returncode == 0, reported.stderr
     assert "RMSNorm: four eager ops" in (run_dir / "report.html").read_text()
-    gate = gpubench("compare", str(run_dir), str(run_dir), cwd=tmp_path)
-    assert gate.returncode == 0, gate.stdout + gate.stderr
+    gate = gpubench_here("compare", str(run_dir), str(run_dir))
+    assert gate.exit_code == 0, gate.output
 
 
 @pytest.mark.e2e
@@ -78,8 +88,11 @@ def test_a_module_on_the_path_and_an_installed_entry_point_are_found_and_listed(
     assert "rmsnorm (kernel): RMSNorm" in listed.stdout and "from: my_pkg.norm_pair" in listed.stdout
     assert "broken (entry point, not loaded)" in listed.stdout and "a dependency is missing" in listed.stdout
 
+    # Its cases in the command's own process (--isolation none): a worker loads a plug-in through
+    # the same techniques.load, by the recorded source, as the file pair above shows.
     (tmp_path / "by_module.yaml").write_text(scenario_text("my_pkg.norm_pair"))
-    ran = gpubench("run", "--scenario", "by_module.yaml", "--out", "runs", "--no-calibrate", cwd=tmp_path, env=env)
+    ran = gpubench("run", "--scenario", "by_module.yaml", "--out", "runs", "--no-calibrate", "--isolation", "none",
+                   cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     (tmp_path / "by_name.yaml").write_text(scenario_text("broken"))
     refused = gpubench("run", "--scenario", "by_name.yaml", cwd=tmp_path, env=env)
@@ -121,9 +134,12 @@ def test_an_unknown_module_or_missing_file_is_bad_input(tmp_path):
 def test_a_broken_pair_exits_2_with_one_paragraph(tmp_path):
     (tmp_path / "half.py").write_text(BROKEN["no_check.py"][0])
     (tmp_path / "s.yaml").write_text(scenario_text("half.py"))
-    proc = gpubench("run", "--scenario", "s.yaml", cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "missing check" in proc.stderr and "Bring your own pair" in proc.stderr
+    # In this process: the pair is refused while the scenario loads, before anything runs or is
+    # registered (an exception escaping the command would fail this test, not pass it).
+    result = gpubench_here("run", "--scenario", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "runs"))
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "missing check" in result.stderr and "Bring your own pair" in result.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def twin_pairs(root: Path) -> dict[str, Path]:
