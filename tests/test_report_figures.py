@@ -134,6 +134,14 @@ def all_figures():
     return every_figure()
 
 
+@pytest.fixture(scope="module")
+def drawn_figures(all_figures):
+    """Every figure of :func:`every_figure` drawn once with Agg, with its renderer: the tests that
+    measure a drawn figure (tick labels, legends, extents) read the same draw, as drawing a
+    figure again lays it out the same."""
+    return {name: (fig, drawn(fig)) for name, fig in all_figures.items()}
+
+
 # -- 1: plain text --------------------------------------------------------------------------------
 def test_no_mathtext_in_any_figures_svg_log_axes_included(all_figures):
     """Every figure path, a technique's own log axes too, reaches the SVG as plain text: no
@@ -167,9 +175,8 @@ def test_a_log_axis_shows_at_least_two_plain_labels_over_any_range(lo, hi, base)
     assert all(PLAIN_LABEL.match(t) for t in labels), labels
 
 
-def test_every_log_axis_of_every_figure_has_two_labels_or_more(all_figures):
-    for name, fig in all_figures.items():
-        drawn(fig)
+def test_every_log_axis_of_every_figure_has_two_labels_or_more(drawn_figures):
+    for name, (fig, _) in drawn_figures.items():
         for axis in log_axes(fig):
             assert len(shown_labels(axis)) >= 2, (name, shown_labels(axis))
 
@@ -180,12 +187,11 @@ def overlap_px(a: Bbox, b: Bbox) -> float:
     return 0.0 if inter is None else inter.width * inter.height
 
 
-def test_legends_never_cover_an_axes_data_area(all_figures):
+def test_legends_never_cover_an_axes_data_area(drawn_figures):
     """Each legend's box and each axes' data area (the axes patch) share no pixel: box plots,
     grouped bars, the serving charts, the speculative measured-vs-predicted chart, telemetry."""
     with_legend = 0
-    for name, fig in all_figures.items():
-        renderer = drawn(fig)
+    for name, (fig, renderer) in drawn_figures.items():
         legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
         with_legend += bool(legends)
         for legend, ax in itertools.product(legends, [ax for ax in fig.axes if ax.get_visible()]):
@@ -236,11 +242,10 @@ def test_many_param_row_labels_take_at_most_about_a_third_of_the_width():
     assert label_width < 0.4 * fig.get_figwidth() * fig.dpi
 
 
-def test_explicit_x_ticks_never_print_over_each_other(all_figures):
+def test_explicit_x_ticks_never_print_over_each_other(drawn_figures, all_figures):
     """Swept values close on the axis (64, 77, 100 beside 512) keep only ticks that fit; an integer
     param swept over 2 and 4 is labelled 2 and 4, not 2.00, 2.25, ..."""
-    for name, fig in all_figures.items():
-        renderer = drawn(fig)
+    for name, (fig, renderer) in drawn_figures.items():
         for ax in fig.axes:
             boxes = [t.get_window_extent(renderer) for t in ax.xaxis.get_majorticklabels()
                      if t.get_visible() and t.get_text()]
