@@ -15,12 +15,26 @@ import pytest
 
 import torch
 
-from gpubench import hygiene, local_workers, results, run_options, scenario, supervisor
+from click.testing import CliRunner
+
+from gpubench import hygiene, local_workers, results, run_options, scenario, supervisor, techniques
+from gpubench.cli import main
 from gpubench.executor import kill_grace_s
 from gpubench.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from gpubench.errors import BadInput
+from held import held_scenario, stop, wait_for_file, wait_gone
+from inprocess import run_in_process
 
 PLUGINS = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_plugins():
+    """The runs here load tests/plugins' techniques into this process: unregister them after each
+    test, so a later test file in this process sees only the shipped ones."""
+    yield
+    for name in ("faulty_pair", "held_pair"):
+        techniques.unregister(name)
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}"
 
 
@@ -88,18 +102,45 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     assert time.monotonic() - t0 < 120
 
 
+class FinishOrder:
+    """A progress listener: the order the cases finish in. Once case ``release_after`` has
+    finished, it lets the held cases go (tests/plugins/held_pair.py)."""
+
+    def __init__(self, gate: Path, release_after: int):
+        self.gate, self.release_after = gate, release_after
+        self.order: list[int] = []
+
+    def run_started(self, total): pass
+    def case_started(self, index, case): pass
+    def run_finished(self): pass
+
+    def case_finished(self, index, case, record):
+        self.order.append(index)
+        if index == self.release_after:
+            (self.gate / "release").touch()
+
+
 @pytest.mark.e2e
-def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path):
-    scen = scenario.load("smoke")
-    kw = dict(only=["flash_attention", "kv_cache"], repeat_scale=0.1, calibrate=False)
-    one = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu"]), tmp_path / "one", **kw).doc
-    two = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu", "cpu"]), tmp_path / "two", **kw).doc
+def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path, monkeypatch):
+    """The first case is held until the second has finished, so the two workers finish out of case
+    order; the run still reads in case order, with the checks one process running every case gives
+    (the same runner, in this process: a worker to start costs seconds, and a fault common to every
+    worker run would show here too), and both workers took cases."""
+    scen = scenario.load(held_scenario(tmp_path, [True, False, False, False]))
+    one = run_in_process(scen, "cpu", tmp_path / "one", calibrate=False).doc  # no HELD_PAIR_DIR: nothing is held
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("HELD_PAIR_DIR", str(gate))  # the workers inherit it
+    finished = FinishOrder(gate, release_after=1)
+    two = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu", "cpu"]), tmp_path / "two",
+                                  progress=finished, calibrate=False).doc
+    assert finished.order[0] == 1 and sorted(finished.order) == [0, 1, 2, 3]  # out of order, each once
     assert [c["id"] for c in two["cases"]] == [c["id"] for c in one["cases"]]  # case order, not finish order
-    assert all(c["status"] == "passed" for c in one["cases"] + two["cases"])
+    assert len(one["cases"]) == 4 and all(c["status"] == "passed" for c in one["cases"] + two["cases"])
     for a, b in zip(one["cases"], two["cases"]):
         for name, v in a["variants"].items():
             assert (v["check"] or {}).get("error") == (b["variants"][name]["check"] or {}).get("error")
-    assert {c["device"]["key"] for c in two["cases"]} == {"cpu", "cpu#1"}  # both workers took cases
+    assert [c["device"]["key"] for c in two["cases"][:2]] == ["cpu", "cpu#1"]  # both workers took cases
     assert set(two["devices"]) == {"cpu", "cpu#1"}
 
 
@@ -110,59 +151,56 @@ def _as_if_in_a_terminal() -> None:
     os.setsid()
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.Popen:
+def _cli(*args: str, cwd: Path, gate: Path) -> subprocess.Popen:
+    """``gpubench run ...`` as a terminal starts it, its held cases waiting at ``gate``."""
     return subprocess.Popen([sys.executable, "-m", "gpubench.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_if_in_a_terminal)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_if_in_a_terminal,
+                            env={**os.environ, "HELD_PAIR_DIR": str(gate)})
 
 
-def _wait_for_cases(run_root: Path, n: int, proc: subprocess.Popen, limit_s: float = 600) -> Path:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        for run_dir in run_root.glob("*"):
-            log = run_dir / results.CASES_LOG
-            if log.exists() and len(log.read_text().splitlines()) >= n:
-                return run_dir
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} cases finished in {limit_s} s")
-
-
-def _slow_scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "slow.yaml"
-    path.write_text("name: slow\npolicy: {warmup_s: 0, min_reps: 3, max_reps: 1000, min_time_s: 1.5, "
-                    "max_time_s: 1.5, target_iqr: 0, energy_s: 0}\nentries:\n"
-                    f"  - technique: {PLUGINS / 'faulty_pair.py'}\n    params: {{n: [8, 9, 10, 11, 12, 13]}}\n")
-    return path
+def _gate(tmp_path: Path) -> Path:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    return gate
 
 
 @pytest.mark.e2e
 def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path):
-    proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
-    run_dir = _wait_for_cases(tmp_path / "runs", 1, proc)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
-    proc.communicate(timeout=60)
+    gate = _gate(tmp_path)
+    path = held_scenario(tmp_path, [False, True, True])
+    proc = _cli("run", "--scenario", str(path), "--out", "runs", "--no-calibrate", cwd=tmp_path, gate=gate)
+    try:
+        started = wait_for_file(gate / "started-9", proc)  # the second case is in flight
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+        proc.communicate(timeout=120)
+    finally:
+        stop(proc)
     assert proc.returncode == EXIT_INTERRUPTED
-    doc = results.load_results(run_dir)
+    doc = results.load_results(next((tmp_path / "runs").iterdir()))
     assert doc["status"] == "interrupted"
-    statuses = [c["status"] for c in doc["cases"]]
-    assert statuses[0] == "passed" and "interrupted" in statuses and len(statuses) < 6
-    time.sleep(1)
-    leftover = subprocess.run(["pgrep", "-f", "gpubench-worker"], capture_output=True, text=True).stdout
-    assert not leftover.strip()  # no worker outlives its supervisor
+    # What finished is kept, the case in flight is interrupted, the one after it never starts.
+    assert [c["status"] for c in doc["cases"]] == ["passed", "interrupted"]
+    worker = int(started.read_text())  # the held case ran in the worker
+    assert worker != proc.pid and not wait_gone([worker])  # no worker outlives its supervisor
 
 
 @pytest.mark.e2e
 def test_a_run_killed_mid_way_keeps_its_finished_cases_and_reports(tmp_path):
-    proc = _cli("run", "--scenario", str(_slow_scenario(tmp_path)), "--out", "runs", "--no-calibrate", cwd=tmp_path)
-    run_dir = _wait_for_cases(tmp_path / "runs", 2, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
+    gate = _gate(tmp_path)
+    path = held_scenario(tmp_path, [False, False, True, True])
+    proc = _cli("run", "--scenario", str(path), "--out", "runs", "--no-calibrate", cwd=tmp_path, gate=gate)
+    try:
+        wait_for_file(gate / "started-10", proc)  # two cases finished, the third in flight
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    run_dir = next((tmp_path / "runs").iterdir())
     doc = results.load_results(run_dir)
-    assert doc["status"] == "running" and len(doc["cases"]) >= 2  # assembled from cases.jsonl
+    assert doc["status"] == "running" and len(doc["cases"]) == 2  # assembled from cases.jsonl
     assert all(c["status"] == "passed" for c in doc["cases"])
-    report = subprocess.run([sys.executable, "-m", "gpubench.cli", "report", str(run_dir)], capture_output=True,
-                            text=True, timeout=120)
-    assert report.returncode == 0, report.stderr
+    report = CliRunner().invoke(main, ["report", str(run_dir)], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
     assert "run running" in (run_dir / "report.html").read_text()  # the headline says it did not finish
 
 
