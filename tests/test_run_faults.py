@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from gpubench import atomic, results, scenario, stopping, supervisor
 from gpubench.atomic import DiskFull
 from gpubench.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
 from gpubench.cli import main
+from held import group_members, held_scenario, stop, wait_for_file, wait_gone
 
 PLUGINS = Path(__file__).parent / "plugins"
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.2, target_iqr: 1.0, energy_s: 0}"
@@ -225,9 +225,8 @@ def test_a_real_full_disk_mid_run_exits_74_and_what_finished_renders_elsewhere(t
         assert doc["status"] == "aborted" and 0 < len(doc["cases"]) < 60
         for line in (run_dir / results.CASES_LOG).read_text().splitlines():
             json.loads(line)  # no cut record
-        on_full = subprocess.run([sys.executable, "-m", "gpubench.cli", "report", str(run_dir)], capture_output=True,
-                                 text=True, timeout=300)
-        assert on_full.returncode == 74 and "error: the disk is full" in on_full.stderr
+        on_full = invoke("report", run_dir)  # in this process: the same full disk, no second interpreter to start
+        assert on_full.exit_code == 74 and "error: the disk is full" in on_full.output
         copy = shutil.copytree(run_dir, tmp_path / "copy")  # as after freeing space
     finally:
         subprocess.run(["umount", str(disk)])
@@ -246,34 +245,33 @@ def _own_group() -> None:
 @pytest.mark.parametrize("how,isolation", [("group", "process"), ("supervisor", "process"), ("group", "none")])
 def test_sigterm_stops_the_run_as_ctrl_c_does_then_exits_143(tmp_path, how, isolation):
     # `timeout` and a CI cancel signal the whole process group; a scheduler may signal only the
-    # process it started (then the supervisor stops its workers).
-    slow = "policy: {warmup_s: 0, min_reps: 3, max_reps: 100000, min_time_s: 1.5, max_time_s: 1.5, target_iqr: 0, " \
-           "energy_s: 0}"
+    # process it started (then the supervisor stops its workers). The signal comes while the second
+    # case is surely in flight: it waits for the test (tests/plugins/held_pair.py).
+    gate = tmp_path / "gate"
+    gate.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "gpubench.cli", "run", "--scenario",
-                             str(pair_scenario(tmp_path, 6, "slow", slow)), "--out", "runs", "--no-calibrate",
+                             str(held_scenario(tmp_path, [False, True, True])), "--out", "runs", "--no-calibrate",
                              "--isolation", isolation], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_own_group)
-    end = time.monotonic() + 600
-    while not list((tmp_path / "runs").glob(f"*/{results.CASES_LOG}")):
-        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
-        time.sleep(0.1)
-    time.sleep(0.5)  # well inside the second case's 1.5 s
-    (os.killpg if how == "group" else os.kill)(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_own_group,
+                            env={**os.environ, "HELD_PAIR_DIR": str(gate)})
+    try:
+        wait_for_file(gate / "started-9", proc)
+        (os.killpg if how == "group" else os.kill)(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        stop(proc)
     assert proc.returncode == EXIT_TERMINATED == 143, out[-2000:] + err[-2000:]
     assert "leaked semaphore" not in err and "Traceback" not in err, err
     run_dir = next((tmp_path / "runs").iterdir())
     doc = results.load_results(run_dir)
     assert doc["status"] == "interrupted" and doc["signal"] == "SIGTERM" and doc["abort_reason"] == "stopped by SIGTERM"
-    statuses = [c["status"] for c in doc["cases"]]
-    assert statuses[0] == "passed" and statuses[-1] == "interrupted" and "failed" not in statuses
+    # What finished is kept, the case in flight is interrupted, the one after it never starts.
+    assert [c["status"] for c in doc["cases"]] == ["passed", "interrupted"]
     assert doc["cases"][-1]["failure"]["message"] == "stopped by SIGTERM"
     assert (run_dir / "report.html").exists() and (run_dir / "summary.md").exists()
     assert "run interrupted: stopped by SIGTERM" in out
-    time.sleep(1)
-    group = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
-    alive = [line for line in group.splitlines() if line.split()[1][0] != "Z"]  # zombies are dead, only unreaped
-    assert not alive, group  # no worker outlives the run
+    left = wait_gone(group_members(proc.pid))  # a worker of a run it signalled alone, too
+    assert not left, left  # no worker outlives the run
 
 
 def test_a_sigterm_while_the_record_is_closed_is_ignored_and_one_in_the_run_raises_once():
