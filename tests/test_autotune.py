@@ -112,16 +112,22 @@ def test_a_corrupt_or_foreign_file_costs_a_tuning_and_is_replaced(cache_dir, con
     assert json.loads(path.read_text())["schema"] == autotune.SCHEMA
 
 
-def _tune_in_child(cache_dir: str, seq: int) -> None:
+def _tune_in_child(cache_dir: str, seq: int, together) -> None:
     import os
 
     os.environ["GPUBENCH_CACHE_DIR"] = cache_dir
+    together.wait(60)  # every writer tunes and saves at the same moment
     launch(PersistentAutotuner(FakeAutotuner(), "kern"), seq)
 
 
 def test_concurrent_writers_keep_every_tuning(cache_dir):
-    ctx = mp.get_context("spawn")
-    children = [ctx.Process(target=_tune_in_child, args=(str(cache_dir), seq)) for seq in (64, 128, 256, 512)]
+    """Four processes each tune a shape and save it at once (a barrier lines them up): the lock and
+    the merge keep all four. Forked, as this process already imported torch and Triton: a spawned
+    child would import them again, seconds each, and drift apart while it did."""
+    ctx = mp.get_context("fork")
+    seqs = (64, 128, 256, 512)
+    together = ctx.Barrier(len(seqs))
+    children = [ctx.Process(target=_tune_in_child, args=(str(cache_dir), seq, together)) for seq in seqs]
     for child in children:
         child.start()
     for child in children:
