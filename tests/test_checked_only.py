@@ -71,15 +71,21 @@ print(os.environ.get("TRITON_INTERPRET"), triton_support.interpreted(),
 """
 
 
-def _probe(**env_changes: str | None) -> list[str]:
+def _start_probe(**env_changes: str | None):
+    """PROBE in a fresh process, the environment changed so (None: removed)."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in {**os.environ, **env_changes}.items() if v is not None}
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.split()
+    return subprocess.Popen([sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _words(probe) -> list[str]:
+    out, err = probe.communicate(timeout=300)
+    assert probe.returncode == 0, err[-2000:]
+    return out.split()
 
 
 def test_without_cuda_gpubench_turns_the_interpreter_on_unless_the_environment_says_no():
@@ -88,5 +94,6 @@ def test_without_cuda_gpubench_turns_the_interpreter_on_unless_the_environment_s
     stays off, and the kernel then says why it cannot run on a CPU."""
     if torch.cuda.is_available():
         return  # with CUDA nothing is switched on
-    assert _probe(TRITON_INTERPRET=None) == ["1", "True", "True"]
-    assert _probe(TRITON_INTERPRET="0") == ["0", "False", "False"]
+    unset, off = _start_probe(TRITON_INTERPRET=None), _start_probe(TRITON_INTERPRET="0")  # side by side
+    assert _words(unset) == ["1", "True", "True"]
+    assert _words(off) == ["0", "False", "False"]
