@@ -669,3 +669,14 @@ def test_case_labels_leave_out_params_left_off_and_still_tell_every_case_apart(r
     assert all("causal=False" not in label and "block_m=0" not in label for label, _ in flash)  # off: said by nothing
     assert all(("causal=True" in label) == params["causal"] for label, params in flash)
     assert all(f"seq_len={params['seq_len']}" in label for label, params in flash)
+
+
+@REAL_RUN
+def test_the_params_table_shows_the_values_this_run_took(real_report):
+    """Each technique's params table says what the run's cases set, per param (flash_attention's
+    seq_len took 32 and 64 in the report-test scenario): never an object's text, and the same page
+    from one process to the next."""
+    _, page, *_ = real_report
+    assert "built-in method" not in page and " object at 0x" not in page
+    section = page.split('<section id="tech-flash_attention"')[1].split("</section>")[0]
+    assert "<tr><td><code>seq_len</code></td><td>32, 64</td>" in section
