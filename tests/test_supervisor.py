@@ -26,6 +26,7 @@ from held import held_scenario, stop, wait_for_file, wait_gone
 from inprocess import run_in_process
 
 PLUGINS = Path(__file__).parent / "plugins"
+FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}"
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +36,6 @@ def _forget_the_plugins():
     yield
     for name in ("faulty_pair", "held_pair"):
         techniques.unregister(name)
-FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}"
 
 
 def faulty_scenario(tmp_path: Path, modes: list[str], timeout_s: float = 2.0) -> Path:
