@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +69,6 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     modes = ["ok", "native_hang", "ok", "segfault", "ok", "exit", "ok", "raise", "ok"]
     spy = OnDiskAfterEachCase()
     spy.out = tmp_path / "runs"
-    t0 = time.monotonic()
     outcome = supervisor.run_scenario(scenario.load(faulty_scenario(tmp_path, modes)),
                                       supervisor.RunOptions(devices=["cpu"]), spy.out, progress=spy, calibrate=False)
     doc = outcome.doc
@@ -99,7 +97,6 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     assert all(c["device"]["key"] == "cpu" for c in cases)
     logs = list((outcome.run_dir / "workers").iterdir())
     assert [p.name for p in logs] == ["worker-cpu.log"]
-    assert time.monotonic() - t0 < 120
 
 
 class FinishOrder:

@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 from torch.torch_version import TorchVersion
 
 from gpubench.attention import (CAUSAL_ALIGNS, Documents, attention_bytes, attention_flops, attention_reference,
@@ -318,6 +317,10 @@ def _sdpa(w: AttentionWorkload, gqa: bool) -> torch.Tensor:
         raise RuntimeError("SDPA's lower-right causal bias gives NaN for query rows that see no key "
                            f"(seq_len_q {seq_q} > seq_len {seq_k})")
     if w.causal and seq_q != seq_k and w.causal_align == "bottom_right":
+        # Imported here: torch.nn.attention.bias loads torch._dynamo (~1.3 s of CPU), which every
+        # process that lists the techniques (a worker, the CLI) would otherwise pay.
+        from torch.nn.attention.bias import causal_lower_right
+
         return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads),
                                               attn_mask=causal_lower_right(seq_q, seq_k))
     if heads == k.shape[1]:
