@@ -147,11 +147,14 @@ def _default_scenario(device_opt: str | None) -> str:
               "estimate the run time; run nothing, write nothing.")
 @click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
               "traces under RUN/profiles/, a launch/sync/copy breakdown in results.json and the report.")
+@click.option("--no-history", is_flag=True, help="Do not add the run to the history store.")
+@click.option("--store", "history_store", metavar="PATH|URL", default=None, help="The history store the run is added "
+              "to (see `gpubench history add --help`; default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
 def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
         telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
         cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
-        dry_run: bool, profile: bool) -> None:
-    """Run a scenario: check and time every case, write a run directory."""
+        dry_run: bool, profile: bool, no_history: bool, history_store: str | None) -> None:
+    """Run a scenario: check and time every case, write a run directory and add it to the history store."""
     from gpubench import supervisor
 
     if repeat_scale <= 0:
@@ -209,6 +212,10 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
             code = _close_run(out, outcome)
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
             code = _interrupted_exit(exc, outcome)
+        if not no_history:  # complete or not; a store that fails costs a warning line, never the run
+            from gpubench.cli_history import append_run
+
+            out.print(append_run(outcome.record, outcome.run_dir, history_store), markup=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -105,6 +105,15 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _branch() -> str | None:
+    """The checkout's branch: CI's name for it (a CI checkout is often a detached HEAD), else git's;
+    None when there is none (detached, not a checkout)."""
+    for var in ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return _git("symbolic-ref", "--short", "-q", "HEAD") or None
+
+
 def _nvml_info(device: torch.device) -> dict[str, Any]:
     """Driver, clocks, temperature and power limit of ``device`` at this moment, from NVML (the
     GPU is matched by its UUID, so CUDA_VISIBLE_DEVICES and device ordering cannot mislead)."""
@@ -154,7 +163,7 @@ def capture_env(device: torch.device) -> dict[str, Any]:
         "nvidia_ml_py": _version("nvidia-ml-py"),
         "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(),
                 "torch_threads": torch.get_num_threads()},
-        "git": {"commit": _git("rev-parse", "HEAD"),
+        "git": {"commit": _git("rev-parse", "HEAD"), "branch": _branch(),
                 "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None},
         "env_vars": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS",
                                                           "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")

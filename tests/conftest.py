@@ -29,7 +29,7 @@ _SHARED_CACHE = None  # the cache directory the session started with (the user's
 
 @pytest.fixture(autouse=True)
 def device_cache(tmp_path_factory, monkeypatch):
-    """Tunings and case times (gpubench.devicecache) go to a directory of each test's own, never
+    """Tunings, case times (gpubench.devicecache) and the history store go to a directory of each test's own, never
     the user's ~/.cache, and one test's runs never shape another's estimates; worker
     subprocesses inherit it. The speculative pair's trained weights (spec_pair/, ~25 s to train)
     stay shared: that directory links to the session's own cache."""
@@ -42,6 +42,7 @@ def device_cache(tmp_path_factory, monkeypatch):
     (_SHARED_CACHE / "spec_pair").mkdir(parents=True, exist_ok=True)
     (path / "spec_pair").symlink_to(_SHARED_CACHE / "spec_pair", target_is_directory=True)
     monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(path))
+    monkeypatch.setenv("GPUBENCH_HISTORY", str(path / "history.sqlite"))  # `gpubench run` adds runs there
     return path
 
 

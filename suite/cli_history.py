@@ -1,0 +1,66 @@
+"""``gpubench history add RUN_DIR...``: import runs (run directories, results.json, pytest-benchmark
+JSON) into the history store; and the hook by which ``gpubench run`` adds the run it made
+(:func:`append_run`: a store that cannot be written costs a warning, never the run)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpubench import history
+from gpubench.errors import BadInput
+from gpubench.results import RunRecord
+
+STORE_HELP = ("The history store: an SQLite file, or a database URL (postgresql://..., through SQLAlchemy: "
+              "pip install 'gpubench[history-server]'). Default: $GPUBENCH_HISTORY, else "
+              "$XDG_DATA_HOME/gpubench/history.sqlite (~/.local/share/gpubench/history.sqlite).")
+
+
+def store_option(f):
+    return click.option("--store", "store", metavar="PATH|URL", default=None, help=STORE_HELP)(f)
+
+
+@click.group(name="history")
+def history_group() -> None:
+    """The history store: every run's results, kept across runs (one row per run, case and variant)."""
+
+
+@history_group.command(name="add")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RUN_DIR...")
+@store_option
+@click.option("--branch", metavar="NAME", default=None,
+              help="The branch of runs that did not record theirs (runs of gpubench before it did).")
+def add_cmd(paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
+    """Import runs into the history store: run directories, their results.json, or pytest-benchmark
+    JSON files (--benchmark-json). A run already there adds nothing.
+
+    gpubench history add runs/* [--store PATH|URL]"""
+    found = [(path, history.rows_of_file(path, branch=branch)) for path in paths]  # every file read before any write
+    with history.open_store(store) as opened:
+        click.echo(f"history store: {opened.where}")
+        for path, rows in found:
+            if not rows:
+                click.echo(f"{path}: no cases, nothing to add")
+                continue
+            for added in opened.add(rows):
+                click.echo(f"{path}: run {added.run_id}: {added.added} row{'s' if added.added != 1 else ''} added"
+                           + (f", {added.present} already there" if added.present else ""))
+
+
+def append_run(run: RunRecord, run_dir: Path, store: str | None) -> str:
+    """Add a finished run (complete or not) to the history store; the line to print. Whatever
+    goes wrong with the store is a warning line naming it and why: the run is saved either way."""
+    where = history.resolve_store(store)
+    try:
+        rows = history.rows_of_run(run, Path(run_dir) / "results.json", branch=None)
+        if not rows:
+            return f"history: no cases to add to {where}"
+        with history.open_store(where) as opened:
+            added = sum(a.added for a in opened.add(rows))
+        return f"history: {added} row{'s' if added != 1 else ''} added to {where}"
+    except BadInput as exc:
+        why = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a locked, full or unreachable store: the run is saved
+        why = f"{type(exc).__name__}: {exc}"
+    return (f"warning: the run was not added to the history store {where} ({why}); it is saved in {run_dir}: "
+            f"`gpubench history add {run_dir}` adds it later")
