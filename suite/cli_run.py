@@ -209,13 +209,9 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                                           progress=progress, telemetry_interval_s=telemetry_interval,
                                           calibrate=not no_calibrate)
         try:
-            code = _close_run(out, outcome)
+            code = _close_run(out, outcome, None if no_history else history_store or "")
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
             code = _interrupted_exit(exc, outcome)
-        if not no_history:  # complete or not; a store that fails costs a warning line, never the run
-            from gpubench.cli_history import append_run
-
-            out.print(append_run(outcome.record, outcome.run_dir, history_store), markup=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -225,14 +221,19 @@ def _interrupted_exit(exc: KeyboardInterrupt, outcome: RunOutcome) -> int:
     return EXIT_TERMINATED if sigterm else EXIT_INTERRUPTED
 
 
-def _close_run(out: Console, outcome: RunOutcome) -> int:
-    """The summary, where the run is, its report; the exit code (the run's, unless the report
-    could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
+def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = None) -> int:
+    """The summary, where the run is, the run added to the history store (``history_store``: its
+    --store, "" for the default one, None for --no-history), its report; the exit code (the run's,
+    unless the report could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
         out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
+    if history_store is not None:  # complete or not; a store that fails costs a warning line, never the run
+        from gpubench.cli_history import append_run
+
+        out.print(append_run(outcome.record, outcome.run_dir, history_store or None), markup=False, soft_wrap=True)
     if outcome.record.disk_full:
         click.echo(f"error: {_disk_full_run_text(outcome)}", err=True)
         return EXIT_DISK_FULL

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import sqlite3
 from pathlib import Path
 
@@ -264,3 +265,24 @@ def test_a_database_url_goes_through_sqlalchemy_with_the_same_sql(tmp_path):
 
 def test_the_schema_names_every_field_of_a_row():
     assert schema.NAMES == tuple(f for f in history.ResultRow.__dataclass_fields__)
+
+
+def test_gpubench_run_adds_its_run_unless_no_history(toys, write_scenario, tmp_path):
+    """In this process (--isolation none, a toy case): the run's rows land in --store; --no-history
+    adds nothing; the report line stays the last."""
+    path = write_scenario("name: ok\nentries:\n  - technique: toy_kernel\n")
+    store = tmp_path / "runs.sqlite"
+    args = ["run", "--scenario", str(path), "--out", str(tmp_path / "runs"), "--no-calibrate", "--isolation", "none"]
+    result = CliRunner().invoke(main, [*args, "--store", str(store)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    added = re.search(rf"history: (\d+) rows added to {re.escape(str(store))}\n", result.output)
+    assert added and int(added[1]) == sqlite3.connect(store).execute("SELECT COUNT(*) FROM gpubench_results").fetchone()[0]
+    assert result.output.strip().splitlines()[-1].startswith("report: ")
+    skipped = CliRunner().invoke(main, [*args, "--store", str(store), "--no-history"], catch_exceptions=False)
+    assert skipped.exit_code == 0 and "history:" not in skipped.output
+    with history.open_store(store) as opened:
+        (model,) = opened.device_models()
+        (case,) = opened.cases(model)
+        points = opened.series(model, case.case_id, "optimized")
+    assert len(points) == 1 and points[0].run_status == "complete" and points[0].median > 0
+    assert Path(points[0].samples_path).parent.parent == tmp_path / "runs"
