@@ -125,6 +125,7 @@ def _append_runs(args):
             opened.add(history.rows_of_file(run))
 
 
+@pytest.mark.e2e  # two processes
 def test_two_processes_appending_at_once_lose_no_row(tmp_path):
     store = tmp_path / "h.sqlite"
     ctx = multiprocessing.get_context("fork")
@@ -267,6 +268,7 @@ def test_the_schema_names_every_field_of_a_row():
     assert schema.NAMES == tuple(f for f in history.ResultRow.__dataclass_fields__)
 
 
+@pytest.mark.e2e  # a (toy) scenario run
 def test_gpubench_run_adds_its_run_unless_no_history(toys, write_scenario, tmp_path):
     """In this process (--isolation none, a toy case): the run's rows land in --store; --no-history
     adds nothing; the report line stays the last."""
