@@ -1,0 +1,109 @@
+"""Change points over the history (issue 27.2, validated as 27.5 asks): E-Divisive means (Apache
+Otava) finds a 10% step where it starts and stays quiet on unchanged code, each change reported
+with its run, commit, magnitude [CI] and direction. Synthetic histories only: each run's figure is
+the median of 30 calls drawn from 300 real timed calls on this 2-core AMD EPYC machine
+(tests/data/cpu_noise.json; run-to-run spread of those medians ~2.2%)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpubench.errors import BadInput
+from gpubench.history import changepoints as cp
+from gpubench.history import open_store
+from gpubench.history.rows import ResultRow
+from gpubench.history.store import Point
+
+POOL = np.array(json.loads((Path(__file__).parent / "data" / "cpu_noise.json").read_text())["samples_s"])
+
+
+def history_values(seed: int, runs: int, step_at: int | None = None, step: float = 0.10) -> np.ndarray:
+    """``runs`` run figures (each the median of 30 recorded calls), times 1+step from ``step_at`` on."""
+    rng = np.random.default_rng(seed)
+    values = np.array([np.median(rng.choice(POOL, 30)) for _ in range(runs)])
+    if step_at is not None:
+        values[step_at:] *= 1.0 + step
+    return values
+
+
+def points_of(values, commits=None) -> list[Point]:
+    return [Point(f"run{i:02d}", "ci-1", (commits or {}).get(i, f"c{i:02d}"), "main", False,
+                  f"2026-12-01T00:{i:02d}:00+00:00", float(v), None, None, 30, "/r.json", "fused", "complete")
+            for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_10_percent_step_at_run_6_of_12_is_found_at_run_6_plus_minus_1_as_a_regression(seed):
+    found = cp.change_points(points_of(history_values(seed, 12, step_at=6)))
+    near = [c for c in found if abs(c.index - 6) <= 1]
+    assert near, [c.index for c in found]
+    assert near[0].kind == "regression"
+    assert near[0].ci_low < 0.10 < near[0].ci_high  # the step it reports is the step made
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_unchanged_code_over_20_runs_raises_no_alarm_at_p_001(seed):
+    assert cp.change_indices(history_values(1000 + seed, 20)) == []
+
+
+def test_a_step_down_in_time_is_an_improvement_and_names_its_run_and_commit():
+    values = history_values(3, 12, step_at=5, step=-0.15)
+    (change,) = cp.change_points(points_of(values, commits={5: "abc123"}))
+    assert (change.index, change.run_id, change.commit, change.kind) == (5, "run05", "abc123", "improvement")
+    assert change.ci_low <= change.magnitude <= change.ci_high < 0
+    assert change.after_median < change.before_median
+
+
+def test_a_higher_is_better_series_reads_a_rise_as_an_improvement():
+    (change,) = cp.change_points(points_of(history_values(3, 12, step_at=6)), lower_better=False)
+    assert change.kind == "improvement"
+
+
+def test_the_same_history_always_gives_the_same_change_points():
+    values = history_values(11, 16, step_at=8, step=0.06)
+    assert cp.change_points(points_of(values)) == cp.change_points(points_of(values))
+
+
+def test_only_time_and_the_cases_gate_metric_have_a_direction():
+    assert cp.lower_is_better("time", None) and cp.lower_is_better("bytes_reserved", "bytes_reserved")
+    with pytest.raises(BadInput, match="tokens_per_s.*allowed: time"):
+        cp.lower_is_better("tokens_per_s", None)
+
+
+def test_without_otava_the_error_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "otava.change_point_divisive.calculator", None)
+    with pytest.raises(BadInput, match="pip install --no-deps apache-otava==0.8.0"):
+        cp.change_indices([1.0] * 10)
+
+
+def _row(i: int, variant: str, median: float, *, device="NVIDIA H100", gate=None) -> ResultRow:
+    return ResultRow(run_id=f"run{i:02d}", host="ci-1", device_model=device, case_id="t n=1", variant=variant,
+                     started_at=f"2026-12-01T00:{i:02d}:00+00:00", source="gpubench", run_status="complete",
+                     git_commit=f"c{i:02d}", branch="main", dirty=0, driver_version=None, torch_version=None,
+                     triton_version=None, gpubench_version=None, scenario="s", technique="t",
+                     params_json="{}", role="optimized" if variant == "fused" else "baseline",
+                     case_status="passed", variant_status="ok", median_s=median, ci_low_s=median,
+                     ci_high_s=median, iqr_s=0.0, n=30, gate_metric=gate,
+                     gate_value=None, metrics_json=json.dumps({gate: median} if gate else {}), results_path="/r.json")
+
+
+def write_history(store_path, fused, loop=None, device="NVIDIA H100") -> None:
+    rows = [_row(i, "fused", v, device=device) for i, v in enumerate(fused)]
+    rows += [_row(i, "loop", v, device=device) for i, v in enumerate(loop if loop is not None else [])]
+    with open_store(store_path) as store:
+        store.add(rows)
+
+
+def test_the_store_s_history_of_each_variant_gets_its_change_points(tmp_path):
+    fused = history_values(5, 12, step_at=6)
+    write_history(tmp_path / "h.sqlite", fused, loop=history_values(6, 12))
+    with open_store(tmp_path / "h.sqlite") as store:
+        found = {h.variant: h for h in cp.case_histories(store, "NVIDIA H100")}
+    assert set(found) == {"fused", "loop"}
+    assert found["loop"].changes == ()
+    assert [(c.index, c.commit, c.kind) for c in found["fused"].changes] == [(6, "c06", "regression")]
+    assert len(found["fused"].since_last_change()) == 6
