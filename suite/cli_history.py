@@ -1,4 +1,5 @@
-"""``gpubench history add RUN_DIR...``: import runs (run directories, results.json, pytest-benchmark
+"""``gpubench history``: the cases of one device model's history with their latest change point;
+``gpubench history add RUN_DIR...``: import runs (run directories, results.json, pytest-benchmark
 JSON) into the history store; and the hook by which ``gpubench run`` adds the run it made
 (:func:`append_run`: a store that cannot be written costs a warning, never the run)."""
 from __future__ import annotations
@@ -20,9 +21,58 @@ def store_option(f):
     return click.option("--store", "store", metavar="PATH|URL", default=None, help=STORE_HELP)(f)
 
 
-@click.group(name="history")
-def history_group() -> None:
-    """The history store: every run's results, kept across runs (one row per run, case and variant)."""
+@click.group(name="history", invoke_without_command=True)
+@store_option
+@click.option("--device", "device_model", metavar="MODEL", default=None,
+              help="The device model whose history to read (default: the store's only one).")
+@click.pass_context
+def history_group(ctx: click.Context, store: str | None, device_model: str | None) -> None:
+    """The history store: every run's results, kept across runs (one row per run, case and variant).
+
+    Alone: a table of the cases of one device model with their latest change point (E-Divisive
+    means, p <= 0.01 over 100 seeded permutations): the commit where it starts, its magnitude
+    [95% CI], regression or improvement. gpubench history [--store PATH|URL] [--device MODEL]"""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gpubench.history import changepoints
+
+    with history.open_store(store) as opened:
+        model = pick_device_model(opened, device_model)
+        found = changepoints.case_histories(opened, model)
+    print_changes(opened.where, model, found)
+
+
+def pick_device_model(store: history.HistoryStore, device_model: str | None) -> str:
+    """``device_model`` if the store holds it, else the store's only model (BadInput naming the
+    models it holds otherwise)."""
+    models = store.device_models()
+    if device_model is not None and device_model in models:
+        return device_model
+    if device_model is None and len(models) == 1:
+        return next(iter(models))
+    held = ", ".join(f"{m!r} ({n} run{'s' if n != 1 else ''})" for m, n in models.items()) or "none: it is empty"
+    raise BadInput(f"history store {store.where}: " + (f"no runs of device model {device_model!r}" if device_model
+                   else "several device models") + f"; give --device with one it holds: {held}.")
+
+
+def print_changes(where: str, model: str, found: list) -> None:
+    """The table of ``gpubench history``: a row per (case, variant) with its latest change."""
+    from rich.table import Table
+
+    from gpubench.cli_console import make_console
+
+    table = Table(title=f"{model}: change points ({where})", title_justify="left")
+    for column in ("case", "variant", "metric", "runs", "latest change (commit, run)", "magnitude [95% CI]", "kind"):
+        table.add_column(column, justify="right" if column in ("runs", "magnitude [95% CI]") else "left")
+    for h in found:
+        last = h.latest
+        if last is None:
+            table.add_row(h.case_id, h.variant, h.metric, str(len(h.points)), "none", "", "")
+            continue
+        table.add_row(h.case_id, h.variant, h.metric, str(len(h.points)),
+                      f"{(last.commit or '?')[:12]} ({last.run_id})",
+                      f"{last.magnitude:+.1%} [{last.ci_low:+.1%}, {last.ci_high:+.1%}]", last.kind)
+    make_console().print(table)
 
 
 @history_group.command(name="add")

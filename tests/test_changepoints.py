@@ -107,3 +107,30 @@ def test_the_store_s_history_of_each_variant_gets_its_change_points(tmp_path):
     assert found["loop"].changes == ()
     assert [(c.index, c.commit, c.kind) for c in found["fused"].changes] == [(6, "c06", "regression")]
     assert len(found["fused"].since_last_change()) == 6
+
+
+def test_gpubench_history_tables_each_case_with_its_latest_change(tmp_path):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    write_history(tmp_path / "h.sqlite", history_values(5, 12, step_at=6), loop=history_values(6, 12))
+    out = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "h.sqlite")], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    fused = next(line for line in out.output.splitlines() if "fused" in line)
+    assert "c06 (run06)" in fused and "regression" in fused and "+1" in fused
+    loop = next(line for line in out.output.splitlines() if " loop " in line)
+    assert "none" in loop
+
+
+def test_gpubench_history_with_two_device_models_asks_which(tmp_path):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    write_history(tmp_path / "h.sqlite", [1.0] * 3)
+    write_history(tmp_path / "h.sqlite", [1.0] * 3, device="NVIDIA H200")  # same run ids, other device
+    out = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "h.sqlite")])
+    assert out.exit_code == 2 and "--device" in out.output and "'NVIDIA H200'" in out.output
+    out = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "h.sqlite"), "--device", "NVIDIA H200"])
+    assert out.exit_code == 0, out.output
