@@ -83,8 +83,10 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
     lines = [f"## gpubench compare: {'✅' if comp.passed else '❌'} {_cell(headline(comp))}", "",
              "Change is the optimized variant's median time, current vs baseline, with a bootstrap 95% CI "
              "(positive = slower). A case regresses only when the slowdown exceeds its threshold and is "
-             "statistically real (CI beyond the threshold, or Mann-Whitney p < 0.002); it is inconclusive "
-             "when the baseline variant, timed alongside, moved the same way (the machine changed).", "",
+             "statistically real (CI beyond the threshold, or Mann-Whitney p < 0.002). When the baseline variant, "
+             "timed alongside, moved the same way (the machine changed), the case is judged by its "
+             "optimized/baseline time ratio instead: regressed only if that ratio got worse beyond the "
+             "threshold, its whole CI included; otherwise inconclusive.", "",
              "| case | verdict | baseline | current | change [95% CI] | p | threshold | baseline variant | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     for message in comp.forced:
