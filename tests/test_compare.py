@@ -636,3 +636,29 @@ def test_a_run_with_one_round_under_load_cannot_make_the_ratio_regress():
     cur = [[400.0], [0.5 * 400.0 * 1.36]]  # the optimized/baseline ratio 36% worse, from one round
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
     assert change.verdict == "inconclusive" and "1 sample in a run" in change.reason
+
+
+def _load_script(name):
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_false_alarm_count_compares_each_run_with_the_one_before_it(tmp_path, capsys):
+    rng = np.random.default_rng(15)
+    runs = []
+    for i, scale in enumerate([1.0, 1.0, 1.3]):  # the third run's optimized variant really 30% slower
+        r = _rounds(rng, 30)
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(_doc(cases=[_pair_case(r, 0.5 * scale * r)])))
+        runs.append(str(path))
+    script = _load_script("gate_false_alarms")
+    assert script.main(runs + ["--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [row["passed"] for row in out["pairs"]] == [True, False] and out["totals"]["regressed"] == 1
+    assert "the gate failed 1 of 2 pairs" in capsys.readouterr().out
+    assert script.main(runs[:1]) == 2 and script.main([runs[0], str(tmp_path / "none")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
