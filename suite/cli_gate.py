@@ -26,14 +26,30 @@ from gpubench.errors import BadInput
 @click.option("--strict", is_flag=True,
               help="Also fail on inconclusive cases (a slowdown the same-run baseline variant shows too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--history", "use_history", is_flag=True,
+              help="Judge CURRENT against its history since the last change point (the history store), "
+              "not against one baseline run.")
+@click.option("--store", metavar="PATH|URL", default=None, help="With --history: the history store (default: "
+              "$GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
+@click.option("--since", metavar="RUN|COMMIT", default=None,
+              help="With --history: also report the regression change points since this run or commit (a release).")
 def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | None, allow_missing: bool,
-                force: bool, baseline_store: Path | None, strict: bool, as_json: bool) -> None:
+                force: bool, baseline_store: Path | None, strict: bool, as_json: bool, use_history: bool,
+                store: str | None, since: str | None) -> None:
     """The regression gate: exit 0 pass, 1 regression or correctness failure, 2 bad input.
 
-    BASELINE and CURRENT are run directories, results.json files or pytest-benchmark JSON files."""
+    BASELINE and CURRENT are run directories, results.json files or pytest-benchmark JSON files.
+    With --history, CURRENT alone: each case against the store's runs since its last change point."""
     from gpubench import compare as gate
     from gpubench.reports import gate as gate_report
 
+    if use_history:
+        if len(paths) != 1 or baseline_store:
+            raise BadInput("compare --history: give CURRENT alone (a run directory, results.json or "
+                           "pytest-benchmark JSON); its history comes from --store.")
+        sys.exit(_compare_history(paths[0], gate.parse_threshold(threshold), store, since, as_json))
+    if since or store:
+        raise BadInput("compare: --store and --since go with --history.")
     expected = 1 if baseline_store else 2
     if len(paths) != expected:
         raise BadInput("compare: give BASELINE and CURRENT (run directories, results.json or pytest-benchmark "
@@ -60,6 +76,36 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
         if markdown_path is not None:
             out.print(f"markdown: {markdown_path}")
     sys.exit(result.exit_code)
+
+
+def _compare_history(current: Path, threshold: float, store: str | None, since: str | None, as_json: bool) -> int:
+    """``compare --history``: print each case's verdict against its current level; 1 on a regression."""
+    from dataclasses import asdict
+
+    from gpubench import history
+    from gpubench.history import judge
+
+    rows = history.rows_of_file(current)
+    with history.open_store(store) as opened:
+        verdicts = judge.judge_run(opened, rows, threshold)
+        found = [r for model in sorted({row.device_model for row in rows})
+                 for r in judge.regressions_since(opened, model, since)] if since else []
+    if as_json:
+        click.echo(json.dumps({"cases": [asdict(v) for v in verdicts],
+                               "regressions_since": [{**asdict(r.change), "case_id": r.case_id,
+                                                      "variant": r.variant} for r in found]}, indent=2))
+    else:
+        click.echo(f"history: {opened.where} (rule: above the current level's 95% CI of the median x (1 + "
+                   f"{threshold:.0%}) regresses; fewer than {judge.MIN_RUNS} runs since the last change: inconclusive)")
+        for v in verdicts:
+            click.echo(f"{v.verdict:>12}  {v.case_id} [{v.variant}, {v.metric}]: {v.reason}"
+                       + (f" (level since {v.since_commit[:12]})" if v.since_commit else ""))
+        if since:
+            click.echo(f"regressions since {since}: {len(found) or 'none'}")
+            for r in found:
+                click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                           f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
+    return 1 if any(v.verdict == "regressed" for v in verdicts) else 0
 
 
 @click.group(name="baseline")

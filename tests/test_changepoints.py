@@ -134,3 +134,47 @@ def test_gpubench_history_with_two_device_models_asks_which(tmp_path):
     assert out.exit_code == 2 and "--device" in out.output and "'NVIDIA H200'" in out.output
     out = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "h.sqlite"), "--device", "NVIDIA H200"])
     assert out.exit_code == 0, out.output
+
+
+def _current_run(tmp_path, figure: float) -> Path:
+    from gpubench.results import SCHEMA_VERSION
+
+    doc = {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": "now", "device": "cuda:0",
+           "device_label": "NVIDIA H100", "scenario": {"name": "s", "entries": []}, "status": "complete",
+           "started_at": "2026-12-02T00:00:00+00:00", "env": {"host": "ci-1", "git": {"commit": "pr1"}},
+           "cases": [{"id": "t n=1", "technique": "t", "params": {}, "seed": 0, "policy": {}, "status": "passed",
+                      "gate_metric": "", "variants": {"fused": {"role": "optimized", "status": "ok",
+                                                                "stats": {"median": figure, "n": 30}}}}]}
+    (tmp_path / "now").mkdir()
+    (tmp_path / "now" / "results.json").write_text(json.dumps(doc))
+    return tmp_path / "now"
+
+
+@pytest.mark.parametrize("factor,exit_code,verdict", [(1.0, 0, "passed"), (1.15, 1, "regressed")])
+def test_compare_history_fails_a_run_beyond_the_level_since_the_last_change(tmp_path, factor, exit_code, verdict):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    values = history_values(5, 14, step_at=6)
+    write_history(tmp_path / "h.sqlite", values)
+    level = float(np.median(values[6:]))  # the level after the step, not the whole history's
+    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"), "--since", "c03",
+                                    "--json", str(_current_run(tmp_path, level * factor))])
+    assert out.exit_code == exit_code, out.output
+    doc = json.loads(out.output)
+    (case,) = doc["cases"]
+    assert (case["verdict"], case["level_runs"], case["since_commit"]) == (verdict, 8, "c06")
+    assert [(r["commit"], r["kind"]) for r in doc["regressions_since"]] == [("c06", "regression")]
+
+
+def test_compare_history_with_too_few_runs_in_the_level_is_inconclusive_not_a_failure(tmp_path):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    values = history_values(5, 3)
+    write_history(tmp_path / "h.sqlite", values)
+    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"),
+                                    str(_current_run(tmp_path, float(np.median(values)) * 1.5))])
+    assert out.exit_code == 0 and "inconclusive" in out.output, out.output
