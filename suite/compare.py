@@ -369,8 +369,9 @@ def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: s
     else:
         bound = min(1.0 / (1.0 + change.threshold), allowance)
         kept = relative.ci_high < bound
-    beyond = (f"beyond the {change.threshold * 100:g}% threshold and the {(bound - 1) * 100:+.1f}% that "
-              f"half the machine's move can put on it")
+    beyond = f"beyond the {change.threshold * 100:g}% threshold"
+    if bound == allowance:
+        beyond += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
     if kept:
         change.reason = f"{moved}, but the optimized/baseline ratio moved {_pct(relative)}, {beyond}"
         return

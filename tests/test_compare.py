@@ -608,8 +608,9 @@ def test_when_the_baseline_variant_moved_too_the_optimized_baseline_ratio_decide
     # noise is shared by its two variants, as the interleaved timing makes it.
     rng = np.random.default_rng(12)
     r_base, r_cur = _rounds(rng, 30), _rounds(rng, 30)
-    base = [r_base, 0.5 * r_base]
-    cur = [machine * r_cur, machine * 0.5 * ratio_change * r_cur]
+    own = lambda: rng.normal(1.0, 0.01, 30)  # noqa: E731  (each variant's own, unshared noise)
+    base = [r_base * own(), 0.5 * r_base * own()]
+    cur = [machine * r_cur * own(), machine * 0.5 * ratio_change * r_cur * own()]
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
     assert change.verdict == verdict, change.reason
     assert change.context["relative_ratio"] == pytest.approx(ratio_change, rel=0.03)
