@@ -64,7 +64,9 @@ def print_table(comp: Comparison, console: Console) -> None:
                          ("baseline variant", "right"), ("note", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for c in comp.changes:
-        table.add_row(labels[c.case_id] + (f" ({c.variant})" if c.variant else "") + (f" on {c.device}" if c.device else ""), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
+        # Text, not a markup string: a case id such as "kv_cache[model=...]" is no rich tag.
+        label = labels[c.case_id] + (f" ({c.variant})" if c.variant else "") + (f" on {c.device}" if c.device else "")
+        table.add_row(Text(label), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
                       _context(c), c.reason[:120])

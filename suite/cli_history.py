@@ -58,6 +58,7 @@ def pick_device_model(store: history.HistoryStore, device_model: str | None) -> 
 def print_changes(where: str, model: str, found: list) -> None:
     """The table of ``gpubench history``: a row per (case, variant) with its latest change."""
     from rich.table import Table
+    from rich.text import Text
 
     from gpubench.cli_console import make_console
 
@@ -67,9 +68,10 @@ def print_changes(where: str, model: str, found: list) -> None:
     for h in found:
         last = h.latest
         if last is None:
-            table.add_row(h.case_id, h.variant, h.metric, str(len(h.points)), "none", "", "")
+            table.add_row(Text(h.case_id), h.variant, h.metric, str(len(h.points)), "none", "", "")
             continue
-        table.add_row(h.case_id, h.variant, h.metric, str(len(h.points)),
+        # Text, not a markup string: a case id such as "kv_cache[model=...]" is no rich tag.
+        table.add_row(Text(h.case_id), h.variant, h.metric, str(len(h.points)),
                       f"{(last.commit or '?')[:12]} ({last.run_id})",
                       f"{last.magnitude:+.1%} [{last.ci_low:+.1%}, {last.ci_high:+.1%}]", last.kind)
     make_console().print(table)

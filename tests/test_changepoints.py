@@ -81,7 +81,7 @@ def test_without_otava_the_error_names_the_install_command(monkeypatch):
 
 
 def _row(i: int, variant: str, median: float, *, device="NVIDIA H100", gate=None) -> ResultRow:
-    return ResultRow(run_id=f"run{i:02d}", host="ci-1", device_model=device, case_id="t n=1", variant=variant,
+    return ResultRow(run_id=f"run{i:02d}", host="ci-1", device_model=device, case_id="t[model=x,n=1]", variant=variant,
                      started_at=f"2026-12-01T00:{i:02d}:00+00:00", source="gpubench", run_status="complete",
                      git_commit=f"c{i:02d}", branch="main", dirty=0, driver_version=None, torch_version=None,
                      triton_version=None, gpubench_version=None, scenario="s", technique="t",
@@ -119,6 +119,7 @@ def test_gpubench_history_tables_each_case_with_its_latest_change(tmp_path):
     assert out.exit_code == 0, out.output
     fused = next(line for line in out.output.splitlines() if "fused" in line)
     assert "c06 (run06)" in fused and "regression" in fused and "+1" in fused
+    assert "t[model=x,n=1]" in fused  # a case id is text, never read as rich markup
     loop = next(line for line in out.output.splitlines() if " loop " in line)
     assert "none" in loop
 
@@ -142,7 +143,7 @@ def _current_run(tmp_path, figure: float) -> Path:
     doc = {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": "now", "device": "cuda:0",
            "device_label": "NVIDIA H100", "scenario": {"name": "s", "entries": []}, "status": "complete",
            "started_at": "2026-12-02T00:00:00+00:00", "env": {"host": "ci-1", "git": {"commit": "pr1"}},
-           "cases": [{"id": "t n=1", "technique": "t", "params": {}, "seed": 0, "policy": {}, "status": "passed",
+           "cases": [{"id": "t[model=x,n=1]", "technique": "t", "params": {}, "seed": 0, "policy": {}, "status": "passed",
                       "gate_metric": "", "variants": {"fused": {"role": "optimized", "status": "ok",
                                                                 "stats": {"median": figure, "n": 30}}}}]}
     (tmp_path / "now").mkdir()

@@ -666,3 +666,23 @@ def test_the_false_alarm_count_compares_each_run_with_the_one_before_it(tmp_path
     assert "the gate failed 1 of 2 pairs" in capsys.readouterr().out
     assert script.main(runs[:1]) == 2 and script.main([runs[0], str(tmp_path / "none")]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_gate_table_shows_a_bracketed_case_id_as_text_not_markup():
+    """A case id such as "kv_cache[model=...]" or a pytest-benchmark name "test_x[full-eager]" starts
+    like a rich tag: the table prints it whole."""
+    import io
+
+    from rich.console import Console
+
+    from gpubench.compare import Change, Comparison
+    from gpubench.reports import gate as gate_report
+
+    changes = [Change("kv_cache[model=llama-3.1-8b]", "kv_cache", "unchanged", "paged", 1e-3, 1e-3, 1.0, 0.99, 1.01),
+               Change("test_bench_techniques.py::test_technique[flash_attention-full-eager]", "flash_attention",
+                      "unchanged", None, 1e-3, 1e-3, 1.0, 0.99, 1.01)]
+    out = io.StringIO()
+    side = {"run_id": "r", "scenario": "s", "device_label": "CPU"}
+    gate_report.print_table(Comparison(side, side, changes, allow_missing=False, forced=[]), Console(file=out, width=300))
+    assert "kv_cache[model=llama-3.1-8b]" in out.getvalue()
+    assert "test_technique[flash_attention-full-eager]" in out.getvalue()
