@@ -36,8 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gpubench import stats
 from gpubench.errors import BadInput
 from gpubench.results import SCHEMA_VERSION, load_results, role_variant
@@ -320,31 +318,6 @@ def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
     return clearly or math.log(control.ratio) / math.log(ratio) >= 0.5
 
 
-def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap replicates of median(optimized) / median(control) within one run. Variants with a
-    sample per round (A B A B ...) are resampled by round, so drift within the run, which hits both
-    alike, cancels as it did when they were timed; otherwise each set on its own."""
-    resamples = stats.BOOTSTRAP_RESAMPLES
-    idx_opt = rng.integers(0, optimized.size, size=(resamples, optimized.size))
-    idx_ctl = idx_opt if control.size == optimized.size else rng.integers(0, control.size, size=(resamples, control.size))
-    return np.median(optimized[idx_opt], axis=1) / np.median(control[idx_ctl], axis=1)
-
-
-def relative_ratio_ci(base_optimized: list[float], base_control: list[float], cur_optimized: list[float],
-                      cur_control: list[float], seed: int = 0) -> stats.RatioCI:
-    """How the optimized/baseline-variant time ratio changed, current vs stored run (above 1: the
-    optimized variant lost ground on the baseline variant), with a percentile bootstrap CI; the two
-    runs are resampled independently."""
-    b_opt, b_ctl, c_opt, c_ctl = (np.asarray(x, dtype=np.float64) for x in
-                                  (base_optimized, base_control, cur_optimized, cur_control))
-    ratio = float((np.median(c_opt) / np.median(c_ctl)) / (np.median(b_opt) / np.median(b_ctl)))
-    rng = np.random.default_rng(seed)
-    boot = _run_ratio_medians(c_opt, c_ctl, rng) / _run_ratio_medians(b_opt, b_ctl, rng)
-    alpha = (1.0 - stats.CI_LEVEL) / 2.0
-    low, high = np.quantile(boot, [alpha, 1.0 - alpha])
-    return stats.RatioCI(ratio, float(low), float(high))
-
-
 def _pct(ci: stats.RatioCI) -> str:
     return f"{(ci.ratio - 1) * 100:+.1f}% [{(ci.ci_low - 1) * 100:+.1f}, {(ci.ci_high - 1) * 100:+.1f}]"
 
@@ -415,7 +388,7 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
         change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}
         if change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio):
-            relative = relative_ratio_ci(a, ra, b, rb, seed=seed)
+            relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
             change.context.update(relative_ratio=relative.ratio, relative_ci_low=relative.ci_low,
                                   relative_ci_high=relative.ci_high)
             _judge_by_relative_ratio(change, ci, relative, min(len(a), len(b), len(ra), len(rb)))

@@ -114,6 +114,31 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
     return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi)
 
 
+def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates of median(optimized) / median(control) within one run. Variants with a
+    sample per round (A B A B ...) are resampled by round, so drift within the run, which hits both
+    alike, cancels as it did when they were timed; otherwise each set on its own."""
+    resamples = BOOTSTRAP_RESAMPLES
+    idx_opt = rng.integers(0, optimized.size, size=(resamples, optimized.size))
+    idx_ctl = idx_opt if control.size == optimized.size else rng.integers(0, control.size, size=(resamples, control.size))
+    return np.median(optimized[idx_opt], axis=1) / np.median(control[idx_ctl], axis=1)
+
+
+def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[float],
+                      cur_optimized: Sequence[float],
+                      cur_control: Sequence[float], level: float = CI_LEVEL, seed: int = 0) -> RatioCI:
+    """How the optimized/baseline-variant time ratio changed, current vs stored run (above 1: the
+    optimized variant lost ground on the baseline variant), with a percentile bootstrap CI; the two
+    runs are resampled independently."""
+    b_opt, b_ctl, c_opt, c_ctl = (np.asarray(x, dtype=np.float64) for x in
+                                  (base_optimized, base_control, cur_optimized, cur_control))
+    ratio = float((np.median(c_opt) / np.median(c_ctl)) / (np.median(b_opt) / np.median(b_ctl)))
+    rng = np.random.default_rng(seed)
+    boot = _run_ratio_medians(c_opt, c_ctl, rng) / _run_ratio_medians(b_opt, b_ctl, rng)
+    low, high = _interval(boot, level)
+    return RatioCI(ratio, low, high)
+
+
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and
     continuity corrections): how surprising the two sample sets would be if both came from one

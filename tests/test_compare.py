@@ -625,9 +625,9 @@ def test_interleaved_rounds_are_resampled_together_so_shared_noise_cancels_in_th
     r_base, r_cur = np.exp(rng.normal(0, 0.15, 30)), np.exp(rng.normal(0, 0.15, 30))
     own = lambda n: rng.normal(1.0, 0.01, n)  # noqa: E731  (each variant's own, unshared noise)
     opt_base, opt_cur = 0.5 * r_base * own(30), 0.5 * r_cur * own(30)
-    paired = compare.relative_ratio_ci(opt_base, r_base, opt_cur, r_cur)
+    paired = stats.relative_ratio_ci(opt_base, r_base, opt_cur, r_cur)
     assert paired.ci_low > 0.97 and paired.ci_high < 1.03
-    unpaired = compare.relative_ratio_ci(opt_base[:29], r_base, opt_cur[:29], r_cur)
+    unpaired = stats.relative_ratio_ci(opt_base[:29], r_base, opt_cur[:29], r_cur)
     assert unpaired.ci_high - unpaired.ci_low > 3 * (paired.ci_high - paired.ci_low)
 
 
