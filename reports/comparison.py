@@ -23,11 +23,6 @@ def _change_text(ratio: float | None, low: float | None, high: float | None) -> 
     return f"{pct(ratio)}% [{pct(low)}, {pct(high)}]"
 
 
-def _device(case: CaseRecord, run: RunRecord) -> str:
-    """The hardware a case ran on, as the gate names it (:func:`gpubench.compare.case_device`)."""
-    return case.device_label or run.device_label or "?"
-
-
 def _median(case: CaseRecord, role: str) -> float | None:
     variant = case.variant(case.role_variant(role))
     return variant.median_s if variant is not None else None
@@ -41,11 +36,11 @@ def compare_runs(current: RunRecord, other: RunRecord, headline: Callable[[RunRe
     and not comparable cases, unchanged, improvements; cases of one run only listed apart. Runs of
     different devices or scenarios are compared anyway, with a warning. ``headline``: each run's
     headline (the report's)."""
-    result = gate.compare(other.to_dict(), current.to_dict(), force=True)  # the gate reads documents
+    result = gate.compare(other, current, force=True)
     several = any(change.device for change in result.changes)
 
     def key(case: CaseRecord, run: RunRecord) -> tuple[str, str]:
-        return case.id, _device(case, run) if several else ""
+        return case.id, run.device_of(case) if several else ""
 
     now = {key(c, current): c for c in current.cases}
     before = {key(c, other): c for c in other.cases}
@@ -106,7 +101,7 @@ def fleet_matrix(runs: list[RunRecord]) -> dict[str, Any] | None:
         labels = Labels(run)
         labels.shown = shown  # every run's cases labelled alike: the params that vary over all of them
         for case in run.cases:
-            device = _device(case, run)
+            device = run.device_of(case)
             columns += [device] if device not in columns else []
             row = rows.setdefault(case.id, {"label": labels.label(case), "technique": case.technique, "cells": {}})
             row["cells"][device] = _cell(case)

@@ -51,8 +51,8 @@ def headline(comp: Comparison) -> str:
     missing_note = " (missing cases allowed)" if comp.allow_missing and counts["missing"] else ""
     never = (f"the {' and the '.join(comp.unfinished)} run{'s' if len(comp.unfinished) > 1 else ''} never "
              f"completed; " if comp.unfinished else "")
-    return (f"{verdict}: {never}{', '.join(parts) or 'no cases'}{missing_note}; current {comp.current['run_id']} vs "
-            f"baseline {comp.baseline['run_id']} on {comp.current['device_label']}")
+    return (f"{verdict}: {never}{', '.join(parts) or 'no cases'}{missing_note}; current {comp.current.run_id} vs "
+            f"baseline {comp.baseline.run_id} on {comp.current.device_label}")
 
 
 def print_table(comp: Comparison, console: Console) -> None:

@@ -123,17 +123,18 @@ def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
     model for a run over several)."""
     from gpubench import compare as gate
     from gpubench.atomic import atomic_write_text
-    from gpubench.results import load_results
+    from gpubench.results import json_safe, load_run
 
-    doc = load_results(run_dir)
-    if doc.get("status") != "complete" or doc.get("summary", {}).get("failed"):
+    run = load_run(run_dir)
+    failed = run.summary["failed"]
+    if run.status != "complete" or failed:
         raise BadInput(f"{run_dir}: only a complete run with no failed case can be a baseline "
-                       f"(status {doc.get('status')!r}, {doc.get('summary', {}).get('failed', '?')} failed).")
-    for label in gate.device_labels(doc):  # a run over several device models: one baseline each
-        part = gate.for_device(doc, label)
+                       f"(status {run.status!r}, {failed} failed).")
+    for label in run.device_labels():  # a run over several device models: one baseline each
+        part = gate.for_device(run, label)
         target = gate.store_path(baseline_dir, part, name)
         try:
-            atomic_write_text(target, json.dumps(part, indent=1) + "\n")
+            atomic_write_text(target, json.dumps(json_safe(part.to_dict()), indent=1) + "\n")
         except DiskFull:
             raise  # not bad input: exit 74
         except OSError as exc:

@@ -29,16 +29,17 @@ reserved); its cases are gated on that deterministic figure instead (no CI neede
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from gpubench import stats
+from gpubench import pytest_benchmark, stats
 from gpubench.errors import BadInput
-from gpubench.results import SCHEMA_VERSION, load_results, role_variant
+from gpubench.results import CaseRecord, RunRecord, as_run, load_run
 
 DEFAULT_THRESHOLD = 0.05
 P_SIGNIFICANT = 0.002
@@ -67,37 +68,19 @@ def parse_threshold(text: str | float, source: str = "--threshold") -> float:
 # --------------------------------------------------------------------------------------------
 # Inputs: gpubench results, or pytest-benchmark JSON
 
-def load_any(path: str | Path) -> dict[str, Any]:
-    """A gpubench run directory / results.json, or a pytest-benchmark JSON file, as a results doc."""
+def load_any(path: str | Path) -> RunRecord:
+    """A gpubench run directory / results.json (:func:`gpubench.results.load_run`: BadInput, exit 2,
+    naming the file, for a missing or corrupt file or one of another schema version), or a
+    pytest-benchmark JSON file (:mod:`gpubench.pytest_benchmark`), as the run it records."""
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            raw = None  # load_results gives the clear message
-        if isinstance(raw, dict) and "benchmarks" in raw and "machine_info" in raw:
-            return from_pytest_benchmark(raw, path)
-    return load_results(path)
-
-
-def from_pytest_benchmark(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """pytest-benchmark's --benchmark-json output as a results doc: one case per benchmark, its
-    raw times (saved with --benchmark-save-data) as the samples."""
-    machine = raw.get("machine_info") or {}
-    cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "unknown CPU"
-    cases = []
-    for bench in raw.get("benchmarks") or []:
-        st = bench.get("stats") or {}
-        data = st.get("data") or []
-        name = bench.get("fullname") or bench.get("name")
-        variant = {"role": "optimized", "status": "ok", "samples_s": [float(x) for x in data],
-                   "stats": {"median": st.get("median"), "n": st.get("rounds")}}
-        cases.append({"id": name, "technique": bench.get("group") or "pytest-benchmark",
-                      "params": bench.get("params") or {}, "status": "passed", "failure": None,
-                      "variants": {"benchmark": variant}})
-    return {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "source": "pytest-benchmark",
-            "path": str(path), "device_label": f"CPU: {cpu}", "run_id": path.stem,
-            "scenario": {"name": "pytest-benchmark", "entries": None}, "cases": cases}
+            raw = None  # load_run gives the clear message
+        if pytest_benchmark.is_pytest_benchmark(raw):
+            return pytest_benchmark.run_of(raw, path)
+    return load_run(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,10 +106,25 @@ class Change:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Side:
+    """What the comparison says of each run it compared (the keys of ``compare --json``)."""
+
+    run_id: str | None = None
+    scenario: str | None = None
+    device_label: str | None = None
+    source: str = "gpubench"
+    path: str | None = None
+
+    @classmethod
+    def of(cls, run: RunRecord) -> "Side":
+        return cls(run.run_id, run.scenario_name, run.device_label, run.source, run.path)
+
+
 @dataclass
 class Comparison:
-    baseline: dict[str, Any]  # run_id, scenario, device_label of each side
-    current: dict[str, Any]
+    baseline: Side
+    current: Side
     changes: list[Change]
     allow_missing: bool
     forced: list[str]  # refusals overridden with --force
@@ -152,7 +150,8 @@ class Comparison:
         return {v: sum(c.verdict == v for c in self.changes) for v in ORDER}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "baseline": self.baseline, "current": self.current, "counts": self.counts(),
+        return {"passed": self.passed, "baseline": asdict(self.baseline), "current": asdict(self.current),
+                "counts": self.counts(),
                 "forced": self.forced, "strict": self.strict, "problems": self.problems,
                 "unfinished": self.unfinished, "changes": [c.to_dict() for c in self.changes]}
 
@@ -175,56 +174,53 @@ def classify(baseline_samples: list[float], current_samples: list[float], thresh
     return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
 
-def _meta(doc: dict[str, Any]) -> dict[str, Any]:
-    return {"run_id": doc.get("run_id"), "scenario": (doc.get("scenario") or {}).get("name"),
-            "device_label": doc.get("device_label"), "source": doc.get("source", "gpubench"),
-            "path": doc.get("path")}
-
-
-def never_completed(doc: dict[str, Any]) -> str | None:
+def never_completed(run: RunRecord) -> str | None:
     """Why a run's record is not a whole run (its status and how many cases it holds), or None
-    for a complete one. A file without a status (pytest-benchmark JSON) is whole."""
-    status = doc.get("status")
-    if status in (None, "complete"):
+    for a complete one. A pytest-benchmark file is whole."""
+    if run.status == "complete":
         return None
-    cases = len(doc.get("cases") or [])
-    planned = doc.get("planned_cases")
-    held = f"{cases} case{'s' if cases != 1 else ''} recorded" + (f" of {planned} planned" if planned else "")
+    cases = len(run.cases)
+    held = f"{cases} case{'s' if cases != 1 else ''} recorded" + (
+        f" of {run.planned_cases} planned" if run.planned_cases else "")
     why = {"running": "still 'running': the process was killed or is still going",
-           "interrupted": "interrupted"}.get(status, status)
-    reason = doc.get("abort_reason")
-    return f"status {why}{f' ({reason})' if reason else ''}; {held}"
+           "interrupted": "interrupted"}.get(run.status, run.status)
+    return f"status {why}{f' ({run.abort_reason})' if run.abort_reason else ''}; {held}"
 
 
-def _definition(doc: dict[str, Any]) -> Any:
-    s = doc.get("scenario") or {}
-    return s.get("name"), json.dumps(s.get("entries"), sort_keys=True)
+def _definition(run: RunRecord) -> tuple[str | None, str]:
+    return run.scenario_name, json.dumps(run.scenario_entries, sort_keys=True)
 
 
-def case_device(case: dict[str, Any], doc: dict[str, Any]) -> str:
-    """The hardware a case ran on: its own record's (a run over several device models), else the run's."""
-    return (case.get("device") or {}).get("label") or doc.get("device_label") or "?"
-
-
-def device_labels(doc: dict[str, Any]) -> list[str]:
-    return list(dict.fromkeys(case_device(c, doc) for c in doc.get("cases", []))) or [doc.get("device_label") or "?"]
-
-
-def for_device(doc: dict[str, Any], label: str) -> dict[str, Any]:
+def for_device(run: RunRecord, label: str) -> RunRecord:
     """The part of a run measured on one device model, as a run of its own."""
-    cases = [c for c in doc.get("cases", []) if case_device(c, doc) == label]
-    statuses = [c.get("status") for c in cases]
-    return {**doc, "device_label": label, "cases": cases,
-            "summary": {"cases": len(cases), "passed": statuses.count("passed"), "failed": statuses.count("failed"),
-                        "interrupted": statuses.count("interrupted")}}
+    return dataclasses.replace(run, device_label=label, cases=[c for c in run.cases if run.device_of(c) == label])
 
 
-def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: float = DEFAULT_THRESHOLD,
-            allow_missing: bool = False, force: bool = False, strict: bool = False) -> Comparison:
+def compare(baseline: RunRecord | Mapping[str, Any], current: RunRecord | Mapping[str, Any], *,
+            threshold: float = DEFAULT_THRESHOLD, allow_missing: bool = False, force: bool = False,
+            strict: bool = False) -> Comparison:
     """Each case of ``current`` against the same case on the same device model in ``baseline``
-    (a run over several models is gated model by model)."""
-    forced = []
-    base_labels, cur_labels = device_labels(baseline), device_labels(current)
+    (a run over several models is gated model by model). The runs are records; a results
+    document (a dict, as a script or a test builds one) is read into one first."""
+    baseline, current = as_run(baseline), as_run(current)
+    forced: list[str] = []
+    several = _check_like_for_like(baseline, current, force, forced)
+    # Different definitions, forced: the runs were not meant to hold the same cases, so what the
+    # baseline has and the current run lacks is a difference of definitions, not a lost case.
+    allow_missing = allow_missing or _definition(baseline) != _definition(current)
+    problems, unfinished = _unfinished(baseline, current, force, forced)
+    changes = _changes(baseline, current, threshold, several, "current" in unfinished)
+    changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
+                                else (c.ratio or 0.0)))
+    return Comparison(Side.of(baseline), Side.of(current), changes, allow_missing, forced, strict, problems,
+                      unfinished)
+
+
+def _check_like_for_like(baseline: RunRecord, current: RunRecord, force: bool, forced: list[str]) -> bool:
+    """Refuse runs of different hardware or scenario definitions (BadInput) unless forced, noting
+    what was forced in ``forced``. Returns whether cases are matched per device model (runs over
+    several models, not forced)."""
+    base_labels, cur_labels = baseline.device_labels(), current.device_labels()
     if not set(base_labels) & set(cur_labels):
         message = (f"the runs were measured on different hardware: baseline on "
                    f"{' + '.join(base_labels)!r}, current on {' + '.join(cur_labels)!r}")
@@ -234,23 +230,23 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
                            f"or pass --force.")
         forced.append(message)
     if _definition(baseline) != _definition(current):
-        message = (f"the scenario definitions differ (baseline {_definition(baseline)[0]!r}, current "
-                   f"{_definition(current)[0]!r}, or their entries)")
+        message = (f"the scenario definitions differ (baseline {baseline.scenario_name!r}, current "
+                   f"{current.scenario_name!r}, or their entries)")
         if not force:
             raise BadInput(f"compare: {message}; cases would not be like for like. Re-run the same scenario, "
                            f"or pass --force to compare the cases they share (with --force, cases only in "
                            f"the baseline are listed as missing but do not fail the gate).")
-        # The runs were not meant to hold the same cases: what the baseline has and the current run
-        # lacks is a difference of definitions, not a lost case (as --allow-missing).
-        allow_missing = True
         forced.append(f"{message}: compared the cases both runs hold; cases only in the baseline do not "
                       f"fail the gate")
-    per_technique = ((current.get("scenario") or {}).get("thresholds") or {})
-    several = len(set(base_labels) | set(cur_labels)) > 1 and not forced
-    key = (lambda c, doc: (c["id"], case_device(c, doc))) if several else (lambda c, doc: (c["id"], ""))
+    return len(set(base_labels) | set(cur_labels)) > 1 and not forced
+
+
+def _unfinished(baseline: RunRecord, current: RunRecord, force: bool,
+                forced: list[str]) -> tuple[list[str], list[str]]:
+    """(problems that fail the gate, the sides whose run never completed)."""
     problems, unfinished = [], []
-    for side, doc in (("current", current), ("baseline", baseline)):
-        why = never_completed(doc)
+    for side, run in (("current", current), ("baseline", baseline)):
+        why = never_completed(run)
         if why is None:
             continue
         unfinished.append(side)
@@ -264,46 +260,50 @@ def compare(baseline: dict[str, Any], current: dict[str, Any], *, threshold: flo
             problems.append(f"the baseline run never completed ({why}): cases it lacks would be new, not gated; "
                             f"store a complete run as the baseline (gpubench baseline save refuses any other), "
                             f"or pass --force")
-    base_cases = {key(c, baseline): c for c in baseline.get("cases", [])}
-    cur_cases = {key(c, current): c for c in current.get("cases", [])}
+    return problems, unfinished
+
+
+def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several: bool,
+             current_stopped: bool) -> list[Change]:
+    """A change per case of either run, keyed by case id (and device model when ``several``)."""
+    def keyed(run: RunRecord) -> dict[tuple[str, str], CaseRecord]:
+        return {(c.id, run.device_of(c) if several else ""): c for c in run.cases}
+
+    thresholds = current.thresholds
+    base_cases, cur_cases = keyed(baseline), keyed(current)
     changes = []
     for index, ((case_id, device), cur) in enumerate(cur_cases.items()):
-        t = float(per_technique.get(cur.get("technique"), threshold))
-        change = Change(case_id, cur.get("technique", "?"), "new", threshold=t, device=device)
+        change = Change(case_id, cur.technique, "new", threshold=thresholds.get(cur.technique, threshold),
+                        device=device)
         base = base_cases.get((case_id, device))
-        if cur.get("status") != "passed":
+        if not cur.passed:
             change.verdict, change.reason = "failed", _not_passed(cur, "")
-        elif base is not None and base.get("status") != "passed":
+        elif base is not None and not base.passed:
             change.verdict, change.reason = "no_samples", _not_passed(base, "in the baseline, ") + ": nothing to compare with"
         elif base is not None:
             _fill(change, base, cur, seed=index)
         changes.append(change)
     for (case_id, device), base in base_cases.items():
         if (case_id, device) not in cur_cases:
-            changes.append(Change(case_id, base.get("technique", "?"), "missing",
-                                  threshold=float(per_technique.get(base.get("technique"), threshold)),
+            changes.append(Change(case_id, base.technique, "missing", threshold=thresholds.get(base.technique, threshold),
                                   reason="in the baseline, not in the current run" + (
-                                      ", which stopped before it" if "current" in unfinished else ""), device=device))
-    changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
-                                else (c.ratio or 0.0)))
-    return Comparison(_meta(baseline), _meta(current), changes, allow_missing, forced, strict, problems,
-                      unfinished)
+                                      ", which stopped before it" if current_stopped else ""), device=device))
+    return changes
 
 
-def _not_passed(case: dict[str, Any], where: str) -> str:
+def _not_passed(case: CaseRecord, where: str) -> str:
     """What happened to a case that did not pass: its failure's message, or 'case interrupted
     (stopped by Ctrl-C)' and the like."""
-    status = case.get("status") or "never finished"
-    message = (case.get("failure") or {}).get("message")
+    status = case.status or "never finished"
+    message = case.failure.message if case.failure else None
     if status == "failed":
         return f"{where}{message}" if message else f"{where}case failed"
     return f"{where}case {status}" + (f" ({message})" if message else "")
 
 
-def _samples(case: dict[str, Any], name: str | None) -> list[float]:
-    if name is None:
-        return []
-    return list(((case.get("variants") or {}).get(name) or {}).get("samples_s") or [])
+def _samples(case: CaseRecord, name: str | None) -> list[float]:
+    variant = case.variant(name)
+    return list(variant.samples_s) if variant is not None else []
 
 
 def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
@@ -353,26 +353,19 @@ def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: s
                      f"the machine changed between the runs")
 
 
-def _metric(case: dict[str, Any], variant: str | None, key: str) -> float | None:
-    value = (((case.get("variants") or {}).get(variant) or {}).get("metrics") or {}).get(key)
+def _metric(case: CaseRecord, name: str | None, key: str) -> float | None:
+    variant = case.variant(name)
+    value = variant.metric(key) if variant is not None else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) -> None:
+def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
     # Variants are matched by role: a stored baseline may name them otherwise (schema 1 called
     # them "baseline" and "optimized"; a CPU run's optimized variant is not a GPU run's).
-    name, base_name = role_variant(cur, "optimized"), role_variant(base, "optimized")
-    key = cur.get("gate_metric")
-    if key:
-        change.variant = name
-        a, b = _metric(base, base_name, key), _metric(cur, name, key)
-        if a is None or b is None or a <= 0:
-            change.verdict, change.reason = "no_samples", f"no {key} figure to gate on"
-            return
-        ratio = b / a
-        change.verdict = verdict_of(stats.RatioCI(ratio, ratio, ratio), 1.0, change.threshold)
-        change.ratio = change.ci_low = change.ci_high = ratio
-        change.reason = f"gated on {key}: {a:,.0f} -> {b:,.0f} (exact)"
+    name, base_name = cur.role_variant("optimized"), base.role_variant("optimized")
+    if cur.gate_metric:
+        _fill_by_metric(change, _metric(base, base_name, cur.gate_metric), _metric(cur, name, cur.gate_metric),
+                        cur.gate_metric, name)
         return
     a, b = _samples(base, base_name), _samples(cur, name)
     change.variant = name if base_name in (name, None) else f"{base_name} -> {name}"
@@ -382,8 +375,8 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
         return
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
-    ref = role_variant(cur, "baseline")
-    ra, rb = _samples(base, role_variant(base, "baseline")), _samples(cur, ref)
+    ref = cur.role_variant("baseline")
+    ra, rb = _samples(base, base.role_variant("baseline")), _samples(cur, ref)
     if ra and rb and ref != name:
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
         change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}
@@ -392,6 +385,18 @@ def _fill(change: Change, base: dict[str, Any], cur: dict[str, Any], seed: int) 
             change.context.update(relative_ratio=relative.ratio, relative_ci_low=relative.ci_low,
                                   relative_ci_high=relative.ci_high)
             _judge_by_relative_ratio(change, ci, relative, min(len(a), len(b), len(ra), len(rb)))
+
+
+def _fill_by_metric(change: Change, before: float | None, now: float | None, key: str, name: str | None) -> None:
+    """A technique gated on its own deterministic figure (kv_cache: bytes reserved): exact, no CI."""
+    change.variant = name
+    if before is None or now is None or before <= 0:
+        change.verdict, change.reason = "no_samples", f"no {key} figure to gate on"
+        return
+    ratio = now / before
+    change.verdict = verdict_of(stats.RatioCI(ratio, ratio, ratio), 1.0, change.threshold)
+    change.ratio = change.ci_low = change.ci_high = ratio
+    change.reason = f"gated on {key}: {before:,.0f} -> {now:,.0f} (exact)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,29 +408,28 @@ def device_slug(label: str | None) -> str:
     return slug or "unknown-device"
 
 
-def store_path(store: Path, doc: dict[str, Any], name: str | None = None) -> Path:
-    scenario = name or (doc.get("scenario") or {}).get("name") or "run"
-    return Path(store) / device_slug(doc.get("device_label")) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', scenario)}.json"
+def store_path(store: Path, run: RunRecord, name: str | None = None) -> Path:
+    scenario = name or run.scenario_name or "run"
+    return Path(store) / device_slug(run.device_label) / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', scenario)}.json"
 
 
-def load_from_store(store: Path, current: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
-    """The stored baseline of each device model ``current`` ran on, merged into one document (each
+def load_from_store(store: Path, current: RunRecord) -> tuple[RunRecord, list[Path]]:
+    """The stored baseline of each device model ``current`` ran on, merged into one run (each
     case keeps its device); BadInput when there is none for any of them."""
-    found = [(label, store_path(store, for_device(current, label))) for label in device_labels(current)]
+    found = [(label, store_path(store, for_device(current, label))) for label in current.device_labels()]
     found = [(label, path) for label, path in found if path.is_file()]
     if not found:
         find_in_store(store, current)  # raises, listing what is stored
-    docs = [(label, for_device(load_any(path), label)) for label, path in found]
-    if len(docs) == 1:
-        return docs[0][1], [found[0][1]]
-    merged = dict(docs[0][1])
-    merged["cases"] = [{**c, "device": {**(c.get("device") or {}), "label": label}} for label, d in docs
-                       for c in d["cases"]]
-    merged["device_label"] = " + ".join(label for label, _ in docs)
+    runs = [(label, for_device(load_any(path), label)) for label, path in found]
+    if len(runs) == 1:
+        return runs[0][1], [found[0][1]]
+    cases = [dataclasses.replace(c, device={**(c.device or {}), "label": label}) for label, run in runs
+             for c in run.cases]
+    merged = dataclasses.replace(runs[0][1], cases=cases, device_label=" + ".join(label for label, _ in runs))
     return merged, [path for _, path in found]
 
 
-def find_in_store(store: Path, current: dict[str, Any]) -> Path:
+def find_in_store(store: Path, current: RunRecord) -> Path:
     path = store_path(store, current)
     if path.is_file():
         return path

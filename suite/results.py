@@ -233,12 +233,40 @@ class RunRecord:
     # by the run's process (:meth:`declare`); empty in runs of versions 1 and 2.
     declarations: Declarations = field(default_factory=Declarations)
     schema_version: int = SCHEMA_VERSION  # of the file it was read from (the writer's: the newest)
+    # Where a reader got the record (never written): the tool that wrote the file, gpubench or
+    # pytest-benchmark (:mod:`gpubench.pytest_benchmark`), and the file, when the reader says.
+    source: str = "gpubench"
+    path: str | None = None
 
     @property
     def summary(self) -> dict[str, int]:
         statuses = [c.status for c in self.cases]
         return {"cases": len(statuses), "passed": statuses.count("passed"),
                 "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
+
+    # -- what the gate reads -----------------------------------------------------------------
+    @property
+    def scenario_name(self) -> str | None:
+        return self.scenario.get("name")
+
+    @property
+    def scenario_entries(self) -> list[dict[str, Any]] | None:
+        """The scenario's entries as the run recorded them (None for a run of no scenario file)."""
+        return self.scenario.get("entries")
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """The scenario's gate threshold per technique (a slowdown fraction), where it sets one."""
+        return {str(k): float(v) for k, v in (self.scenario.get("thresholds") or {}).items()}
+
+    def device_of(self, case: CaseRecord) -> str:
+        """The hardware a case ran on by name: its own record's (a run over several device
+        models), else the run's; "?" when neither says."""
+        return case.device_label or self.device_label or "?"
+
+    def device_labels(self) -> list[str]:
+        """The device models its cases ran on, in case order (the run's own label without cases)."""
+        return list(dict.fromkeys(self.device_of(c) for c in self.cases)) or [self.device_label or "?"]
 
     # -- declarations ------------------------------------------------------------------------
     def declare(self) -> None:
@@ -279,7 +307,7 @@ class RunRecord:
     def to_dict(self, cases: bool = True) -> dict[str, Any]:
         from gpubench import __version__
 
-        skip = ("cases", "declarations", "schema_version")
+        skip = ("cases", "declarations", "schema_version", "source", "path")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
         declared, elsewhere = self.declarations.to_dicts()

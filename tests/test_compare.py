@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpubench.results import role_variant
+from gpubench.results import RunRecord, role_variant
 from gpubench import compare, stats, timing
 from gpubench.errors import BadInput
 
@@ -82,7 +82,7 @@ def test_a_slowdown_within_the_threshold_or_within_the_noise_is_not_a_regression
 
 
 def _doc(device="CPU: test", scenario="s", entries=None, cases=None, thresholds=None):
-    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "device_label": device,
+    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "status": "complete", "device_label": device,
             "scenario": {"name": scenario, "entries": entries or [{"technique": "t"}], "thresholds": thresholds or {}},
             "cases": cases or []}
 
@@ -156,11 +156,11 @@ def test_pytest_benchmark_json_is_accepted(tmp_path):
         return path
 
     result = compare.compare(compare.load_any(bench_file("a.json", 1.0)), compare.load_any(bench_file("b.json", 1.4)))
-    assert result.changes[0].verdict == "regressed" and result.baseline["device_label"] == "CPU: Test CPU"
+    assert result.changes[0].verdict == "regressed" and result.baseline.device_label == "CPU: Test CPU"
 
 
 def test_baseline_store_paths_are_per_device_model(tmp_path):
-    doc = _doc(device="NVIDIA H100 80GB HBM3", scenario="gpu-quick")
+    doc = RunRecord.from_dict(_doc(device="NVIDIA H100 80GB HBM3", scenario="gpu-quick"))
     assert compare.store_path(tmp_path, doc) == tmp_path / "NVIDIA-H100-80GB-HBM3" / "gpu-quick.json"
     with pytest.raises(BadInput, match="no baseline for this device and scenario"):
         compare.find_in_store(tmp_path, doc)
@@ -192,11 +192,10 @@ def test_benchmarks_run_and_their_json_feeds_the_gate(tmp_path):
                            "--benchmark-save-data", f"--benchmark-json={out}", "-o", "timeout=900"],
                           capture_output=True, text=True, timeout=1000, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    doc = compare.load_any(out)
-    groups = {c["technique"] for c in doc["cases"]}
-    assert groups == {"flash_attention", "kv_cache"}
-    assert all(len(c["variants"]["benchmark"]["samples_s"]) >= 3 for c in doc["cases"])
-    assert compare.compare(doc, doc).passed  # a file against itself: nothing changed
+    run = compare.load_any(out)
+    assert {c.technique for c in run.cases} == {"flash_attention", "kv_cache"}
+    assert all(len(c.variants["benchmark"].samples_s) >= 3 for c in run.cases)
+    assert compare.compare(run, run).passed  # a file against itself: nothing changed
 
 
 # -- end to end through the CLI -------------------------------------------------------------
@@ -386,7 +385,7 @@ FAILS = {  # verdict: (default, --allow-missing, --strict)
 
 
 def _comparison(verdict, **kw):
-    meta = {"run_id": "r", "device_label": "CPU: test"}
+    meta = compare.Side(run_id="r", device_label="CPU: test")
     return compare.Comparison(meta, meta, [compare.Change("a", "t", verdict)], kw.get("allow_missing", False), [],
                               kw.get("strict", False))
 
@@ -682,7 +681,7 @@ def test_the_gate_table_shows_a_bracketed_case_id_as_text_not_markup():
                Change("test_bench_techniques.py::test_technique[flash_attention-full-eager]", "flash_attention",
                       "unchanged", None, 1e-3, 1e-3, 1.0, 0.99, 1.01)]
     out = io.StringIO()
-    side = {"run_id": "r", "scenario": "s", "device_label": "CPU"}
+    side = compare.Side(run_id="r", scenario="s", device_label="CPU")
     gate_report.print_table(Comparison(side, side, changes, allow_missing=False, forced=[]), Console(file=out, width=300))
     assert "kv_cache[model=llama-3.1-8b]" in out.getvalue()
     assert "test_technique[flash_attention-full-eager]" in out.getvalue()

@@ -140,21 +140,6 @@ def rows_of_file(path: str | Path, branch: str | None = None) -> list[ResultRow]
     """The rows of a run directory, a results.json or a pytest-benchmark JSON file (BadInput,
     exit 2, naming the file, for anything else)."""
     path = Path(path)
-    doc = load_any(path)
-    if doc.get("source") != "pytest-benchmark":
-        file = path / "results.json" if path.is_dir() else path
-        return rows_of_run(RunRecord.from_dict(doc), file, branch=branch)
-    return _pytest_benchmark_rows(doc, path, branch)
-
-
-def _pytest_benchmark_rows(doc: dict[str, Any], path: Path, branch: str | None) -> list[ResultRow]:
-    """pytest-benchmark JSON: its cases as the gate reads them; the run's commit, branch, time
-    and host from the file's commit_info, datetime and machine_info."""
-    raw = json.loads(path.read_text(encoding="utf-8"))  # load_any read it already: it is JSON
-    commit = raw.get("commit_info") or {}
-    machine = raw.get("machine_info") or {}
-    run = RunRecord.from_dict({**doc, "status": "complete", "started_at": raw.get("datetime") or "",
-                               "env": {"host": machine.get("node") or "",
-                                       "git": {"commit": commit.get("id"), "branch": commit.get("branch"),
-                                               "dirty": commit.get("dirty")}}})
-    return rows_of_run(run, path, source="pytest-benchmark", branch=branch)
+    run = load_any(path)
+    file = path / "results.json" if path.is_dir() else path
+    return rows_of_run(run, file, source=run.source, branch=branch)
