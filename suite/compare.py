@@ -285,9 +285,10 @@ def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several:
         changes.append(change)
     for (case_id, device), base in base_cases.items():
         if (case_id, device) not in cur_cases:
-            changes.append(Change(case_id, base.technique, "missing", threshold=thresholds.get(base.technique, threshold),
+            changes.append(Change(case_id, base.technique, "missing",
+                                  threshold=thresholds.get(base.technique, threshold), device=device,
                                   reason="in the baseline, not in the current run" + (
-                                      ", which stopped before it" if current_stopped else ""), device=device))
+                                      ", which stopped before it" if current_stopped else "")))
     return changes
 
 

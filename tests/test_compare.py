@@ -82,7 +82,10 @@ def test_a_slowdown_within_the_threshold_or_within_the_noise_is_not_a_regression
 
 
 def _doc(device="CPU: test", scenario="s", entries=None, cases=None, thresholds=None):
-    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "status": "complete", "device_label": device,
+    # A whole run says so: a document without a status is read as the record's default, a run
+    # still "running", which the gate does not pass.
+    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "status": "complete",
+            "device_label": device,
             "scenario": {"name": scenario, "entries": entries or [{"technique": "t"}], "thresholds": thresholds or {}},
             "cases": cases or []}
 
@@ -685,3 +688,100 @@ def test_the_gate_table_shows_a_bracketed_case_id_as_text_not_markup():
     gate_report.print_table(Comparison(side, side, changes, allow_missing=False, forced=[]), Console(file=out, width=300))
     assert "kv_cache[model=llama-3.1-8b]" in out.getvalue()
     assert "test_technique[flash_attention-full-eager]" in out.getvalue()
+
+
+# -- the gate reads typed records, from either source (issue 26, point 2)
+
+def _bench_json(path, data, **extra):
+    path.write_text(json.dumps({
+        "machine_info": {"node": "bench-host", "cpu": {"brand_raw": "Test CPU"}},
+        "commit_info": {"id": "abc123", "branch": "main", "dirty": False}, "datetime": "2026-12-05T01:00:00",
+        "benchmarks": [{"name": "test_x[k=2]", "fullname": "b.py::test_x[k=2]", "group": "g", "params": {"k": 2},
+                        "stats": {"median": float(np.median(data)), "rounds": len(data), "data": list(data)}}],
+        **extra}))
+    return path
+
+
+def test_pytest_benchmark_json_is_read_into_a_run_record_with_its_samples_device_and_commit(tmp_path):
+    """pytest-benchmark JSON becomes the records a gpubench run is read into: each benchmark a passed
+    case with its raw times as the optimized variant's samples, the machine's CPU as the device, the
+    file's commit, host and time in the run."""
+    from gpubench.results import CaseRecord, VariantRecord
+
+    data = list(np.random.default_rng(20).normal(1e-3, 1e-5, 12))
+    run = compare.load_any(_bench_json(tmp_path / "0001_x.json", data))
+    assert isinstance(run, RunRecord) and run.source == "pytest-benchmark" and run.status == "complete"
+    assert run.device_label == "CPU: Test CPU" and run.run_id == "0001_x" and run.path == str(tmp_path / "0001_x.json")
+    assert run.env["host"] == "bench-host" and run.env["git"] == {"commit": "abc123", "branch": "main", "dirty": False}
+    assert run.started_at == "2026-12-05T01:00:00"
+    (case,) = run.cases
+    assert isinstance(case, CaseRecord) and (case.id, case.technique, case.params, case.passed) == (
+        "b.py::test_x[k=2]", "g", {"k": 2}, True)
+    variant = case.variant(case.role_variant("optimized"))
+    assert isinstance(variant, VariantRecord) and variant.samples_s == data and variant.median_s == np.median(data)
+
+
+def test_the_gate_compares_records_of_either_source_as_it_compares_their_documents(tmp_path):
+    """compare takes RunRecords (what load_any gives for a results.json and for pytest-benchmark
+    JSON) and gives the verdicts, figures and JSON keys it gives for the same runs as documents."""
+    rng = np.random.default_rng(21)
+    s = list(rng.normal(1.0, 0.005, 25))
+    base_doc = _doc(cases=[_case("a", s), _case("b", s)])
+    cur_doc = _doc(cases=[_case("a", s, optimized_scale=1.3), _case("b", s)])
+    (tmp_path / "base.json").write_text(json.dumps(base_doc))
+    (tmp_path / "cur.json").write_text(json.dumps(cur_doc))
+    base, cur = compare.load_any(tmp_path / "base.json"), compare.load_any(tmp_path / "cur.json")
+    assert isinstance(base, RunRecord) and isinstance(cur, RunRecord)
+    typed, documents = compare.compare(base, cur), compare.compare(base_doc, cur_doc)
+    assert [c.to_dict() for c in typed.changes] == [c.to_dict() for c in documents.changes]
+    assert {c.case_id: c.verdict for c in typed.changes} == {"a": "regressed", "b": "unchanged"}
+    assert set(typed.to_dict()) == {"passed", "baseline", "current", "counts", "forced", "strict", "problems",
+                                    "unfinished", "changes"}
+    assert typed.to_dict()["current"] == {"run_id": "r", "scenario": "s", "device_label": "CPU: test",
+                                          "source": "gpubench", "path": None}
+    data = list(rng.normal(1e-3, 1e-5, 20))
+    bench = compare.compare(compare.load_any(_bench_json(tmp_path / "a.json", data)),
+                            compare.load_any(_bench_json(tmp_path / "b.json", [x * 1.4 for x in data])))
+    assert [(c.case_id, c.verdict) for c in bench.changes] == [("b.py::test_x[k=2]", "regressed")]
+    assert bench.to_dict()["baseline"]["source"] == "pytest-benchmark"
+
+
+@pytest.mark.parametrize("command", ["compare", "baseline"])
+def test_a_results_file_of_another_schema_version_is_refused_with_exit_2_naming_the_file(tmp_path, command):
+    """A results.json of a schema version this gpubench does not read gets the one-paragraph error
+    (the file, its version, the versions read), exit 2, no traceback: from compare and baseline save."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_doc(cases=[_case("a", SAMPLES)])))
+    future = tmp_path / "future" / "results.json"
+    future.parent.mkdir()
+    future.write_text(json.dumps({**_doc(cases=[_case("a", SAMPLES)]), "schema_version": 99}))
+    args = (["compare", str(good), str(future.parent)] if command == "compare"
+            else ["baseline", "save", str(future.parent), "--baseline-dir", str(tmp_path / "store")])
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert str(future) in result.output and "schema_version is 99" in result.output
+    assert "reads versions 1, 2, 3" in result.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_baseline_save_stores_the_run_as_read_and_the_gate_reads_it_back_as_the_same_records(tmp_path):
+    """baseline save writes the record it read (typed): the stored file read back holds the same
+    cases, samples and verdict-relevant fields, so the run against its own stored copy passes."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cases = [_case("a", SAMPLES), {**_gated(1000), "id": "kv"}]
+    (run_dir / "results.json").write_text(json.dumps({**_doc(cases=cases), "schema_version": 2}))
+    saved = CliRunner().invoke(main, ["baseline", "save", str(run_dir), "--baseline-dir", str(tmp_path / "store")])
+    assert saved.exit_code == 0, saved.output
+    run = compare.load_any(run_dir)
+    stored = compare.load_any(tmp_path / "store" / "CPU-test" / "s.json")
+    assert stored.schema_version == 2 and stored.cases == run.cases and stored.scenario == run.scenario
+    assert compare.compare(stored, run).passed
