@@ -57,13 +57,13 @@ def compare_runs(current: RunRecord, other: RunRecord, headline: Callable[[RunRe
 
 
 def _change_row(change: gate.Change, case: CaseRecord, old: CaseRecord, labels: Labels) -> dict[str, Any]:
-    ctx = change.context or {}
+    ctx = change.context
     return {"id": change.case_id, "label": labels.label(case), "class": change.verdict,
             "verdict": VERDICT_TEXT.get(change.verdict, change.verdict), "note": change.reason,
             "ratio": change.ratio,
             "ci": None if change.ratio is None else (change.ratio, change.ci_low, change.ci_high),
             "change": _change_text(change.ratio, change.ci_low, change.ci_high),
-            "baseline_change": _change_text(ctx.get("ratio"), ctx.get("ci_low"), ctx.get("ci_high")),
+            "baseline_change": _change_text(ctx.ratio, ctx.ci_low, ctx.ci_high) if ctx else "-",
             "before": format_seconds(_median(old, "optimized")), "after": format_seconds(_median(case, "optimized")),
             "speedup_before": format_speedup(old.speedup(old.role_variant("optimized"))),
             "speedup_after": format_speedup(case.speedup(case.role_variant("optimized")))}

@@ -25,8 +25,7 @@ def _change(c) -> str:
 
 
 def _context(c) -> str:
-    ctx = c.context or {}
-    return f"{(ctx['ratio'] - 1) * 100:+.1f}%" if ctx.get("ratio") is not None else "-"
+    return f"{(c.context.ratio - 1) * 100:+.1f}%" if c.context is not None else "-"
 
 
 def case_labels(changes) -> dict[str, str]:

@@ -86,6 +86,24 @@ def load_any(path: str | Path) -> RunRecord:
 # --------------------------------------------------------------------------------------------
 
 @dataclass
+class BaselineVariantChange:
+    """The case's baseline variant, current vs baseline run (the machine's move, when the code did
+    not change it), and the optimized/baseline ratio's change when the case was judged by it."""
+
+    variant: str | None
+    ratio: float
+    ci_low: float
+    ci_high: float
+    relative_ratio: float | None = None
+    relative_ci_low: float | None = None
+    relative_ci_high: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys ``compare --json`` has always given: the relative ratio's only when judged by it."""
+        return {k: v for k, v in asdict(self).items() if v is not None or not k.startswith("relative")}
+
+
+@dataclass
 class Change:
     case_id: str
     technique: str
@@ -99,11 +117,12 @@ class Change:
     p_value: float | None = None
     threshold: float = DEFAULT_THRESHOLD
     reason: str = ""
-    context: dict[str, Any] = field(default_factory=dict)  # the baseline variant's change, for reading
+    context: BaselineVariantChange | None = None  # None where the case has no baseline variant to read
     device: str = ""  # the device model, when the runs span several
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "context": self.context.to_dict() if self.context else {}}
 
 
 @dataclass(frozen=True)
@@ -380,11 +399,11 @@ def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
     ra, rb = _samples(base, base.role_variant("baseline")), _samples(cur, ref)
     if ra and rb and ref != name:
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
-        change.context = {"variant": ref, "ratio": ci.ratio, "ci_low": ci.ci_low, "ci_high": ci.ci_high}
+        change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
         if change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio):
             relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
-            change.context.update(relative_ratio=relative.ratio, relative_ci_low=relative.ci_low,
-                                  relative_ci_high=relative.ci_high)
+            change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
+                relative.ratio, relative.ci_low, relative.ci_high)
             _judge_by_relative_ratio(change, ci, relative, min(len(a), len(b), len(ra), len(rb)))
 
 

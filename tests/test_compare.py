@@ -119,7 +119,7 @@ def test_regressions_come_first_largest_slowdown_first():
     result = compare.compare(base, cur)
     assert [c.case_id for c in result.changes] == ["c", "a", "b"]
     assert [c.verdict for c in result.changes] == ["regressed", "regressed", "unchanged"]
-    assert result.changes[0].context["variant"] == "baseline"
+    assert result.changes[0].context.variant == "baseline"
 
 
 def test_per_technique_thresholds_from_the_scenario_apply():
@@ -371,7 +371,7 @@ def test_a_stored_schema_1_baseline_is_compared_by_role_with_a_run_whose_variant
     new = {**_doc(cases=[renamed]), "schema_version": 2}
     change = compare.compare(old, new).changes[0]
     assert change.verdict == "regressed" and change.ratio == pytest.approx(1.5, rel=0.01)
-    assert change.variant == "optimized -> triton" and change.context["variant"] == "eager"
+    assert change.variant == "optimized -> triton" and change.context.variant == "eager"
 
 
 # -- every branch of the gate's decision (issue 25 A.3: an interrupted case once passed as "no samples")
@@ -586,7 +586,7 @@ def test_the_issue_27_case_whose_baseline_variant_moved_as_far_is_inconclusive_n
     base, cur = ISSUE_27_SAMPLES["baseline_run"], ISSUE_27_SAMPLES["current_run"]
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
     assert gate_report._change(change) == "+13.2% [+5.6, +17.7]"
-    assert gate_report._context(change) == "+15.3%" and change.context["ci_low"] < 1.0  # the escape
+    assert gate_report._context(change) == "+15.3%" and change.context.ci_low < 1.0  # the escape
     assert change.verdict == "inconclusive", change.reason
     assert "baseline variant moved +15.3% too" in change.reason and "optimized/baseline ratio moved" in change.reason
 
@@ -596,7 +596,7 @@ def test_a_regression_of_the_optimized_variant_alone_is_regressed_while_the_base
     base = [1.0 * rng.normal(1, 0.01, 25), rng.normal(1, 0.01, 25)]
     cur = [1.0 * rng.normal(1, 0.01, 25), 1.2 * rng.normal(1, 0.01, 25)]
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
-    assert change.verdict == "regressed" and "relative_ratio" not in change.context  # judged on its own
+    assert change.verdict == "regressed" and change.context.relative_ratio is None  # judged on its own
 
 
 @pytest.mark.parametrize("machine,ratio_change,verdict", [
@@ -615,7 +615,7 @@ def test_when_the_baseline_variant_moved_too_the_optimized_baseline_ratio_decide
     cur = [machine * r_cur * own(), machine * 0.5 * ratio_change * r_cur * own()]
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
     assert change.verdict == verdict, change.reason
-    assert change.context["relative_ratio"] == pytest.approx(ratio_change, rel=0.03)
+    assert change.context.relative_ratio == pytest.approx(ratio_change, rel=0.03)
     assert "baseline variant moved" in change.reason
 
 
@@ -723,7 +723,8 @@ def test_pytest_benchmark_json_is_read_into_a_run_record_with_its_samples_device
 
 def test_the_gate_compares_records_of_either_source_as_it_compares_their_documents(tmp_path):
     """compare takes RunRecords (what load_any gives for a results.json and for pytest-benchmark
-    JSON) and gives the verdicts, figures and JSON keys it gives for the same runs as documents."""
+    JSON) and gives the verdicts and figures it gives for the same runs as documents, with the
+    JSON keys ``compare --json`` has always had (a CI parses them)."""
     rng = np.random.default_rng(21)
     s = list(rng.normal(1.0, 0.005, 25))
     base_doc = _doc(cases=[_case("a", s), _case("b", s)])
@@ -739,6 +740,13 @@ def test_the_gate_compares_records_of_either_source_as_it_compares_their_documen
                                     "unfinished", "changes"}
     assert typed.to_dict()["current"] == {"run_id": "r", "scenario": "s", "device_label": "CPU: test",
                                           "source": "gpubench", "path": None}
+    change = typed.to_dict()["changes"][0]
+    assert set(change) == {"case_id", "technique", "verdict", "variant", "baseline_median_s", "current_median_s",
+                           "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device"}
+    assert set(change["context"]) == {"variant", "ratio", "ci_low", "ci_high"}  # not judged by the ratio
+    both_slow = compare.compare(base, _doc(cases=[_case("a", [x * 1.4 for x in s]), _case("b", s)]))
+    assert set(both_slow.to_dict()["changes"][0]["context"]) == {
+        "variant", "ratio", "ci_low", "ci_high", "relative_ratio", "relative_ci_low", "relative_ci_high"}
     data = list(rng.normal(1e-3, 1e-5, 20))
     bench = compare.compare(compare.load_any(_bench_json(tmp_path / "a.json", data)),
                             compare.load_any(_bench_json(tmp_path / "b.json", [x * 1.4 for x in data])))
