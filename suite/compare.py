@@ -170,8 +170,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "baseline": asdict(self.baseline), "current": asdict(self.current),
-                "counts": self.counts(),
-                "forced": self.forced, "strict": self.strict, "problems": self.problems,
+                "counts": self.counts(), "forced": self.forced, "strict": self.strict, "problems": self.problems,
                 "unfinished": self.unfinished, "changes": [c.to_dict() for c in self.changes]}
 
 

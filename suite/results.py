@@ -554,8 +554,8 @@ def load_run(path: str | Path) -> RunRecord:
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    """The results document as a dict (the gate, which also reads pytest-benchmark JSON, and
-    scripts); the same reader as :func:`load_run`."""
+    """The results document as a dict (for scripts; readers in gpubench take :func:`load_run`'s
+    records); the same reader as :func:`load_run`."""
     return read_document(path)
 
 
