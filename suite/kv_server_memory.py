@@ -37,7 +37,8 @@ def gpus_for_weights(cfg: model_config.ModelConfig, kv_dtype: str, tp: int, gpu_
     return n
 
 
-def serving_memory(device: torch.device, p: Mapping[str, Any], lengths: Sequence[int], allocator: str) -> dict[str, Any]:
+def serving_memory(device: torch.device, p: Mapping[str, Any], lengths: Sequence[int],
+                   allocator: str) -> dict[str, Any]:
     """One GPU of a server that holds the whole model ``p["model"]`` (all layers) over
     :func:`gpus_for_weights` GPUs and fills :data:`UTILIZATION` of its memory with copies of the
     sequences of ``lengths``, laid out by ``allocator`` (``p``: kv_dtype, tp, block_size, max_len):
