@@ -96,9 +96,8 @@ def offloaded_step(train_step: TrainStep, w: OffloadWorkload, rec: Recorder) -> 
     return finish_step(w, loss)
 
 
-def plain_step(w: OffloadWorkload, checkpointed: bool) -> dict[str, Any]:
-    """One step with every layer input kept on the device: torch.utils.checkpoint per layer
-    (``checkpointed``), else every activation kept and nothing recomputed."""
+def _plain_step(w: OffloadWorkload, checkpointed: bool) -> dict[str, Any]:
+    """One step with every layer input kept on the device, recomputed per layer when ``checkpointed``."""
     weights = w.weights
     cos, sin = rope_cos_sin(weights, w.positions)
     x = torch.nn.functional.embedding(w.tokens, weights.embed)
@@ -112,10 +111,20 @@ def plain_step(w: OffloadWorkload, checkpointed: bool) -> dict[str, Any]:
     return finish_step(w, loss)
 
 
+def no_checkpoint_step(w: OffloadWorkload) -> dict[str, Any]:
+    """every activation kept on the device, no recompute"""
+    return _plain_step(w, checkpointed=False)
+
+
+def checkpoint_step(w: OffloadWorkload) -> dict[str, Any]:
+    """torch.utils.checkpoint per layer, inputs kept on the device (no offload)"""
+    return _plain_step(w, checkpointed=True)
+
+
 def reference_step(w: OffloadWorkload) -> dict[str, Any]:
     """The same step without checkpointing, from the initial weights."""
     w.reset()
-    return plain_step(w, checkpointed=False)
+    return no_checkpoint_step(w)
 
 
 def step_check(ref: dict[str, Any], out: dict[str, Any]) -> CheckResult:

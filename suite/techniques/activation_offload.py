@@ -9,8 +9,8 @@ from typing import Any
 from gpubench.baselines import activation_offload as one_buffer_schedule
 from gpubench.contract import Bench, Headline, Param, Plot, Recorder, Technique
 from gpubench.gqa import decoder_head_problems
-from gpubench.offload_training import (DTYPES, OffloadWorkload, build_workload, offloaded_step, plain_step,
-                                       reference_step, step_check, step_metrics)
+from gpubench.offload_training import (DTYPES, OffloadWorkload, build_workload, checkpoint_step, no_checkpoint_step,
+                                       offloaded_step, reference_step, step_check, step_metrics)
 from gpubench.optimizations import activation_offload as two_buffer_schedule
 from gpubench.published_claims import PUBLISHED
 
@@ -72,18 +72,8 @@ def two_buffers(w: OffloadWorkload, rec: Recorder) -> dict[str, Any]:
     return offloaded_step(two_buffer_schedule.train_step, w, rec)
 
 
-@TECHNIQUE.variant("no_checkpoint")
-def no_checkpoint(w: OffloadWorkload) -> dict[str, Any]:
-    """every activation kept on the device, no recompute"""
-    return plain_step(w, checkpointed=False)
-
-
-@TECHNIQUE.variant("checkpoint")
-def plain_checkpoint(w: OffloadWorkload) -> dict[str, Any]:
-    """torch.utils.checkpoint per layer, inputs kept on the device (no offload)"""
-    return plain_step(w, checkpointed=True)
-
-
+no_checkpoint = TECHNIQUE.variant("no_checkpoint")(no_checkpoint_step)
+plain_checkpoint = TECHNIQUE.variant("checkpoint")(checkpoint_step)
 reference = TECHNIQUE.reference(reference_step)
 check = TECHNIQUE.check(step_check)
 metrics = TECHNIQUE.metrics(step_metrics)
