@@ -24,7 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCE = {**DTYPE_TOLERANCE, torch.bfloat16: 2e-2}
 # Recorded per call by an offloaded step, reported as whole numbers (medians of the timed calls).
 COUNTS = ("buffers", "bytes_d2h", "bytes_h2d", "extra_buffer_bytes")
-TrainStep = Callable[..., "tuple[torch.Tensor, OffloadStats]"]
+TrainStep = Callable[..., tuple[torch.Tensor, OffloadStats]]
 
 
 @dataclass(kw_only=True)

@@ -44,7 +44,7 @@ class PackedWorkload(Workload):
 
 
 # One step of a variant on the workload's live state, its phases recorded into the stats when given.
-Step = Callable[[PackedWorkload, "StepStats | None"], StepOutput]
+Step = Callable[[PackedWorkload, StepStats | None], StepOutput]
 
 
 def packing_problems(params: dict[str, Any]) -> list[str]:
