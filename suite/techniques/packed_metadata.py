@@ -81,10 +81,12 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PackedWork
 
 
 def per_layer_run(w: PackedWorkload, stats: StepStats | None = None) -> StepOutput:
+    """One per_layer (baseline) step on the workload's live state."""
     return per_layer_step(w.weights, w.optimizer, w.batches, backend=w.backend, stats=stats)
 
 
 def cached_run(w: PackedWorkload, stats: StepStats | None = None) -> StepOutput:
+    """One cached (optimized) step on the workload's live state."""
     return cached_step(w.weights, w.optimizer, w.batches, backend=w.backend, stats=stats, cache=w.cache)
 
 

@@ -78,8 +78,6 @@ validate = TECHNIQUE.validate(spec_problems)
 build = TECHNIQUE.build(build_workload)
 
 
-# -- variants ---------------------------------------------------------------------------------
-
 @TECHNIQUE.variant("plain", role="baseline")
 def plain(w: SpecWorkload, rec: Recorder) -> Decoded:
     """one target forward pass per token, a KV cache for the past"""
