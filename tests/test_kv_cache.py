@@ -207,7 +207,9 @@ def test_cli_names_missing_config_fields(tmp_path):
 
 # -- the technique: real allocations against the prediction ----------------------------------
 
+from gpubench import kv_server_memory  # noqa: E402
 from gpubench.contract import Measured  # noqa: E402
+from gpubench.kv_allocation import KVCacheWorkload  # noqa: E402
 from gpubench.kvstorage import same_bytes  # noqa: E402
 from gpubench.reports import figures  # noqa: E402
 from gpubench.techniques import kv_cache as technique  # noqa: E402
@@ -330,17 +332,19 @@ def test_a_model_too_big_for_one_gpu_is_split_over_the_fewest_gpus_that_leave_ro
     """DeepSeek-V3's 627 GiB: 8 GPUs of 80 GiB would hold 78 GiB each (no room under 72 GiB), so
     16; a case's own tp is kept when it already leaves room, and never lowered."""
     cfg = model_config.load_preset("deepseek-v3")
-    assert technique.gpus_for_weights(cfg, "bf16", 1, 80 * GiB) == 16
-    assert technique.gpus_for_weights(cfg, "bf16", 32, 80 * GiB) == 32
-    assert technique.gpus_for_weights(model_config.load_preset("llama-3.1-8b"), "bf16", 1, 80 * GiB) == 1
-    m = technique.serving_memory(build(model="deepseek-v3"), "paged")
-    assert m["gpus"] == 16 and m["weights_per_gpu_gib"] <= (technique.UTILIZATION - technique.KV_ROOM) * 80
+    assert kv_server_memory.gpus_for_weights(cfg, "bf16", 1, 80 * GiB) == 16
+    assert kv_server_memory.gpus_for_weights(cfg, "bf16", 32, 80 * GiB) == 32
+    assert kv_server_memory.gpus_for_weights(model_config.load_preset("llama-3.1-8b"), "bf16", 1, 80 * GiB) == 1
+    w = build(model="deepseek-v3")
+    m = kv_server_memory.serving_memory(w.device, w.params, w.lengths, "paged")
+    room = kv_server_memory.UTILIZATION - kv_server_memory.KV_ROOM
+    assert m["gpus"] == 16 and m["weights_per_gpu_gib"] <= room * 80
     assert m["kv_holding_tokens_gib"] > 0.1 * 80
 
 
 def test_workload_is_typed_and_seeded():
     a, b = build(model="llama-2-7b"), build(model="llama-2-7b")
-    assert isinstance(a, technique.KVCacheWorkload) and a.lengths == b.lengths and len(a.sequences) == 4
+    assert isinstance(a, KVCacheWorkload) and a.lengths == b.lengths and len(a.sequences) == 4
     assert all(same_bytes(x.layers[0].values, y.layers[0].values) for x, y in zip(a.sequences, b.sequences))
     assert [s.length for s in a.sequences] == a.lengths and a.layout.num_layers == 2
 

@@ -12,7 +12,7 @@ import torch
 from inprocess import run_in_process
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpubench import scenario
+from gpubench import moe_training, scenario
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import DTYPE_TOLERANCE, Measured, Recorder
 from gpubench.models.moe import MoEConfig, SyncLog, init_weights, route, swiglu
@@ -20,7 +20,8 @@ from gpubench.optimizations.moe_grouping import (group_by_expert, grouped_mm_pro
                                                  moe_forward_grouped_mm)
 from gpubench.reports import figures
 from gpubench.techniques import moe_grouping as module
-from gpubench.techniques.moe_grouping import OUTPUT_KEYS, TECHNIQUE, TOLERANCE, reference
+from gpubench.moe_training import OUTPUT_KEYS, TOLERANCE
+from gpubench.techniques.moe_grouping import TECHNIQUE, reference
 
 CPU = torch.device("cpu")
 VARIANTS = ("where_loop", "sort_group", "grouped_mm")
@@ -374,7 +375,7 @@ def test_metrics_make_no_extra_call_on_cpu(monkeypatch):
     """The untimed sync-counting call is CUDA-only: on a CPU the metrics never run the layer."""
     w = make_workload(experts=4, top_k=2, tokens=8, hidden=16, expert_dim=8)
     monkeypatch.setattr(module, "step", lambda *a, **k: pytest.fail("metrics ran a step on the CPU"))
-    monkeypatch.setattr(module, "cuda_syncs", lambda *a, **k: pytest.fail("metrics counted syncs on the CPU"))
+    monkeypatch.setattr(moe_training, "cuda_syncs", lambda *a, **k: pytest.fail("metrics counted syncs on the CPU"))
     records = _records([0.001], [0.002], (1, 0))
     TECHNIQUE.metrics_fn(w, Measured("sort_group", [0.01], 0.01, None, CPU, records=records))
 

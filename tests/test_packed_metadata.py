@@ -20,7 +20,8 @@ from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
 from gpubench.packing import draw_doc_lens, resolve_backend
-from gpubench.techniques.packed_metadata import ALONE_METRIC, TECHNIQUE, documents_alone
+from gpubench.packed_training import ALONE_METRIC, documents_alone
+from gpubench.techniques.packed_metadata import TECHNIQUE
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)

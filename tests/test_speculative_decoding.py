@@ -29,7 +29,9 @@ from gpubench.speculative_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt
                                         rule_steps)
 from gpubench.techniques import speculative_decoding as technique_module
 from gpubench.models.decode_pair import early_layers
-from gpubench.techniques.speculative_decoding import TECHNIQUE, SpecWorkload, predicted_speedup
+from gpubench.speculative_metrics import predicted_speedup
+from gpubench.speculative_run import SpecWorkload
+from gpubench.techniques.speculative_decoding import TECHNIQUE
 
 CPU = torch.device("cpu")
 SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,
