@@ -21,6 +21,16 @@ def store_option(f):
     return click.option("--store", "store", metavar="PATH|URL", default=None, help=STORE_HELP)(f)
 
 
+def group_store(ctx: click.Context, store: str | None) -> str | None:
+    """A subcommand's store: its own --store, else the group's (``gpubench history --store X add``
+    and ``gpubench history add --store X`` both work; two different ones are bad input)."""
+    outer = (ctx.parent.params if ctx.parent is not None else {}).get("store")
+    if store and outer and store != outer:
+        raise BadInput(f"history: two stores given, --store {outer} before {ctx.info_name!r} and --store {store} "
+                       f"after it; give one.")
+    return store or outer
+
+
 @click.group(name="history", invoke_without_command=True)
 @store_option
 @click.option("--device", "device_model", metavar="MODEL", default=None,
@@ -82,11 +92,13 @@ def print_changes(where: str, model: str, found: list) -> None:
 @store_option
 @click.option("--branch", metavar="NAME", default=None,
               help="The branch of runs that did not record theirs (runs of gpubench before it did).")
-def add_cmd(paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
+@click.pass_context
+def add_cmd(ctx: click.Context, paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
     """Import runs into the history store: run directories, their results.json, or pytest-benchmark
     JSON files (--benchmark-json). A run already there adds nothing.
 
     gpubench history add runs/* [--store PATH|URL]"""
+    store = group_store(ctx, store)
     found = [(path, history.rows_of_file(path, branch=branch)) for path in paths]  # every file read before any write
     with history.open_store(store) as opened:
         click.echo(f"history store: {opened.where}")
