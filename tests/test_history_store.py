@@ -310,5 +310,5 @@ def test_history_add_with_two_different_stores_is_bad_input(tmp_path):
     run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
     result = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "a.sqlite"), "add", "--store",
                                        str(tmp_path / "b.sqlite"), str(run)])
-    assert result.exit_code == 2 and "two stores given" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "two values of --store given" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "a.sqlite").exists() and not (tmp_path / "b.sqlite").exists()

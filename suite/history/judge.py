@@ -7,7 +7,9 @@ after the latest change point (:mod:`gpubench.history.changepoints`), the run it
 With fewer than :data:`MIN_RUNS` such runs the case is **inconclusive**. Otherwise it **regressed**
 when the figure lies above the level's bootstrap 95% CI of the median run figure widened by the
 threshold (figure > ci_high x (1 + threshold)), **improved** below ci_low x (1 - threshold), and
-otherwise **passed**. Any regression fails the gate (exit 1).
+otherwise **passed**. Any regression fails the gate (exit 1). The level is read from one branch's
+runs (the caller's ``branch``: a pull request's run is judged against its base branch), so runs of
+other branches, pull requests included, never move it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Sequence
 from gpubench import stats
 from gpubench.history import changepoints
 from gpubench.history.rows import ResultRow
+from gpubench.history.since import Since
 from gpubench.history.store import HistoryStore
 
 MIN_RUNS = 5
@@ -50,8 +53,10 @@ def _figure(row: ResultRow, metric: str) -> float | None:
     return row.median_s if metric == "time" else row.gate_value
 
 
-def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float) -> list[HistoryVerdict]:
-    """A verdict per case of the current run (its optimized variant, else its only variant)."""
+def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
+              branch: str | None = None) -> list[HistoryVerdict]:
+    """A verdict per case of the current run (its optimized variant, else its only variant),
+    against ``branch``'s runs (:meth:`HistoryStore.series`; None: every run)."""
     by_case: dict[tuple[str, str], list[ResultRow]] = {}
     for row in rows:
         by_case.setdefault((row.device_model, row.case_id), []).append(row)
@@ -59,7 +64,8 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float) 
     for (model, case_id), case_rows in by_case.items():
         row = next((r for r in case_rows if r.role == "optimized"), case_rows[0])
         metric = row.gate_metric or "time"
-        points = [p for p in store.series(model, case_id, row.variant, metric) if p.run_id != row.run_id]
+        points = [p for p in store.series(model, case_id, row.variant, metric, branch=branch)
+                  if p.run_id != row.run_id]
         changes = changepoints.change_points(points)
         level = points[changes[-1].index:] if changes else points
         since = changes[-1].commit if changes else None
@@ -88,13 +94,12 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float) 
     return out
 
 
-def regressions_since(store: HistoryStore, device_model: str, since: str) -> list[Regression]:
-    """Regression change points starting at or after the run whose id (or commit, or a commit
-    prefix) is ``since``, in any case of ``device_model``."""
+def regressions_since(histories: Sequence[changepoints.CaseHistory], since: Since) -> list[Regression]:
+    """Regression change points of ``histories`` starting at or after the first run ``since``
+    starts at (:mod:`gpubench.history.since`: a run id, a commit, a release tag)."""
     out = []
-    for h in changepoints.case_histories(store, device_model):
-        start = next((i for i, p in enumerate(h.points)
-                      if p.run_id == since or (p.commit and p.commit.startswith(since))), None)
+    for h in histories:
+        start = next((i for i, p in enumerate(h.points) if since.starts_at(p)), None)
         if start is None:
             continue
         out += [Regression(h.case_id, h.variant, c) for c in h.changes if c.index >= start and c.kind == "regression"]
