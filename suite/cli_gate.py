@@ -53,7 +53,8 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
         if len(paths) != 1 or baseline_store:
             raise BadInput("compare --history: give CURRENT alone (a run directory, results.json or "
                            "pytest-benchmark JSON); its history comes from --store.")
-        sys.exit(_compare_history(paths[0], gate.parse_threshold(threshold), store, since, base_branch, as_json))
+        sys.exit(_compare_history(paths[0], gate.parse_threshold(threshold), store, since, base_branch, as_json,
+                                  markdown_path))
     if since or store or base_branch:
         raise BadInput("compare: --store, --since and --branch go with --history.")
     expected = 1 if baseline_store else 2
@@ -85,9 +86,9 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
 
 
 def _compare_history(current: Path, threshold: float, store: str | None, since: str | None,
-                     base_branch: str | None, as_json: bool) -> int:
+                     base_branch: str | None, as_json: bool, markdown_path: Path | None = None) -> int:
     """``compare --history``: print each case's verdict against its base branch's current level,
-    and the regressions since ``since``; 1 on a regression."""
+    and the regressions since ``since`` (also as Markdown at ``markdown_path``); 1 on a regression."""
     from dataclasses import asdict
 
     from gpubench import history
@@ -107,6 +108,10 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
             start = since_mod.resolve(since, [p for h in histories for p in h.points],
                                       where=f"{opened.where} ({_on(branches)})")
             found = judge.regressions_since(histories, start)
+    if markdown_path is not None:
+        from gpubench.atomic import atomic_write_text
+
+        atomic_write_text(markdown_path, _history_markdown(current, branches, verdicts, start, found))
     if as_json:
         click.echo(json.dumps({"branches": branches, "cases": [asdict(v) for v in verdicts],
                                "since": None if start is None else {"text": start.text, "how": start.how,
@@ -116,6 +121,21 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
     else:
         _print_history_verdicts(opened.where, threshold, branches, verdicts, start, found)
     return 1 if any(v.verdict == "regressed" for v in verdicts) else 0
+
+
+def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
+    """The job summary of ``compare --history``: a row per case, then the regressions since the release."""
+    failed = sum(v.verdict == "regressed" for v in verdicts)
+    lines = [f"### History gate: {'FAIL' if failed else 'PASS'} ({failed} regressed of {len(verdicts)} cases)", "",
+             f"`{current}` against the runs of {_on(branches)} since each case's last change point.", "",
+             "| verdict | case | variant | figure | against the level | level since |", "|---|---|---|---|---|---|"]
+    lines += [f"| {v.verdict} | `{v.case_id}` | {v.variant} | {v.metric} | {v.reason} | {(v.since_commit or '')[:12]} |"
+              for v in verdicts]
+    if start is not None:
+        lines += ["", f"Regressions since {start.describe()}: {len(found) or 'none'}"]
+        lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                  f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})" for r in found]
+    return "\n".join(lines) + "\n"
 
 
 def _on(branches: dict[str, str | None]) -> str:

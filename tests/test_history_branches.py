@@ -182,3 +182,18 @@ def test_since_that_matches_nothing_is_exit_2_saying_what_was_tried(tmp_path, re
 def test_a_tag_never_reads_as_an_option_to_git(tmp_path):
     with pytest.raises(BadInput, match="starts with '-'"):
         since_mod.resolve("--output=/tmp/x", [], repo=tmp_path)
+
+
+def test_compare_history_writes_its_verdicts_and_the_regressions_since_as_markdown(tmp_path):
+    """The job summary of the GPU workflow: FAIL with the regressed case's row and the change since
+    the release, from the same verdicts as the exit code."""
+    store = tmp_path / "h.sqlite"
+    values = history_values(5, 14, step_at=6)
+    add_runs(store, values)
+    md = tmp_path / "history.md"
+    code, _ = compare_history(tmp_path, store, float(np.median(values[6:])) * 1.15, "--since", "c03",
+                              "--markdown", str(md))
+    text = md.read_text()
+    assert code == 1 and text.startswith("### History gate: FAIL (1 regressed of 1 cases)")
+    assert "| regressed | `t[model=x,n=1]` | fused | time |" in text and "branch main" in text
+    assert "Regressions since c03 (a stored commit): 1" in text and "from c06 (run06)" in text
