@@ -117,7 +117,8 @@ def real_runs(paths: list[str], min_history: int, threshold: float) -> list[dict
     pairs = {row["current"]: row for row in _gate_false_alarms().count_pairs(paths, threshold)}
     rows = [rows_of_file(path) for path in paths]  # every file read before any judging
     out = []
-    with tempfile.TemporaryDirectory(prefix="history-false-alarms-") as tmp, open_store(Path(tmp) / "h.sqlite") as store:
+    with tempfile.TemporaryDirectory(prefix="history-false-alarms-") as tmp, \
+            open_store(Path(tmp) / "h.sqlite") as store:
         for k, path in enumerate(paths):
             if k >= min_history:
                 verdicts = Counter(v.verdict for v in judge_run(store, rows[k], threshold))

@@ -47,7 +47,8 @@ def test_a_missing_baseline_is_a_warning_with_instructions_and_the_gate_is_skipp
 
 # -- the commands the job runs parse with gpubench's CLI ------------------------------------------
 
-SHIM = "#!{python}\nimport json, os, sys\nwith open(os.environ['ARGV_LOG'], 'a') as log:\n    log.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+SHIM = ("#!{python}\nimport json, os, sys\n"
+        "with open(os.environ['ARGV_LOG'], 'a') as log:\n    log.write(json.dumps(sys.argv[1:]) + '\\n')\n")
 
 
 def parse_only(argv: list[str]):

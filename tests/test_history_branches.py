@@ -94,7 +94,8 @@ def test_runs_without_a_branch_count_as_the_default_branch_s_and_no_other(tmp_pa
         assert len(opened.series(MODEL, "t[model=x,n=1]", "fused", branch="feature")) == 5
     add_runs(store, [1.2] * 1, branch="main", first=5)
     with open_store(store) as opened:
-        assert [p.branch for p in opened.series(MODEL, "t[model=x,n=1]", "fused", branch="main")] == [None] * 3 + ["main"]
+        main_points = opened.series(MODEL, "t[model=x,n=1]", "fused", branch="main")
+        assert [p.branch for p in main_points] == [None] * 3 + ["main"]
         assert [p.branch for p in opened.series(MODEL, "t[model=x,n=1]", "fused", branch="feature")] == ["feature"] * 2
 
 

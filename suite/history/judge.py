@@ -13,10 +13,11 @@ other branches, pull requests included, never move it.
 
 The machine moves between runs too (on a shared CPU VM, unchanged code's A/A runs moved -98% to
 +80% against their history). As in the pairwise gate, when the case's baseline variant (unchanged
-code, timed beside it in the same run) moved the same way against its own level by at least half
-as much (log terms; the baseline variant's figures of the same level runs), the case is judged by its optimized/baseline ratio against the level's
-ratios, by the same rule, and keeps its verdict only when that ratio also moved beyond half the
-baseline variant's move; otherwise it is **inconclusive**, with both moves in its reason.
+code, timed beside it in each run) moved the same way, against its own figures in the same level
+runs, by at least half as much (log terms), the case is judged by its optimized/baseline ratio
+against the level's ratios by the same rule, and keeps its verdict only when that ratio also
+moved beyond half the baseline variant's move; otherwise it is **inconclusive**, with both moves
+in its reason.
 """
 from __future__ import annotations
 
