@@ -312,3 +312,11 @@ def test_history_add_with_two_different_stores_is_bad_input(tmp_path):
                                        str(tmp_path / "b.sqlite"), str(run)])
     assert result.exit_code == 2 and "two values of --store given" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "a.sqlite").exists() and not (tmp_path / "b.sqlite").exists()
+
+
+def test_an_empty_gpubench_history_variable_means_the_default_store(tmp_path, monkeypatch):
+    """The GPU workflow sets GPUBENCH_HISTORY from a repository variable that is usually unset (an
+    empty string): that is the default store, never a file named ''."""
+    monkeypatch.setenv("GPUBENCH_HISTORY", "")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert history.resolve_store(None) == str(tmp_path / "xdg" / "gpubench" / "history.sqlite")
