@@ -31,11 +31,17 @@ from gpubench.errors import BadInput
               "not against one baseline run.")
 @click.option("--store", metavar="PATH|URL", default=None, help="With --history: the history store (default: "
               "$GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
-@click.option("--since", metavar="RUN|COMMIT", default=None,
-              help="With --history: also report the regression change points since this run or commit (a release).")
+@click.option("--since", metavar="RUN|COMMIT|TAG", default=None,
+              help="With --history: also report the base branch's regression change points since this run id, "
+              "stored commit (or prefix), or else git revision of the repository here, e.g. the last release's tag "
+              "(runs of that commit and its descendants).")
+@click.option("--branch", "base_branch", metavar="NAME", default=None,
+              help="With --history: the branch whose runs make the level CURRENT is judged against (a pull "
+              "request's base; its own runs never count). Default: main, else master, else the branch with the "
+              "most runs of the device model; runs that recorded no branch count as that default's.")
 def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | None, allow_missing: bool,
                 force: bool, baseline_store: Path | None, strict: bool, as_json: bool, use_history: bool,
-                store: str | None, since: str | None) -> None:
+                store: str | None, since: str | None, base_branch: str | None) -> None:
     """The regression gate: exit 0 pass, 1 regression or correctness failure, 2 bad input.
 
     BASELINE and CURRENT are run directories, results.json files or pytest-benchmark JSON files.
@@ -47,9 +53,10 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
         if len(paths) != 1 or baseline_store:
             raise BadInput("compare --history: give CURRENT alone (a run directory, results.json or "
                            "pytest-benchmark JSON); its history comes from --store.")
-        sys.exit(_compare_history(paths[0], gate.parse_threshold(threshold), store, since, as_json))
-    if since or store:
-        raise BadInput("compare: --store and --since go with --history.")
+        sys.exit(_compare_history(paths[0], gate.parse_threshold(threshold), store, since, base_branch, as_json,
+                                  markdown_path))
+    if since or store or base_branch:
+        raise BadInput("compare: --store, --since and --branch go with --history.")
     expected = 1 if baseline_store else 2
     if len(paths) != expected:
         raise BadInput("compare: give BASELINE and CURRENT (run directories, results.json or pytest-benchmark "
@@ -78,34 +85,78 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
     sys.exit(result.exit_code)
 
 
-def _compare_history(current: Path, threshold: float, store: str | None, since: str | None, as_json: bool) -> int:
-    """``compare --history``: print each case's verdict against its current level; 1 on a regression."""
+def _compare_history(current: Path, threshold: float, store: str | None, since: str | None,
+                     base_branch: str | None, as_json: bool, markdown_path: Path | None = None) -> int:
+    """``compare --history``: print each case's verdict against its base branch's current level,
+    and the regressions since ``since`` (also as Markdown at ``markdown_path``); 1 on a regression."""
     from dataclasses import asdict
 
     from gpubench import history
-    from gpubench.history import judge
+    from gpubench.history import changepoints, judge
+    from gpubench.history import since as since_mod
 
     rows = history.rows_of_file(current)
+    verdicts, found, branches, start = [], [], {}, None
     with history.open_store(store) as opened:
-        verdicts = judge.judge_run(opened, rows, threshold)
-        found = [r for model in sorted({row.device_model for row in rows})
-                 for r in judge.regressions_since(opened, model, since)] if since else []
+        for model in sorted({row.device_model for row in rows}):
+            branches[model] = base_branch or opened.default_branch(model)
+            verdicts += judge.judge_run(opened, [r for r in rows if r.device_model == model], threshold,
+                                        branch=branches[model])
+        if since:
+            histories = [h for model, branch in branches.items()
+                         for h in changepoints.case_histories(opened, model, branch=branch)]
+            start = since_mod.resolve(since, [p for h in histories for p in h.points],
+                                      where=f"{opened.where} ({_on(branches)})")
+            found = judge.regressions_since(histories, start)
+    if markdown_path is not None:
+        from gpubench.atomic import atomic_write_text
+
+        atomic_write_text(markdown_path, _history_markdown(current, branches, verdicts, start, found))
     if as_json:
-        click.echo(json.dumps({"cases": [asdict(v) for v in verdicts],
+        click.echo(json.dumps({"branches": branches, "cases": [asdict(v) for v in verdicts],
+                               "since": None if start is None else {"text": start.text, "how": start.how,
+                                                                    "commit": start.commit},
                                "regressions_since": [{**asdict(r.change), "case_id": r.case_id,
                                                       "variant": r.variant} for r in found]}, indent=2))
     else:
-        click.echo(f"history: {opened.where} (rule: above the current level's 95% CI of the median x (1 + "
-                   f"{threshold:.0%}) regresses; fewer than {judge.MIN_RUNS} runs since the last change: inconclusive)")
-        for v in verdicts:
-            click.echo(f"{v.verdict:>12}  {v.case_id} [{v.variant}, {v.metric}]: {v.reason}"
-                       + (f" (level since {v.since_commit[:12]})" if v.since_commit else ""))
-        if since:
-            click.echo(f"regressions since {since}: {len(found) or 'none'}")
-            for r in found:
-                click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                           f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
+        _print_history_verdicts(opened.where, threshold, branches, verdicts, start, found)
     return 1 if any(v.verdict == "regressed" for v in verdicts) else 0
+
+
+def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
+    """The job summary of ``compare --history``: a row per case, then the regressions since the release."""
+    failed = sum(v.verdict == "regressed" for v in verdicts)
+    lines = [f"### History gate: {'FAIL' if failed else 'PASS'} ({failed} regressed of {len(verdicts)} cases)", "",
+             f"`{current}` against the runs of {_on(branches)} since each case's last change point.", "",
+             "| verdict | case | variant | figure | against the level | level since |", "|---|---|---|---|---|---|"]
+    lines += [f"| {v.verdict} | `{v.case_id}` | {v.variant} | {v.metric} | {v.reason} | {(v.since_commit or '')[:12]} |"
+              for v in verdicts]
+    if start is not None:
+        lines += ["", f"Regressions since {start.describe()}: {len(found) or 'none'}"]
+        lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                  f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})" for r in found]
+    return "\n".join(lines) + "\n"
+
+
+def _on(branches: dict[str, str | None]) -> str:
+    return "; ".join(f"{model}: branch {branch or '(all runs: none recorded a branch)'}"
+                     for model, branch in branches.items())
+
+
+def _print_history_verdicts(where, threshold, branches, verdicts, start, found) -> None:
+    from gpubench.history import judge
+
+    click.echo(f"history: {where}, {_on(branches)} (rule: above the current level's 95% CI of the median x "
+               f"(1 + {threshold:.0%}) regresses; fewer than {judge.MIN_RUNS} runs since the last change: "
+               f"inconclusive)")
+    for v in verdicts:
+        click.echo(f"{v.verdict:>12}  {v.case_id} [{v.variant}, {v.metric}]: {v.reason}"
+                   + (f" (level since {v.since_commit[:12]})" if v.since_commit else ""))
+    if start is not None:
+        click.echo(f"regressions since {start.describe()}: {len(found) or 'none'}")
+        for r in found:
+            click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                       f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
 
 
 @click.group(name="baseline")

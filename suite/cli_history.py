@@ -21,25 +21,44 @@ def store_option(f):
     return click.option("--store", "store", metavar="PATH|URL", default=None, help=STORE_HELP)(f)
 
 
+def from_group(ctx: click.Context, name: str, value: str | None) -> str | None:
+    """A subcommand's option: its own value, else the ``history`` group's (``gpubench history
+    --store X add`` and ``gpubench history add --store X`` both work; two different values are bad
+    input)."""
+    outer = (ctx.parent.params if ctx.parent is not None else {}).get(name)
+    if value and outer and value != outer:
+        raise BadInput(f"history: two values of --{name} given, {outer} before {ctx.info_name!r} and {value} "
+                       f"after it; give one.")
+    return value or outer
+
+
+BRANCH_HELP = ("The branch whose runs to read (default: main, else master, else the branch with the most runs of "
+               "the device model). Runs that recorded no branch (pytest-benchmark JSON imported without "
+               "--branch, runs of a detached checkout outside CI) count as that default branch's.")
+
+
 @click.group(name="history", invoke_without_command=True)
 @store_option
 @click.option("--device", "device_model", metavar="MODEL", default=None,
               help="The device model whose history to read (default: the store's only one).")
+@click.option("--branch", metavar="NAME", default=None, help=BRANCH_HELP)
 @click.pass_context
-def history_group(ctx: click.Context, store: str | None, device_model: str | None) -> None:
+def history_group(ctx: click.Context, store: str | None, device_model: str | None, branch: str | None) -> None:
     """The history store: every run's results, kept across runs (one row per run, case and variant).
 
     Alone: a table of the cases of one device model with their latest change point (E-Divisive
     means, p <= 0.01 over 100 seeded permutations): the commit where it starts, its magnitude
-    [95% CI], regression or improvement. gpubench history [--store PATH|URL] [--device MODEL]"""
+    [95% CI], regression or improvement, over one branch's runs (a pull request's runs never move
+    main's). gpubench history [--store PATH|URL] [--device MODEL] [--branch NAME]"""
     if ctx.invoked_subcommand is not None:
         return
     from gpubench.history import changepoints
 
     with history.open_store(store) as opened:
         model = pick_device_model(opened, device_model)
-        found = changepoints.case_histories(opened, model)
-    print_changes(opened.where, model, found)
+        branch = pick_branch(opened, model, branch)
+        found = changepoints.case_histories(opened, model, branch=branch)
+    print_changes(opened.where, model, branch, found)
 
 
 def pick_device_model(store: history.HistoryStore, device_model: str | None) -> str:
@@ -55,14 +74,27 @@ def pick_device_model(store: history.HistoryStore, device_model: str | None) -> 
                    else "several device models") + f"; give --device with one it holds: {held}.")
 
 
-def print_changes(where: str, model: str, found: list) -> None:
+def pick_branch(store: history.HistoryStore, model: str, branch: str | None) -> str | None:
+    """``branch`` if ``model``'s runs hold it, else (None given) the default branch; BadInput
+    naming the branches held otherwise. None: no run recorded a branch (all runs are read)."""
+    default = store.default_branch(model)
+    held = store.branches(model)
+    if branch is None or branch in held or (branch == default and None in held):
+        return branch or default
+    listed = ", ".join(f"{b or '(none recorded)'} ({n} run{'s' if n != 1 else ''})" for b, n in held.items())
+    raise BadInput(f"history store {store.where}: no runs of branch {branch!r} on {model}; give --branch with one "
+                   f"it holds: {listed} (runs that recorded none count as {default or 'any branch'}'s).")
+
+
+def print_changes(where: str, model: str, branch: str | None, found: list) -> None:
     """The table of ``gpubench history``: a row per (case, variant) with its latest change."""
     from rich.table import Table
     from rich.text import Text
 
     from gpubench.cli_console import make_console
 
-    table = Table(title=f"{model}: change points ({where})", title_justify="left")
+    on = f"branch {branch}" if branch else "all runs (none recorded a branch)"
+    table = Table(title=f"{model}, {on}: change points ({where})", title_justify="left")
     for column in ("case", "variant", "metric", "runs", "latest change (commit, run)", "magnitude [95% CI]", "kind"):
         table.add_column(column, justify="right" if column in ("runs", "magnitude [95% CI]") else "left")
     for h in found:
@@ -81,12 +113,15 @@ def print_changes(where: str, model: str, found: list) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RUN_DIR...")
 @store_option
 @click.option("--branch", metavar="NAME", default=None,
-              help="The branch of runs that did not record theirs (runs of gpubench before it did).")
-def add_cmd(paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
+              help="The branch of runs that did not record theirs (runs of gpubench before it did, pytest-benchmark "
+              "JSON without commit_info.branch); without it they count as the default branch's (see history --help).")
+@click.pass_context
+def add_cmd(ctx: click.Context, paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
     """Import runs into the history store: run directories, their results.json, or pytest-benchmark
     JSON files (--benchmark-json). A run already there adds nothing.
 
     gpubench history add runs/* [--store PATH|URL]"""
+    store, branch = from_group(ctx, "store", store), from_group(ctx, "branch", branch)
     found = [(path, history.rows_of_file(path, branch=branch)) for path in paths]  # every file read before any write
     with history.open_store(store) as opened:
         click.echo(f"history store: {opened.where}")

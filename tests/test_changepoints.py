@@ -179,3 +179,38 @@ def test_compare_history_with_too_few_runs_in_the_level_is_inconclusive_not_a_fa
     out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"),
                                     str(_current_run(tmp_path, float(np.median(values)) * 1.5))])
     assert out.exit_code == 0 and "inconclusive" in out.output, out.output
+
+
+def _current_pair(tmp_path, fused: float, loop: float) -> Path:
+    """The current run with both variants: fused (optimized) and loop (baseline), as medians."""
+    path = _current_run(tmp_path, fused)
+    doc = json.loads((path / "results.json").read_text())
+    doc["cases"][0]["variants"]["loop"] = {"role": "baseline", "status": "ok", "stats": {"median": loop, "n": 30}}
+    (path / "results.json").write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("fused,loop,verdict", [
+    (1.30, 1.30, "inconclusive"),  # both variants 30% slower: the machine moved, not the code
+    (1.30, 1.03, "regressed"),  # the baseline variant stayed: the optimized one regressed
+    (1.50, 1.30, "regressed"),  # the ratio got 15% worse, beyond half the machine's 30% (log terms)
+    (1.25, 1.20, "inconclusive"),  # the ratio 4% worse: within the machine's move
+    (0.70, 0.70, "inconclusive"),  # both faster: no improvement is claimed either
+])
+def test_compare_history_judges_by_the_ratio_when_the_baseline_variant_moved_too(tmp_path, fused, loop, verdict):
+    """As the pairwise gate does: a run on a machine that slowed both variants is not a regression
+    of the optimized one (on this VM unchanged code's A/A runs moved +35% to +80% beside their history)."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    fused_history, loop_history = history_values(5, 12), history_values(6, 12) * 2.0
+    write_history(tmp_path / "h.sqlite", fused_history, loop=loop_history)
+    current = _current_pair(tmp_path, float(np.median(fused_history)) * fused, float(np.median(loop_history)) * loop)
+    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"), "--json",
+                                    str(current)])
+    (case,) = json.loads(out.output)["cases"]
+    assert case["verdict"] == verdict, case
+    assert out.exit_code == (1 if verdict == "regressed" else 0)
+    if loop >= 1.2 or loop <= 0.8:
+        assert case["machine_move"] == pytest.approx(loop - 1, abs=0.02) and "the machine changed" in case["reason"]

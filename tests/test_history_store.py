@@ -288,3 +288,35 @@ def test_gpubench_run_adds_its_run_unless_no_history(toys, write_scenario, tmp_p
         points = opened.series(model, case.case_id, "optimized")
     assert len(points) == 1 and points[0].run_status == "complete" and points[0].median > 0
     assert Path(points[0].samples_path).parent.parent == tmp_path / "runs"
+
+
+@pytest.mark.parametrize("where", ["before add", "after add"])
+def test_history_add_writes_to_the_store_given_before_or_after_add(tmp_path, monkeypatch, where):
+    """`gpubench history --store X add RUN` and `gpubench history add --store X RUN` both write X
+    (the group's option once went unread, and the run landed in the default store)."""
+    monkeypatch.setenv("GPUBENCH_HISTORY", str(tmp_path / "default.sqlite"))
+    run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
+    store = str(tmp_path / "x.sqlite")
+    args = ["history", "--store", store, "add", str(run)] if where == "before add" else \
+        ["history", "add", "--store", store, str(run)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert f"history store: {store}" in result.output
+    assert sqlite3.connect(store).execute("SELECT COUNT(*) FROM gpubench_results").fetchone()[0] == 5
+    assert not (tmp_path / "default.sqlite").exists()
+
+
+def test_history_add_with_two_different_stores_is_bad_input(tmp_path):
+    run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
+    result = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "a.sqlite"), "add", "--store",
+                                       str(tmp_path / "b.sqlite"), str(run)])
+    assert result.exit_code == 2 and "two values of --store given" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "a.sqlite").exists() and not (tmp_path / "b.sqlite").exists()
+
+
+def test_an_empty_gpubench_history_variable_means_the_default_store(tmp_path, monkeypatch):
+    """The GPU workflow sets GPUBENCH_HISTORY from a repository variable that is usually unset (an
+    empty string): that is the default store, never a file named ''."""
+    monkeypatch.setenv("GPUBENCH_HISTORY", "")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert history.resolve_store(None) == str(tmp_path / "xdg" / "gpubench" / "history.sqlite")

@@ -135,9 +135,10 @@ def case_metric(case: HistoryCase) -> str:
 
 
 def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence[str] | None = None,
-                   max_pvalue: float = MAX_PVALUE, permutations: int = PERMUTATIONS,
+                   branch: str | None = None, max_pvalue: float = MAX_PVALUE, permutations: int = PERMUTATIONS,
                    seed: int = SEED) -> list[CaseHistory]:
-    """Every (case, variant) of ``device_model``'s history (or of ``case_ids``) with its change points."""
+    """Every (case, variant) of ``device_model``'s history (or of ``case_ids``) with its change
+    points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run."""
     out = []
     for case in store.cases(device_model):
         if case_ids is not None and case.case_id not in case_ids:
@@ -145,7 +146,7 @@ def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence
         metric = case_metric(case)
         lower = lower_is_better(metric, case.gate_metric)
         for variant, _role in case.variants:
-            points = store.series(device_model, case.case_id, variant, metric)
+            points = store.series(device_model, case.case_id, variant, metric, branch=branch)
             if not points:
                 continue
             changes = change_points(points, lower_better=lower, max_pvalue=max_pvalue, permutations=permutations,

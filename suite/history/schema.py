@@ -74,6 +74,8 @@ SERIES = (f"SELECT {', '.join(POINT_COLUMNS)} FROM {RESULTS_TABLE} "
 CASES = (f"SELECT case_id, technique, params_json, gate_metric, variant, role, COUNT(*), MAX(started_at) "
          f"FROM {RESULTS_TABLE} WHERE device_model = :device_model "
          "GROUP BY case_id, technique, params_json, gate_metric, variant, role ORDER BY case_id, variant")
+BRANCHES = (f"SELECT branch, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} WHERE device_model = :device_model "
+            "GROUP BY branch ORDER BY branch")
 DEVICE_MODELS = f"SELECT device_model, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} GROUP BY device_model ORDER BY device_model"
 
 

@@ -30,6 +30,9 @@ from gpubench.history.rows import ResultRow
 ENV_VAR = "GPUBENCH_HISTORY"
 BUSY_TIMEOUT_S = 60.0
 SQLITE_HEADER = b"SQLite format 3\x00"
+# The branch a history's level is read from when none is named: the first of these the store holds,
+# else the branch with the most runs. Runs that recorded no branch count as this branch's.
+DEFAULT_BRANCHES = ("main", "master")
 SERVER_EXTRA = "pip install 'gpubench[history-server]' (SQLAlchemy 2) and the database's driver (psycopg for PostgreSQL)"
 
 
@@ -293,6 +296,20 @@ class HistoryStore:
         """Each device model the store holds, with its number of runs."""
         return {model: int(count) for model, count in self.backend.rows(schema.DEVICE_MODELS)}
 
+    def branches(self, device_model: str) -> dict[str | None, int]:
+        """Each branch of ``device_model``'s runs (None: runs that recorded none), with its number of runs."""
+        return {branch: int(count) for branch, count in self.backend.rows(schema.BRANCHES,
+                                                                           {"device_model": device_model})}
+
+    def default_branch(self, device_model: str) -> str | None:
+        """The branch whose runs make ``device_model``'s level when none is named: main, else
+        master, else the branch with the most runs (then by name); None when no run recorded one."""
+        held = {branch: n for branch, n in self.branches(device_model).items() if branch}
+        for name in DEFAULT_BRANCHES:
+            if name in held:
+                return name
+        return min(held, key=lambda branch: (-held[branch], branch)) if held else None
+
     def cases(self, device_model: str) -> list[HistoryCase]:
         """The cases of ``device_model``'s history, by case id."""
         grouped: dict[str, dict[str, Any]] = {}
@@ -306,11 +323,14 @@ class HistoryStore:
             entry["last_started_at"] = max(entry["last_started_at"], last or "")
         return [HistoryCase(**{**e, "variants": tuple(e["variants"].items())}) for e in grouped.values()]
 
-    def series(self, device_model: str, case_id: str, variant: str, metric: str = "time") -> list[Point]:
+    def series(self, device_model: str, case_id: str, variant: str, metric: str = "time",
+               branch: str | None = None) -> list[Point]:
         """The case's figures run by run, in run order (start time, then run id), on one device
         model. ``variant``: a variant's name, or a role (``optimized``, ``baseline``) when no
         variant has that name. ``metric``: ``time`` (the median time, s, with its bootstrap CI) or
         a metric the variant recorded (its gate metric, e.g. ``bytes_reserved``): exact figures.
+        ``branch``: that branch's runs only, with the runs that recorded no branch when it is the
+        :meth:`default_branch` (so a pull request's runs never move main's level); None: every run.
         Runs without the figure (a failed variant) are left out."""
         params = {"device_model": device_model, "case_id": case_id, "variant": variant}
         found = self.backend.rows(schema.series(by_role=False), params) or \
@@ -329,7 +349,10 @@ class HistoryStore:
                                 None if row["dirty"] is None else bool(row["dirty"]), row["started_at"],
                                 float(median), low, high, row["n"], row["results_path"], row["variant"],
                                 row["run_status"]))
-        return points
+        if branch is None:
+            return points
+        unbranched_too = any(p.branch is None for p in points) and branch == self.default_branch(device_model)
+        return [p for p in points if p.branch == branch or (unbranched_too and p.branch is None)]
 
 
 def _writer() -> str:
