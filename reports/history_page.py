@@ -81,12 +81,20 @@ def _case_entry(number: int, case_id: str, histories: Sequence[CaseHistory], gro
                 link: Callable[[str | None], str | None]) -> dict[str, Any]:
     runs = points_by_run(histories)
     roles = {h.variant: group.roles.get((case_id, h.variant)) for h in histories}
-    chart = figure(case_id, trend_figure(histories, runs, roles, link))
+    params = group.params.get(case_id) or {}
+    chart = figure(" ".join(f"{k}={v}" for k, v in params.items()) or case_id,
+                   trend_figure(histories, runs, roles, link))
     one_run = len(runs) == 1
     return {"anchor": f"case-{number}", "case_id": case_id, "figure": chart, "runs": len(runs),
             "note": "one run so far: its point is shown; a trend needs more runs." if one_run else "",
             "table": _runs_table(histories, link), "metric": histories[0].metric,
             "changes": sum(len(h.changes) for h in histories)}
+
+
+def _change_first(row: dict[str, Any]) -> int:
+    """The table's order: regressions, then improvements, then cases without a change (stable
+    within each: by technique and case)."""
+    return {"regression": 0, "improvement": 1}.get((row["change"] or {}).get("kind"), 2)
 
 
 def page_context(page: PageInput) -> dict[str, Any]:
@@ -105,7 +113,9 @@ def page_context(page: PageInput) -> dict[str, Any]:
                        "variant": h.variant, "metric": h.metric, "runs": len(h.points), **_change_cells(h, link)}
                       for h in histories]
         sections.append({"technique": group.technique, "cases": entries})
-    return {"model": page.device_model, "where": page.where, "rows": table, "techniques": sections,
+    table.sort(key=_change_first)
+    return {"model": page.device_model, "where": page.where, "rows": table,
+            "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]], "techniques": sections,
             "runs": len(all_runs), "remote": page.remote, "linked": base is not None, "css": report_css(),
             "method": (f"E-Divisive means (Apache Otava), p <= {changepoints.MAX_PVALUE} over "
                        f"{changepoints.PERMUTATIONS} seeded permutations"),

@@ -13,8 +13,8 @@ from gpubench.history.changepoints import CaseHistory
 from gpubench.history.store import Point
 from gpubench.reports.drawing import COLORS, SERIES, error_bars, plain_number, reference, styled, time_unit
 
-WIDTH_IN, HEIGHT_IN = 3.6, 2.1
-MAX_LABELS = 10  # commit labels along x before they are thinned
+WIDTH_IN, HEIGHT_IN = 4.6, 2.3
+MAX_LABELS = 12  # commit labels along x before they are thinned
 KIND_COLORS = {"regression": "#c0392b", "improvement": "#2e7d32"}
 SHORT = 7  # characters of a commit hash on an axis
 

@@ -10,9 +10,10 @@ not exist is not created by reading it. The run's own figure comes from its reco
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from gpubench.errors import BadInput
 from gpubench.history import changepoints
@@ -125,22 +126,34 @@ class TechniqueHistories:
     technique: str
     cases: tuple[tuple[str, tuple[changepoints.CaseHistory, ...]], ...]  # (case id, its histories)
     roles: dict[tuple[str, str], str | None]  # (case id, variant) -> its role (optimized, baseline, ...)
+    params: dict[str, dict[str, Any]]  # case id -> its params
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """``text`` ordered as a reader expects: "n=3" before "n=12"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def technique_histories(store: HistoryStore, device_model: str,
                         histories: Sequence[changepoints.CaseHistory]) -> list[TechniqueHistories]:
     """``histories`` (:func:`changepoints.case_histories`) grouped by technique, then case, each in
-    name order; a case's optimized variant first."""
-    held = store.cases(device_model)
-    technique_of = {case.case_id: case.technique or "other" for case in held}
-    roles = {(case.case_id, name): role for case in held for name, role in case.variants}
+    name order (numbers by value); a case's optimized variant first, then its baseline."""
+    held = {case.case_id: case for case in store.cases(device_model)}
+    roles = {(case.case_id, name): role for case in held.values() for name, role in case.variants}
     grouped: dict[str, dict[str, list[changepoints.CaseHistory]]] = {}
     for h in histories:
-        grouped.setdefault(technique_of.get(h.case_id, "other"), {}).setdefault(h.case_id, []).append(h)
+        technique = held[h.case_id].technique if h.case_id in held else None
+        grouped.setdefault(technique or "other", {}).setdefault(h.case_id, []).append(h)
     rank = {"optimized": 0, "baseline": 1}
-    return [TechniqueHistories(name, tuple(
-        (case_id, tuple(sorted(found, key=lambda h: (rank.get(roles.get((h.case_id, h.variant)) or "", 2), h.variant))))
-        for case_id, found in sorted(cases.items())), {key: role for key, role in roles.items() if key[0] in cases})
+
+    def variant_order(h: changepoints.CaseHistory) -> tuple[int, str]:
+        return rank.get(roles.get((h.case_id, h.variant)) or "", 2), h.variant
+
+    return [TechniqueHistories(
+        name, tuple((case_id, tuple(sorted(cases[case_id], key=variant_order)))
+                    for case_id in sorted(cases, key=natural_key)),
+        {key: role for key, role in roles.items() if key[0] in cases},
+        {case_id: held[case_id].params if case_id in held else {} for case_id in cases})
         for name, cases in sorted(grouped.items())]
 
 
