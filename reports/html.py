@@ -355,12 +355,18 @@ def write_report(run_dir: str | Path, output: str | Path | None = None,
     text = render(run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent,
                   trends=trends)
     summary = markdown.render_summary(headline(run.record), summary_rows(run.record), compared)
-    try:
-        atomic_write_text(html_path, text)
-        atomic_write_text(md_path, summary)
-    except DiskFull:
-        raise  # not bad input: the CLI says so, exit 74
-    except OSError as exc:
-        raise BadInput(f"{html_path}: cannot write the report there ({exc.strerror or exc}); "
-                       f"give a writable file with -o/--output.") from None
+    write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--output")
     return Written(html_path, md_path)
+
+
+def write_pages(pages: Sequence[tuple[Path, str]], what: str, option: str) -> None:
+    """Write each (path, text), atomically. A path that cannot be written is bad input naming it
+    and ``option`` (exit 2); a full disk is not (DiskFull: exit 74)."""
+    for path, text in pages:
+        try:
+            atomic_write_text(path, text)
+        except DiskFull:
+            raise  # not bad input: the CLI says so, exit 74
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot write {what} there ({exc.strerror or exc}); give a writable file "
+                           f"with {option}.") from None

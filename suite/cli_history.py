@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from gpubench import history
-from gpubench.atomic import DiskFull, atomic_write_text
 from gpubench.errors import BadInput
 from gpubench.results import RunRecord
 
@@ -103,6 +102,7 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
     gpubench history html [--store PATH|URL] [--device MODEL] [-o history.html]"""
     from gpubench.history import changepoints, links, trends
     from gpubench.reports.history_page import PageInput, render_page
+    from gpubench.reports.html import write_pages
 
     given = ctx.parent.params if ctx.parent is not None else {}  # `gpubench history --store X html` works too
     with history.open_store(store or given.get("store")) as opened:
@@ -110,7 +110,7 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
         grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model))
         where = opened.where
     text = render_page(PageInput(model, where, grouped, remote or links.origin_remote(_checkout())))
-    _write_page(out, text)
+    write_pages([(out, text)], "the history page", "-o/--out")
     cases = sum(len(group.cases) for group in grouped)
     click.echo(f"history page: {out} ({model}: {cases} case{'s' if cases != 1 else ''} from {where})")
 
@@ -120,16 +120,6 @@ def _checkout() -> Path:
     import gpubench
 
     return Path(gpubench.__file__).resolve().parent.parent
-
-
-def _write_page(out: Path, text: str) -> None:
-    try:
-        atomic_write_text(out, text)
-    except DiskFull:
-        raise  # not bad input: the CLI says so, exit 74
-    except OSError as exc:
-        raise BadInput(f"{out}: cannot write the history page there ({exc.strerror or exc}); give a writable "
-                       f"file with -o/--out.") from None
 
 
 @history_group.command(name="add")
