@@ -101,22 +101,20 @@ def page_context(page: PageInput) -> dict[str, Any]:
     """The template's context: the table of latest changes and the charts, by technique."""
     base = links.commit_url_base(page.remote)
     link = lambda commit: links.commit_url(base, commit)  # noqa: E731
-    table, sections, numbers = [], [], iter(range(1, 1 << 30))
-    all_runs: set[tuple[str, str]] = set()
+    numbers = itertools.count(1)
+    table, sections = [], []
     for group in page.techniques:
-        entries = []
-        for case_id, histories in group.cases:
-            entry = _case_entry(next(numbers), case_id, histories, group, link)
-            entries.append(entry)
-            all_runs |= {run_key(p) for h in histories for p in h.points}
-            table += [{"anchor": entry["anchor"], "case_id": case_id, "technique": group.technique,
-                       "variant": h.variant, "metric": h.metric, "runs": len(h.points), **_change_cells(h, link)}
-                      for h in histories]
+        entries = [_case_entry(next(numbers), case_id, histories, group, link) for case_id, histories in group.cases]
         sections.append({"technique": group.technique, "cases": entries})
+        table += [{"anchor": entry["anchor"], "case_id": case_id, "variant": h.variant, "metric": h.metric,
+                   "runs": len(h.points), **_change_cells(h, link)}
+                  for entry, (case_id, histories) in zip(entries, group.cases) for h in histories]
     table.sort(key=_change_first)
-    return {"model": page.device_model, "where": page.where, "rows": table,
-            "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]], "techniques": sections,
-            "runs": len(all_runs), "remote": page.remote, "linked": base is not None, "css": report_css(),
+    runs = {run_key(p) for group in page.techniques for _, histories in group.cases for h in histories
+            for p in h.points}
+    return {"model": page.device_model, "where": page.where, "rows": table, "techniques": sections,
+            "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]],
+            "runs": len(runs), "remote": page.remote, "linked": base is not None, "css": report_css(),
             "method": (f"E-Divisive means (Apache Otava), p <= {changepoints.MAX_PVALUE} over "
                        f"{changepoints.PERMUTATIONS} seeded permutations"),
             "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
