@@ -5,13 +5,14 @@ level starts, labelled with its magnitude, red for a regression and green for an
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from matplotlib.figure import Figure
 
 from gpubench.history.changepoints import CaseHistory
 from gpubench.history.store import Point
-from gpubench.reports.drawing import COLORS, SERIES, error_bars, plain_number, reference, styled, time_unit
+from gpubench.reports.drawing import (COLORS, SERIES, error_bars, legend_below, plain_number, reference, styled,
+                                      time_unit)
 
 WIDTH_IN, HEIGHT_IN = 4.6, 2.3
 MAX_LABELS = 12  # commit labels along x before they are thinned
@@ -54,25 +55,25 @@ def trend_figure(histories: Sequence[CaseHistory], runs: Sequence[Point], roles:
     with styled():
         fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN))
         ax = fig.add_subplot()
-        for h in histories:
-            _draw_variant(ax, h, x_of, scale, colors[h.variant], several=len(histories) > 1)
+        handles = {h.variant: _draw_variant(ax, h, x_of, scale, colors[h.variant], several=len(histories) > 1)
+                   for h in histories}
         _commit_ticks(ax, runs, link)
         ax.set_ylabel(label)
         ax.set_xlim(-0.6, len(runs) - 0.4)
-        if len(histories) > 1:
-            ax.legend(fontsize=6, loc="best")
         fig.tight_layout()
+        if len(histories) > 1:
+            legend_below(fig, handles)  # under the axes, never on the data (as every report figure)
     return fig
 
 
 def _draw_variant(ax, h: CaseHistory, x_of: dict[tuple[str, str], int], scale: float, color: str,
-                  several: bool) -> None:
+                  several: bool) -> Any:
     xs = [x_of[run_key(p)] for p in h.points]
     ys = [p.median / scale for p in h.points]
     lows = [(p.ci_low if p.ci_low is not None else p.median) / scale for p in h.points]
     highs = [(p.ci_high if p.ci_high is not None else p.median) / scale for p in h.points]
-    ax.errorbar(xs, ys, yerr=error_bars(ys, lows, highs), marker="o", ms=3, capsize=2, lw=1, color=color,
-                label=h.variant)
+    drawn = ax.errorbar(xs, ys, yerr=error_bars(ys, lows, highs), marker="o", ms=3, capsize=2, lw=1, color=color,
+                        label=h.variant)
     for change in h.changes:
         x = x_of[run_key(h.points[change.index])] - 0.5
         kind_color = KIND_COLORS[change.kind]
@@ -80,6 +81,7 @@ def _draw_variant(ax, h: CaseHistory, x_of: dict[tuple[str, str], int], scale: f
         text = f"{change.magnitude:+.1%}" + (f" {h.variant}" if several else "")
         ax.annotate(text, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2), textcoords="offset points",
                     ha="left", va="top", fontsize=6.5, color=kind_color, fontweight="bold")
+    return drawn
 
 
 def _commit_ticks(ax, runs: Sequence[Point], link: Callable[[str | None], str | None]) -> None:
