@@ -292,3 +292,14 @@ def test_the_widest_report_keeps_every_column_in_view_with_its_history_column(sm
     heads = [name for name, _, _ in seen["summary_heads"]]
     assert "history" in heads and all(0 <= left < right <= WIDTH for _, left, right in seen["summary_heads"]), heads
     assert seen["scroll_width"] <= WIDTH and seen["wide"] == [], seen["wide"][:10]
+
+
+def test_a_case_new_to_the_history_has_no_sparkline_and_one_note_counts_such_cases(tmp_path):
+    earlier = write_run(tmp_path / "runs", "r0", "2026-12-01T00:00:00+00:00", "0" * 40, n_cases=1)
+    now = write_run(tmp_path / "runs", "r1", "2026-12-02T00:00:00+00:00", "1" * 40, n_cases=2)  # adds "t n=1"
+    _add([earlier], tmp_path / "h.sqlite")
+    text = html.write_report(now, history_store=str(tmp_path / "h.sqlite")).html.read_text()
+    assert len(sparklines(text)) == 2  # "t n=0" and "kv bytes"
+    row = re.search(r'<tr id="case-2".*?</tr>', text, re.S)[0]  # "t n=1": its cell is empty
+    assert 'class="spark"></td>' in row
+    assert text.count("history: 1 case without a sparkline") == 1
