@@ -83,7 +83,10 @@ def _is_stored(where: str) -> bool:
     if "://" in where:
         return True
     path = Path(where).expanduser()
-    return path.is_file() and path.stat().st_size > 0
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:  # unreadable: opening it says why
+        return True
 
 
 def run_trends(run: RunRecord, results_path: str | Path, store: str | None = None, *,
