@@ -25,9 +25,11 @@ import pandas as pd
 
 from gpubench.atomic import DiskFull, atomic_write_text
 from gpubench.errors import BadInput
+from gpubench.history.trends import RunTrends, run_trends
 from gpubench.reports import charts, claims, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
+from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import case_params, check_text, format_seconds, format_speedup, headline_text, named_time
 from gpubench.results import CaseRecord, RunRecord, as_run, load_run as load_record
@@ -277,14 +279,16 @@ def fleet_matrix(docs: Sequence[RunRecord | Mapping[str, Any]]) -> dict[str, Any
 
 
 def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None,
-           more: Sequence[Run] = (), output_dir: Path | None = None) -> str:
-    """The report as one HTML string: with a comparison section when ``other`` is given, and a
-    technique x device matrix when the cases span several device models (``more``: further runs)."""
+           more: Sequence[Run] = (), output_dir: Path | None = None, trends: RunTrends | None = None) -> str:
+    """The report as one HTML string: with a comparison section when ``other`` is given, a
+    technique x device matrix when the cases span several device models (``more``: further runs),
+    and a sparkline per case from ``trends`` (the history store's, read by :func:`write_report`)."""
     record = run.record
     if other is not None and comparison is None:
         comparison = compare_runs(record, other.record)
     labels = Labels(record)
     rows = summary_rows(record, labels)
+    _add_sparklines(rows, trends)
     others = [r.record for r in ([other] if other is not None else []) + list(more)]
     head = headline(record)
     sections = technique_sections(record, rows, labels)
@@ -294,7 +298,8 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
                              "text": lines[t["name"]]} for t in sections if t["large"]}
     # Columns no case fills are left out, so the table fits the page with the ones that say something.
     show = {"show_device": len({r["device"] for r in rows}) > 1, "show_headline": any(r["headline"] or r["why"] for r in rows),
-            "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows)}
+            "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
+            "show_history": any(r["sparkline"] for r in rows)}
     context = {
         "head": head, "rows": rows, "fleet": side_by_side.fleet_matrix([record, *others]), **show,
         "columns": 6 + sum(show.values()), "collapsed": collapsed,
@@ -304,10 +309,18 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         "scenario": json.dumps(record.scenario or None, indent=2, default=str),
         "comparison": comparison,
         "comparison_figure": side_by_side.comparison_figure(comparison) if comparison else None,
-        "other_run": str(other.path) if other else "",
+        "other_run": str(other.path) if other else "", "history_note": trends.note if trends else None,
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     return _TEMPLATES.get_template("report.html.j2").render(**context)
+
+
+def _add_sparklines(rows: list[dict[str, Any]], trends: RunTrends | None) -> None:
+    """Each summary row's ``sparkline``: the case's SVG line over the history, "" without one."""
+    lines = trends.lines if trends else {}
+    for row in rows:
+        line = lines.get(row["id"])
+        row["sparkline"] = sparkline_svg(line.values, line.current, line.metric) if line else ""
 
 
 def _link_base(run_dir: Path, output_dir: Path | None) -> str:
@@ -325,24 +338,35 @@ class Written:
 
 
 def write_report(run_dir: str | Path, output: str | Path | None = None,
-                 compare: str | Path | Sequence[str | Path] | None = None) -> Written:
+                 compare: str | Path | Sequence[str | Path] | None = None, *, history_store: str | None = None,
+                 read_history: bool = True) -> Written:
     """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it. With one
-    other run, a comparison; with several, the technique x device matrix over all of them."""
+    other run, a comparison; with several, the technique x device matrix over all of them. Each
+    case's sparkline comes from the history store ``history_store`` (None: the default one; not
+    read with ``read_history=False``); whatever goes wrong there costs the sparklines, never the report."""
     run = load_run(run_dir)
+    trends = run_trends(run.record, run.path / "results.json", history_store, read=read_history)
     paths = [compare] if isinstance(compare, (str, Path)) else list(compare or [])
     loaded = [load_run(p) for p in paths]
     other = loaded[0] if len(loaded) == 1 else None
     compared = compare_runs(run.record, other.record) if other else None
     html_path = Path(output) if output is not None else run.path / "report.html"
     md_path = html_path.with_name("summary.md")
-    text = render(run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent)
+    text = render(run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent,
+                  trends=trends)
     summary = markdown.render_summary(headline(run.record), summary_rows(run.record), compared)
-    try:
-        atomic_write_text(html_path, text)
-        atomic_write_text(md_path, summary)
-    except DiskFull:
-        raise  # not bad input: the CLI says so, exit 74
-    except OSError as exc:
-        raise BadInput(f"{html_path}: cannot write the report there ({exc.strerror or exc}); "
-                       f"give a writable file with -o/--output.") from None
+    write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--output")
     return Written(html_path, md_path)
+
+
+def write_pages(pages: Sequence[tuple[Path, str]], what: str, option: str) -> None:
+    """Write each (path, text), atomically. A path that cannot be written is bad input naming it
+    and ``option`` (exit 2); a full disk is not (DiskFull: exit 74)."""
+    for path, text in pages:
+        try:
+            atomic_write_text(path, text)
+        except DiskFull:
+            raise  # not bad input: the CLI says so, exit 74
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot write {what} there ({exc.strerror or exc}); give a writable file "
+                           f"with {option}.") from None

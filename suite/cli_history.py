@@ -1,4 +1,5 @@
 """``gpubench history``: the cases of one device model's history with their latest change point;
+``gpubench history html``: the same as an HTML page with a trend chart per case;
 ``gpubench history add RUN_DIR...``: import runs (run directories, results.json, pytest-benchmark
 JSON) into the history store; and the hook by which ``gpubench run`` adds the run it made
 (:func:`append_run`: a store that cannot be written costs a warning, never the run)."""
@@ -49,7 +50,9 @@ def history_group(ctx: click.Context, store: str | None, device_model: str | Non
     Alone: a table of the cases of one device model with their latest change point (E-Divisive
     means, p <= 0.01 over 100 seeded permutations): the commit where it starts, its magnitude
     [95% CI], regression or improvement, over one branch's runs (a pull request's runs never move
-    main's). gpubench history [--store PATH|URL] [--device MODEL] [--branch NAME]"""
+    main's). gpubench history [--store PATH|URL] [--device MODEL] [--branch NAME]
+
+    gpubench history html: the same as an HTML page, with a trend chart per case."""
     if ctx.invoked_subcommand is not None:
         return
     from gpubench.history import changepoints
@@ -107,6 +110,48 @@ def print_changes(where: str, model: str, branch: str | None, found: list) -> No
                       f"{(last.commit or '?')[:12]} ({last.run_id})",
                       f"{last.magnitude:+.1%} [{last.ci_low:+.1%}, {last.ci_high:+.1%}]", last.kind)
     make_console().print(table)
+
+
+DEFAULT_PAGE = Path("history.html")
+
+
+@history_group.command(name="html")
+@store_option
+@click.option("--device", "device_model", metavar="MODEL", default=None,
+              help="The device model whose history to show (default: the store's only one).")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_PAGE,
+              help="The HTML file to write (default: history.html in the current directory).")
+@click.option("--remote", metavar="URL", default=None,
+              help="The repository's remote, for commit links (https://github.com/o/r, git@github.com:o/r.git, "
+                   "GitLab's too). Default: `git remote get-url origin` of the checkout gpubench runs from, "
+                   "whose commits the runs record. Another host, or none: commits are plain text.")
+@click.pass_context
+def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, out: Path, remote: str | None) -> None:
+    """Write the history page of one device model: a self-contained HTML file (the report's style)
+    with the cases and their latest change point, then a trend chart per case (each run's median
+    and 95% CI, runs in order by commit, change points marked), grouped by technique.
+
+    gpubench history html [--store PATH|URL] [--device MODEL] [-o history.html]"""
+    from gpubench.history import changepoints, links, trends
+    from gpubench.reports.history_page import PageInput, render_page
+    from gpubench.reports.html import write_pages
+
+    given = ctx.parent.params if ctx.parent is not None else {}  # `gpubench history --store X html` works too
+    with history.open_store(store or given.get("store")) as opened:
+        model = pick_device_model(opened, device_model or given.get("device_model"))
+        grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model))
+        where = opened.where
+    text = render_page(PageInput(model, where, grouped, remote or links.origin_remote(_checkout())))
+    write_pages([(out, text)], "the history page", "-o/--out")
+    cases = sum(len(group.cases) for group in grouped)
+    click.echo(f"history page: {out} ({model}: {cases} case{'s' if cases != 1 else ''} from {where})")
+
+
+def _checkout() -> Path:
+    """The folder gpubench runs from (its checkout, where `gpubench run` reads the commit)."""
+    import gpubench
+
+    return Path(gpubench.__file__).resolve().parent.parent
 
 
 @history_group.command(name="add")

@@ -242,7 +242,8 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
         from gpubench.reports import html as html_report
 
         t_report = time.perf_counter()
-        written = html_report.write_report(outcome.run_dir)
+        written = html_report.write_report(outcome.run_dir, history_store=history_store or None,
+                                           read_history=history_store is not None)
         _remember_report_time(outcome, time.perf_counter() - t_report)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
@@ -361,7 +362,11 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
               metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "
               "regressions first. Further runs may follow RUN_DIR: then a technique x device matrix of all.")
 @click.argument("more", nargs=-1, type=click.Path(path_type=Path))
-def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[Path, ...]) -> None:
+@click.option("--store", "history_store", metavar="PATH|URL", default=None, help="The history store each case's "
+              "sparkline is read from (default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
+@click.option("--no-history", is_flag=True, help="Do not read the history store: no sparklines.")
+def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[Path, ...],
+           history_store: str | None, no_history: bool) -> None:
     """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it.
 
     gpubench report RUN --compare OTHER: the two runs side by side.
@@ -371,6 +376,7 @@ def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[
     compare = ([others] if others is not None else []) + list(more)
     if more and others is None:
         raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
-    written = html_report.write_report(run_dir, output, compare=compare)
+    written = html_report.write_report(run_dir, output, compare=compare, history_store=history_store,
+                                       read_history=not no_history)
     click.echo(f"report: {written.html}")
     click.echo(f"summary: {written.markdown}")
