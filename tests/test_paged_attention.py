@@ -37,7 +37,7 @@ def rel_err(output: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def torch_path(*a, **kw):
-    return paged_decode_attention_torch(*a, tokens_per_step=16, **kw)  # several steps even when short
+    return paged_decode_attention_torch(*a, chunk_tokens=16, **kw)  # several chunks even when short
 
 
 def kernel(*a, **kw):
@@ -365,7 +365,7 @@ def test_vectorized_cpu_decode_equals_float64_reference_with_garbage_past_every_
     ref = TECHNIQUE.reference_fn(replace_cache(w, q, k.nan_to_num(0.0), v.nan_to_num(0.0)))
     assert (out - ref).abs().max() <= 1e-12
     walk = paged_decode_attention_torch(q, k, v, tables.clamp_max(k.shape[0] - 1), w.context_lens,
-                                        tokens_per_step=16)
+                                        chunk_tokens=16)
     assert (out - walk).abs().max() <= 1e-12
 
 
