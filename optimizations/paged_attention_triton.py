@@ -35,16 +35,21 @@ MIN_DOT = 16
 # (32 x 256); a power of two either way.
 TOKENS_PER_STEP = 64
 TOKENS_PER_STEP_WIDE = 32
-# Split choice: enough programs for this many waves over the SMs, but never a split shorter than
-# MIN_SPLIT_TOKENS (its partial's write and the reduce would cost more than its keys), nor more
-# than MAX_SPLITS (the reduce's loop and the scratch stay small).
-TARGET_WAVES = 2
+# Warps per decode program. Compiled for sm_90 as the JIT specializes it (unit strides, 16-byte
+# aligned pointers), bf16 group 4 d128 with 64-token steps takes 108 registers a thread, so four
+# programs fit an SM at once (64 K registers).
+NUM_WARPS = 4
+# Split choice: about two waves of those four programs per SM (mixed context lengths then balance
+# across SMs), but never a split shorter than MIN_SPLIT_TOKENS (its partial's write and the reduce
+# would cost more than its keys), nor more than MAX_SPLITS (the reduce and the scratch stay small).
+PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 64
 # The SM count the interpreter plans with (an H100 / H200's 132), so tests see GPU-like splits.
 INTERPRETER_SM_COUNT = 132
 # Splits the reduce kernel folds per loop step.
 REDUCE_SPLITS_PER_STEP = 16
+REDUCE_NUM_WARPS = 4
 
 
 @triton.jit
@@ -173,10 +178,10 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose_splits(batch: int, kv_heads: int, longest: int, sms: int) -> int:
-    """Context splits per (sequence, KV head): enough programs for TARGET_WAVES waves over ``sms``
-    SMs, at most one split per MIN_SPLIT_TOKENS of the longest context and at most MAX_SPLITS."""
+    """Context splits per (sequence, KV head): about PROGRAMS_PER_SM programs per SM of ``sms``, at
+    most one split per MIN_SPLIT_TOKENS of the longest context and at most MAX_SPLITS."""
     programs = max(1, batch * kv_heads)
-    wanted = -(-TARGET_WAVES * sms // programs)
+    wanted = -(-PROGRAMS_PER_SM * sms // programs)
     return max(1, min(wanted, -(-longest // MIN_SPLIT_TOKENS), MAX_SPLITS))
 
 
@@ -235,7 +240,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
         GROUP=group, GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, TOKENS=tokens_per_step, ONE_SPLIT=splits == 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32", DOT_IN_FP32=dot_in_fp32,
-        num_warps=4,
+        num_warps=NUM_WARPS,
     )
     if splits > 1:
         reduce_partials(m, l, acc, out, head_dim)
@@ -253,6 +258,6 @@ def reduce_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, out: to
     _paged_decode_reduce_kernel[(batch, heads)](
         m, l, acc, out, splits, *m.stride(), *out.stride(),
         HEAD_DIM=head_dim, DIM_PAD=acc.shape[-1], SPLITS_PAD=triton.next_power_of_2(splits),
-        SPLITS_PER_STEP=REDUCE_SPLITS_PER_STEP, num_warps=4,
+        SPLITS_PER_STEP=REDUCE_SPLITS_PER_STEP, num_warps=REDUCE_NUM_WARPS,
     )
     return out
