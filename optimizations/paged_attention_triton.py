@@ -247,7 +247,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     return out
 
 
-def reduce_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, out: torch.Tensor, head_dim: int) -> torch.Tensor:
+def reduce_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
+                    head_dim: int) -> torch.Tensor:
     """Combine the splits' partials into ``out`` (batch, heads, head_dim): m, l (batch, heads,
     splits) fp32 in log2 units, acc (batch, heads, splits, dim_pad) fp32, all contiguous (the
     kernel addresses acc through m's index); a split with m = -inf and l = 0 contributes nothing."""

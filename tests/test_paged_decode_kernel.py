@@ -223,8 +223,9 @@ def compile_sm90(fn, pointers, consts, num_warps):
     for n in UNIT_STRIDES:
         if n in sig:
             sig[n], consts[n] = "constexpr", 1
-    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names
-               if n in sig and sig[n] != "constexpr" and n != "lens_ptr" and (n.endswith("_ptr") or n.startswith("stride"))}
+    addressing = [n for n in names if n.endswith("_ptr") or n.startswith("stride_")]
+    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in addressing
+               if sig[n] != "constexpr" and n != "lens_ptr"}
     return triton.compile(ASTSource(fn, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=num_warps))
 
