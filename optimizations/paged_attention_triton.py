@@ -185,10 +185,13 @@ def choose_splits(batch: int, kv_heads: int, longest: int, sms: int) -> int:
     return max(1, min(wanted, -(-longest // MIN_SPLIT_TOKENS), MAX_SPLITS))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.cache
 def _scratch(device: torch.device, batch: int, heads: int, splits: int, dim_pad: int):
-    """The splits' fp32 partials (max, sum, acc), allocated once per call shape. Kernels on one
-    stream run in order, so consecutive calls may share them."""
+    """The splits' fp32 partials (max, sum, acc), allocated once per call shape and kept: kernels
+    on one stream run in order, so consecutive calls share them, and a CUDA graph captured over
+    them (the serving engine's decode graphs) never sees them freed. Small: splits are only taken
+    while batch x KV heads is under PROGRAMS_PER_SM x SMs, so batch x heads x splits stays within
+    about twice that times the group size."""
     m = torch.empty(batch, heads, splits, device=device, dtype=torch.float32)
     return m, torch.empty_like(m), torch.empty(batch, heads, splits, dim_pad, device=device, dtype=torch.float32)
 

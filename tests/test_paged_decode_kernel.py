@@ -6,12 +6,10 @@ compile of both kernels."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from compile_sm90 import compile_script_output
 
 import gpubench.optimizations.paged_attention_triton as kernels
 from gpubench.optimizations.paged_attention_triton import (MAX_SPLITS, MIN_SPLIT_TOKENS, PROGRAMS_PER_SM,
@@ -259,14 +257,8 @@ def test_decode_and_reduce_kernels_compile_for_a_hopper_gpu(tmp_path):
     for sm_90 with Triton's compiler and ptxas in their main forms (bf16 group 4 d128 split, fp16
     group 1 d64 one split, fp32 MQA d256 split), no GPU needed; none spills to local memory.
     Skipped where Triton has no CUDA backend."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
-                            timeout=300)
-    if result.returncode != 0 and ("No module named 'triton.backends.nvidia'" in result.stderr
-                                   or "ptxas" in result.stderr and "not found" in result.stderr):
-        pytest.skip(f"Triton cannot compile for CUDA here: {result.stderr.strip().splitlines()[-1]}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("compiled")]
+    lines = [line for line in compile_script_output(COMPILE_FOR_SM90, tmp_path).splitlines()
+             if line.startswith("compiled")]
     print("\n".join(lines))  # shared memory / registers per form, for the record (pytest -s)
     assert len(lines) == 6 and sum(line.startswith("compiled decode") for line in lines) == 3
     assert all("LOCAL:0" in line for line in lines), lines

@@ -47,9 +47,10 @@ TECHNIQUE = Technique(
                                "batches paging allows (paged_kv_serving measures that)")],
     gpu_specific=(
         "The win is HBM traffic: decode is memory-bound, and the gather writes every KV byte into a "
-        "copy and reads it back, where the Triton kernel reads each byte once. On a CPU the "
-        "optimized role is played by torch_blocks, the same walk as PyTorch steps; both sides run "
-        "largely from caches with Python overhead per step, so the CPU ratio says little about a GPU's."
+        "copy and reads it back, where the Triton kernel reads each byte once (once per KV head's "
+        "whole query group, long contexts split across SMs). On a CPU the optimized role is played "
+        "by torch_blocks, the kernel's logic as vectorized PyTorch; both sides run largely from "
+        "caches, so the CPU ratio says little about a GPU's."
     ),
     params=[
         Param("batch", int, 4, "sequences decoding one token each (lengths: random)", min=1),
