@@ -31,6 +31,8 @@ INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 
 # tl.dot needs at least 16 rows, 16 columns and a 16-deep reduction.
 MIN_DOT = 16
+# The dtypes whose tiles go to tl.dot as they are (tensor cores; fp32 as IEEE fp32).
+DOT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Keys per loop step for head_dim up to 128 (64 x 128 bf16 K and V tiles, 16 KiB each) and above
 # (32 x 256); a power of two either way.
 TOKENS_PER_STEP = 64
@@ -95,9 +97,10 @@ def _paged_decode_split_kernel(
         token = start + offs
         live = token < split_end
         block = tl.load(tables_ptr + seq * stride_tb + (token // BLOCK_SIZE) * stride_tj, mask=live, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + token % BLOCK_SIZE  # int64: big pools
+        block = block.to(tl.int64)  # int64: offsets in a big pool pass 2^31 elements
+        slot = token % BLOCK_SIZE
         both = live[:, None] & dim_ok[None, :]
-        krow = (slot // BLOCK_SIZE) * stride_kn + (slot % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+        krow = block * stride_kn + slot * stride_ks + kv_head * stride_kh
         k = tl.load(k_ptr + krow[:, None] + dims[None, :] * stride_kd, mask=both, other=0.0)
         if DOT_IN_FP32:
             k = k.to(tl.float32)
@@ -113,7 +116,7 @@ def _paged_decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
 
-        vrow = (slot // BLOCK_SIZE) * stride_vn + (slot % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        vrow = block * stride_vn + slot * stride_vs + kv_head * stride_vh
         v = tl.load(v_ptr + vrow[:, None] + dims[None, :] * stride_vd, mask=both, other=0.0)
         p = p.to(v.dtype)  # 16-bit tensor-core inputs for P @ V, as flash attention does
         if DOT_IN_FP32:
@@ -170,6 +173,7 @@ def _paged_decode_reduce_kernel(
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
+@functools.cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors the split count plans for: the device's, or the interpreter's stand-in."""
     if device.type == "cuda":
@@ -234,8 +238,9 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     m, l, acc = _scratch(q.device, batch, heads, splits, dim_pad) if splits > 1 else (out, out, out)
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584), so there the bf16 tiles are widened to fp32 first; a
-    # bf16 x bf16 product is exact in fp32, as on tensor cores.
-    dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
+    # bf16 x bf16 product is exact in fp32, as on tensor cores. Other dtypes than the three the
+    # kernel is built for (a float64 serving engine's) are computed in fp32 too, as before the split.
+    dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16 or q.dtype not in DOT_DTYPES
     _paged_decode_split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, tables, lens, out, m, l, acc,
         scale * math.log2(math.e), split_tokens,

@@ -88,14 +88,25 @@ def test_kernel_equals_float64_attention_for_every_grouping_and_head_dim(heads, 
     assert worst_rel_err(out, reference(*case)) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("block_size,tokens", [(1, 16), (16, 16), (32, 16), (64, 16), (256, 32)])
+@pytest.mark.parametrize("block_size,tokens", [(1, 16), (12, 16), (16, 16), (32, 16), (64, 16), (256, 32)])
 def test_blocks_smaller_and_larger_than_a_step_are_walked_exactly(block_size, tokens):
-    """A step covers several blocks (1, 16) or part of one (32, 64, 256): each key is read once
-    from its own block and slot, and nothing past a context (NaN slots, garbage table entries)."""
+    """A step covers several blocks (1, 12: not a power of two, 16) or part of one (32, 64, 256):
+    each key is read once from its own block and slot, and nothing past a context (NaN slots,
+    garbage table entries)."""
     case = paged_case([45, 3, 70], 4, 2, 64, block_size)
     for splits in (1, 2):
         out = paged_decode_attention_triton(*case, tokens_per_step=tokens, num_splits=splits)
         assert worst_rel_err(out, reference(*case)) <= 1e-5, splits
+
+
+def test_float64_inputs_are_computed_in_fp32_as_a_float64_engine_gets_them():
+    """A float64 serving engine on CUDA calls this kernel too: float64 tiles are narrowed to fp32
+    (as the kernel before the split did), so the result is the attention to fp32 accuracy, in
+    float64, with or without splits."""
+    case = paged_case([40, 7], 4, 2, 64, 16, torch.float64)
+    for splits in (1, 2):
+        out = paged_decode_attention_triton(*case, tokens_per_step=16, num_splits=splits)
+        assert out.dtype == torch.float64 and worst_rel_err(out, reference(*case)) <= 1e-5
 
 
 def test_one_long_sequence_among_short_ones_leaves_empty_splits_that_add_nothing():
