@@ -220,7 +220,7 @@ def flashinfer_wrapper(w: PagedDecodeWorkload) -> Any:
     """FlashInfer's BatchDecodeWithPagedKVCacheWrapper planned for the workload's tables (plan()
     is the host-side scheduling a server does once per step, outside the timed call)."""
     flashinfer = optional_import("flashinfer")
-    batch, heads, head_dim = w.q.shape
+    _, heads, head_dim = w.q.shape
     _, block_size, kv_heads, _ = w.k_cache.shape
     counts = [-(-n // block_size) for n in w.lens]
     tables = w.block_tables.cpu()
