@@ -3,6 +3,8 @@ both compute the attention of the contiguous cache while reading K/V only throug
 table, and the technique's build / check / cast / metrics / plots behave as the harness relies on."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def rel_err(output: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def torch_path(*a, **kw):
-    return paged_decode_attention_torch(*a, tokens_per_step=16, **kw)  # several steps even when short
+    return paged_decode_attention_torch(*a, chunk_tokens=16, **kw)  # several chunks even when short
 
 
 def kernel(*a, **kw):
@@ -365,10 +367,86 @@ def test_vectorized_cpu_decode_equals_float64_reference_with_garbage_past_every_
     ref = TECHNIQUE.reference_fn(replace_cache(w, q, k.nan_to_num(0.0), v.nan_to_num(0.0)))
     assert (out - ref).abs().max() <= 1e-12
     walk = paged_decode_attention_torch(q, k, v, tables.clamp_max(k.shape[0] - 1), w.context_lens,
-                                        tokens_per_step=16)
+                                        chunk_tokens=16)
     assert (out - walk).abs().max() <= 1e-12
 
 
 def replace_cache(w, q, k, v):
     from dataclasses import replace
     return replace(w, q=q, k_cache=k, v_cache=v)
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 8, 16, 40, 1000])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_path_equals_float64_reference_whatever_the_chunk(chunk_tokens, dtype):
+    """The vectorized CPU path gives the float64 attention whether a context is one chunk (the
+    default here), many (8, 16: one or two blocks), chunks that are not whole blocks (40, rounded
+    down to 32), or one chunk wider than the table (1000), block-edge lengths included."""
+    w = make_workload(kv_heads=2, block_size=8, context_len=70, lengths="edges", dtype=dtype)
+    out = paged_decode_attention_torch(*args(w), chunk_tokens=chunk_tokens)
+    assert TECHNIQUE.check_fn(reference(w), out).passed
+    assert rel_err(out, reference(w)) <= TOL[dtype]
+
+
+def test_cpu_path_loops_over_chunks_of_many_blocks_not_over_blocks(monkeypatch):
+    """No Python loop over blocks: a context fits one chunk when its K is under CHUNK_ELEMENTS, and
+    a bigger one takes ceil(blocks / blocks per chunk) chunks, each one gather for every sequence."""
+    import gpubench.optimizations.paged_attention as blockwise
+
+    calls = []
+    real = blockwise.attend_chunk
+    monkeypatch.setattr(blockwise, "attend_chunk", lambda *a: calls.append(a[3].shape) or real(*a))
+    w = make_workload(batch=4, heads=8, kv_heads=2, context_len=512, block_size=16)
+    assert rel_err(paged_decode_attention_torch(*args(w)), reference(w)) <= 1e-5
+    assert calls == [(4, 32)]  # all 32 blocks of all 4 sequences in one chunk
+    calls.clear()
+    monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 4 * 16 * 2 * 64 * 10)  # 10 blocks of 4 sequences
+    assert rel_err(paged_decode_attention_torch(*args(w)), reference(w)) <= 1e-5
+    assert calls == [(4, 10), (4, 10), (4, 10), (4, 2)]
+
+
+def test_merging_partials_is_exact_and_empty_parts_add_nothing():
+    """Two parts' softmaxes merged by log-sum-exp equal the softmax over all their keys, in either
+    order; an empty part (-inf, 0, 0) changes nothing and two empty ones stay empty, not NaN."""
+    from gpubench.optimizations.paged_attention import Partial, attend_chunk, merge_partials
+
+    gen = torch.Generator().manual_seed(0)
+    qg = torch.randn(1, 1, 2, 64, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(3, 4, 1, 64, generator=gen, dtype=torch.float64) for _ in range(2))
+    everything = torch.ones(1, 12, dtype=torch.bool)
+    whole = attend_chunk(qg, k, v, torch.tensor([[0, 1, 2]]), everything)
+    first = attend_chunk(qg, k, v, torch.tensor([[0]]), everything[:, :4])
+    rest = attend_chunk(qg, k, v, torch.tensor([[1, 2]]), everything[:, :8])
+    empty = Partial(torch.full_like(whole.m, -math.inf), torch.zeros_like(whole.l), torch.zeros_like(whole.acc))
+    in_order, reversed_, with_empty = (merge_partials(first, rest), merge_partials(rest, first),
+                                       merge_partials(merge_partials(empty, first), rest))
+    for merged in (in_order, reversed_, with_empty):
+        assert torch.allclose(merged.acc / merged.l[..., None], whole.acc / whole.l[..., None], atol=1e-12)
+    both_empty = merge_partials(empty, empty)
+    assert not both_empty.l.isnan().any() and (both_empty.l == 0).all() and (both_empty.m == -math.inf).all()
+
+
+def test_sdpa_contiguous_peer_reads_a_contiguous_copy_made_at_build_and_matches_the_reference():
+    """sdpa_contiguous's cache holds each sequence's keys in order, zero past its context, masked:
+    the same attention as the paged cache (checked like every variant)."""
+    w = make_workload(kv_heads=2, dtype="float32")
+    longest = max(w.lens)
+    assert w.contiguous_k.shape == (len(w.lens), 2, longest, 64)
+    assert w.contiguous_mask.shape == (len(w.lens), 1, 1, longest)
+    for b, n in enumerate(w.lens):
+        blocks = w.block_tables[b, :-(-n // 16)].long()
+        assert torch.equal(w.contiguous_k[b, :, :n], w.k_cache[blocks].flatten(0, 1)[:n].transpose(0, 1))
+        assert (w.contiguous_v[b, :, n:] == 0).all() and w.contiguous_mask[b, 0, 0].sum() == n
+    out = TECHNIQUE.variants["sdpa_contiguous"].fn(w)
+    assert TECHNIQUE.check_fn(reference(w), out).passed and rel_err(out, reference(w)) <= 1e-5
+
+
+def test_flashinfer_peer_says_why_it_cannot_run_off_cuda_or_in_float32():
+    """FlashInfer runs only on CUDA, with fp16 / bf16 caches and the package importable; elsewhere
+    the variant is skipped with that reason instead of failing."""
+    flashinfer = TECHNIQUE.variants["flashinfer"]
+    assert "CUDA" in flashinfer.unavailable_reason(CPU, dict(TECHNIQUE.defaults(), dtype="bfloat16"))
+    reason = flashinfer.unavailable_reason(torch.device("cuda"), dict(TECHNIQUE.defaults(), dtype="float32"))
+    assert "float32" in reason
+    bf16 = flashinfer.unavailable_reason(torch.device("cuda"), dict(TECHNIQUE.defaults(), dtype="bfloat16"))
+    assert bf16 is None or "flashinfer" in bf16  # None only where flashinfer imports

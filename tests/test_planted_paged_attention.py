@@ -1,4 +1,4 @@
-"""paged_attention: block-edge bugs planted in the optimized path (the PyTorch block loop, which
+"""paged_attention: block-edge and chunk-merge bugs planted in the optimized path (the PyTorch chunk loop, which
 plays it on a CPU) fail the run's own check against float64 attention on block-edge lengths."""
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import pytest
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
+import gpubench.optimizations.paged_attention as blockwise
 import gpubench.techniques.paged_attention as paged_decode
 
 # One sequence per context length at and around block edges; the longest (250) is not on one.
 DECODE_EDGES = dict(heads=8, kv_heads=2, context_len=250, lengths="edges")
-# The bugs are planted in the PyTorch block loop: the baseline and the loop run, not the Triton
+# The bugs are planted in the PyTorch chunk loop: the baseline and the loop run, not the Triton
 # kernel (checked in the interpreter, it took ~90% of each case's time and cannot reach the loop).
 LOOP = ("gather", "torch_blocks")
 
@@ -44,18 +45,18 @@ def test_block_loop_masking_a_full_last_block_wrongly_is_caught(monkeypatch, bug
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_block_walk_stopping_at_the_last_whole_block_is_caught_when_a_partial_block_is_alone_in_a_step(
-        monkeypatch, block_size):
-    """The walk counts a context's blocks by floor division: the last partial block is dropped
-    only where it would start a step of its own (the loop takes 256 tokens a step). Smoke's entry
-    with a longest context of 260 reaches it; its block-edge lengths up to 250 end inside a step
-    and pass with the bug."""
+def test_chunk_merge_that_forgets_to_rescale_the_earlier_chunks_is_caught(monkeypatch, block_size):
+    """The CPU path walks a context in chunks and merges their softmaxes by log-sum-exp: a merge
+    that keeps the earlier chunks' sums at their own max (no rescale to the common one) weights
+    them wrongly. Caught once contexts span several chunks (4 blocks a chunk here); with one
+    chunk per context (the default at smoke sizes) the merge has nothing to rescale and passes."""
     params = dict(batch=4, heads=8, kv_heads=2, head_dim=64, context_len=260, block_size=block_size)
+    monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 4 * 4 * block_size * 2 * 64)  # 4 blocks of 4 sequences
     assert passed(shipped("paged_attention", variants=LOOP, **params))
-    monkeypatch.setattr(paged_decode, "paged_decode_attention_torch",
-                        _mutant(paged_decode.paged_decode_attention_torch,
-                                "range(0, -(-longest // block_size), blocks_per_step)",
-                                "range(0, longest // block_size, blocks_per_step)"))
+    monkeypatch.setattr(blockwise, "merge_partials",
+                        _mutant(blockwise.merge_partials, "torch.exp(a.m - shift), torch.exp(b.m - shift)",
+                                "torch.ones_like(a.m), torch.exp(b.m - shift)"))
     record = run_planted("paged_attention", variants=LOOP, **params)
     assert record.role_variant("optimized") == "torch_blocks" and caught(record), (record.status, record.failure)
-    assert passed(run_planted("paged_attention", variants=LOOP, **DECODE_EDGES, block_size=block_size))
+    monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1 << 22)
+    assert passed(run_planted("paged_attention", variants=LOOP, **params))

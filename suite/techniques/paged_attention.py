@@ -1,6 +1,8 @@
 """paged_attention: one decode step over a paged KV cache, gathering each sequence's blocks into a
 contiguous copy first (``gather``) against reading K/V through the block table in place (the
 Triton kernel on CUDA, ``torch_blocks`` standing in elsewhere), checked against float64 attention.
+Peers: SDPA over a contiguous cache (``sdpa_contiguous``, no paging at all) and FlashInfer's paged
+decode (``flashinfer``, where it is installed and the device is CUDA).
 
 A case's sequences have mixed context lengths (drawn in [1, context_len], the longest set to
 context_len, or ``edges``: at and around block edges), their blocks shuffled through a pool with
@@ -10,7 +12,7 @@ context is not diluted by the others.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +25,8 @@ from gpubench.contract import (Bench, CheckResult, Claim, Measured, Param, Plot,
 from gpubench.gqa import head_params, head_problems
 from gpubench.kvmath import block_edge_lengths
 from gpubench.optimizations.paged_attention import paged_decode_attention_torch
-from gpubench.paged_decode import KERNEL
+from gpubench.optional import optional_import
+from gpubench.paged_decode import KERNEL, decode_token_slots, grouped_decode_sdpa
 from gpubench.triton_support import interpreter_note, kernel_module, kernel_problem
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -44,9 +47,10 @@ TECHNIQUE = Technique(
                                "batches paging allows (paged_kv_serving measures that)")],
     gpu_specific=(
         "The win is HBM traffic: decode is memory-bound, and the gather writes every KV byte into a "
-        "copy and reads it back, where the Triton kernel reads each byte once. On a CPU the "
-        "optimized role is played by torch_blocks, the same walk as PyTorch steps; both sides run "
-        "largely from caches with Python overhead per step, so the CPU ratio says little about a GPU's."
+        "copy and reads it back, where the Triton kernel reads each byte once (once per KV head's "
+        "whole query group, long contexts split across SMs). On a CPU the optimized role is played "
+        "by torch_blocks, the kernel's logic as vectorized PyTorch; both sides run largely from "
+        "caches, so the CPU ratio says little about a GPU's."
     ),
     params=[
         Param("batch", int, 4, "sequences decoding one token each (lengths: random)", min=1),
@@ -84,6 +88,14 @@ class PagedDecodeWorkload(Workload):
     # never writes fails the check instead of inheriting a correct value from memory.
     triton_out: torch.Tensor
     torch_out: torch.Tensor
+    # The same keys and values as a contiguous (batch, kv_heads, longest context, head_dim) cache,
+    # zero past each context, and its mask (batch, 1, 1, longest): sdpa_contiguous's input, copied
+    # here so the copy is never timed.
+    contiguous_k: torch.Tensor
+    contiguous_v: torch.Tensor
+    contiguous_mask: torch.Tensor
+    # FlashInfer's decode wrapper, planned on the flashinfer variant's first (checked) call.
+    flashinfer_decode: Any = field(default=None, repr=False)
 
     def args(self) -> tuple[torch.Tensor, ...]:
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens
@@ -137,14 +149,30 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PagedDecod
     k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
     move = dict(device=device, dtype=DTYPES[params["dtype"]])
+    k_cache, v_cache = k_cache.to(**move), v_cache.to(**move)
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    (contiguous_k, contiguous_v), mask = contiguous_copy(k_cache, v_cache, tables.to(device), context_lens, max(lens))
     return PagedDecodeWorkload(
         params=dict(params), device=device, seed=seed,
-        q=q.to(**move), k_cache=k_cache.to(**move), v_cache=v_cache.to(**move),
-        block_tables=tables.to(device), context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        q=q.to(**move), k_cache=k_cache, v_cache=v_cache,
+        block_tables=tables.to(device), context_lens=context_lens,
         lens=lens, reference_tables=tables.clone(),
         triton_out=torch.full((batch, heads, dim), float("nan"), **move),
         torch_out=torch.full((batch, heads, dim), float("nan"), **move),
+        contiguous_k=contiguous_k, contiguous_v=contiguous_v, contiguous_mask=mask,
     )
+
+
+def contiguous_copy(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor,
+                    longest: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """((k, v), mask): the sequences' keys and values as (batch, kv_heads, longest, head_dim),
+    zero past each context, and the (batch, 1, 1, longest) mask of live keys."""
+    _, block_size, kv_heads, head_dim = k_cache.shape
+    slots, live = decode_token_slots(tables, context_lens, block_size)
+    slots, live = slots[:, :longest], live[:, :longest]
+    copies = tuple(cache.reshape(-1, kv_heads, head_dim)[slots].masked_fill(~live[:, :, None, None], 0.0)
+                   .transpose(1, 2).contiguous() for cache in (k_cache, v_cache))
+    return copies, live[:, None, None, :]
 
 
 # -- variants ---------------------------------------------------------------------------------
@@ -159,14 +187,63 @@ def gather(w: PagedDecodeWorkload) -> torch.Tensor:
                                                                                         interpreter_ok=True),
                    checked_only=interpreter_note(KERNEL[0]))
 def triton_kernel(w: PagedDecodeWorkload) -> torch.Tensor:
-    """the Triton kernel: each (sequence, head) walks its block table, online softmax in registers"""
+    """the Triton kernels: one program per (sequence, KV head, context split) loads each K/V tile once for its
+    whole query-head group (tensor-core dots), a second kernel combines the splits"""
     return getattr(kernel_module(KERNEL[0]), KERNEL[1])(*w.args(), out=w.triton_out)
 
 
 @TECHNIQUE.variant("torch_blocks", role="optimized")
 def torch_blocks(w: PagedDecodeWorkload) -> torch.Tensor:
-    """the same walk over blocks as PyTorch steps with an online softmax (stands in where the kernel cannot run)"""
+    """the kernel's logic as vectorized PyTorch: chunks of many blocks, one grouped softmax each, merged by
+    log-sum-exp (stands in where the kernel cannot run)"""
     return paged_decode_attention_torch(*w.args(), out=w.torch_out)
+
+
+@TECHNIQUE.variant("sdpa_contiguous")
+def sdpa_contiguous(w: PagedDecodeWorkload) -> torch.Tensor:
+    """torch SDPA over the same keys in a contiguous (batch, kv_heads, longest, d) cache (copied outside the timed
+    call), the query-head group as rows, padding masked: no paging at all, an upper bound for a paged kernel when
+    contexts are equal (with mixed lengths it also reads the padding)"""
+    return grouped_decode_sdpa(w.q, w.contiguous_k, w.contiguous_v, w.contiguous_mask)
+
+
+def _flashinfer_unavailable(device: torch.device, params: dict[str, Any] | None = None) -> str | None:
+    if torch.device(device).type != "cuda":
+        return "FlashInfer's kernels need CUDA"
+    if params is not None and params.get("dtype") == "float32":
+        return "FlashInfer's paged decode takes fp16 / bf16 caches, not float32"
+    imported = optional_import("flashinfer")
+    return imported if isinstance(imported, str) else None
+
+
+def flashinfer_wrapper(w: PagedDecodeWorkload) -> Any:
+    """FlashInfer's BatchDecodeWithPagedKVCacheWrapper planned for the workload's tables (plan()
+    is the host-side scheduling a server does once per step, outside the timed call)."""
+    flashinfer = optional_import("flashinfer")
+    _, heads, head_dim = w.q.shape
+    _, block_size, kv_heads, _ = w.k_cache.shape
+    counts = [-(-n // block_size) for n in w.lens]
+    tables = w.block_tables.cpu()
+    indices = torch.cat([tables[b, :c] for b, c in enumerate(counts)]).to(device=w.device, dtype=torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=w.device)
+    last = torch.tensor([n - (c - 1) * block_size for n, c in zip(w.lens, counts)], dtype=torch.int32,
+                        device=w.device)
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=w.device)
+    # Tensor-core decode for groups above 4 query heads per KV head, as vLLM chooses it.
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                            use_tensor_cores=heads // kv_heads > 4)
+    wrapper.plan(indptr, indices, last, heads, kv_heads, head_dim, block_size,
+                 q_data_type=w.q.dtype, kv_data_type=w.k_cache.dtype, sm_scale=head_dim ** -0.5)
+    return wrapper
+
+
+@TECHNIQUE.variant("flashinfer", unavailable=_flashinfer_unavailable)
+def flashinfer_decode(w: PagedDecodeWorkload) -> torch.Tensor:
+    """FlashInfer's paged decode (BatchDecodeWithPagedKVCacheWrapper, NHD pages read through the same block
+    table; plan() on the first, checked call, never timed)"""
+    if w.flashinfer_decode is None:
+        w.flashinfer_decode = flashinfer_wrapper(w)
+    return w.flashinfer_decode.run(w.q, (w.k_cache, w.v_cache))
 
 
 # -- correctness ------------------------------------------------------------------------------
