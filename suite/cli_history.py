@@ -22,13 +22,13 @@ def store_option(f):
     return click.option("--store", "store", metavar="PATH|URL", default=None, help=STORE_HELP)(f)
 
 
-def from_group(ctx: click.Context, name: str, value: str | None) -> str | None:
+def from_group(ctx: click.Context, name: str, value: str | None, flag: str | None = None) -> str | None:
     """A subcommand's option: its own value, else the ``history`` group's (``gpubench history
     --store X add`` and ``gpubench history add --store X`` both work; two different values are bad
     input)."""
     outer = (ctx.parent.params if ctx.parent is not None else {}).get(name)
     if value and outer and value != outer:
-        raise BadInput(f"history: two values of --{name} given, {outer} before {ctx.info_name!r} and {value} "
+        raise BadInput(f"history: two values of {flag or '--' + name} given, {outer} before {ctx.info_name!r} and {value} "
                        f"after it; give one.")
     return value or outer
 
@@ -125,22 +125,27 @@ DEFAULT_PAGE = Path("history.html")
               help="The repository's remote, for commit links (https://github.com/o/r, git@github.com:o/r.git, "
                    "GitLab's too). Default: `git remote get-url origin` of the checkout gpubench runs from, "
                    "whose commits the runs record. Another host, or none: commits are plain text.")
+@click.option("--branch", metavar="NAME", default=None, help=BRANCH_HELP)
 @click.pass_context
-def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, out: Path, remote: str | None) -> None:
+def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, out: Path, remote: str | None,
+             branch: str | None) -> None:
     """Write the history page of one device model: a self-contained HTML file (the report's style)
     with the cases and their latest change point, then a trend chart per case (each run's median
     and 95% CI, runs in order by commit, change points marked), grouped by technique.
 
-    gpubench history html [--store PATH|URL] [--device MODEL] [-o history.html]"""
+    One branch's runs, as ``gpubench history`` reads them (--branch).
+
+    gpubench history html [--store PATH|URL] [--device MODEL] [--branch NAME] [-o history.html]"""
     from gpubench.history import changepoints, links, trends
     from gpubench.reports.history_page import PageInput, render_page
     from gpubench.reports.html import write_pages
 
-    given = ctx.parent.params if ctx.parent is not None else {}  # `gpubench history --store X html` works too
-    with history.open_store(store or given.get("store")) as opened:
-        model = pick_device_model(opened, device_model or given.get("device_model"))
-        grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model))
-        where = opened.where
+    store, device_model = from_group(ctx, "store", store), from_group(ctx, "device_model", device_model, "--device")
+    with history.open_store(store) as opened:
+        model = pick_device_model(opened, device_model)
+        branch = pick_branch(opened, model, from_group(ctx, "branch", branch))
+        grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model, branch=branch))
+        where = f"{opened.where}, " + (f"branch {branch}" if branch else "all runs (none recorded a branch)")
     text = render_page(PageInput(model, where, grouped, remote or links.origin_remote(_checkout())))
     write_pages([(out, text)], "the history page", "-o/--out")
     cases = sum(len(group.cases) for group in grouped)

@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -113,8 +114,17 @@ class _Sqlite:
     def prepare(self) -> None:
         """WAL (readers never block the writer, and a writer waits its turn): set once per file."""
         self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            self.conn.execute("PRAGMA journal_mode = WAL")
+        # Switching a new file to WAL needs it to itself, and SQLite answers "database is locked"
+        # at once, without waiting on the busy timeout, when another process holds it (two CI jobs
+        # starting on one new store): retry until the timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator["_Sqlite"]:

@@ -69,7 +69,9 @@ def _sparkline(store: HistoryStore, row: ResultRow) -> Sparkline | None:
         return None
     metric = row.gate_metric or "time"
     this = (row.started_at, row.run_id)
-    earlier = [p for p in store.series(row.device_model, row.case_id, row.variant, metric)
+    # The base branch's runs (the level ``compare --history`` judges a run against), then this run.
+    branch = store.default_branch(row.device_model)
+    earlier = [p for p in store.series(row.device_model, row.case_id, row.variant, metric, branch=branch)
                if (p.started_at, p.run_id) < this and not (p.run_id == row.run_id and p.host == row.host)]
     if len(earlier) + 1 < MIN_POINTS:
         return None
