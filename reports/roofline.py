@@ -166,11 +166,11 @@ def _pct(value: float | None) -> str:
     return f"{value:.1f}%" if value >= 1 else f"{value:.2g}%"
 
 
-def _num(value: float | None, digits: int = 3) -> str:
-    """``digits`` significant digits, in plain notation: 0.0123, 12.3, 2,000 (never 2e+03)."""
+def _num(value: float | None) -> str:
+    """Plain notation, three significant digits below 1,000: 0.0123, 12.3, 2,500 (never 2.5e+03)."""
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 10 ** digits else f"{value:.{digits}g}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 # (key, header) of the table's columns, each a function of a Reading.
@@ -179,7 +179,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[Reading], str]], ...] = (
     ("bytes", "bytes", lambda r: si(r.bytes_moved, "B")),
     ("intensity", "FLOPs / byte", lambda r: _num(r.intensity)),
     ("tflops", "TFLOP/s", lambda r: _num(r.tflops)),
-    ("gbps", "GB/s", lambda r: _num(r.gbps, 4)),
+    ("gbps", "GB/s", lambda r: _num(r.gbps)),
     ("pct_flops", "% of matmul peak", lambda r: _pct(r.pct_peak_flops)),
     ("pct_bandwidth", "% of copy bandwidth", lambda r: _pct(r.pct_bandwidth)),
     ("pct_roof", "% of roof", lambda r: _pct(r.pct_roof)),
