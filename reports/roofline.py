@@ -9,6 +9,7 @@ figure is drawn by :func:`gpubench.reports.charts.roofline`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -167,10 +168,15 @@ def _pct(value: float | None) -> str:
 
 
 def _num(value: float | None) -> str:
-    """Plain notation, three significant digits below 1,000: 0.0123, 12.3, 2,500 (never 2.5e+03)."""
+    """Plain notation, three significant digits below 1,000: 0.0000438, 12.3, 2,500 (never 2.5e+03:
+    a CPU's TFLOP/s are that small)."""
     if value is None:
         return "-"
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if value == 0 or abs(value) >= 1e-3:
+        return f"{value:.3g}"
+    return f"{value:.{2 - math.floor(math.log10(abs(value)))}f}"
 
 
 # (key, header) of the table's columns, each a function of a Reading.
