@@ -120,11 +120,6 @@ class Reading:
         return self.roof.bound(self.intensity) if self.intensity is not None else ""
 
 
-def _count(metrics: dict[str, Any], key: str) -> float | None:
-    value = metrics.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
-
-
 def variant_order(cases: Sequence[CaseRecord]) -> list[str]:
     """The variants of ``cases`` that were timed: the baseline, the optimized ones, then the peers,
     each in the order the run first recorded it."""
@@ -144,7 +139,7 @@ def readings(run: RunRecord, group: Sequence[tuple[int, CaseRecord]],
         roof = roof_for(run, case)
         for name in variant_order([case]):
             v = case.variants[name]
-            flops, moved = _count(v.metrics, "flops"), _count(v.metrics, "bytes_moved")
+            flops, moved = _positive(v.metric("flops")), _positive(v.metric("bytes_moved"))
             if flops is not None or moved is not None:
                 out.append(Reading(number, params_of(case), name, v.role, flops, moved, float(v.median_s), roof))
     return out
@@ -208,10 +203,11 @@ def notes(found: Sequence[Reading]) -> list[str]:
     """What a reader must know to read the figure and the tables: a roof that is missing and why,
     ceilings that are a CPU's, counts that leave the intensity unknown."""
     out = []
-    for roof in _first_roofs(found).values():
+    for roof in device_roofs(found).values():
         if roof.missing:
-            out.append(f"No roof for {roof.device}: {roof.missing}; the rates are absolute (TFLOP/s, GB/s), "
-                       "with no share of a peak.")
+            absolute = "" if roof.peak_tflops or roof.peak_gbps else ("; the rates are absolute (TFLOP/s, GB/s), "
+                                                                      "with no share of a peak")
+            out.append(f"No roof for {roof.device}: {roof.missing}{absolute}.")
         if roof.on_cpu and not roof.missing:
             out.append(f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul and a memory "
                        f"copy measured when the run started, on {roof.device}.")
@@ -229,8 +225,8 @@ def notes(found: Sequence[Reading]) -> list[str]:
     return out
 
 
-def _first_roofs(found: Sequence[Reading]) -> dict[str, Roof]:
-    """Per device model, the roof of its first case: several GPUs of one model each calibrate, and
+def device_roofs(found: Sequence[Reading]) -> dict[str, Roof]:
+    """Per device model, the roof of its first case (what its figure draws): several GPUs of one model each calibrate, and
     one figure per model reads better than one per GPU whose ceilings differ by a few percent."""
     roofs: dict[str, Roof] = {}
     for r in found:
@@ -241,7 +237,7 @@ def _first_roofs(found: Sequence[Reading]) -> dict[str, Roof]:
 def chart_groups(found: Sequence[Reading]) -> list[tuple[Roof, dict[str, list[tuple[float, float, str]]]]]:
     """What the roofline figure plots, per device model the cases ran on (its roof): per variant,
     its points (intensity, TFLOP/s, the case's number)."""
-    roofs = _first_roofs(found)
+    roofs = device_roofs(found)
     groups: dict[str, dict[str, list[tuple[float, float, str]]]] = {}
     for r in found:
         if r.intensity is not None and r.tflops is not None:

@@ -137,7 +137,7 @@ def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: 
                  else "achieved TFLOP/s against arithmetic intensity (no measured ceilings)")
         title += f" of {roof.device}" if several else ""
         figures.append(figure(title, charts.roofline(series, roof.peak_tflops, roof.peak_gbps, peak, note, colors)))
-    ridges = sorted({f"{r.roof.ridge:.3g}" for r in found if r.roof.ridge})
+    ridges = [f"{roof.ridge:.3g}" for roof in roofline.device_roofs(found).values() if roof.ridge]
     return {"figures": [f for f in figures if f], "notes": roofline.notes(found), "ridge": " / ".join(ridges),
             "folded": len(group) > sweep.LARGE, **roofline.case_tables(found)}
 

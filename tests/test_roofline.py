@@ -167,6 +167,18 @@ def test_a_run_without_ceilings_shows_absolute_rates_and_says_why_there_is_no_ro
     assert "read each variant's GB/s" in unescape(section(page, "paged_attention"))
 
 
+def test_a_calibration_without_a_copy_figure_keeps_the_matmul_share_and_draws_no_roof():
+    """A calibration that recorded the matmul peak but no copy bandwidth: no roof and no bound
+    (both need the two ceilings), the share of the matmul peak kept, and the note names what is
+    missing."""
+    doc = roofline_doc({"matmul": CEILINGS["matmul"]})
+    found = run_readings(doc)
+    triton = next(r for r in found if r.number == 1 and r.variant == "triton")
+    assert triton.pct_peak_flops == pytest.approx(25.0)
+    assert triton.pct_bandwidth is None and triton.pct_roof is None and triton.bound == ""
+    assert roofline.notes(found)[0] == "No roof for NVIDIA H200: the run's calibration recorded no copy bandwidth."
+
+
 def test_a_cpu_run_says_its_ceilings_are_the_cpus(tmp_path):
     """On a CPU the ceilings are the CPU's own matmul and copy, and the roofline says so."""
     page = render(tmp_path, roofline_doc(device_type="cpu"))
