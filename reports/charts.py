@@ -17,6 +17,9 @@ from gpubench.reports.drawing import (COLORS, SERIES, WIDTH_IN, error_bars, labe
                                       text_lines, ticks_at, time_unit, wrap)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # with the colours: 56 variants told apart
+
+
 def variant_color(variant: str, k: int) -> str:
     """The colour of the ``k``-th variant of a figure: the same in every figure that lists the
     variants in the same order."""
@@ -137,7 +140,8 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
                 offset = ((len(variants) - 1) / 2 - k) * height
                 points = [(-i + offset, x) for i, x in enumerate(by_variant[variant]) if x is not None]
                 ax.barh([p[0] for p in points], [p[1] for p in points], height=height, label=variant,
-                        color=(colors or {}).get(variant) or variant_color(variant, k))
+                        color=(colors or {}).get(variant) or variant_color(variant, k),
+                        hatch="///" if k >= len(SERIES) else None)  # past the colours: a second look
             ax.set_xlabel(title)
             ax.grid(axis="y", visible=False)
         label_rows(axes[0], [-i for i in range(len(labels))], shown, "")
@@ -171,8 +175,11 @@ def roofline(series: dict[str, list[tuple[float, float, str]]], peak_tflops: flo
         if roof:
             _draw_roof(ax, lo, hi, ridge, peak_tflops, peak_gbps, peak_label)
         handles = {}
-        for k, (variant, pts) in enumerate(series.items()):
+        order = list(colors or {}) + [v for v in series if v not in (colors or {})]
+        for variant, pts in series.items():
+            k = order.index(variant)  # the variant's place among the technique's: its colour and marker
             handles[variant] = ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, zorder=3,
+                                          marker=MARKERS[k % len(MARKERS)],
                                           color=(colors or {}).get(variant) or variant_color(variant, k),
                                           label=variant)
         tagged = {tag: (x, y) for x, y, tag in sorted(points, key=lambda p: p[1])}  # each tag at its highest point

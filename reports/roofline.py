@@ -201,33 +201,55 @@ def case_tables(found: Sequence[Reading]) -> dict[str, Any]:
 
 def notes(found: Sequence[Reading]) -> list[str]:
     """What a reader must know to read the figure and the tables: a roof that is missing and why,
-    ceilings that are a CPU's, counts that leave the intensity unknown."""
+    ceilings that are a CPU's, variants that counted differently, counts that leave the intensity
+    unknown."""
+    return _roof_notes(found) + _uneven_counts(found) + _no_roofline(found)
+
+
+def _roof_notes(found: Sequence[Reading]) -> list[str]:
     out = []
     for roof in device_roofs(found).values():
         if roof.missing:
             absolute = "" if roof.peak_tflops or roof.peak_gbps else ("; the rates are absolute (TFLOP/s, GB/s), "
                                                                       "with no share of a peak")
             out.append(f"No roof for {roof.device}: {roof.missing}{absolute}.")
-        if roof.on_cpu and not roof.missing:
+        elif roof.on_cpu:
             out.append(f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul and a memory "
                        f"copy measured when the run started, on {roof.device}.")
-    if not any(r.intensity for r in found):
-        has_flops, has_bytes = any(r.flops for r in found), any(r.bytes_moved for r in found)
-        if has_bytes and not has_flops:
-            read = ("each variant's share of the measured copy bandwidth" if any(r.pct_bandwidth for r in found)
-                    else "each variant's GB/s")
-            out.append("No roofline: this technique counts the bytes a step must move but no FLOPs (a memory-bound "
-                       f"step); read {read}.")
-        elif has_flops and not has_bytes:
-            read = "each variant's share of the matmul peak" if any(r.pct_peak_flops for r in found) else "its TFLOP/s"
-            out.append("No roofline: this technique counts FLOPs but not the bytes moved, so its arithmetic "
-                       f"intensity is unknown; read {read}.")
     return out
 
 
+def _uneven_counts(found: Sequence[Reading]) -> list[str]:
+    counts: dict[int, set[tuple[float | None, float | None]]] = {}
+    for r in found:
+        counts.setdefault(r.number, set()).add((r.flops, r.bytes_moved))
+    uneven = [f"#{n}" for n, seen in counts.items() if len(seen) > 1]
+    if not uneven:
+        return []
+    return [f"Case{'s' if len(uneven) > 1 else ''} {', '.join(uneven)}: the variants recorded different FLOP or byte "
+            "counts, so they are not read against one problem (the technique counts what each variant does, not "
+            "what the case needs)."]
+
+
+def _no_roofline(found: Sequence[Reading]) -> list[str]:
+    if any(r.intensity for r in found):
+        return []
+    if not any(r.flops for r in found):
+        read = ("each variant's share of the measured copy bandwidth" if any(r.pct_bandwidth for r in found)
+                else "each variant's GB/s")
+        return ["No roofline: this technique counts the bytes a step must move but no FLOPs (a memory-bound "
+                f"step); read {read}."]
+    if not any(r.bytes_moved for r in found):
+        read = "each variant's share of the matmul peak" if any(r.pct_peak_flops for r in found) else "its TFLOP/s"
+        return ["No roofline: this technique counts FLOPs but not the bytes moved, so its arithmetic intensity is "
+                f"unknown; read {read}."]
+    return []
+
+
 def device_roofs(found: Sequence[Reading]) -> dict[str, Roof]:
-    """Per device model, the roof of its first case (what its figure draws): several GPUs of one model each calibrate, and
-    one figure per model reads better than one per GPU whose ceilings differ by a few percent."""
+    """Per device model, the roof of its first case (what its figure draws): several GPUs of one
+    model each calibrate, and one figure per model reads better than one per GPU whose ceilings
+    differ by a few percent."""
     roofs: dict[str, Roof] = {}
     for r in found:
         roofs.setdefault(r.roof.device, r.roof)

@@ -150,6 +150,16 @@ def test_each_case_is_read_against_the_ceilings_of_the_device_it_ran_on():
     assert [roof.device for roof, _ in roofline.chart_groups(found)] == ["NVIDIA H200", "NVIDIA H100"]
 
 
+def test_variants_that_count_differently_are_flagged():
+    """A technique whose variants record different counts for one case (its own traffic rather
+    than the problem's) is named in a note: their shares are not of one problem."""
+    doc = roofline_doc()
+    doc["cases"][1]["variants"]["eager"]["metrics"]["bytes_moved"] = 4e10  # eager counted its score matrix
+    notes = roofline.notes(run_readings(doc))
+    assert [n for n in notes if n.startswith("Case #2: the variants recorded different")], notes
+    assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "different" in n]
+
+
 # -- what a run lacks --------------------------------------------------------------------------
 @pytest.mark.parametrize("ceilings, why", [(None, "the run was not calibrated (--no-calibrate)"),
                                           ({"error": "RuntimeError: boom"}, "the run's calibration failed (RuntimeError: boom)")])
@@ -225,3 +235,17 @@ def test_the_peak_figure_shows_every_timed_variant_peers_included(tmp_path):
     figure = section(page, "paged_attention").split("share of the measured device peak")[1].split("</figure>")[0]
     for name in ("gather", "triton", "sdpa_contiguous"):
         assert name in figure
+
+
+def test_nine_variants_on_one_roofline_are_told_apart():
+    """A GPU flash_attention case has nine timed variants (eager, triton, torch_tiled, sdpa and
+    its four pinned backends, flash_attn): more than the palette's colours, so each variant's
+    points differ from every other's in colour or marker."""
+    names = ["eager", "triton", "torch_tiled", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
+             "flash_attn"]
+    series = {name: [(100.0, 10.0 + k, "#1")] for k, name in enumerate(names)}
+    colors = {name: charts.variant_color(name, k) for k, name in enumerate(names)}
+    fig = charts.roofline(series, PEAK_TFLOPS, PEAK_GBPS, colors=colors)
+    looks = {(tuple(c.get_facecolor()[0]), c.get_paths()[0].vertices.tobytes()) for c in fig.axes[0].collections}
+    drawing.close(fig)
+    assert len(looks) == len(names)
