@@ -12,8 +12,18 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from gpubench.reports.drawing import (COLORS, SERIES, WIDTH_IN, error_bars, label_rows, legend_below, log_x_if_spread,
-                                      new_figure, reference, row_labels, styled, text_lines, ticks_at, time_unit, wrap)
+from gpubench.reports.drawing import (COLORS, SERIES, WIDTH_IN, error_bars, label_rows, legend_below, log_axis,
+                                      log_x_if_spread, new_figure, reference, row_labels, styled,
+                                      text_lines, ticks_at, time_unit, wrap)
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # with the colours: 56 variants told apart
+
+
+def variant_color(variant: str, k: int) -> str:
+    """The colour of the ``k``-th variant of a figure: the same in every figure that lists the
+    variants in the same order."""
+    return COLORS.get(variant, SERIES[(k + 2) % len(SERIES)])
 
 
 def speedup_sweep(series: dict[str, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
@@ -84,7 +94,7 @@ def latency_boxes(rows: Sequence[tuple[str, dict[str, Sequence[float]]]]) -> Fig
         for k, variant in enumerate(variants):
             data = [[x / scale for x in groups[variant]] for _, groups in rows if variant in groups]
             pos = [-(i * step + k) for i, (_, groups) in enumerate(rows) if variant in groups]
-            color = COLORS.get(variant, SERIES[(k + 2) % len(SERIES)])
+            color = variant_color(variant, k)
             style = dict(positions=pos, widths=0.7, patch_artist=True, manage_ticks=False,
                          boxprops={"facecolor": color, "alpha": 0.6},
                          flierprops={"markersize": 2, "markeredgecolor": color}, medianprops={"color": "black"})
@@ -106,9 +116,11 @@ def _horizontal_boxplot(ax: Any, data: list[list[float]], style: dict[str, Any])
         return ax.boxplot(data, vert=False, **style)
 
 
-def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]]) -> Figure | None:
+def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]],
+              colors: dict[str, str] | None = None) -> Figure | None:
     """Grouped horizontal bars, one panel per metric (e.g. % of peak FLOP/s, % of peak
-    bandwidth): per label, one bar per variant; None values are left out."""
+    bandwidth): per label, one bar per variant (``colors``: each variant's, else by its place);
+    None values are left out."""
     panels = {title: {v: vals for v, vals in by_variant.items() if any(x is not None for x in vals)}
               for title, by_variant in panels.items()}
     panels = {title: by_variant for title, by_variant in panels.items() if by_variant}
@@ -128,7 +140,8 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
                 offset = ((len(variants) - 1) / 2 - k) * height
                 points = [(-i + offset, x) for i, x in enumerate(by_variant[variant]) if x is not None]
                 ax.barh([p[0] for p in points], [p[1] for p in points], height=height, label=variant,
-                        color=COLORS.get(variant, SERIES[(k + 2) % len(SERIES)]))
+                        color=(colors or {}).get(variant) or variant_color(variant, k),
+                        hatch="///" if k >= len(SERIES) else None)  # past the colours: a second look
             ax.set_xlabel(title)
             ax.grid(axis="y", visible=False)
         label_rows(axes[0], [-i for i in range(len(labels))], shown, "")
@@ -140,6 +153,64 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
                 handles.setdefault(bar.get_label(), bar)
         legend_below(fig, handles)
     return fig
+
+
+def roofline(series: dict[str, list[tuple[float, float, str]]], peak_tflops: float | None,
+             peak_gbps: float | None, peak_label: str = "matmul peak", note: str = "",
+             colors: dict[str, str] | None = None) -> Figure | None:
+    """Achieved TFLOP/s against arithmetic intensity (FLOPs per byte), both log: per variant
+    (``series``: its points ``(intensity, tflops, tag)``; ``colors``: each variant's, else by its
+    place), under the roof min(``peak_tflops``, intensity x ``peak_gbps``) when both ceilings are
+    given. Tags label the points where there are few; ``note`` goes above the axes."""
+    points = [p for pts in series.values() for p in pts if p[0] > 0 and p[1] > 0]
+    if not points:
+        return None
+    roof = bool(peak_tflops and peak_gbps)
+    ridge = peak_tflops * 1e3 / peak_gbps if roof else None
+    xs = [p[0] for p in points] + ([ridge] if roof else [])
+    lo, hi = min(xs) / 4, max(xs) * 4
+    with styled():
+        fig = new_figure(3.4)
+        ax = fig.add_subplot()
+        if roof:
+            _draw_roof(ax, lo, hi, ridge, peak_tflops, peak_gbps, peak_label)
+        handles = {}
+        order = list(colors or {}) + [v for v in series if v not in (colors or {})]
+        for variant, pts in series.items():
+            k = order.index(variant)  # the variant's place among the technique's: its colour and marker
+            handles[variant] = ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, zorder=3,
+                                          marker=MARKERS[k % len(MARKERS)],
+                                          color=(colors or {}).get(variant) or variant_color(variant, k),
+                                          label=variant)
+        tagged = {tag: (x, y) for x, y, tag in sorted(points, key=lambda p: p[1])}  # each tag at its highest point
+        if len(tagged) <= 24:
+            for tag, (x, y) in tagged.items():
+                ax.annotate(tag, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6)
+        ys = [p[1] for p in points] + ([lo * peak_gbps / 1e3, peak_tflops] if roof else [])
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(min(ys) / 3, max(ys) * 3)
+        log_axis(ax, "x")
+        log_axis(ax, "y")
+        ax.set_xlabel("arithmetic intensity (FLOPs per byte, each counted once)")
+        ax.set_ylabel("achieved TFLOP/s")
+        if note:
+            ax.set_title(wrap(note, WIDTH_IN - 0.4, 7), loc="left", fontsize=7)
+        legend_below(fig, handles)
+    return fig
+
+
+def _draw_roof(ax: Any, lo: float, hi: float, ridge: float, peak_tflops: float, peak_gbps: float,
+               peak_label: str) -> None:
+    """The roof (orientation, not data): the bandwidth slope up to the ridge point, the flat peak
+    after it, each labelled with its measured figure."""
+    reference(ax.plot([lo, ridge, hi], [lo * peak_gbps / 1e3, peak_tflops, peak_tflops], color="black", lw=1.2)[0])
+    reference(ax.axvline(ridge, color="black", lw=0.6, ls=":"))
+    ax.annotate(f"{peak_label} {peak_tflops:.3g} TFLOP/s",
+                (hi, peak_tflops), xytext=(-2, 3), textcoords="offset points", ha="right", va="bottom", fontsize=7)
+    ax.annotate(f"copy {peak_gbps:.4g} GB/s", (lo, lo * peak_gbps / 1e3), xytext=(4, 4), textcoords="offset points",
+                ha="left", va="bottom", fontsize=7)
+    ax.annotate(f"ridge {ridge:.3g} FLOPs/byte", (ridge, peak_tflops), xytext=(3, -10), textcoords="offset points",
+                ha="left", va="top", fontsize=6)
 
 
 def telemetry_timeline(t_s: Sequence[float], panels: Sequence[tuple[str, Sequence[float]]],

@@ -14,7 +14,7 @@ import math
 from typing import Any, Sequence
 
 from gpubench.declarations import TechniqueRecord, figures_hook
-from gpubench.reports import charts, drawing, phases, plots, sweep
+from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, format_seconds, format_speedup, named_time,
                                        param_text, shown_by_technique)
 from gpubench.results import CaseRecord, RunRecord
@@ -101,17 +101,45 @@ def latency_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
     return figure("time per call, raw samples (box: quartiles, line: median)", charts.latency_boxes(rows))
 
 
-def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
-    roles = ("baseline", "optimized")
+def variant_colors(cases: list[CaseRecord]) -> dict[str, str]:
+    """One colour per timed variant of a technique, the same in each of its figures."""
+    return {name: charts.variant_color(name, k) for k, name in enumerate(roofline.variant_order(cases))}
 
-    def metric(case: CaseRecord, role: str, key: str) -> Any:
-        variant = case.variant(case.role_variant(role))
+
+def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
+    """Every timed variant's share of the measured peak, peers included: each read against the
+    case's once-counted FLOPs and bytes."""
+    def metric(case: CaseRecord, name: str, key: str) -> Any:
+        variant = case.variant(name)
         return variant.metric(key) if variant is not None else None
 
-    panels = {title: {role: [metric(c, role, key) for c in cases] for role in roles}
+    variants = roofline.variant_order(cases)
+    panels = {title: {name: [metric(c, name, key) for c in cases] for name in variants}
               for key, title in (("pct_peak_flops", "% of measured peak FLOP/s"),
                                  ("pct_peak_bandwidth", "% of measured peak bandwidth"))}
-    return figure("share of the measured device peak", charts.peak_bars(labels, panels))
+    return figure("share of the measured device peak", charts.peak_bars(labels, panels, variant_colors(cases)))
+
+
+def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: Labels) -> dict[str, Any] | None:
+    """The technique's roofline (a figure per device model it ran on, where its cases count both
+    FLOPs and bytes), what a reader must know to read it, and per case a table of every timed
+    variant against the case's counts and the measured ceilings. None: no variant counts either."""
+    found = roofline.readings(run, group, labels.params)
+    if not found:
+        return None
+    colors = variant_colors([c for _, c in group])
+    several = len({r.roof.device for r in found}) > 1
+    figures = []
+    for roof, series in roofline.chart_groups(found):
+        note = "" if roof.complete else f"no roof: {roof.missing}"
+        peak = f"{roof.dtype} matmul peak".strip()
+        title = ("roofline: each variant of each case under the measured ceilings" if roof.complete
+                 else "achieved TFLOP/s against arithmetic intensity (no measured ceilings)")
+        title += f" of {roof.device}" if several else ""
+        figures.append(figure(title, charts.roofline(series, roof.peak_tflops, roof.peak_gbps, peak, note, colors)))
+    ridges = [f"{roof.ridge:.3g}" for roof in roofline.device_roofs(found).values() if roof.ridge]
+    return {"figures": [f for f in figures if f], "notes": roofline.notes(found), "ridge": " / ".join(ridges),
+            "folded": len(group) > sweep.LARGE, **roofline.case_tables(found)}
 
 
 def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[Figure]:
@@ -248,6 +276,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
         "rows": [r for r in rows if r["technique"] == name] if large else [],
         "variants": [row for n, c in group for row in variant_rows(c, n)],
         "phases": phase_table, "phase_legend": _phase_legend(phase_table), "timed_share": phases.cases_text(cases),
+        "roofline": roofline_block(run, group, labels),
     }
     section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
                             else _unplotted(cases))

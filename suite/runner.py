@@ -421,22 +421,33 @@ def _energy_per_call(call: Callable[[Recorder], Any], workload: Workload, device
 
 
 def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, Any] | None) -> dict[str, Any]:
-    """Add TFLOP/s, GB/s and % of the measured device peak to a technique's ``flops`` and
-    ``bytes_moved`` counts."""
+    """Add TFLOP/s, GB/s, % of the measured device peak and FLOPs per byte to a technique's
+    ``flops`` and ``bytes_moved`` counts. Applied to every timed variant, peers included: the
+    counts are the case's problem (each byte and FLOP counted once), so a variant that moves more
+    than the problem needs shows it as a lower share of the peak."""
     out = dict(metrics)
-    matmul = (ceilings or {}).get("matmul", {})
-    peak_flops = matmul.get("peak_tflops")
-    peak_bw = (ceilings or {}).get("copy", {}).get("peak_gbps")
-    if isinstance(out.get("flops"), (int, float)) and median_s > 0:
-        out["tflops"] = out["flops"] / median_s / 1e12
+    matmul = (ceilings or {}).get("matmul") or {}
+    copy = (ceilings or {}).get("copy") or {}
+    peak_flops, peak_bw = matmul.get("peak_tflops"), copy.get("peak_gbps")
+    flops, moved = _count(out, "flops"), _count(out, "bytes_moved")
+    if flops is not None and median_s > 0:
+        out["tflops"] = flops / median_s / 1e12
         if peak_flops:
             out["pct_peak_flops"] = 100.0 * out["tflops"] / peak_flops
             out["peak_flops_basis"] = f"{matmul.get('dtype')} matmul, measured"
-    if isinstance(out.get("bytes_moved"), (int, float)) and median_s > 0:
-        out["gbps"] = out["bytes_moved"] / median_s / 1e9
+    if moved is not None and median_s > 0:
+        out["gbps"] = moved / median_s / 1e9
         if peak_bw:
             out["pct_peak_bandwidth"] = 100.0 * out["gbps"] / peak_bw
+            out["peak_bandwidth_basis"] = f"copy ({copy.get('counts', 'bytes read + bytes written')}), measured"
+    if flops is not None and moved:
+        out["flops_per_byte"] = flops / moved
     return out
+
+
+def _count(metrics: dict[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _store_samples(vrec: VariantRecord, t: timing.VariantTiming) -> None:
