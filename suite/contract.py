@@ -10,7 +10,9 @@ and decorates its pieces:
   runs (``eager``, ``triton``, ``sdpa``); the role (baseline / optimized / peer) is separate;
 - ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
 - ``@T.metrics``: ``(workload, measured) -> dict``; ``flops`` / ``bytes_moved`` per call become
-  TFLOP/s, GB/s and % of the measured device peak;
+  TFLOP/s, GB/s and % of the measured device peak; they count what the case's problem needs, once,
+  not what a variant does (one count for every variant of a case: a variant that reads more shows
+  as a lower share, on the report's roofline too);
 - optional ``@T.reference``, ``@T.validate``, declared :class:`Plot` s, ``headline_figures``
   (:class:`Headline`): the figures the report reads the technique by beside or instead of time,
   ``claims`` (:class:`Claim`, from :mod:`gpubench.claims`): the published figures the report

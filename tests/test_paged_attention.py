@@ -249,6 +249,14 @@ def test_metrics_count_kv_bytes_read_once_and_decode_steps():
     assert m["context_tokens"] == sum(w.lens) and m["sequences"] == 3
 
 
+def test_metrics_count_decode_flops_once_per_query_head_so_the_roofline_can_place_the_case():
+    """Two matmuls (q.k, p.v) of head_dim per query head and context token, whatever the grouping:
+    the roofline reads the case at FLOPs / bytes, so a count per KV head would misplace it."""
+    w = make_workload(batch=3, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16")
+    m = TECHNIQUE.metrics_fn(w, Measured("torch_blocks", [0.5], 0.5, None, CPU))
+    assert m["flops"] == 2 * 2 * 4 * 64 * sum(w.lens)
+
+
 def _case(context_len, batch, gather_s, kernel_s):
     def variant(role, s):
         return {"role": role, "stats": {"median": s}, "metrics": {"gbps": 1.0 / s}}

@@ -19,6 +19,7 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench import gqa
+from gpubench.attention import attention_flops
 from gpubench.claims import VLLM
 from gpubench.contract import (Bench, CheckResult, Claim, Measured, Param, Plot, Technique, Workload, relative_l2_check,
                                tensors_check)
@@ -289,6 +290,9 @@ def metrics(w: PagedDecodeWorkload, measured: Measured) -> dict[str, Any]:
     _, _, kv_heads, head_dim = w.k_cache.shape
     return {
         "bytes_moved": decode_bytes(w.lens, kv_heads, head_dim, w.k_cache.element_size(), w.q.numel()),
+        # Two matmuls per query head over its context (q.k and p.v), as flash attention counts them:
+        # about heads / kv_heads FLOPs per byte of 16-bit KV, far below any GPU's ridge point.
+        "flops": sum(attention_flops(1, w.q.shape[1], 1, n, head_dim, head_dim, False) for n in w.lens),
         "tokens_per_s": len(w.lens) / measured.median_s,  # one new token per sequence per step
         "context_tokens": sum(w.lens),
         "sequences": len(w.lens),
