@@ -97,7 +97,7 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
 
     rows = history.rows_of_file(current)
     verdicts, found, branches, start = [], [], {}, None
-    with history.open_store(store) as opened:
+    with history.open_store(store, read_only=True) as opened:
         for model in sorted({row.device_model for row in rows}):
             branches[model] = base_branch or opened.default_branch(model)
             verdicts += judge.judge_run(opened, [r for r in rows if r.device_model == model], threshold,

@@ -57,7 +57,7 @@ def history_group(ctx: click.Context, store: str | None, device_model: str | Non
         return
     from gpubench.history import changepoints
 
-    with history.open_store(store) as opened:
+    with history.open_store(store, read_only=True) as opened:
         model = pick_device_model(opened, device_model)
         branch = pick_branch(opened, model, branch)
         found = changepoints.case_histories(opened, model, branch=branch)
@@ -141,7 +141,7 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
     from gpubench.reports.html import write_pages
 
     store, device_model = from_group(ctx, "store", store), from_group(ctx, "device_model", device_model, "--device")
-    with history.open_store(store) as opened:
+    with history.open_store(store, read_only=True) as opened:
         model = pick_device_model(opened, device_model)
         branch = pick_branch(opened, model, from_group(ctx, "branch", branch))
         grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model, branch=branch))

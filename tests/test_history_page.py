@@ -133,14 +133,17 @@ def test_cases_group_by_technique_and_a_case_with_one_run_shows_its_point_and_sa
 
 
 @pytest.mark.parametrize("args, says", [
-    ((), "it is empty"),
+    ((), "there is none"),
     (("--device", "NVIDIA B200"), "no runs of device model 'NVIDIA B200'"),
 ])
-def test_an_empty_store_or_an_unknown_device_model_exits_2_naming_what_it_holds(tmp_path, args, says):
+def test_an_absent_store_or_an_unknown_device_model_exits_2_naming_what_it_holds(tmp_path, args, says):
+    """An absent store is named and not created (the page only reads); a model the store does not
+    hold: the models it holds are named."""
     if args:
         write_step_history(tmp_path / "h.sqlite")
     code, output, text = page(tmp_path, *args)
     assert code == 2 and says in output and "Traceback" not in output and text == ""
+    assert (tmp_path / "h.sqlite").exists() == bool(args)
     if args:
         assert "'NVIDIA H100' (12 runs)" in output
 

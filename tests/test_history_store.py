@@ -320,3 +320,26 @@ def test_an_empty_gpubench_history_variable_means_the_default_store(tmp_path, mo
     monkeypatch.setenv("GPUBENCH_HISTORY", "")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert history.resolve_store(None) == str(tmp_path / "xdg" / "gpubench" / "history.sqlite")
+
+
+
+def test_readers_open_the_store_read_only_and_never_create_one(tmp_path):
+    """The report's sparklines, the history table and page and the history gate only read: they
+    open the file read-only (so a shared store they may not write still serves them, and they
+    never take the writers' lock), and an absent store is a one-paragraph BadInput, never a new
+    file."""
+    from gpubench.errors import BadInput
+
+    missing = tmp_path / "none.sqlite"
+    with pytest.raises(BadInput, match="there is none"):
+        history.open_store(missing, read_only=True)
+    assert not missing.exists()
+
+    store = tmp_path / "h.sqlite"
+    _add([write_run(tmp_path, "r1", "2026-12-01T10:00:00+00:00", "c1")], store)
+    before = store.read_bytes()
+    with history.open_store(store, read_only=True) as opened:
+        assert opened.device_models() == {"NVIDIA H100 80GB HBM3": 1}
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            opened.backend.run("CREATE TABLE scratch (x INTEGER)")
+    assert store.read_bytes() == before

@@ -95,17 +95,24 @@ class Added:
 class _Sqlite:
     """sqlite3 on a file: WAL, busy timeout, BEGIN IMMEDIATE transactions."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
         self.where = str(path)
         self.path = path
         self.is_sqlite = True
         _check_sqlite_file(path)
+        if read_only and not (path.is_file() and path.stat().st_size):
+            raise BadInput(f"history store {path}: there is none (each `gpubench run` adds its run to the store; "
+                           f"`gpubench history add RUN_DIR` imports old runs); give another with --store or {ENV_VAR}.")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            if read_only:  # a reader needs no write access, and never creates or changes the file
+                self.conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                                            isolation_level=None)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
-            raise BadInput(f"history store {path}: cannot be opened ({exc}); give a writable file with --store "
-                           f"or {ENV_VAR}.") from None
+            raise BadInput(f"history store {path}: cannot be opened ({exc}); give a "
+                           f"{'readable' if read_only else 'writable'} file with --store or {ENV_VAR}.") from None
 
     def tables(self) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
@@ -232,9 +239,12 @@ class HistoryStore:
         self.where = backend.where
 
     # -- opening -----------------------------------------------------------------------------
-    def _open(self) -> "HistoryStore":
+    def _open(self, read_only: bool = False) -> "HistoryStore":
         """Refuse a foreign or corrupt database before writing anything to it, then create the
-        tables (in one transaction, so a second process sees all of them or none)."""
+        tables (in one transaction, so a second process sees all of them or none); ``read_only``:
+        only check that it is a store of this schema version."""
+        if read_only:
+            return self._open_to_read()
         try:
             self._check_tables(self.backend.tables())
             self.backend.prepare()
@@ -252,6 +262,27 @@ class HistoryStore:
             self.backend.close()
             raise BadInput(f"history store {self.where}: cannot be used ({type(exc).__name__}: {exc}); it may be "
                            f"corrupt. It is left as it is; give another store with --store or {ENV_VAR}.") from None
+        return self._check_version(version)
+
+    def _open_to_read(self) -> "HistoryStore":
+        try:
+            tables = self.backend.tables()
+            self._check_tables(tables)
+            version = self.backend.rows(schema.GET_VERSION) if schema.META_TABLE in tables else None
+        except BadInput:
+            self.backend.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - as in _open
+            self.backend.close()
+            raise BadInput(f"history store {self.where}: cannot be read ({type(exc).__name__}: {exc}); it may be "
+                           f"corrupt, or not readable without write access to its folder (SQLite's WAL needs "
+                           f"it). It is left as it is.") from None
+        if version is None:
+            self.backend.close()
+            raise BadInput(f"history store {self.where}: holds no runs yet (no {schema.META_TABLE} table).")
+        return self._check_version(version)
+
+    def _check_version(self, version: list[tuple[Any, ...]]) -> "HistoryStore":
         found = int(version[0][0]) if version and str(version[0][0]).isdigit() else None
         if found != schema.SCHEMA_VERSION:
             self.backend.close()
@@ -371,9 +402,11 @@ def _writer() -> str:
     return f"gpubench {__version__}"
 
 
-def open_store(spec: str | os.PathLike[str] | None = None) -> HistoryStore:
+def open_store(spec: str | os.PathLike[str] | None = None, *, read_only: bool = False) -> HistoryStore:
     """The store ``spec`` names (a file path or a database URL; None: :func:`resolve_store`),
-    created where it does not exist. BadInput (exit 2) naming it when it cannot be used."""
+    created where it does not exist. ``read_only`` (the readers: tables, pages, the history gate):
+    never created or written, and no write access needed; an absent store is BadInput. BadInput
+    (exit 2) naming it when it cannot be used."""
     text = resolve_store(None if spec is None else str(spec))
-    backend = _Server(text) if "://" in text else _Sqlite(Path(text).expanduser())
-    return HistoryStore(backend)._open()
+    backend = _Server(text) if "://" in text else _Sqlite(Path(text).expanduser(), read_only)
+    return HistoryStore(backend)._open(read_only)

@@ -103,7 +103,7 @@ def run_trends(run: RunRecord, results_path: str | Path, store: str | None = Non
                                     f"`gpubench run` adds its run to it; `gpubench history add` imports old ones).")
     try:
         rows = _followed_rows(run, results_path)
-        with open_store(where) as opened:
+        with open_store(where, read_only=True) as opened:
             lines = {line.case_id: line for line in (_sparkline(opened, row) for row in rows) if line}
     except BadInput as exc:
         return RunTrends(where, {}, f"no history sparklines: {exc}")
