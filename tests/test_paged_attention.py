@@ -458,3 +458,10 @@ def test_flashinfer_peer_says_why_it_cannot_run_off_cuda_or_in_float32():
     assert "float32" in reason
     bf16 = flashinfer.unavailable_reason(torch.device("cuda"), dict(TECHNIQUE.defaults(), dtype="bfloat16"))
     assert bf16 is None or "flashinfer" in bf16  # None only where flashinfer imports
+
+
+def test_full_lengths_give_every_sequence_the_whole_context():
+    """lengths: full is the bandwidth case (the issue's batch 64 x 8192): every sequence at
+    context_len, so no split idles and the bytes are batch x context."""
+    w = make_workload(batch=3, context_len=40, lengths="full")
+    assert w.lens == [40, 40, 40] and w.context_lens.tolist() == [40, 40, 40]

@@ -54,13 +54,14 @@ TECHNIQUE = Technique(
         "caches, so the CPU ratio says little about a GPU's."
     ),
     params=[
-        Param("batch", int, 4, "sequences decoding one token each (lengths: random)", min=1),
+        Param("batch", int, 4, "sequences decoding one token each (lengths: random or full)", min=1),
         *head_params(heads=8),
         Param("head_dim", int, 64, "channels per head", choices=[64, 128]),
         Param("context_len", int, 512, "longest context (tokens); the others are drawn in [1, this]", min=1),
         Param("block_size", int, 16, "tokens per KV block", choices=[8, 16, 32]),
-        Param("lengths", str, "random", "random: `batch` contexts in [1, context_len]; edges: one sequence per "
-              "length at and around block edges (1, B-1, B, B+1, 2B-1, .., context_len)", choices=["random", "edges"]),
+        Param("lengths", str, "random", "random: `batch` contexts in [1, context_len]; full: all `batch` at "
+              "context_len (a bandwidth test: every split busy); edges: one sequence per length at and around "
+              "block edges (1, B-1, B, B+1, 2B-1, .., context_len)", choices=["random", "full", "edges"]),
         Param("dtype", str, "float32", "dtype of q, the KV cache and the output",
               choices=["float32", "float16", "bfloat16"]),
     ],
@@ -141,6 +142,8 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PagedDecod
     if params["lengths"] == "edges":
         lens = block_edge_lengths(block_size, params["context_len"])
         batch = len(lens)
+    elif params["lengths"] == "full":
+        lens = [params["context_len"]] * batch
     else:
         lens = draw_context_lens(batch, params["context_len"], gen)
     tables, num_blocks = build_block_tables(lens, block_size, gen)
