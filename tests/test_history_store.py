@@ -4,6 +4,7 @@ not its own. Synthetic runs written as results files; no scenario runs here."""
 from __future__ import annotations
 
 import json
+import os
 import multiprocessing
 import re
 import sqlite3
@@ -262,6 +263,35 @@ def test_a_database_url_goes_through_sqlalchemy_with_the_same_sql(tmp_path):
     sqlite3.connect(foreign).execute("CREATE TABLE users (name TEXT)")
     with pytest.raises(BadInput, match="something else"):
         history.open_store(f"sqlite:///{foreign}")
+
+
+SERVER_URL = os.environ.get("GPUBENCH_TEST_SERVER_STORE")  # e.g. postgresql+psycopg://user@/db?host=/tmp
+
+
+@pytest.mark.skipif(not SERVER_URL, reason="set GPUBENCH_TEST_SERVER_STORE to a database URL gpubench may fill "
+                    "(an empty PostgreSQL database) to test the store against a real server")
+def test_a_real_database_server_stores_runs_once_and_serves_them_read_only(tmp_path):
+    """The server path against a real server (PostgreSQL 15 and psycopg 3 when last run by hand; CI
+    has none): rows added once however often or concurrently a run is added, series in run order,
+    and the read-only open the readers use."""
+    pytest.importorskip("sqlalchemy")
+    tag = f"t{os.getpid()}"
+    runs = [write_run(tmp_path, f"{tag}-r{i}", f"2026-12-0{i}T10:00:00+00:00", f"{tag}c{i}") for i in (1, 2, 3)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:  # two writers, overlapping runs
+        pool.map(_add_files, [(SERVER_URL, [str(r) for r in runs[:2]]), (SERVER_URL, [str(r) for r in runs[1:]])])
+    with history.open_store(SERVER_URL) as opened:
+        assert [a.added for a in opened.add(history.rows_of_file(runs[0]))] == [0]
+    with history.open_store(SERVER_URL, read_only=True) as opened:
+        points = [p for p in opened.series("NVIDIA H100 80GB HBM3", "t n=1", "fused") if p.run_id.startswith(tag)]
+        assert [p.commit for p in points] == [f"{tag}c1", f"{tag}c2", f"{tag}c3"]
+
+
+def _add_files(args):
+    url, paths = args
+    with history.open_store(url) as opened:
+        for path in paths:
+            opened.add(history.rows_of_file(path))
 
 
 def test_the_schema_names_every_field_of_a_row():
