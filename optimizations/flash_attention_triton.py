@@ -10,6 +10,14 @@ variable-length one (flash-attn's ``cu_seqlens``), and optionally the log-sum-ex
 backward pass (:mod:`.flash_attention_triton_bwd`) recomputes from. Conventions:
 :mod:`gpubench.attention`. Tiles are autotuned on a GPU; under Triton's interpreter
 (``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
+
+Two ways to move the tiles, one tile logic: on sm_90 and later (H100 / H200) a padded-layout call
+whose tensors TMA can address (16-bit, contiguous channels, 16-byte aligned strides) passes q, k,
+v and out as tensor descriptors, so every tile arrives by an asynchronous TMA copy into shared
+memory, pipelined over more stages and bigger tiles than the pointer path can afford
+(:data:`GPU_CONFIGS_TMA`); every other call (older GPUs, varlen, other layouts, fp32) loads by
+pointers and strides. Only the loads and the final store differ (:func:`_load_kv_tile`); the
+interpreter runs both.
 """
 from __future__ import annotations
 
@@ -23,7 +31,16 @@ from gpubench.attention import CAUSAL_ALIGNS, check_shapes
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
+try:  # host-side tensor descriptors (TMA on sm_90+), as Triton 3.6's own Hopper attention tutorial uses
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without them: the pointer path only
+    TensorDescriptor = None
+
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
+# Triton's interpreter runs tensor descriptors (as masked loads of the same box): on by default
+# there, so the 16-bit contiguous calls of the tests take the descriptor path and the others the
+# pointer path; tests set it to force one path or the other.
+DESCRIPTORS_IN_INTERPRETER = True
 
 # Tiles for the interpreter: small so tests stay fast, and BLOCK_M != BLOCK_N so the causal
 # split (full tiles, then diagonal tiles) is exercised in its general form.
@@ -71,52 +88,160 @@ GPU_CONFIGS_LARGE_HEAD = _configs((
     (64, 32, 4, 2),
     (32, 32, 4, 2),
 ))
+
+
+def _descriptor_blocks(nargs):
+    """Autotuner pre-hook of the descriptor configs: a descriptor's box is its config's tile (the
+    4-D (batch, head, rows, channels) tensors read one (1, 1, rows, channels) box at a time)."""
+    for name, rows, cols in (("q_ptr", "BLOCK_M", "BLOCK_D"), ("k_ptr", "BLOCK_N", "BLOCK_D"),
+                             ("v_ptr", "BLOCK_N", "BLOCK_DV"), ("out_ptr", "BLOCK_M", "BLOCK_DV")):
+        nargs[name].block_shape = [1, 1, nargs[rows], nargs[cols]]
+
+
+def _descriptor_configs(shapes):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages,
+                          pre_hook=_descriptor_blocks)
+            for bm, bn, warps, stages in shapes]
+
+
+# The descriptor (TMA) path's candidates, sm_90 and later, 16-bit only. The copies are asynchronous
+# and cost no registers, so deeper pipelines (3-4 stages of K/V tiles in shared memory, 227 KiB
+# per block on an H100 / H200) and bigger query tiles pay here: 128 x 128 over 8 warps (two
+# warpgroups of 64 rows, each a wgmma of 64 x 128) and 256 x 64 over 8 warps (two warpgroups of
+# 128 rows), as Triton's Hopper tutorial and FlashAttention-3 favour; 128 x 64 over 4 warps for
+# shorter sequences. As the tutorial's Hopper filter: 8 warps only on tiles of at least 128 x 128
+# elements. Shared memory is the query tile plus num_stages K/V tiles (descriptor_shared_bytes,
+# which the sm_90 compile test checks against the compiler's figure): 128 x 128 at head_dim 128
+# takes 161 KiB at 2 stages and 225 KiB at 3, so 4 would not fit; configs that do not fit the
+# device are pruned before tuning (_prune).
+GPU_CONFIGS_TMA = _descriptor_configs((
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
+    (256, 64, 8, 2),
+    (256, 64, 8, 3),
+    (128, 64, 4, 3),
+    (128, 64, 4, 4),
+    (128, 64, 4, 5),
+    (64, 64, 4, 4),
+))
+GPU_CONFIGS_TMA_LARGE_HEAD = _descriptor_configs((
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (64, 64, 4, 2),
+    (64, 64, 4, 3),
+    (64, 32, 4, 2),
+))
 # Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
 # length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
-# and Triton version (gpubench.autotune).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN"]  # + dtypes
+# and Triton version (gpubench.autotune). USE_TMA selects the path (each has its own tuner and
+# candidates; in the key too, so a tuning never crosses paths).
+AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN",
+                "USE_TMA"]  # + dtypes
 
 
-def _prune_by_head_dim(configs, named_args, **kwargs):
-    """The candidates for this call's padded head dims (both lists are in the autotuner)."""
+def descriptor_shared_bytes(block_m: int, block_n: int, block_d: int, block_dv: int, stages: int,
+                            elem_bytes: int = 2) -> int:
+    """Shared memory of one descriptor-path program, an upper bound: the query tile and
+    ``stages`` buffers of a K and a V tile, plus 1 KiB for the pipeline's barriers (what compiling
+    for sm_90 with Triton 3.9 gives, within those 1,024 bytes)."""
+    return elem_bytes * (block_m * block_d + stages * block_n * (block_d + block_dv)) + 1024
+
+
+def _shared_memory_limit(t: torch.Tensor) -> int | None:
+    return torch.cuda.get_device_properties(t.device).shared_memory_per_block_optin if t.is_cuda else None
+
+
+def _prune(configs, named_args, **kwargs):
+    """The candidates for this call's padded head dims (both lists of a path are in its
+    autotuner); on the descriptor path, only those whose shared memory fits the device."""
     large = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
-    return [c for c in configs if (c in GPU_CONFIGS_LARGE_HEAD) == large]
+    wide = GPU_CONFIGS_TMA_LARGE_HEAD if kwargs["USE_TMA"] else GPU_CONFIGS_LARGE_HEAD
+    kept = [c for c in configs if any(c is w for w in wide) == large]
+    limit = _shared_memory_limit(named_args["lse_ptr"])  # a tensor on either path
+    if kwargs["USE_TMA"] and limit is not None:
+        kept = [c for c in kept if descriptor_shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], kwargs["BLOCK_D"],
+                                                           kwargs["BLOCK_DV"], c.num_stages) <= limit]
+    return kept
 
 
 @triton.jit
-def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
-                      BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+def _load_kv_tile(src, desc_b, desc_h, n_start, offs_n, offs_c, c_mask, seq_k, stride_n, stride_c,
+                  MASKED: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Keys n_start.. of a K or V tile, (BLOCK_N, BLOCK_C), or (BLOCK_C, BLOCK_N) TRANSPOSED; keys
+    past seq_k (MASKED tiles only reach them) and channels past the head dim read as zero.
+
+    USE_TMA: one tensor-descriptor (TMA) copy of a (1, 1, BLOCK_N, BLOCK_C) box of the 4-D
+    (batch, heads, keys, channels) tensor. The hardware fills what lies outside the tensor with
+    zeros, along the keys and the channels alike, so no mask is built; and the copy runs
+    asynchronously into shared memory, which frees the warps' registers and issue slots for the
+    matmuls while the next tiles arrive (the compiler pipelines it over num_stages buffers).
+    Otherwise one masked pointer load by the strides, K read directly transposed.
+    """
+    if USE_TMA:
+        tile = src.load([desc_b, desc_h, n_start, 0]).reshape([BLOCK_N, BLOCK_C])
+        if TRANSPOSED:
+            tile = tl.trans(tile)
+    else:
+        if TRANSPOSED:
+            ptrs = src + offs_n[None, :] * stride_n + offs_c[:, None] * stride_c
+            mask = c_mask[:, None]
+            if MASKED:
+                mask = mask & (offs_n[None, :] < seq_k)
+        else:
+            ptrs = src + offs_n[:, None] * stride_n + offs_c[None, :] * stride_c
+            mask = c_mask[None, :]
+            if MASKED:
+                mask = mask & (offs_n[:, None] < seq_k)
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    return tile
+
+
+@triton.jit
+def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, stride_kn, stride_kd, stride_vn,
+                      stride_vd, offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+                      CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """Fold the key tiles starting in [n_lo, n_hi) into one query tile's running state.
 
     MASKED is a compile-time flag: the caller runs the tiles that every query of the tile can
     fully see with MASKED=False, so only the ragged last tile and the tiles crossing the causal
     diagonal pay for building and applying a mask. Causal: query i sees keys j <= i + diagonal.
+    ``k_src`` / ``v_src`` are this (batch, kv head)'s base pointers, or with USE_TMA the whole
+    tensors' descriptors, read at (desc_b, desc_h): the loads differ, the tile logic is the same.
     """
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
 
-        # Load K already transposed, (head_dim, keys), by pointer arithmetic over its strides,
-        # so q @ k is a plain tile matmul. Positions past seq_k (ragged edge) and channels past
-        # head_dim (96 padded to 128) read as zero: a zero channel adds nothing to a dot product,
-        # and the ragged keys are masked to -inf below.
-        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        if MASKED:
-            k = tl.load(k_ptrs, mask=d_mask[:, None] & (offs_n[None, :] < seq_k), other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
+        # K transposed, (head_dim, keys), so q @ k is a plain tile matmul. Positions past seq_k
+        # (ragged edge) and channels past head_dim (96 padded to 128) read as zero: a zero channel
+        # adds nothing to a dot product, and the ragged keys are masked to -inf below.
+        k = _load_kv_tile(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
+                          MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_D)
         if DOT_IN_FP32:
             k = k.to(tl.float32)
 
-        # Scores in fp32, already multiplied by scale * log2(e): exp2 of these equals exp of
-        # the scaled scores, and exp2 is what the hardware computes natively.
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale_log2
+        # Scores in fp32, in units of scale * log2(e): exp2 of those equals exp of the scaled
+        # scores, and exp2 is what the hardware computes natively. With a positive scale (any
+        # real model's) the raw dot products are kept: the row maximum is taken before scaling
+        # (scaling preserves order), and each weight below is exp2 of one multiply-add, raw *
+        # scale - max, instead of a multiply of the whole tile and then a subtraction: one
+        # floating-point instruction per score fewer: the work beside the matmuls (the
+        # exponentials above all) is what holds attention below a Hopper's tensor-core peak
+        # (FlashAttention-3, section 3).
+        # A zero or negative scale scales first: its order is the raw scores' reversed.
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if not SCALE_POSITIVE:
+            scores = scores * qk_scale_log2
         if MASKED:
             visible = offs_n[None, :] < seq_k
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
             scores = tl.where(visible, scores, float("-inf"))
+        tile_max = tl.max(scores, 1)
+        if SCALE_POSITIVE:
+            tile_max = tile_max * qk_scale_log2
 
         # Online softmax update. What was accumulated so far was exponentiated against the old
         # row maximum; when this tile raises the maximum, the old sum and output are too large
@@ -127,22 +252,22 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         # seen no key yet: bottom-right alignment with seq_q > seq_k, or keys still ahead of
         # the diagonal); such a row is shifted by 0 instead, so its weights are exp2(-inf) = 0,
         # never the NaN of (-inf) - (-inf).
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        new_max = tl.maximum(row_max, tile_max)
         if MASKED:
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         else:
             shift = new_max
         correction = tl.exp2(row_max - shift)
-        weights = tl.exp2(scores - shift[:, None])
+        if SCALE_POSITIVE:
+            weights = tl.exp2(scores * qk_scale_log2 - shift[:, None])
+        else:
+            weights = tl.exp2(scores - shift[:, None])
         row_sum = row_sum * correction + tl.sum(weights, 1)
 
         # The weights go back to V's dtype for the second matmul (16-bit tensor-core inputs),
         # accumulated into the fp32 output. V has its own head dim (MLA: 128 against q/k's 192).
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & dv_mask[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs, mask=dv_mask[None, :], other=0.0)
+        v = _load_kv_tile(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
+                          MASKED=MASKED, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_DV)
         weights = weights.to(v.dtype)
         if DOT_IN_FP32:
             weights = weights.to(tl.float32)
@@ -151,6 +276,35 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         acc = tl.dot(weights, v, acc, input_precision=DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
+
+
+@triton.jit
+def _key_ranges(m_start, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(diagonal, full_end, masked_end) of the query tile starting at m_start: key tiles starting in
+    [0, full_end) are seen whole by every row of the tile (no mask), those in [full_end,
+    masked_end) cross the causal diagonal or the ragged end of the keys (masked), and nothing from
+    masked_end on is seen by any row (never loaded, which is what halves causal attention's work).
+
+    Causal, query i sees keys j <= i + diagonal (diagonal = seq_k - seq_q bottom-right, 0 top-left).
+    A tile [n, n + BLOCK_N) is whole for every row when its last key is visible to the tile's first
+    query: n + BLOCK_N <= m_start + diagonal + 1. The last row that exists (the ragged last query
+    tile stops at seq_q) sees keys up to min(m_start + BLOCK_M, seq_q) - 1 + diagonal, so tiles
+    starting past it are skipped: the masked range is exactly the tiles crossing the diagonal, for
+    any BLOCK_M / BLOCK_N and either alignment. Not causal: only the ragged last tile is masked.
+    """
+    if CAUSAL:
+        if BOTTOM_RIGHT:
+            diagonal = seq_k - seq_q
+        else:
+            diagonal = seq_k * 0
+        full_end = tl.minimum(tl.maximum(m_start + diagonal + 1, 0) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
+        masked_end = tl.maximum(tl.minimum(tl.minimum(m_start + BLOCK_M, seq_q) + diagonal, seq_k), 0)
+    else:
+        diagonal = seq_k * 0
+        full_end = (seq_k // BLOCK_N) * BLOCK_N
+        masked_end = seq_k
+    return diagonal, full_end, masked_end
 
 
 @triton.jit
@@ -163,9 +317,11 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
                          heads, group, seq_q, seq_k, qk_scale_log2, seq_q_bucket, seq_k_bucket,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr,
+                         SCALE_POSITIVE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (query tile, batch x head) program. USE_TMA: q, k, v and out arrive as tensor
+    descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
     m_block = tl.program_id(0)
     batch_head = tl.program_id(1)
     b = batch_head // heads
@@ -190,12 +346,6 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     if m_start >= seq_q:
         return
 
-    # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
-    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
-
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -203,10 +353,20 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     dv_mask = offs_dv < HEAD_DIM_V
     m_mask = offs_m < seq_q
 
-    # Load the query tile once; it stays in registers while every K/V tile it needs streams
-    # past. Rows past seq_q read as zero (they are computed, harmlessly, and never stored).
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    # Load the query tile once; it stays on chip while every K/V tile it needs streams past.
+    # Rows past seq_q read as zero (they are computed, harmlessly, and never stored).
+    if USE_TMA:
+        k_src = k_ptr
+        v_src = v_ptr
+        q = q_ptr.load([b, h, m_start, 0]).reshape([BLOCK_M, BLOCK_D])
+    else:
+        # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+        k_src = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
+        v_src = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    in_dtype = q.dtype  # the inputs' and the output's
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
@@ -216,33 +376,19 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    # Split the keys into tiles every row can fully see (no mask) and the rest (masked).
-    # Causal, query i sees keys j <= i + diagonal (diagonal = seq_k - seq_q bottom-right, 0
-    # top-left): a key tile is fully visible when its last key is <= this tile's first query's
-    # last key; tiles starting past the tile's last query's last key are invisible to every row
-    # and are never loaded, which is what halves causal attention's work. Only the tiles in
-    # between, those crossing the diagonal, are masked. Not causal: only the ragged last tile is.
-    if CAUSAL:
-        if BOTTOM_RIGHT:
-            diagonal = seq_k - seq_q
-        else:
-            diagonal = 0
-        full_end = tl.minimum(tl.maximum(m_start + diagonal + 1, 0) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
-        masked_end = tl.maximum(tl.minimum(m_start + BLOCK_M + diagonal, seq_k), 0)
-    else:
-        diagonal = 0
-        full_end = (seq_k // BLOCK_N) * BLOCK_N
-        masked_end = seq_k
+    # The tiles every row sees whole first, unmasked; then those crossing the diagonal or the
+    # ragged end, masked (_key_ranges).
+    diagonal, full_end, masked_end = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, d_mask, offs_dv, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-        DOT_IN_FP32=DOT_IN_FP32)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, d_mask, offs_dv, dv_mask, full_end, masked_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-        DOT_IN_FP32=DOT_IN_FP32)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
     # Normalise once at the end, by the complete denominator, rather than on every tile; then
     # store in the output's dtype, leaving out padded rows and channels. A row that saw no key
@@ -250,18 +396,28 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     # has row_sum >= 1 (its maximum's weight), so the two cannot be confused.
     nothing_seen = row_sum == 0.0
     acc = acc / tl.where(nothing_seen, 1.0, row_sum)[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
+    if USE_TMA:
+        # The descriptor's store clips the box at the tensor's edges: rows past seq_q and
+        # channels past head_dim_v are not written.
+        out_ptr.store([b, h, m_start, 0], acc.to(in_dtype).reshape([1, 1, BLOCK_M, BLOCK_DV]))
+    else:
+        o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
+        tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+                 acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
     if STORE_LSE:
         lse_base = lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start * stride_lm
         lse = tl.where(nothing_seen, float("-inf"), (row_max + tl.log2(tl.where(nothing_seen, 1.0, row_sum))) * LN2)
         tl.store(lse_base + offs_m * stride_lm, lse, mask=m_mask)
 
 
-_flash_attention_fwd_tuned = (None if INTERPRETED else PersistentAutotuner(
-    triton.autotune(configs=GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, key=AUTOTUNE_KEY,
-                    prune_configs_by={"early_config_prune": _prune_by_head_dim})(_flash_attention_fwd),
-    "flash_attention_fwd"))
+def _tuned(configs, name):
+    return None if INTERPRETED else PersistentAutotuner(
+        triton.autotune(configs=configs, key=AUTOTUNE_KEY,
+                        prune_configs_by={"early_config_prune": _prune})(_flash_attention_fwd), name)
+
+
+_flash_attention_fwd_tuned = _tuned(GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, "flash_attention_fwd")
+_flash_attention_fwd_tma_tuned = _tuned(GPU_CONFIGS_TMA + GPU_CONFIGS_TMA_LARGE_HEAD, "flash_attention_fwd_tma")
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -298,6 +454,35 @@ def _output(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Tensor) -
     return out
 
 
+def _descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether TMA can read or write ``t`` as a 4-D descriptor: 16-bit, no empty axis, channels
+    contiguous, the other strides and the base address multiples of 16 bytes."""
+    size = t.element_size()
+    return (t.dtype in (torch.float16, torch.bfloat16) and t.dim() == 4 and t.numel() > 0 and t.stride(-1) == 1
+            and t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether a padded-layout call takes the tensor-descriptor (TMA) path: a GPU of compute
+    capability 9.0 or later (Hopper's TMA unit; before it the pointer path), or the interpreter
+    while :data:`DESCRIPTORS_IN_INTERPRETER`, and every tensor's layout TMA can address.
+    Varlen never does: a box crossing a document's end would read and write the next document."""
+    if TensorDescriptor is None:
+        return False
+    if INTERPRETED:
+        if not DESCRIPTORS_IN_INTERPRETER:
+            return False
+    elif not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
+        return False
+    return all(_descriptor_ready(t) for t in (q, k, v, out))
+
+
+def _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n):
+    """q, k, v and out as tensor descriptors; boxes as the tiles (fixed ones), else placeholders
+    that the autotuner's pre-hook replaces by each config's tiles."""
+    boxes = ((q, block_m, block_d), (k, block_n, block_d), (v, block_n, block_dv), (out, block_m, block_dv))
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows or 16, cols]) for t, rows, cols in boxes]
+
 def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, seq_q, seq_k, grid_m, scale,
             causal, causal_align, varlen, block_m, block_n):
     """One launch of the kernel; ``strides`` are q, k, v, out (each batch, head, row, channel) and
@@ -305,8 +490,19 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if scale is None:
         scale = head_dim ** -0.5
+    # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
+    # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_dv = max(16, triton.next_power_of_2(head_dim_v))
+    use_tma = not varlen and uses_descriptors(q, k, v, out)
+    if use_tma:
+        block_m = block_m or (None if _flash_attention_fwd_tma_tuned is not None else INTERPRETER_BLOCK_M)
+        block_n = block_n or (None if _flash_attention_fwd_tma_tuned is not None else INTERPRETER_BLOCK_N)
+        tensors = _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n)
+    else:
+        tensors = [q, k, v, out]
     cu_q, cu_k = cu_seqlens if varlen else (q, q)  # unread placeholders when not varlen
-    args = (q, k, v, out, out if lse is None else lse, cu_q, cu_k, *strides,
+    args = (*tensors, q if lse is None else lse, cu_q, cu_k, *strides,
             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), length_bucket(seq_q),
             length_bucket(seq_k))
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
@@ -316,21 +512,18 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     # rounded to bf16 before the second matmul; only the interpreter takes this path.
     dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
-        # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=block_d, BLOCK_DV=block_dv,
         CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
-        STORE_LSE=lse is not None,
+        STORE_LSE=lse is not None, USE_TMA=use_tma, SCALE_POSITIVE=scale > 0,
         # fp32 inputs: full-precision products ("ieee"), not the default TF32 tensor-core
         # path, whose 10-bit mantissa would miss fp32's tolerance by orders of magnitude.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
         DOT_IN_FP32=dot_in_fp32,
     )
-    if block_m is None and _flash_attention_fwd_tuned is not None:
+    tuned = _flash_attention_fwd_tma_tuned if use_tma else _flash_attention_fwd_tuned
+    if block_m is None and tuned is not None:
         grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _flash_attention_fwd_tuned[grid](*args, **constants)
+        tuned[grid](*args, **constants)
     else:
         block_m = block_m or INTERPRETER_BLOCK_M
         block_n = block_n or INTERPRETER_BLOCK_N

@@ -1,0 +1,173 @@
+"""The forward kernel's two load paths, tensor descriptors (TMA, sm_90 and later) and pointers, give
+the same exact attention, and each call takes the path its layout allows. Triton's interpreter runs
+descriptors as masked loads of the same boxes, so both paths run here against the float64
+reference, for every head dim (64, 96, 128, MLA's 192 / 128, 256), GQA / MQA, both causal
+alignments, odd lengths, seq_q != seq_k and tiles with BLOCK_M below, equal to and above BLOCK_N.
+Whether the copies are real TMA on sm_90 is the compile test's (test_flash_attention_sm90_compile).
+The causal split (_key_ranges: whole tiles unmasked, exactly the tiles crossing the diagonal
+masked) is checked tile by tile against brute force. Sizes are tiny: the interpreter runs numpy."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import gpubench.optimizations.flash_attention_triton as fwd
+from gpubench.attention import attention_reference
+
+TOL = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def qkv(heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v, dtype, seed=0, batch=2):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((batch, heads, seq_q, head_dim), (batch, kv_heads, seq_k, head_dim), (batch, kv_heads, seq_k, head_dim_v))
+    return [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+
+
+@pytest.fixture(params=["descriptors", "pointers"])
+def path(request, monkeypatch):
+    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", request.param == "descriptors")
+    return request.param
+
+
+def run_both_ways(q, k, v, **kwargs):
+    """The kernel's output (into a NaN-poisoned buffer: an unwritten element shows) and lse."""
+    out = torch.full((*q.shape[:3], v.shape[3]), float("nan"), dtype=q.dtype)
+    return fwd.flash_attention_triton(q, k, v, out=out, return_lse=True, **kwargs)
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1)])
+def test_both_paths_are_exact_for_every_head_dim_and_grouping(path, head_dim, head_dim_v, heads, kv_heads):
+    """Every head dim (96 and 192 pad to the next power of two: descriptors zero-fill the padding
+    channels as the pointer masks do), GQA and MQA, causal over odd lengths with seq_q < seq_k."""
+    q, k, v = qkv(heads, kv_heads, 21, 37, head_dim, head_dim_v, torch.bfloat16)
+    out_like = torch.empty(2, heads, 21, head_dim_v, dtype=q.dtype)
+    assert fwd.uses_descriptors(q, k, v, out_like) == (path == "descriptors")
+    out, lse = run_both_ways(q, k, v, causal=True)
+    ref, ref_lse = attention_reference(q, k, v, causal=True, return_lse=True)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) <= TOL[torch.bfloat16]
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-2
+
+
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+@pytest.mark.parametrize("seq_q,seq_k", [(45, 19), (19, 45), (33, 33), (1, 50)])
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16)])
+def test_both_paths_split_the_causal_diagonal_exactly(path, align, seq_q, seq_k, block_m, block_n):
+    """Both alignments with seq_q above and below seq_k, a single query row, and tiles taller,
+    shorter and as tall as wide: rows that see no key are 0 with lse -inf on either path."""
+    q, k, v = qkv(2, 1, seq_q, seq_k, 32, 32, torch.float16, seed=1)
+    out, lse = run_both_ways(q, k, v, causal=True, causal_align=align, block_m=block_m, block_n=block_n)
+    ref, ref_lse = attention_reference(q, k, v, causal=True, causal_align=align, return_lse=True)
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert (out[empty] == 0).all()
+    assert rel_err(out, ref) <= TOL[torch.float16]
+
+
+def test_not_causal_ragged_edges_on_both_paths(path):
+    """Not causal: ragged query and key tiles (77 and 50, not multiples of any tile), zero-filled
+    by the descriptor's box past the tensor's end and masked by the pointer path alike."""
+    q, k, v = qkv(2, 2, 77, 50, 64, 32, torch.bfloat16, seed=2)
+    out, _ = run_both_ways(q, k, v, causal=False)
+    assert not out.isnan().any()
+    assert rel_err(out, attention_reference(q, k, v)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("scale", [0.3, -0.7, 0.0])
+def test_a_scale_of_either_sign_or_zero_is_exact_on_both_paths(path, scale):
+    """A positive scale takes the row maximum of the raw scores and scales inside the exponent's
+    multiply-add; zero and negative ones (which reverse or flatten the order) scale first. Causal
+    and ragged, so the masked tiles' -inf meets each form, and lse follows the scale."""
+    q, k, v = qkv(2, 1, 29, 41, 64, 64, torch.float16, seed=4)
+    out, lse = run_both_ways(q, k, v, causal=True, scale=scale)
+    ref, ref_lse = attention_reference(q, k, v, causal=True, scale=scale, return_lse=True)
+    assert rel_err(out, ref) <= TOL[torch.float16]
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-2
+
+
+def test_layouts_tma_cannot_address_take_the_pointer_path_and_stay_exact(monkeypatch):
+    """Descriptors need 16-bit data, contiguous channels and 16-byte aligned strides and base:
+    a transposed (channels-strided) q, an odd row stride and fp32 all fall back to pointers."""
+    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", True)
+    q, k, v = qkv(2, 2, 24, 24, 32, 32, torch.float16, seed=3)
+    out = torch.empty_like(q)
+    assert fwd.uses_descriptors(q, k, v, out)
+    odd_rows = torch.randn(2, 2, 24, 33, dtype=torch.float16)[..., :32]  # rows 66 bytes apart
+    strided_channels = q.transpose(2, 3).contiguous().transpose(2, 3)
+    for name, case in (("odd row stride", (odd_rows, k, v)), ("channels strided", (strided_channels, k, v)),
+                       ("fp32", tuple(t.float() for t in (q, k, v)))):
+        assert not fwd.uses_descriptors(*case, torch.empty_like(case[0])), name
+        got = fwd.flash_attention_triton(*case, causal=True)
+        assert rel_err(got, attention_reference(*case, causal=True)) <= 1e-2, name
+
+
+def test_varlen_never_builds_descriptors(monkeypatch):
+    """A descriptor box crossing a document's end would read (and store into) the next document:
+    packed varlen calls stay on the pointer path, padded 16-bit calls build four descriptors."""
+    built = []
+
+    class Counting(fwd.TensorDescriptor):
+        def __post_init__(self):
+            built.append(self)
+            super().__post_init__()
+
+    monkeypatch.setattr(fwd, "TensorDescriptor", Counting)
+    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", True)
+    q, k, v = qkv(2, 2, 30, 30, 32, 32, torch.float16, batch=1)
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
+    cu = torch.tensor([0, 11, 30], dtype=torch.int32)
+    fwd.flash_attention_varlen_triton(*packed, cu, cu, 19, 19, causal=True)
+    assert built == []
+    fwd.flash_attention_triton(q, k, v, causal=True)
+    assert len(built) == 4
+
+
+# -- the causal split, tile by tile -------------------------------------------------------------------
+
+@triton.jit
+def _ranges_kernel(out_ptr, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    m_block = tl.program_id(0)
+    _, full_end, masked_end = fwd._key_ranges(m_block * BLOCK_M, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+    tl.store(out_ptr + 2 * m_block, full_end)
+    tl.store(out_ptr + 2 * m_block + 1, masked_end)
+
+
+def brute_force_ranges(m_start, seq_q, seq_k, causal, diagonal, block_m, block_n):
+    """(full_end, masked_end) from the definition: the key tiles every existing row of the query
+    tile sees whole form a prefix; the last tile any row sees a key of ends the masked range."""
+    rows = range(m_start, min(m_start + block_m, seq_q))
+    visible = [[j for j in range(seq_k) if not causal or j <= i + diagonal] for i in rows]
+    tiles = range(0, seq_k, block_n)
+    whole = [n for n in tiles if n + block_n <= seq_k and all(n + block_n - 1 in keys for keys in visible)]
+    seen = [n for n in tiles if any(n <= j < n + block_n for keys in visible for j in keys)]
+    full_end = whole[-1] + block_n if whole else 0
+    assert whole == list(range(0, full_end, block_n))  # a prefix
+    return full_end, (seen[-1] + block_n if seen and seen[-1] >= full_end else full_end)
+
+
+@pytest.mark.parametrize("causal,align", [(True, "bottom_right"), (True, "top_left"), (False, "bottom_right")])
+@pytest.mark.parametrize("seq_q,seq_k", [(45, 19), (19, 45), (33, 33), (64, 64), (1, 50)])
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16), (64, 16)])
+def test_masked_tiles_are_exactly_those_crossing_the_diagonal(causal, align, seq_q, seq_k, block_m, block_n):
+    """Per query tile, the unmasked range is every key tile all its rows see whole, and the masked
+    range ends at the last tile any of its rows sees (a tile past it is never loaded): no tile is
+    masked that needs no mask beyond the last, and none is skipped that a row needs."""
+    diagonal = seq_k - seq_q if (causal and align == "bottom_right") else 0
+    blocks = triton.cdiv(seq_q, block_m)
+    got = torch.zeros(2 * blocks, dtype=torch.int32)
+    _ranges_kernel[(blocks,)](got, seq_q, seq_k, CAUSAL=causal, BOTTOM_RIGHT=align == "bottom_right",
+                              BLOCK_M=block_m, BLOCK_N=block_n)
+    for b in range(blocks):
+        full_end, masked_end = brute_force_ranges(b * block_m, seq_q, seq_k, causal, diagonal, block_m, block_n)
+        got_full, got_masked = got[2 * b].item(), got[2 * b + 1].item()
+        assert got_full == full_end, (b, got_full, full_end)
+        # masked_end is an exclusive key bound: the tiles starting below it run
+        assert triton.cdiv(max(got_masked, got_full), block_n) * block_n == masked_end, (b, got_masked, masked_end)
