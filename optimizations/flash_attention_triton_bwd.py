@@ -56,19 +56,34 @@ DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 6
                        (32, 64, 4, 3)])
 DKDV_CONFIGS_WIDE = _configs([(32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 1)])
 DQ_CONFIGS_WIDE = _configs([(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)])
+# Added on sm_90 and later (H100 / H200: 227 KiB of shared memory per block against an A100's 163,
+# and wgmma tiles of 64 rows per warpgroup), head dims up to 128: deeper pipelines over the same
+# shapes, as Triton's Hopper tutorial's backward (32 x 128 dK/dV and 128 x 32 dQ tiles, 4 warps, 5
+# stages), and 64 x 128 / 128 x 64 over two warpgroups. Reasoned, not yet measured; a config that
+# does not fit is skipped by the autotuner.
+DKDV_CONFIGS_SM90 = _configs([(32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 3), (64, 128, 8, 4)])
+DQ_CONFIGS_SM90 = _configs([(128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4)])
 # Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.autotune).
 AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN"]  # + dtypes
 
 
-def _autotuned(kernel, configs, wide_configs, name):
-    """``kernel`` autotuned over ``configs`` for head dims up to 128, ``wide_configs`` above, its
-    tunings kept on disk as ``name``."""
+def _compute_capability(t: torch.Tensor) -> int:
+    """t's GPU's major compute capability (9: Hopper); 0 off CUDA."""
+    return torch.cuda.get_device_capability(t.device)[0] if t.is_cuda else 0
+
+
+def _autotuned(kernel, configs, wide_configs, sm90_configs, name):
+    """``kernel`` autotuned over ``configs`` for head dims up to 128 (with ``sm90_configs`` on sm_90
+    and later), ``wide_configs`` above, its tunings kept on disk as ``name`` (per GPU model, so the
+    candidates that depend on the GPU need no place in the key)."""
     def prune(candidates, named_args, **kwargs):
         wide = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
-        return [c for c in candidates if any(c is w for w in wide_configs) == wide]
+        hopper = _compute_capability(named_args["q_ptr"]) >= 9
+        return [c for c in candidates if any(c is w for w in wide_configs) == wide
+                and (hopper or not any(c is h for h in sm90_configs))]
 
     return None if INTERPRETED else PersistentAutotuner(
-        triton.autotune(configs=configs + wide_configs, key=AUTOTUNE_KEY,
+        triton.autotune(configs=configs + sm90_configs + wide_configs, key=AUTOTUNE_KEY,
                         prune_configs_by={"early_config_prune": prune})(kernel), name)
 
 
@@ -355,8 +370,9 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
              dv.to(dv_ptr.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
 
 
-_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE, "flash_attention_bwd_dq")
-_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE, "flash_attention_bwd_dkdv")
+_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE, DQ_CONFIGS_SM90, "flash_attention_bwd_dq")
+_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE, DKDV_CONFIGS_SM90,
+                             "flash_attention_bwd_dkdv")
 
 
 def _layout_strides(t: torch.Tensor, varlen: bool) -> tuple[int, ...]:
