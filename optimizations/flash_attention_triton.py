@@ -16,7 +16,7 @@ whose tensors TMA can address (16-bit, contiguous channels, 16-byte aligned stri
 v and out as tensor descriptors, so every tile arrives by an asynchronous TMA copy into shared
 memory, pipelined over more stages and bigger tiles than the pointer path can afford
 (:data:`GPU_CONFIGS_TMA`); every other call (older GPUs, varlen, other layouts, fp32) loads by
-pointers and strides. Only the loads and the final store differ (:func:`_load_kv_tile`); the
+pointers and strides. Only the loads and the final store differ (:func:`_load_rows`); the
 interpreter runs both.
 """
 from __future__ import annotations
@@ -90,12 +90,18 @@ GPU_CONFIGS_LARGE_HEAD = _configs((
 ))
 
 
+# Which rows and channels a descriptor's box spans, by kernel argument: the forward's and the
+# backward's kernels share the names (q, k, v; out in the forward, do in the backward).
+DESCRIPTOR_BOXES = {"q_ptr": ("BLOCK_M", "BLOCK_D"), "k_ptr": ("BLOCK_N", "BLOCK_D"), "v_ptr": ("BLOCK_N", "BLOCK_DV"),
+                    "out_ptr": ("BLOCK_M", "BLOCK_DV"), "do_ptr": ("BLOCK_M", "BLOCK_DV")}
+
+
 def _descriptor_blocks(nargs):
     """Autotuner pre-hook of the descriptor configs: a descriptor's box is its config's tile (the
     4-D (batch, head, rows, channels) tensors read one (1, 1, rows, channels) box at a time)."""
-    for name, rows, cols in (("q_ptr", "BLOCK_M", "BLOCK_D"), ("k_ptr", "BLOCK_N", "BLOCK_D"),
-                             ("v_ptr", "BLOCK_N", "BLOCK_DV"), ("out_ptr", "BLOCK_M", "BLOCK_DV")):
-        nargs[name].block_shape = [1, 1, nargs[rows], nargs[cols]]
+    for name, (rows, cols) in DESCRIPTOR_BOXES.items():
+        if isinstance(nargs.get(name), TensorDescriptor):
+            nargs[name].block_shape = [1, 1, nargs[rows], nargs[cols]]
 
 
 def _descriptor_configs(shapes):
@@ -165,34 +171,36 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _load_kv_tile(src, desc_b, desc_h, n_start, offs_n, offs_c, c_mask, seq_k, stride_n, stride_c,
-                  MASKED: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Keys n_start.. of a K or V tile, (BLOCK_N, BLOCK_C), or (BLOCK_C, BLOCK_N) TRANSPOSED; keys
-    past seq_k (MASKED tiles only reach them) and channels past the head dim read as zero.
+def _load_rows(src, desc_b, desc_h, row0, offs_r, offs_c, c_mask, n_rows, stride_r, stride_c,
+               MASKED: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Rows row0.. (offs_r) of one (batch, head) of q, k, v or do as a (BLOCK_R, BLOCK_C) tile, or
+    (BLOCK_C, BLOCK_R) TRANSPOSED; rows past n_rows (MASKED tiles only reach them) and channels
+    past the head dim read as zero.
 
-    USE_TMA: one tensor-descriptor (TMA) copy of a (1, 1, BLOCK_N, BLOCK_C) box of the 4-D
-    (batch, heads, keys, channels) tensor. The hardware fills what lies outside the tensor with
-    zeros, along the keys and the channels alike, so no mask is built; and the copy runs
-    asynchronously into shared memory, which frees the warps' registers and issue slots for the
-    matmuls while the next tiles arrive (the compiler pipelines it over num_stages buffers).
-    Otherwise one masked pointer load by the strides, K read directly transposed.
+    USE_TMA: one tensor-descriptor (TMA) copy of a (1, 1, BLOCK_R, BLOCK_C) box of the 4-D
+    (batch, heads, rows, channels) tensor at (desc_b, desc_h). The hardware fills what lies outside
+    the tensor with zeros, along the rows and the channels alike, so no mask is built; and the copy
+    runs asynchronously into shared memory, which frees the warps' registers and issue slots for
+    the matmuls while the next tiles arrive (the compiler pipelines it over num_stages buffers).
+    Otherwise ``src`` is the (batch, head)'s base pointer: one masked load by the strides, a
+    transposed tile read directly transposed.
     """
     if USE_TMA:
-        tile = src.load([desc_b, desc_h, n_start, 0]).reshape([BLOCK_N, BLOCK_C])
+        tile = src.load([desc_b, desc_h, row0, 0]).reshape([BLOCK_R, BLOCK_C])
         if TRANSPOSED:
             tile = tl.trans(tile)
     else:
         if TRANSPOSED:
-            ptrs = src + offs_n[None, :] * stride_n + offs_c[:, None] * stride_c
+            ptrs = src + offs_r[None, :] * stride_r + offs_c[:, None] * stride_c
             mask = c_mask[:, None]
             if MASKED:
-                mask = mask & (offs_n[None, :] < seq_k)
+                mask = mask & (offs_r[None, :] < n_rows)
         else:
-            ptrs = src + offs_n[:, None] * stride_n + offs_c[None, :] * stride_c
+            ptrs = src + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
             mask = c_mask[None, :]
             if MASKED:
-                mask = mask & (offs_n[:, None] < seq_k)
+                mask = mask & (offs_r[:, None] < n_rows)
         tile = tl.load(ptrs, mask=mask, other=0.0)
     return tile
 
@@ -217,8 +225,8 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, st
         # K transposed, (head_dim, keys), so q @ k is a plain tile matmul. Positions past seq_k
         # (ragged edge) and channels past head_dim (96 padded to 128) read as zero: a zero channel
         # adds nothing to a dot product, and the ragged keys are masked to -inf below.
-        k = _load_kv_tile(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
-                          MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_D)
+        k = _load_rows(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
+                       MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
         if DOT_IN_FP32:
             k = k.to(tl.float32)
 
@@ -266,8 +274,8 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, st
 
         # The weights go back to V's dtype for the second matmul (16-bit tensor-core inputs),
         # accumulated into the fp32 output. V has its own head dim (MLA: 128 against q/k's 192).
-        v = _load_kv_tile(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
-                          MASKED=MASKED, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_DV)
+        v = _load_rows(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
+                       MASKED=MASKED, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
         weights = weights.to(v.dtype)
         if DOT_IN_FP32:
             weights = weights.to(tl.float32)

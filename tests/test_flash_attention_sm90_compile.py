@@ -25,19 +25,19 @@ import gpubench.optimizations.flash_attention_triton as fwd
 import gpubench.optimizations.flash_attention_triton_bwd as bwd
 
 FP32_SCALARS = ("qk_scale_log2", "sm_scale")
-DESCRIPTORS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
+DESCRIPTORS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "do_ptr")  # out: forward, do: backward
 
 
 def signature(fn, consts, tma):
-    # bf16 tensors, fp32 lse / delta, int32 offsets and lengths; with tma the forward's q, k, v and
-    # out are 4-D descriptors whose boxes are the tiles.
+    # bf16 tensors, fp32 lse / delta, int32 offsets and lengths; with tma q, k, v and the forward's
+    # out or the backward's do are 4-D descriptors whose boxes are the tiles.
     sig = {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
             continue
         if tma and name in DESCRIPTORS:
-            rows = consts["BLOCK_M"] if name in ("q_ptr", "out_ptr") else consts["BLOCK_N"]
-            cols = consts["BLOCK_DV"] if name in ("v_ptr", "out_ptr") else consts["BLOCK_D"]
+            rows = consts["BLOCK_N"] if name in ("k_ptr", "v_ptr") else consts["BLOCK_M"]
+            cols = consts["BLOCK_D"] if name in ("q_ptr", "k_ptr") else consts["BLOCK_DV"]
             sig[name] = f"tensordesc<bf16[1,1,{rows},{cols}]>"
         elif name.endswith("_ptr"):
             sig[name] = ("*i32" if name.startswith("cu_") else "*fp32" if name in ("lse_ptr", "delta_ptr")
@@ -78,11 +78,15 @@ FORWARD = [  # name, (d, dv), causal, bottom_right, varlen, lse, tma, (BLOCK_M, 
     ("fwd tma 192/128 causal", (192, 128), True, True, False, True, True, (128, 64, 8, 3)),
     ("fwd tma 256", (256, 256), False, False, False, True, True, (64, 64, 4, 3)),
 ]
-BACKWARD = [  # name, kernel, (d, dv), causal, varlen, (BLOCK_M, BLOCK_N, warps, stages)
-    ("bwd dq 128 causal", bwd._bwd_dq, (128, 128), True, False, (128, 64, 8, 3)),
-    ("bwd dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, (64, 128, 8, 3)),
-    ("bwd dq 192/128 varlen", bwd._bwd_dq, (192, 128), True, True, (64, 32, 8, 2)),
-    ("bwd dkdv 256", bwd._bwd_dkdv, (256, 256), False, False, (32, 64, 8, 2)),
+BACKWARD = [  # name, kernel, (d, dv), causal, varlen, tma, (BLOCK_M, BLOCK_N, warps, stages)
+    ("bwd dq 128 causal", bwd._bwd_dq, (128, 128), True, False, False, (128, 64, 8, 3)),
+    ("bwd dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, False, (64, 128, 8, 3)),
+    ("bwd dq 192/128 varlen", bwd._bwd_dq, (192, 128), True, True, False, (64, 32, 8, 2)),
+    ("bwd dkdv 256", bwd._bwd_dkdv, (256, 256), False, False, False, (32, 64, 8, 2)),
+    ("bwd tma dq 128 causal", bwd._bwd_dq, (128, 128), True, False, True, (128, 32, 4, 5)),
+    ("bwd tma dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, True, (64, 128, 8, 4)),
+    ("bwd tma dq 96", bwd._bwd_dq, (96, 96), False, False, True, (128, 64, 8, 3)),
+    ("bwd tma dkdv 192/128 causal", bwd._bwd_dkdv, (192, 128), True, False, True, (32, 64, 8, 2)),
 ]
 
 
@@ -100,9 +104,10 @@ for name, (d, dv), causal, bottom_right, varlen, lse, tma, (bm, bn, warps, stage
     consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=bottom_right, VARLEN=varlen, STORE_LSE=lse, USE_TMA=tma,
                   SCALE_POSITIVE=name != "fwd pointer 192/128 top-left", BLOCK_M=bm, BLOCK_N=bn, **COMMON)
     print(json.dumps(compile_form(name, fwd._flash_attention_fwd, consts, tma, warps, stages)), flush=True)
-for name, kernel, (d, dv), causal, varlen, (bm, bn, warps, stages) in BACKWARD:
-    consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=True, VARLEN=varlen, BLOCK_M=bm, BLOCK_N=bn, **COMMON)
-    print(json.dumps(compile_form(name, kernel, consts, False, warps, stages)), flush=True)
+for name, kernel, (d, dv), causal, varlen, tma, (bm, bn, warps, stages) in BACKWARD:
+    consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=True, VARLEN=varlen, USE_TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
+                  **COMMON)
+    print(json.dumps(compile_form(name, kernel, consts, tma, warps, stages)), flush=True)
 consts = dict(HEAD_DIM_V=128, BLOCK_DV=128, VARLEN=True, BLOCK_M=bwd.PREPROCESS_BLOCK_M)
 print(json.dumps(compile_form("bwd preprocess 128 varlen", bwd._bwd_preprocess, consts, False, 4, 2)), flush=True)
 """
@@ -128,18 +133,20 @@ def sm90_forms(tmp_path_factory):
 
 
 def test_every_kernel_form_compiles_for_sm90_and_fits_its_shared_memory(sm90_forms):
-    """All 15 forms (10 forward: pointer and descriptor paths; 5 backward) compile for sm_90, each
-    within the 227 KiB of shared memory an H100 / H200 block may use."""
-    assert len(sm90_forms) == 15
+    """All 19 forms (10 forward and 8 backward, on the pointer and descriptor paths, and the
+    backward's preprocess) compile for sm_90, each within the 227 KiB of shared memory an H100 /
+    H200 block may use."""
+    assert len(sm90_forms) == 19
     too_big = [f["name"] for f in sm90_forms if f["shared"] > SM90_SHARED_BYTES]
     assert not too_big, too_big
 
 
 def test_descriptor_forms_copy_by_tma_and_pointer_forms_do_not(sm90_forms):
-    """The descriptor path really issues TMA copies (cp.async.bulk.tensor) on sm_90, and the pointer
-    path (GPUs before sm_90, varlen, layouts TMA cannot address) does not depend on them."""
+    """The descriptor paths (forward and backward) really issue TMA copies (cp.async.bulk.tensor) on
+    sm_90, and the pointer paths (GPUs before sm_90, varlen, layouts TMA cannot address) do not
+    depend on them."""
     for form in sm90_forms:
-        assert form["tma"] == form["name"].startswith("fwd tma"), form["name"]
+        assert form["tma"] == (" tma " in form["name"]), form["name"]
 
 
 def test_descriptor_shared_memory_estimate_bounds_the_compilers_figure(sm90_forms):
@@ -148,7 +155,7 @@ def test_descriptor_shared_memory_estimate_bounds_the_compilers_figure(sm90_form
     launch), nor far above (it would drop configs that fit)."""
     from gpubench.optimizations.flash_attention_triton import descriptor_shared_bytes
 
-    for form in (f for f in sm90_forms if f["tma"]):
+    for form in (f for f in sm90_forms if f["tma"] and f["name"].startswith("fwd")):
         blocks = form["consts"]
         estimate = descriptor_shared_bytes(blocks["BLOCK_M"], blocks["BLOCK_N"], blocks["BLOCK_D"],
                                            blocks["BLOCK_DV"], form["stages"])
