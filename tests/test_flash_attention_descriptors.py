@@ -171,3 +171,52 @@ def test_masked_tiles_are_exactly_those_crossing_the_diagonal(causal, align, seq
         assert got_full == full_end, (b, got_full, full_end)
         # masked_end is an exclusive key bound: the tiles starting below it run
         assert triton.cdiv(max(got_masked, got_full), block_n) * block_n == masked_end, (b, got_masked, masked_end)
+
+
+# -- the autotuner's side of the descriptor path -----------------------------------------------------
+
+def candidates(configs):
+    return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs}
+
+
+def test_descriptor_configs_that_overflow_shared_memory_are_pruned_before_tuning(monkeypatch):
+    """On a GPU with sm_90's 227 KiB a block, the descriptor path's candidates are the head dim's
+    list less those whose query tile and K/V stages do not fit: at head_dim 128 the 128 x 128 tile
+    keeps 3 stages; at 256 the 3-stage 128 x 64 one goes, at MLA's 192 / 128 it stays. The pointer
+    path is pruned by head dim only (the autotuner skips what fails to compile)."""
+    monkeypatch.setattr(fwd, "_shared_memory_limit", lambda t: 232448)
+    every = fwd.GPU_CONFIGS_TMA + fwd.GPU_CONFIGS_TMA_LARGE_HEAD
+    lse = torch.empty(1)
+
+    def kept(block_d, block_dv, use_tma=True, configs=every):
+        return candidates(fwd._prune(configs, {"lse_ptr": lse}, BLOCK_D=block_d, BLOCK_DV=block_dv, USE_TMA=use_tma))
+
+    assert kept(128, 128) == candidates(fwd.GPU_CONFIGS_TMA)  # every narrow candidate fits at 128
+    assert (128, 128, 8, 3) in kept(128, 128)
+    assert (128, 64, 8, 3) not in kept(256, 256) and (128, 64, 8, 2) in kept(256, 256)
+    assert (128, 64, 8, 3) in kept(256, 128)
+    for block_d, block_dv in ((64, 64), (128, 128), (256, 128), (256, 256)):
+        for bm, bn, _, stages in kept(block_d, block_dv):
+            assert fwd.descriptor_shared_bytes(bm, bn, block_d, block_dv, stages) <= 232448
+    pointer = fwd.GPU_CONFIGS + fwd.GPU_CONFIGS_LARGE_HEAD
+    assert kept(256, 256, False, pointer) == candidates(fwd.GPU_CONFIGS_LARGE_HEAD)
+
+
+def test_the_pre_hook_sets_each_descriptors_box_to_its_configs_tile():
+    """Autotuning changes the tiles between trials; each descriptor's box must follow (query rows
+    for q, out and do, key rows for k and v; v's channels for v, out and do)."""
+    q, k, v = qkv(2, 1, 40, 40, 64, 32, torch.float16)
+    out = torch.empty(2, 2, 40, 32, dtype=torch.float16)
+    q_d, k_d, v_d, o_d = fwd._descriptors(q, k, v, out, 64, 32, None, None)
+    nargs = {"q_ptr": q_d, "k_ptr": k_d, "v_ptr": v_d, "out_ptr": o_d, "do_ptr": o_d, "lse_ptr": q,
+             "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 32}
+    fwd._descriptor_blocks(nargs)
+    assert (q_d.block_shape, k_d.block_shape, v_d.block_shape, o_d.block_shape) == (
+        [1, 1, 128, 64], [1, 1, 32, 64], [1, 1, 32, 32], [1, 1, 128, 32])
+
+
+def test_the_path_is_part_of_every_autotuning_key():
+    """A tuning found for one path is never reused for the other (their tiles and pipelines differ)."""
+    import gpubench.optimizations.flash_attention_triton_bwd as bwd
+
+    assert "USE_TMA" in fwd.AUTOTUNE_KEY and "USE_TMA" in bwd.AUTOTUNE_KEY
