@@ -125,6 +125,33 @@ def _base(ptr, b, h, start, stride_b, stride_h, stride_m):
 
 
 @triton.jit
+def _sources(a_ptr, c_ptr, b, h, start, stride_ab, stride_ah, stride_am, stride_cb, stride_ch, stride_cm,
+             USE_TMA: tl.constexpr):
+    """What _load_rows reads two tensors' rows of sequence b, head h from: their descriptors
+    (USE_TMA: the whole tensors, indexed at (b, h) by the load) or their base pointers."""
+    if USE_TMA:
+        a_src = a_ptr
+        c_src = c_ptr
+    else:
+        a_src = _base(a_ptr, b, h, start, stride_ab, stride_ah, stride_am)
+        c_src = _base(c_ptr, b, h, start, stride_cb, stride_ch, stride_cm)
+    return a_src, c_src
+
+
+@triton.jit
+def _load_pair(a_src, c_src, b, h, row0, offs_r, offs_d, d_mask, offs_dv, dv_mask, n_rows, stride_ar, stride_ad,
+               stride_cr, stride_cd, USE_TMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr):
+    """Rows row0.. of two tensors of sequence b, head h, the first with head_dim channels and the
+    second with head_dim_v (q and dO, or k and v), from _sources; rows past n_rows read as zero."""
+    a = _load_rows(a_src, b, h, row0, offs_r, offs_d, d_mask, n_rows, stride_ar, stride_ad,
+                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_D)
+    c = _load_rows(c_src, b, h, row0, offs_r, offs_dv, dv_mask, n_rows, stride_cr, stride_cd,
+                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_DV)
+    return a, c
+
+
+@triton.jit
 def _load_tile(base, rows, cols, stride_r, stride_c, row_mask, col_mask):
     """The (rows, cols) tile at ``base`` by strides; elements outside the masks read as 0."""
     return tl.load(base + rows[:, None] * stride_r + cols[None, :] * stride_c,
@@ -222,10 +249,8 @@ def _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, desc_b, desc_h, lse_base, del
     for m_start in range(m_lo, m_hi, BLOCK_M):
         offs_m = m_start + tl.arange(0, BLOCK_M)
         m_mask = offs_m < seq_q
-        q = _load_rows(q_src, desc_b, desc_h, m_start, offs_m, offs_d, d_mask, seq_q, stride_qm, stride_qd,
-                       MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_M, BLOCK_C=BLOCK_D)
-        do = _load_rows(do_src, desc_b, desc_h, m_start, offs_m, offs_dv, dv_mask, seq_q, stride_dom, stride_dod,
-                        MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_M, BLOCK_C=BLOCK_DV)
+        q, do = _load_pair(q_src, do_src, desc_b, desc_h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q,
+                           stride_qm, stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
         lse2, delta = _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm)
         in_dtype = q.dtype
         if DOT_IN_FP32:
@@ -277,17 +302,12 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
     m_mask = offs_m < seq_q
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
-    if USE_TMA:
-        q_src, do_src, k_src, v_src = q_ptr, do_ptr, k_ptr, v_ptr
-    else:
-        q_src = _base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm)
-        do_src = _base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom)
-        k_src = _base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn)
-        v_src = _base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn)
-    q = _load_rows(q_src, b, h, m_start, offs_m, offs_d, d_mask, seq_q, stride_qm, stride_qd,
-                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_M, BLOCK_C=BLOCK_D)
-    do = _load_rows(do_src, b, h, m_start, offs_m, offs_dv, dv_mask, seq_q, stride_dom, stride_dod,
-                    MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_M, BLOCK_C=BLOCK_DV)
+    q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
+                             stride_dob, stride_doh, stride_dom, USE_TMA)
+    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
+                            stride_vb, stride_vh, stride_vn, USE_TMA)
+    q, do = _load_pair(q_src, do_src, b, h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q, stride_qm,
+                       stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
     lse2, delta = _load_row_stats(_base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
                                   _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
                                   offs_m, m_mask, stride_lm)
@@ -345,15 +365,10 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
     # This program's K and V tiles stay on chip while every query tile that sees them streams past.
-    if USE_TMA:
-        k_src, v_src = k_ptr, v_ptr
-    else:
-        k_src = _base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn)
-        v_src = _base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn)
-    k = _load_rows(k_src, b, kv_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
-                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
-    v = _load_rows(v_src, b, kv_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
-                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
+    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
+                            stride_vb, stride_vh, stride_vn, USE_TMA)
+    k, v = _load_pair(k_src, v_src, b, kv_h, n_start, offs_n, offs_d, d_mask, offs_dv, dv_mask, seq_k, stride_kn,
+                      stride_kd, stride_vn, stride_vd, USE_TMA, BLOCK_N, BLOCK_D, BLOCK_DV)
     if DOT_IN_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -375,11 +390,8 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     # programs write the same dK/dV rows.
     for g in range(group):
         h = kv_h * group + g
-        if USE_TMA:
-            q_src, do_src = q_ptr, do_ptr
-        else:
-            q_src = _base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm)
-            do_src = _base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom)
+        q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
+                                 stride_dob, stride_doh, stride_dom, USE_TMA)
         lse_base = _base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
         delta_base = _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, b, h, lse_base, delta_base, stride_qm, stride_qd,
