@@ -22,6 +22,7 @@ interpreter runs both.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -37,10 +38,12 @@ except ImportError:  # a Triton without them: the pointer path only
     TensorDescriptor = None
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
-# Triton's interpreter runs tensor descriptors (as masked loads of the same box): on by default
-# there, so the 16-bit contiguous calls of the tests take the descriptor path and the others the
-# pointer path; tests set it to force one path or the other.
-DESCRIPTORS_IN_INTERPRETER = True
+# Whether calls whose layout allows it take the descriptor path, on sm_90+ and in Triton's
+# interpreter (which runs descriptors as masked loads of the same boxes, so there the 16-bit
+# contiguous calls of the tests take it and the others the pointer path). On by default;
+# GPUBENCH_FLASH_DESCRIPTORS=0 in the environment turns it off, so that one GPU session can time
+# both paths of the same build side by side; tests set it to force one path or the other.
+DESCRIPTORS = os.environ.get("GPUBENCH_FLASH_DESCRIPTORS", "1").strip() != "0"
 
 # Tiles for the interpreter: small so tests stay fast, and BLOCK_M != BLOCK_N so the causal
 # split (full tiles, then diagonal tiles) is exercised in its general form.
@@ -472,15 +475,12 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
 
 def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether a padded-layout call takes the tensor-descriptor (TMA) path: a GPU of compute
-    capability 9.0 or later (Hopper's TMA unit; before it the pointer path), or the interpreter
-    while :data:`DESCRIPTORS_IN_INTERPRETER`, and every tensor's layout TMA can address.
+    capability 9.0 or later (Hopper's TMA unit; before it the pointer path) or the interpreter,
+    :data:`DESCRIPTORS` on, and every tensor's layout TMA can address.
     Varlen never does: a box crossing a document's end would read and write the next document."""
-    if TensorDescriptor is None:
+    if TensorDescriptor is None or not DESCRIPTORS:
         return False
-    if INTERPRETED:
-        if not DESCRIPTORS_IN_INTERPRETER:
-            return False
-    elif not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
+    if not INTERPRETED and not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
         return False
     return all(_descriptor_ready(t) for t in (q, k, v, out))
 

@@ -16,7 +16,7 @@ from test_flash_attention_backward import assert_gradients_match, random_problem
 
 @pytest.fixture(params=["descriptors", "pointers"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", request.param == "descriptors")
+    monkeypatch.setattr(fwd, "DESCRIPTORS", request.param == "descriptors")
     return request.param
 
 

@@ -31,7 +31,7 @@ def qkv(heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v, dtype, seed=0, batc
 
 @pytest.fixture(params=["descriptors", "pointers"])
 def path(request, monkeypatch):
-    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", request.param == "descriptors")
+    monkeypatch.setattr(fwd, "DESCRIPTORS", request.param == "descriptors")
     return request.param
 
 
@@ -95,7 +95,7 @@ def test_a_scale_of_either_sign_or_zero_is_exact_on_both_paths(path, scale):
 def test_layouts_tma_cannot_address_take_the_pointer_path_and_stay_exact(monkeypatch):
     """Descriptors need 16-bit data, contiguous channels and 16-byte aligned strides and base:
     a transposed (channels-strided) q, an odd row stride and fp32 all fall back to pointers."""
-    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", True)
+    monkeypatch.setattr(fwd, "DESCRIPTORS", True)
     q, k, v = qkv(2, 2, 24, 24, 32, 32, torch.float16, seed=3)
     out = torch.empty_like(q)
     assert fwd.uses_descriptors(q, k, v, out)
@@ -119,7 +119,7 @@ def test_varlen_never_builds_descriptors(monkeypatch):
             super().__post_init__()
 
     monkeypatch.setattr(fwd, "TensorDescriptor", Counting)
-    monkeypatch.setattr(fwd, "DESCRIPTORS_IN_INTERPRETER", True)
+    monkeypatch.setattr(fwd, "DESCRIPTORS", True)
     q, k, v = qkv(2, 2, 30, 30, 32, 32, torch.float16, batch=1)
     packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
     cu = torch.tensor([0, 11, 30], dtype=torch.int32)
@@ -220,3 +220,21 @@ def test_the_path_is_part_of_every_autotuning_key():
     import gpubench.optimizations.flash_attention_triton_bwd as bwd
 
     assert "USE_TMA" in fwd.AUTOTUNE_KEY and "USE_TMA" in bwd.AUTOTUNE_KEY
+
+
+def test_the_environment_can_turn_the_descriptor_path_off():
+    """GPUBENCH_FLASH_DESCRIPTORS=0 sends every call down the pointer path (so one GPU session can
+    time both paths of one build); unset, the descriptor path is on."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import torch, gpubench.optimizations.flash_attention_triton as m; q = torch.randn(1, 1, 16, 16)"
+              ".half(); print(m.DESCRIPTORS, m.uses_descriptors(q, q, q, q))")
+    env = {k: v for k, v in os.environ.items() if k != "GPUBENCH_FLASH_DESCRIPTORS"}
+    env["TRITON_INTERPRET"] = "1"
+    for value, expected in ((None, "True True"), ("0", "False False")):
+        if value is not None:
+            env["GPUBENCH_FLASH_DESCRIPTORS"] = value
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert result.stdout.strip() == expected, result.stderr[-2000:]
