@@ -60,7 +60,8 @@ def _configs(shapes):
             for bm, bn, warps, stages in shapes]
 
 
-# Autotuning candidates for Hopper/Ampere-class GPUs, head_dim (of q/k and of v) up to 128.
+# The pointer path's autotuning candidates (GPUs before sm_90; on sm_90 and later, varlen, fp32
+# and layouts TMA cannot address), head_dim (of q/k and of v) up to 128.
 # 128 x 64 with 4-8 warps is where 16-bit attention usually lands; the smaller tiles are there
 # for short sequences (more programs to fill the SMs) and for fp32 at head_dim 128, whose tiles
 # are twice the bytes and may not fit shared memory at the bigger sizes (the autotuner skips
