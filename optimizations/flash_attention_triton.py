@@ -320,6 +320,19 @@ def _key_ranges(m_start, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.co
 
 
 @triton.jit
+def _heavy_first(CAUSAL: tl.constexpr):
+    """This program's query tile. Causal, a query tile's work grows with its index (it sees more
+    keys), and the GPU starts programs in grid order: numbering the tiles from the last makes the
+    longest ones start first and the short ones fill the end of the grid, where otherwise a few long
+    tiles would run alone on an almost idle GPU (FlashAttention-2 orders its causal tiles so)."""
+    if CAUSAL:
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    return m_block
+
+
+@triton.jit
 def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
                          stride_qb, stride_qh, stride_qm, stride_qd,
                          stride_kb, stride_kh, stride_kn, stride_kd,
@@ -334,7 +347,7 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One (query tile, batch x head) program. USE_TMA: q, k, v and out arrive as tensor
     descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
-    m_block = tl.program_id(0)
+    m_block = _heavy_first(CAUSAL)
     batch_head = tl.program_id(1)
     b = batch_head // heads
     h = batch_head % heads

@@ -27,9 +27,9 @@ from gpubench.attention import check_shapes
 # The forward kernel's own argument checks and tile configs: both files are one optimization (the
 # forward and backward of one kernel), so sharing its private helpers crosses no layer.
 from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
-                                                           _descriptor_configs, _descriptors, _key_ranges, _load_rows,
-                                                           flash_attention_triton, flash_attention_varlen_triton,
-                                                           uses_descriptors)
+                                                           _descriptor_configs, _descriptors, _heavy_first,
+                                                           _key_ranges, _load_rows, flash_attention_triton,
+                                                           flash_attention_varlen_triton, uses_descriptors)
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
@@ -287,7 +287,7 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ of one query tile of one (batch, head). USE_TMA: q, k, v and do arrive as tensor
     descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
-    m_block = tl.program_id(0)
+    m_block = _heavy_first(CAUSAL)  # the longest query tiles first, as the forward
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
     kv_h = h // group  # GQA by indexing, as the forward

@@ -173,6 +173,20 @@ def test_masked_tiles_are_exactly_those_crossing_the_diagonal(causal, align, seq
         assert triton.cdiv(max(got_masked, got_full), block_n) * block_n == masked_end, (b, got_masked, masked_end)
 
 
+
+@triton.jit
+def _order_kernel(out_ptr, CAUSAL: tl.constexpr):
+    tl.store(out_ptr + tl.program_id(0), fwd._heavy_first(CAUSAL))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_causal_query_tiles_start_longest_first(causal):
+    """Causal, the grid's first programs take the last query tiles (the most keys), so the short
+    ones fill the end of the launch; every tile is still taken exactly once. Not causal: in order."""
+    got = torch.full((7,), -1, dtype=torch.int32)
+    _order_kernel[(7,)](got, CAUSAL=causal)
+    assert got.tolist() == (list(range(6, -1, -1)) if causal else list(range(7)))
+
 # -- the autotuner's side of the descriptor path -----------------------------------------------------
 
 def candidates(configs):
