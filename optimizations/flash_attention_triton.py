@@ -144,9 +144,10 @@ GPU_CONFIGS_TMA_LARGE_HEAD = _descriptor_configs((
 # Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
 # length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
 # and Triton version (gpubench.autotune). USE_TMA selects the path (each has its own tuner and
-# candidates; in the key too, so a tuning never crosses paths).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN",
-                "USE_TMA"]  # + dtypes
+# candidates; in the key too, so a tuning never crosses paths). Triton adds the dtypes of the
+# tensor arguments; a descriptor's is not among them, so on the descriptor path fp16 and bf16 may
+# share a tuning (the same tiles suit both: same bytes, same tensor-core rate).
+AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN", "USE_TMA"]
 
 
 def descriptor_shared_bytes(block_m: int, block_n: int, block_d: int, block_dv: int, stages: int,
