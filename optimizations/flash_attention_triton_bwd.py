@@ -24,12 +24,13 @@ import triton
 import triton.language as tl
 
 from gpubench.attention import check_shapes
-# The forward kernel's own argument checks and tile configs: both files are one optimization (the
-# forward and backward of one kernel), so sharing its private helpers crosses no layer.
-from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
-                                                           _descriptor_configs, _descriptors, _heavy_first,
-                                                           _key_ranges, _load_rows, flash_attention_triton,
-                                                           flash_attention_varlen_triton, uses_descriptors)
+# The forward kernel's own argument checks, tile helpers and configs: these files are one
+# optimization (the forward and backward of one kernel), so sharing its private helpers crosses no layer.
+from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _descriptors,
+                                                           _heavy_first, _key_ranges, _load_rows,
+                                                           flash_attention_triton, flash_attention_varlen_triton,
+                                                           uses_descriptors)
+from gpubench.optimizations.flash_attention_triton_tiles import descriptor_configs, pointer_configs
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
@@ -81,7 +82,7 @@ def _autotuned(kernel, shapes, wide_shapes, sm90_shapes, name, descriptors=False
     and later), ``wide_shapes`` above, its tunings kept on disk as ``name`` (per GPU model, so the
     candidates that depend on the GPU need no place in the key). ``descriptors``: the tuner of the
     descriptor path (sm_90 and later only), whose configs set the descriptors' boxes."""
-    make = _descriptor_configs if descriptors else _configs
+    make = descriptor_configs if descriptors else pointer_configs
     narrow, wide, sm90 = make(shapes), make(wide_shapes), make(sm90_shapes)
 
     def prune(candidates, named_args, **kwargs):

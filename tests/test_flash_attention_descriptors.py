@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 import gpubench.optimizations.flash_attention_triton as fwd
+import gpubench.optimizations.flash_attention_triton_tiles as tiles
 from gpubench.attention import attention_reference
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -198,22 +199,23 @@ def test_descriptor_configs_that_overflow_shared_memory_are_pruned_before_tuning
     list less those whose query tile and K/V stages do not fit: at head_dim 128 the 128 x 128 tile
     keeps 3 stages; at 256 the 3-stage 128 x 64 one goes, at MLA's 192 / 128 it stays. The pointer
     path is pruned by head dim only (the autotuner skips what fails to compile)."""
-    monkeypatch.setattr(fwd, "_shared_memory_limit", lambda t: 232448)
-    every = fwd.GPU_CONFIGS_TMA + fwd.GPU_CONFIGS_TMA_LARGE_HEAD
+    monkeypatch.setattr(tiles, "shared_memory_limit", lambda t: 232448)
+    every = tiles.GPU_CONFIGS_TMA + tiles.GPU_CONFIGS_TMA_LARGE_HEAD
     lse = torch.empty(1)
 
     def kept(block_d, block_dv, use_tma=True, configs=every):
-        return candidates(fwd._prune(configs, {"lse_ptr": lse}, BLOCK_D=block_d, BLOCK_DV=block_dv, USE_TMA=use_tma))
+        pruned = tiles.prune_forward(configs, {"lse_ptr": lse}, BLOCK_D=block_d, BLOCK_DV=block_dv, USE_TMA=use_tma)
+        return candidates(pruned)
 
-    assert kept(128, 128) == candidates(fwd.GPU_CONFIGS_TMA)  # every narrow candidate fits at 128
+    assert kept(128, 128) == candidates(tiles.GPU_CONFIGS_TMA)  # every narrow candidate fits at 128
     assert (128, 128, 8, 3) in kept(128, 128)
     assert (128, 64, 8, 3) not in kept(256, 256) and (128, 64, 8, 2) in kept(256, 256)
     assert (128, 64, 8, 3) in kept(256, 128)
     for block_d, block_dv in ((64, 64), (128, 128), (256, 128), (256, 256)):
         for bm, bn, _, stages in kept(block_d, block_dv):
-            assert fwd.descriptor_shared_bytes(bm, bn, block_d, block_dv, stages) <= 232448
-    pointer = fwd.GPU_CONFIGS + fwd.GPU_CONFIGS_LARGE_HEAD
-    assert kept(256, 256, False, pointer) == candidates(fwd.GPU_CONFIGS_LARGE_HEAD)
+            assert tiles.descriptor_shared_bytes(bm, bn, block_d, block_dv, stages) <= 232448
+    pointer = tiles.GPU_CONFIGS + tiles.GPU_CONFIGS_LARGE_HEAD
+    assert kept(256, 256, False, pointer) == candidates(tiles.GPU_CONFIGS_LARGE_HEAD)
 
 
 def test_the_pre_hook_sets_each_descriptors_box_to_its_configs_tile():
@@ -224,7 +226,7 @@ def test_the_pre_hook_sets_each_descriptors_box_to_its_configs_tile():
     q_d, k_d, v_d, o_d = fwd._descriptors(q, k, v, out, 64, 32, None, None)
     nargs = {"q_ptr": q_d, "k_ptr": k_d, "v_ptr": v_d, "out_ptr": o_d, "do_ptr": o_d, "lse_ptr": q,
              "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 32}
-    fwd._descriptor_blocks(nargs)
+    tiles.set_descriptor_boxes(nargs)
     assert (q_d.block_shape, k_d.block_shape, v_d.block_shape, o_d.block_shape) == (
         [1, 1, 128, 64], [1, 1, 32, 64], [1, 1, 32, 32], [1, 1, 128, 32])
 
@@ -233,7 +235,7 @@ def test_the_path_is_part_of_every_autotuning_key():
     """A tuning found for one path is never reused for the other (their tiles and pipelines differ)."""
     import gpubench.optimizations.flash_attention_triton_bwd as bwd
 
-    assert "USE_TMA" in fwd.AUTOTUNE_KEY and "USE_TMA" in bwd.AUTOTUNE_KEY
+    assert "USE_TMA" in tiles.AUTOTUNE_KEY and "USE_TMA" in bwd.AUTOTUNE_KEY
 
 
 def test_the_environment_can_turn_the_descriptor_path_off():

@@ -153,7 +153,7 @@ def test_descriptor_shared_memory_estimate_bounds_the_compilers_figure(sm90_form
     """The autotuner prunes descriptor configs by descriptor_shared_bytes before tuning; that
     estimate must never be below what the compiler allocates (a config it kept could then fail to
     launch), nor far above (it would drop configs that fit)."""
-    from gpubench.optimizations.flash_attention_triton import descriptor_shared_bytes
+    from gpubench.optimizations.flash_attention_triton_tiles import descriptor_shared_bytes
 
     for form in (f for f in sm90_forms if f["tma"] and f["name"].startswith("fwd")):
         blocks = form["consts"]
