@@ -10,10 +10,19 @@ variable-length one (flash-attn's ``cu_seqlens``), and optionally the log-sum-ex
 backward pass (:mod:`.flash_attention_triton_bwd`) recomputes from. Conventions:
 :mod:`gpubench.attention`. Tiles are autotuned on a GPU; under Triton's interpreter
 (``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
+
+Two ways to move the tiles, one tile logic: on sm_90 and later (H100 / H200) a padded-layout call
+whose tensors TMA can address (16-bit, contiguous channels, 16-byte aligned strides) passes q, k,
+v and out as tensor descriptors, so every tile arrives by an asynchronous TMA copy into shared
+memory, pipelined over more stages and bigger tiles than the pointer path can afford
+(:mod:`.flash_attention_triton_tiles`); every other call (older GPUs, varlen, other layouts, fp32) loads by
+pointers and strides. Only the loads and the final store differ (:func:`_load_rows`); the
+interpreter runs both.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -21,9 +30,18 @@ import triton.language as tl
 
 from gpubench.attention import CAUSAL_ALIGNS, check_shapes
 from gpubench.autotune import PersistentAutotuner, length_bucket
+from gpubench.optimizations.flash_attention_triton_tiles import (AUTOTUNE_KEY, GPU_CONFIGS, GPU_CONFIGS_LARGE_HEAD,
+                                                                 GPU_CONFIGS_TMA, GPU_CONFIGS_TMA_LARGE_HEAD,
+                                                                 TensorDescriptor, prune_forward)
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
+# Whether calls whose layout allows it take the descriptor path, on sm_90+ and in Triton's
+# interpreter (which runs descriptors as masked loads of the same boxes, so there the 16-bit
+# contiguous calls of the tests take it and the others the pointer path). On by default;
+# GPUBENCH_FLASH_DESCRIPTORS=0 in the environment turns it off, so that one GPU session can time
+# both paths of the same build side by side; tests set it to force one path or the other.
+DESCRIPTORS = os.environ.get("GPUBENCH_FLASH_DESCRIPTORS", "1").strip() != "0"
 
 # Tiles for the interpreter: small so tests stay fast, and BLOCK_M != BLOCK_N so the causal
 # split (full tiles, then diagonal tiles) is exercised in its general form.
@@ -35,88 +53,86 @@ INTERPRETER_BLOCK_N = 16
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-def _configs(shapes):
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-            for bm, bn, warps, stages in shapes]
+@triton.jit
+def _load_rows(src, desc_b, desc_h, row0, offs_r, offs_c, c_mask, n_rows, stride_r, stride_c,
+               MASKED: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Rows row0.. (offs_r) of one (batch, head) of q, k, v or do as a (BLOCK_R, BLOCK_C) tile, or
+    (BLOCK_C, BLOCK_R) TRANSPOSED; rows past n_rows (MASKED tiles only reach them) and channels
+    past the head dim read as zero.
 
-
-# Autotuning candidates for Hopper/Ampere-class GPUs, head_dim (of q/k and of v) up to 128.
-# 128 x 64 with 4-8 warps is where 16-bit attention usually lands; the smaller tiles are there
-# for short sequences (more programs to fill the SMs) and for fp32 at head_dim 128, whose tiles
-# are twice the bytes and may not fit shared memory at the bigger sizes (the autotuner skips
-# configs that fail to fit).
-GPU_CONFIGS = _configs((
-    (128, 128, 8, 3),
-    (128, 64, 8, 3),
-    (128, 64, 4, 3),
-    (128, 32, 4, 4),
-    (64, 64, 4, 4),
-    (64, 32, 4, 3),
-    (64, 32, 4, 2),
-))
-# Head dims above 128 (Gemma's 256, MLA's 192 / 128, padded to 256 / 128 tiles): the query
-# tile, the K/V tiles and the fp32 BLOCK_M x BLOCK_DV accumulator are up to twice as wide, so at
-# most 2 stages and never the 128-key tiles. Shared memory per config, from compiling this kernel
-# for sm_90 (H100 / H200: 227 KiB per block; A100: 163 KiB) with Triton 3.9 on a machine without
-# a GPU, head_dim 256 / 256 (192 / 128 in brackets), bf16: 128 x 64 / 8 warps 96 KiB (96),
-# 64 x 64 64 (64), 64 x 32 48 (48), 32 x 32 34 (32); fp32 (twice the bytes): 288 (256), 208 (176),
-# 136 (120), 100 (84), so fp32 always has a config that fits, 64 x 32 or smaller on an A100.
-# 128 x 64 with 8 warps is FlashAttention-2's own head_dim-256 tile. Configs that do not fit are
-# skipped by the autotuner. (The same compile of head_dim 128, bf16, 128 x 64 / 8 warps / 3
-# stages gives 48 KiB and 255 registers, as the kernel before issue 20's changes did.)
-GPU_CONFIGS_LARGE_HEAD = _configs((
-    (128, 64, 8, 2),
-    (64, 64, 8, 2),
-    (64, 64, 4, 2),
-    (64, 32, 4, 2),
-    (32, 32, 4, 2),
-))
-# Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
-# length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
-# and Triton version (gpubench.autotune).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN"]  # + dtypes
-
-
-def _prune_by_head_dim(configs, named_args, **kwargs):
-    """The candidates for this call's padded head dims (both lists are in the autotuner)."""
-    large = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
-    return [c for c in configs if (c in GPU_CONFIGS_LARGE_HEAD) == large]
+    USE_TMA: one tensor-descriptor (TMA) copy of a (1, 1, BLOCK_R, BLOCK_C) box of the 4-D
+    (batch, heads, rows, channels) tensor at (desc_b, desc_h). The hardware fills what lies outside
+    the tensor with zeros, along the rows and the channels alike, so no mask is built; and the copy
+    runs asynchronously into shared memory, which frees the warps' registers and issue slots for
+    the matmuls while the next tiles arrive (the compiler pipelines it over num_stages buffers).
+    Otherwise ``src`` is the (batch, head)'s base pointer: one masked load by the strides, a
+    transposed tile read directly transposed.
+    """
+    if USE_TMA:
+        tile = src.load([desc_b, desc_h, row0, 0]).reshape([BLOCK_R, BLOCK_C])
+        if TRANSPOSED:
+            tile = tl.trans(tile)
+    else:
+        if TRANSPOSED:
+            ptrs = src + offs_r[None, :] * stride_r + offs_c[:, None] * stride_c
+            mask = c_mask[:, None]
+            if MASKED:
+                mask = mask & (offs_r[None, :] < n_rows)
+        else:
+            ptrs = src + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c
+            mask = c_mask[None, :]
+            if MASKED:
+                mask = mask & (offs_r[:, None] < n_rows)
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    return tile
 
 
 @triton.jit
-def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
-                      BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, stride_kn, stride_kd, stride_vn,
+                      stride_vd, offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+                      CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr,
                       DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """Fold the key tiles starting in [n_lo, n_hi) into one query tile's running state.
 
     MASKED is a compile-time flag: the caller runs the tiles that every query of the tile can
     fully see with MASKED=False, so only the ragged last tile and the tiles crossing the causal
     diagonal pay for building and applying a mask. Causal: query i sees keys j <= i + diagonal.
+    ``k_src`` / ``v_src`` are this (batch, kv head)'s base pointers, or with USE_TMA the whole
+    tensors' descriptors, read at (desc_b, desc_h): the loads differ, the tile logic is the same.
     """
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
 
-        # Load K already transposed, (head_dim, keys), by pointer arithmetic over its strides,
-        # so q @ k is a plain tile matmul. Positions past seq_k (ragged edge) and channels past
-        # head_dim (96 padded to 128) read as zero: a zero channel adds nothing to a dot product,
-        # and the ragged keys are masked to -inf below.
-        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-        if MASKED:
-            k = tl.load(k_ptrs, mask=d_mask[:, None] & (offs_n[None, :] < seq_k), other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
+        # K transposed, (head_dim, keys), so q @ k is a plain tile matmul. Positions past seq_k
+        # (ragged edge) and channels past head_dim (96 padded to 128) read as zero: a zero channel
+        # adds nothing to a dot product, and the ragged keys are masked to -inf below.
+        k = _load_rows(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
+                       MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
         if DOT_IN_FP32:
             k = k.to(tl.float32)
 
-        # Scores in fp32, already multiplied by scale * log2(e): exp2 of these equals exp of
-        # the scaled scores, and exp2 is what the hardware computes natively.
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale_log2
+        # Scores in fp32, in units of scale * log2(e): exp2 of those equals exp of the scaled
+        # scores, and exp2 is what the hardware computes natively. With a positive scale (any
+        # real model's) the raw dot products are kept: the row maximum is taken before scaling
+        # (scaling preserves order), and each weight below is exp2 of one multiply-add, raw *
+        # scale - max, instead of a multiply of the whole tile and then a subtraction: one
+        # floating-point instruction per score fewer: the work beside the matmuls (the
+        # exponentials above all) is what holds attention below a Hopper's tensor-core peak
+        # (FlashAttention-3, section 3).
+        # A zero or negative scale scales first: its order is the raw scores' reversed.
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if not SCALE_POSITIVE:
+            scores = scores * qk_scale_log2
         if MASKED:
             visible = offs_n[None, :] < seq_k
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
             scores = tl.where(visible, scores, float("-inf"))
+        tile_max = tl.max(scores, 1)
+        if SCALE_POSITIVE:
+            tile_max = tile_max * qk_scale_log2
 
         # Online softmax update. What was accumulated so far was exponentiated against the old
         # row maximum; when this tile raises the maximum, the old sum and output are too large
@@ -127,22 +143,22 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         # seen no key yet: bottom-right alignment with seq_q > seq_k, or keys still ahead of
         # the diagonal); such a row is shifted by 0 instead, so its weights are exp2(-inf) = 0,
         # never the NaN of (-inf) - (-inf).
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        new_max = tl.maximum(row_max, tile_max)
         if MASKED:
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         else:
             shift = new_max
         correction = tl.exp2(row_max - shift)
-        weights = tl.exp2(scores - shift[:, None])
+        if SCALE_POSITIVE:
+            weights = tl.exp2(scores * qk_scale_log2 - shift[:, None])
+        else:
+            weights = tl.exp2(scores - shift[:, None])
         row_sum = row_sum * correction + tl.sum(weights, 1)
 
         # The weights go back to V's dtype for the second matmul (16-bit tensor-core inputs),
         # accumulated into the fp32 output. V has its own head dim (MLA: 128 against q/k's 192).
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
-        if MASKED:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & dv_mask[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs, mask=dv_mask[None, :], other=0.0)
+        v = _load_rows(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
+                       MASKED=MASKED, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
         weights = weights.to(v.dtype)
         if DOT_IN_FP32:
             weights = weights.to(tl.float32)
@@ -151,6 +167,48 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         acc = tl.dot(weights, v, acc, input_precision=DOT_PRECISION)
         row_max = new_max
     return acc, row_max, row_sum
+
+
+@triton.jit
+def _key_ranges(m_start, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(diagonal, full_end, masked_end) of the query tile starting at m_start: key tiles starting in
+    [0, full_end) are seen whole by every row of the tile (no mask), those in [full_end,
+    masked_end) cross the causal diagonal or the ragged end of the keys (masked), and nothing from
+    masked_end on is seen by any row (never loaded, which is what halves causal attention's work).
+
+    Causal, query i sees keys j <= i + diagonal (diagonal = seq_k - seq_q bottom-right, 0 top-left).
+    A tile [n, n + BLOCK_N) is whole for every row when its last key is visible to the tile's first
+    query: n + BLOCK_N <= m_start + diagonal + 1. The last row that exists (the ragged last query
+    tile stops at seq_q) sees keys up to min(m_start + BLOCK_M, seq_q) - 1 + diagonal, so tiles
+    starting past it are skipped: the masked range is exactly the tiles crossing the diagonal, for
+    any BLOCK_M / BLOCK_N and either alignment. Not causal: only the ragged last tile is masked.
+    """
+    if CAUSAL:
+        if BOTTOM_RIGHT:
+            diagonal = seq_k - seq_q
+        else:
+            diagonal = seq_k * 0
+        full_end = tl.minimum(tl.maximum(m_start + diagonal + 1, 0) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
+        masked_end = tl.maximum(tl.minimum(tl.minimum(m_start + BLOCK_M, seq_q) + diagonal, seq_k), 0)
+    else:
+        diagonal = seq_k * 0
+        full_end = (seq_k // BLOCK_N) * BLOCK_N
+        masked_end = seq_k
+    return diagonal, full_end, masked_end
+
+
+@triton.jit
+def _heavy_first(CAUSAL: tl.constexpr):
+    """This program's query tile. Causal, a query tile's work grows with its index (it sees more
+    keys), and the GPU starts programs in grid order: numbering the tiles from the last makes the
+    longest ones start first and the short ones fill the end of the grid, where otherwise a few long
+    tiles would run alone on an almost idle GPU (FlashAttention-2 orders its causal tiles so)."""
+    if CAUSAL:
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    return m_block
 
 
 @triton.jit
@@ -163,10 +221,12 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
                          heads, group, seq_q, seq_k, qk_scale_log2, seq_q_bucket, seq_k_bucket,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr,
+                         SCALE_POSITIVE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    m_block = tl.program_id(0)
+    """One (query tile, batch x head) program. USE_TMA: q, k, v and out arrive as tensor
+    descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
+    m_block = _heavy_first(CAUSAL)
     batch_head = tl.program_id(1)
     b = batch_head // heads
     h = batch_head % heads
@@ -190,12 +250,6 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     if m_start >= seq_q:
         return
 
-    # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
-    k_base = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
-    v_base = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
-    o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
-
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -203,10 +257,20 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     dv_mask = offs_dv < HEAD_DIM_V
     m_mask = offs_m < seq_q
 
-    # Load the query tile once; it stays in registers while every K/V tile it needs streams
-    # past. Rows past seq_q read as zero (they are computed, harmlessly, and never stored).
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    # Load the query tile once; it stays on chip while every K/V tile it needs streams past.
+    # Rows past seq_q read as zero (they are computed, harmlessly, and never stored).
+    if USE_TMA:
+        k_src = k_ptr
+        v_src = v_ptr
+        q = q_ptr.load([b, h, m_start, 0]).reshape([BLOCK_M, BLOCK_D])
+    else:
+        # Batch and head offsets in int64: batch * heads * seq * head_dim can pass 2^31 elements.
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+        k_src = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
+        v_src = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    in_dtype = q.dtype  # the inputs' and the output's
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
@@ -216,33 +280,19 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    # Split the keys into tiles every row can fully see (no mask) and the rest (masked).
-    # Causal, query i sees keys j <= i + diagonal (diagonal = seq_k - seq_q bottom-right, 0
-    # top-left): a key tile is fully visible when its last key is <= this tile's first query's
-    # last key; tiles starting past the tile's last query's last key are invisible to every row
-    # and are never loaded, which is what halves causal attention's work. Only the tiles in
-    # between, those crossing the diagonal, are masked. Not causal: only the ragged last tile is.
-    if CAUSAL:
-        if BOTTOM_RIGHT:
-            diagonal = seq_k - seq_q
-        else:
-            diagonal = 0
-        full_end = tl.minimum(tl.maximum(m_start + diagonal + 1, 0) // BLOCK_N, seq_k // BLOCK_N) * BLOCK_N
-        masked_end = tl.maximum(tl.minimum(m_start + BLOCK_M + diagonal, seq_k), 0)
-    else:
-        diagonal = 0
-        full_end = (seq_k // BLOCK_N) * BLOCK_N
-        masked_end = seq_k
+    # The tiles every row sees whole first, unmasked; then those crossing the diagonal or the
+    # ragged end, masked (_key_ranges).
+    diagonal, full_end, masked_end = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, d_mask, offs_dv, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-        DOT_IN_FP32=DOT_IN_FP32)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, d_mask, offs_dv, dv_mask, full_end, masked_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-        DOT_IN_FP32=DOT_IN_FP32)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
     # Normalise once at the end, by the complete denominator, rather than on every tile; then
     # store in the output's dtype, leaving out padded rows and channels. A row that saw no key
@@ -250,18 +300,28 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     # has row_sum >= 1 (its maximum's weight), so the two cannot be confused.
     nothing_seen = row_sum == 0.0
     acc = acc / tl.where(nothing_seen, 1.0, row_sum)[:, None]
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
+    if USE_TMA:
+        # The descriptor's store clips the box at the tensor's edges: rows past seq_q and
+        # channels past head_dim_v are not written.
+        out_ptr.store([b, h, m_start, 0], acc.to(in_dtype).reshape([1, 1, BLOCK_M, BLOCK_DV]))
+    else:
+        o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
+        tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+                 acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
     if STORE_LSE:
         lse_base = lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start * stride_lm
         lse = tl.where(nothing_seen, float("-inf"), (row_max + tl.log2(tl.where(nothing_seen, 1.0, row_sum))) * LN2)
         tl.store(lse_base + offs_m * stride_lm, lse, mask=m_mask)
 
 
-_flash_attention_fwd_tuned = (None if INTERPRETED else PersistentAutotuner(
-    triton.autotune(configs=GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, key=AUTOTUNE_KEY,
-                    prune_configs_by={"early_config_prune": _prune_by_head_dim})(_flash_attention_fwd),
-    "flash_attention_fwd"))
+def _tuned(configs, name):
+    return None if INTERPRETED else PersistentAutotuner(
+        triton.autotune(configs=configs, key=AUTOTUNE_KEY,
+                        prune_configs_by={"early_config_prune": prune_forward})(_flash_attention_fwd), name)
+
+
+_flash_attention_fwd_tuned = _tuned(GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, "flash_attention_fwd")
+_flash_attention_fwd_tma_tuned = _tuned(GPU_CONFIGS_TMA + GPU_CONFIGS_TMA_LARGE_HEAD, "flash_attention_fwd_tma")
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -298,6 +358,32 @@ def _output(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Tensor) -
     return out
 
 
+def _descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether TMA can read or write ``t`` as a 4-D descriptor: 16-bit, no empty axis, channels
+    contiguous, the other strides and the base address multiples of 16 bytes."""
+    size = t.element_size()
+    return (t.dtype in (torch.float16, torch.bfloat16) and t.dim() == 4 and t.numel() > 0 and t.stride(-1) == 1
+            and t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether a padded-layout call takes the tensor-descriptor (TMA) path: a GPU of compute
+    capability 9.0 or later (Hopper's TMA unit; before it the pointer path) or the interpreter,
+    :data:`DESCRIPTORS` on, and every tensor's layout TMA can address.
+    Varlen never does: a box crossing a document's end would read and write the next document."""
+    if TensorDescriptor is None or not DESCRIPTORS:
+        return False
+    if not INTERPRETED and not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
+        return False
+    return all(_descriptor_ready(t) for t in (q, k, v, out))
+
+
+def _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n):
+    """q, k, v and out as tensor descriptors; boxes as the tiles (fixed ones), else placeholders
+    that the autotuner's pre-hook replaces by each config's tiles."""
+    boxes = ((q, block_m, block_d), (k, block_n, block_d), (v, block_n, block_dv), (out, block_m, block_dv))
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows or 16, cols]) for t, rows, cols in boxes]
+
 def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, seq_q, seq_k, grid_m, scale,
             causal, causal_align, varlen, block_m, block_n):
     """One launch of the kernel; ``strides`` are q, k, v, out (each batch, head, row, channel) and
@@ -305,8 +391,19 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if scale is None:
         scale = head_dim ** -0.5
+    # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
+    # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_dv = max(16, triton.next_power_of_2(head_dim_v))
+    use_tma = not varlen and uses_descriptors(q, k, v, out)
+    if use_tma:
+        block_m = block_m or (None if _flash_attention_fwd_tma_tuned is not None else INTERPRETER_BLOCK_M)
+        block_n = block_n or (None if _flash_attention_fwd_tma_tuned is not None else INTERPRETER_BLOCK_N)
+        tensors = _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n)
+    else:
+        tensors = [q, k, v, out]
     cu_q, cu_k = cu_seqlens if varlen else (q, q)  # unread placeholders when not varlen
-    args = (q, k, v, out, out if lse is None else lse, cu_q, cu_k, *strides,
+    args = (*tensors, q if lse is None else lse, cu_q, cu_k, *strides,
             heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), length_bucket(seq_q),
             length_bucket(seq_k))
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
@@ -316,21 +413,18 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     # rounded to bf16 before the second matmul; only the interpreter takes this path.
     dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
-        # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=block_d, BLOCK_DV=block_dv,
         CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
-        STORE_LSE=lse is not None,
+        STORE_LSE=lse is not None, USE_TMA=use_tma, SCALE_POSITIVE=scale > 0,
         # fp32 inputs: full-precision products ("ieee"), not the default TF32 tensor-core
         # path, whose 10-bit mantissa would miss fp32's tolerance by orders of magnitude.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
         DOT_IN_FP32=dot_in_fp32,
     )
-    if block_m is None and _flash_attention_fwd_tuned is not None:
+    tuned = _flash_attention_fwd_tma_tuned if use_tma else _flash_attention_fwd_tuned
+    if block_m is None and tuned is not None:
         grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-        _flash_attention_fwd_tuned[grid](*args, **constants)
+        tuned[grid](*args, **constants)
     else:
         block_m = block_m or INTERPRETER_BLOCK_M
         block_n = block_n or INTERPRETER_BLOCK_N

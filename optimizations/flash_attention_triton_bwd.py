@@ -10,8 +10,10 @@ scratch buffer has to be zeroed (or reset between autotuning trials), at the cos
 Q K^T and dO V^T there: 7 tile matmuls per tile pair instead of 5, so a TFLOP/s figure that counts
 the backward as 2.5x the forward (5 matmuls, flash-attn's convention) understates the work done by
 7/5. Layouts, causal alignment, GQA, head dims and varlen packing as the forward
-(:mod:`.flash_attention_triton`). Checked in Triton's interpreter against float64 autograd; the
-GPU tiles below are reasoned, not yet measured.
+(:mod:`.flash_attention_triton`), and its two load paths: on sm_90 and later q, k, v and dO arrive
+by tensor-descriptor (TMA) copies where their layout allows (never varlen), else by pointers; the
+gradients are stored by pointers. Checked in Triton's interpreter against float64 autograd on both
+paths; the GPU tiles below are reasoned, not yet measured.
 """
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ import triton
 import triton.language as tl
 
 from gpubench.attention import check_shapes
-# The forward kernel's own argument checks and tile configs: both files are one optimization (the
-# forward and backward of one kernel), so sharing its private helpers crosses no layer.
-from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _configs,
-                                                           flash_attention_triton, flash_attention_varlen_triton)
+# The forward kernel's own argument checks, tile helpers and configs: these files are one
+# optimization (the forward and backward of one kernel), so sharing its private helpers crosses no layer.
+from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _descriptors,
+                                                           _heavy_first, _key_ranges, _load_rows,
+                                                           flash_attention_triton, flash_attention_varlen_triton,
+                                                           uses_descriptors)
+from gpubench.optimizations.flash_attention_triton_tiles import descriptor_configs, pointer_configs
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.triton_support import interpreted
 
@@ -50,25 +55,44 @@ PREPROCESS_BLOCK_M = 32
 # doubles every tile's bytes and the accumulators' registers: those configs halve the tiles (at
 # most 128 accumulator registers a thread: 64 x 256 x 2 over 8 warps, 32 x 256 x 2 over 4) and use
 # at most 2 pipeline stages.
-DKDV_CONFIGS = _configs([(32, 128, 8, 3), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 4),
-                         (16, 64, 4, 3)])
-DQ_CONFIGS = _configs([(128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4),
-                       (32, 64, 4, 3)])
-DKDV_CONFIGS_WIDE = _configs([(32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 1)])
-DQ_CONFIGS_WIDE = _configs([(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)])
-# Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.autotune).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN"]  # + dtypes
+DKDV_SHAPES = [(32, 128, 8, 3), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 4), (16, 64, 4, 3)]
+DQ_SHAPES = [(128, 32, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4), (32, 64, 4, 3)]
+DKDV_SHAPES_WIDE = [(32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2), (64, 32, 8, 1)]
+DQ_SHAPES_WIDE = [(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)]
+# Added on sm_90 and later (H100 / H200: 227 KiB of shared memory per block against an A100's 163,
+# and wgmma tiles of 64 rows per warpgroup), head dims up to 128: deeper pipelines over the same
+# shapes, as Triton's Hopper tutorial's backward (32 x 128 dK/dV and 128 x 32 dQ tiles, 4 warps, 5
+# stages), and 64 x 128 / 128 x 64 over two warpgroups. Reasoned, not yet measured; a config that
+# does not fit is skipped by the autotuner.
+DKDV_SHAPES_SM90 = [(32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 3), (64, 128, 8, 4)]
+DQ_SHAPES_SM90 = [(128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4)]
+# Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.autotune); USE_TMA
+# selects the path (each its own tuner, as the forward's).
+AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN",
+                "USE_TMA"]  # + dtypes
 
 
-def _autotuned(kernel, configs, wide_configs, name):
-    """``kernel`` autotuned over ``configs`` for head dims up to 128, ``wide_configs`` above, its
-    tunings kept on disk as ``name``."""
+def _compute_capability(t: torch.Tensor) -> int:
+    """t's GPU's major compute capability (9: Hopper); 0 off CUDA."""
+    return torch.cuda.get_device_capability(t.device)[0] if t.is_cuda else 0
+
+
+def _autotuned(kernel, shapes, wide_shapes, sm90_shapes, name, descriptors=False):
+    """``kernel`` autotuned over ``shapes`` for head dims up to 128 (with ``sm90_shapes`` on sm_90
+    and later), ``wide_shapes`` above, its tunings kept on disk as ``name`` (per GPU model, so the
+    candidates that depend on the GPU need no place in the key). ``descriptors``: the tuner of the
+    descriptor path (sm_90 and later only), whose configs set the descriptors' boxes."""
+    make = descriptor_configs if descriptors else pointer_configs
+    narrow, wide, sm90 = make(shapes), make(wide_shapes), make(sm90_shapes)
+
     def prune(candidates, named_args, **kwargs):
-        wide = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
-        return [c for c in candidates if any(c is w for w in wide_configs) == wide]
+        large = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
+        hopper = _compute_capability(named_args["lse_ptr"]) >= 9  # lse: a tensor on either path
+        return [c for c in candidates if any(c is w for w in wide) == large
+                and (hopper or not any(c is h for h in sm90))]
 
     return None if INTERPRETED else PersistentAutotuner(
-        triton.autotune(configs=configs + wide_configs, key=AUTOTUNE_KEY,
+        triton.autotune(configs=narrow + sm90 + wide, key=AUTOTUNE_KEY,
                         prune_configs_by={"early_config_prune": prune})(kernel), name)
 
 
@@ -99,6 +123,33 @@ def _base(ptr, b, h, start, stride_b, stride_h, stride_m):
     # int64: batch * heads * seq * head_dim can pass 2^31 elements. Varlen passes stride_b = 0.
     return (ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
             + start.to(tl.int64) * stride_m)
+
+
+@triton.jit
+def _sources(a_ptr, c_ptr, b, h, start, stride_ab, stride_ah, stride_am, stride_cb, stride_ch, stride_cm,
+             USE_TMA: tl.constexpr):
+    """What _load_rows reads two tensors' rows of sequence b, head h from: their descriptors
+    (USE_TMA: the whole tensors, indexed at (b, h) by the load) or their base pointers."""
+    if USE_TMA:
+        a_src = a_ptr
+        c_src = c_ptr
+    else:
+        a_src = _base(a_ptr, b, h, start, stride_ab, stride_ah, stride_am)
+        c_src = _base(c_ptr, b, h, start, stride_cb, stride_ch, stride_cm)
+    return a_src, c_src
+
+
+@triton.jit
+def _load_pair(a_src, c_src, b, h, row0, offs_r, offs_d, d_mask, offs_dv, dv_mask, n_rows, stride_ar, stride_ad,
+               stride_cr, stride_cd, USE_TMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr):
+    """Rows row0.. of two tensors of sequence b, head h, the first with head_dim channels and the
+    second with head_dim_v (q and dO, or k and v), from _sources; rows past n_rows read as zero."""
+    a = _load_rows(a_src, b, h, row0, offs_r, offs_d, d_mask, n_rows, stride_ar, stride_ad,
+                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_D)
+    c = _load_rows(c_src, b, h, row0, offs_r, offs_dv, dv_mask, n_rows, stride_cr, stride_cd,
+                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_DV)
+    return a, c
 
 
 @triton.jit
@@ -148,19 +199,23 @@ def _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm):
 
 
 @triton.jit
-def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, desc_b, desc_h, stride_kn, stride_kd, stride_vn, stride_vd,
                   offs_m, offs_d, offs_dv, d_mask, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """dQ += dS K over the key tiles starting in [n_lo, n_hi); dS = P * (dP - delta), dP = dO V^T."""
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  DOT_IN_FP32: tl.constexpr):
+    """dQ += dS K over the key tiles starting in [n_lo, n_hi); dS = P * (dP - delta), dP = dO V^T.
+    K and V by pointers from this (batch, kv head)'s bases, or by descriptors (USE_TMA), as the forward."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
-        # K and V loaded transposed, (head_dim, keys), by their strides. A MASKED tile may pass
-        # seq_k: those keys read as zero and their probabilities are forced to 0 below (a zero key
-        # row alone would not do: exp2(0 - lse) can overflow and 0 * inf is NaN).
+        # K and V transposed, (head_dim, keys). A MASKED tile may pass seq_k: those keys read as
+        # zero and their probabilities are forced to 0 below (a zero key row alone would not do:
+        # exp2(0 - lse) can overflow and 0 * inf is NaN).
         n_mask = offs_n < seq_k
-        kt = _load_tile(k_base, offs_d, offs_n, stride_kd, stride_kn, d_mask, n_mask)
-        vt = _load_tile(v_base, offs_dv, offs_n, stride_vd, stride_vn, dv_mask, n_mask)
+        kt = _load_rows(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
+                        MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
+        vt = _load_rows(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
+                        MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
         in_dtype = kt.dtype
         if DOT_IN_FP32:
             kt = kt.to(tl.float32)
@@ -183,19 +238,20 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, 
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+def _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, desc_b, desc_h, lse_base, delta_base, stride_qm, stride_qd,
                       stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
                       m_lo, m_hi, seq_q, diagonal, qk_scale_log2,
-                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
+                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     """dV += P^T dO and dK += dS^T Q over the query tiles starting in [m_lo, m_hi), transposed
     (keys are this program's rows). Query rows past seq_q read as zero with lse +inf: P^T is 0 there,
-    so the ragged last tile needs no mask. Key rows past seq_k are computed and never stored."""
+    so the ragged last tile needs no mask. Key rows past seq_k are computed and never stored.
+    Q and dO by pointers from this (batch, head)'s bases, or by descriptors (USE_TMA)."""
     for m_start in range(m_lo, m_hi, BLOCK_M):
         offs_m = m_start + tl.arange(0, BLOCK_M)
         m_mask = offs_m < seq_q
-        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, m_mask, d_mask)
-        do = _load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, m_mask, dv_mask)
+        q, do = _load_pair(q_src, do_src, desc_b, desc_h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q,
+                           stride_qm, stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
         lse2, delta = _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm)
         in_dtype = q.dtype
         if DOT_IN_FP32:
@@ -227,10 +283,12 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
             stride_dqb, stride_dqh, stride_dqm, stride_dqd,
             heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
+            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr, USE_TMA: tl.constexpr,
             DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    m_block = tl.program_id(0)
+    """dQ of one query tile of one (batch, head). USE_TMA: q, k, v and do arrive as tensor
+    descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
+    m_block = _heavy_first(CAUSAL)  # the longest query tiles first, as the forward
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
     kv_h = h // group  # GQA by indexing, as the forward
@@ -245,36 +303,32 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
     m_mask = offs_m < seq_q
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
-    q = _load_tile(_base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm), offs_m, offs_d,
-                   stride_qm, stride_qd, m_mask, d_mask)
-    do = _load_tile(_base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom), offs_m, offs_dv,
-                    stride_dom, stride_dod, m_mask, dv_mask)
+    q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
+                             stride_dob, stride_doh, stride_dom, USE_TMA)
+    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
+                            stride_vb, stride_vh, stride_vn, USE_TMA)
+    q, do = _load_pair(q_src, do_src, b, h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q, stride_qm,
+                       stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
     lse2, delta = _load_row_stats(_base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
                                   _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
                                   offs_m, m_mask, stride_lm)
     if DOT_IN_FP32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    k_base = _base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn)
-    v_base = _base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn)
 
     # Key tiles every row of this query tile sees whole run unmasked; then the tiles crossing the
-    # diagonal (and the ragged last one) masked; tiles past the tile's last visible key are skipped.
-    if CAUSAL:
-        n_hi = tl.minimum(tl.maximum(m_start + BLOCK_M + diagonal, 0), seq_k)
-        full_end = tl.minimum(tl.maximum(m_start + 1 + diagonal, 0), seq_k) // BLOCK_N * BLOCK_N
-    else:
-        n_hi = seq_k
-        full_end = seq_k // BLOCK_N * BLOCK_N
+    # diagonal (and the ragged last one) masked; tiles past the last visible key of the tile's last
+    # row are skipped: the forward's split (_key_ranges).
+    diagonal, full_end, n_hi = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, offs_dv, d_mask, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
-                       BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-                       DOT_IN_FP32=DOT_IN_FP32)
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                       BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=False, CAUSAL=CAUSAL,
+                       USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, offs_dv, d_mask, dv_mask, full_end, n_hi, seq_k, diagonal, qk_scale_log2,
-                       BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
-                       DOT_IN_FP32=DOT_IN_FP32)
+                       BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=True, CAUSAL=CAUSAL,
+                       USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     # Every row is stored, a row that sees no key as 0.
     tl.store(_base(dq_ptr, b, h, q_start, stride_dqb, stride_dqh, stride_dqm)
              + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
@@ -292,9 +346,11 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
               stride_dvb, stride_dvh, stride_dvn, stride_dvd,
               kv_heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
+              CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr, USE_TMA: tl.constexpr,
               DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK and dV of one key tile of one (batch, kv head); q, k, v and do by descriptors or pointers
+    as :func:`_bwd_dq`."""
     n_block = tl.program_id(0)
     b = tl.program_id(1) // kv_heads
     kv_h = tl.program_id(1) % kv_heads
@@ -310,10 +366,10 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
     # This program's K and V tiles stay on chip while every query tile that sees them streams past.
-    k = _load_tile(_base(k_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn), offs_n, offs_d,
-                   stride_kn, stride_kd, n_mask, d_mask)
-    v = _load_tile(_base(v_ptr, b, kv_h, k_start, stride_vb, stride_vh, stride_vn), offs_n, offs_dv,
-                   stride_vn, stride_vd, n_mask, dv_mask)
+    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
+                            stride_vb, stride_vh, stride_vn, USE_TMA)
+    k, v = _load_pair(k_src, v_src, b, kv_h, n_start, offs_n, offs_d, d_mask, offs_dv, dv_mask, seq_k, stride_kn,
+                      stride_kd, stride_vn, stride_vd, USE_TMA, BLOCK_N, BLOCK_D, BLOCK_DV)
     if DOT_IN_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -335,18 +391,20 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     # programs write the same dK/dV rows.
     for g in range(group):
         h = kv_h * group + g
-        q_base = _base(q_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm)
-        do_base = _base(do_ptr, b, h, q_start, stride_dob, stride_doh, stride_dom)
+        q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
+                                 stride_dob, stride_doh, stride_dom, USE_TMA)
         lse_base = _base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
         delta_base = _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, b, h, lse_base, delta_base, stride_qm, stride_qd,
                                    stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-                                   m_lo, m_full, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M,
-                                   MASKED=CAUSAL, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                   m_lo, m_full, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+                                   BLOCK_DV=BLOCK_DV, MASKED=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+                                   DOT_IN_FP32=DOT_IN_FP32)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, b, h, lse_base, delta_base, stride_qm, stride_qd,
                                    stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-                                   m_full, seq_q, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M,
-                                   MASKED=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+                                   m_full, seq_q, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
+                                   BLOCK_DV=BLOCK_DV, MASKED=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+                                   DOT_IN_FP32=DOT_IN_FP32)
     tl.store(_base(dk_ptr, b, kv_h, k_start, stride_dkb, stride_dkh, stride_dkn)
              + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
@@ -355,8 +413,15 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
              dv.to(dv_ptr.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
 
 
-_bwd_dq_tuned = _autotuned(_bwd_dq, DQ_CONFIGS, DQ_CONFIGS_WIDE, "flash_attention_bwd_dq")
-_bwd_dkdv_tuned = _autotuned(_bwd_dkdv, DKDV_CONFIGS, DKDV_CONFIGS_WIDE, "flash_attention_bwd_dkdv")
+TUNED = {  # (kernel, descriptors?) -> its tuner
+    (_bwd_dq, False): _autotuned(_bwd_dq, DQ_SHAPES, DQ_SHAPES_WIDE, DQ_SHAPES_SM90, "flash_attention_bwd_dq"),
+    (_bwd_dkdv, False): _autotuned(_bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90,
+                                   "flash_attention_bwd_dkdv"),
+    (_bwd_dq, True): _autotuned(_bwd_dq, DQ_SHAPES, DQ_SHAPES_WIDE, DQ_SHAPES_SM90, "flash_attention_bwd_dq_tma",
+                                descriptors=True),
+    (_bwd_dkdv, True): _autotuned(_bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90,
+                                  "flash_attention_bwd_dkdv_tma", descriptors=True),
+}
 
 
 def _layout_strides(t: torch.Tensor, varlen: bool) -> tuple[int, ...]:
@@ -448,10 +513,18 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
     # integers (triton-lang/triton#11584), so there bf16 operands are widened to fp32 first, as in
     # the forward; probabilities and dS are still rounded to bf16 before their matmuls.
     dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    # sm_90 and later: q, k, v and do as tensor descriptors where their layout allows (as the
+    # forward: never varlen); the gradients are stored by pointers either way.
+    use_tma = not varlen and uses_descriptors(q, k, v, do)
+    tiles = dict(BLOCK_M=block_m or INTERPRETER_BLOCK_M, BLOCK_N=block_n or INTERPRETER_BLOCK_N)
+    autotuned = block_m is None and not INTERPRETED
+    inputs = (q, k, v, do)
+    if use_tma:  # do's box is the forward's out's: query rows by v's channels
+        inputs = _descriptors(q, k, v, do, block_d, block_dv, *((None, None) if autotuned else tiles.values()))
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=block_dv,
-        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen, USE_TMA=use_tma,
         # fp32 inputs: full-precision products, not TF32 (10-bit mantissa), as the forward.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
         DOT_IN_FP32=dot_in_fp32,
@@ -460,18 +533,16 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
               *_layout_strides(do, varlen), *_layout_strides(lse, varlen))
     # the scales, then the lengths' autotuning buckets
     scales = (scale, scale * LOG2E, length_bucket(seq_q), length_bucket(seq_k))
-    dq_args = (q, k, v, do, lse, delta, dq, cu_q, cu_k, *common, *_layout_strides(dq, varlen),
+    dq_args = (*inputs, lse, delta, dq, cu_q, cu_k, *common, *_layout_strides(dq, varlen),
                heads, heads // kv_heads, seq_q, seq_k, *scales)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
+    dkdv_args = (*inputs, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
                  *_layout_strides(dv, varlen), kv_heads, heads // kv_heads, seq_q, seq_k, *scales)
     dq_grid = lambda meta: (triton.cdiv(grid_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
     dkdv_grid = lambda meta: (triton.cdiv(grid_k, meta["BLOCK_N"]), batch * kv_heads)  # noqa: E731
-    for kernel, tuned, grid, args in ((_bwd_dq, _bwd_dq_tuned, dq_grid, dq_args),
-                                      (_bwd_dkdv, _bwd_dkdv_tuned, dkdv_grid, dkdv_args)):
-        if block_m is None and tuned is not None:
-            tuned[grid](*args, **constants)
+    for kernel, grid, args in ((_bwd_dq, dq_grid, dq_args), (_bwd_dkdv, dkdv_grid, dkdv_args)):
+        if autotuned:
+            TUNED[(kernel, use_tma)][grid](*args, **constants)
         else:
-            tiles = dict(BLOCK_M=block_m or INTERPRETER_BLOCK_M, BLOCK_N=block_n or INTERPRETER_BLOCK_N)
             kernel[grid(tiles)](*args, **constants, **tiles, num_warps=4, num_stages=2)
     return dq, dk, dv
 
