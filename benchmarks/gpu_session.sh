@@ -17,6 +17,10 @@
 #   2  gpu-quick --dry-run again: the estimate from this device's case times, beside part 1's wall
 #   3  gpu-consumer (memory capped at 24 GiB by its policy; compute is still this GPU's)
 #   4  env --calibrate --json (the ceilings the run's % of peak figures use) and nvidia-smi -q
+#   5  kernels-h200: issue 28's paged decode goal cases beside sdpa_contiguous / flashinfer
+#   6  kernels-h200-flash: issue 28's flash goal cases (fwd, fwd+bwd) beside cuDNN / FA2 SDPA
+#   7  kernels-h200-flash again with GPUBENCH_FLASH_DESCRIPTORS=0 (the pointer path: before/after TMA)
+# Issue 28 alone: PARTS="5 6 7 4" (about 8 minutes with a cold autotune cache).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the directory the results go to}"
@@ -27,9 +31,12 @@ if [ -n "${REHEARSE:-}" ]; then
   DEVICE=cpu; QUICK="--scenario smoke --only kv_cache,moe_grouping --repeat-scale 0.3"
   CONSUMER="--scenario smoke --only paged_attention --repeat-scale 0.3"; PY=${PY:-.venv/bin/python}
   LIMIT_QUICK=300; LIMIT_CONSUMER=200
+  PAGED="--scenario smoke --only paged_attention --repeat-scale 0.3"
+  FLASH="--scenario smoke --only flash_attention --repeat-scale 0.3"; LIMIT_KERNELS=300
 else
   DEVICE=cuda; QUICK="--scenario gpu-quick"; CONSUMER="--scenario gpu-consumer"; PY=${PY:-python3}
   LIMIT_QUICK=${LIMIT_QUICK:-330}; LIMIT_CONSUMER=${LIMIT_CONSUMER:-150}
+  PAGED="--scenario kernels-h200"; FLASH="--scenario kernels-h200-flash"; LIMIT_KERNELS=${LIMIT_KERNELS:-200}
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 fi
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name().replace(' ', '-') if torch.cuda.is_available() else 'cpu')")
@@ -59,6 +66,13 @@ for p in $PARTS; do
        tar -czf "$OUT/cache.tar.gz" -C "$GPUBENCH_CACHE_DIR" . 2>/dev/null ;;
     4) part env 120 bash -c "'$PY' -m gpubench.cli env --device $DEVICE --calibrate --json; \
          command -v nvidia-smi >/dev/null && nvidia-smi -q || true" ;;
+    5) part kernels-paged "$LIMIT_KERNELS" "$PY" -m gpubench.cli run $PAGED --device "$DEVICE" --no-history \
+         --out /tmp/gpu-session/kernels-paged/runs ;;
+    6) part kernels-flash "$LIMIT_KERNELS" "$PY" -m gpubench.cli run $FLASH --device "$DEVICE" --no-history \
+         --out /tmp/gpu-session/kernels-flash/runs
+       tar -czf "$OUT/cache.tar.gz" -C "$GPUBENCH_CACHE_DIR" . 2>/dev/null ;;
+    7) part kernels-flash-pointers "$LIMIT_KERNELS" env GPUBENCH_FLASH_DESCRIPTORS=0 "$PY" -m gpubench.cli run \
+         $FLASH --device "$DEVICE" --no-history --out /tmp/gpu-session/kernels-flash-pointers/runs ;;
     *) echo "unknown part $p" ;;
   esac
 done
