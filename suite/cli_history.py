@@ -82,7 +82,7 @@ def pick_branch(store: history.HistoryStore, model: str, branch: str | None) -> 
     naming the branches held otherwise. None: no run recorded a branch (all runs are read)."""
     default = store.default_branch(model)
     held = store.branches(model)
-    if branch is None or branch in held or (branch == default and None in held):
+    if branch is None or branch in held or (None in held and store.counts_unbranched(model, branch)):
         return branch or default
     listed = ", ".join(f"{b or '(none recorded)'} ({n} run{'s' if n != 1 else ''})" for b, n in held.items())
     raise BadInput(f"history store {store.where}: no runs of branch {branch!r} on {model}; give --branch with one "

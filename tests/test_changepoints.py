@@ -214,3 +214,23 @@ def test_compare_history_judges_by_the_ratio_when_the_baseline_variant_moved_too
     assert out.exit_code == (1 if verdict == "regressed" else 0)
     if loop >= 1.2 or loop <= 0.8:
         assert case["machine_move"] == pytest.approx(loop - 1, abs=0.02) and "the machine changed" in case["reason"]
+
+
+def _gate_rows(i: int, fused: float, loop: float) -> list:
+    import dataclasses
+
+    return [dataclasses.replace(_row(i, name, value, gate="bytes_reserved"), gate_value=value)
+            for name, value in (("fused", fused), ("loop", loop))]
+
+
+@pytest.mark.parametrize("fused,verdict", [(2000.0, "regressed"), (0.0, "improved")])
+def test_a_count_is_judged_as_it_is_even_when_the_baseline_variant_moved_with_it(tmp_path, fused, verdict):
+    """Machine noise moves times, never bytes reserved: both variants' counts doubling is a
+    regression of the optimized one, not 'the machine changed' (it was called inconclusive); and
+    a count of 0 is judged without taking its log (it raised ValueError, exit 1)."""
+    from gpubench.history import judge
+
+    with open_store(tmp_path / "h.sqlite") as store:
+        store.add([r for i in range(10) for r in _gate_rows(i, 1000.0, 4000.0)])
+        (case,) = judge.judge_run(store, _gate_rows(99, fused, 8000.0), 0.05)
+    assert (case.metric, case.verdict, case.machine_move) == ("bytes_reserved", verdict, None)

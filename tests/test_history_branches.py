@@ -83,15 +83,18 @@ def test_the_default_branch_is_main_else_master_else_the_one_with_most_runs(tmp_
         assert opened.branches(MODEL) == held if None in held else dict(sorted(held.items()))
 
 
-def test_runs_without_a_branch_count_as_the_default_branch_s_and_no_other(tmp_path):
-    """Imported pytest-benchmark runs without --branch (branch NULL) are read with main's, never
-    with a PR branch's; with main absent, with the branch that has the most runs."""
+def test_runs_without_a_branch_count_as_the_trunk_s_and_never_a_pull_request_s(tmp_path):
+    """Runs older than branch recording (branch NULL) are the trunk's: read with main's (named or
+    not yet held: the day after an upgrade, CI's `--branch main` must still see them), never with
+    a PR branch's, even when that branch is the only named one; a PR branch takes them only as the
+    default branch with more runs than they are."""
     store = tmp_path / "h.sqlite"
     add_runs(store, [1.0] * 3, branch=None)
     add_runs(store, [1.1] * 2, branch="feature", first=3)
     with open_store(store) as opened:
-        assert opened.default_branch(MODEL) == "feature"
-        assert len(opened.series(MODEL, "t[model=x,n=1]", "fused", branch="feature")) == 5
+        assert opened.default_branch(MODEL) == "main"
+        assert [p.branch for p in opened.series(MODEL, "t[model=x,n=1]", "fused", branch="main")] == [None] * 3
+        assert len(opened.series(MODEL, "t[model=x,n=1]", "fused", branch="feature")) == 2
     add_runs(store, [1.2] * 1, branch="main", first=5)
     with open_store(store) as opened:
         main_points = opened.series(MODEL, "t[model=x,n=1]", "fused", branch="main")
@@ -198,3 +201,39 @@ def test_compare_history_writes_its_verdicts_and_the_regressions_since_as_markdo
     assert code == 1 and text.startswith("### History gate: FAIL (1 regressed of 1 cases)")
     assert "| regressed | `t[model=x,n=1]` | fused | time |" in text and "branch main" in text
     assert "Regressions since c03 (a stored commit): 1" in text and "from c06 (run06)" in text
+
+
+def test_the_day_after_an_upgrade_main_s_gate_reads_the_runs_that_recorded_no_branch(tmp_path):
+    """Every old run has no branch and the first new one is a pull request's: CI's `compare
+    --history --branch main` still judges against the old runs (it read none, and passed a 30%
+    regression as inconclusive, before this was fixed)."""
+    store = tmp_path / "h.sqlite"
+    values = history_values(5, 12)
+    add_runs(store, values, branch=None)
+    add_runs(store, [float(np.median(values)) * 0.7], branch="feature-x", first=12)
+    code, doc = compare_history(tmp_path, store, float(np.median(values)) * 1.3, "--branch", "main")
+    assert code == 1 and doc["cases"][0]["verdict"] == "regressed" and doc["cases"][0]["level_runs"] == 12
+    code, doc = compare_history(tmp_path, store, float(np.median(values)) * 1.3)  # no --branch: main too
+    assert code == 1 and doc["branches"] == {MODEL: "main"}
+
+
+def test_a_base_branch_the_store_holds_no_run_of_is_exit_2_not_a_silent_pass(tmp_path):
+    """A typo (`--branch mian`) read no run and passed every case as inconclusive; now it is bad
+    input naming the branches held."""
+    store = tmp_path / "h.sqlite"
+    add_runs(store, history_values(5, 12))
+    code, output = compare_history(tmp_path, store, 1.0, "--branch", "mian")
+    assert code == 2 and "'mian'" in output and "main (12 runs)" in output and "Traceback" not in output
+
+
+def test_a_short_or_numeric_release_name_is_not_read_as_a_stored_commit_prefix(tmp_path):
+    """`--since 2024` (a tag) named the first stored commit starting with those digits; a prefix
+    now needs 7+ hex digits (git's abbreviation), while a stored commit given whole still matches."""
+    from test_changepoints import points_of
+
+    points = points_of([1.0, 1.0, 1.0], commits={0: "2024aa0" + "0" * 33, 1: "c01", 2: "feedbeef" * 5})
+    with pytest.raises(BadInput, match="matches nothing"):
+        since_mod.resolve("2024", points, repo=tmp_path)
+    assert since_mod.resolve("2024aa0", points, repo=tmp_path).how == "commit"
+    assert since_mod.resolve("c01", points, repo=tmp_path).how == "commit"
+    assert not since_mod._is_ancestor(tmp_path, "feedbeef" * 5, "--help")  # free text never reaches git

@@ -92,7 +92,7 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
 
 def _level(store: HistoryStore, row: ResultRow, metric: str, branch: str | None) -> _Level:
     points = [p for p in store.series(row.device_model, row.case_id, row.variant, metric, branch=branch)
-              if p.run_id != row.run_id]
+              if (p.run_id, p.host) != (row.run_id, row.host)]
     changes = changepoints.change_points(points)
     return _Level(points[changes[-1].index:], changes[-1].commit) if changes else _Level(points, None)
 
@@ -122,9 +122,11 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
                               level_ci_high=None, reason=f"{len(level.points)} run(s) since the last change point; "
                               f"{MIN_RUNS} needed")
     verdict, summary = _verdict(current, [p.median for p in level.points], threshold)
-    reason = f"{current / summary.median - 1:+.1%} vs the median of {len(level.points)} runs"
+    reason = (f"{current / summary.median - 1:+.1%} vs the median of {len(level.points)} runs" if summary.median > 0
+              else f"{current:.4g} vs the median of {len(level.points)} runs, {summary.median:.4g}")
     moves: dict[str, float | None] = {}
-    if verdict in ("regressed", "improved") and control is not None:
+    # Machine noise moves times, never a count (bytes reserved): a count is judged as it is.
+    if verdict in ("regressed", "improved") and control is not None and metric == "time":
         verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold)
     return HistoryVerdict(**base, verdict=verdict, level_median=summary.median, level_ci_low=summary.ci_low,
                           level_ci_high=summary.ci_high, reason=reason, **moves)
@@ -136,16 +138,17 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     level runs, by at least half as much (log terms): the optimized/baseline ratio against the
     level's ratios; else the verdict as it was."""
     figure, control_figure = _figure(row, metric), _figure(control, metric)
-    runs = {p.run_id for p in level.points}
-    by_run = {p.run_id: p.median for p in store.series(control.device_model, control.case_id, control.variant, metric,
-                                                       branch=branch) if p.run_id in runs and p.median > 0}
-    if not control_figure or len(by_run) < MIN_RUNS:
-        return verdict, reason, {}
+    runs = {(p.run_id, p.host) for p in level.points}  # a run is its id and host (runners may share a store)
+    by_run = {(p.run_id, p.host): p.median
+              for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
+              if (p.run_id, p.host) in runs and p.median > 0}
+    if not control_figure or control_figure <= 0 or figure <= 0 or level.median() <= 0 or len(by_run) < MIN_RUNS:
+        return verdict, reason, {}  # no ratio of logs to take
     move = math.log(figure / level.median())
     machine = math.log(control_figure / stats.median(list(by_run.values())))
     if move * machine <= 0 or abs(machine) < abs(move) / 2:
         return verdict, reason, {"machine_move": math.exp(machine) - 1}
-    ratios = [p.median / by_run[p.run_id] for p in level.points if p.run_id in by_run]
+    ratios = [p.median / by_run[p.run_id, p.host] for p in level.points if (p.run_id, p.host) in by_run]
     ratio_verdict, ratio_level = _verdict(figure / control_figure, ratios, threshold)
     ratio_move = math.log(figure / control_figure / ratio_level.median)
     moves = {"machine_move": math.exp(machine) - 1, "ratio_move": math.exp(ratio_move) - 1}

@@ -344,12 +344,23 @@ class HistoryStore:
 
     def default_branch(self, device_model: str) -> str | None:
         """The branch whose runs make ``device_model``'s level when none is named: main, else
-        master, else the branch with the most runs (then by name); None when no run recorded one."""
-        held = {branch: n for branch, n in self.branches(device_model).items() if branch}
+        master, else the branch with the most runs (then by name), unless the runs that recorded
+        no branch (a history older than branch recording) outnumber it: then main, whose runs they
+        count as. None when no run recorded one."""
+        counts = self.branches(device_model)
+        held = {branch: n for branch, n in counts.items() if branch}
         for name in DEFAULT_BRANCHES:
             if name in held:
                 return name
-        return min(held, key=lambda branch: (-held[branch], branch)) if held else None
+        if not held:
+            return None
+        most = min(held, key=lambda branch: (-held[branch], branch))
+        return DEFAULT_BRANCHES[0] if counts.get(None, 0) >= held[most] else most
+
+    def counts_unbranched(self, device_model: str, branch: str) -> bool:
+        """Whether runs that recorded no branch count as ``branch``'s: the trunk's (main, master)
+        or the default branch's (a pull request's runs always name their branch)."""
+        return branch in DEFAULT_BRANCHES or branch == self.default_branch(device_model)
 
     def cases(self, device_model: str) -> list[HistoryCase]:
         """The cases of ``device_model``'s history, by case id."""
@@ -370,8 +381,9 @@ class HistoryStore:
         model. ``variant``: a variant's name, or a role (``optimized``, ``baseline``) when no
         variant has that name. ``metric``: ``time`` (the median time, s, with its bootstrap CI) or
         a metric the variant recorded (its gate metric, e.g. ``bytes_reserved``): exact figures.
-        ``branch``: that branch's runs only, with the runs that recorded no branch when it is the
-        :meth:`default_branch` (so a pull request's runs never move main's level); None: every run.
+        ``branch``: that branch's runs only, with the runs that recorded no branch when they count
+        as its (:meth:`counts_unbranched`: main, master or the default branch), so a pull
+        request's runs never move main's level; None: every run.
         Runs without the figure (a failed variant) are left out."""
         params = {"device_model": device_model, "case_id": case_id, "variant": variant}
         found = self.backend.rows(schema.series(by_role=False), params) or \
@@ -392,7 +404,7 @@ class HistoryStore:
                                 row["run_status"]))
         if branch is None:
             return points
-        unbranched_too = any(p.branch is None for p in points) and branch == self.default_branch(device_model)
+        unbranched_too = any(p.branch is None for p in points) and self.counts_unbranched(device_model, branch)
         return [p for p in points if p.branch == branch or (unbranched_too and p.branch is None)]
 
 
