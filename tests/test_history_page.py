@@ -306,3 +306,14 @@ def test_a_case_new_to_the_history_has_no_sparkline_and_one_note_counts_such_cas
     row = re.search(r'<tr id="case-2".*?</tr>', text, re.S)[0]  # "t n=1": its cell is empty
     assert 'class="spark"></td>' in row
     assert text.count("history: 1 case without a sparkline") == 1
+
+
+def test_a_token_in_the_remote_never_reaches_the_page(tmp_path):
+    """CI's origin often carries a token (GitLab's gitlab-ci-token, a GitHub app's): the page is
+    meant to be published, so it shows and links the remote without its user and password."""
+    write_step_history(tmp_path / "h.sqlite")
+    code, output, text = page(tmp_path, "--remote", "https://x-access-token:ghp_SECRET123@github.com/acme/bench.git")
+    assert code == 0, output
+    assert "SECRET123" not in text and "x-access-token" not in text
+    assert "<code>https://github.com/acme/bench.git</code>" in text
+    assert f'href="https://github.com/acme/bench/commit/{sha(6)}"' in text

@@ -53,6 +53,17 @@ def commit_url_base(remote: str | None) -> str | None:
     return f"https://{host}/{'/'.join(segments)}/{COMMIT_PATHS[_forge(host)]}/"
 
 
+def shown(remote: str) -> str:
+    """``remote`` as a page may print it: the user and password of a URL form dropped (CI's origin
+    often carries a token: ``https://gitlab-ci-token:...@host/o/r.git``)."""
+    if "://" not in remote:
+        return remote
+    parts = urlsplit(remote.strip())
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return parts._replace(netloc=netloc).geturl()
+
+
 def commit_url(base: str | None, commit: str | None) -> str | None:
     """``commit``'s page under ``base`` (:func:`commit_url_base`); None when either is missing or
     the commit is not a hash."""

@@ -7,6 +7,7 @@ Nothing matching is bad input (exit 2) saying what was tried.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +48,19 @@ class Since:
         return f"{self.text} (a stored {self.how})"
 
 
+_HEX = re.compile(r"[0-9a-f]{4,64}")
+MIN_PREFIX = 7
+
+
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
 
 
 def _is_ancestor(repo: Path | None, ancestor: str | None, commit: str) -> bool:
-    """0: an ancestor; 1: not; 128 (a commit this clone lacks) or git failing: not either."""
+    """0: an ancestor; 1: not; 128 (a commit this clone lacks) or git failing: not either. A
+    stored commit that is not a hex hash (an imported file's free text) is never given to git."""
+    if not _HEX.fullmatch(commit or "") or not _HEX.fullmatch(ancestor or ""):
+        return False
     try:
         return _git(repo or Path.cwd(), "merge-base", "--is-ancestor", str(ancestor), commit).returncode == 0
     except (OSError, subprocess.SubprocessError):
@@ -79,7 +87,11 @@ def resolve(text: str, points: Sequence[Point], repo: Path | None = None, *, whe
     (default: the working directory); BadInput naming all three tries when none matches."""
     if any(p.run_id == text for p in points):
         return Since(text, "run id")
-    if any(p.commit and p.commit.startswith(text) for p in points):
+    # A commit prefix must look like one (7+ hex digits, as git abbreviates), so a tag such as
+    # "2024" or "abc" is not read as the prefix of whatever stored commit starts with it.
+    if any(p.commit == text for p in points) or (
+            _HEX.fullmatch(text) and len(text) >= MIN_PREFIX and any(p.commit and p.commit.startswith(text)
+                                                                     for p in points)):
         return Since(text, "commit")
     repo = Path.cwd() if repo is None else repo
     commit, why = rev_parse(text, repo)
