@@ -1,6 +1,7 @@
 """``gpubench compare`` (the regression gate) and ``gpubench baseline save`` (the store it reads)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -38,7 +39,8 @@ from gpubench.errors import BadInput
 @click.option("--branch", "base_branch", metavar="NAME", default=None,
               help="With --history: the branch whose runs make the level CURRENT is judged against (a pull "
               "request's base; its own runs never count). Default: main, else master, else the branch with the "
-              "most runs of the device model; runs that recorded no branch count as that default's.")
+              "most runs of the device model; runs that recorded no branch count as main's (or that default's). A "
+              "branch the store holds no run of is exit 2.")
 def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | None, allow_missing: bool,
                 force: bool, baseline_store: Path | None, strict: bool, as_json: bool, use_history: bool,
                 store: str | None, since: str | None, base_branch: str | None) -> None:
@@ -46,6 +48,26 @@ def compare_cmd(paths: tuple[Path, ...], threshold: str, markdown_path: Path | N
 
     BASELINE and CURRENT are run directories, results.json files or pytest-benchmark JSON files.
     With --history, CURRENT alone: each case against the store's runs since its last change point."""
+    with _shape_errors_are_bad_input(paths):
+        _compare(paths, threshold, markdown_path, allow_missing, force, baseline_store, strict, as_json, use_history,
+                 store, since, base_branch)
+
+
+@contextlib.contextmanager
+def _shape_errors_are_bad_input(paths: tuple[Path, ...]):
+    """A results file that parses but holds a value of the wrong type (a scenario given as text,
+    samples as a string) fails deep in the gate; exit 1 would read as a regression in CI, so it is
+    bad input naming the files (and, if they are gpubench's own, a bug to report)."""
+    try:
+        yield
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise BadInput(f"compare: {', '.join(map(str, paths))}: a value of the wrong type or shape in a results file "
+                       f"({type(exc).__name__}: {exc}). Give files gpubench or pytest-benchmark wrote; if they are, "
+                       f"this is a bug in gpubench: report it with this message.") from None
+
+
+def _compare(paths, threshold, markdown_path, allow_missing, force, baseline_store, strict, as_json, use_history,
+             store, since, base_branch) -> None:
     from gpubench import compare as gate
     from gpubench.reports import gate as gate_report
 
@@ -92,6 +114,7 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
     from dataclasses import asdict
 
     from gpubench import history
+    from gpubench.cli_history import pick_branch
     from gpubench.history import changepoints, judge
     from gpubench.history import since as since_mod
 
@@ -99,7 +122,10 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
     verdicts, found, branches, start = [], [], {}, None
     with history.open_store(store, read_only=True) as opened:
         for model in sorted({row.device_model for row in rows}):
-            branches[model] = base_branch or opened.default_branch(model)
+            # A base branch the store holds no run of would leave every case inconclusive and the
+            # gate passing: a typo, or a base with no history yet, is bad input naming those held.
+            branches[model] = pick_branch(opened, model, base_branch) if model in opened.device_models() \
+                else base_branch or opened.default_branch(model)
             verdicts += judge.judge_run(opened, [r for r in rows if r.device_model == model], threshold,
                                         branch=branches[model])
         if since:

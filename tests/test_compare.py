@@ -793,3 +793,25 @@ def test_baseline_save_stores_the_run_as_read_and_the_gate_reads_it_back_as_the_
     stored = compare.load_any(tmp_path / "store" / "CPU-test" / "s.json")
     assert stored.schema_version == 2 and stored.cases == run.cases and stored.scenario == run.scenario
     assert compare.compare(stored, run).passed
+
+
+@pytest.mark.parametrize("breaks", ["scenario as text", "variants as a list"])
+def test_a_results_file_with_a_value_of_the_wrong_type_is_exit_2_not_a_regression(tmp_path, breaks):
+    """A file that parses but holds a scenario as text or variants as a list failed deep in the
+    gate with a traceback and exit 1, which CI reads as a regression; it is bad input naming it."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    good = _doc(cases=[{"id": "t[n=1]", "technique": "t", "status": "passed", "params": {},
+                        "variants": {"fused": {"role": "optimized", "status": "ok", "samples_s": [1.0, 1.1, 0.9]}}}])
+    bad = json.loads(json.dumps(good))
+    if breaks == "scenario as text":
+        bad["scenario"] = "s"
+    else:
+        bad["cases"][0]["variants"] = [1, 2]
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    out = CliRunner().invoke(main, ["compare", str(tmp_path / "good.json"), str(tmp_path / "bad.json")])
+    assert out.exit_code == 2 and "bad.json" in out.output and "wrong type" in out.output
+    assert "Traceback" not in out.output
