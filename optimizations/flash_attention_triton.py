@@ -32,7 +32,8 @@ from gpubench.attention import CAUSAL_ALIGNS, check_shapes
 from gpubench.autotune import PersistentAutotuner, length_bucket
 from gpubench.optimizations.flash_attention_triton_tiles import (AUTOTUNE_KEY, GPU_CONFIGS, GPU_CONFIGS_LARGE_HEAD,
                                                                  GPU_CONFIGS_TMA, GPU_CONFIGS_TMA_LARGE_HEAD,
-                                                                 TensorDescriptor, prune_forward)
+                                                                 TensorDescriptor, descriptor_configs_fit,
+                                                                 prune_forward)
 from gpubench.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
@@ -362,8 +363,11 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
     """Whether TMA can read or write ``t`` as a 4-D descriptor: 16-bit, no empty axis, channels
     contiguous, the other strides and the base address multiples of 16 bytes."""
     size = t.element_size()
+    # An expanded axis (stride 0, e.g. k broadcast over the batch) is left to the pointer path: a
+    # tensor map's strides must be positive.
     return (t.dtype in (torch.float16, torch.bfloat16) and t.dim() == 4 and t.numel() > 0 and t.stride(-1) == 1
-            and t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+            and t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
+            and all(stride > 0 for stride, n in zip(t.stride(), t.shape) if n > 1))
 
 
 def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
@@ -373,9 +377,11 @@ def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     Varlen never does: a box crossing a document's end would read and write the next document."""
     if TensorDescriptor is None or not DESCRIPTORS:
         return False
-    if not INTERPRETED and not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9):
+    if not INTERPRETED and not (q.is_cuda and torch.version.hip is None  # ROCm's (9, 4) is no Hopper
+                                and torch.cuda.get_device_capability(q.device)[0] >= 9):
         return False
-    return all(_descriptor_ready(t) for t in (q, k, v, out))
+    blocks = (max(16, triton.next_power_of_2(q.shape[-1])), max(16, triton.next_power_of_2(v.shape[-1])))
+    return all(_descriptor_ready(t) for t in (q, k, v, out)) and descriptor_configs_fit(q, *blocks)
 
 
 def _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n):

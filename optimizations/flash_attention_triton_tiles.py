@@ -126,6 +126,20 @@ def shared_memory_limit(t: torch.Tensor) -> int | None:
     return torch.cuda.get_device_properties(t.device).shared_memory_per_block_optin if t.is_cuda else None
 
 
+def descriptor_configs_fit(t: torch.Tensor, block_d: int, block_dv: int) -> bool:
+    """Whether any descriptor candidate of these padded head dims fits t's GPU's shared memory.
+    The candidates are sized for the datacenter parts' 227 KiB (H100, H200, B200); a GPU of
+    compute capability 9+ with less (consumer Blackwell, sm_120: 99 KiB) would be left with none
+    (the autotuner then raises), so it takes the pointer path instead."""
+    limit = shared_memory_limit(t)
+    if limit is None:
+        return True
+    wide = max(block_d, block_dv) > 128
+    configs = GPU_CONFIGS_TMA_LARGE_HEAD if wide else GPU_CONFIGS_TMA
+    return any(descriptor_shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], block_d, block_dv, c.num_stages)
+               <= limit for c in configs)
+
+
 def prune_forward(configs, named_args, **kwargs):
     """The candidates for this call's padded head dims (both lists of a path are in its
     autotuner); on the descriptor path, only those whose shared memory fits the device."""

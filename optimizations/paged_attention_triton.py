@@ -189,13 +189,10 @@ def choose_splits(batch: int, kv_heads: int, longest: int, sms: int) -> int:
     return max(1, min(wanted, -(-longest // MIN_SPLIT_TOKENS), MAX_SPLITS))
 
 
-@functools.cache
 def _scratch(device: torch.device, batch: int, heads: int, splits: int, dim_pad: int):
-    """The splits' fp32 partials (max, sum, acc), allocated once per call shape and kept: kernels
-    on one stream run in order, so consecutive calls share them, and a CUDA graph captured over
-    them (the serving engine's decode graphs) never sees them freed. Small: splits are only taken
-    while batch x KV heads is under PROGRAMS_PER_SM x SMs, so batch x heads x splits stays within
-    about twice that times the group size."""
+    """The splits' fp32 partials (max, sum, acc), allocated per call: the caching allocator makes
+    that cheap and stream-ordered (two decodes of one shape on two streams never share them), and
+    under CUDA-graph capture they come from the graph's own pool, kept as long as the graph."""
     m = torch.empty(batch, heads, splits, device=device, dtype=torch.float32)
     return m, torch.empty_like(m), torch.empty(batch, heads, splits, dim_pad, device=device, dtype=torch.float32)
 
@@ -240,7 +237,9 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     # integers (triton-lang/triton#11584), so there the bf16 tiles are widened to fp32 first; a
     # bf16 x bf16 product is exact in fp32, as on tensor cores. Other dtypes than the three the
     # kernel is built for (a float64 serving engine's) are computed in fp32 too, as before the split.
-    dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16 or q.dtype not in DOT_DTYPES
+    # q over a cache of another dtype (fp32 queries over a bf16 cache) too: tl.dot takes one dtype.
+    dot_in_fp32 = (INTERPRETED and q.dtype == torch.bfloat16 or q.dtype not in DOT_DTYPES
+                   or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype)
     _paged_decode_split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, tables, lens, out, m, l, acc,
         scale * math.log2(math.e), split_tokens,

@@ -109,6 +109,24 @@ def test_layouts_tma_cannot_address_take_the_pointer_path_and_stay_exact(monkeyp
         assert rel_err(got, attention_reference(*case, causal=True)) <= 1e-2, name
 
 
+def test_an_expanded_tensor_or_a_gpu_too_small_for_every_candidate_takes_the_pointer_path(monkeypatch):
+    """A stride-0 axis (k broadcast over the batch) is no tensor map; and a compute-capability-9+
+    GPU whose shared memory no descriptor candidate fits (consumer Blackwell, 99 KiB a block)
+    would leave the autotuner with no config (it raises): both use the pointer path."""
+    monkeypatch.setattr(fwd, "DESCRIPTORS", True)
+    q, k, v = qkv(2, 2, 24, 24, 32, 32, torch.float16, seed=3)
+    expanded = k[:1].expand(2, -1, -1, -1)
+    assert expanded.stride(0) == 0 and not fwd.uses_descriptors(q, expanded, v, torch.empty_like(q))
+    got = fwd.flash_attention_triton(q, expanded, v, causal=True)
+    assert rel_err(got, attention_reference(q, expanded, v, causal=True)) <= 1e-2
+    q, k, v = qkv(2, 2, 16, 16, 128, 128, torch.float16, seed=4)
+    monkeypatch.setattr(tiles, "shared_memory_limit", lambda t: 101376)
+    assert not fwd.uses_descriptors(q, k, v, torch.empty_like(q))
+    assert tiles.descriptor_configs_fit(q, 32, 32)  # small heads still have a candidate that fits
+    monkeypatch.setattr(tiles, "shared_memory_limit", lambda t: 232448)
+    assert fwd.uses_descriptors(q, k, v, torch.empty_like(q)) and tiles.descriptor_configs_fit(q, 256, 256)
+
+
 def test_varlen_never_builds_descriptors(monkeypatch):
     """A descriptor box crossing a document's end would read (and store into) the next document:
     packed varlen calls stay on the pointer path, padded 16-bit calls build four descriptors."""

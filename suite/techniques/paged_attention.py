@@ -232,7 +232,7 @@ def flashinfer_wrapper(w: PagedDecodeWorkload) -> Any:
     indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=w.device)
     last = torch.tensor([n - (c - 1) * block_size for n, c in zip(w.lens, counts)], dtype=torch.int32,
                         device=w.device)
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=w.device)
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=w.device)
     # Tensor-core decode for groups above 4 query heads per KV head, as vLLM chooses it.
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                             use_tensor_cores=heads // kv_heads > 4)
