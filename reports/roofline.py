@@ -156,10 +156,16 @@ def si(value: float | None, unit: str = "") -> str:
     return f"{value:.3g} {unit}".rstrip()
 
 
+# A share of a measured ceiling above this is not a rate the device can reach (the calibration's
+# own run-to-run spread is a few percent): flagged, never printed as if it were one.
+ABOVE_CEILING_PCT = 110.0
+
+
 def _pct(value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:.1f}%" if value >= 1 else f"{value:.2g}%"
+    text = f"{value:.1f}%" if value >= 1 else f"{value:.2g}%"
+    return f"{text} (!)" if value > ABOVE_CEILING_PCT else text
 
 
 def _num(value: float | None) -> str:
@@ -203,7 +209,25 @@ def notes(found: Sequence[Reading]) -> list[str]:
     """What a reader must know to read the figure and the tables: a roof that is missing and why,
     ceilings that are a CPU's, variants that counted differently, counts that leave the intensity
     unknown."""
-    return _roof_notes(found) + _uneven_counts(found) + _no_roofline(found)
+    return _roof_notes(found) + _above_ceilings(found) + _uneven_counts(found) + _no_roofline(found)
+
+
+def _above_ceilings(found: Sequence[Reading]) -> list[str]:
+    """Readings above what the device was measured to do: impossible as rates of its memory or
+    matmul units, so something else is being measured (a working set that stayed in cache, which
+    the calibration's large copy does not; a count larger than the work done)."""
+    over = [f"#{r.number} {r.variant} ({', '.join(f'{name} {value:.0f}%' for name, value in shares)})"
+            for r in found
+            for shares in [[(name, value) for name, value in (("of copy bandwidth", r.pct_bandwidth),
+                                                               ("of matmul peak", r.pct_peak_flops),
+                                                               ("of the roof", r.pct_roof))
+                            if value is not None and value > ABOVE_CEILING_PCT]] if shares]
+    if not over:
+        return []
+    return [f"Above the measured ceilings, marked (!): {'; '.join(over)}. No device beats its own measured peak: "
+            "these are not its memory or matmul rates. Likely the data stayed in cache between calls (a small "
+            "working set: the calibration copies buffers far larger than any cache), or the technique counts more "
+            "FLOPs or bytes than the call does."]
 
 
 def _roof_notes(found: Sequence[Reading]) -> list[str]:

@@ -249,3 +249,18 @@ def test_nine_variants_on_one_roofline_are_told_apart():
     looks = {(tuple(c.get_facecolor()[0]), c.get_paths()[0].vertices.tobytes()) for c in fig.axes[0].collections}
     drawing.close(fig)
     assert len(looks) == len(names)
+
+
+def test_a_rate_above_the_measured_ceilings_is_flagged_not_printed_as_a_rate():
+    """2.5x the measured copy bandwidth is no DRAM rate (a working set left in cache, or a count
+    too large): the cell is marked and a note names the case and variant; a run within its
+    ceilings gets neither."""
+    doc = roofline_doc()
+    doc["cases"][2]["variants"]["triton"]["stats"]["median"] = 4e9 / 10000e9  # 10,000 GB/s, the ceiling 4,000
+    found = run_readings(doc)
+    (note,) = [n for n in roofline.notes(found) if n.startswith("Above the measured ceilings")]
+    assert "#3 triton (of copy bandwidth 250%)" in note
+    row = next(r for c in roofline.case_tables(found)["cases"] if c["number"] == 3 for r in c["rows"]
+               if r["variant"] == "triton")
+    assert "250.0% (!)" in row["cells"]
+    assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "Above the measured" in n]
