@@ -19,19 +19,22 @@ env:
 	.venv/bin/gpubench env --calibrate
 
 # On a GPU machine whose python already has torch etc. (no downloads): install without deps,
-# calibrate, run gpu-quick, and copy the run directory to $(OUT) (default results/).
-# ONLY=tech,tech runs part of gpu-quick (the whole of it no longer fits one 8-minute device call:
-# e.g. ONLY=flash_attention,paged_attention, then ONLY=continuous_batching,paged_kv_serving).
+# calibrate, then run gpu-quick within BUDGET (gpubench run --budget: breadth-first, the cases
+# that do not fit are recorded as not run), and copy the run directory to $(OUT) (default
+# results/). ONLY=tech,tech runs part of gpu-quick.
 OUT ?= results
 ONLY ?=
+BUDGET ?= 8m
 gpu-check:
 	mkdir -p $(OUT)
-	python3 -m pip install -q --no-deps --no-build-isolation -e .
+	python3 -m pip install -q --no-index --disable-pip-version-check --no-deps --no-build-isolation -e .
 	python3 -m gpubench.cli env --calibrate --json > $(OUT)/env-calibrate.json
-	python3 -m gpubench.cli run --scenario gpu-quick --out $(OUT)/runs $(if $(ONLY),--only $(ONLY)) || true
+	python3 -m gpubench.cli run --scenario gpu-quick --budget $(BUDGET) --out $(OUT)/runs $(if $(ONLY),--only $(ONLY)) || true
 
-# The prepared session for a lent GPU (benchmarks/gpu_session.sh): gpu-quick whole, its dry-run
-# estimate, gpu-consumer, calibration; each part under its own timeout, packed into $(SESSION_OUT).
-SESSION_OUT ?= gpu-session-out
+# The prepared session for a lent GPU (benchmarks/gpu_session.sh: one deadline, parts most
+# important first, each packed into the output folder as it goes). The output folder is the
+# caller's $OUT when one is set (the device machine returns only what lands there), else
+# gpu-session-out.
+SESSION_OUT ?= $(if $(filter environment command line,$(origin OUT)),$(OUT),gpu-session-out)
 gpu-session:
 	OUT=$(SESSION_OUT) bash benchmarks/gpu_session.sh
