@@ -434,3 +434,70 @@ def test_the_runner_gives_long_calls_too_few_counter_changes_an_error_without_ex
     assert record.status == "passed" and board.calls["baseline"] == 5
     assert long.energy.method == energy.METHOD_TIMED_CALLS and long.energy_mj_per_call is None
     assert "inside 3 timed call(s)" in long.energy_error and "are needed for a figure" in long.energy_error
+
+
+def test_a_workers_probe_reads_the_counter_throughout_on_a_thread_of_its_own():
+    # In a worker the telemetry sampler runs in the supervisor; its probe reads the counter itself,
+    # from the first ask (before a case is timed) until closed, and has no log without a counter.
+    import ctypes
+
+    from gpubench import worker
+
+    buffer = ctypes.create_string_buffer(worker.TAG_BYTES)
+    assert worker.SharedTag(buffer, None).energy_log is None
+
+    class Counter:
+        def __init__(self):
+            self.reads = 0
+
+        def energy_mj(self):
+            self.reads += 1
+            return float(self.reads)
+
+        def power_limit_w(self):
+            return 700.0
+
+    counter = Counter()
+    probe = worker.SharedTag(buffer, counter, interval_s=0.001)
+    log = probe.energy_log
+    assert log is not None and log is probe.energy_log  # one reader, however often asked
+    deadline = time.monotonic() + 5.0
+    while len(log.readings()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    probe.close()
+    reads = log.readings()
+    assert len(reads) >= 3 and [r.mj for r in reads] == sorted(r.mj for r in reads)
+    assert len(log.readings()) == len(reads)  # closed: no more reads
+
+
+def test_the_report_marks_energy_taken_over_the_timed_calls_and_says_what_the_mark_means(tmp_path):
+    from gpubench.reports import html, markdown
+
+    def variant(role, mj, method):
+        measured = {"mj_per_call": mj, "uncertainty_mj": 1.0, "mean_power_w": 300.0, "power_limit_w": 700.0,
+                    "window_s": 3.3, "calls": 3, "counter_steps": 30, "counter_period_s": 0.1}
+        return {"role": role, "status": "ok", "samples_s": [1.0, 1.1, 1.2], "stats": {"median": 1.1, "n": 3},
+                "energy_mj_per_call": mj, "energy": dict(measured, method=method) if method else measured}
+
+    def doc(base_method):
+        return {"kind": "gpubench.results", "schema_version": 3, "run_id": "r", "scenario": {"name": "s"},
+                "device": "cuda:0", "cases": [
+                    {"id": "t[a=1]", "technique": "t", "status": "passed", "params": {"a": 1}, "speedups": {},
+                     "variants": {"base": variant("baseline", 330_000.0, base_method),
+                                  "opt": variant("optimized", 3.0, "window")}}]}
+
+    def report(base_method):
+        run_dir = tmp_path / str(base_method)
+        run_dir.mkdir()
+        (run_dir / "results.json").write_text(json.dumps(doc(base_method)))
+        written = html.write_report(run_dir)
+        return written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
+
+    page, md = report("timed_calls")
+    assert '<span class="nw">330 J*</span> / <span class="nw">3 mJ</span>' in page and "| 330 J* / 3 mJ |" in md
+    assert 'id="energy-note"' in page and markdown.TIMED_CALLS_NOTE in md
+    # Windows only, or a file from before the method was recorded (a window): no mark, no note.
+    for method in ("window", None):
+        page, md = report(method)
+        assert "330 J / 3 mJ" in md and "J*" not in page + md
+        assert 'id="energy-note"' not in page and markdown.TIMED_CALLS_NOTE not in md
