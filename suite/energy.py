@@ -267,8 +267,8 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
 
     if problem is None and (periods < MIN_COUNTER_STEPS - 1 or inner <= 0):
         problem = (f"the energy counter changed {steps} time(s) inside {len(calls)} timed call(s) of "
-                   f"{window_s:.3g} s in all, {periods} refresh period(s) between changes within a call; "
-                   f"{MIN_COUNTER_STEPS - 1} are needed for a figure (as {MIN_COUNTER_STEPS} changes in a window)"
+                   f"{window_s:.3g} s in all, spanning {periods} refresh period(s) between changes within a call; "
+                   f"a figure needs {MIN_COUNTER_STEPS - 1} (as a window needs {MIN_COUNTER_STEPS} changes)"
                    + ("" if read_inside else ": no reading of the counter fell inside them (was it read throughout?)"))
     if problem is not None:
         return failed(problem)

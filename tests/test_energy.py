@@ -277,10 +277,10 @@ def test_the_calls_changes_are_used_not_those_between_them():
 def test_a_counter_that_does_not_move_during_long_calls_gives_a_reason_not_a_number():
     m, _ = over_timed_calls(power_w=0.0, call_s=1.0)
     assert m.mj_per_call is None and m.method == energy.METHOD_TIMED_CALLS
-    assert "changed 0 time(s) inside 5 timed call(s)" in m.error and "3 are needed" in m.error
+    assert "changed 0 time(s) inside 5 timed call(s)" in m.error and "a figure needs 3" in m.error
     # A counter refreshed every 2 s changes at most once inside a 1 s call: no span within a call.
     slow, _ = over_timed_calls(power_w=300.0, call_s=1.0, period_s=2.0)
-    assert slow.mj_per_call is None and "0 refresh period(s)" in slow.error
+    assert slow.mj_per_call is None and "spanning 0 refresh period(s)" in slow.error
     # Nothing read inside the calls at all (a reader that stopped): said so.
     none = energy.measure_over_calls([], [(10.0, 11.0), (11.5, 12.5)])
     assert none.mj_per_call is None and "no reading of the counter fell inside them" in none.error
@@ -433,7 +433,7 @@ def test_the_runner_gives_long_calls_too_few_counter_changes_an_error_without_ex
     long = record.variants["baseline"]
     assert record.status == "passed" and board.calls["baseline"] == 5
     assert long.energy.method == energy.METHOD_TIMED_CALLS and long.energy_mj_per_call is None
-    assert "inside 3 timed call(s)" in long.energy_error and "are needed for a figure" in long.energy_error
+    assert "inside 3 timed call(s)" in long.energy_error and "a figure needs 3" in long.energy_error
 
 
 def test_a_workers_probe_reads_the_counter_throughout_on_a_thread_of_its_own():
