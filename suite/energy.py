@@ -50,12 +50,13 @@ MAX_WINDOW_S = 3.0
 # figures are good to about +-5%.
 POWER_LIMIT_MARGIN = 0.10
 # A call at least this many counter refresh periods long is measured over the timed calls
-# themselves (:func:`calls_are_long`). Against a 100 ms counter that is 0.4 s: there the window's
-# reads, one per call, time its edges to +-1/(cap/call - 1) (about +-15% in 3 s) while the sampler's
-# 50 ms reads time a call's own edges to about +-0.05 s / 0.3 s; past it the timed calls do better.
+# themselves (:func:`calls_are_long`). Against a 100 ms counter that is 0.4 s, where the two ways
+# are about as good: the window's reads, one per call, bound its power to +-1/(cap/call - 1)
+# (+-15% in 3 s), the sampler's 50 ms reads a call's own edges to +-0.05 s / 0.3 s (+-17%). Past
+# it the timed calls do better, and they cost no call.
 LONG_CALL_PERIODS = 4
-# Whatever the counter's cadence: a call this long gets fewer than MIN_COUNTER_STEPS reads in a
-# window of MAX_WINDOW_S, so a window could not give a figure at all.
+# Whatever the counter's cadence: a call this long gets at most MIN_COUNTER_STEPS reads in a
+# window of MAX_WINDOW_S, each edge bracketed by a whole call (+-1/3 at best; beyond it, none).
 LONG_CALL_S = MAX_WINDOW_S / MIN_COUNTER_STEPS
 
 METHOD_WINDOW = "window"  # a window of calls of its own after timing (measure_energy_per_call)
