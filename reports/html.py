@@ -24,6 +24,7 @@ import jinja2
 import pandas as pd
 
 from gpubench.atomic import DiskFull, atomic_write_text
+from gpubench.energy import METHOD_TIMED_CALLS
 from gpubench.errors import BadInput
 from gpubench.history.trends import RunTrends, run_trends
 from gpubench.reports import charts, claims, markdown, phases, profile_view, sweep
@@ -198,6 +199,14 @@ def energy_text(mj: float) -> str:
     return f"{mj / 1000:.3g} J" if abs(mj) >= 1000 else f"{mj:.3g} mJ"
 
 
+def _energy_cell(v: Any) -> str | None:
+    """A variant's energy per call, marked where it was taken over its timed calls; None if none."""
+    if v.energy_mj_per_call is None:
+        return None
+    timed = v.energy is not None and v.energy.method == METHOD_TIMED_CALLS
+    return energy_text(v.energy_mj_per_call) + (markdown.TIMED_CALLS_MARK if timed else "")
+
+
 def summary_rows(doc: RunRecord | Mapping[str, Any], labels: Labels | None = None) -> list[dict[str, Any]]:
     """One row per case, numbered in run order: params, medians, speedup with CI, headline metric,
     check, peak memory and energy (baseline / optimized), status and failure reason. The
@@ -209,7 +218,7 @@ def summary_rows(doc: RunRecord | Mapping[str, Any], labels: Labels | None = Non
         base, opt = case.role_variant("baseline"), case.role_variant("optimized")
         speedup = format_speedup(case.speedup(opt))
         memory = _pair(case, lambda v: v.peak_memory_bytes, human_bytes)
-        energy = _pair(case, lambda v: v.energy_mj_per_call, energy_text)
+        energy = _pair(case, _energy_cell, str)
         optimized = case.variant(opt)
         rows.append({
             "number": number, "id": case.id, "technique": case.technique, "params": labels.params(case),
@@ -219,6 +228,7 @@ def summary_rows(doc: RunRecord | Mapping[str, Any], labels: Labels | None = Non
             "check_passed": optimized.passed_check if optimized is not None else None,
             "memory": " / ".join(memory) or "-", "memory_parts": memory,
             "energy": " / ".join(energy) or "-", "energy_parts": energy,
+            "energy_over_timed_calls": any(e.endswith(markdown.TIMED_CALLS_MARK) for e in energy),
             "status": case.status or "?", "failed": not case.passed,
             "device": case.device_label or run.device_label or "?",
             "reason": "" if case.passed or case.failure is None else case.failure.message,
@@ -300,6 +310,7 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
     show = {"show_device": len({r["device"] for r in rows}) > 1, "show_headline": any(r["headline"] or r["why"] for r in rows),
             "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
             "show_history": any(r["sparkline"] for r in rows)}
+    energy_note = markdown.TIMED_CALLS_NOTE if any(r["energy_over_timed_calls"] for r in rows) else None
     context = {
         "head": head, "rows": rows, "fleet": side_by_side.fleet_matrix([record, *others]), **show,
         "columns": 6 + sum(show.values()), "collapsed": collapsed,
@@ -310,6 +321,7 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
         "comparison": comparison,
         "comparison_figure": side_by_side.comparison_figure(comparison) if comparison else None,
         "other_run": str(other.path) if other else "", "history_note": trends.note if trends else None,
+        "energy_note": energy_note,
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     return _TEMPLATES.get_template("report.html.j2").render(**context)

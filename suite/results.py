@@ -504,6 +504,8 @@ def cases_frame(doc: dict[str, Any]) -> pd.DataFrame:
                 "peak_memory_bytes": v.get("peak_memory_bytes"),
                 "energy_mj_per_call": v.get("energy_mj_per_call"),
                 "energy_uncertainty_mj": (v.get("energy") or {}).get("uncertainty_mj"),
+                # window or timed_calls (gpubench.energy); an older run's measurement was a window
+                "energy_method": (v.get("energy") or {}).get("method", "window") if v.get("energy") else None,
             }
             row.update({f"p_{k}": val for k, val in case.get("params", {}).items()})
             row.update({f"m_{k}": val for k, val in (v.get("metrics") or {}).items()

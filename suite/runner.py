@@ -291,8 +291,21 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
     calls = {n: functools.partial(run.tech.variants[n].call, workload) for n in outputs
              if run.variant(n).timing is None}
     timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
-                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases)
+                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases,
+                               host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic)
     return calls
+
+
+def _energy_log(sampler: Any) -> energy.CounterLog | None:
+    """Where the energy counter is being read throughout, with host-clock instants (the telemetry
+    sampler's thread, a worker's counter reader); None where it is not (a probe without one)."""
+    return getattr(sampler, "energy_log", None)
+
+
+def _host_clock(sampler: Any) -> Callable[[], float]:
+    """The clock the timed calls' bounds and the energy window are read on: the energy log's."""
+    log = _energy_log(sampler)
+    return log.clock if log is not None else time.perf_counter
 
 
 def _derive(run: CaseRun, workload: Workload, outputs: dict[str, Any], calls: Calls) -> None:
@@ -332,18 +345,32 @@ def _record_metrics(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -
 
 
 def _record_energy(run: CaseRun, workload: Workload, calls: Calls) -> None:
-    """Energy per call, where the GPU has an energy counter (not interleaved: the counter
-    advances in steps, so each variant runs alone for several of them; gpubench.energy)."""
+    """Energy per call, where the GPU has an energy counter (gpubench.energy). A variant whose
+    calls outlast several of the counter's refreshes is measured over its timed calls, from the
+    counter's reads the sampler took throughout (no call of its own); any other runs alone for
+    a window of several refreshes (not interleaved: the counter advances in steps)."""
     if run.sampler.energy_mj() is None or run.case.policy.energy_s <= 0:
         return
+    log = _energy_log(run.sampler)
+    bounds = [b for t in run.timings.values() for b in t.host_bounds]
+    readings = log.readings(min(b[0] for b in bounds), max(b[1] for b in bounds)) if log and bounds else []
+    period = energy.counter_period_s(readings)
+    limit = getattr(run.sampler, "power_limit_w", None)  # a probe without it: the figure is not checked
     for name, call in calls.items():
         vrec = run.variant(name)
         if vrec.status not in ("ok", "check_failed"):
             continue
-        run.tag(f"{name}:energy")
+        timed = run.timings.get(name)
         try:
-            with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
-                vrec.energy = _energy_per_call(call, workload, run.device, run.sampler, run.case.policy.energy_s)
+            if log is not None and timed is not None and timed.host_bounds and energy.calls_are_long(
+                    stats.median([end - start for start, end in timed.host_bounds]), period):
+                vrec.energy = energy.measure_over_calls(readings, timed.host_bounds,
+                                                        power_limit_w=limit() if limit is not None else None)
+            else:
+                run.tag(f"{name}:energy")
+                with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
+                    vrec.energy = _energy_per_call(call, workload, run.device, run.sampler,
+                                                   run.case.policy.energy_s)
             vrec.energy_mj_per_call, vrec.energy_error = vrec.energy.mj_per_call, vrec.energy.error
         except Exception as exc:  # noqa: BLE001 - the timing and check stand
             vrec.energy_error = describe(exc).message
@@ -415,7 +442,7 @@ def _energy_per_call(call: Callable[[Recorder], Any], workload: Workload, device
         call(Recorder())
 
     limit = getattr(sampler, "power_limit_w", None)  # a probe without it: the figure is not checked
-    return energy.measure_energy_per_call(one_call, sampler.energy_mj, time.perf_counter, min_window_s=seconds,
+    return energy.measure_energy_per_call(one_call, sampler.energy_mj, _host_clock(sampler), min_window_s=seconds,
                                           power_limit_w=limit() if limit is not None else None,
                                           sync=lambda: timing.synchronize(device))
 

@@ -17,13 +17,16 @@ This module is the sampler thread. It talks to a :class:`TelemetrySource`
 a fake, which is how the sampler is tested on a CPU); reasons are decoded by
 :mod:`gpubench.throttle`; summaries and telemetry.csv's rows are :mod:`gpubench.telemetry_summary`.
 The public names of all four stay importable from here. Energy per call, timed against the
-counter's steps and checked against the board's power limit, is :mod:`gpubench.energy`.
+counter's steps and checked against the board's power limit, is :mod:`gpubench.energy`; the
+sampler keeps every energy read with its host-clock instants (:attr:`TelemetrySampler.energy_log`)
+so that long calls are measured over their timed calls themselves.
 
 Units: power in W, energy in mJ (NVML's counter, cumulative since the driver loaded), clocks in
 MHz, temperature in degrees C, utilization in %, memory used in MiB (2**20 bytes, as nvidia-smi).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -31,6 +34,7 @@ import time
 from typing import Any, Callable
 
 from gpubench.atomic import atomic_write_text
+from gpubench.energy import CounterLog
 from gpubench.telemetry_source import (
     SOURCE_FIELDS,
     NvmlSource,
@@ -102,6 +106,7 @@ class TelemetrySampler:
         self._last_error: str | None = None
         self._skipped_ticks = 0
         self._extra_columns: list[str] = []
+        self._energy_log = CounterLog(clock)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -139,6 +144,13 @@ class TelemetrySampler:
         """A copy of the samples so far (each a fresh dict)."""
         with self._lock:
             return [dict(s, throttle_reasons=list(s["throttle_reasons"])) for s in self._samples]
+
+    @property
+    def energy_log(self) -> CounterLog | None:
+        """The energy counter's reads (each with the host-clock instants around it, on ``clock``)
+        while the thread takes them every tick; None when it does not (unavailable, not started,
+        stopped): then nothing is read during the timed calls."""
+        return self._energy_log if self.running else None
 
     def set_tag(self, case_id: str | None, variant: str | None) -> None:
         """Tag the samples taken from now on. One attribute store: cheap enough for a hot loop."""
@@ -209,10 +221,7 @@ class TelemetrySampler:
                 self._read_errors += 1
                 self._last_error = f"{type(e).__name__}: {e}"
             return None
-        try:
-            energy = source.energy_mj()
-        except Exception:
-            energy = None
+        energy = self._energy_log.read(functools.partial(self._energy_of, source))
         sample: dict[str, Any] = {"t_s": now - self._t0, "case": case, "variant": variant}
         for key in SOURCE_FIELDS:
             sample[key] = values.get(key)
@@ -232,8 +241,10 @@ class TelemetrySampler:
     def energy_mj(self) -> float | None:
         """The source's cumulative energy counter read now, in mJ (None if unavailable)."""
         source = self._source
-        if source is None:
-            return None
+        return None if source is None else self._energy_of(source)
+
+    @staticmethod
+    def _energy_of(source: TelemetrySource) -> float | None:
         try:
             return source.energy_mj()
         except Exception:

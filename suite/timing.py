@@ -215,6 +215,9 @@ class VariantTiming:
     records: list[dict[str, Any]] = field(default_factory=list)  # what each timed call recorded
     error: BaseException | None = None  # the exception that stopped this variant, if any
     cuda_graph: str = "off"  # "off", "on", or "failed: <reason>"
+    # Each timed call's (start, end) on measure_interleaved's host_clock, read outside the timed
+    # region: from before the L2 flush to after the device is synchronized (energy over the calls).
+    host_bounds: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -238,6 +241,7 @@ def measure_interleaved(
     timings: dict[str, VariantTiming] | None = None,
     nvtx_case: str | None = None,
     phases: PhaseTimer | None = None,
+    host_clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
@@ -250,6 +254,8 @@ def measure_interleaved(
     repetition is inside NVTX ranges ``<nvtx_case>/<variant>`` and ``<variant>#<rep>`` (``#w<n>``
     for warm-up calls), pushed outside the timed region. ``phases`` gets the laps ``warmup`` (graph
     capture and warm-up calls) and ``timing`` (the timed rounds, resets and L2 flushes included).
+    ``host_clock`` times each timed call's bounds (``VariantTiming.host_bounds``), outside the timed
+    region: the energy counter's reads are matched to the calls on it.
     """
     timings = {} if timings is None else timings
     for name in calls:
@@ -270,10 +276,13 @@ def measure_interleaved(
         rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
         warmups[name] += not timed
         with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
+            started = host_clock()
             seconds = clock.time_call(lambda: call(recorder))
+            ended = host_clock()
         if timed:
             timings[name].samples_s.append(seconds)
             timings[name].records.append(recorder.values)
+            timings[name].host_bounds.append((started, ended))
         return seconds
 
     if phases is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpubench import env as envmod
 from gpubench import notices, runner, techniques, telemetry, timing
+from gpubench.energy import CounterLog, CounterReader
 from gpubench.results import json_safe
 from gpubench.scenario import Case
 
@@ -83,12 +84,29 @@ class SharedTag:
     """The case and variant running now, in shared memory, so the supervisor's telemetry thread
     tags its samples with what this worker is doing. ``energy_mj`` reads the device's energy
     counter in this process (NVML is not tied to a process), ``power_limit_w`` the board's power
-    limit. What ``run_case`` needs of telemetry: ``set_tag``, ``energy_mj`` (and, to check energy
-    figures, ``power_limit_w``)."""
+    limit, ``energy_log`` the counter's reads taken throughout by a thread of this process (the
+    supervisor's sampler is in another). What ``run_case`` needs of telemetry: ``set_tag``,
+    ``energy_mj`` (and, to check energy figures, ``power_limit_w``; to measure long calls over
+    their timed calls, ``energy_log``)."""
 
-    def __init__(self, buffer: Any, energy: Any = None):
+    def __init__(self, buffer: Any, energy: Any = None, interval_s: float = telemetry.DEFAULT_INTERVAL_S):
         self._buffer = buffer
         self._energy = energy
+        self._reader = CounterReader(self.energy_mj, interval_s) if energy is not None else None
+
+    @property
+    def energy_log(self) -> CounterLog | None:
+        """The counter's reads, every ``interval_s`` from the first ask on (the runner asks before
+        timing a case that measures energy); None where there is no counter to read."""
+        if self._reader is None or self.energy_mj() is None:
+            return None
+        self._reader.start()
+        return self._reader.log
+
+    def close(self) -> None:
+        """Stop reading the counter (the source is its owner's to close)."""
+        if self._reader is not None:
+            self._reader.stop()
 
     def set_tag(self, case_id: str | None, variant: str | None) -> None:
         text = "" if case_id is None else f"{case_id}\t{variant or ''}"
@@ -203,5 +221,6 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
         conn.send(Done(job.index, record, broken, interrupted))
         if broken or interrupted:
             break
+    probe.close()
     if energy is not None:
         energy.close()

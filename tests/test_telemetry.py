@@ -684,3 +684,29 @@ def test_for_device_out_of_range_is_unavailable_not_a_crash(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     s = TelemetrySampler.for_device("cuda:3")
     assert not s.available and "CUDA_VISIBLE_DEVICES" in s.reason
+
+
+def test_the_sampler_keeps_each_energy_read_with_its_instants_while_its_thread_runs():
+    # Energy per call of long calls is taken from these reads (gpubench.energy.measure_over_calls):
+    # each is the sample's own energy_mj, on the sampler's clock; offered only while the thread runs.
+    clock = FakeClock()
+    s = TelemetrySampler(FakeSource(), interval_s=0.05, clock=clock)
+    for _ in range(3):
+        s.sample_once()
+        clock.t += 0.05
+    assert s.energy_log is None  # not started: nothing reads the counter during the calls
+    assert s._energy_log.clock is clock
+    reads = s._energy_log.readings()
+    assert [r.mj for r in reads] == [x["energy_mj"] for x in s.samples] == [10.0, 20.0, 30.0]
+    assert [r.t0 for r in reads] == pytest.approx([100.0 + x["t_s"] for x in s.samples])
+    with TelemetrySampler(FakeSource(), interval_s=0.005) as running:
+        assert wait_until(lambda: len(running.samples) >= 2)
+        assert running.energy_log is not None and running.energy_log.clock is time.monotonic
+        assert len(running.energy_log.readings()) >= 2
+    assert running.energy_log is None
+    # A source without an energy counter: nothing kept.
+    quiet = FakeSource()
+    quiet.energy_mj = lambda: None
+    t = TelemetrySampler(quiet, interval_s=0.05, clock=FakeClock())
+    t.sample_once()
+    assert t._energy_log.readings() == []
