@@ -42,6 +42,17 @@ RESERVE_BYTES = 256 * 1024
 # What older records' timing.method says of their clock (VariantRecord.basis).
 LEGACY_BASIS = {"perf_counter_ns": "host", "cuda_event": "cuda_event_legacy"}
 OTHER_BASIS = {"device": "wall", "wall": "device"}
+# What each clock is, as the report and the terminal say it (gpubench.timing.Clock measures them).
+BASIS_TEXT = {
+    "device": "device time: CUDA events, launch work excluded",
+    "wall": "wall time: host launch and syncs included",
+    "host": "one clock: perf_counter on the host; on a CPU device and wall time are the same figure",
+    "cuda_event_legacy": "the older CUDA clock: events started after a host sync (launch work included, "
+                         "the final sync not), neither device nor wall time",
+}
+# The share of wall time outside device time (launch work, host syncs) at which the report shows
+# the other clock's figure beside the headline's.
+MATERIAL_SHARE = 0.10
 
 
 def _fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,9 +131,24 @@ class VariantRecord:
         """The clock of ``other_samples_s``, where the record holds any."""
         return OTHER_BASIS.get(self.basis) if self.other_samples_s else None
 
+    @property
+    def other_median_s(self) -> float | None:
+        return statistics.median(self.other_samples_s) if self.other_samples_s else None
+
+    @property
+    def launch_share(self) -> float | None:
+        """The share of the median wall time not in the median device time (launch work, host
+        syncs), where the record holds both clocks: what device time leaves out."""
+        wall, device = self.samples_on("wall"), self.samples_on("device")
+        if not wall or not device:
+            return None
+        median_wall = statistics.median(wall)
+        return (median_wall - statistics.median(device)) / median_wall if median_wall > 0 else None
+
     def samples_on(self, basis: str) -> list[float] | None:
-        """The samples on clock ``basis`` where the record holds them, else None."""
-        if basis == self.basis:
+        """The samples on clock ``basis`` where the record holds them, else None. A CPU's one
+        clock (``host``) is device and wall time both."""
+        if basis == self.basis or (self.basis == "host" and basis in OTHER_BASIS):
             return list(self.samples_s)
         if basis == self.other_basis:
             return list(self.other_samples_s)

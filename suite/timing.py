@@ -158,11 +158,6 @@ def synchronize(device: torch.device) -> None:
 
 BASES = ("device", "wall", "host")
 OTHER_BASIS = {"device": "wall", "wall": "device"}  # host has no other
-BASIS_TEXT = {
-    "device": "device time: CUDA events, launch work excluded",
-    "wall": "wall time: host launch and syncs included",
-    "host": "one clock: perf_counter on the host (device and wall time are the same figure)",
-}
 
 
 class Clock:
