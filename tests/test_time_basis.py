@@ -334,3 +334,66 @@ def test_a_report_of_a_two_clock_run_renders(toys, tmp_path):
     assert "device time: CUDA events, launch work excluded" in page
     assert "wall 1.5 ms (launch and syncs 33%)" in page
 
+
+
+# -- benchmarks/do_bench_check.py: the GPU session's check, its logic on a CPU --------------------------
+def _do_bench_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "do_bench_check.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_do_bench_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_do_bench_check_on_a_cpu_times_nothing_and_says_so(tmp_path, capsys):
+    import json
+
+    script = _do_bench_check()
+    out = tmp_path / "check.json"
+    assert script.main(["--device", "cuda", "--out", str(out)], cuda_available=lambda: False) == 0
+    assert "no CUDA device here" in capsys.readouterr().out
+    assert json.loads(out.read_text()) == {"status": "skipped", "reason": "no CUDA device here "
+                                           "(torch.cuda.is_available() is False)", "cases": []}
+    assert script.main(["--device", "cpu"]) == 0 and "is not a GPU" in capsys.readouterr().out
+
+
+def test_do_bench_check_times_the_harness_on_device_time_not_wall_time():
+    out = _do_bench_check().harness_times(lambda: None, TwoClocks(), QUICK)
+    assert out == {"device_s": 1e-3, "n": 4, "wall_s": 1.5e-3}
+
+
+@pytest.mark.parametrize("harness_s,within,code", [(1.04e-3, True, 0), (1.06e-3, False, 1)])
+def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harness_s, within, code):
+    """Both timers faked: do_bench 1 ms; the harness 4% (passes) or 6% (fails) away; the record
+    holds every figure; the two are taken alternately."""
+    import json
+
+    script = _do_bench_check()
+    order: list[str] = []
+
+    def bench(call):
+        order.append("do_bench")
+        return 1e-3
+
+    def harness(call):
+        order.append("harness")
+        return {"device_s": harness_s, "n": 20, "wall_s": 2e-3}
+
+    def check(name, params, device):
+        return script.check_case(name, params, device, build=lambda *a: ("fake", lambda: None),
+                                 harness=harness, bench=bench)
+
+    out = tmp_path / "check.json"
+    code_got = script.main(["--device", "cuda:0", "--out", str(out)], check=check, cuda_available=lambda: True,
+                           device_name=lambda d: "Fake GPU")
+    assert code_got == code
+    record = json.loads(out.read_text())
+    assert [c["case"] for c in record["cases"]] == ["flash_attention", "paged_attention"]
+    assert all(c["within"] is within and c["ratio"] == pytest.approx(harness_s / 1e-3) for c in record["cases"])
+    assert record["status"] == ("passed" if within else "failed") and record["device"] == "Fake GPU"
+    assert order == ["do_bench", "harness"] * script.ROUNDS * 2
+    printed = capsys.readouterr().out
+    assert "harness wall 2000.0 us" in printed and ("NOT within" in printed) is (not within)
