@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpubench import energy, profiling, stats, techniques, timing
-from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
+from gpubench.contract import ROLES, SHAPE_TIME_BASIS, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, VariantRecord
 from gpubench.scenario import Case
 from gpubench.telemetry import TelemetrySampler
@@ -292,7 +292,7 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
              if run.variant(n).timing is None}
     timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
                                timings=run.timings, nvtx_case=run.case.id, phases=run.phases,
-                               basis=run.tech.time_basis)
+                               basis=getattr(run.tech, "time_basis", "") or SHAPE_TIME_BASIS.get(run.tech.shape, "device"))
     return calls
 
 

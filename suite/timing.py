@@ -294,6 +294,7 @@ def measure_interleaved(
     nvtx_case: str | None = None,
     phases: PhaseTimer | None = None,
     basis: str = "device",
+    other_clock: bool = True,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
@@ -310,11 +311,13 @@ def measure_interleaved(
     ``basis`` is the headline clock on a GPU (``device`` or ``wall``: :class:`Clock`); its samples
     are ``samples_s``, which the stopping rule reads. On a GPU every timed repetition is two calls,
     one per clock, the headline's first (each with its own reset and flush); the other clock's
-    samples are ``other_s``. On the CPU there is one clock (``host``) and one call.
+    samples are ``other_s``; ``other_clock=False`` leaves it out (one call per repetition: for
+    figures read on one clock only, such as the device's ceilings). On the CPU there is one clock
+    (``host``) and one call.
     """
     timings = {} if timings is None else timings
     headline = clock.basis(basis)
-    other = OTHER_BASIS.get(headline)
+    other = OTHER_BASIS.get(headline) if other_clock else None
     for name in calls:
         timings.setdefault(name, VariantTiming(name, basis=headline))
     device = clock.device

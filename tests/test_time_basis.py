@@ -116,6 +116,12 @@ def test_each_repetition_is_one_call_per_clock_and_the_headline_list_is_the_basi
     assert len(out.records) == 4  # what the headline's calls recorded
 
 
+def test_the_other_clock_may_be_left_out():
+    clock = TwoClocks()
+    out = timing.measure_interleaved({"a": lambda _: None}, clock, QUICK, basis="device", other_clock=False)["a"]
+    assert out.samples_s == [1e-3] * 4 and out.other_s == [] and clock.calls == ["device"] * 5
+
+
 def test_the_stopping_rule_reads_the_headline_list_only():
     """The other clock's samples spread widely; the headline's do not: the loop stops at min_reps."""
     class Spread(TwoClocks):
@@ -332,6 +338,7 @@ def test_a_report_of_a_two_clock_run_renders(toys, tmp_path):
                     status="complete", cases=[record])
     page = html.render(html.Run(tmp_path, run, None, None, None))
     assert "device time: CUDA events, launch work excluded" in page
+    assert '<dd id="clocks">toy_kernel on device time: CUDA events, launch work excluded (launch and syncs' in page
     assert "wall 1.5 ms (launch and syncs 33%)" in page
 
 
