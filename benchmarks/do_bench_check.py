@@ -66,7 +66,8 @@ def harness_times(call: Call, clock: timing.Clock, policy: timing.Policy = POLIC
     if timed.error is not None:
         raise timed.error
     return {"device_s": statistics.median(timed.samples_s), "n": timed.n,
-            "wall_s": statistics.median(timed.other_s) if timed.other_s else None}
+            "wall_s": statistics.median(timed.other_s) if timed.other_s else None,
+            "launch_outlasted_flush": timed.launch_outlasted_flush}
 
 
 def do_bench_s(call: Call) -> float:
@@ -95,6 +96,7 @@ def check_case(name: str, params: dict[str, Any], device: torch.device, *,
     ratio = device_mean / do_bench_mean
     return {"case": name, "params": params, "variant": variant, "do_bench_s": benched,
             "harness_device_s": [h["device_s"] for h in harnessed], "harness_n": [h["n"] for h in harnessed],
+            "harness_launch_outlasted_flush": [h.get("launch_outlasted_flush") for h in harnessed],
             "harness_wall_s": walls, "ratio": ratio, "within": abs(ratio - 1.0) <= TOLERANCE}
 
 

@@ -195,6 +195,15 @@ def clock_note(cases: list[CaseRecord]) -> str:
         note += (" The other clock was recorded beside it, a call of its own in the same rounds: its median and "
                  "the share of wall time outside device time (launch work, host syncs) are in the table of every "
                  f"variant ({material} variant{'s' if material != 1 else ''} at {MATERIAL_SHARE:.0%} or more).")
+    exposed, device_samples = 0, 0
+    for c in cases:
+        for v in c.variants.values():
+            count = (v.timing or {}).get("launch_outlasted_flush")
+            if isinstance(count, int) and v.samples_on("device"):
+                exposed, device_samples = exposed + count, device_samples + len(v.samples_on("device") or [])
+    if exposed:
+        note += (f" In {exposed} of {device_samples} device-time samples the call's launch took longer than the L2 "
+                 f"flush ran, so those may hold some launch work.")
     return note
 
 

@@ -314,6 +314,8 @@ def _record_timings(run: CaseRun) -> None:
         vrec = run.variant(name)
         vrec.timing = {"method": run.clock.method_of(t.basis), "l2_flush": run.clock.flushes_l2,
                        "cuda_graph": t.cuda_graph}
+        if t.launch_outlasted_flush is not None:  # of the device-time samples (a GPU, the flush on)
+            vrec.timing["launch_outlasted_flush"] = t.launch_outlasted_flush
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)

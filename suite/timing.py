@@ -169,8 +169,10 @@ class Clock:
       the time between the events. The start event waits behind the flush (~80 us for 256 MB on
       an H100) while the host launches the call, so the Python launch work (autotuner dispatch,
       descriptors, device queries) is hidden unless it outlasts the flush (as
-      ``triton.testing.do_bench``). Without a flush (``flush_l2: false``) nothing holds the start
-      event back: device time then includes the launch.
+      ``triton.testing.do_bench``). Each such call says whether its launch took longer than the
+      flush ran (:attr:`launch_outlasted_flush`: then part of the launch may be in the sample).
+      Without a flush (``flush_l2: false``) nothing holds the start event back: device time then
+      includes the launch.
     - ``wall`` time: the flush is enqueued and waited for (host sync), then the host clock starts,
       just before the call is launched, and stops after the end event (recorded after the call)
       has been synchronized: Python launch work, the call's own host syncs and the final sync's
@@ -191,6 +193,12 @@ class Clock:
         if device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
+            if self._flush_buffer is not None:
+                self._flush_begin = torch.cuda.Event(enable_timing=True)
+        # After a device-time call with the flush: whether the host's launch of the call took
+        # longer than the flush ran on the GPU, so the start event may have fired before the
+        # launch was done and the sample may hold some launch work. None: not known.
+        self.launch_outlasted_flush: bool | None = None
 
     @property
     def flushes_l2(self) -> bool:
@@ -220,12 +228,19 @@ class Clock:
             fn()
             return (time.perf_counter_ns() - t0) * 1e-9
         if basis == "device":
+            self.launch_outlasted_flush = None
             if self._flush_buffer is not None:
+                self._flush_begin.record()
                 self._flush_buffer.zero_()
             self._start.record()  # queued behind the flush: no host sync in between
+            h0 = time.perf_counter_ns()
             fn()
+            h1 = time.perf_counter_ns()
             self._end.record()
             self._end.synchronize()
+            if self._flush_buffer is not None:
+                flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
+                self.launch_outlasted_flush = (h1 - h0) * 1e-9 > flush_s
             return self._start.elapsed_time(self._end) * 1e-3
         if self._flush_buffer is not None:
             self._flush_buffer.zero_()
@@ -266,6 +281,9 @@ class VariantTiming:
     # the same rounds; empty where there is one clock (CPU). A repetition cut short between its two
     # calls leaves this list one shorter.
     other_s: list[float] = field(default_factory=list)
+    # Device-time samples whose launch outlasted the L2 flush (Clock.launch_outlasted_flush): they
+    # may hold some launch work. None where not known (a CPU, no flush, no device-time call).
+    launch_outlasted_flush: int | None = None
 
     @property
     def other_basis(self) -> str | None:
@@ -326,7 +344,7 @@ def measure_interleaved(
         if on_switch is not None:
             on_switch(name)
 
-    def timed_once(name: str, rep: str, on: str) -> tuple[float, Recorder]:
+    def timed_once(name: str, rep: str, on: str, timed: bool) -> tuple[float, Recorder]:
         if reset is not None:
             reset()
             synchronize(device)
@@ -335,17 +353,20 @@ def measure_interleaved(
         call = calls[name]
         with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
             seconds = clock.time_call(lambda: call(recorder), on)
+        exposed = getattr(clock, "launch_outlasted_flush", None) if on == "device" else None
+        if timed and exposed is not None:
+            timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + exposed
         return seconds, recorder
 
     def one(name: str, timed: bool) -> float:
         rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
         warmups[name] += not timed
-        seconds, recorder = timed_once(name, rep, headline)
+        seconds, recorder = timed_once(name, rep, headline, timed)
         if timed:
             timings[name].samples_s.append(seconds)
             timings[name].records.append(recorder.values)
             if other is not None:  # the other clock: a call of its own (one call cannot give both)
-                timings[name].other_s.append(timed_once(name, f"{rep}:{other}", other)[0])
+                timings[name].other_s.append(timed_once(name, f"{rep}:{other}", other, timed)[0])
         return seconds
 
     if phases is not None:

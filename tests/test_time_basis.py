@@ -60,16 +60,26 @@ def cuda_clock(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter_ns", perf_counter_ns)
     clock = timing.Clock(torch.device("cuda", 0), flush_l2=False)
     clock._flush_buffer = FakeFlush(log)  # a 256 MB buffer on a device this machine lacks
+    clock._flush_begin = FakeEvent(log, "flush_begin", 0.1)  # the flush ran 0.1 ms on the GPU
     return clock, log
 
 
 def test_device_time_queues_the_start_event_behind_the_flush_with_no_host_sync(cuda_clock):
     clock, log = cuda_clock
     seconds = clock.time_call(lambda: log.append("launch"), "device")
-    assert log == ["flush", "start.record", "launch", "end.record", "end.synchronize", "elapsed_time"]
+    assert log == ["flush_begin.record", "flush", "start.record", "host_clock", "launch", "host_clock",
+                   "end.record", "end.synchronize", "elapsed_time", "elapsed_time"]
     assert "host_sync" not in log[log.index("flush"):log.index("start.record")]
+    assert "host_sync" not in log  # the end event's synchronize is the only wait
     assert seconds == pytest.approx(0.25e-3)  # the events' time, not the host's
     assert clock.method_of("device") == "cuda_event"
+    # The launch took 0.4 ms on the host, the flush 0.1 ms on the GPU: the launch may show.
+    assert clock.launch_outlasted_flush is True
+    clock._flush_begin.elapsed_ms = 1.0
+    clock.time_call(lambda: None, "device")
+    assert clock.launch_outlasted_flush is False
+    clock.time_call(lambda: None, "wall")
+    assert clock.launch_outlasted_flush is False  # only a device-time call says
 
 
 def test_wall_time_starts_after_the_flush_and_spans_the_launch_and_the_final_sync(cuda_clock):
@@ -103,6 +113,8 @@ class TwoClocks(timing.Clock):
     def time_call(self, fn, basis="device"):
         self.calls.append(basis)
         fn()
+        if basis == "device":  # device-time calls 1, 3, 5 ... outlast the flush
+            self.launch_outlasted_flush = self.calls.count("device") % 2 == 1
         return self.FIGURES[basis]
 
 
@@ -114,6 +126,9 @@ def test_each_repetition_is_one_call_per_clock_and_the_headline_list_is_the_basi
     assert out.samples_s == [TwoClocks.FIGURES[basis]] * 4 and out.other_s == [TwoClocks.FIGURES[other]] * 4
     assert clock.calls == [basis] + [basis, other] * 4  # warm-up on the headline only; then both, headline first
     assert len(out.records) == 4  # what the headline's calls recorded
+    # device-time calls whose launch outlasted the flush, timed ones only (not the warm-up)
+    # device calls 3 and 5 (device first: call 1 is its warm-up, not counted) or 1 and 3 (wall first)
+    assert out.launch_outlasted_flush == 2
 
 
 def test_the_other_clock_may_be_left_out():
@@ -325,6 +340,11 @@ def test_the_report_section_names_the_clock_and_shows_the_other():
     assert "(1 variant at 10% or more)" in note
     row = sections.variant_rows(run.cases[0], 1)[0]
     assert row["other_clock"] == "device 1.01 ms (launch and syncs 50%)"
+    assert "launch took longer" not in note
+    run.cases[0].variants["optimized"].timing = {"method": "perf_counter_ns", "launch_outlasted_flush": 3}
+    assert sections.clock_note(run.cases).endswith(
+        "In 3 of 20 device-time samples the call's launch took longer than the L2 flush ran, so those may hold "
+        "some launch work.")
     cpu = _run_record([("a", {"optimized": _variant("optimized", "host", FAST)})])
     assert "on a CPU device and wall time are the same figure" in sections.clock_note(cpu.cases)
     assert sections.variant_rows(cpu.cases[0], 1)[0]["other_clock"] == ""
@@ -369,7 +389,7 @@ def test_do_bench_check_on_a_cpu_times_nothing_and_says_so(tmp_path, capsys):
 
 def test_do_bench_check_times_the_harness_on_device_time_not_wall_time():
     out = _do_bench_check().harness_times(lambda: None, TwoClocks(), QUICK)
-    assert out == {"device_s": 1e-3, "n": 4, "wall_s": 1.5e-3}
+    assert out == {"device_s": 1e-3, "n": 4, "wall_s": 1.5e-3, "launch_outlasted_flush": 2}
 
 
 @pytest.mark.parametrize("harness_s,within,code", [(1.04e-3, True, 0), (1.06e-3, False, 1)])
