@@ -103,6 +103,9 @@ def check_case(name: str, params: dict[str, Any], device: torch.device, *,
 def line(result: dict[str, Any]) -> str:
     wall = (f"; harness wall {statistics.fmean(result['harness_wall_s']) * 1e6:.1f} us"
             if result["harness_wall_s"] else "")
+    counts = [c for c in result.get("harness_launch_outlasted_flush", []) if c is not None]
+    if counts:
+        wall += f"; launch outlasted the flush in {sum(counts)} of {sum(result['harness_n'])} harness samples"
     return (f"{result['case']} ({result['variant']}): do_bench {statistics.fmean(result['do_bench_s']) * 1e6:.1f} us, "
             f"harness device {statistics.fmean(result['harness_device_s']) * 1e6:.1f} us "
             f"(ratio {result['ratio']:.3f}: {'within' if result['within'] else 'NOT within'} "
@@ -116,7 +119,10 @@ def main(argv: list[str] | None = None, *, check: Callable[..., dict[str, Any]] 
     parser.add_argument("--device", default="cuda", help="cuda or cuda:N (anything else: nothing is timed)")
     parser.add_argument("--out", type=Path, help="the JSON record to write")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a device; allowed: cuda or cuda:N")
     if device.type != "cuda" or not cuda_available():
         reason = (f"--device {args.device} is not a GPU" if device.type != "cuda"
                   else "no CUDA device here (torch.cuda.is_available() is False)")

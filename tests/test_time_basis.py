@@ -407,7 +407,7 @@ def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harnes
 
     def harness(call):
         order.append("harness")
-        return {"device_s": harness_s, "n": 20, "wall_s": 2e-3}
+        return {"device_s": harness_s, "n": 20, "wall_s": 2e-3, "launch_outlasted_flush": 1}
 
     def check(name, params, device):
         return script.check_case(name, params, device, build=lambda *a: ("fake", lambda: None),
@@ -423,4 +423,4 @@ def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harnes
     assert record["status"] == ("passed" if within else "failed") and record["device"] == "Fake GPU"
     assert order == ["do_bench", "harness"] * script.ROUNDS * 2
     printed = capsys.readouterr().out
-    assert "harness wall 2000.0 us" in printed and ("NOT within" in printed) is (not within)
+    assert "harness wall 2000.0 us; launch outlasted the flush in 2 of 40 harness samples" in printed and ("NOT within" in printed) is (not within)
