@@ -229,16 +229,18 @@ class Clock:
             return (time.perf_counter_ns() - t0) * 1e-9
         if basis == "device":
             self.launch_outlasted_flush = None
+            h0 = time.perf_counter_ns()  # the host's side of the race: flush enqueued to call launched
             if self._flush_buffer is not None:
                 self._flush_begin.record()
                 self._flush_buffer.zero_()
             self._start.record()  # queued behind the flush: no host sync in between
-            h0 = time.perf_counter_ns()
             fn()
             h1 = time.perf_counter_ns()
             self._end.record()
             self._end.synchronize()
             if self._flush_buffer is not None:
+                # The GPU was idle (the last call was synchronized), so the flush began as it was
+                # enqueued; counting the host from before that flags a launch a little early.
                 flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
                 self.launch_outlasted_flush = (h1 - h0) * 1e-9 > flush_s
             return self._start.elapsed_time(self._end) * 1e-3
