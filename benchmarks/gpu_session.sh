@@ -20,6 +20,8 @@
 #   5  kernels-h200: issue 28's paged decode goal cases beside sdpa_contiguous / flashinfer
 #   6  kernels-h200-flash: issue 28's flash goal cases (fwd, fwd+bwd) beside cuDNN / FA2 SDPA
 #   7  kernels-h200-flash again with GPUBENCH_FLASH_DESCRIPTORS=0 (the pointer path: before/after TMA)
+#   8  issue 33's do_bench check: harness device time vs triton.testing.do_bench, one flash and one
+#      paged decode case, within 5% (benchmarks/do_bench_check.py; on a CPU it says so and times nothing)
 # Issue 28 alone: PARTS="5 6 7 4" (about 8 minutes with a cold autotune cache).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +75,8 @@ for p in $PARTS; do
        tar -czf "$OUT/cache.tar.gz" -C "$GPUBENCH_CACHE_DIR" . 2>/dev/null ;;
     7) part kernels-flash-pointers "$LIMIT_KERNELS" env GPUBENCH_FLASH_DESCRIPTORS=0 "$PY" -m gpubench.cli run \
          $FLASH --device "$DEVICE" --no-history --out /tmp/gpu-session/kernels-flash-pointers/runs ;;
+    8) part do-bench-check 180 "$PY" benchmarks/do_bench_check.py --device "$DEVICE" \
+         --out /tmp/gpu-session/do-bench-check/do_bench_check.json ;;
     *) echo "unknown part $p" ;;
   esac
 done
