@@ -424,3 +424,19 @@ def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harnes
     assert order == ["do_bench", "harness"] * script.ROUNDS * 2
     printed = capsys.readouterr().out
     assert "harness wall 2000.0 us; launch outlasted the flush in 2 of 40 harness samples" in printed and ("NOT within" in printed) is (not within)
+
+
+def test_the_reports_side_by_side_lists_a_case_on_mixed_clocks_as_inconclusive():
+    """An inconclusive case (here: mixed clocks) has its place in the report's comparison (it
+    raised ValueError there before), and the medians shown are the ones compared."""
+    from gpubench.reports import html
+
+    older = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "", _scaled(FAST, 2),
+                                                                    method="cuda_event")})]))
+    now = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2))})]))
+    row = html.compare_runs(now, older)["rows"][0]
+    assert row["class"] == "inconclusive" and "not judged on mixed clocks" in row["note"]
+    wall_base = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "wall", _scaled(FAST, 2),
+                                                                        _scaled(FAST, 1.5))})]))
+    row = html.compare_runs(now, wall_base)["rows"][0]  # compared on device time: 1.5x the samples before
+    assert row["class"] == "improved" and (row["before"], row["after"]) == ("1.51 ms", "1.01 ms")
