@@ -1,6 +1,6 @@
 """One section of the report per technique: what it does and what each variant runs, the published
-figure, a CPU caveat where the win is GPU-specific, the clock its times are on, its params and what they mean, the generic
-figures, the figures it declared, and every variant of every case.
+figure, a CPU caveat where the win is GPU-specific, the clock its times are on, its params and what
+they mean, the generic figures, the figures it declared, and every variant of every case.
 
 Everything a section says of a technique comes from the run's own record of it
 (:meth:`gpubench.results.RunRecord.technique`): a run is drawn by the declarations of its day,

@@ -352,10 +352,10 @@ def common_basis(base: Any, cur: Any) -> tuple[str | None, str]:
     if b == c or not b or not c:
         return c or b, ""
     if base.samples_on(c):
-        return c, f"compared on {CLOCK_NAMES[c]}, which the baseline recorded beside its headline ({CLOCK_NAMES[b]})"
+        return c, f"compared on {CLOCK_NAMES.get(c, c)}, which the baseline recorded beside its headline ({CLOCK_NAMES.get(b, b)})"
     if cur.samples_on(b):
-        return b, (f"compared on {CLOCK_NAMES[b]}, the baseline's headline, which the current run recorded beside "
-                   f"its own ({CLOCK_NAMES[c]})")
+        return b, (f"compared on {CLOCK_NAMES.get(b, b)}, the baseline's headline, which the current run recorded beside "
+                   f"its own ({CLOCK_NAMES.get(c, c)})")
     return None, (f"not judged on mixed clocks: the baseline was timed on {CLOCK_NAMES.get(b, b)}, the current run "
                   f"on {CLOCK_NAMES.get(c, c)}, and neither recorded the other's; re-record the baseline with this "
                   f"gpubench (gpubench baseline save) to gate this case")
