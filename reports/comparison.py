@@ -11,9 +11,9 @@ from gpubench.reports.terminal import format_seconds, format_speedup, shown_para
 from gpubench.results import CaseRecord, RunRecord
 
 # The gate's verdicts, in the order the comparison lists them, and how the report words them.
-COMPARE_ORDER = ("regressed", "failed", "no_samples", "unchanged", "improved")
+COMPARE_ORDER = ("regressed", "failed", "no_samples", "inconclusive", "unchanged", "improved")
 VERDICT_TEXT = {"regressed": "regressed", "failed": "failed now", "no_samples": "not comparable",
-                "unchanged": "unchanged", "improved": "improved"}
+                "inconclusive": "inconclusive", "unchanged": "unchanged", "improved": "improved"}
 
 
 def _change_text(ratio: float | None, low: float | None, high: float | None) -> str:
@@ -64,7 +64,11 @@ def _change_row(change: gate.Change, case: CaseRecord, old: CaseRecord, labels: 
             "ci": None if change.ratio is None else (change.ratio, change.ci_low, change.ci_high),
             "change": _change_text(change.ratio, change.ci_low, change.ci_high),
             "baseline_change": _change_text(ctx.ratio, ctx.ci_low, ctx.ci_high) if ctx else "-",
-            "before": format_seconds(_median(old, "optimized")), "after": format_seconds(_median(case, "optimized")),
+            # the medians compared (on the clock both runs recorded), else each run's own
+            "before": format_seconds(change.baseline_median_s if change.baseline_median_s is not None
+                                     else _median(old, "optimized")),
+            "after": format_seconds(change.current_median_s if change.current_median_s is not None
+                                    else _median(case, "optimized")),
             "speedup_before": format_speedup(old.speedup(old.role_variant("optimized"))),
             "speedup_after": format_speedup(case.speedup(case.role_variant("optimized")))}
 

@@ -32,7 +32,8 @@ from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
-from gpubench.reports.terminal import case_params, check_text, format_seconds, format_speedup, headline_text, named_time
+from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_seconds, format_speedup,
+                                       headline_text, named_time)
 from gpubench.results import CaseRecord, RunRecord, as_run, load_run as load_record
 from gpubench.telemetry import BENIGN_REASONS
 
@@ -160,6 +161,7 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
         "on_cpu": run.device == "cpu", "claims": claim_rows, "claims_judged": judged,
         "claims_not_in_run": not_in_run, "claims_folded": claims.not_in_run_line(claim_rows),
         "timed_share": phases.run_text(run),
+        "clocks": [line.removeprefix("time: ") for line in clock_lines(run)],
     }
 
 

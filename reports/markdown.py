@@ -63,6 +63,8 @@ def _headline(head: dict[str, Any]) -> list[str]:
              + (f" {_sentence_case(cell(head['timed_share']))}." if head.get("timed_share") else "")]
     if head.get("techniques"):  # each technique by its own headline figure
         lines += [""] + [f"- **{cell(t['name'])}**: {cell(t['text'])}" for t in head["techniques"]]
+    if head.get("clocks"):  # which clock the times are on
+        lines += [""] + [f"Time: {cell(c)}." for c in head["clocks"]]
     if head.get("description"):
         lines += ["", f"_{cell(head['description'])}_"]
     lines += [f"\n> **Warning:** {cell(w)}" for w in head.get("warnings", [])]

@@ -1,6 +1,6 @@
 """One section of the report per technique: what it does and what each variant runs, the published
-figure, a CPU caveat where the win is GPU-specific, its params and what they mean, the generic
-figures, the figures it declared, and every variant of every case.
+figure, a CPU caveat where the win is GPU-specific, the clock its times are on, its params and what
+they mean, the generic figures, the figures it declared, and every variant of every case.
 
 Everything a section says of a technique comes from the run's own record of it
 (:meth:`gpubench.results.RunRecord.technique`): a run is drawn by the declarations of its day,
@@ -16,8 +16,8 @@ from typing import Any, Sequence
 from gpubench.declarations import TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, format_seconds, format_speedup, named_time,
-                                       param_text, shown_by_technique)
-from gpubench.results import CaseRecord, RunRecord
+                                       other_clock_text, param_text, shown_by_technique)
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
@@ -177,8 +177,34 @@ def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
                      "median": format_seconds(v.median_s),
                      "ci": f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]" if s else "",
                      "n": s.get("n", 0), "speedup": format_speedup(case.speedup(name)),
-                     "check": check_text(case, name).plain})
+                     "check": check_text(case, name).plain, "other_clock": other_clock_text(v, always=True)})
     return rows
+
+
+def clock_note(cases: list[CaseRecord]) -> str:
+    """Which clock the technique's times are on, in a sentence (and that the other is in the
+    variants table), from its variants' records; "" where none was timed."""
+    bases = list(dict.fromkeys(v.basis for c in cases for v in c.variants.values() if v.samples_s))
+    if not bases:
+        return ""
+    said = "; ".join(BASIS_TEXT.get(b, "the records do not say which clock") for b in bases)
+    note = f"Times here are {said}."
+    if any(v.other_samples_s for c in cases for v in c.variants.values()):
+        material = sum(1 for c in cases for v in c.variants.values()
+                       if v.launch_share is not None and abs(v.launch_share) >= MATERIAL_SHARE)
+        note += (" The other clock was recorded beside it, a call of its own in the same rounds: its median and "
+                 "the share of wall time outside device time (launch work, host syncs) are in the table of every "
+                 f"variant ({material} variant{'s' if material != 1 else ''} at {MATERIAL_SHARE:.0%} or more).")
+    exposed, device_samples = 0, 0
+    for c in cases:
+        for v in c.variants.values():
+            count = (v.timing or {}).get("launch_outlasted_flush")
+            if isinstance(count, int) and v.samples_on("device"):
+                exposed, device_samples = exposed + count, device_samples + len(v.samples_on("device") or [])
+    if exposed:
+        note += (f" In {exposed} of {device_samples} device-time samples the call's launch took longer than the L2 "
+                 f"flush ran, so those may hold some launch work.")
+    return note
 
 
 def _sentence(text: str) -> str:
@@ -267,6 +293,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
         "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),
         "anchor": tech.anchor if tech else "", "params": param_rows(tech, cases),
         "cpu_note": tech.gpu_specific if tech and run.device == "cpu" else "",
+        "clock_note": clock_note(cases),
         "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
         "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
         "best": _extreme_rows(best, numbers, labels), "worst": _extreme_rows(worst, numbers, labels),

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.results import CaseRecord, RunRecord, as_run
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, VariantRecord, as_run
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -33,6 +33,46 @@ def named_time(case: CaseRecord, name: str | None) -> str:
     if variant is None:
         return "-" if name is None else f"{name} -"
     return f"{name} {format_seconds(variant.median_s)}"
+
+
+def other_clock_text(variant: VariantRecord | None, always: bool = False) -> str:
+    """The other clock's median beside the headline's and the share of wall time that device time
+    leaves out, e.g. ``wall 78.1 us (launch and syncs 42%)``, where it is material
+    (:data:`MATERIAL_SHARE` of wall time or more) or ``always``; "" where there is no other clock."""
+    share = variant.launch_share if variant is not None else None
+    if share is None or variant.other_basis is None or (abs(share) < MATERIAL_SHARE and not always):
+        return ""
+    return f"{variant.other_basis} {format_seconds(variant.other_median_s)} (launch and syncs {share:.0%})"
+
+
+def clock_lines(run: RunRecord) -> list[str]:
+    """Which clock each technique's times are on, one line each (one line for a CPU run: one
+    clock), and where wall time differs materially from device time, in how many cases and by how
+    much at most (the optimized variant's launch and sync share)."""
+    bases: dict[str, dict[str, int]] = {}
+    shares: dict[str, list[float]] = {}
+    for case in run.cases:
+        variant = case.variant(case.role_variant("optimized")) or case.variant(case.role_variant("baseline"))
+        if variant is None or not variant.samples_s:
+            continue
+        per = bases.setdefault(case.technique, {})
+        per[variant.basis] = per.get(variant.basis, 0) + 1
+        if variant.launch_share is not None:
+            shares.setdefault(case.technique, []).append(variant.launch_share)
+    if not bases:
+        return []
+    if all(set(per) == {"host"} for per in bases.values()):
+        return [f"time: {BASIS_TEXT['host']}"]
+    lines = []
+    for name, per in bases.items():
+        said = "; ".join(BASIS_TEXT.get(b, "clock not recorded") for b in per)
+        line = f"time: {name} on {said}"
+        material = [x for x in shares.get(name, []) if abs(x) >= MATERIAL_SHARE]
+        if material:
+            line += (f" (launch and syncs are {MATERIAL_SHARE:.0%} or more of wall time in {len(material)} of "
+                     f"{len(shares[name])} cases, up to {max(material, key=abs):.0%}: both clocks in the results)")
+        lines.append(line)
+    return lines
 
 
 def param_text(params: dict[str, Any], key: str) -> str:
@@ -153,6 +193,8 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
     s = run.summary
     console.print(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s["interrupted"] else "") + f" ({run.status})")
+    for line in clock_lines(run):
+        console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:
         console.print(f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True,
                       soft_wrap=not console.is_terminal)

@@ -26,6 +26,9 @@ move (log terms: a machine change does not slow both variants alike), each varia
 5 samples in each run; otherwise it is **inconclusive**, with both figures in its reason, and ``--strict``
 fails on it. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
 reserved); its cases are gated on that deterministic figure instead (no CI needed).
+Times are compared on one clock (device or wall time, :mod:`gpubench.timing`): where the runs'
+headline clocks differ, on a clock both recorded; where they share none (a baseline of an older
+gpubench on a GPU), the case is **inconclusive**, never judged on mixed clocks.
 """
 from __future__ import annotations
 
@@ -119,6 +122,9 @@ class Change:
     reason: str = ""
     context: BaselineVariantChange | None = None  # None where the case has no baseline variant to read
     device: str = ""  # the device model, when the runs span several
+    # The clock the samples compared are on (device, wall, host; cuda_event_legacy for two older
+    # GPU runs); None where not compared by time, "" where a record does not say.
+    time_basis: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -320,9 +326,39 @@ def _not_passed(case: CaseRecord, where: str) -> str:
     return f"{where}case {status}" + (f" ({message})" if message else "")
 
 
-def _samples(case: CaseRecord, name: str | None) -> list[float]:
+def _samples(case: CaseRecord, name: str | None, basis: str | None = None) -> list[float]:
+    """The variant's samples on clock ``basis`` (its headline's when None or unknown): [] where it
+    recorded none on that clock."""
     variant = case.variant(name)
-    return list(variant.samples_s) if variant is not None else []
+    if variant is None:
+        return []
+    if not basis or not variant.basis:
+        return list(variant.samples_s)
+    return variant.samples_on(basis) or []
+
+
+CLOCK_NAMES = {"device": "device time", "wall": "wall time", "host": "the CPU's one clock",
+               "cuda_event_legacy": "the older CUDA clock (events started after a host sync: launch work in, "
+                                    "the final sync out; neither device nor wall time)"}
+
+
+def common_basis(base: Any, cur: Any) -> tuple[str | None, str]:
+    """The clock two records of a variant are compared on, and a note where it is not both
+    headlines' (None and why, where they hold no clock in common). Like with like: the current
+    run's headline clock where the baseline recorded it too, else the baseline's where the
+    current run recorded that; a record that does not say its clock is read as before (headline
+    against headline)."""
+    b, c = (base.basis if base is not None else ""), (cur.basis if cur is not None else "")
+    if b == c or not b or not c:
+        return c or b, ""
+    if base.samples_on(c):
+        return c, f"compared on {CLOCK_NAMES.get(c, c)}, which the baseline recorded beside its headline ({CLOCK_NAMES.get(b, b)})"
+    if cur.samples_on(b):
+        return b, (f"compared on {CLOCK_NAMES.get(b, b)}, the baseline's headline, which the current run recorded beside "
+                   f"its own ({CLOCK_NAMES.get(c, c)})")
+    return None, (f"not judged on mixed clocks: the baseline was timed on {CLOCK_NAMES.get(b, b)}, the current run "
+                  f"on {CLOCK_NAMES.get(c, c)}, and neither recorded the other's; re-record the baseline with this "
+                  f"gpubench (gpubench baseline save) to gate this case")
 
 
 def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
@@ -386,16 +422,30 @@ def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
         _fill_by_metric(change, _metric(base, base_name, cur.gate_metric), _metric(cur, name, cur.gate_metric),
                         cur.gate_metric, name)
         return
-    a, b = _samples(base, base_name), _samples(cur, name)
     change.variant = name if base_name in (name, None) else f"{base_name} -> {name}"
+    basis, note = common_basis(base.variant(base_name), cur.variant(name))
+    change.time_basis = basis
+    if basis is None:
+        change.verdict, change.reason = "inconclusive", note
+        return
+    a, b = _samples(base, base_name, basis), _samples(cur, name, basis)
     if not a or not b:
         change.verdict = "no_samples"
         change.reason = f"no raw samples of {name or 'an optimized variant'} in " + ("the baseline" if not a else "the current run")
         return
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
+    _judge_against_control(change, base, cur, name, basis, a, b, seed)
+    if note:
+        change.reason = f"{change.reason}; {note}" if change.reason else note
+
+
+def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, name: str | None, basis: str,
+                           a: list[float], b: list[float], seed: int) -> None:
+    """The case's baseline variant, on the same clock as the optimized one: the machine's move, and
+    the optimized/baseline ratio where that move may explain the optimized variant's change."""
     ref = cur.role_variant("baseline")
-    ra, rb = _samples(base, base.role_variant("baseline")), _samples(cur, ref)
+    ra, rb = _samples(base, base.role_variant("baseline"), basis), _samples(cur, ref, basis)
     if ra and rb and ref != name:
         ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
         change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)

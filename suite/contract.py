@@ -21,6 +21,12 @@ and decorates its pieces:
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
 measured), and *analytic* (a calculation checked against real allocations).
+
+Time on a GPU is taken on two clocks, each call timed on both (:class:`gpubench.timing.Clock`):
+*device* time (CUDA events, the start event held behind the L2 flush: launch work excluded) and
+*wall* time (the host's, launch work and host syncs included). The shape picks the headline clock
+(:data:`SHAPE_TIME_BASIS`: a kernel on device time, steps and runs on wall time); a technique may
+pick the other with ``time_basis="device"`` or ``"wall"``. On a CPU they are one clock.
 """
 from __future__ import annotations
 
@@ -41,6 +47,12 @@ from gpubench.claims import Claim  # noqa: F401
 
 SHAPES = ("kernel", "training_step", "serving_run", "generation_run", "analytic")
 ROLES = ("baseline", "optimized", "peer")
+# The clock a shape's time figures are read on, on a GPU (Technique.time_basis overrides it): a
+# kernel by the device's own time, launch work excluded; a step or a run by wall time, its launch
+# work and host syncs included (they are what it costs). On a CPU both are one clock.
+TIME_BASES = ("device", "wall")
+SHAPE_TIME_BASIS = {"kernel": "device", "training_step": "wall", "serving_run": "wall", "generation_run": "wall",
+                    "analytic": "wall"}
 
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
@@ -351,10 +363,20 @@ class Technique:
     claims: Sequence[Claim] = ()
     # The small sizes benchmarks/ times the technique at (see Bench); empty: not benchmarked there.
     benchmarks: Sequence[Bench] = ()
+    # The clock its time figures (samples_s, speedups, the gate, the history) are read on, on a GPU:
+    # "device" (CUDA events, launch work excluded) or "wall" (the host's, from just before the
+    # launch to after the final sync: launch work and host syncs included). Empty: the shape's
+    # (SHAPE_TIME_BASIS: a kernel on device time, a step or a run on wall time, where host syncs
+    # are the point). The other clock is recorded beside it; on a CPU both are one clock.
+    time_basis: str = ""
 
     def __post_init__(self, headline: str) -> None:
         if self.shape not in SHAPES:
             raise ValueError(f"technique {self.name}: shape must be one of {SHAPES}")
+        if self.time_basis not in ("", *TIME_BASES):
+            raise ValueError(f"technique {self.name}: time_basis must be one of {TIME_BASES} (or empty: the "
+                             f"shape's, {SHAPE_TIME_BASIS[self.shape]!r} for {self.shape})")
+        self.time_basis = self.time_basis or SHAPE_TIME_BASIS[self.shape]
         names = [p.name for p in self.params]
         if len(names) != len(set(names)):
             raise ValueError(f"technique {self.name}: duplicate param names")

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -36,6 +37,22 @@ READABLE_VERSIONS = (1, 2, 3)
 CASES_LOG = "cases.jsonl"
 RESERVE = ".gpubench-reserve"  # room set aside at the start to close the record if the disk fills
 RESERVE_BYTES = 256 * 1024
+
+
+# What older records' timing.method says of their clock (VariantRecord.basis).
+LEGACY_BASIS = {"perf_counter_ns": "host", "cuda_event": "cuda_event_legacy"}
+OTHER_BASIS = {"device": "wall", "wall": "device"}
+# What each clock is, as the report and the terminal say it (gpubench.timing.Clock measures them).
+BASIS_TEXT = {
+    "device": "device time: CUDA events, launch work excluded",
+    "wall": "wall time: host launch and syncs included",
+    "host": "one clock: perf_counter on the host; on a CPU device and wall time are the same figure",
+    "cuda_event_legacy": "the older CUDA clock: events started after a host sync (launch work included, "
+                         "the final sync not), neither device nor wall time",
+}
+# The share of wall time outside device time (launch work, host syncs) at which the report shows
+# the other clock's figure beside the headline's.
+MATERIAL_SHARE = 0.10
 
 
 def _fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,6 +96,13 @@ class VariantRecord:
     energy_error: str | None = None  # why there is no figure (a flag, a counter that did not advance, a raise)
     energy: EnergyMeasurement | None = None  # the window behind the figure (None in older runs)
     profile: dict[str, Any] | None = None  # policy.profile: gpubench.profiling's summary, or {"error": ...}
+    # The clock samples_s (and stats, speedups, the gate) is on: "device" (CUDA events, launch work
+    # excluded), "wall" (the host's, launch and syncs included) or "host" (a CPU: one clock, both
+    # the same figure). Empty in older records: read ``basis``.
+    time_basis: str = ""
+    # The other clock's samples on a GPU (wall beside device, device beside wall), a call each in
+    # the same rounds; empty on a CPU (one clock) and in older records.
+    other_samples_s: list[float] = field(default_factory=list)
 
     def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
         self.status, self.reason, self.error = status, prefix + failure.message, failure
@@ -89,7 +113,46 @@ class VariantRecord:
         return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
                       "energy": _typed(EnergyMeasurement, fields.get("energy")),
                       "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
-                      "samples_s": fields.get("samples_s") or []})
+                      "samples_s": fields.get("samples_s") or [],
+                      "other_samples_s": fields.get("other_samples_s") or []})
+
+    @property
+    def basis(self) -> str:
+        """The clock of ``samples_s``: ``time_basis``; for a record older than it, ``host`` where it
+        was timed by perf_counter (a CPU: the same clock as now), ``cuda_event_legacy`` where by CUDA
+        events started after a host sync (launch work included, the final sync not: neither of
+        today's clocks), "" where the record does not say (pytest-benchmark, made by hand)."""
+        if self.time_basis:
+            return self.time_basis
+        return LEGACY_BASIS.get(str((self.timing or {}).get("method")), "")
+
+    @property
+    def other_basis(self) -> str | None:
+        """The clock of ``other_samples_s``, where the record holds any."""
+        return OTHER_BASIS.get(self.basis) if self.other_samples_s else None
+
+    @property
+    def other_median_s(self) -> float | None:
+        return statistics.median(self.other_samples_s) if self.other_samples_s else None
+
+    @property
+    def launch_share(self) -> float | None:
+        """The share of the median wall time not in the median device time (launch work, host
+        syncs), where the record holds both clocks: what device time leaves out."""
+        wall, device = self.samples_on("wall"), self.samples_on("device")
+        if not wall or not device:
+            return None
+        median_wall = statistics.median(wall)
+        return (median_wall - statistics.median(device)) / median_wall if median_wall > 0 else None
+
+    def samples_on(self, basis: str) -> list[float] | None:
+        """The samples on clock ``basis`` where the record holds them, else None. A CPU's one
+        clock (``host``) is device and wall time both."""
+        if basis == self.basis or (self.basis == "host" and basis in OTHER_BASIS):
+            return list(self.samples_s)
+        if basis == self.other_basis:
+            return list(self.other_samples_s)
+        return None
 
     # Typed reads of the figures the report shows (the record keeps the writer's dicts).
     @property
@@ -497,6 +560,8 @@ def cases_frame(doc: dict[str, Any]) -> pd.DataFrame:
                 "n": s.get("n"), "median_ms": _ms(s.get("median")), "iqr_ms": _ms(s.get("iqr")),
                 "ci_low_ms": _ms(s.get("ci_low")), "ci_high_ms": _ms(s.get("ci_high")),
                 "min_ms": _ms(s.get("min")),
+                "time_basis": VariantRecord.from_dict(v).basis or None,
+                "other_median_ms": _ms(statistics.median(v["other_samples_s"])) if v.get("other_samples_s") else None,
                 "speedup": speed.get("ratio"), "speedup_ci_low": speed.get("ci_low"),
                 "speedup_ci_high": speed.get("ci_high"),
                 "check_passed": check.get("passed"), "check_metric": check.get("metric"),

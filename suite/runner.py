@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpubench import energy, profiling, stats, techniques, timing
-from gpubench.contract import ROLES, CheckResult, Measured, Recorder, Technique, Variant, Workload
+from gpubench.contract import ROLES, SHAPE_TIME_BASIS, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, VariantRecord
 from gpubench.scenario import Case
 from gpubench.telemetry import TelemetrySampler
@@ -292,7 +292,8 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
              if run.variant(n).timing is None}
     timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
                                timings=run.timings, nvtx_case=run.case.id, phases=run.phases,
-                               host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic)
+                               host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic,
+                               basis=getattr(run.tech, "time_basis", "") or SHAPE_TIME_BASIS.get(run.tech.shape, "device"))
     return calls
 
 
@@ -324,7 +325,10 @@ def _derive(run: CaseRun, workload: Workload, outputs: dict[str, Any], calls: Ca
 def _record_timings(run: CaseRun) -> None:
     for name, t in run.timings.items():
         vrec = run.variant(name)
-        vrec.timing = {"method": run.clock.method, "l2_flush": run.clock.flushes_l2, "cuda_graph": t.cuda_graph}
+        vrec.timing = {"method": run.clock.method_of(t.basis), "l2_flush": run.clock.flushes_l2,
+                       "cuda_graph": t.cuda_graph}
+        if t.launch_outlasted_flush is not None:  # of the device-time samples (a GPU, the flush on)
+            vrec.timing["launch_outlasted_flush"] = t.launch_outlasted_flush
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)
@@ -414,9 +418,9 @@ PHASES = ("build", "check", "warmup", "timing", "metrics", "energy", "profile", 
 
 def phase_seconds(laps: dict[str, float], elapsed_s: float, timings: dict[str, timing.VariantTiming]) -> dict[str, float]:
     """A case's phase laps in :data:`PHASES` order (0 for a phase it never reached), ``timed``
-    (the timed calls' own samples, part of ``timing``) and ``other`` (elapsed less the phases)."""
+    (the timed calls' own samples on both clocks, part of ``timing``) and ``other`` (elapsed less the phases)."""
     out = {name: laps.get(name, 0.0) for name in PHASES}
-    out["timed"] = sum(sum(t.samples_s) for t in timings.values())
+    out["timed"] = sum(sum(t.samples_s) + sum(t.other_s) for t in timings.values())
     out["other"] = max(0.0, elapsed_s - sum(out[name] for name in PHASES))
     return out
 
@@ -478,7 +482,7 @@ def _count(metrics: dict[str, Any], key: str) -> float | None:
 
 
 def _store_samples(vrec: VariantRecord, t: timing.VariantTiming) -> None:
-    vrec.samples_s = list(t.samples_s)
+    vrec.samples_s, vrec.time_basis, vrec.other_samples_s = list(t.samples_s), t.basis, list(t.other_s)
     vrec.stats = stats.summarize(t.samples_s).to_dict() if t.samples_s else None
     vrec.recorded = [{k: v for k, v in r.items() if isinstance(v, (int, float, bool))} for r in t.records]
     if not any(vrec.recorded):

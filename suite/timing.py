@@ -1,5 +1,6 @@
-"""Timing: warm-up, interleaved repetitions, adaptive stopping; CUDA events on a GPU,
-``perf_counter_ns`` on a CPU.
+"""Timing: warm-up, interleaved repetitions, adaptive stopping; on a GPU two clocks, device time
+(CUDA events, launch work excluded) and wall time (the host's, launch and syncs included), one
+call each per repetition (:class:`Clock`); ``perf_counter_ns`` on a CPU, where they are one clock.
 
 Every repetition is timed on its own and the raw samples are kept; statistics are computed
 elsewhere (:mod:`gpubench.stats`). Variants of a case are interleaved (A B A B ...) so that
@@ -155,9 +156,33 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+BASES = ("device", "wall", "host")
+OTHER_BASIS = {"device": "wall", "wall": "device"}  # host has no other
+
+
 class Clock:
-    """Times one call. ``perf_counter_ns`` on the CPU; CUDA events on a GPU, with the L2 flushed
-    before the start event."""
+    """Times one call: ``perf_counter_ns`` on the CPU; on a GPU one of two clocks, each with the L2
+    flushed before the call and the flush outside what is counted.
+
+    - ``device`` time: the flush is enqueued, the start event is recorded right after it on the
+      same stream with no host sync in between, then the call and the end event; the figure is
+      the time between the events. The start event waits behind the flush (~80 us for 256 MB on
+      an H100) while the host launches the call, so the Python launch work (autotuner dispatch,
+      descriptors, device queries) is hidden unless it outlasts the flush (as
+      ``triton.testing.do_bench``). Each such call says whether its launch took longer than the
+      flush ran (:attr:`launch_outlasted_flush`: then part of the launch may be in the sample).
+      Without a flush (``flush_l2: false``) nothing holds the start event back: device time then
+      includes the launch.
+    - ``wall`` time: the flush is enqueued and waited for (host sync), then the host clock starts,
+      just before the call is launched, and stops after the end event (recorded after the call)
+      has been synchronized: Python launch work, the call's own host syncs and the final sync's
+      latency are in the figure; the flush is not.
+
+    One call cannot give both: wall time needs an idle GPU when the host clock starts (else it
+    waits for the flush), device time needs the start event held behind the flush while the
+    launch runs. The timing loop makes one call per clock (:func:`measure_interleaved`).
+    On the CPU both clocks are one: ``host``.
+    """
 
     def __init__(self, device: torch.device, flush_l2: bool = True):
         self.device = device
@@ -168,27 +193,65 @@ class Clock:
         if device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
+            if self._flush_buffer is not None:
+                self._flush_begin = torch.cuda.Event(enable_timing=True)
+        # After a device-time call with the flush: whether the host's launch of the call took
+        # longer than the flush ran on the GPU, so the start event may have fired before the
+        # launch was done and the sample may hold some launch work. None: not known.
+        self.launch_outlasted_flush: bool | None = None
 
     @property
     def flushes_l2(self) -> bool:
         return self._flush_buffer is not None
 
-    def time_call(self, fn: Callable[[], Any]) -> float:
-        """Seconds taken by ``fn()``."""
-        if self.device.type != "cuda":
+    @property
+    def one_clock(self) -> bool:
+        """True on the CPU: device and wall time are the same perf_counter figure."""
+        return self.device.type != "cuda"
+
+    def basis(self, wanted: str) -> str:
+        """The clock a call asked to be timed on ``wanted`` (device or wall) gets here: on the
+        CPU, ``host`` whatever was asked (and ``host`` is refused on a GPU)."""
+        if wanted not in BASES or (wanted == "host" and not self.one_clock):
+            raise ValueError(f"time basis must be 'device' or 'wall', not {wanted!r}")
+        return "host" if self.one_clock else wanted
+
+    def method_of(self, basis: str) -> str:
+        """How a figure on ``basis`` is taken (the record's ``timing.method``)."""
+        return "cuda_event" if basis == "device" and not self.one_clock else "perf_counter_ns"
+
+    def time_call(self, fn: Callable[[], Any], basis: str = "device") -> float:
+        """Seconds taken by ``fn()`` on ``basis`` (``device`` or ``wall``; the CPU has one clock)."""
+        basis = self.basis(basis)
+        if basis == "host":
             t0 = time.perf_counter_ns()
             fn()
             return (time.perf_counter_ns() - t0) * 1e-9
+        if basis == "device":
+            self.launch_outlasted_flush = None
+            h0 = time.perf_counter_ns()  # the host's side of the race: flush enqueued to call launched
+            if self._flush_buffer is not None:
+                self._flush_begin.record()
+                self._flush_buffer.zero_()
+            self._start.record()  # queued behind the flush: no host sync in between
+            fn()
+            h1 = time.perf_counter_ns()
+            self._end.record()
+            self._end.synchronize()
+            if self._flush_buffer is not None:
+                # The GPU was idle (the last call was synchronized), so the flush began as it was
+                # enqueued; counting the host from before that flags a launch a little early.
+                flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
+                self.launch_outlasted_flush = (h1 - h0) * 1e-9 > flush_s
+            return self._start.elapsed_time(self._end) * 1e-3
         if self._flush_buffer is not None:
             self._flush_buffer.zero_()
-            # Wait for the flush: otherwise the start event queues behind it while the host
-            # already runs fn(), and up to ~80 us of host work would go uncounted.
-            torch.cuda.synchronize(self.device)
-        self._start.record()
+            torch.cuda.synchronize(self.device)  # the flush is done before the host clock starts
+        t0 = time.perf_counter_ns()
         fn()
         self._end.record()
         self._end.synchronize()
-        return self._start.elapsed_time(self._end) * 1e-3
+        return (time.perf_counter_ns() - t0) * 1e-9
 
 
 def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None) -> Callable[[], Any]:
@@ -211,13 +274,25 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = 
 @dataclass
 class VariantTiming:
     name: str
-    samples_s: list[float] = field(default_factory=list)
+    samples_s: list[float] = field(default_factory=list)  # the headline clock's (``basis``), one per repetition
     records: list[dict[str, Any]] = field(default_factory=list)  # what each timed call recorded
     error: BaseException | None = None  # the exception that stopped this variant, if any
     cuda_graph: str = "off"  # "off", "on", or "failed: <reason>"
-    # Each timed call's (start, end) on measure_interleaved's host_clock, read outside the timed
-    # region: from before the L2 flush to after the device is synchronized (energy over the calls).
+    # Each timed headline call's (start, end) on measure_interleaved's host_clock, read outside the
+    # timed region: from before the L2 flush to after the device is synchronized (energy over the calls).
     host_bounds: list[tuple[float, float]] = field(default_factory=list)
+    basis: str = "host"  # the clock of samples_s: device, wall, or host (the CPU's one clock)
+    # The other clock's samples (wall beside device, device beside wall), one per repetition, in
+    # the same rounds; empty where there is one clock (CPU). A repetition cut short between its two
+    # calls leaves this list one shorter.
+    other_s: list[float] = field(default_factory=list)
+    # Device-time samples whose launch outlasted the L2 flush (Clock.launch_outlasted_flush): they
+    # may hold some launch work. None where not known (a CPU, no flush, no device-time call).
+    launch_outlasted_flush: int | None = None
+
+    @property
+    def other_basis(self) -> str | None:
+        return OTHER_BASIS.get(self.basis)
 
     @property
     def n(self) -> int:
@@ -242,6 +317,8 @@ def measure_interleaved(
     nvtx_case: str | None = None,
     phases: PhaseTimer | None = None,
     host_clock: Callable[[], float] = time.monotonic,
+    basis: str = "device",
+    other_clock: bool = True,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
@@ -254,35 +331,53 @@ def measure_interleaved(
     repetition is inside NVTX ranges ``<nvtx_case>/<variant>`` and ``<variant>#<rep>`` (``#w<n>``
     for warm-up calls), pushed outside the timed region. ``phases`` gets the laps ``warmup`` (graph
     capture and warm-up calls) and ``timing`` (the timed rounds, resets and L2 flushes included).
-    ``host_clock`` times each timed call's bounds (``VariantTiming.host_bounds``), outside the timed
-    region: the energy counter's reads are matched to the calls on it.
+    ``host_clock`` times each timed headline call's bounds (``VariantTiming.host_bounds``), outside
+    the timed region: the energy counter's reads are matched to the calls on it.
+
+    ``basis`` is the headline clock on a GPU (``device`` or ``wall``: :class:`Clock`); its samples
+    are ``samples_s``, which the stopping rule reads. On a GPU every timed repetition is two calls,
+    one per clock, the headline's first (each with its own reset and flush); the other clock's
+    samples are ``other_s``; ``other_clock=False`` leaves it out (one call per repetition: for
+    figures read on one clock only, such as the device's ceilings). On the CPU there is one clock
+    (``host``) and one call.
     """
     timings = {} if timings is None else timings
+    headline = clock.basis(basis)
+    other = OTHER_BASIS.get(headline) if other_clock else None
     for name in calls:
-        timings.setdefault(name, VariantTiming(name))
+        timings.setdefault(name, VariantTiming(name, basis=headline))
     device = clock.device
 
     def tag(name: str | None) -> None:
         if on_switch is not None:
             on_switch(name)
 
-    def one(name: str, timed: bool) -> float:
+    def timed_once(name: str, rep: str, on: str, timed: bool) -> tuple[float, Recorder, tuple[float, float]]:
         if reset is not None:
             reset()
             synchronize(device)
         tag(name)
         recorder = Recorder()
         call = calls[name]
-        rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
-        warmups[name] += not timed
         with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
             started = host_clock()
-            seconds = clock.time_call(lambda: call(recorder))
+            seconds = clock.time_call(lambda: call(recorder), on)
             ended = host_clock()
+        exposed = getattr(clock, "launch_outlasted_flush", None) if on == "device" else None
+        if timed and exposed is not None:
+            timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + exposed
+        return seconds, recorder, (started, ended)
+
+    def one(name: str, timed: bool) -> float:
+        rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
+        warmups[name] += not timed
+        seconds, recorder, bounds = timed_once(name, rep, headline, timed)
         if timed:
             timings[name].samples_s.append(seconds)
             timings[name].records.append(recorder.values)
-            timings[name].host_bounds.append((started, ended))
+            timings[name].host_bounds.append(bounds)
+            if other is not None:  # the other clock: a call of its own (one call cannot give both)
+                timings[name].other_s.append(timed_once(name, f"{rep}:{other}", other, timed)[0])
         return seconds
 
     if phases is not None:
@@ -343,7 +438,8 @@ def measure_interleaved(
 
 def harness_overhead_s(device: torch.device, reps: int = 2000) -> float:
     """Median time the harness reports for a call that does nothing: its per-repetition
-    overhead (without the L2 flush, which happens outside the timed region)."""
+    overhead (without the L2 flush, which happens outside the timed region), on the device clock
+    (on a GPU the wall clock adds the end event's synchronize)."""
     clock = Clock(device, flush_l2=False)
 
     def noop() -> None:

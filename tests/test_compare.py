@@ -742,7 +742,8 @@ def test_the_gate_compares_records_of_either_source_as_it_compares_their_documen
                                           "source": "gpubench", "path": None}
     change = typed.to_dict()["changes"][0]
     assert set(change) == {"case_id", "technique", "verdict", "variant", "baseline_median_s", "current_median_s",
-                           "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device"}
+                           "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device",
+                           "time_basis"}  # the clock compared on (added: keys are added, never taken away)
     assert set(change["context"]) == {"variant", "ratio", "ci_low", "ci_high"}  # not judged by the ratio
     both_slow = compare.compare(base, _doc(cases=[_case("a", [x * 1.4 for x in s]), _case("b", s)]))
     assert set(both_slow.to_dict()["changes"][0]["context"]) == {
