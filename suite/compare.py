@@ -307,7 +307,7 @@ def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several:
         elif base is not None:
             _fill(change, base, cur, seed=index)
         changes.append(change)
-    not_run = {(c.id, c.target or "" if several else ""): c for c in current.not_run}
+    not_run = {(c.id, (c.target or "") if several else ""): c for c in current.not_run}
     for (case_id, device), base in base_cases.items():
         if (case_id, device) not in cur_cases and (case_id, device) not in not_run:
             changes.append(Change(case_id, base.technique, "missing",

@@ -205,7 +205,7 @@ class LocalWorkers:
         """Start the next pending job this worker's device may run and the run's budget holds;
         the jobs the budget passes over on the way are recorded as not run (by the sink)."""
         label = self.states[w.key].info.label
-        for job in [j for j in pending if j.target in (None, label)]:
+        while (job := next((j for j in pending if j.target in (None, label)), None)) is not None:
             pending.remove(job)
             admitted = sink.admit(job)
             if admitted is None:

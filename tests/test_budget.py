@@ -220,6 +220,12 @@ def test_a_case_in_flight_when_the_budget_runs_out_is_stopped_and_keeps_its_samp
 
     change = next(c for c in compare(outcome.record, outcome.record).changes if c.case_id == first.id)
     assert change.verdict == "missing" and change.reason.startswith("not run to the end: budget")
+    # nor does the history store take its partial samples for a level
+    from gpubench.history.rows import rows_of_run
+
+    rows = rows_of_run(outcome.record, outcome.run_dir / "results.json")
+    on_disk = results.load_run(outcome.run_dir).cases[0]
+    assert rows == [] and [v.samples_s for v in on_disk.variants.values()] == [v.samples_s for v in first.variants.values()]
 
 
 def test_dry_run_with_a_budget_shows_the_plan_in_run_order(toys, tmp_path):
