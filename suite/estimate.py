@@ -70,7 +70,9 @@ class CaseEstimate:
         return self.basis in ("technique", "policy")
 
     def text(self) -> str:
-        return f"at least {duration_text(self.low_s)}" if self.lower_bound else f"about {duration_text(self.low_s)}"
+        if not self.lower_bound:
+            return f"about {duration_text(self.low_s)}"
+        return f"at least {duration_text(self.low_s)}" if self.low_s >= 0.05 else "not measured here"
 
 
 def form_key(case: Case) -> tuple:
@@ -159,7 +161,8 @@ class Estimate:
 
     def text(self) -> str:
         if self.policy_only:  # no span that looks sure: what it takes at least, and what a budget counts
-            span = (f"at least {duration_text(self.low_s)} (a --budget counts {duration_text(self.high_s)}, with "
+            least = f"at least {duration_text(self.low_s)}" if self.low_s >= 0.05 else "not measured here"
+            span = (f"{least} (a --budget counts {duration_text(self.high_s)}, with "
                     "allowances for start-up, calibration, building, checks and first compiles)")
         else:
             span = (f"about {duration_text(self.high_s)}" if self.high_s <= 1.25 * self.low_s

@@ -222,6 +222,8 @@ def need_text(cases: list[NotRunCase]) -> str:
     if not any(c.lower_bound for c in cases):
         return f"about {duration_text(counted)}"
     low = sum((c.low_s if c.low_s is not None else c.estimate_s) or 0.0 for c in cases)
+    if low < 0.05:  # a policy with no warm-up bounds nothing from below
+        return f"{duration_text(counted)} by the budget's count, no time of its own measured"
     return f"at least {duration_text(low)}, counted as {duration_text(counted)}"
 
 
