@@ -18,7 +18,7 @@ import torch
 
 from gpubench import env as envmod
 from gpubench.errors import BadInput
-from gpubench.executor import DeviceState, failed_record, kill_grace_s
+from gpubench.executor import DeviceState, failed_record, job_kill_grace_s
 from gpubench.results import CaseRecord
 from gpubench.worker import DeviceInfo, Job, run_job
 
@@ -127,7 +127,7 @@ class RayCluster:
                 running[task.remote(job, self.device_type, self.calibrate)] = (job, time.monotonic())
             if not running:
                 break
-            deadline = min(start + job.limit_s + kill_grace_s(job.limit_s) for job, start in running.values())
+            deadline = min(start + job.limit_s + job_kill_grace_s(job) for job, start in running.values())
             ready, _ = ray.wait(list(running), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
                 job, start = running.pop(ref)
@@ -147,7 +147,7 @@ class RayCluster:
             now = time.monotonic()
             for ref, (job, start) in list(running.items()):
                 limit = job.limit_s
-                if now - start >= limit + kill_grace_s(limit):
+                if now - start >= limit + job_kill_grace_s(job):
                     ray.cancel(ref, force=True)
                     running.pop(ref)
                     what = ("the run's --budget ran out" if job.budget_limited

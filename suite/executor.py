@@ -34,6 +34,17 @@ def kill_grace_s(timeout_s: float) -> float:
     return max(2.0, 0.1 * timeout_s)
 
 
+BUDGET_KILL_GRACE_S = 10.0  # past a budget's limit: the alarm's case still assembles its samples' statistics
+
+
+def job_kill_grace_s(job: Job) -> float:
+    """:func:`kill_grace_s` of the job's time limit; at least :data:`BUDGET_KILL_GRACE_S` where the
+    run's budget set that limit (a short limit is the budget's end, not a hang guard: the case
+    stopped there keeps its samples only if its worker lives to send them)."""
+    grace = kill_grace_s(job.limit_s)
+    return max(grace, BUDGET_KILL_GRACE_S) if job.budget_limited else grace
+
+
 @dataclass
 class DeviceState:
     """A device the run uses, as its worker reported it at start."""

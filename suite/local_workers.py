@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import worker
-from gpubench.executor import DeviceState, Sink, failed_record, kill_grace_s
+from gpubench.executor import DeviceState, Sink, failed_record, job_kill_grace_s
 from gpubench.telemetry import NvmlSource, TelemetrySampler, TelemetryUnavailable
 from gpubench.worker import DeviceInfo, Done, Job, Note, Ready
 
@@ -76,11 +76,11 @@ class WorkerSlot:
                              f"output:\n{self.log_tail()}") from None
         return self.ready
 
-    def submit(self, job: Job, limit_s: float) -> None:
+    def submit(self, job: Job) -> None:
         self.job = job
         self.log_offset = self._log_size()
         self.started_at = time.monotonic()
-        self.deadline = self.started_at + limit_s + kill_grace_s(limit_s)
+        self.deadline = self.started_at + job.limit_s + job_kill_grace_s(job)
         self.conn.send(job)
 
     def kill(self) -> None:
@@ -212,7 +212,7 @@ class LocalWorkers:
                 continue
             job = dataclasses.replace(admitted, ceilings=self.states[w.key].ceilings)
             sink.started(job)
-            w.submit(job, job.limit_s)
+            w.submit(job)
             return
 
     def _collect(self, w: WorkerSlot, sink: Sink) -> None:

@@ -228,6 +228,27 @@ def test_a_case_in_flight_when_the_budget_runs_out_is_stopped_and_keeps_its_samp
     assert rows == [] and [v.samples_s for v in on_disk.variants.values()] == [v.samples_s for v in first.variants.values()]
 
 
+def test_a_worker_process_stops_its_case_at_the_budget_and_sends_its_samples(toys, tmp_path, monkeypatch):
+    """The time limit the supervisor computes travels with the job to the worker, whose alarm stops
+    the case there (the budget's time left is fixed at 3 s here, whenever the worker starts)."""
+    path = tmp_path / "one.yaml"
+    path.write_text("name: one\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 100000000, min_time_s: 100, "
+                    "max_time_s: 200, target_iqr: 0.0001, case_timeout_s: 300, energy_s: 0}\n"
+                    "entries:\n  - technique: toy_kernel\n    params: {n: 20000}\n")  # ms a call: a few hundred samples
+    scen = scenariomod.load(path)
+    _cpu_history({c.id: 0.1 for c in scen.cases()}, report_s=0.0)
+    monkeypatch.setattr(estimate, "CLOSE_S", 0.0)
+    monkeypatch.setattr(Budget, "left_s", lambda self: 3.0)
+    t0 = time.monotonic()
+    outcome = supervisor.run_scenario(scen, supervisor.RunOptions(budget_s=1000.0), tmp_path / "runs", calibrate=False)
+    assert time.monotonic() - t0 < 120
+    (case,) = outcome.record.cases
+    assert case.status == "interrupted" and case.failure.kind == "budget", case.failure
+    assert f"stopped after {3.0 + GRACE_S:.1f} s" in case.failure.message
+    assert all(len(v.samples_s) >= 3 for v in case.variants.values() if v.status != "skipped")
+    assert outcome.record.status == "complete" and outcome.exit_code == 0
+
+
 def test_dry_run_with_a_budget_shows_the_plan_in_run_order(toys, tmp_path):
     path = _write(tmp_path)
     ids = _ids(scenariomod.load(path))
