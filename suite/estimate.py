@@ -26,9 +26,9 @@ from typing import Any, Iterable
 import torch
 
 from gpubench import techniques
-from gpubench.devicecache import CaseTimes
-from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
+from gpubench.devicecache import CaseTimes, fixed_cost_s
 from gpubench.energy import max_window_s
+from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
 from gpubench.scenario import Case, Scenario
 from gpubench.timing import Policy
 
@@ -43,8 +43,8 @@ BY_ID_UP_TO = 20_000  # cases matched one by one up to this many; past it, by te
 # time. A run's start (spawn, import torch, environment, calibration) and close took 5.5 s beside
 # 21 cases, its report 0.23 s per case. On a GPU the first call of a new kernel form compiles and
 # tunes (Triton's autotuner times every config: tens of seconds), and float64 references at real
-# sizes take seconds: gpu-quick (60 cases, 22 forms) took more than 8 minutes where its policy
-# alone bounds 18.
+# sizes take seconds: gpu-quick took more than 8 minutes where a dry run from its policy alone
+# said "8 s to 3 min" (issue 33); it has 60 cases of 22 forms now.
 FIXED_CASE_S = {"cpu": 2.5, "cuda": 5.0}  # building inputs, checks, metrics: per case
 FIRST_FORM_S = {"cpu": 5.0, "cuda": 30.0}  # first compile / tuning: per new kernel form in a run
 STARTUP_S = {"cpu": 15.0, "cuda": 45.0}  # worker start-up and calibration: per run
@@ -100,7 +100,6 @@ class CaseCosts:
         self.by_id, self.by_technique = earlier_times(out_root, self.gpu, repeat_scale) if out_root is not None else ({}, {})
         self.known, self.overhead_s, self.report_s = history.read_all() if history is not None else ({}, None, None)
         self.fixed = history.fixed_costs() if history is not None else {}
-        self.history = history
         self.forms: set[tuple] = set()
         self._bounds: dict[tuple, tuple[float, float]] = {}
 
@@ -129,8 +128,6 @@ class CaseCosts:
 
     def learn(self, record: Any) -> None:
         """A finished case's fixed cost counts for the later cases of its technique in this run."""
-        from gpubench.devicecache import fixed_cost_s
-
         seconds = fixed_cost_s(record) if getattr(record, "status", None) in ("passed", "failed") else None
         if seconds is not None:
             self.fixed.setdefault(record.technique, []).append(seconds)

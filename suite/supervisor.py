@@ -37,10 +37,10 @@ import torch
 from gpubench import budget as budgetmod
 from gpubench import closing, hygiene, notices, results, runner, techniques
 from gpubench.atomic import DiskFull
-from gpubench.devicecache import CaseTimes
-from gpubench.estimate import CaseCosts
 from gpubench.cluster import RayCluster
+from gpubench.devicecache import CaseTimes
 from gpubench.errors import BadInput
+from gpubench.estimate import CaseCosts
 from gpubench.executor import DeviceState, Executor, Sink, failed_record
 from gpubench.in_process import InProcess
 from gpubench.local_workers import LocalWorkers
