@@ -46,6 +46,10 @@ def case_labels(changes) -> dict[str, str]:
 def headline(comp: Comparison) -> str:
     counts = comp.counts()
     parts = [f"{n} {v.replace('_', ' ')}" for v, n in counts.items() if n]
+    budget = sum(c.verdict == "missing" and c.reason.startswith(("not run: budget", "not run to the end: budget"))
+                 for c in comp.changes)
+    if budget:  # say which of the missing the current run's --budget left out
+        parts = [p + f" ({budget} not run: budget)" if p.endswith(" missing") else p for p in parts]
     verdict = "PASS" if comp.passed else "FAIL"
     missing_note = " (missing cases allowed)" if comp.allow_missing and counts["missing"] else ""
     never = (f"the {' and the '.join(comp.unfinished)} run{'s' if len(comp.unfinished) > 1 else ''} never "

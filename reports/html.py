@@ -34,7 +34,7 @@ from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_seconds, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import CaseRecord, RunRecord, as_run, load_run as load_record
+from gpubench.results import CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text
 from gpubench.telemetry import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
@@ -124,6 +124,10 @@ def _warnings(run: RunRecord) -> list[str]:
                                    "interrupted": "stopped by Ctrl-C"}.get(run.status, "")
         warnings.append(f"run {run.status}" + (f": {why}" if why else "") + "; not every case may have run.")
     warnings += [str(w) for w in run.warnings]
+    if run.not_run:
+        warnings.append(f"{not_run_text(run.not_run)}: the run's --budget of {duration_text(run.budget_s or 0.0)} "
+                        "could not hold them, so they were never started (listed under the counts; neither passed "
+                        "nor failed, and missing to the gate).")
     tele = run.telemetry or {}
     if tele.get("throttled"):
         share = tele.get("throttled_fraction")
@@ -154,7 +158,9 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
         "device": run.device_label or run.device or "?", "date": _date(run.started_at),
         "duration": _duration(run), "run_id": run.run_id, "status": run.status or "unknown",
         "cases": counts["cases"], "passed": counts["passed"], "failed": counts["failed"],
-        "interrupted": counts["interrupted"],
+        "interrupted": counts["interrupted"], "not_run": counts["not_run"],
+        "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,
+                           "need": c.need_text()} for c in run.not_run],
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(run.ceilings), "warnings": _warnings(run),

@@ -55,6 +55,8 @@ def _headline(head: dict[str, Any]) -> list[str]:
     counts = f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
     if head.get("interrupted"):
         counts += f", {head['interrupted']} interrupted"
+    if head.get("not_run"):
+        counts += f", {head['not_run']} not run: budget"
     extremes = f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}"
     if head.get("not_by_time"):
         extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"

@@ -192,7 +192,9 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = run.summary
     console.print(f"{s['passed']} passed, {s['failed']} failed"
-                  + (f", {s['interrupted']} interrupted" if s["interrupted"] else "") + f" ({run.status})")
+                  + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
+                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else "") + f" ({run.status})",
+                  markup=False, highlight=False)
     for line in clock_lines(run):
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:

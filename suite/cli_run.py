@@ -64,6 +64,14 @@ class _CaseProgress:
             line += f"\n    {record.failure.message}"
         self.console.print(line, markup=False, soft_wrap=not self.interactive)  # a log line is never wrapped
 
+    def case_not_run(self, index: int, case: scenariomod.Case, skipped: results.NotRunCase) -> None:
+        """A case the run's budget passed over: a line (and the bar moves on)."""
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        self.console.print(f"[{index + 1}/{self.total}] not run {case.technique} {self._params(case.technique, case.params)}"
+                           f"  budget: would need {skipped.need_text()}; {estimate.duration_text(skipped.left_s or 0.0)} "
+                           "left", markup=False, soft_wrap=not self.interactive)
+
     def note(self, text: str) -> None:
         """What a running case says (a draft model trained once): above the bar, or a log line."""
         self.console.print(f"note: {text}", markup=False, soft_wrap=not self.interactive)
@@ -81,9 +89,9 @@ DRY_RUN_IDS = 3  # case ids a dry run shows per technique
 
 
 def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, int], only: list[str] | None,
-                   device: str, out_root: Path, repeat_scale: float, workers: int) -> None:
-    """The cases a run would measure (a count per technique, the first cases' params that vary) and
-    its estimated time."""
+                   device: str, out_root: Path, repeat_scale: float, workers: int, budget_s: float | None = None) -> None:
+    """The cases a run would measure (a count per technique, the first cases' params that vary),
+    its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
     shown = scen.varying(only)
     first: dict[str, list[str]] = {}
     for entry in scen.entries:
@@ -100,7 +108,45 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
     guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
                               repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
     out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=True)
+    if budget_s is not None:
+        _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s)
     out.print("nothing was run or written (--dry-run)")
+
+
+PLAN_LINES = 200  # cases a dry run's budget plan lists; the rest are counted
+
+
+def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str] | None, device: str,
+                       out_root: Path, repeat_scale: float, workers: int, budget_s: float) -> None:
+    """``--dry-run --budget``: the cases in the order they would run, each with its estimate and
+    when it would start, or why it would not run; then what would run and what would not."""
+    from gpubench import budget as budgetmod
+
+    costs = estimate.CaseCosts(torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root,
+                               repeat_scale=repeat_scale)
+    cases = budgetmod.breadth_first(scen.cases(only, repeat_scale), scen.order)
+    steps = budgetmod.plan(cases, costs, budget_s, workers)
+    shown = scen.varying(only)
+    order = f"techniques in the scenario's order ({', '.join(scen.order)} first)" if scen.order else "techniques as they first appear"
+    out.print(f"plan for --budget {estimate.duration_text(budget_s)}: breadth-first ({order}); start-up "
+              f"{estimate.duration_text(costs.startup_s())}" + (f", {workers} workers" if workers > 1 else ""),
+              markup=False, soft_wrap=True)
+    for n, step in enumerate(steps[:PLAN_LINES], 1):
+        label = f"{step.case.technique} {case_params({'params': step.case.params}, shown.get(step.case.technique))}"
+        guess = step.estimate
+        figure = f"{guess.text()}, counted as {estimate.duration_text(guess.plan_s)}"
+        if step.start_s is None:
+            out.print(f"  {n:>4}. not run: budget  {label}  ({figure}; {estimate.duration_text(max(0.0, step.left_s))} "
+                      "left then)", markup=False, soft_wrap=True)
+        else:
+            out.print(f"  {n:>4}. at {estimate.duration_text(step.start_s):>6}  {label}  ({figure})", markup=False,
+                      soft_wrap=True)
+    if len(steps) > PLAN_LINES:
+        out.print(f"  ... ({len(steps) - PLAN_LINES:,} more)", markup=False)
+    skipped = [budgetmod.not_run(s.case, s.estimate, s.left_s) for s in steps if s.start_s is None]
+    ran = len(steps) - len(skipped)
+    out.print(f"would run {ran} of {len(steps)} cases" + (f"; {results.not_run_text(skipped)}" if skipped else ""),
+              markup=False, soft_wrap=True)
 
 
 def _case_times(device: str) -> "CaseTimes | None":
@@ -143,6 +189,10 @@ def _default_scenario(device_opt: str | None) -> str:
               "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.")
 @click.option("--exclusive", is_flag=True, help="Refuse to start (exit 2) when other processes are using a GPU.")
 @click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
+@click.option("--budget", "budget_text", metavar="DURATION", help="Plan the run to fit this wall time, start-up "
+              "and report included (540, 540s, 9m, 1h30m): cases run breadth-first over techniques (the scenario's "
+              "order first), a case starts only if the time left holds its estimate, the others are recorded as "
+              "not run: budget. With --dry-run, shows the plan.")
 @click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
               "estimate the run time; run nothing, write nothing.")
 @click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
@@ -153,9 +203,13 @@ def _default_scenario(device_opt: str | None) -> str:
 def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
         telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
         cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
-        dry_run: bool, profile: bool, no_history: bool, history_store: str | None) -> None:
+        dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None) -> None:
     """Run a scenario: check and time every case, write a run directory and add it to the history store."""
     from gpubench import supervisor
+    from gpubench.budget import parse_duration
+
+    budget_from = time.monotonic()  # the budget counts the whole command
+    budget_s = parse_duration(budget_text) if budget_text is not None else None
 
     if repeat_scale <= 0:
         raise BadInput(f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy).")
@@ -172,7 +226,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         device_list = run_options.resolve_devices(scen.device, f"{scen.path}: device")
     options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
                                      max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                     per_model=per_model, profile=profile)
+                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from)
     only_list = None
     if only:
         only_list = [t.strip() for t in only.split(",") if t.strip()]
@@ -194,9 +248,9 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
               f"{where}" + ("" if isolation == "process" else ", in this process")
               + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
     if dry_run:
-        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers)
+        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s)
         return
-    if total > LARGE_RUN_CASES:
+    if total > LARGE_RUN_CASES and budget_s is None:
         guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
                                   only=only_list, repeat_scale=repeat_scale, workers=workers,
                                   history=_case_times(device_list[0]))
@@ -229,6 +283,9 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
         out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
+    if outcome.record.not_run:
+        out.print(f"{results.not_run_text(outcome.record.not_run)}; the budget was "
+                  f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=True)
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
     if history_store is not None:  # complete or not; a store that fails costs a warning line, never the run
         from gpubench.cli_history import append_run

@@ -18,7 +18,7 @@ import torch
 
 from gpubench import env as envmod
 from gpubench.errors import BadInput
-from gpubench.executor import DeviceState, failed_record, kill_grace_s
+from gpubench.executor import DeviceState, failed_record, job_kill_grace_s
 from gpubench.results import CaseRecord
 from gpubench.worker import DeviceInfo, Job, run_job
 
@@ -119,12 +119,15 @@ class RayCluster:
         slots = self._slots()
         while pending or running:
             while pending and len(running) < slots:
-                job = pending.pop(0)
+                job = sink.admit(pending.pop(0))
+                if job is None:  # the run's budget cannot hold it
+                    continue
                 sink.started(job)
                 task = remote.options(accelerator_type=job.target) if job.target else remote
                 running[task.remote(job, self.device_type, self.calibrate)] = (job, time.monotonic())
-            deadline = min(start + job.case.policy.case_timeout_s + kill_grace_s(job.case.policy.case_timeout_s)
-                           for job, start in running.values())
+            if not running:
+                break
+            deadline = min(start + job.limit_s + job_kill_grace_s(job) for job, start in running.values())
             ready, _ = ray.wait(list(running), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             for ref in ready:
                 job, start = running.pop(ref)
@@ -139,17 +142,20 @@ class RayCluster:
                 else:
                     self.discovered.setdefault(state["info"].key, state)
                 sink.finished(job, record)
-                if record.status == "interrupted":
-                    raise KeyboardInterrupt
+                if record.status == "interrupted" and (record.failure is None or record.failure.kind != "budget"):
+                    raise KeyboardInterrupt  # Ctrl-C inside the task (a case the budget stopped goes on)
             now = time.monotonic()
             for ref, (job, start) in list(running.items()):
-                limit = job.case.policy.case_timeout_s
-                if now - start >= limit + kill_grace_s(limit):
+                limit = job.limit_s
+                if now - start >= limit + job_kill_grace_s(job):
                     ray.cancel(ref, force=True)
                     running.pop(ref)
+                    what = ("the run's --budget ran out" if job.budget_limited
+                            else f"the case passed policy.case_timeout_s = {limit:g} s")
                     sink.finished(job, failed_record(
-                        job.case, "timeout", f"timeout (Ray task cancelled, its worker killed, after {now - start:.1f} s): "
-                        f"the case passed policy.case_timeout_s = {limit:g} s", elapsed_s=now - start))
+                        job.case, "budget" if job.budget_limited else "timeout",
+                        f"{'stopped' if job.budget_limited else 'timeout'} (Ray task cancelled, its worker killed, "
+                        f"after {now - start:.1f} s): {what}", elapsed_s=now - start))
 
     def devices(self) -> list[DeviceState]:
         return [DeviceState(s["info"], s["env"], s["ceilings"]) for s in self.discovered.values()]

@@ -16,6 +16,9 @@ gate too, unless forced.
 Runs from different hardware or different scenario definitions are refused unless forced; forced
 over different definitions, the gate compares the cases both runs hold (a case only in the baseline
 is listed as missing, and does not fail).
+A case a ``--budget`` run never started (``not_run``), or stopped when the budget ran out, is
+missing, its reason "not run: budget": it fails the gate as any missing case does, unless
+``--allow-missing`` (a run cut by its budget is complete: what it measured is gated).
 When the case's baseline variant (timed interleaved with the optimized one in each run) moved the
 same way too, clearly (its CI excludes no change) or by at least half as much, the machine changed
 between the runs (a noisy neighbour, other clocks) and the optimized variant's own change proves
@@ -300,19 +303,26 @@ def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several:
         change = Change(case_id, cur.technique, "new", threshold=thresholds.get(cur.technique, threshold),
                         device=device)
         base = base_cases.get((case_id, device))
-        if not cur.passed:
+        if cur.status == "interrupted" and cur.failure is not None and cur.failure.kind == "budget":
+            change.verdict = "missing"  # cut short by --budget: its samples are partial, not a measurement
+            change.reason = f"not run to the end: budget ({cur.failure.message})"
+        elif not cur.passed:
             change.verdict, change.reason = "failed", _not_passed(cur, "")
         elif base is not None and not base.passed:
             change.verdict, change.reason = "no_samples", _not_passed(base, "in the baseline, ") + ": nothing to compare with"
         elif base is not None:
             _fill(change, base, cur, seed=index)
         changes.append(change)
+    not_run = {(c.id, (c.target or "") if several else ""): c for c in current.not_run}
     for (case_id, device), base in base_cases.items():
-        if (case_id, device) not in cur_cases:
+        if (case_id, device) not in cur_cases and (case_id, device) not in not_run:
             changes.append(Change(case_id, base.technique, "missing",
                                   threshold=thresholds.get(base.technique, threshold), device=device,
                                   reason="in the baseline, not in the current run" + (
                                       ", which stopped before it" if current_stopped else "")))
+    for (case_id, device), skipped in not_run.items():  # never started: missing, whatever the baseline holds
+        changes.append(Change(case_id, skipped.technique, "missing", threshold=thresholds.get(skipped.technique, threshold),
+                              device=device, reason=f"not run: {skipped.reason} (would have needed {skipped.need_text()})"))
     return changes
 
 

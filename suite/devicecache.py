@@ -2,9 +2,10 @@
 (``GPUBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpubench``, else ``~/.cache/gpubench``):
 
 - ``autotune/<GPU model>/triton-<version>/<kernel>.json``: Triton tunings (:mod:`gpubench.autotune`);
-- ``case-times/<device>.json``: what each case took on this device model, and a run's fixed cost
-  (worker start-up, calibration), so ``gpubench run --dry-run`` can say how long a run will take
-  from what this device measured before (:class:`CaseTimes`).
+- ``case-times/<device>.json``: what each case took on this device model, what each technique's
+  cases spent beside their warm-up and timing loops (building inputs, checks, first compiles), and
+  a run's fixed cost (worker start-up, calibration), so ``gpubench run --dry-run`` and ``--budget``
+  can say how long a run will take from what this device measured before (:class:`CaseTimes`).
 
 Everything here is a cache: a missing, unreadable or foreign file costs a tuning or a vaguer
 estimate, never a run; writers merge under a lock, so two runs on one machine can share it.
@@ -26,6 +27,10 @@ from gpubench.atomic import atomic_write_json
 CASE_TIMES_SCHEMA = 1
 MAX_CASES = 50_000  # per device file; the oldest go first
 RUN_OVERHEADS_KEPT = 10
+FIXED_KEPT = 50  # per technique: the newest cases' fixed costs
+# The phases a case's measurement policy bounds (gpubench.runner.PHASES); the rest of its elapsed
+# time (building, checking, first compiles, metrics, profiles) is its fixed cost.
+POLICY_PHASES = ("warmup", "timing", "energy")
 
 
 def cache_root() -> Path:
@@ -67,11 +72,21 @@ def _median(values: Any) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def fixed_cost_s(case: Any) -> float | None:
+    """What a finished case spent outside the phases its policy bounds (building inputs, checks,
+    first compiles and tunings, metrics, profiles); None for a record without phases (older runs)."""
+    phases = getattr(case, "phases_s", None)
+    if not phases or not isinstance(getattr(case, "elapsed_s", None), (int, float)):
+        return None
+    return max(0.0, float(case.elapsed_s) - sum(float(phases.get(p) or 0.0) for p in POLICY_PHASES))
+
+
 class CaseTimes:
     """The wall time of each case on one device model (``device_label``, as runs record it), by
-    case id and ``--repeat-scale``, the newest run's figure winning; the fixed cost of the last
-    runs (their wall time less their cases' time, per worker); and what their reports took per
-    case."""
+    case id and ``--repeat-scale``, the newest run's figure winning; each technique's fixed cost
+    per case (:func:`fixed_cost_s`, the newest :data:`FIXED_KEPT`; the first case of a run pays
+    its compiles); the fixed cost of the last runs (their wall time less their cases' time, per
+    worker); and what their reports took per case."""
 
     def __init__(self, device_label: str, root: Path | None = None):
         self.device_label = device_label
@@ -93,6 +108,13 @@ class CaseTimes:
         seconds = {k: float(v["s"]) for k, v in cases.items()
                    if isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and v["s"] > 0}
         return seconds, _median(doc.get("run_overheads_s")), _median(doc.get("report_s_per_case"))
+
+    def fixed_costs(self) -> dict[str, list[float]]:
+        """Per technique, the fixed costs (seconds) of its newest cases on this device model."""
+        doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
+        raw = doc.get("fixed_s") if isinstance(doc.get("fixed_s"), dict) else {}
+        return {str(t): [float(x) for x in v if isinstance(x, (int, float)) and x >= 0]
+                for t, v in raw.items() if isinstance(v, list)}
 
     def record_report(self, seconds: float, cases: int) -> None:
         """What writing a run's report (HTML and summary.md) took, per case: the part of a
@@ -119,10 +141,16 @@ class CaseTimes:
             if len(known) > MAX_CASES:
                 newest = sorted(known.items(), key=lambda kv: str(kv[1].get("at", "")), reverse=True)[:MAX_CASES]
                 known = dict(newest)
+            fixed = doc.get("fixed_s") if isinstance(doc.get("fixed_s"), dict) else {}
+            for c in finished:
+                seconds = fixed_cost_s(c)
+                if seconds is not None:
+                    kept = [x for x in fixed.get(c.technique) or [] if isinstance(x, (int, float))]
+                    fixed[c.technique] = (kept + [round(seconds, 4)])[-FIXED_KEPT:]
             overheads = [x for x in doc.get("run_overheads_s") or [] if isinstance(x, (int, float))]
             if finished and len(finished) == len(cases):  # an interrupted run's wall time says nothing
                 cases_s = sum(float(c.elapsed_s) for c in finished)
                 overheads = (overheads + [round(max(0.0, wall_s - cases_s / max(workers, 1)), 3)])[-RUN_OVERHEADS_KEPT:]
             doc.update({"schema": CASE_TIMES_SCHEMA, "device": self.device_label, "cases": known,
-                        "run_overheads_s": overheads})
+                        "fixed_s": fixed, "run_overheads_s": overheads})
             atomic_write_json(self.path, doc)

@@ -10,9 +10,10 @@ The executors: :class:`gpubench.in_process.InProcess` (``--isolation none``),
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpubench import results, runner
 from gpubench.outcome import ProgressListener
@@ -22,12 +23,26 @@ from gpubench.stopping import SigtermAsInterrupt
 from gpubench.telemetry import TelemetrySampler
 from gpubench.worker import DeviceInfo, Job
 
+if TYPE_CHECKING:
+    from gpubench.budget import Budget
+
 
 def kill_grace_s(timeout_s: float) -> float:
     """How long past ``case_timeout_s`` the supervisor waits before it kills the worker: the
     worker's own alarm stops Python-level hangs at the limit (keeping what was measured); only
     a call that alarm cannot interrupt reaches the kill."""
     return max(2.0, 0.1 * timeout_s)
+
+
+BUDGET_KILL_GRACE_S = 10.0  # past a budget's limit: the alarm's case still assembles its samples' statistics
+
+
+def job_kill_grace_s(job: Job) -> float:
+    """:func:`kill_grace_s` of the job's time limit; at least :data:`BUDGET_KILL_GRACE_S` where the
+    run's budget set that limit (a short limit is the budget's end, not a hang guard: the case
+    stopped there keeps its samples only if its worker lives to send them)."""
+    grace = kill_grace_s(job.limit_s)
+    return max(grace, BUDGET_KILL_GRACE_S) if job.budget_limited else grace
 
 
 @dataclass
@@ -49,11 +64,25 @@ class Sink:
     """Where a finished case goes: the run's records (kept by case index), the run log, progress."""
 
     def __init__(self, run_dir: results.RunDirectory, progress: ProgressListener,
-                 sigterm: SigtermAsInterrupt | None = None):
+                 sigterm: SigtermAsInterrupt | None = None, budget: Budget | None = None):
         self.run_dir = run_dir
         self.progress = progress
         self.records: dict[int, CaseRecord] = {}
         self.sigterm = sigterm or SigtermAsInterrupt()  # whether SIGTERM stopped the run
+        self.budget = budget  # --budget: asked before each case starts
+
+    def admit(self, job: Job) -> Job | None:
+        """The job to start, with the time its budget leaves it (``budget_s``); None where the
+        run's budget cannot hold it (recorded as not run, and shown). Without a budget, ``job``."""
+        if self.budget is None:
+            return job
+        limit = self.budget.admit(job.case, job.target)
+        if limit is None:
+            skipped = getattr(self.progress, "case_not_run", None)
+            if skipped is not None:
+                skipped(job.index, job.case, self.budget.not_run[-1])
+            return None
+        return dataclasses.replace(job, budget_s=limit)
 
     def started(self, job: Job) -> None:
         self.progress.case_started(job.index, job.case)
@@ -70,6 +99,8 @@ class Sink:
         """Kept, logged and shown. Once the disk is full, kept in memory only (the run is closing;
         :meth:`RunDirectory.close_on_full_disk` logs what still fits)."""
         self.records[job.index] = record
+        if self.budget is not None:
+            self.budget.finished(record)
         try:
             if self.run_dir.full is None:
                 self.run_dir.append_case(job.index, record)
@@ -89,7 +120,7 @@ def failed_record(case: Case, kind: str, message: str, detail: str = "", elapsed
     """The record of a case that failed outside the runner (its worker died or was killed, the run
     stopped, nothing was left to run it on)."""
     record = runner.new_record(case)
-    record.status = "interrupted" if kind == "interrupted" else "failed"
+    record.status = "interrupted" if kind in ("interrupted", "budget") else "failed"
     record.failure = Failure(kind, message, detail)
     record.elapsed_s = elapsed_s
     record.device = device.to_dict() if device is not None else None

@@ -46,13 +46,16 @@ class InProcess:
     def run(self, jobs: list[Job], sink: Sink) -> None:
         clocks: dict[bool, timing.Clock] = {}
         for n, job in enumerate(jobs):
+            job = sink.admit(job)
+            if job is None:  # the run's budget cannot hold it
+                continue
             sink.started(job)
             flush = job.case.policy.flush_l2
             if flush not in clocks:
                 clocks[flush] = timing.Clock(self.device, flush_l2=flush)
             try:
                 record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings,
-                                         job.run_dir)
+                                         job.run_dir, budget_s=job.budget_s)
             except runner.CaseInterrupted as stop:
                 stop.record.device = self.state.info.to_dict()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C

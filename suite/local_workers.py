@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpubench import worker
-from gpubench.executor import DeviceState, Sink, failed_record, kill_grace_s
+from gpubench.executor import DeviceState, Sink, failed_record, job_kill_grace_s
 from gpubench.telemetry import NvmlSource, TelemetrySampler, TelemetryUnavailable
 from gpubench.worker import DeviceInfo, Done, Job, Note, Ready
 
@@ -76,11 +76,11 @@ class WorkerSlot:
                              f"output:\n{self.log_tail()}") from None
         return self.ready
 
-    def submit(self, job: Job, limit_s: float) -> None:
+    def submit(self, job: Job) -> None:
         self.job = job
         self.log_offset = self._log_size()
         self.started_at = time.monotonic()
-        self.deadline = self.started_at + limit_s + kill_grace_s(limit_s)
+        self.deadline = self.started_at + job.limit_s + job_kill_grace_s(job)
         self.conn.send(job)
 
     def kill(self) -> None:
@@ -187,14 +187,7 @@ class LocalWorkers:
                 return
             for w in alive:
                 if w.job is None:
-                    label = self.states[w.key].info.label
-                    job = next((j for j in pending if j.target in (None, label)), None)
-                    if job is None:
-                        continue
-                    pending.remove(job)
-                    job = dataclasses.replace(job, ceilings=self.states[w.key].ceilings)
-                    sink.started(job)
-                    w.submit(job, job.case.policy.case_timeout_s)
+                    self._hand_out(w, pending, sink)
             busy = [w for w in alive if w.job is not None]
             if not busy:
                 for job in pending:  # asked for a device model no live worker has
@@ -207,6 +200,20 @@ class LocalWorkers:
                     self._collect(w, sink)
                 elif time.monotonic() >= w.deadline:
                     self._time_out(w, sink)
+
+    def _hand_out(self, w: WorkerSlot, pending: deque[Job], sink: Sink) -> None:
+        """Start the next pending job this worker's device may run and the run's budget holds;
+        the jobs the budget passes over on the way are recorded as not run (by the sink)."""
+        label = self.states[w.key].info.label
+        while (job := next((j for j in pending if j.target in (None, label)), None)) is not None:
+            pending.remove(job)
+            admitted = sink.admit(job)
+            if admitted is None:
+                continue
+            job = dataclasses.replace(admitted, ceilings=self.states[w.key].ceilings)
+            sink.started(job)
+            w.submit(job)
+            return
 
     def _collect(self, w: WorkerSlot, sink: Sink) -> None:
         job = w.job
@@ -233,11 +240,15 @@ class LocalWorkers:
         job = w.job
         elapsed = time.monotonic() - w.started_at
         w.kill()
-        limit = job.case.policy.case_timeout_s
-        message = (f"timeout (worker killed after {elapsed:.1f} s): the case passed policy.case_timeout_s = "
-                   f"{limit:g} s inside a call Python could not interrupt (native code or a kernel that never returned)")
-        sink.finished(job, failed_record(job.case, "timeout", message, w.log_tail(), elapsed,
-                                         self.states[w.key].info))
+        limit = job.limit_s
+        if job.budget_limited:  # the run's budget ran out: interrupted, not failed (its samples died with the worker)
+            kind, message = "budget", (f"stopped (worker killed after {elapsed:.1f} s): the run's --budget ran out "
+                                       f"{limit:.1f} s into the case, inside a call Python could not interrupt")
+        else:
+            kind, message = "timeout", (f"timeout (worker killed after {elapsed:.1f} s): the case passed "
+                                        f"policy.case_timeout_s = {limit:g} s inside a call Python could not "
+                                        "interrupt (native code or a kernel that never returned)")
+        sink.finished(job, failed_record(job.case, kind, message, w.log_tail(), elapsed, self.states[w.key].info))
         self._replace(w)
 
     def devices(self) -> list[DeviceState]:

@@ -232,6 +232,74 @@ def _upgraded_variant(name: str, record: Mapping[str, Any]) -> Mapping[str, Any]
 
 
 @dataclass
+class NotRunCase:
+    """A case the run planned and never started, and why: ``reason`` "budget" (``--budget``: the
+    time left could not hold it). ``estimate_s`` is what the budget counted for it (conservative),
+    ``low_s`` what it takes at least, ``basis`` what they rest on (history, earlier, technique,
+    policy: :class:`gpubench.estimate.CaseEstimate`), ``left_s`` the budget left when it was
+    passed over. Neither passed nor failed: the gate lists it as missing, the history store never
+    records it."""
+
+    id: str
+    technique: str
+    params: dict[str, Any] = field(default_factory=dict)
+    reason: str = "budget"
+    estimate_s: float | None = None
+    low_s: float | None = None
+    basis: str = ""
+    left_s: float | None = None
+    target: str | None = None  # the device model it was to run on (--per-model), if one
+    status: str = "not_run"
+
+    @property
+    def lower_bound(self) -> bool:
+        return self.basis in ("technique", "policy")
+
+    def need_text(self) -> str:
+        """What it would have needed: ``about 40 s``, or ``at least 2.0 s, counted as 8.0 s``."""
+        return need_text([self])
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "NotRunCase":
+        fields = _fields(cls, data)
+        return cls(**{"id": "?", "technique": "?", **fields, "params": fields.get("params") or {}})
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: 8 s, 3 min, 1.5 h, 4 days; under 10 s to a tenth."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.0f} days"
+
+
+def need_text(cases: list[NotRunCase]) -> str:
+    """What ``cases`` would have needed together: ``about 2 min`` where each one's figure is its
+    own measured time, else ``at least 40 s, counted as 2 min`` (the budget's conservative count)."""
+    counted = sum(c.estimate_s or 0.0 for c in cases)
+    if not any(c.lower_bound for c in cases):
+        return f"about {duration_text(counted)}"
+    low = sum((c.low_s if c.low_s is not None else c.estimate_s) or 0.0 for c in cases)
+    if low < 0.05:  # a policy with no warm-up bounds nothing from below
+        return f"{duration_text(counted)} by the budget's count, no time of its own measured"
+    return f"at least {duration_text(low)}, counted as {duration_text(counted)}"
+
+
+def not_run_text(cases: list[NotRunCase]) -> str:
+    """``3 cases not run: budget (would have needed about 2 min)``; "" for none."""
+    by_reason: dict[str, list[NotRunCase]] = {}
+    for case in cases:
+        by_reason.setdefault(case.reason, []).append(case)
+    return "; ".join(f"{len(group)} case{'s' if len(group) != 1 else ''} not run: {reason} (would have needed "
+                     f"{need_text(group)})" for reason, group in by_reason.items())
+
+
+@dataclass
 class TimeUse:
     """Where a run's wall time went: the run's own wall clock (worker start-up, calibration and
     writing the results included), the workers that shared it, and its cases' phases summed
@@ -292,6 +360,8 @@ class RunRecord:
     abort_reason: str | None = None
     crash: Failure | None = None
     time_use: TimeUse | None = None  # where the run's wall time went (None in older runs)
+    budget_s: float | None = None  # --budget: the wall time the run was planned to fit (None: no budget)
+    not_run: list[NotRunCase] = field(default_factory=list)  # planned, never started (--budget); [] in older runs
     # The declarations of the run's techniques and the claims of those it left out, recorded
     # by the run's process (:meth:`declare`); empty in runs of versions 1 and 2.
     declarations: Declarations = field(default_factory=Declarations)
@@ -305,7 +375,8 @@ class RunRecord:
     def summary(self) -> dict[str, int]:
         statuses = [c.status for c in self.cases]
         return {"cases": len(statuses), "passed": statuses.count("passed"),
-                "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
+                "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted"),
+                "not_run": len(self.not_run)}
 
     # -- what the gate reads -----------------------------------------------------------------
     @property
@@ -373,11 +444,12 @@ class RunRecord:
         skip = ("cases", "declarations", "schema_version", "source", "path")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
+        fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
         declared, elsewhere = self.declarations.to_dicts()
         doc = {"schema_version": self.schema_version, "kind": "gpubench.results", "gpubench_version": __version__,
                **json_safe(fields), "techniques": json_safe(declared), "claims_elsewhere": json_safe(elsewhere),
                "cases": [], "summary": self.summary}
-        for key in ("abort_reason", "crash", "clocks", "signal", "disk_full"):
+        for key in ("abort_reason", "crash", "clocks", "signal", "disk_full", "budget_s"):
             if doc[key] is None:
                 del doc[key]
         if not self.recorded_declarations:
@@ -397,6 +469,7 @@ class RunRecord:
                       "devices": fields.get("devices") or {}, "warnings": fields.get("warnings") or [],
                       "crash": _typed(Failure, fields.get("crash")),
                       "time_use": _typed(TimeUse, fields.get("time_use")),
+                      "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
                       "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
                       # A document without a version (made by hand) recorded no declarations either.
                       "schema_version": data.get("schema_version") or READABLE_VERSIONS[0]})
@@ -610,7 +683,8 @@ def read_document(path: str | Path) -> dict[str, Any]:
             doc["cases"] = logged
             statuses = [c.get("status") for c in logged]
             doc["summary"] = {"cases": len(logged), "passed": statuses.count("passed"),
-                              "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted")}
+                              "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted"),
+                              "not_run": len(doc.get("not_run") or [])}
     return doc
 
 

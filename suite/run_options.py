@@ -1,5 +1,5 @@
 """What a run is asked to do beyond its scenario (:class:`RunOptions`: devices, isolation, a
-cluster, exclusivity, locked clocks, ...), and the checks that refuse a bad request before anything
+cluster, exclusivity, locked clocks, a time budget, ...), and the checks that refuse a bad request before anything
 is created: devices that do not exist here (:func:`resolve_devices`), options that do not go
 together (:func:`check_options`), and, with ``--exclusive``, a GPU other processes use
 (:func:`check_hygiene`).
@@ -33,6 +33,8 @@ class RunOptions:
     lock_clocks: bool = False
     per_model: bool = False  # every case once on each device model (a fleet's technique x device matrix)
     profile: bool = False  # --profile: every case's policy.profile on (profiles after timing)
+    budget_s: float | None = None  # --budget: plan the run to fit this wall time (gpubench.budget)
+    budget_from: float | None = None  # time.monotonic() the budget counts from (default: when the run starts)
 
 
 def resolve_devices(text: str, source: str = "--devices") -> list[str]:
@@ -69,6 +71,8 @@ def check_options(options: RunOptions) -> None:
     if options.isolation == "none" and len(options.devices) > 1 and not options.cluster:
         raise BadInput("--isolation none runs every case in this process, on one device; give one device "
                        f"(got {', '.join(options.devices)}) or use worker processes (--isolation process).")
+    if options.budget_s is not None and not options.budget_s > 0:
+        raise BadInput(f"--budget: {options.budget_s!r} is not valid; allowed: a duration above 0 (540, 9m, 1h30m).")
     if options.max_parallel is not None and options.max_parallel < 1:
         raise BadInput(f"--max-parallel: {options.max_parallel} is not valid; allowed: an integer >= 1.")
     if options.cluster:

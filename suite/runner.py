@@ -37,13 +37,22 @@ class CaseTimeout(BaseException):
     own ``except Exception`` cannot swallow it."""
 
 
+class BudgetSpent(CaseTimeout):
+    """Raised inside a case that ran into the end of the run's ``--budget`` (before its own
+    case_timeout_s): the case is interrupted, not failed, and keeps what it measured."""
+
+
 @contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
+def deadline(seconds: float, budget: bool = False) -> Iterator[None]:
+    """SIGALRM after ``seconds``: :class:`CaseTimeout`, or :class:`BudgetSpent` where the limit is
+    the run's budget (``budget``)."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
     def expire(signum, frame):
+        if budget:
+            raise BudgetSpent(f"stopped after {seconds:.1f} s: the run's --budget ran out")
         raise CaseTimeout(f"exceeded its time limit of {seconds:g} s (policy.case_timeout_s)")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -171,10 +180,13 @@ class CaseRun:
 
 
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
-             ceilings: dict[str, Any] | None, run_dir: Path | str | None = None) -> CaseRecord:
+             ceilings: dict[str, Any] | None, run_dir: Path | str | None = None,
+             budget_s: float | None = None) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
     partial record). ``run_dir``: where profiles are written (``policy.profile``); without it,
-    nothing is profiled."""
+    nothing is profiled. ``budget_s``: the time the run's ``--budget`` has left for it; where it
+    is shorter than ``case_timeout_s`` and runs out, the case is interrupted (failure kind
+    ``budget``) and keeps the samples it took."""
     tech = techniques.get(case.technique)
     assert tech is not None
     run = CaseRun(tech, case, device, clock, sampler, ceilings, run_dir, new_record(case))
@@ -182,9 +194,15 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     if device.type == "cuda":
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
+    by_budget = budget_s is not None and budget_s < case.policy.case_timeout_s
     try:
-        with deadline(case.policy.case_timeout_s), profiling.nvtx_range(case.id, device):
+        with deadline(budget_s if by_budget else case.policy.case_timeout_s, by_budget), \
+                profiling.nvtx_range(case.id, device):
             _measure(run)
+    except BudgetSpent as exc:
+        run.record.status = "interrupted"
+        run.record.failure = Failure("budget", f"{exc}; the samples it took are kept")
+        timing.release_frames(exc)
     except KeyboardInterrupt:
         run.record.status = "interrupted"
         run.record.failure = Failure("interrupted", "stopped by Ctrl-C")

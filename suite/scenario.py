@@ -12,6 +12,7 @@ Format::
     seed: 0                          # optional; added to each case's own seed
     policy: {min_reps: 5, ...}       # see gpubench.timing.Policy
     thresholds: {flash_attention: 10%}  # optional: per-technique slowdown the gate tolerates
+    order: [moe_grouping, flash_attention]  # optional: --budget runs these techniques' cases first
     entries:                         # required, non-empty
       - technique: flash_attention   # or a module (my_pkg.my_pair) or a .py file beside this one
         params: {seq_len: [128, 256], causal: [false, true]}   # lists expand as a cartesian product
@@ -38,7 +39,7 @@ from gpubench.compare import parse_threshold
 from gpubench.errors import BadInput
 from gpubench.timing import POLICY_PARAMS, Policy, policy_problems
 
-TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "entries")
+TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "order", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DEVICE_ALLOWED = "auto, cpu, cuda or cuda:N"
@@ -89,6 +90,7 @@ class Scenario:
     path: Path
     text: str = field(repr=False, default="")
     thresholds: dict[str, float] = field(default_factory=dict)  # technique -> slowdown fraction
+    order: tuple[str, ...] = ()  # techniques whose cases go first in a --budget run's rounds
 
     @property
     def sha256(self) -> str:
@@ -141,6 +143,7 @@ class Scenario:
             "name": self.name, "description": self.description, "device": self.device,
             "seed": self.seed, "path": str(self.path), "sha256": self.sha256,
             "policy": self.policy.to_dict(), "thresholds": self.thresholds,
+            **({"order": list(self.order)} if self.order else {}),
             "entries": [{"technique": e.technique, "params": e.grid, "policy": e.policy.to_dict(),
                          "variants": list(e.variants) if e.variants else None} for e in self.entries],
         }
@@ -288,12 +291,13 @@ def parse(text: str, path: Path) -> Scenario:
             entries.append(entry)
 
     thresholds = _thresholds(data.get("thresholds", {}), bad)
+    order = _order(data.get("order", []), {e.technique for e in entries}, bad)
 
     if problems:
         raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
                        f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
     return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
-                    entries=entries, path=path, text=text, thresholds=thresholds)
+                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
 
 
 def _thresholds(raw: Any, bad) -> dict[str, float]:
@@ -312,6 +316,24 @@ def _thresholds(raw: Any, bad) -> dict[str, float]:
         except BadInput:
             bad(("thresholds", key), f"thresholds.{key}", f"{value!r} is not valid; allowed: a slowdown such as 10% or 0.1")
     return out
+
+
+def _order(raw: Any, in_scenario: set[str], bad) -> tuple[str, ...]:
+    """``order: [technique, ...]``: under ``--budget`` the cases run breadth-first, these
+    techniques first in each round (the others after them, as they first appear)."""
+    allowed = ", ".join(sorted(in_scenario)) or "the techniques of the entries"
+    if not isinstance(raw, list) or not all(isinstance(t, str) for t in raw):
+        bad(("order",), "order", f"must be a list of technique names; allowed: {allowed}")
+        return ()
+    seen: list[str] = []
+    for i, name in enumerate(raw):
+        if name in seen:
+            bad(("order", i), "order", f"{name!r} is given twice")
+        elif name not in in_scenario:
+            bad(("order", i), "order", f"{name!r} is not a technique of this scenario's entries; allowed: {allowed}")
+        else:
+            seen.append(name)
+    return tuple(seen)
 
 
 def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:

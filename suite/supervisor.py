@@ -10,6 +10,9 @@ Executors (:mod:`gpubench.executor` says what they share):
   debugger wants it; a hung native call then hangs the run.
 - :class:`gpubench.cluster.RayCluster` (``--cluster ray``): each case a Ray task.
 
+With ``--budget`` (:mod:`gpubench.budget`) the cases run breadth-first and each starts only where
+the time left holds it; the others are recorded as not run (``RunRecord.not_run``).
+
 Every finished case is appended to ``cases.jsonl`` (flushed, fsynced) so a run killed mid-way
 keeps what finished at a cost per case that does not grow with the run; ``results.json`` is
 written at the start (status ``running``) and assembled from the records at the end
@@ -29,10 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
+from gpubench import budget as budgetmod
 from gpubench import closing, hygiene, notices, results, runner, techniques
 from gpubench.atomic import DiskFull
 from gpubench.cluster import RayCluster
+from gpubench.devicecache import CaseTimes
 from gpubench.errors import BadInput
+from gpubench.estimate import CaseCosts
 from gpubench.executor import DeviceState, Executor, Sink, failed_record
 from gpubench.in_process import InProcess
 from gpubench.local_workers import LocalWorkers
@@ -91,13 +99,17 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
     options = options or RunOptions()
     check_options(options)
     progress = progress or Silent()
+    budget_from = options.budget_from if options.budget_from is not None else time.monotonic()
     cases = scenario.cases(only=only, repeat_scale=repeat_scale)
+    if options.budget_s is not None:  # each technique's first case before any one's second
+        cases = budgetmod.breadth_first(cases, scenario.order)
     if options.profile:
         cases = profiled(cases)
     processes = {} if options.cluster else check_hygiene(options.devices, options.exclusive)
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     run = RunRecord(run_id=run_dir.path.name, device=",".join(options.devices), device_label="",
-                    scenario=scenario.to_dict(), env={}, repeat_scale=repeat_scale, only=only, started_at=_now())
+                    scenario=scenario.to_dict(), env={}, repeat_scale=repeat_scale, only=only, started_at=_now(),
+                    budget_s=options.budget_s)
     try:
         executor = make_executor(options, run_dir, calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
     except BadInput:
@@ -105,7 +117,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         raise
     with sigterm_as_interrupt() as sigterm:
         sink = Sink(run_dir, progress, sigterm)
-        _run(_Run(run, options, executor, sink, cases, processes))
+        _run(_Run(run, options, executor, sink, cases, processes, out_root=Path(out_root), budget_from=budget_from))
     return RunOutcome(run_dir.path, run)
 
 
@@ -127,6 +139,8 @@ class _Run:
     processes: dict[str, Any]
     clocks: dict[str, Any] | None = None
     t_start: float = field(default_factory=time.perf_counter)
+    out_root: Path | None = None
+    budget_from: float | None = None  # time.monotonic() --budget counts from
 
 
 def _run(r: _Run) -> None:
@@ -173,6 +187,8 @@ def _start_and_run(r: _Run) -> None:
     run_dir.reserve()
     started = r.executor.start()
     closing.describe_devices(r.record, started, r.processes, r.clocks)
+    if r.options.budget_s is not None:
+        r.sink.budget = _budget(r, started)
     jobs = make_jobs(r.cases, _targets(r.options, started), run_dir.path)
     r.record.planned_cases = len(jobs)
     r.sink.progress.run_started(len(jobs))
@@ -180,6 +196,17 @@ def _start_and_run(r: _Run) -> None:
     run_dir.write_results(r.record)
     with notices.listening(r.sink.note):  # in-process cases; a worker's come over its pipe
         r.executor.run(jobs, r.sink)
+
+
+def _budget(r: _Run, started: Sequence[DeviceState]) -> budgetmod.Budget:
+    """The run's budget, counted from the command's start, its estimates from this device model's
+    case-time history (a Ray cluster's devices are not known before its tasks run: the allowances)."""
+    device = r.options.devices[0].split("#")[0]
+    label = started[0].info.label if started else None
+    costs = CaseCosts(torch.device("cuda" if device.startswith("cuda") else "cpu"),
+                      history=CaseTimes(label) if label else None, out_root=r.out_root,
+                      repeat_scale=r.record.repeat_scale)
+    return budgetmod.Budget(r.options.budget_s, costs, started_at=r.budget_from)
 
 
 def _stop_in_flight(executor: Executor, sink: Sink) -> None:
@@ -199,6 +226,7 @@ def _close(r: _Run) -> None:
         run.status = "complete"
     run.finished_at = _now()
     run.cases = [sink.records[i] for i in sorted(sink.records)]
+    run.not_run = list(sink.budget.not_run) if sink.budget is not None else []
     states = r.executor.devices()
     closing.describe_devices(run, states, r.processes, r.clocks)
     cap = closing.memory_cap_warning(run, r.cases)

@@ -54,6 +54,18 @@ class Job:
     ceilings: dict[str, Any] | None
     target: str | None = None  # run on a device of this model (a label, or Ray's accelerator type)
     run_dir: str | None = None  # the run directory: profiles are written under it (policy.profile)
+    budget_s: float | None = None  # --budget: the time left for it, when shorter than its case_timeout_s
+
+    @property
+    def limit_s(self) -> float:
+        """The seconds the case may take: its policy's case_timeout_s, or less where the run's
+        budget has less left."""
+        timeout = self.case.policy.case_timeout_s
+        return timeout if self.budget_s is None else min(timeout, self.budget_s)
+
+    @property
+    def budget_limited(self) -> bool:
+        return self.budget_s is not None and self.budget_s < self.case.policy.case_timeout_s
 
 
 @dataclass
@@ -177,7 +189,8 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
         record = runner.unloadable(job.case, job.source)
     else:
         try:
-            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings, job.run_dir)
+            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings, job.run_dir,
+                                     budget_s=job.budget_s)
         except runner.CaseInterrupted as stop:
             record, interrupted = stop.record, True
     record.device = info.to_dict()

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from gpubench import cli_run, scenario as scenariomod
+from gpubench.results import duration_text
 from gpubench.cli import main
 from gpubench.reports.gate import case_labels
 from gpubench.reports.terminal import case_params, print_summary
@@ -331,7 +332,7 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
     assert report_s is not None and report_s > 0  # the report's time per case, measured by the run
     expected = sum(seconds.values()) + overhead + 3 * report_s
     assert "3 of 3 cases from what they took on this device" in dry.output, dry.output
-    assert re.search(rf"estimated time: about {expected:.0f} s", dry.output), (expected, dry.output)
+    assert f"estimated time: about {duration_text(expected)}" in dry.output, (expected, dry.output)
     # Another repeat scale is another measurement policy: not counted from these times.
     dry = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "b", "--dry-run", "--repeat-scale", "2")
     assert "on this device" not in dry.output

@@ -179,11 +179,11 @@ def test_a_harness_fault_marks_the_run_crashed_and_keeps_finished_cases(toys, wr
     real = runner.run_case
     calls = []
 
-    def second_call_breaks(*args):
+    def second_call_breaks(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("harness bug")
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(runner, "run_case", second_call_breaks)
     outcome = run(write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n")

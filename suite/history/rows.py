@@ -109,7 +109,9 @@ def _scalar_metrics(metrics: Mapping[str, Any]) -> str:
 def rows_of_run(run: RunRecord, results_path: str | Path, *, source: str = "gpubench",
                 branch: str | None = None) -> list[ResultRow]:
     """Every (case, variant) of ``run``, whose results file is ``results_path``. ``branch``
-    stands in where the run did not record its branch."""
+    stands in where the run did not record its branch. A case the run's ``--budget`` cut short is
+    left out (its samples stay in results.json; the gate counts it missing too), as are the cases
+    it never started (``run.not_run``)."""
     env = run.env or {}
     git = env.get("git") or {}
     gpu = env.get("gpu") or {}
@@ -123,7 +125,12 @@ def rows_of_run(run: RunRecord, results_path: str | Path, *, source: str = "gpub
               "driver_version": _text(gpu.get("driver_version")), "torch_version": _text(env.get("torch")),
               "triton_version": _text(env.get("triton")), "gpubench_version": _text(env.get("gpubench_version")),
               "scenario": _text((run.scenario or {}).get("name")), "results_path": str(Path(results_path).resolve())}
-    return [_row(common, run, case, name, variant) for case in run.cases for name, variant in case.variants.items()]
+    return [_row(common, run, case, name, variant) for case in run.cases if not _cut_by_budget(case)
+            for name, variant in case.variants.items()]
+
+
+def _cut_by_budget(case: CaseRecord) -> bool:
+    return case.status == "interrupted" and case.failure is not None and case.failure.kind == "budget"
 
 
 def _row(common: dict[str, Any], run: RunRecord, case: CaseRecord, name: str, variant: VariantRecord) -> ResultRow:
