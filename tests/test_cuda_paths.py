@@ -1,0 +1,85 @@
+"""CUDA-only paths, run on a machine without a GPU through fakes (tests/fake_cuda.py, fake NVML,
+fake ``torch.cuda`` memory queries): the order of stream, event and graph operations, the
+staging buffer's reuse, the memory cap's arithmetic, the worker's CPU pinning. docs/cuda-paths.md
+lists every CUDA-only line and the test that reaches it (or why none can).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fake_cuda import FakeCuda
+
+from gpubench.serving.graphs import DecodeGraphs
+from gpubench.serving.step_inputs import Staging
+
+CUDA0 = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return FakeCuda().install(monkeypatch)
+
+
+# -- the staging buffer: pinned host memory, copied without blocking, reused ----------------------
+
+def test_staging_never_overwrites_host_memory_a_copy_may_still_read(fake):
+    staging = Staging(CUDA0, capacity=8)
+    first, second = torch.zeros(3, dtype=torch.long, device=CUDA0), torch.zeros(3, dtype=torch.long, device=CUDA0)
+    staging.put([1, 2, 3], into=first)
+    staging.put([4, 5, 6], into=second)  # nothing in between reads the first copy's result back
+    fake.synchronize()
+    assert first.tolist() == [1, 2, 3] and second.tolist() == [4, 5, 6]
+    assert fake.log[:4] == ["event synchronized", "copy queued on current", "event recorded", "event synchronized"]
+
+
+def test_staging_grows_its_buffers_for_a_step_larger_than_them(fake):
+    staging = Staging(CUDA0, capacity=2)
+    small = staging.put([7, 8])
+    big = staging.put(list(range(5)))
+    fake.synchronize()
+    assert staging.host.numel() >= 5 and big.tolist() == list(range(5))
+    assert small.tolist() == [7, 8]  # the copy from before the growth still lands
+
+
+# -- decode CUDA graphs: warm-up on a side stream, then capture -------------------------------------
+
+VOCAB = 5
+
+
+def fake_kv():
+    rows = lambda decodes: SimpleNamespace(rows=[[1] for _ in decodes], slots=[10 + i for i in range(len(decodes))],
+                                           lens=[s.cached + 1 for s in decodes])
+    return SimpleNamespace(spare_unit=3, device=CUDA0, max_len=8, decode_width=lambda: 1,
+                           padding_row=lambda columns: (99, [3] * columns), decode_rows=rows,
+                           decode_batch=lambda lens, table, width: SimpleNamespace(lens=lens))
+
+
+def test_decode_graphs_warm_up_on_a_side_stream_then_capture(fake):
+    calls = []
+
+    def forward(inputs):
+        stream = fake.current_stream().name
+        calls.append((stream, inputs.tokens.shape[0], inputs.slots.tolist()))
+        fake.log.append(f"forward on {stream}")
+        return torch.full((inputs.tokens.shape[0], VOCAB), float(len(calls)))
+
+    graphs = DecodeGraphs(fake_kv(), Staging(CUDA0), 2, forward, capture=True)
+    per_bucket = ["event synchronized", "copy queued on current", "event recorded",
+                  "side waits for current", "forward on side", "forward on side", "forward on side",
+                  "current waits for side"]
+    assert fake.log == (per_bucket + ["capture begins", "forward on capture", "capture ends"]
+                        + per_bucket + ["capture begins (shared pool)", "forward on capture", "capture ends",
+                                        "synchronize"])
+    # every warm-up call read the staged padding rows: the copy was done before the side stream ran
+    assert all(slots == [99] * bucket for _, bucket, slots in calls)
+    assert sorted(graphs.graphs) == [1, 2]
+
+    fake.log.clear()
+    seq = SimpleNamespace(tokens=[4, 2], cached=1)
+    logits = graphs.run([seq])
+    assert fake.log == ["event synchronized", "copy queued on current", "event recorded", "replay"]
+    assert logits.shape == (1, VOCAB) and graphs.replays[1] == 1
+    assert logits[0, 0] == graphs.graphs[1][1][0, 0]  # the captured output buffer, not a new forward
