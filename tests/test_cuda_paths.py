@@ -83,3 +83,30 @@ def test_decode_graphs_warm_up_on_a_side_stream_then_capture(fake):
     assert fake.log == ["event synchronized", "copy queued on current", "event recorded", "replay"]
     assert logits.shape == (1, VOCAB) and graphs.replays[1] == 1
     assert logits[0, 0] == graphs.graphs[1][1][0, 0]  # the captured output buffer, not a new forward
+
+
+# -- calibration ------------------------------------------------------------------------------------
+
+class Reached(Exception):
+    pass
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_gpus_calibration_matmul_is_large_even_when_quick(monkeypatch, quick):
+    """At n=4096 an H200 reaches well under its matmul peak, which inflates every share of it: a
+    run's quick calibration measures at n=8192 on a GPU, as the full one does."""
+    from gpubench import env as envmod
+
+    shapes = []
+
+    def randn(shape, dtype, device):
+        shapes.append((shape, dtype, device))
+        raise Reached
+
+    monkeypatch.setattr(envmod, "use_device", lambda d: CUDA0)
+    monkeypatch.setattr(envmod.timing, "Clock", lambda *a, **k: None)
+    monkeypatch.setattr(envmod, "device_label", lambda d: "fake GPU")
+    monkeypatch.setattr(envmod, "_randn", randn)
+    with pytest.raises(Reached):
+        envmod.calibrate(CUDA0, quick=quick)
+    assert shapes == [((8192, 8192), torch.bfloat16, CUDA0)]
