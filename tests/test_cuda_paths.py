@@ -110,3 +110,80 @@ def test_a_gpus_calibration_matmul_is_large_even_when_quick(monkeypatch, quick):
     with pytest.raises(Reached):
         envmod.calibrate(CUDA0, quick=quick)
     assert shapes == [((8192, 8192), torch.bfloat16, CUDA0)]
+
+
+# -- the worker's CPU pinning near its GPU (NVML) -------------------------------------------------
+
+class FakeNvmlAffinity:
+    """pynvml's CPU affinity of a GPU: 64-bit words of a core mask."""
+
+    def __init__(self, cores):
+        self.cores = cores
+
+    def nvmlDeviceGetCpuAffinity(self, handle, words):
+        return [sum(1 << (c - 64 * w) for c in self.cores if 64 * w <= c < 64 * (w + 1)) for w in range(words)]
+
+
+@pytest.fixture
+def pinning(monkeypatch):
+    import sys
+
+    from gpubench import worker
+
+    pinned = []
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(range(128)))
+    monkeypatch.setattr(worker.os, "sched_setaffinity", lambda pid, cores: pinned.append(tuple(cores)))
+
+    def use(cores):
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlAffinity(cores))
+        return worker._pin_near(handle=object())
+    return use, pinned
+
+
+def test_a_worker_pins_to_its_gpus_cores_and_logs_the_mask(pinning, capsys):
+    use, pinned = pinning
+    near = list(range(0, 32)) + list(range(64, 96))  # NVML's mask spans two 64-bit words
+    assert use(near) == tuple(near) and pinned == [tuple(near)]
+    assert "pinned to CPU cores 0-31,64-95 (NVML's affinity for this GPU; 64 of the process's 128 cores)" \
+        in capsys.readouterr().out
+
+
+def test_a_worker_stays_unpinned_where_the_mask_leaves_fewer_than_half_its_cores(pinning, capsys):
+    """A mask of 16 of 128 cores would starve the worker's host-side work: it is logged, not applied."""
+    use, pinned = pinning
+    assert use(range(16)) is None and pinned == []
+    out = capsys.readouterr().out
+    assert "not pinned to CPU cores: NVML's affinity for this GPU (0-15) leaves 16 of the process's 128 cores, " \
+           "fewer than half" in out
+
+
+def test_a_worker_pins_only_to_cores_it_may_use(pinning, monkeypatch, capsys):
+    """A container's cpuset (the process's current cores) bounds the mask: cores outside it are
+    dropped, and a mask with none of them leaves the worker unpinned."""
+    from gpubench import worker
+
+    use, pinned = pinning
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(range(8, 16)))
+    assert use(range(0, 12)) == tuple(range(8, 12)) and pinned == [tuple(range(8, 12))]
+    assert use(range(32, 40)) is None and "holds none of the process's cores (8-15)" in capsys.readouterr().out
+
+
+def test_a_worker_without_nvml_stays_unpinned_silently(monkeypatch, capsys):
+    import sys
+
+    from gpubench import worker
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert worker._pin_near(object()) is None and capsys.readouterr().out == ""
+
+
+def test_a_refused_pinning_leaves_the_worker_unpinned_and_says_so(pinning, monkeypatch, capsys):
+    from gpubench import worker
+
+    use, _ = pinning
+
+    def refuse(pid, cores):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(worker.os, "sched_setaffinity", refuse)
+    assert use(range(128)) is None and "pinning failed" in capsys.readouterr().out
