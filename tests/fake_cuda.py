@@ -29,7 +29,12 @@ class DeviceTensor(torch.Tensor):
             dst, src = args
             cls.fake.queue(lambda: torch.Tensor.copy_(dst.as_subclass(torch.Tensor), src.as_subclass(torch.Tensor)))
             return dst
+        if func == torch.Tensor.is_cuda.__get__:  # a getter: a new wrapper object at each access
+            return True
         return super().__torch_function__(func, types, args, kwargs)
+
+    def record_stream(self, stream: "FakeStream") -> None:  # torch's own rejects a fake stream before dispatch
+        stream.fake.log.append(f"tensor kept for {stream.name}")
 
 
 class FakeStream:
@@ -39,6 +44,10 @@ class FakeStream:
     def wait_stream(self, other: "FakeStream") -> None:
         self.fake.log.append(f"{self.name} waits for {other.name}")
         self.fake.flush()  # the waiting stream's later work sees everything queued before
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        self.fake.log.append(f"{self.name} waits for an event")
+        self.fake.flush(event.upto)
 
     def __repr__(self) -> str:
         return f"<stream {self.name}>"
@@ -56,6 +65,10 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.fake.log.append("event synchronized")
         self.fake.flush(self.upto)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        """Milliseconds: one per copy queued between the two records."""
+        return float(end.upto - self.upto)
 
 
 class FakeGraph:
@@ -137,6 +150,7 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda *a, **k: FakeGraph(self))
         monkeypatch.setattr(torch.cuda, "graph", self.graph)
         monkeypatch.setattr(torch.cuda, "synchronize", self.synchronize)
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: self.log.append("sleep"))
         monkeypatch.setattr(torch, "empty", self._allocator(torch.empty))
         monkeypatch.setattr(torch, "zeros", self._allocator(torch.zeros))
         return self

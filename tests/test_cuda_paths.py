@@ -187,3 +187,27 @@ def test_a_refused_pinning_leaves_the_worker_unpinned_and_says_so(pinning, monke
         raise OSError(22, "Invalid argument")
     monkeypatch.setattr(worker.os, "sched_setaffinity", refuse)
     assert use(range(128)) is None and "pinning failed" in capsys.readouterr().out
+
+
+# -- activation offload's copier: a copy stream guarded by events -----------------------------------
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.01])
+def test_an_offloaded_tensor_reloads_intact_however_slow_the_copies(fake, delay_s):
+    """The copier's CUDA path (gpubench.offload.Copier): the offload waits for the compute queued
+    before it, the reload for the offload, and compute for the reload; in the fake a copy lands
+    only when something waits for it, so a missing wait shows as a wrong reload."""
+    from gpubench.offload import Copier
+
+    with Copier(CUDA0, delay_s=delay_s) as copier:
+        activation = torch.arange(6.0).as_subclass(type(torch.empty(1, device=CUDA0)))
+        host = copier.host_buffer(activation)
+        offloaded = copier.copy(host, activation, copier.marker(), reload=False)
+        back = torch.zeros(6, device=CUDA0)
+        reloaded = copier.copy(back, host, offloaded, reload=True)
+        copier.wait(reloaded)
+        assert back.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        stats = copier.finish()
+    assert stats.bytes_d2h == stats.bytes_h2d == 24
+    assert stats.h2d_ms == 1.0 and stats.d2h_ms == 1.0  # one fake copy each, timed by their events
+    assert "tensor kept for side" in fake.log  # the device source is not reused before its copy ran
+    assert ("sleep" in fake.log) == bool(delay_s)
