@@ -211,3 +211,88 @@ def test_an_offloaded_tensor_reloads_intact_however_slow_the_copies(fake, delay_
     assert stats.h2d_ms == 1.0 and stats.d2h_ms == 1.0  # one fake copy each, timed by their events
     assert "tensor kept for side" in fake.log  # the device source is not reused before its copy ran
     assert ("sleep" in fake.log) == bool(delay_s)
+
+
+# -- what the harness asks a GPU about itself (torch.cuda's device queries, faked) --------------------
+
+@pytest.fixture
+def h200(monkeypatch):
+    """torch.cuda's device queries as one H200 answers them."""
+    props = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30, multi_processor_count=132,
+                            shared_memory_per_block_optin=227 * 1024, major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: props.name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (props.major, props.minor))
+    return props
+
+
+def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
+    """Tunings are kept per GPU model, the paged kernel splits for the GPU's SMs, grouped GEMM's
+    path follows its compute capability, and kv_cache's serving figures use its memory."""
+    from gpubench import autotune, kv_server_memory
+    from gpubench.optimizations import moe_grouping, paged_attention_triton
+
+    assert autotune.gpu_model(CUDA0) == "NVIDIA H200"
+    paged_attention_triton.sm_count.cache_clear()
+    try:
+        assert paged_attention_triton.sm_count(CUDA0) == 132
+    finally:
+        paged_attention_triton.sm_count.cache_clear()
+    if moe_grouping.grouped_mm_function() is not None:
+        assert "CUTLASS grouped-GEMM kernel (bf16, sm9x)" in moe_grouping.grouped_gemm_path(CUDA0, torch.bfloat16)
+        assert "torch's fallback for float32 on sm9x" in moe_grouping.grouped_gemm_path(CUDA0, torch.float32)
+    p = {"model": "llama-3.1-8b", "kv_dtype": "bf16", "tp": 1, "block_size": 16, "max_len": 4096}
+    m = kv_server_memory.serving_memory(CUDA0, p, [1024, 2048], "paged")
+    assert m["gpu_memory_gib"] == 141.0 and m["gpu_memory_source"] == "NVIDIA H200"
+
+
+def test_devices_all_means_every_gpu_here(h200, monkeypatch):
+    from gpubench.errors import BadInput
+    from gpubench.run_options import resolve_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_devices("all") == ["cuda:0", "cuda:1"] and resolve_devices("auto") == ["cuda:0"]
+    assert resolve_devices("cuda,cuda:1,cpu") == ["cuda:0", "cuda:1", "cpu"]
+    with pytest.raises(BadInput, match="does not exist; this machine has 2 CUDA device"):
+        resolve_devices("cuda:2")
+
+
+def test_kv_cache_plans_for_the_gpu_in_this_machine(h200):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    out = CliRunner().invoke(main, ["kv-cache", "--model", "llama-3.1-8b", "--seq-len", "4096", "--json"])
+    assert out.exit_code in (0, 1), out.output
+    assert "NVIDIA H200" in out.output
+
+
+# -- after a failure: is the CUDA context still usable? -----------------------------------------
+
+def test_a_sticky_cuda_error_is_told_from_a_context_that_still_works(fake, monkeypatch):
+    """After a failed case the worker asks whether its CUDA context still works; an illegal memory
+    access is sticky (every later call fails alike), so the worker must be replaced."""
+    from gpubench import runner
+
+    assert runner.cuda_context_broken(CUDA0) is None and fake.log.count("synchronize") == 2
+
+    def broken(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "synchronize", broken)
+    assert runner.cuda_context_broken(CUDA0) == "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_nvtx_ranges_wrap_a_case_on_a_gpu_only(monkeypatch):
+    from gpubench import profiling
+
+    pushed = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(f"push {name}"))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: pushed.append("pop"))
+    with pytest.raises(KeyError), profiling.nvtx_range("case[1]", CUDA0):
+        raise KeyError("the case failed")  # popped all the same
+    with profiling.nvtx_range("case[2]", torch.device("cpu")):
+        pass
+    assert pushed == ["push case[1]", "pop"]
