@@ -296,3 +296,68 @@ def test_nvtx_ranges_wrap_a_case_on_a_gpu_only(monkeypatch):
     with profiling.nvtx_range("case[2]", torch.device("cpu")):
         pass
     assert pushed == ["push case[1]", "pop"]
+
+
+def test_a_gpu_runs_environment_names_the_card(h200, monkeypatch):
+    """env.json's gpu block (name, memory, SMs, capability) comes from torch.cuda; without NVML it
+    says so instead of failing."""
+    import sys
+
+    from gpubench import env as envmod
+    from gpubench.errors import BadInput
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    env = envmod.capture_env(CUDA0)
+    assert env["device_label"] == "NVIDIA H200"
+    gpu = env["gpu"]
+    assert (gpu["name"], gpu["index"], gpu["total_memory_bytes"], gpu["multiprocessors"], gpu["compute_capability"]) \
+        == ("NVIDIA H200", 0, 141 * 2**30, 132, "9.0")
+    assert gpu["nvml"].startswith("unavailable")
+    with pytest.raises(BadInput, match="does not exist; this machine has 1 CUDA device"):
+        envmod.resolve_device("cuda:3")
+
+
+def test_a_variants_peak_memory_on_a_gpu_is_what_its_call_added(fake, monkeypatch):
+    """runner._call_once on CUDA: the peak allocator bytes of the call above what was allocated
+    before it, read between synchronizations."""
+    from gpubench import runner
+
+    memory = {"now": 100, "peak": 100}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: memory.update(peak=memory["now"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: memory["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: memory["peak"])
+
+    def call(workload):
+        memory["peak"] = memory["now"] + 4096  # a temporary of 4 KiB, freed before the call returns
+        fake.log.append("call")
+        return "out"
+    variant = SimpleNamespace(call=call)
+    assert runner._call_once(variant, SimpleNamespace(reset=None), CUDA0) == ("out", 4096)
+    assert fake.log == ["synchronize", "call", "synchronize"]
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    runner._free_memory(CUDA0)
+    assert emptied == [True]
+
+
+def test_the_paged_backend_hands_the_triton_kernel_its_tables_as_int32():
+    """On CUDA the paged decode kernel walks the block tables itself (int32, no mask built); on a
+    CPU the engine's SDPA path gets a mask of live slots."""
+    from gpubench.serving.kv import PagedKV
+
+    rows, lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([5, 9])
+    on_gpu = PagedKV.decode_batch(SimpleNamespace(device=CUDA0, block_size=8), lens, rows, 2)
+    assert on_gpu.block_tables.dtype == on_gpu.context_lens.dtype == torch.int32
+    assert on_gpu.live is None
+
+
+def test_on_cuda_the_router_gradients_get_their_own_looser_tolerance():
+    """combined_training's same-path check on CUDA: a router gradient off by 2e-1 in bf16 passes
+    (within CUDA_ROUTER_TOLERANCE), the same error in any other gradient fails."""
+    from gpubench.techniques import combined_training as ct
+
+    ref = {"loss": torch.ones(64), "layer0" + ct.ROUTER[0]: torch.ones(64)}
+    off = ref["layer0" + ct.ROUTER[0]] + 0.2
+    assert ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=True).passed
+    assert not ct.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
+    assert not ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=False).passed
