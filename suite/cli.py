@@ -3,7 +3,8 @@ prepare | history add``.
 
 This module is the console script (``gpubench.cli:main``) and the map of the commands; each family
 lives in its own module: cli_run (run, profile, report), cli_gate (compare, baseline save),
-cli_info (list, env), cli_tools (kv-cache, serve, prepare), cli_history (history add); cli_console holds what they share.
+cli_info (list, env), cli_tools (kv-cache, serve, prepare), cli_history (history add); cli_console holds
+what they share.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
 74 the disk is full (what finished is kept), 130 interrupted by Ctrl-C and 143 by SIGTERM (what

@@ -121,7 +121,7 @@ def _nvml_info(device: torch.device) -> dict[str, Any]:
         source = telemetry.nvml_source_for(device)
     except Exception as exc:  # noqa: BLE001 - any NVML failure means "no NVML info"
         return {"nvml": f"unavailable: {exc}"}
-    import pynvml
+    import pynvml  # GPU-only (docs/cuda-paths.md): the fields below need NVML's handle of a real GPU
 
     handle = source.handle
     info: dict[str, Any] = {"nvml": "ok", "uuid": source.info.get("uuid")}
@@ -236,7 +236,7 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     out["copy"] = {"bytes": nbytes, "peak_gbps": peak / 1e9, "median_gbps": typical / 1e9,
                    "counts": "bytes read + bytes written"}
     del src, dst
-    if on_gpu:
+    if on_gpu:  # GPU-only (docs/cuda-paths.md): pinned memory and real copies; the GPU session calibrates
         host = _randn((nbytes // 4,), torch.float32, torch.device("cpu")).pin_memory()
         dev = torch.empty(host.shape, dtype=host.dtype, device=device)
         peak, typical = best_rate(lambda: dev.copy_(host, non_blocking=True), float(nbytes))

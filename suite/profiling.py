@@ -135,7 +135,7 @@ def profile_variant(call: Callable[[], Any], device: torch.device, calls: int, r
 
 
 def _drain(device: torch.device) -> None:
-    if device.type == "cuda":
+    if device.type == "cuda":  # GPU-only (docs/cuda-paths.md): CUDA's profiler activity needs a GPU
         torch.cuda.synchronize(device)
 
 
@@ -235,7 +235,7 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     # Top ops: self device time of kernels (GPU) or self CPU time of host events (CPU).
     self_us: Counter[str] = Counter()
     counts: Counter[str] = Counter()
-    if cuda:
+    if cuda:  # GPU-only: kernel and runtime events come from CUDA's profiler activity
         for e in events:
             if _is_device(e) and not e.name.startswith(ours) and _inside(e.time_range.start, device_windows):
                 self_us[e.name] += e.time_range.elapsed_us()

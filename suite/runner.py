@@ -198,7 +198,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     assert tech is not None
     run = CaseRun(tech, case, device, clock, sampler, ceilings, run_dir, new_record(case))
     t0 = time.perf_counter()
-    if device.type == "cuda":
+    if device.type == "cuda":  # GPU-only (docs/cuda-paths.md): run_case needs a CUDA clock; the cap is faked
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
     try:

@@ -361,3 +361,30 @@ def test_on_cuda_the_router_gradients_get_their_own_looser_tolerance():
     assert ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=True).passed
     assert not ct.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
     assert not ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=False).passed
+
+
+def test_cudas_repeated_kv_heads_attend_as_sdpas_grouped_query_path(monkeypatch):
+    """CUDA's mask-capable SDPA kernels take as many K/V heads as query heads, so a CUDA packed
+    batch repeats them (packing.packed_attention's last branch); it must give what the GQA path a
+    CPU takes gives."""
+    from gpubench import packing
+
+    gen = torch.Generator().manual_seed(0)
+    doc_lens = torch.tensor([5, 11, 3, 13], dtype=torch.int32)  # two rows of 16
+    q, k, v = (torch.randn(2, 16, h, 16, generator=gen) for h in (4, 2, 2))
+    meta = packing.build_metadata(doc_lens, 2, 16, "sdpa", torch.float32)
+    grouped = packing.packed_attention(meta, q, k, v)
+    monkeypatch.setattr(packing, "SDPA_HAS_GQA", False)  # the branch a CUDA tensor takes
+    torch.testing.assert_close(packing.packed_attention(meta, q, k, v), grouped, rtol=1e-6, atol=1e-6)
+
+
+def test_the_flash_kernels_plan_for_the_gpus_capability_and_shared_memory(h200):
+    """The backward's sm90 configs and the TMA path's shared-memory fit read the tensor's GPU."""
+    from fake_cuda import DeviceTensor
+
+    from gpubench.optimizations import flash_attention_triton_bwd as bwd
+    from gpubench.optimizations import flash_attention_triton_tiles as tiles
+
+    on_gpu, on_cpu = torch.zeros(1).as_subclass(DeviceTensor), torch.zeros(1)
+    assert bwd._compute_capability(on_gpu) == 9 and bwd._compute_capability(on_cpu) == 0
+    assert tiles.shared_memory_limit(on_gpu) == 227 * 1024 and tiles.shared_memory_limit(on_cpu) is None
