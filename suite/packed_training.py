@@ -165,7 +165,7 @@ def packed_check(reference: PackedReference, output: dict[str, torch.Tensor]) ->
     (2) Loss, token losses, every gradient and every updated parameter against the per_layer
     step's, by name: bit for bit on a CPU, within CUDA_TOLERANCE on CUDA."""
     alone = tensors_check(reference.alone, output, dtype=reference.dtype)
-    if reference.step["loss"].is_cuda:  # GPU-only: a CUDA step's reduction order differs run to run
+    if reference.step["loss"].is_cuda:  # GPU-only: the loss of a step run on CUDA
         same = tensors_check(reference.step, output, CUDA_TOLERANCE, dtype=reference.dtype)
     else:
         same = tensors_check(reference.step, output, exact=True)

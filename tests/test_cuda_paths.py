@@ -388,3 +388,75 @@ def test_the_flash_kernels_plan_for_the_gpus_capability_and_shared_memory(h200):
     on_gpu, on_cpu = torch.zeros(1).as_subclass(DeviceTensor), torch.zeros(1)
     assert bwd._compute_capability(on_gpu) == 9 and bwd._compute_capability(on_cpu) == 0
     assert tiles.shared_memory_limit(on_gpu) == 227 * 1024 and tiles.shared_memory_limit(on_cpu) is None
+
+
+# -- measurement hygiene through NVML: other processes on the GPU, locked clocks ---------------------
+
+class FakeNvmlHygiene:
+    """pynvml as a GPU shared with one other process answers, locking allowed or refused."""
+
+    NVML_CLOCK_SM = 1
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NoPermission(NVMLError):
+        pass
+
+    def __init__(self, ours, may_lock=True):
+        self.calls, self.may_lock = [], may_lock
+        proc = lambda pid, mib: SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)  # noqa: E731
+        self.compute = [proc(ours, 10), proc(4242, 512)]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return self.compute
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        raise self.NVMLError("not supported")
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle, clock):
+        return 1755
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle, low, high):
+        if not self.may_lock:
+            raise self.NVMLError_NoPermission("Insufficient Permissions")
+        self.calls.append(("lock", low, high))
+
+    def nvmlDeviceResetGpuLockedClocks(self, handle):
+        self.calls.append(("reset",))
+
+
+@pytest.fixture
+def nvml_hygiene(monkeypatch):
+    import os
+    import sys
+
+    from gpubench import hygiene
+
+    closed = []
+    monkeypatch.setattr(hygiene, "_source", lambda d: SimpleNamespace(handle=d, close=lambda: closed.append(d)))
+
+    def use(**kwargs):
+        fake = FakeNvmlHygiene(os.getpid(), **kwargs)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        return fake
+    return hygiene, use, closed
+
+
+def test_other_processes_on_the_gpu_are_listed_and_ours_is_not(nvml_hygiene):
+    hygiene, use, closed = nvml_hygiene
+    use()
+    (other,) = hygiene.gpu_processes("cuda:0")
+    assert other["pid"] == 4242 and other["used_memory_mib"] == 512 and closed == ["cuda:0"]
+
+
+def test_locked_clocks_are_restored_when_the_run_ends(nvml_hygiene):
+    hygiene, use, _ = nvml_hygiene
+    fake = use()
+    with hygiene.ClockLock(["cuda:0", "cuda:0", "cpu"]) as lock:
+        assert lock.state == {"cuda:0": {"locked": True, "sm_clock_mhz": 1755}}
+    assert fake.calls == [("lock", 1755, 1755), ("reset",)] and lock.state["cuda:0"]["restored"] is True
+    fake = use(may_lock=False)
+    with hygiene.ClockLock(["cuda:0"]) as lock:
+        assert not lock.state["cuda:0"]["locked"] and "needs root" in lock.state["cuda:0"]["reason"]
+    assert fake.calls == []  # nothing locked, nothing to reset
