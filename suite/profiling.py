@@ -235,7 +235,7 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     # Top ops: self device time of kernels (GPU) or self CPU time of host events (CPU).
     self_us: Counter[str] = Counter()
     counts: Counter[str] = Counter()
-    if cuda:  # GPU-only: kernel and runtime events come from CUDA's profiler activity
+    if cuda:
         for e in events:
             if _is_device(e) and not e.name.startswith(ours) and _inside(e.time_range.start, device_windows):
                 self_us[e.name] += e.time_range.elapsed_us()

@@ -460,3 +460,36 @@ def test_locked_clocks_are_restored_when_the_run_ends(nvml_hygiene):
     with hygiene.ClockLock(["cuda:0"]) as lock:
         assert not lock.state["cuda:0"]["locked"] and "needs root" in lock.state["cuda:0"]["reason"]
     assert fake.calls == []  # nothing locked, nothing to reset
+
+
+# -- a CUDA profile's summary (the events' shapes as torch's FunctionEvent gives them) ---------------
+
+def _event(name, start, end, parent=None, device="CPU", self_cpu=0.0):
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start),
+                           cpu_parent=parent, device_type=SimpleNamespace(name=device), self_cpu_time_total=self_cpu)
+
+
+def test_a_cuda_profile_counts_launches_syncs_and_kernel_time_per_call():
+    """profiling.summarize on CUDA: kernels' device time inside each call through its drain, launches
+    and runtime syncs of the host (each sync named by the op that made it), event waits apart."""
+    from gpubench import profiling
+
+    events = []
+    for i, t0 in enumerate((0, 100)):
+        call = _event(f"{profiling.CALL_RANGE}{i}", t0, t0 + 50)
+        drain = _event(profiling.DRAIN_RANGE, t0 + 50, t0 + 90)
+        mm = _event("aten::mm", t0 + 1, t0 + 10, call)
+        item = _event("aten::item", t0 + 11, t0 + 20, call)
+        events += [call, drain, mm, item,
+                   _event("cudaLaunchKernel", t0 + 2, t0 + 3, mm), _event("cudaLaunchKernel", t0 + 4, t0 + 5, mm),
+                   _event("cudaStreamSynchronize", t0 + 12, t0 + 19, item),
+                   _event("cudaEventSynchronize", t0 + 21, t0 + 22, call),
+                   _event("gemm_kernel", t0 + 30, t0 + 60, device="CUDA"),  # ends after the call: drain's window
+                   _event("copy_kernel", t0 + 61, t0 + 65, device="CUDA")]
+    events.append(_event("gemm_kernel", 300, 400, device="CUDA"))  # outside every call: not counted
+    s = profiling.summarize(events, calls=2, cuda=True, trace=None)
+    assert s["time_basis"] == "device" and s["kernel_launches_per_call"] == 2
+    assert s["sync_ops"] == {"aten::item (cudaStreamSynchronize)": 1} and s["syncs_per_call"] == 1
+    assert s["event_waits_per_call"] == 1 and s["ops_per_call"] == 2
+    assert [(op["name"], op["self_us_per_call"]) for op in s["top_ops"]] == [("gemm_kernel", 30.0), ("copy_kernel", 4.0)]
+    assert s["peak_memory_bytes"] is None and "no kernel launches on a CPU" not in s["notes"]
