@@ -377,6 +377,7 @@ def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     Varlen never does: a box crossing a document's end would read and write the next document."""
     if TensorDescriptor is None or not DESCRIPTORS:
         return False
+    # GPU-only (docs/cuda-paths.md): a CPU runs the interpreter, which takes descriptors everywhere
     if not INTERPRETED and not (q.is_cuda and torch.version.hip is None  # ROCm's (9, 4) is no Hopper
                                 and torch.cuda.get_device_capability(q.device)[0] >= 9):
         return False
@@ -480,7 +481,7 @@ def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tens
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length, batch + 1 "
                          f"(got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()})")
     if q.is_cuda:  # reading the offsets would synchronize; as flash-attn, they are trusted there
-        return
+        return  # GPU-only: a CPU (interpreter) checks them below
     for name, cu, total, most in (("q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                   ("k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
         lengths = cu.diff()

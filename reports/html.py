@@ -186,7 +186,8 @@ def _ceilings_text(ceilings: dict[str, Any] | None) -> str:
     matmul, copy = ceilings.get("matmul") or {}, ceilings.get("copy") or {}
     parts = []
     if matmul.get("peak_tflops"):
-        parts.append(f"{matmul['peak_tflops']:.3g} TFLOP/s {matmul.get('dtype', '')} matmul")
+        at = f" (n={matmul['n']})" if matmul.get("n") else ""
+        parts.append(f"{matmul['peak_tflops']:.3g} TFLOP/s {matmul.get('dtype', '')} matmul{at}")
     if copy.get("peak_gbps"):
         parts.append(f"{copy['peak_gbps']:.4g} GB/s copy")
     return ", ".join(parts) or "-"

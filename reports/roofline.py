@@ -29,6 +29,7 @@ class Roof:
     peak_gbps: float | None
     dtype: str = ""
     missing: str = ""
+    matmul_n: int | None = None  # the calibration matmul's size (square, n x n)
 
     @property
     def complete(self) -> bool:
@@ -55,8 +56,10 @@ def roof_of(ceilings: dict[str, Any] | None, device: str, on_cpu: bool) -> Roof:
     matmul, copy = ceilings.get("matmul") or {}, ceilings.get("copy") or {}
     peak, bandwidth = _positive(matmul.get("peak_tflops")), _positive(copy.get("peak_gbps"))
     gaps = [what for what, value in (("matmul peak", peak), ("copy bandwidth", bandwidth)) if value is None]
+    n = matmul.get("n")
     return Roof(device, on_cpu, peak, bandwidth, str(matmul.get("dtype") or ""),
-                f"the run's calibration recorded no {' or '.join(gaps)}" if gaps else "")
+                f"the run's calibration recorded no {' or '.join(gaps)}" if gaps else "",
+                n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None)
 
 
 def _positive(value: Any) -> float | None:
@@ -159,6 +162,7 @@ def si(value: float | None, unit: str = "") -> str:
 # A share of a measured ceiling above this is not a rate the device can reach (the calibration's
 # own run-to-run spread is a few percent): flagged, never printed as if it were one.
 ABOVE_CEILING_PCT = 110.0
+GPU_PEAK_MATMUL_N = 8192  # gpubench.env.MATMUL_N_GPU (reports read records, never the harness)
 
 
 def _pct(value: float | None) -> str:
@@ -238,8 +242,13 @@ def _roof_notes(found: Sequence[Reading]) -> list[str]:
                                                                       "with no share of a peak")
             out.append(f"No roof for {roof.device}: {roof.missing}{absolute}.")
         elif roof.on_cpu:
-            out.append(f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul and a memory "
-                       f"copy measured when the run started, on {roof.device}.")
+            at = f" (n={roof.matmul_n})" if roof.matmul_n else ""
+            out.append(f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul{at} and a "
+                       f"memory copy measured when the run started, on {roof.device}.")
+        elif roof.matmul_n and roof.matmul_n < GPU_PEAK_MATMUL_N:
+            out.append(f"The matmul peak of {roof.device} was measured at n={roof.matmul_n} (a quick calibration "
+                       f"before gpubench measured at n={GPU_PEAK_MATMUL_N}), where a large GPU reaches well under "
+                       "its peak: every share of that peak reads high.")
     return out
 
 

@@ -1,9 +1,10 @@
 """Command line: ``gpubench run | profile | report | compare | baseline save | list | env | kv-cache | serve |
-history add``.
+prepare | history add``.
 
 This module is the console script (``gpubench.cli:main``) and the map of the commands; each family
 lives in its own module: cli_run (run, profile, report), cli_gate (compare, baseline save),
-cli_info (list, env), cli_tools (kv-cache, serve), cli_history (history add); cli_console holds what they share.
+cli_info (list, env), cli_tools (kv-cache, serve, prepare), cli_history (history add); cli_console holds
+what they share.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
 74 the disk is full (what finished is kept), 130 interrupted by Ctrl-C and 143 by SIGTERM (what
@@ -28,7 +29,8 @@ def main() -> None:
 
 
 for _command in (cli_run.run, cli_run.profile_cmd, cli_run.report, cli_gate.compare_cmd, cli_gate.baseline_group,
-                 cli_info.list_, cli_info.env_, cli_tools.kv_cache, cli_tools.serve, cli_history.history_group):
+                 cli_info.list_, cli_info.env_, cli_tools.kv_cache, cli_tools.serve, cli_tools.prepare,
+                 cli_history.history_group):
     main.add_command(_command)
 
 

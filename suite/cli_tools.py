@@ -1,5 +1,6 @@
 """The tools beside the benchmark: ``gpubench kv-cache`` (KV-cache memory and capacity, as vLLM
-plans it) and ``gpubench serve`` (a request trace through the serving engines, vLLM-style metrics)."""
+plans it), ``gpubench serve`` (a request trace through the serving engines, vLLM-style metrics) and
+``gpubench prepare`` (what a run's first cases would otherwise build inside them)."""
 from __future__ import annotations
 
 import json
@@ -262,3 +263,33 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
     for name, m in results_by_engine.items():
         if m["accounting_problems"]:
             out.print(f"[bold red]{name}: KV accounting problems: {'; '.join(m['accounting_problems'][:3])}[/]")
+
+
+@click.command(name="prepare")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+              help="Also load what was prepared onto this device and run it once there.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+def prepare(device: str, as_json: bool) -> None:
+    """Build ahead of a run what its first cases would otherwise build inside them: the
+    speculative-decoding model pair (trained once on the CPU, about 25 s on 2 cores, then loaded
+    from the cache, $GPUBENCH_CACHE_DIR or ~/.cache/gpubench, in spec_pair/)."""
+    import time
+
+    from gpubench.models import decode_pair, train_small
+
+    dev = envmod.resolve_device(device)
+    t0 = time.perf_counter()
+    pair = train_small.trained_pair()
+    built_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    decode_pair.load_pair(decode_pair.TRAINED, decode_pair.TRAINED, dev, torch.float32)
+    loaded_s = time.perf_counter() - t0
+    info = {"speculative_pair": {"path": pair.info["cache_path"], "key": pair.info["key"],
+                                 "from_cache": pair.info["from_cache"], "seconds": built_s,
+                                 "device": str(dev), "device_seconds": loaded_s}}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    how = "loaded from the cache" if pair.info["from_cache"] else "trained and cached"
+    click.echo(f"speculative pair: {how} in {built_s:.1f} s ({pair.info['cache_path']}); "
+               f"loaded and run once on {dev} in {loaded_s:.2f} s")

@@ -48,17 +48,24 @@ def describe_devices(run: RunRecord, states: Sequence[DeviceState], processes: d
 
 def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
     """What a reader must know of a run whose cases capped the GPU's memory (policy
-    gpu_memory_gib): the memory was a smaller card's, the compute and bandwidth were not."""
+    gpu_memory_gib): the memory was a smaller card's, approximately; the compute and bandwidth were
+    not."""
+    from gpubench.runner import CARD_RESERVED_GIB, CUDA_CONTEXT_GIB, allocator_cap_bytes
+
     caps = sorted({c.policy.gpu_memory_gib for c in cases if c.policy.gpu_memory_gib > 0})
     if not caps or not any(d.get("type") == "cuda" for d in run.devices.values()):
         return None
     total = (run.env.get("gpu") or {}).get("total_memory_bytes")
     label = run.device_label or "the GPU"
     of = f" of its {total / 2**30:.0f} GiB" if total else ""
-    return (f"GPU memory capped at {' / '.join(f'{c:g}' for c in caps)} GiB{of} (policy gpu_memory_gib, through "
-            f"torch.cuda.set_per_process_memory_fraction): allocations past the cap fail as on a card of that "
-            f"size, but compute, memory bandwidth and caches are still the {label}'s, so times are not a "
-            f"smaller card's.")
+    held = " / ".join(f"{min(allocator_cap_bytes(c), total or 2**62) / 2**30:.1f}" for c in caps)
+    return (f"GPU memory capped as on a {' / '.join(f'{c:g}' for c in caps)} GiB card (policy gpu_memory_gib): "
+            f"torch's caching allocator may hold about {held} GiB{of} (through "
+            f"torch.cuda.set_per_process_memory_fraction; the card's size less ~{CARD_RESERVED_GIB:g} GiB such a "
+            f"card keeps from a process and ~{CUDA_CONTEXT_GIB:g} GiB for its CUDA context). The cap is "
+            f"approximate: it covers the caching allocator only, not the CUDA context or libraries that "
+            f"allocate for themselves. Allocations past it fail as on the smaller card, but compute, memory "
+            f"bandwidth and caches are still the {label}'s, so times are not a smaller card's.")
 
 
 def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:

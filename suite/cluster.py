@@ -93,6 +93,7 @@ class RayCluster:
                      configure_logging=False, ignore_reinit_error=True)
             self._started_here = True
         resources = ray.cluster_resources()
+        # GPU-only (docs/cuda-paths.md): a Ray cluster with GPUs; the CPU cluster test runs the rest
         if self.device_type == "cuda" and not resources.get("GPU"):
             raise BadInput(f"--cluster {self.address or 'ray'}: the cluster has no GPU (resources: "
                            f"{ {k: v for k, v in resources.items() if not k.startswith('node:')} }); "
@@ -107,7 +108,7 @@ class RayCluster:
     def run(self, jobs: list[Job], sink: Any) -> None:
         ray = self.ray
         options: dict[str, Any] = {"max_retries": 0, "retry_exceptions": False}
-        if self.device_type == "cuda":
+        if self.device_type == "cuda":  # GPU-only: Ray places the task on a GPU
             options["num_gpus"] = 1
             if self.gpu_type and "," not in self.gpu_type:
                 options["accelerator_type"] = self.gpu_type

@@ -158,7 +158,7 @@ class LocalWorkers:
         if info.type != "cuda":
             return TelemetrySampler(None, self.interval, unavailable_reason=f"device is {info.type} "
                                     "(NVML reports NVIDIA GPUs only)")
-        try:
+        try:  # GPU-only (docs/cuda-paths.md): a worker's sampler on a real GPU (telemetry fakes NVML itself)
             source = NvmlSource(index=None if info.uuid else info.index, uuid=info.uuid)
         except TelemetryUnavailable as exc:
             return TelemetrySampler(None, self.interval, unavailable_reason=str(exc))

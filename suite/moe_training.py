@@ -139,7 +139,7 @@ def step_metrics(w: MoEWorkload, measured: Measured, forward: Forward | None, ge
     if constructed is not None:
         out.update(syncs_per_step=constructed, syncs_forward=syncs_forward, syncs_backward=syncs_backward,
                    syncs_method="by construction (host reads in the code)")
-    if w.device.type == "cuda" and forward is not None:
+    if w.device.type == "cuda" and forward is not None:  # GPU-only: sync debug mode sees CUDA syncs only
         # the timed calls recorded the by-construction counts; torch's own count needs its debug
         # mode, which slows every op, so it comes from one call of its own (timing nothing)
         fwd, bwd = cuda_syncs(w, forward)

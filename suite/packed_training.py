@@ -165,7 +165,7 @@ def packed_check(reference: PackedReference, output: dict[str, torch.Tensor]) ->
     (2) Loss, token losses, every gradient and every updated parameter against the per_layer
     step's, by name: bit for bit on a CPU, within CUDA_TOLERANCE on CUDA."""
     alone = tensors_check(reference.alone, output, dtype=reference.dtype)
-    if reference.step["loss"].is_cuda:
+    if reference.step["loss"].is_cuda:  # GPU-only: the loss of a step run on CUDA
         same = tensors_check(reference.step, output, CUDA_TOLERANCE, dtype=reference.dtype)
     else:
         same = tensors_check(reference.step, output, exact=True)
@@ -213,7 +213,7 @@ def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str,
         out.update({key: measured.median_of(key) for key in ("build_ms", "forward_ms", "backward_ms", "optimizer_ms")})
         out["forward_rest_ms"] = statistics.median(r["forward_ms"] - r["build_ms"] for r in measured.records)
         out.update({metric: int(measured.median_of(key)) for key, metric in COUNTS.items()})
-    if w.device.type == "cuda":
+    if w.device.type == "cuda":  # GPU-only: sync debug mode sees CUDA syncs only
         # Sync debug mode perturbs timing, so CUDA's own count of the step's syncs comes from one
         # extra call, untimed, of the uninstrumented step.
         w.reset()

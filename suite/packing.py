@@ -127,7 +127,7 @@ def flash_varlen_unavailable(device: torch.device, dtype: str) -> str | None:
     imported = optional_import("flash_attn", "flash_attn_varlen_func")
     if isinstance(imported, str):
         return imported
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda":  # below: GPU-only, flash-attn builds (and imports) with CUDA only
         return "flash-attn runs on CUDA only"
     if dtype not in HALF:
         return f"flash-attn has no {dtype} kernel"

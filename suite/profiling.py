@@ -135,7 +135,7 @@ def profile_variant(call: Callable[[], Any], device: torch.device, calls: int, r
 
 
 def _drain(device: torch.device) -> None:
-    if device.type == "cuda":
+    if device.type == "cuda":  # GPU-only (docs/cuda-paths.md): CUDA's profiler activity needs a GPU
         torch.cuda.synchronize(device)
 
 

@@ -136,10 +136,27 @@ class CaseInterrupted(KeyboardInterrupt):
 
 _memory_capped: set[str] = set()  # the CUDA devices this process has capped (policy.gpu_memory_gib)
 
+# A "gpu_memory_gib: 24" scenario stands for a 24 GB card, and such a card's caching allocator gets
+# less than 24 GiB: the card keeps about 1.5 GiB from a process (driver reservations, a display),
+# so it offers about 22.5 GiB before the process's CUDA context (issue 33), and that context takes
+# about 0.5 GiB more (module images, library handles; more with many Triton kernels loaded). On a
+# bigger GPU the context lives outside the cap, so the cap is what is left of the small card after
+# both. Approximate: both figures vary with the card, driver and libraries.
+CARD_RESERVED_GIB = 1.5
+CUDA_CONTEXT_GIB = 0.5
+
+
+def allocator_cap_bytes(gib: float) -> int:
+    """What torch's caching allocator may hold to stand for a card of ``gib`` GiB: the card's size
+    less CARD_RESERVED_GIB and CUDA_CONTEXT_GIB (never below half of it, for a tiny ``gib``)."""
+    return int(max(gib - CARD_RESERVED_GIB - CUDA_CONTEXT_GIB, gib / 2) * 2**30)
+
 
 def cap_gpu_memory(device: torch.device, gib: float) -> float | None:
-    """Let this process allocate at most ``gib`` GiB on ``device`` (0: lift a cap set before);
-    the fraction of the device's memory that is, or None for no cap."""
+    """Let torch's caching allocator hold at most :func:`allocator_cap_bytes` of ``gib`` on
+    ``device``, and never more than this card has free for it now (0: lift a cap set before); the
+    fraction of the device's memory that is, or None for no cap. Only the caching allocator is
+    capped: the CUDA context and libraries that allocate for themselves are not."""
     key = str(device)
     if gib <= 0:
         if key in _memory_capped:
@@ -147,7 +164,9 @@ def cap_gpu_memory(device: torch.device, gib: float) -> float | None:
             _memory_capped.discard(key)
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    fraction = min(1.0, gib * 2**30 / total)
+    free, _ = torch.cuda.mem_get_info(device)  # this process's context already made: not in ``free``
+    usable = free + torch.cuda.memory_reserved(device)  # what the allocator holds is its own to reuse
+    fraction = min(1.0, allocator_cap_bytes(gib) / total, usable / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     _memory_capped.add(key)
     return fraction
@@ -191,7 +210,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     assert tech is not None
     run = CaseRun(tech, case, device, clock, sampler, ceilings, run_dir, new_record(case))
     t0 = time.perf_counter()
-    if device.type == "cuda":
+    if device.type == "cuda":  # GPU-only (docs/cuda-paths.md): run_case needs a CUDA clock; the cap is faked
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
     by_budget = budget_s is not None and budget_s < case.policy.case_timeout_s

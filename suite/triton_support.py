@@ -96,7 +96,7 @@ def dispatch(kernel: tuple[str, str], fallback: Callable[..., torch.Tensor], *ar
     Both write into ``out`` when one is given (so a caller's NaN-poisoned buffer shows any element
     left unwritten)."""
     module_name, function = kernel
-    if args[0].is_cuda:
+    if args[0].is_cuda:  # GPU-only: compiled kernels; on a CPU their own tests run them interpreted
         module = kernel_module(module_name)
         if not isinstance(module, str):
             return getattr(module, function)(*args, out=out, **kwargs)

@@ -17,7 +17,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Sequence
 
 from gpubench import env as envmod
 from gpubench import notices, runner, techniques, telemetry, timing
@@ -155,19 +155,52 @@ def _redirect_output(log_path: str) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
+def _core_list(cores: Sequence[int]) -> str:
+    """``0-15,32-47``: sorted cores as ranges."""
+    runs: list[list[int]] = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def choose_affinity(near: Sequence[int], current: Sequence[int]) -> tuple[tuple[int, ...] | None, str]:
+    """The cores to pin to, of those NVML says are ``near`` the GPU and the process may use now
+    (``current``), or None to stay unpinned; with the line that says which and why."""
+    usable = tuple(sorted(set(near) & set(current)))
+    of = f"{len(usable)} of the process's {len(current)} cores"
+    if not usable:
+        return None, (f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(near) or 'none'}) "
+                      f"holds none of the process's cores ({_core_list(current)})")
+    if 2 * len(usable) < len(current):
+        return None, (f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(usable)}) leaves {of}, "
+                      f"fewer than half; the host-side work (Python, launches, data) would lose more than "
+                      f"nearness to the GPU gains")
+    return usable, f"pinned to CPU cores {_core_list(usable)} (NVML's affinity for this GPU; {of})"
+
+
 def _pin_near(handle: Any) -> tuple[int, ...] | None:
-    """Pin this process to the CPU cores NVML says are nearest the GPU; None where it cannot."""
+    """Pin this process to the CPU cores NVML says are nearest the GPU (:func:`choose_affinity`),
+    saying so in the worker's log; None where it does not."""
     try:
         import pynvml
 
+        current = tuple(sorted(os.sched_getaffinity(0)))
         words = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() + 63) // 64)
-        cores = tuple(w * 64 + b for w, mask in enumerate(words) for b in range(64) if mask >> b & 1)
-        if cores:
-            os.sched_setaffinity(0, cores)
-            return cores
     except Exception:  # noqa: BLE001 - no NVML, no affinity API: run unpinned
-        pass
-    return None
+        return None
+    near = tuple(w * 64 + b for w, mask in enumerate(words) for b in range(64) if mask >> b & 1)
+    cores, line = choose_affinity(near, current)
+    print(f"gpubench: {line}", flush=True)  # stdout is the worker's log
+    if cores is not None:
+        try:
+            os.sched_setaffinity(0, cores)
+        except OSError as exc:
+            print(f"gpubench: pinning failed ({exc}); running unpinned", flush=True)
+            return None
+    return cores
 
 
 def identify(key: str, device: Any, env: dict[str, Any], energy_source: Any) -> DeviceInfo:

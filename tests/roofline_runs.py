@@ -9,7 +9,7 @@ from typing import Any
 from gpubench.runner import derive_rates
 
 PEAK_TFLOPS, PEAK_GBPS = 800.0, 4000.0  # ridge: 800e12 / 4000e9 = 200 FLOPs per byte
-CEILINGS = {"matmul": {"dtype": "bfloat16", "n": 4096, "peak_tflops": PEAK_TFLOPS, "median_tflops": 780.0},
+CEILINGS = {"matmul": {"dtype": "bfloat16", "n": 8192, "peak_tflops": PEAK_TFLOPS, "median_tflops": 780.0},
             "copy": {"bytes": 1 << 28, "peak_gbps": PEAK_GBPS, "median_gbps": 3900.0,
                      "counts": "bytes read + bytes written"}}
 # case -> (flops, bytes) and variant -> (role, median seconds)

@@ -88,21 +88,31 @@ def test_cuda_device_refuses_a_cpu():
 
 # -- a smaller card's memory on a bigger GPU (policy gpu_memory_gib) -----------------------------
 
-def test_memory_cap_sets_the_fraction_of_the_device_and_lifts_it(fake_cuda, monkeypatch):
+def test_memory_cap_gives_the_allocator_what_a_smaller_card_would_and_lifts_it(fake_cuda, monkeypatch):
+    """A "24" scenario on an H200 gets what a 24 GB card's caching allocator gets (about 22.5 GiB
+    before the CUDA context, issue 33, less the context's allowance), never more than the card in
+    hand has free for it, and a cap is lifted when a case asks for none."""
     from types import SimpleNamespace
 
     from gpubench import runner
 
-    fractions = []
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=141 * 2**30))
+    GiB = 2**30
+    fractions, free = [], {"bytes": 139 * GiB}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=141 * GiB))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (free["bytes"], 141 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 1 * GiB)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: fractions.append((f, d)))
     monkeypatch.setattr(runner, "_memory_capped", set())
     dev = torch.device("cuda", 0)
+    assert runner.allocator_cap_bytes(24) == 22 * GiB  # 24 - 1.5 (the card keeps) - 0.5 (the CUDA context)
     assert runner.cap_gpu_memory(dev, 0) is None and fractions == []  # never capped: nothing to lift
-    assert runner.cap_gpu_memory(dev, 24) == pytest.approx(24 / 141)
-    assert runner.cap_gpu_memory(dev, 500) == 1.0  # more than the card: no cap below its size
+    assert runner.cap_gpu_memory(dev, 24) == pytest.approx(22 / 141)
+    assert runner.cap_gpu_memory(dev, 500) == pytest.approx(140 / 141)  # the card's free bytes + its own
+    free["bytes"] = 10 * GiB  # another process holds most of the card: the cap is what is left
+    assert runner.cap_gpu_memory(dev, 24) == pytest.approx(11 / 141)
     assert runner.cap_gpu_memory(dev, 0) is None
-    assert fractions == [(pytest.approx(24 / 141), dev), (1.0, dev), (1.0, dev)]
+    assert [f for f, _ in fractions] == pytest.approx([22 / 141, 140 / 141, 11 / 141, 1.0])
+    assert runner.allocator_cap_bytes(1) == GiB // 2  # a tiny card: never below half of it
 
 
 def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
@@ -117,6 +127,7 @@ def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
                     env={"gpu": {"total_memory_bytes": 150_000_000_000}},
                     devices={"cuda:0": {"type": "cuda"}})
     text = memory_cap_warning(run, cases)
-    assert "capped at 24 GiB of its 140 GiB" in text and "still the NVIDIA H200's" in text
+    assert "capped as on a 24 GiB card" in text and "about 22.0 GiB of its 140 GiB" in text
+    assert "approximate" in text and "caching allocator only" in text and "still the NVIDIA H200's" in text
     run.devices = {"cpu": {"type": "cpu"}}
     assert memory_cap_warning(run, cases) is None  # a CPU run caps nothing

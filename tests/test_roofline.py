@@ -264,3 +264,17 @@ def test_a_rate_above_the_measured_ceilings_is_flagged_not_printed_as_a_rate():
                if r["variant"] == "triton")
     assert "250.0% (!)" in row["cells"]
     assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "Above the measured" in n]
+
+
+def test_a_gpu_peak_measured_at_a_small_matmul_says_its_shares_read_high(tmp_path):
+    """Issue 33: a quick calibration at n=4096 leaves a large GPU well under its peak, so every share
+    of that peak reads high. A run that recorded such an n says so; one at the size gpubench now
+    measures (gpubench.env.MATMUL_N_GPU) says nothing, and the header shows the n either way."""
+    from gpubench import env
+
+    assert roofline.GPU_PEAK_MATMUL_N == env.MATMUL_N_GPU
+    old = roofline_doc({**CEILINGS, "matmul": {**CEILINGS["matmul"], "n": 4096}})
+    (note,) = [n for n in roofline.notes(run_readings(old)) if "n=4096" in n]
+    assert note.startswith("The matmul peak of NVIDIA H200 was measured at n=4096") and "reads high" in note
+    assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "measured at n=" in n]
+    assert "matmul (n=8192)" in render(tmp_path, roofline_doc())

@@ -705,3 +705,30 @@ def test_plots_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
     assert set(_lines(made["Tokens/s against k"])) == {f"{v} (drafter={d})" for v in ("plain", "draft_verify")
                                                        for d in ("draft_model", "ngram")}
     assert _drawn([]) == []
+
+
+def test_prepare_trains_the_pair_into_the_cache_dir_before_any_run(monkeypatch, tmp_path):
+    """`gpubench prepare` builds the pair a run's first speculative case would otherwise train
+    inside itself (~25 s inside a case), under $GPUBENCH_CACHE_DIR (where a GPU session can tar
+    it back from); a second call loads it; a device that is not here is exit 2 before any training."""
+    import functools
+    import json
+
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    real = train_small.trained_pair
+    monkeypatch.setattr(train_small, "trained_pair", functools.partial(real, **MINI))
+    monkeypatch.setattr(train_small, "_MEMO", {})
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path))
+    first = CliRunner().invoke(main, ["prepare", "--device", "cpu", "--json"])
+    assert first.exit_code == 0, first.output
+    made = json.loads(first.output[first.output.index("{"):])["speculative_pair"]
+    assert not made["from_cache"] and made["path"] == str(tmp_path / "spec_pair" / f"{made['key']}.pt")
+    monkeypatch.setattr(train_small, "_MEMO", {})
+    again = CliRunner().invoke(main, ["prepare", "--device", "cpu"])
+    assert again.exit_code == 0 and "loaded from the cache" in again.output
+    monkeypatch.setattr(train_small, "trained_pair", lambda *a, **k: pytest.fail("trained for a bad device"))
+    bad = CliRunner().invoke(main, ["prepare", "--device", "cuda:7"])
+    assert bad.exit_code == 2 and "--device" in bad.output and "Traceback" not in bad.output

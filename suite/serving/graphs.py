@@ -112,12 +112,22 @@ class DecodeGraphs:
         for bucket in reversed(self.buckets):
             values = [0] * bucket * 2 + [self.pad_slot] * bucket + [1] * bucket + self.pad_row * bucket
             self.staging.put(values, into=self.buffer)
-            inputs = self.inputs(bucket)
-            self.forward(inputs)  # warm-up: lazy initialization and Triton compilation stay out of the graph
-            torch.cuda.synchronize(self.kv.device)
+            self._warm_up(bucket)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 logits = self.forward(self.inputs(bucket))
             pool = graph.pool()
             self.graphs[bucket] = (graph, logits)
         torch.cuda.synchronize(self.kv.device)
+
+    def _warm_up(self, bucket: int, calls: int = 3) -> None:
+        """Lazy initialization and Triton compilation kept out of the graph, on a side stream as
+        torch requires before a capture: it waits for the staged copy on the current stream, and
+        the current stream waits for it before the capture starts."""
+        device = self.kv.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(calls):
+                self.forward(self.inputs(bucket))
+        torch.cuda.current_stream(device).wait_stream(side)

@@ -24,13 +24,16 @@ from gpubench.serving.sequence import Sequence
 
 class Staging:
     """One int64 buffer on the device, filled from one host copy per step (pinned on CUDA, so the
-    copy does not wait). The host buffer is reused: the step's sampled tokens, read back before
-    the next step packs, are the sync that says the previous copy is done."""
+    copy does not wait). The host buffer is reused: an event recorded after each copy is waited on
+    before the host buffer is written again, so a copy still in flight never reads the next
+    step's values (the engine's read-back of sampled tokens usually means it has already passed)."""
 
     def __init__(self, device: torch.device, capacity: int = 1 << 14):
         self.device = device
         self.host = self.dev = None
+        self.copied = None  # CUDA: an event recorded after the last copy from the host buffer
         if device.type == "cuda":  # elsewhere the packed host tensor is used as it is
+            self.copied = torch.cuda.Event()
             self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
@@ -43,11 +46,14 @@ class Staging:
         packed = torch.frombuffer(array("q", values), dtype=torch.long) if n else torch.empty(0, dtype=torch.long)
         if self.device.type != "cuda":
             return packed if into is None else into[:n].copy_(packed)
+        self.copied.synchronize()  # the previous copy may still be reading the host buffer
         if n > self.host.numel():
             self._grow(max(n, 2 * self.host.numel()))
         self.host[:n] = packed
         target = self.dev if into is None else into
-        return target[:n].copy_(self.host[:n], non_blocking=True)
+        out = target[:n].copy_(self.host[:n], non_blocking=True)
+        self.copied.record()
+        return out
 
 
 class Pack:

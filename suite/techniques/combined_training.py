@@ -450,7 +450,7 @@ def metrics(w: CombinedWorkload, measured: Measured) -> dict[str, Any]:
         out["other_ms"] = statistics.median(r["step_ms"] - r["build_ms"] - r["moe_forward_ms"] - r["wait_ms"]
                                             - r["optimizer_ms"] for r in measured.records)
         out["fallback"] = next((r["fallback"] for r in measured.records if r.get("fallback")), "")
-    if w.device.type == "cuda":
+    if w.device.type == "cuda":  # GPU-only: sync debug mode sees CUDA syncs only
         # Sync debug mode perturbs timing: CUDA's own count comes from one extra, untimed step.
         w.reset()
         with count_cuda_syncs(True) as seen:
