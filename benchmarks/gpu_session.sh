@@ -87,10 +87,14 @@ lim() {  # lim COMMAND...: run it under what is left of the part, SIGINT first (
   echo "+ [limit $rest s] $*"
   timeout -s INT -k "$KILL_S" "$rest" "$@"
 }
-budget() { echo "$((PART_END - SECONDS - KILL_S))s"; }  # a run's --budget: the part's time less the grace
+budget() {  # a run's --budget in seconds: what the part has left, less the kill grace and Python's start-up
+  echo "$((PART_END - SECONDS - KILL_S - 5))"
+}
 run() {  # run NAME ARGS...: gpubench run into the part's folder, planned to fit what the part has left
-  local name=$1; shift
-  lim "$PY" -m gpubench.cli run "$@" --device "$DEVICE" --budget "$(budget)" --out "$DIR/$name"
+  local name=$1 b; shift
+  b=$(budget)
+  if ((b < 10)); then echo "not run (the part has ${b} s of budget left): gpubench run $*"; return 124; fi
+  lim "$PY" -m gpubench.cli run "$@" --device "$DEVICE" --budget "${b}s" --out "$DIR/$name"
 }
 
 end_part() {  # the part in flight: stop its snapshots, pack it, pack the cache
@@ -155,7 +159,7 @@ part_kernels() {
   GPUBENCH_FLASH_DESCRIPTORS=0 run flash-pointers $FLASH
 }
 part_rest() {
-  lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)" --dry-run
+  lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)s" --dry-run
   run runs $REST
 }
 

@@ -192,9 +192,14 @@ def clock_note(cases: list[CaseRecord]) -> str:
     if any(v.other_samples_s for c in cases for v in c.variants.values()):
         material = sum(1 for c in cases for v in c.variants.values()
                        if v.launch_share is not None and abs(v.launch_share) >= MATERIAL_SHARE)
-        note += (" The other clock was recorded beside it, a call of its own in the same rounds: its median and "
-                 "the share of wall time outside device time (launch work, host syncs) are in the table of every "
-                 f"variant ({material} variant{'s' if material != 1 else ''} at {MATERIAL_SHARE:.0%} or more).")
+        shared = sum(1 for c in cases for v in c.variants.values() if (v.timing or {}).get("both_clocks_one_call"))
+        note += (" The other clock was recorded beside it, a call of its own in the same rounds"
+                 + (f" (in {shared} variant{'s' if shared != 1 else ''}, whose calls are long beside the L2 flush, "
+                    "the same call: its wall time may hold up to the flush's duration, at most 1% of the call)"
+                    if shared else "")
+                 + ": its median and the share of wall time outside device time (launch work, host syncs) are in "
+                 f"the table of every variant ({material} variant{'s' if material != 1 else ''} at "
+                 f"{MATERIAL_SHARE:.0%} or more).")
     exposed, device_samples = 0, 0
     for c in cases:
         for v in c.variants.values():

@@ -27,7 +27,7 @@ import torch
 
 from gpubench import techniques
 from gpubench.devicecache import CaseTimes, fixed_cost_s
-from gpubench.energy import max_window_s
+from gpubench.energy import window_bounds_s
 from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
 from gpubench.scenario import Case, Scenario
 from gpubench.timing import Policy
@@ -183,12 +183,12 @@ def policy_bounds_s(policy: Policy, variants: int, gpu: bool) -> tuple[float, fl
     """Seconds one case's measurement takes at least and at most, by its policy alone: the warm-up
     of each variant, then a timing loop that ``max_reps`` may end at once (short calls) and
     ``max_time_s`` ends at the latest (and energy sampling on a GPU)."""
-    # Energy: at least energy_s per variant, and up to the window's cap where the counter is slow
-    # or the calls long (gpubench.energy); none without a GPU or with energy_s 0.
-    energy_low = policy.energy_s if gpu and policy.energy_s > 0 else 0.0
-    energy_high = max_window_s(policy.energy_s) if energy_low else 0.0
-    fixed = variants * (policy.warmup_s + energy_low)
-    return fixed, fixed + policy.max_time_s + variants * (energy_high - energy_low)
+    # Energy (gpubench.energy): a window of energy_s up to its cap per variant, where the counter is
+    # slow; none without a GPU or with energy_s 0, and none for a variant whose calls are long
+    # (measured over its timed calls), which a policy alone cannot rule out: the lower bound counts none.
+    energy_high = window_bounds_s(policy.energy_s)[1] if gpu else 0.0
+    fixed = variants * policy.warmup_s
+    return fixed, fixed + policy.max_time_s + variants * energy_high
 
 
 def variants_run(technique: str, variants: tuple[str, ...] | None, device: torch.device) -> int:

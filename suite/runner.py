@@ -366,6 +366,8 @@ def _record_timings(run: CaseRun) -> None:
                        "cuda_graph": t.cuda_graph}
         if t.launch_outlasted_flush is not None:  # of the device-time samples (a GPU, the flush on)
             vrec.timing["launch_outlasted_flush"] = t.launch_outlasted_flush
+        if t.shared_calls:  # repetitions timed on both clocks in one call (long calls)
+            vrec.timing["both_clocks_one_call"] = t.shared_calls
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)

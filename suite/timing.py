@@ -178,10 +178,12 @@ class Clock:
       has been synchronized: Python launch work, the call's own host syncs and the final sync's
       latency are in the figure; the flush is not.
 
-    One call cannot give both: wall time needs an idle GPU when the host clock starts (else it
-    waits for the flush), device time needs the start event held behind the flush while the
-    launch runs. The timing loop makes one call per clock (:func:`measure_interleaved`).
-    On the CPU both clocks are one: ``host``.
+    One call cannot give both exactly: wall time needs an idle GPU when the host clock starts (else
+    it waits for the flush), device time needs the start event held behind the flush while the
+    launch runs. The timing loop makes one call per clock (:func:`measure_interleaved`), except for
+    a call so long that the flush is a negligible part of it (:meth:`time_both`: a serving trace,
+    a training step), where doubling the calls would buy nothing. On the CPU both clocks are one:
+    ``host``.
     """
 
     def __init__(self, device: torch.device, flush_l2: bool = True):
@@ -190,6 +192,8 @@ class Clock:
         self._flush_buffer = None
         if device.type == "cuda" and flush_l2:
             self._flush_buffer = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+        # Seconds the last flush ran on the GPU (from the last device-time call); None: not known.
+        self.flush_s: float | None = None
         if device.type == "cuda":
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
@@ -241,8 +245,8 @@ class Clock:
             if self._flush_buffer is not None:
                 # The GPU was idle (the last call was synchronized), so the flush began as it was
                 # enqueued; counting the host from before that flags a launch a little early.
-                flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
-                self.launch_outlasted_flush = (h1 - h0) * 1e-9 > flush_s
+                self.flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
+                self.launch_outlasted_flush = (h1 - h0) * 1e-9 > self.flush_s
             return self._start.elapsed_time(self._end) * 1e-3
         if self._flush_buffer is not None:
             self._flush_buffer.zero_()
@@ -252,6 +256,45 @@ class Clock:
         self._end.record()
         self._end.synchronize()
         return (time.perf_counter_ns() - t0) * 1e-9
+
+    def shares_one_call(self, headline_s: float) -> bool:
+        """Whether a call whose headline sample took ``headline_s`` may give both clocks in one call
+        (:meth:`time_both`): on a GPU, once the flush's duration is known, where the flush is at most
+        :data:`ONE_CALL_FLUSH_SHARE` of the call (or there is no flush)."""
+        if self.one_clock:
+            return False
+        if self._flush_buffer is None:
+            return True
+        return self.flush_s is not None and self.flush_s <= ONE_CALL_FLUSH_SHARE * headline_s
+
+    def time_both(self, fn: Callable[[], Any]) -> tuple[float, float]:
+        """(device, wall) seconds of one call of ``fn()`` on a GPU. Device time as :meth:`time_call`
+        takes it (the start event queued behind the flush, no host sync); wall time from just
+        before the launch to after the end event's synchronize, with no host sync after the flush
+        either, so it may include up to the flush's own duration (the call's first kernel, or its
+        first host sync, waits behind the flush): use only where that is negligible
+        (:meth:`shares_one_call`)."""
+        self.launch_outlasted_flush = None
+        h0 = time.perf_counter_ns()
+        if self._flush_buffer is not None:
+            self._flush_begin.record()
+            self._flush_buffer.zero_()
+        self._start.record()  # queued behind the flush: no host sync in between
+        t0 = time.perf_counter_ns()
+        fn()
+        h1 = time.perf_counter_ns()
+        self._end.record()
+        self._end.synchronize()
+        t1 = time.perf_counter_ns()
+        if self._flush_buffer is not None:
+            self.flush_s = self._flush_begin.elapsed_time(self._start) * 1e-3
+            self.launch_outlasted_flush = (h1 - h0) * 1e-9 > self.flush_s
+        return self._start.elapsed_time(self._end) * 1e-3, (t1 - t0) * 1e-9
+
+
+# The largest share of a call the L2 flush may be for one call to give both clocks (Clock.time_both):
+# its wall time is then off by at most this much, well inside a wall-clock sample's own spread.
+ONE_CALL_FLUSH_SHARE = 0.01
 
 
 def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None) -> Callable[[], Any]:
@@ -289,6 +332,8 @@ class VariantTiming:
     # Device-time samples whose launch outlasted the L2 flush (Clock.launch_outlasted_flush): they
     # may hold some launch work. None where not known (a CPU, no flush, no device-time call).
     launch_outlasted_flush: int | None = None
+    # Repetitions whose two clocks came from one call (a long call: Clock.time_both), not two.
+    shared_calls: int = 0
 
     @property
     def other_basis(self) -> str | None:
@@ -368,16 +413,42 @@ def measure_interleaved(
             timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + exposed
         return seconds, recorder, (started, ended)
 
+    def both_once(name: str, rep: str) -> tuple[float, float, Recorder, tuple[float, float]]:
+        """One call, both clocks (a long call: :meth:`Clock.time_both`): (headline, other, ...)."""
+        if reset is not None:
+            reset()
+            synchronize(device)
+        tag(name)
+        recorder = Recorder()
+        call = calls[name]
+        with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
+            started = host_clock()
+            device_s, wall_s = clock.time_both(lambda: call(recorder))
+            ended = host_clock()
+        if clock.launch_outlasted_flush is not None:
+            timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + \
+                clock.launch_outlasted_flush
+        first, second = (device_s, wall_s) if headline == "device" else (wall_s, device_s)
+        return first, second, recorder, (started, ended)
+
     def one(name: str, timed: bool) -> float:
-        rep = f"{timings[name].n}" if timed else f"w{warmups[name]}"
+        t = timings[name]
+        rep = f"{t.n}" if timed else f"w{warmups[name]}"
         warmups[name] += not timed
-        seconds, recorder, bounds = timed_once(name, rep, headline, timed)
+        if timed and other is not None and t.samples_s and clock.shares_one_call(min(t.samples_s)):
+            # A long call: the flush is a negligible part of it, so one call gives both clocks
+            # (a second call per repetition would double a serving trace's time for nothing).
+            seconds, other_s, recorder, bounds = both_once(name, rep)
+            t.other_s.append(other_s)
+            t.shared_calls += 1
+        else:
+            seconds, recorder, bounds = timed_once(name, rep, headline, timed)
+            if timed and other is not None:  # the other clock: a call of its own
+                t.other_s.append(timed_once(name, f"{rep}:{other}", other, timed)[0])
         if timed:
-            timings[name].samples_s.append(seconds)
-            timings[name].records.append(recorder.values)
-            timings[name].host_bounds.append(bounds)
-            if other is not None:  # the other clock: a call of its own (one call cannot give both)
-                timings[name].other_s.append(timed_once(name, f"{rep}:{other}", other, timed)[0])
+            t.samples_s.append(seconds)
+            t.records.append(recorder.values)
+            t.host_bounds.append(bounds)
         return seconds
 
     if phases is not None:

@@ -111,9 +111,9 @@ def test_samples_are_all_taken_before_the_first_profiling_call(toys, write_scena
     events = []
     real_time_call, real_profile = timing.Clock.time_call, profiling.profile_variant
 
-    def timed(self, fn):
+    def timed(self, fn, *args, **kwargs):
         events.append("timed")
-        return real_time_call(self, fn)
+        return real_time_call(self, fn, *args, **kwargs)
 
     def profiled(*args, **kwargs):
         events.append("profile")

@@ -117,6 +117,53 @@ class TwoClocks(timing.Clock):
             self.launch_outlasted_flush = self.calls.count("device") % 2 == 1
         return self.FIGURES[basis]
 
+    def shares_one_call(self, headline_s):
+        return False  # short calls: the flush is not negligible beside them
+
+
+class LongCalls(TwoClocks):
+    """Calls long beside the flush: once one repetition has shown it, one call gives both clocks."""
+
+    def shares_one_call(self, headline_s):
+        return True
+
+    def time_both(self, fn):
+        self.calls.append("both")
+        fn()
+        self.launch_outlasted_flush = False
+        return self.FIGURES["device"], self.FIGURES["wall"]
+
+
+@pytest.mark.parametrize("basis,other", [("device", "wall"), ("wall", "device")])
+def test_a_long_call_gives_both_clocks_in_one_call_after_the_first_repetition(basis, other):
+    """A serving trace or a training step would otherwise run twice per repetition for a second
+    clock the flush cannot disturb: after one repetition of two calls, one call per repetition."""
+    clock, seen = LongCalls(), []
+    out = timing.measure_interleaved({"a": seen.append}, clock, QUICK, basis=basis)["a"]
+    assert clock.calls == [basis] + [basis, other] + ["both"] * 3
+    assert out.samples_s == [TwoClocks.FIGURES[basis]] * 4 and out.other_s == [TwoClocks.FIGURES[other]] * 4
+    assert out.shared_calls == 3 and len(out.records) == len(out.host_bounds) == 4
+
+
+def test_one_call_gives_both_clocks_only_where_the_flush_is_at_most_one_percent_of_it(cuda_clock):
+    clock, log = cuda_clock
+    assert not clock.shares_one_call(1.0)  # the flush's duration is not known yet
+    clock.time_call(lambda: None, "device")  # the flush ran 0.1 ms
+    assert clock.flush_s == pytest.approx(1e-4)
+    assert clock.shares_one_call(0.01) and not clock.shares_one_call(0.009)
+    assert not timing.Clock(CPU).shares_one_call(10.0)  # the CPU has one clock anyway
+
+
+def test_one_call_on_both_clocks_queues_the_start_behind_the_flush_and_spans_the_launch(cuda_clock):
+    clock, log = cuda_clock
+    device_s, wall_s = clock.time_both(lambda: log.append("launch"))
+    assert log[:5] == ["host_clock", "flush_begin.record", "flush", "start.record", "host_clock"]
+    assert "host_sync" not in log  # no host sync after the flush: device time as do_bench takes it
+    assert log[5:] == ["launch", "host_clock", "end.record", "end.synchronize", "host_clock", "elapsed_time",
+                       "elapsed_time"]
+    assert device_s == pytest.approx(0.25e-3)  # the events
+    assert wall_s == pytest.approx(2 * 0.4e-3)  # the host's reads around the launch and the final sync
+
 
 @pytest.mark.parametrize("basis,other", [("device", "wall"), ("wall", "device")])
 def test_each_repetition_is_one_call_per_clock_and_the_headline_list_is_the_basis(basis, other):
