@@ -94,7 +94,7 @@ run() {  # run NAME ARGS...: gpubench run into the part's folder, planned to fit
   local name=$1 b; shift
   b=$(budget)
   if ((b < 10)); then echo "not run (the part has ${b} s of budget left): gpubench run $*"; return 124; fi
-  lim "$PY" -m gpubench.cli run "$@" --device "$DEVICE" --budget "${b}s" --out "$DIR/$name"
+  lim "$PY" -m gpubench.cli run "$@" --device "$DEVICE" --budget "${b}s" --fill-budget --out "$DIR/$name"
 }
 
 end_part() {  # the part in flight: stop its snapshots, pack it, pack the cache
@@ -159,7 +159,7 @@ part_kernels() {
   GPUBENCH_FLASH_DESCRIPTORS=0 run flash-pointers $FLASH
 }
 part_rest() {
-  lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)s" --dry-run
+  lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)s" --fill-budget --dry-run
   run runs $REST
 }
 

@@ -12,6 +12,12 @@ still run. A case in flight when the budget runs out is stopped at the time left
 :data:`GRACE_S` (its worker's alarm; the supervisor kills it shortly after) and keeps the samples
 it took, as an interrupted case.
 
+``--fill-budget`` admits on a case's lower figure instead (what it takes at least: its own time
+where this device measured it, else its policy's bounds): the budget is used to its end, at the
+price of a last case that may be stopped at the budget. A short GPU session wants that on a device
+with no case times yet, where the conservative figures (first compiles, energy windows at their
+cap) would leave minutes unused.
+
 :func:`plan` answers the same questions before anything runs (``--dry-run --budget``); the
 executors ask :class:`Budget` at each case they are about to start, with the real time left, so a
 case that finishes early leaves room for more.
@@ -80,11 +86,19 @@ class PlannedCase:
     left_s: float
 
 
-def plan(cases: Sequence[Case], costs: CaseCosts, budget_s: float, workers: int = 1) -> list[PlannedCase]:
+def admitted_s(guess: CaseEstimate, fill: bool) -> float:
+    """The part of a case's estimate the time left must hold for it to start: its conservative
+    planning figure, or (``fill``: ``--fill-budget``) what it takes at least."""
+    return guess.low_s if fill else guess.plan_s
+
+
+def plan(cases: Sequence[Case], costs: CaseCosts, budget_s: float, workers: int = 1,
+         fill: bool = False) -> list[PlannedCase]:
     """What a run under ``budget_s`` would do, case by case in run order: the workers start after
     the run's start-up, each takes the next case when free, a case runs if the time left then
-    (less closing the run) holds its planning figure. The same rule :class:`Budget` applies while
-    a run goes, with estimates in place of the times the cases will take."""
+    (less closing the run) holds its planning figure (``fill``: its lower figure). The same rule
+    :class:`Budget` applies while a run goes, with estimates in place of the times the cases will
+    take (a planned case is taken to last its planning figure either way)."""
     free = [costs.startup_s()] * max(1, workers)
     heapq.heapify(free)
     out: list[PlannedCase] = []
@@ -93,7 +107,7 @@ def plan(cases: Sequence[Case], costs: CaseCosts, budget_s: float, workers: int 
         now = free[0]
         guess = costs.of(case)
         left = budget_s - now - costs.closing_s(started + 1)
-        if guess.plan_s > left:
+        if admitted_s(guess, fill) > left:
             out.append(PlannedCase(case, guess, None, left))
             continue
         costs.started(case)
@@ -108,9 +122,10 @@ class Budget:
     None: not run, recorded in :attr:`not_run`), :meth:`finished` after each one."""
 
     def __init__(self, seconds: float, costs: CaseCosts, started_at: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, fill: bool = False):
         self.seconds = seconds
         self.costs = costs
+        self.fill = fill  # --fill-budget: admit on a case's lower figure
         self.clock = clock
         self.end = (started_at if started_at is not None else clock()) + seconds
         self.started = 0
@@ -122,10 +137,10 @@ class Budget:
     def admit(self, case: Case, target: str | None = None) -> float | None:
         """The seconds ``case`` may take (the time left, less closing the run, plus
         :data:`GRACE_S`; at most its policy's ``case_timeout_s``), or None when the time left
-        cannot hold its estimate: then it is recorded as not run."""
+        cannot hold its estimate (:func:`admitted_s`): then it is recorded as not run."""
         guess = self.costs.of(case)
         left = self.left_s() - self.costs.closing_s(self.started + 1)
-        if guess.plan_s > left:
+        if admitted_s(guess, self.fill) > left:
             self.not_run.append(not_run(case, guess, left, target))
             return None
         self.costs.started(case)

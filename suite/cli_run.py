@@ -89,7 +89,8 @@ DRY_RUN_IDS = 3  # case ids a dry run shows per technique
 
 
 def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, int], only: list[str] | None,
-                   device: str, out_root: Path, repeat_scale: float, workers: int, budget_s: float | None = None) -> None:
+                   device: str, out_root: Path, repeat_scale: float, workers: int, budget_s: float | None = None,
+                   fill: bool = False) -> None:
     """The cases a run would measure (a count per technique, the first cases' params that vary),
     its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
     shown = scen.varying(only)
@@ -109,7 +110,7 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
                               repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
     out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=True)
     if budget_s is not None:
-        _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s)
+        _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s, fill)
     out.print("nothing was run or written (--dry-run)")
 
 
@@ -117,7 +118,7 @@ PLAN_LINES = 200  # cases a dry run's budget plan lists; the rest are counted
 
 
 def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str] | None, device: str,
-                       out_root: Path, repeat_scale: float, workers: int, budget_s: float) -> None:
+                       out_root: Path, repeat_scale: float, workers: int, budget_s: float, fill: bool = False) -> None:
     """``--dry-run --budget``: the cases in the order they would run, each with its estimate and
     when it would start, or why it would not run; then what would run and what would not."""
     from gpubench import budget as budgetmod
@@ -125,10 +126,10 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
     costs = estimate.CaseCosts(torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root,
                                repeat_scale=repeat_scale)
     cases = budgetmod.breadth_first(scen.cases(only, repeat_scale), scen.order)
-    steps = budgetmod.plan(cases, costs, budget_s, workers)
+    steps = budgetmod.plan(cases, costs, budget_s, workers, fill)
     shown = scen.varying(only)
     order = f"techniques in the scenario's order ({', '.join(scen.order)} first)" if scen.order else "techniques as they first appear"
-    out.print(f"plan for --budget {estimate.duration_text(budget_s)}: breadth-first ({order}); start-up "
+    out.print(f"plan for --budget {estimate.duration_text(budget_s)}{' (--fill-budget: a case starts while the time left holds what it takes at least)' if fill else ''}: breadth-first ({order}); start-up "
               f"{estimate.duration_text(costs.startup_s())}" + (f", {workers} workers" if workers > 1 else ""),
               markup=False, soft_wrap=True)
     for n, step in enumerate(steps[:PLAN_LINES], 1):
@@ -193,6 +194,9 @@ def _default_scenario(device_opt: str | None) -> str:
               "and report included (540, 540s, 9m, 1h30m): cases run breadth-first over techniques (the scenario's "
               "order first), a case starts only if the time left holds its estimate, the others are recorded as "
               "not run: budget. With --dry-run, shows the plan.")
+@click.option("--fill-budget", is_flag=True, help="With --budget: start a case while the time left holds what it "
+              "takes at least, not its conservative estimate, so the budget is used to its end (the last case may "
+              "be stopped at the budget, keeping what it measured).")
 @click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
               "estimate the run time; run nothing, write nothing.")
 @click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
@@ -203,7 +207,8 @@ def _default_scenario(device_opt: str | None) -> str:
 def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
         telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
         cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
-        dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None) -> None:
+        dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None,
+        fill_budget: bool) -> None:
     """Run a scenario: check and time every case, write a run directory and add it to the history store."""
     from gpubench import supervisor
     from gpubench.budget import parse_duration
@@ -226,7 +231,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         device_list = run_options.resolve_devices(scen.device, f"{scen.path}: device")
     options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
                                      max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from)
+                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from,
+                                     fill_budget=fill_budget)
     only_list = None
     if only:
         only_list = [t.strip() for t in only.split(",") if t.strip()]
@@ -248,7 +254,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
               f"{where}" + ("" if isolation == "process" else ", in this process")
               + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
     if dry_run:
-        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s)
+        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
+                       fill_budget)
         return
     if total > LARGE_RUN_CASES and budget_s is None:
         guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),

@@ -34,6 +34,7 @@ class RunOptions:
     per_model: bool = False  # every case once on each device model (a fleet's technique x device matrix)
     profile: bool = False  # --profile: every case's policy.profile on (profiles after timing)
     budget_s: float | None = None  # --budget: plan the run to fit this wall time (gpubench.budget)
+    fill_budget: bool = False  # --fill-budget: admit a case on its lower figure (gpubench.budget)
     budget_from: float | None = None  # time.monotonic() the budget counts from (default: when the run starts)
 
 
@@ -73,6 +74,8 @@ def check_options(options: RunOptions) -> None:
                        f"(got {', '.join(options.devices)}) or use worker processes (--isolation process).")
     if options.budget_s is not None and not options.budget_s > 0:
         raise BadInput(f"--budget: {options.budget_s!r} is not valid; allowed: a duration above 0 (540, 9m, 1h30m).")
+    if options.fill_budget and options.budget_s is None:
+        raise BadInput("--fill-budget: only with --budget DURATION (it says how a budget admits its cases).")
     if options.max_parallel is not None and options.max_parallel < 1:
         raise BadInput(f"--max-parallel: {options.max_parallel} is not valid; allowed: an integer >= 1.")
     if options.cluster:

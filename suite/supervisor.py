@@ -206,7 +206,7 @@ def _budget(r: _Run, started: Sequence[DeviceState]) -> budgetmod.Budget:
     costs = CaseCosts(torch.device("cuda" if device.startswith("cuda") else "cpu"),
                       history=CaseTimes(label) if label else None, out_root=r.out_root,
                       repeat_scale=r.record.repeat_scale)
-    return budgetmod.Budget(r.options.budget_s, costs, started_at=r.budget_from)
+    return budgetmod.Budget(r.options.budget_s, costs, started_at=r.budget_from, fill=r.options.fill_budget)
 
 
 def _stop_in_flight(executor: Executor, sink: Sink) -> None:

@@ -150,6 +150,40 @@ def test_admission_counts_the_time_left_and_caps_a_case_at_it_plus_the_grace(toy
     assert guess.plan_s >= 0.3 + estimate.FIXED_CASE_S["cpu"] and guess.low_s == 0.0
 
 
+def test_fill_budget_admits_on_the_lower_figure_so_the_budget_is_used_to_its_end(toys, tmp_path):
+    """With no case times on a device, the conservative figures (allowances for first compiles and
+    checks) would leave a budget's end unused: --fill-budget starts a case while the time left holds
+    what it takes at least; the case is still capped at the time left."""
+    scen = scenariomod.load(_write(tmp_path))
+    ids = _ids(scen)
+    _cpu_history({ids["k64"]: 10})  # one case measured here; the others from their policy alone
+    cases = {c.id: c for c in scen.cases()}
+    now = [1000.0]
+
+    def budget(fill: bool) -> Budget:
+        return Budget(100, CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))), started_at=1000.0,
+                      clock=lambda: now[0], fill=fill)
+
+    conservative, filling = budget(False), budget(True)
+    now[0] = 1100.0 - estimate.CLOSE_S - 5.0  # 5 s left beside closing the run
+    unknown = cases[ids["k128"]]
+    assert conservative.costs.of(unknown).plan_s > 5.0 >= conservative.costs.of(unknown).low_s
+    assert conservative.admit(unknown) is None
+    assert filling.admit(unknown) == pytest.approx(5.0 - 0.001 + GRACE_S, abs=1e-3)  # capped at the time left
+    assert filling.admit(cases[ids["k64"]]) is None  # its own 10 s cannot fit, fill or not
+    # the plan says the same: 3 s after start-up and closing hold no conservative figure
+    def started(fill: bool) -> list[str]:
+        costs = CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU)))
+        steps = plan(breadth_first(scen.cases()), costs, budget_s=1.0 + estimate.CLOSE_S + 3.0, fill=fill)
+        return [s.case.id for s in steps if s.start_s is not None]
+    assert started(False) == [] and ids["t4"] in started(True) and ids["k64"] not in started(True)
+
+
+def test_fill_budget_without_a_budget_is_exit_2(toys, tmp_path):
+    result = invoke("run", "--scenario", _write(tmp_path), "--device", "cpu", "--fill-budget", "--out", tmp_path)
+    assert result.exit_code == 2 and "--fill-budget: only with --budget" in result.output
+
+
 # -- a real run under a budget ----------------------------------------------------------------------
 
 def test_a_budget_run_records_what_it_passed_over_and_every_reader_says_so(toys, tmp_path):

@@ -124,6 +124,7 @@ def test_parts_run_in_order_within_one_deadline_and_each_run_gets_a_budget(tmp_p
     for c in runs:
         budget = c[c.index("--budget") + 1]
         assert budget.endswith("s") and 0 < int(budget[:-1]) <= max(limits), c
+        assert "--fill-budget" in c  # the session uses its time to the end
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted(["session.log", "cache.tar.gz", "env.tar.gz", "first.tar.gz", "dobench.tar.gz",
                             "kernels.tar.gz", "rest.tar.gz"])
