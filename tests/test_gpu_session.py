@@ -134,7 +134,7 @@ def test_parts_run_in_order_within_one_deadline_and_each_run_gets_a_budget(tmp_p
 
 def test_a_part_that_would_pass_the_deadline_is_cut_to_it_and_the_rest_are_not_started(tmp_path):
     out = tmp_path / "out"
-    proc = start(tmp_path, out, DEADLINE_S="40", STOP_S="5", KILL_S="2", MIN_PART_S="10", FAKE_RUN_S="1000",
+    proc = start(tmp_path, out, DEADLINE_S="25", STOP_S="3", KILL_S="2", MIN_PART_S="8", FAKE_RUN_S="1000",
                  PARTS="first dobench")
     assert proc.wait(timeout=240) == 0, proc.stdout.read()
     log = (out / "session.log").read_text()
