@@ -397,7 +397,8 @@ def measure_interleaved(
         if on_switch is not None:
             on_switch(name)
 
-    def timed_once(name: str, rep: str, on: str, timed: bool) -> tuple[float, Recorder, tuple[float, float]]:
+    def timed_once(name: str, rep: str, on: str, timed: bool) -> tuple[Any, Recorder, tuple[float, float]]:
+        """One call on clock ``on`` (``both``: :meth:`Clock.time_both`, a (device, wall) pair)."""
         if reset is not None:
             reset()
             synchronize(device)
@@ -406,30 +407,13 @@ def measure_interleaved(
         call = calls[name]
         with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
             started = host_clock()
-            seconds = clock.time_call(lambda: call(recorder), on)
+            figure = (clock.time_both(lambda: call(recorder)) if on == "both"
+                      else clock.time_call(lambda: call(recorder), on))
             ended = host_clock()
-        exposed = getattr(clock, "launch_outlasted_flush", None) if on == "device" else None
+        exposed = getattr(clock, "launch_outlasted_flush", None) if on in ("device", "both") else None
         if timed and exposed is not None:
             timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + exposed
-        return seconds, recorder, (started, ended)
-
-    def both_once(name: str, rep: str) -> tuple[float, float, Recorder, tuple[float, float]]:
-        """One call, both clocks (a long call: :meth:`Clock.time_both`): (headline, other, ...)."""
-        if reset is not None:
-            reset()
-            synchronize(device)
-        tag(name)
-        recorder = Recorder()
-        call = calls[name]
-        with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
-            started = host_clock()
-            device_s, wall_s = clock.time_both(lambda: call(recorder))
-            ended = host_clock()
-        if clock.launch_outlasted_flush is not None:
-            timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + \
-                clock.launch_outlasted_flush
-        first, second = (device_s, wall_s) if headline == "device" else (wall_s, device_s)
-        return first, second, recorder, (started, ended)
+        return figure, recorder, (started, ended)
 
     def one(name: str, timed: bool) -> float:
         t = timings[name]
@@ -438,7 +422,8 @@ def measure_interleaved(
         if timed and other is not None and t.samples_s and clock.shares_one_call(min(t.samples_s)):
             # A long call: the flush is a negligible part of it, so one call gives both clocks
             # (a second call per repetition would double a serving trace's time for nothing).
-            seconds, other_s, recorder, bounds = both_once(name, rep)
+            (device_s, wall_s), recorder, bounds = timed_once(name, rep, "both", timed)
+            seconds, other_s = (device_s, wall_s) if headline == "device" else (wall_s, device_s)
             t.other_s.append(other_s)
             t.shared_calls += 1
         else:
