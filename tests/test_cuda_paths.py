@@ -5,6 +5,7 @@ lists every CUDA-only line and the test that reaches it (or why none can).
 """
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -493,3 +494,54 @@ def test_a_cuda_profile_counts_launches_syncs_and_kernel_time_per_call():
     assert s["event_waits_per_call"] == 1 and s["ops_per_call"] == 2
     assert [(op["name"], op["self_us_per_call"]) for op in s["top_ops"]] == [("gemm_kernel", 30.0), ("copy_kernel", 4.0)]
     assert s["peak_memory_bytes"] is None and "no kernel launches on a CPU" not in s["notes"]
+
+
+# -- the timing loop's CUDA graphs (policy cuda_graph) ------------------------------------------------
+
+class LoggingClock:
+    """A GPU clock that times nothing: it runs the call and logs it (the graph path is the point)."""
+
+    def __init__(self, fake):
+        self.fake, self.device = fake, CUDA0
+
+    def basis(self, wanted):
+        return wanted
+
+    def time_call(self, fn, basis="device"):
+        fn()
+        return 1e-3
+
+    def shares_one_call(self, headline_s):
+        return False
+
+
+def test_a_variant_is_captured_after_a_warm_up_on_a_side_stream_and_replayed_when_timed(fake, monkeypatch):
+    """timing.capture_cuda_graph follows torch's rule (warm-up on a side stream that waits on the
+    current one, the current one waiting back, then capture), and the timing loop replays the
+    graph instead of calling the variant; a stateful variant (reset before every call) is timed
+    eagerly and says why."""
+    from gpubench import timing
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(timing, "nvtx_range", lambda name, device: contextlib.nullcontext())  # NVTX: CUDA builds
+    calls = []
+
+    def variant(recorder):
+        stream = fake.current_stream().name
+        calls.append(stream)
+        fake.log.append(f"variant on {stream}")
+
+    policy = timing.Policy(warmup_s=0.0, min_reps=2, max_reps=2, min_time_s=0.0, target_iqr=1.0, cuda_graph=True,
+                           energy_s=0.0)
+    out = timing.measure_interleaved({"a": variant}, LoggingClock(fake), policy, basis="device", other_clock=False)["a"]
+    capture = fake.log[:fake.log.index("capture ends") + 1]
+    assert capture == ["side waits for current"] + ["variant on side"] * 3 + [
+        "current waits for side", "capture begins (shared pool)", "variant on capture", "capture ends"]
+    assert out.cuda_graph == "on" and out.n == 2
+    assert fake.log[fake.log.index("capture ends") + 1:] == ["synchronize"] + ["replay"] * 3  # warm-up + 2 timed
+    assert calls == ["side"] * 3 + ["capture"]  # never called eagerly once captured
+
+    fake.log.clear()
+    stateful = timing.measure_interleaved({"b": variant}, LoggingClock(fake), policy, reset=lambda: None,
+                                          basis="device", other_clock=False)["b"]
+    assert stateful.cuda_graph.startswith("failed: stateful") and "replay" not in fake.log
