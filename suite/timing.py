@@ -124,8 +124,8 @@ POLICY_PARAMS: dict[str, PolicyParam] = {p.name: p for p in (
     PolicyParam("profile", bool, Policy.profile, "after timing: profile each variant (gpubench.profiling)"),
     PolicyParam("profile_calls", int, Policy.profile_calls, "calls under the profiler, after one warm-up call",
                 min=1),
-    PolicyParam("gpu_memory_gib", float, Policy.gpu_memory_gib, "GiB of GPU memory the process may allocate "
-                "(0: all)", min=0),
+    PolicyParam("gpu_memory_gib", float, Policy.gpu_memory_gib, "GPU memory as on a card of this many GiB "
+                "(approximate: torch's caching allocator is capped at the card's usable bytes; 0: all)", min=0),
 )}
 
 

@@ -269,7 +269,7 @@ def trained_pair(directory: Path | str | None = None, *, target_config: LlamaCon
     if target is None or draft is None:
         # ~25 s on a 2-core CPU (this project's machine; build_s in the cached info) with nothing said
         # would look like a hang.
-        notice(f"speculative_decoding: training the draft and target models once (about 25 s on a 2-core CPU); "
+        notice(f"speculative_decoding: training the draft and target models once (25-45 s on a 2-core CPU; `gpubench prepare` does it ahead); "
                f"cached in {path}" + (f" (the cached file was unusable: {problem})" if problem else ""))
         t0 = time.perf_counter()
         target, target_losses = train(target_config, target_recipe, train_tokens)
