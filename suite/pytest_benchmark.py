@@ -9,6 +9,8 @@ the machine's CPU, with the file's commit, branch, host and time (``commit_info`
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,7 +29,7 @@ def run_of(raw: Mapping[str, Any], path: Path) -> RunRecord:
     machine = raw.get("machine_info") or {}
     commit = raw.get("commit_info") or {}
     cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "unknown CPU"
-    return RunRecord(run_id=path.stem, device="", device_label=f"CPU: {cpu}",
+    return RunRecord(run_id=run_id(raw, path), device="", device_label=f"CPU: {cpu}",
                      scenario={"name": SOURCE, "entries": None},
                      env={"host": machine.get("node") or "",
                           "git": {"commit": commit.get("id"), "branch": commit.get("branch"),
@@ -35,6 +37,19 @@ def run_of(raw: Mapping[str, Any], path: Path) -> RunRecord:
                      status="complete", started_at=raw.get("datetime") or "",
                      cases=[_case(bench) for bench in raw.get("benchmarks") or [] if isinstance(bench, Mapping)],
                      source=SOURCE, path=str(path))
+
+
+def run_id(raw: Mapping[str, Any], path: Path) -> str:
+    """The run's id: the file's name and a digest of what identifies the run inside it (its time,
+    commit and machine). CI writes every commit's results to the same ``--benchmark-json out.json``;
+    an id from the name alone made the history store take the second commit's file for the first
+    (``0 rows added, 2 already there``) and drop it. The same file read again has the same id."""
+    machine = raw.get("machine_info") or {}
+    commit = raw.get("commit_info") or {}
+    identity = [raw.get("datetime"), commit.get("id"), commit.get("dirty"), machine.get("node"),
+                (machine.get("cpu") or {}).get("brand_raw")]
+    digest = hashlib.sha256(json.dumps(identity, default=str).encode()).hexdigest()[:10]
+    return f"{path.stem}-{digest}"
 
 
 def _case(bench: Mapping[str, Any]) -> CaseRecord:

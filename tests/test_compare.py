@@ -711,7 +711,7 @@ def test_pytest_benchmark_json_is_read_into_a_run_record_with_its_samples_device
     data = list(np.random.default_rng(20).normal(1e-3, 1e-5, 12))
     run = compare.load_any(_bench_json(tmp_path / "0001_x.json", data))
     assert isinstance(run, RunRecord) and run.source == "pytest-benchmark" and run.status == "complete"
-    assert run.device_label == "CPU: Test CPU" and run.run_id == "0001_x" and run.path == str(tmp_path / "0001_x.json")
+    assert run.device_label == "CPU: Test CPU" and run.run_id.startswith("0001_x-") and run.path == str(tmp_path / "0001_x.json")
     assert run.env["host"] == "bench-host" and run.env["git"] == {"commit": "abc123", "branch": "main", "dirty": False}
     assert run.started_at == "2026-12-05T01:00:00"
     (case,) = run.cases

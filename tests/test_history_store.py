@@ -195,7 +195,8 @@ def test_history_add_imports_runs_and_pytest_benchmark_json_once(tmp_path, monke
     first = CliRunner().invoke(main, ["history", "add", str(run), str(bench)])
     assert first.exit_code == 0, first.output
     assert "history store: " + str(tmp_path / "env.sqlite") in first.output
-    assert "run r1: 5 rows added" in first.output and "run 0001_bench: 1 row added" in first.output
+    assert "run r1: 5 rows added" in first.output and "run 0001_bench-" in first.output
+    assert ": 1 row added" in first.output
     again = CliRunner().invoke(main, ["history", "add", str(run), str(bench)])
     assert "0 rows added, 5 already there" in again.output and "0 rows added, 1 already there" in again.output
     with history.open_store(tmp_path / "env.sqlite") as opened:
@@ -373,3 +374,30 @@ def test_readers_open_the_store_read_only_and_never_create_one(tmp_path):
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             opened.backend.run("CREATE TABLE scratch (x INTEGER)")
     assert store.read_bytes() == before
+
+
+def test_pytest_benchmark_files_of_the_same_name_from_two_commits_are_two_runs(tmp_path):
+    """CI writes every commit's results to one --benchmark-json out.json: the second commit's file
+    must be stored beside the first's (it was '0 rows added, 2 already there': the run id was the
+    file's name), and the same file added again still adds nothing."""
+    store = tmp_path / "h.sqlite"
+
+    def bench(commit: str, when: str, median: float) -> Path:
+        path = tmp_path / commit / "out.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({
+            "machine_info": {"node": "ci-runner", "cpu": {"brand_raw": "AMD EPYC"}},
+            "commit_info": {"id": commit, "branch": "main", "dirty": False}, "datetime": when,
+            "benchmarks": [{"group": "g", "name": "test_x", "fullname": "bench.py::test_x",
+                            "stats": {"median": median, "rounds": 3, "data": [median] * 3}}]}))
+        return path
+
+    first, second = bench("aaa111", "2026-12-04T10:00:00", 0.001), bench("bbb222", "2026-12-05T10:00:00", 0.002)
+    for path in (first, second):
+        result = CliRunner().invoke(main, ["history", "add", str(path), "--store", str(store)])
+        assert result.exit_code == 0 and ": 1 row added" in result.output, result.output
+    again = CliRunner().invoke(main, ["history", "add", str(second), "--store", str(store)])
+    assert "0 rows added, 1 already there" in again.output
+    with history.open_store(store) as opened:
+        points = opened.series("CPU: AMD EPYC", "bench.py::test_x", "benchmark")
+    assert [(p.commit, p.median) for p in points] == [("aaa111", 0.001), ("bbb222", 0.002)]
