@@ -365,7 +365,6 @@ def test_the_null_block_holds_one_sequence_fewer_when_blocks_divide_exactly():
 
 
 @pytest.mark.parametrize("raw,key", [
-    ({"model_type": "mystery", "sliding_window": 4096}, "sliding_window=4096"),
     ({"model_type": "gemma3_text", "sliding_window": 512, "sliding_window_pattern": "LLLLLG"}, "sliding_window_pattern"),
     ({"model_type": "llama", "attention_chunk_size": 8192}, "attention_chunk_size=8192"),
 ])
@@ -376,3 +375,39 @@ def test_a_sliding_config_whose_layout_cannot_be_known_exits_2(tmp_path, raw, ke
     assert result.exit_code == 2 and "Traceback" not in result.output
     text = " ".join(result.output.split())
     assert str(path) in text and key in text and "allowed" in text.lower()
+
+
+def _config(tmp_path, raw):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return model_config.load_config_file(path)
+
+
+def test_falcon_kv_heads_are_read_as_vllm_reads_them(tmp_path):
+    """Falcon-7B's multi_query is one KV head (vLLM: 256 B per token per layer at bf16, not the
+    71 heads' 18,176); Falcon-40B's new decoder architecture names its 8 KV heads num_kv_heads."""
+    falcon_7b = _config(tmp_path, {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+                                   "num_hidden_layers": 32, "multi_query": True, "new_decoder_architecture": False,
+                                   "vocab_size": 65024})
+    assert (falcon_7b.num_kv_heads, falcon_7b.head_dim) == (1, 64)
+    assert kvmath.layout_for(falcon_7b, "bf16").bytes_per_token_per_layer == 2 * 1 * 64 * 2  # 256 B, not 18,176
+    falcon_40b = _config(tmp_path, {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+                                    "num_hidden_layers": 60, "num_kv_heads": 8, "new_decoder_architecture": True,
+                                    "multi_query": True})
+    assert falcon_40b.num_kv_heads == 8  # multi_query means nothing in the new architecture
+    chatglm = _config(tmp_path, {"model_type": "chatglm", "hidden_size": 4096, "num_attention_heads": 32,
+                                 "num_hidden_layers": 28, "multi_query_group_num": 2})
+    assert chatglm.num_kv_heads == 2
+
+
+def test_phi3_and_unknown_families_slide_every_layer_as_vllm_serves_them(tmp_path):
+    """Phi-3-mini-4k publishes sliding_window 2047 with no per-layer pattern: vLLM serves it with
+    all 32 layers sliding (it was refused with exit 2). A family gpubench does not name reads the
+    same way, as vLLM reads it."""
+    phi3 = _config(tmp_path, {"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+                              "num_key_value_heads": 32, "num_hidden_layers": 32, "sliding_window": 2047,
+                              "max_position_embeddings": 4096, "vocab_size": 32064})
+    assert phi3.layer_windows == (2047,) * 32 and phi3.sliding_layers == 32
+    other = _config(tmp_path, {"model_type": "mystery", "hidden_size": 1024, "num_attention_heads": 8,
+                               "num_hidden_layers": 4, "sliding_window": 4096})
+    assert other.layer_windows == (4096,) * 4

@@ -115,7 +115,7 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         raise BadInput(f"{source}: out of range: {'; '.join(huge)}. The bounds are far above any published "
                        f"model (at most a few hundred layers, a few million positions); fix the config.")
     heads = raw["num_attention_heads"]
-    kv_heads = raw.get("num_key_value_heads") or heads  # HF convention: absent means MHA
+    kv_heads = _kv_heads(raw, heads, source)
     if heads % kv_heads:
         raise BadInput(f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads}).")
     head_dim = raw.get("head_dim")
@@ -139,11 +139,31 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     )
 
 
+FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+# The fields a config may name its KV heads by, in the order vLLM's config code reads them.
+KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+
+
+def _kv_heads(raw: dict[str, Any], heads: int, source: str) -> int:
+    """KV heads as vLLM's config code reads them: Falcon's ``multi_query`` (outside its new decoder
+    architecture) is one KV head; else the first of :data:`KV_HEAD_FIELDS` the config sets (Falcon-40B
+    says ``num_kv_heads``, ChatGLM ``multi_query_group_num``); else every attention head (MHA)."""
+    new_falcon = raw.get("model_type") in FALCON_TYPES and bool(raw.get("new_decoder_architecture"))
+    if not new_falcon and raw.get("multi_query"):
+        return 1
+    for key in KV_HEAD_FIELDS:
+        value = raw.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise BadInput(f"{source}: {key}={value!r} must be a positive integer (the number of KV heads).")
+            return value
+    return heads
+
+
 # Families whose published configs set ``sliding_window`` without saying which layers use it, and
 # how transformers reads them (their modeling / configuration code, not a guess):
 INTERLEAVED_EVERY_OTHER = ("gemma2",)  # layer i slides when i is even (transformers' Gemma2: (i + 1) % 2)
 PATTERNED = {"gemma3": 6, "gemma3_text": 6}  # full when (i + 1) % sliding_window_pattern == 0; its default
-SLIDE_EVERY_LAYER = ("mistral", "mixtral")  # one window for every layer
 CHUNKED_FAMILIES = {"llama4": 4, "llama4_text": 4}  # RoPE layers chunked; no_rope_layer_interval's default
 
 
@@ -157,11 +177,11 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
       absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
     - Gemma-2: layers alternate, starting with a sliding one;
-    - Mistral / Mixtral: one window for every layer.
-
-    A ``sliding_window`` in any other config says nothing about which layers use it: refused
-    (exit 2) rather than guessed, since every layer sliding and none sliding differ by 10x in
-    capacity.
+    - Mistral / Mixtral, Phi-3, Starcoder2 and any other family: one window for every layer, as
+      vLLM reads a ``sliding_window`` that nothing else qualifies (its attention layers all take
+      the config's window unless the model's own code interleaves them, which the families above
+      cover). Phi-3-mini-4k publishes ``sliding_window: 2047`` and no pattern: vLLM serves it with
+      every layer sliding.
     """
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
@@ -189,16 +209,7 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
     if model_type in INTERLEAVED_EVERY_OTHER:
         return tuple(window if i % 2 == 0 else None for i in range(layers))
-    if model_type in SLIDE_EVERY_LAYER:
-        return (window,) * layers
-    raise BadInput(
-        f"{source}: sliding_window={window} is set but which layers use it cannot be known: model_type "
-        f"{model_type or '(none)'!r} has no layer_types, use_sliding_window or sliding_window_pattern, and its "
-        "family's convention is not one gpubench knows. Allowed: add layer_types (one of \"sliding_attention\" / "
-        "\"full_attention\" per layer), or sliding_window_pattern P (every P-th layer full), or "
-        "use_sliding_window with max_window_layers; known families: "
-        f"{', '.join(INTERLEAVED_EVERY_OTHER + tuple(PATTERNED) + SLIDE_EVERY_LAYER)}; or remove sliding_window "
-        "if no layer slides.")
+    return (window,) * layers  # Mistral, Mixtral, Phi-3, Starcoder2, ...: every layer, as vLLM reads it
 
 
 def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
