@@ -470,6 +470,19 @@ def test_serving_metrics_follow_vllm_definitions():
     assert serving_metrics(run, slo_ttft_ms=50, slo_tpot_ms=500)["slo_attained"] == 0.0
 
 
+def test_a_request_that_never_finished_keeps_the_duration_to_the_runs_end():
+    """vLLM's benchmark duration waits for every request: one with no output and no finish time
+    must not let the last other finish (0.4 s) end the duration early (the run lasted 3 s)."""
+    run = _run({0: [1, 2, 3], 1: []}, requests=[
+        RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4),
+        RequestTimes(1, 0.2, 6, 1, [], None),
+    ], timeline=Timeline(t_s=[0.1, 0.2], running=[1, 2], waiting=[0, 0], live_bytes=[50, 100],
+                         reserved_bytes=[100, 400], step_tokens=[10, 7]), duration_s=3.0)
+    m = serving_metrics(run, slo_ttft_ms=150, slo_tpot_ms=500)
+    assert m["duration_s"] == pytest.approx(3.0) and m["completed"] == 1
+    assert m["output_tokens_per_s"] == pytest.approx(3 / 3.0)
+
+
 def test_technique_metrics_are_medians_over_the_timed_runs_not_the_checked_one():
     """Scalars are the median over the timed calls' recorded runs; the series come from the run
     of median duration; the checked call's output (here a far slower run) is never read."""

@@ -136,12 +136,14 @@ def test_goodput_agrees_with_vllms_rule_on_thousands_of_requests_near_the_slo():
 
 def test_a_request_with_no_output_tokens_is_failed_not_an_error():
     """vLLM's client marks a request that never got a token as failed: not completed, no latency,
-    not good. Here it must not raise (it did: TypeError), and the others are counted as before."""
+    not good. Here it must not raise (it did: TypeError), and the others are counted as before; it
+    never finished, so the duration runs to the run's end (1 s), not to the other's finish (issue 34)."""
     ok = _times(0.1, [0.2, 0.3], 0.3)
     empty = RequestTimes(0, 0.15, 4, 0, [], None)
-    m = serving_metrics(_run([ok, empty]), slo_ttft_ms=1e9, slo_tpot_ms=1e9)
-    assert m["requests"] == 2 and m["completed"] == 1
-    assert m["request_throughput"] == pytest.approx(1 / 0.3) and m["goodput_requests_per_s"] == pytest.approx(1 / 0.3)
+    run = _run([ok, empty])
+    m = serving_metrics(run, slo_ttft_ms=1e9, slo_tpot_ms=1e9)
+    assert m["requests"] == 2 and m["completed"] == 1 and m["duration_s"] == run.duration_s == 1.0
+    assert m["request_throughput"] == pytest.approx(1 / 1.0) and m["goodput_requests_per_s"] == pytest.approx(1 / 1.0)
     assert m["mean_ttft_ms"] == pytest.approx(100.0) and m["slo_attained"] == 0.5
     nothing = serving_metrics(_run([RequestTimes(0, 0.0, 4, 0, [], None)]), 1e9, 1e9)
     assert nothing["completed"] == 0 and nothing["mean_ttft_ms"] is None

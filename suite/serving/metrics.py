@@ -81,8 +81,10 @@ def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> 
     kv_budget_used is the most reserved over the budget."""
     reqs, done = run.requests, completed(run)
     finishes = [r.finish_s for r in reqs if r.finish_s is not None]
-    # every time is measured from the run's start
-    duration = max(finishes) if finishes else run.duration_s
+    # every time is measured from the run's start. A request that never finished (no output, no
+    # finish time) was in the system until the run ended: vLLM's benchmark duration waits for every
+    # request, so the last finish alone would end the duration early and inflate every throughput.
+    duration = max(finishes) if finishes and len(finishes) == len(reqs) else max([*finishes, run.duration_s])
     lat = latencies_s(run)
     good = sum(is_good(r, slo_ttft_ms, slo_tpot_ms) for r in done)
     out_tokens = sum(len(r.token_times_s) for r in done)
