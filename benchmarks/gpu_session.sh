@@ -133,9 +133,9 @@ part() {  # part NAME MAX_S FUNCTION: FUNCTION's commands run inside the part's 
   ((limit > max)) && limit=$max
   if ((limit < MIN_PART_S)); then log "$name: not started ($(left) s of the deadline left)"; return; fi
   CUR=$name; DIR=$SCRATCH/$name; mkdir -p "$DIR"; PART_END=$((SECONDS + limit))
-  log "$name: started, limit $limit s"
   echo "$name: started at $((SECONDS - T0)) s of the session, limit $limit s" > "$DIR/log.txt"
-  pack "$name" "$DIR"  # a part that started always leaves its tarball
+  pack "$name" "$DIR"  # a part the log calls started has its tarball already, whatever kills the script
+  log "$name: started, limit $limit s"
   (while sleep "$SNAPSHOT_S"; do pack "$name" "$DIR"; done) &
   SNAP=$!
   "$fn" >> "$DIR/log.txt" 2>&1 &
