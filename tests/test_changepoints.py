@@ -74,9 +74,11 @@ def test_only_time_and_the_cases_gate_metric_have_a_direction():
         cp.lower_is_better("tokens_per_s", None)
 
 
-def test_without_otava_the_error_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(sys.modules, "otava.change_point_divisive.calculator", None)
-    with pytest.raises(BadInput, match="pip install --no-deps apache-otava==0.8.0"):
+@pytest.mark.parametrize("missing", ["otava.analysis", "scipy.stats"])
+def test_without_otava_or_scipy_the_error_names_the_install_command(monkeypatch, missing):
+    monkeypatch.delitem(sys.modules, "otava.analysis", raising=False)
+    monkeypatch.setitem(sys.modules, missing, None)
+    with pytest.raises(BadInput, match=r"pip install --no-deps apache-otava==0\.8\.0 scipy"):
         cp.change_indices([1.0] * 10)
 
 
