@@ -15,10 +15,13 @@ first, hid a +25% step found once 14 or 15 runs were stored but not 13 or 16; no
 permutations can name a level of 2 runs out of 10 at p <= 0.01 anyway (a given 2 of 10 are the 2
 highest with probability 1/45).
 
-**A level holds at least :data:`MIN_LEVEL` runs.** A run that forms a level of its own (a
-warm-up outlier, one run on a loaded machine, the newest run while nothing after it says whether
-it starts a level) is set aside and the search is repeated without it, so it neither becomes a
-change point nor hides one. Its figure stays in the history (the segments' medians, the charts).
+**A level holds at least :data:`MIN_LEVEL` runs.** A run that stands alone (a warm-up outlier,
+one run on a loaded machine: :func:`lone_runs`, far from the runs on both sides of it) is set
+aside before the search, and a run that the search makes a level of its own (the newest run,
+while nothing after it says whether it starts a level) is set aside and the search repeated
+without it, so it neither becomes a change point nor hides one (Otava's search, like E-Divisive's,
+stops at the first split that fails its test, and a lone run is often the split tested first).
+Its figure stays in the history (the charts), not in the medians of the levels beside it.
 
 Each change point is reported with the run (and commit) where the new level starts, its magnitude
 (the relative change of the median run figure, segment after / segment before - 1, segments bounded
@@ -37,7 +40,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -49,6 +52,8 @@ MAX_PVALUE = 0.0001
 WINDOW = 50  # Otava's split pass: runs per window (half a window's step)
 MIN_LEVEL = 2  # runs a level needs; a run alone between two levels is set aside
 MIN_RUNS = 4  # fewer runs than this: no two levels of MIN_LEVEL runs to tell apart
+OUTLIER_K = 5.0  # a run this many robust SDs of the run-to-run moves from its neighbours on both sides stands alone
+NEIGHBOURS = 3
 SEED = 0  # the bootstrap CI of each change point's magnitude
 METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
           f"a level holds {MIN_LEVEL} runs or more")
@@ -86,11 +91,33 @@ def _levels(series: list[float], max_pvalue: float) -> list[tuple[int, float]]:
             if not math.isnan(c.stats.pvalue) and c.stats.pvalue <= max_pvalue]
 
 
+def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int = NEIGHBOURS) -> list[int]:
+    """The indices of runs that stand alone: farther than ``k`` robust standard deviations of the
+    run-to-run moves (1.4826 MAD of successive differences / sqrt 2) from the median of the
+    ``neighbours`` runs before them and, the same way, from that of the ``neighbours`` after (a
+    Hampel identifier taken on each side, so the first run of a new level, near the runs after it,
+    is never one). The first run is judged by the runs after it alone (a cold start); the last
+    never is (only the runs after it can say whether it starts a level)."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < MIN_RUNS:
+        return []
+    moves = np.diff(x)
+    sigma = 1.4826 * float(np.median(np.abs(moves - np.median(moves)))) / math.sqrt(2)
+    out = []
+    for i in range(len(x) - 1):
+        sides = [side for side in (x[max(0, i - neighbours):i], x[i + 1:i + 1 + neighbours]) if len(side)]
+        away = [float(x[i] - np.median(side)) for side in sides]
+        if all(abs(a) > k * sigma for a in away) and (all(a > 0 for a in away) or all(a < 0 for a in away)):
+            out.append(i)
+    return out
+
+
 def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE) -> Detection:
     """The change points of ``values`` (run figures in run order) and the runs set aside."""
     figures = [float(v) for v in values]
     logs = [math.log(v) for v in figures] if figures and min(figures) > 0 else figures
-    kept = list(range(len(figures)))
+    lone = set(lone_runs(logs))
+    kept = [i for i in range(len(figures)) if i not in lone]
     while len(kept) >= MIN_RUNS:
         found = _levels([logs[i] for i in kept], max_pvalue)
         cuts = [0, *(i for i, _ in found), len(kept)]
@@ -195,10 +222,11 @@ def case_metric(case: HistoryCase) -> str:
 
 
 def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence[str] | None = None,
-                   branch: str | None = None, max_pvalue: float = MAX_PVALUE,
-                   seed: int = SEED) -> list[CaseHistory]:
+                   branch: str | None = None, max_pvalue: float = MAX_PVALUE, seed: int = SEED,
+                   keep: Callable[[list[Point]], list[Point]] | None = None) -> list[CaseHistory]:
     """Every (case, variant) of ``device_model``'s history (or of ``case_ids``) with its change
-    points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run."""
+    points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run;
+    ``keep``: the runs of each series to read (the history gate: those before the run judged)."""
     out = []
     for case in store.cases(device_model):
         if case_ids is not None and case.case_id not in case_ids:
@@ -207,6 +235,7 @@ def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence
         lower = lower_is_better(metric, case.gate_metric)
         for variant, _role in case.variants:
             points = store.series(device_model, case.case_id, variant, metric, branch=branch)
+            points = keep(points) if keep is not None else points
             if not points:
                 continue
             changes = change_points(points, lower_better=lower, max_pvalue=max_pvalue, seed=seed)
