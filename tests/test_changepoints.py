@@ -292,3 +292,31 @@ def test_two_steps_are_both_named_and_kept_as_runs_are_added():
     values[13:] *= 1.15
     for n in range(17, 21):  # the second (+15%) from 4 runs on, at p <= 0.0001
         assert [i for i, _ in cp.change_indices(values[:n])] == [6, 13], n
+
+
+def test_a_change_found_with_fewer_runs_stays_while_the_runs_still_hold_it():
+    """A +25% step under 5% heavy-tailed moves: found at p <= 0.0001 with 15 runs stored; the 16th
+    run leaves it at p <= 0.001 only. It stays (it was lost before: found, then not)."""
+    values = noisy_values(22, 16, 0.05)
+    values[8:] *= 1.25
+    assert [i for i, _ in cp.detect(values[:15]).changes] == [8]
+    assert [i for i, _ in cp.detect(values, keep_found=False).changes] == []
+    ((index, pvalue),) = cp.detect(values).changes
+    assert index == 8 and cp.MAX_PVALUE < pvalue <= cp.MAX_PVALUE * cp.KEEP_FACTOR
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_a_change_the_later_runs_undo_is_dropped(seed):
+    """Runs 9 and 10 25% slower, then back: a level of 2 runs with 10 stored, none from 11 on."""
+    values = history_values(seed, 16)
+    values[8:10] *= 1.25
+    assert [i for i, _ in cp.detect(values[:10]).changes] == [8]
+    assert [n for n in range(11, 17) if cp.detect(values[:n]).changes] == []
+
+
+def test_a_new_level_s_first_run_overshooting_it_is_where_the_change_starts():
+    """Run 9 overshoots the new level (+34% then +19%, +14%, +26%...): set aside as a lone run with
+    14 stored, but the change still starts at run 9, not 10."""
+    values = noisy_values(39, 16, 0.03)
+    values[8:] *= 1.25
+    assert [[i for i, _ in cp.detect(values[:n]).changes] for n in range(11, 17)] == [[8]] * 6

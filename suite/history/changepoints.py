@@ -21,7 +21,12 @@ aside before the search, and a run that the search makes a level of its own (the
 while nothing after it says whether it starts a level) is set aside and the search repeated
 without it, so it neither becomes a change point nor hides one (Otava's search, like E-Divisive's,
 stops at the first split that fails its test, and a lone run is often the split tested first).
-Its figure stays in the history (the charts), not in the medians of the levels beside it.
+Its figure stays in the history (the charts), not in the medians of the levels beside it; a
+change point right after set-aside runs nearer the new level starts at the first of them.
+
+**A change found stays found unless the data says otherwise** (:func:`detect`, ``keep_found``):
+one found at p <= ``max_pvalue`` with fewer runs stored stays while all the runs still hold it at
+:data:`KEEP_FACTOR` x ``max_pvalue``; runs that return to the old level drop it.
 
 Each change point is reported with the run (and commit) where the new level starts, its magnitude
 (the relative change of the median run figure, segment after / segment before - 1, segments bounded
@@ -54,6 +59,7 @@ MIN_LEVEL = 2  # runs a level needs; a run alone between two levels is set aside
 MIN_RUNS = 4  # fewer runs than this: no two levels of MIN_LEVEL runs to tell apart
 OUTLIER_K = 5.0  # a run this many robust SDs of the run-to-run moves from its neighbours on both sides stands alone
 NEIGHBOURS = 3
+KEEP_FACTOR = 10  # a change point found with fewer runs stays while all the runs hold it at 10 x max_pvalue
 SEED = 0  # the bootstrap CI of each change point's magnitude
 METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
           f"a level holds {MIN_LEVEL} runs or more")
@@ -112,20 +118,59 @@ def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int 
     return out
 
 
-def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE) -> Detection:
-    """The change points of ``values`` (run figures in run order) and the runs set aside."""
-    figures = [float(v) for v in values]
-    logs = [math.log(v) for v in figures] if figures and min(figures) > 0 else figures
+def _search(logs: Sequence[float], max_pvalue: float) -> Detection:
+    """Otava's change points of ``logs`` at ``max_pvalue``, lone runs and one-run levels set aside."""
     lone = set(lone_runs(logs))
-    kept = [i for i in range(len(figures)) if i not in lone]
+    kept = [i for i in range(len(logs)) if i not in lone]
     while len(kept) >= MIN_RUNS:
         found = _levels([logs[i] for i in kept], max_pvalue)
         cuts = [0, *(i for i, _ in found), len(kept)]
-        lone = next(((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b - a < MIN_LEVEL), None)
-        if lone is None:
-            return Detection(tuple((kept[i], p) for i, p in found), tuple(sorted(set(range(len(figures))) - set(kept))))
-        del kept[lone[0]:lone[1]]  # a level of one run: set it aside and look again without it
-    return Detection((), tuple(sorted(set(range(len(figures))) - set(kept))) if len(figures) >= MIN_RUNS else ())
+        alone = next(((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b - a < MIN_LEVEL), None)
+        if alone is None:
+            return Detection(_boundaries(logs, kept, found), tuple(sorted(set(range(len(logs))) - set(kept))))
+        del kept[alone[0]:alone[1]]  # a level of one run: set it aside and look again without it
+    return Detection((), tuple(sorted(set(range(len(logs))) - set(kept))) if len(logs) >= MIN_RUNS else ())
+
+
+def _boundaries(logs: Sequence[float], kept: list[int], found: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """``found`` (indices into ``kept``) as indices into ``logs``; a change point whose runs just
+    before it were set aside starts at the first of them nearer the new level's median than the
+    old one's (the first run of a new level, overshooting it, is where the change came in)."""
+    cuts = [0, *(i for i, _ in found), len(kept)]
+    out = []
+    for k, (i, p) in enumerate(found):
+        old = float(np.median([logs[j] for j in kept[cuts[k]:cuts[k + 1]]]))
+        new = float(np.median([logs[j] for j in kept[cuts[k + 1]:cuts[k + 2]]]))
+        start = kept[i]
+        while start - 1 > kept[i - 1] and abs(logs[start - 1] - new) < abs(logs[start - 1] - old):
+            start -= 1
+        out.append((start, p))
+    return tuple(out)
+
+
+def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_found: bool = True) -> Detection:
+    """The change points of ``values`` (run figures in run order) and the runs set aside.
+
+    ``keep_found``: a change point found at p <= ``max_pvalue`` with fewer runs stored (a prefix
+    of ``values``) stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue``
+    (its p-value is then that one): one more run of noise does not undo a change, only runs that
+    make it doubtful do."""
+    figures = [float(v) for v in values]
+    logs = [math.log(v) for v in figures] if figures and min(figures) > 0 else figures
+    strict = _search(logs, max_pvalue)
+    if not keep_found or len(logs) <= MIN_RUNS:
+        return strict
+    held = {i for i, _ in strict.changes}
+    extra = []
+    for i, p in _search(logs, max_pvalue * KEEP_FACTOR).changes:
+        if i in held or any(abs(i - j) < MIN_LEVEL for j in held | {k for k, _ in extra}):
+            continue
+        if any(i in {j for j, _ in _search(logs[:n], max_pvalue).changes} for n in range(i + MIN_LEVEL, len(logs))):
+            extra.append((i, p))
+    if not extra:
+        return strict
+    changes = tuple(sorted((*strict.changes, *extra)))
+    return Detection(changes, tuple(i for i in strict.set_aside if i not in {j for j, _ in changes}))
 
 
 def change_indices(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE) -> list[tuple[int, float]]:
