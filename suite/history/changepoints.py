@@ -152,7 +152,8 @@ def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_foun
     """The change points of ``values`` (run figures in run order) and the runs set aside.
 
     ``keep_found``: a change point found at p <= ``max_pvalue`` with fewer runs stored (a prefix
-    of ``values``) stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue``
+    of ``values``, up to :data:`WINDOW` runs after the change, read from :data:`WINDOW` runs before
+    it) stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue``
     (its p-value is then that one): one more run of noise does not undo a change, only runs that
     make it doubtful do."""
     figures = [float(v) for v in values]
@@ -165,7 +166,10 @@ def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_foun
     for i, p in _search(logs, max_pvalue * KEEP_FACTOR).changes:
         if i in held or any(abs(i - j) < MIN_LEVEL for j in held | {k for k, _ in extra}):
             continue
-        if any(i in {j for j, _ in _search(logs[:n], max_pvalue).changes} for n in range(i + MIN_LEVEL, len(logs))):
+        # Fewer runs stored: up to a window's worth after the change, from a window's worth before it.
+        lo = max(0, i - WINDOW)
+        if any(i - lo in {j for j, _ in _search(logs[lo:n], max_pvalue).changes}
+               for n in range(i + MIN_LEVEL, min(len(logs), i + WINDOW))):
             extra.append((i, p))
     if not extra:
         return strict
