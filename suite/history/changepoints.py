@@ -132,7 +132,8 @@ def _search(logs: Sequence[float], max_pvalue: float) -> Detection:
     return Detection((), tuple(sorted(set(range(len(logs))) - set(kept))) if len(logs) >= MIN_RUNS else ())
 
 
-def _boundaries(logs: Sequence[float], kept: list[int], found: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+def _boundaries(logs: Sequence[float], kept: list[int],
+                found: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
     """``found`` (indices into ``kept``) as indices into ``logs``; a change point whose runs just
     before it were set aside starts at the first of them nearer the new level's median than the
     old one's (the first run of a new level, overshooting it, is where the change came in)."""

@@ -237,7 +237,8 @@ def regressions_since(histories: Sequence[changepoints.CaseHistory], since: Sinc
     return [r for r in changes_since(histories, since) if r.change.kind == "regression"]
 
 
-def histories_before(store: HistoryStore, rows: Sequence[ResultRow], branch: str | None) -> list[changepoints.CaseHistory]:
+def histories_before(store: HistoryStore, rows: Sequence[ResultRow],
+                     branch: str | None) -> list[changepoints.CaseHistory]:
     """The case histories of ``rows``' run's device model (``rows``: one run, one device model),
     each cut before that run as :func:`before` cuts a level: the runs ``--since`` lists change
     points of are those each case's level was read from, so both name the same change points."""
