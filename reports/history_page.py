@@ -115,8 +115,7 @@ def page_context(page: PageInput) -> dict[str, Any]:
     return {"model": page.device_model, "where": page.where, "rows": table, "techniques": sections,
             "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]],
             "runs": len(runs), "remote": links.shown(page.remote) if page.remote else None, "linked": base is not None, "css": report_css(),
-            "method": (f"E-Divisive means (Apache Otava), p <= {changepoints.MAX_PVALUE} over "
-                       f"{changepoints.PERMUTATIONS} seeded permutations"),
+            "method": changepoints.METHOD,
             "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 

@@ -115,7 +115,7 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
 
     from gpubench import history
     from gpubench.cli_history import pick_branch
-    from gpubench.history import changepoints, judge
+    from gpubench.history import judge
     from gpubench.history import since as since_mod
 
     rows = history.rows_of_file(current)
@@ -129,11 +129,13 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
             verdicts += judge.judge_run(opened, [r for r in rows if r.device_model == model], threshold,
                                         branch=branches[model])
         if since:
+            # The runs before CURRENT, as each case's level is read: the change points listed are
+            # those the levels start at (runs stored after CURRENT never judge it).
             histories = [h for model, branch in branches.items()
-                         for h in changepoints.case_histories(opened, model, branch=branch)]
+                         for h in judge.histories_before(opened, [r for r in rows if r.device_model == model], branch)]
             start = since_mod.resolve(since, [p for h in histories for p in h.points],
                                       where=f"{opened.where} ({_on(branches)})")
-            found = judge.regressions_since(histories, start)
+            found = judge.changes_since(histories, start)
     if markdown_path is not None:
         from gpubench.atomic import atomic_write_text
 
@@ -143,7 +145,11 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
                                "since": None if start is None else {"text": start.text, "how": start.how,
                                                                     "commit": start.commit},
                                "regressions_since": [{**asdict(r.change), "case_id": r.case_id,
-                                                      "variant": r.variant} for r in found]}, indent=2))
+                                                      "variant": r.variant} for r in found
+                                                     if r.change.kind == "regression"],
+                               "improvements_since": [{**asdict(r.change), "case_id": r.case_id,
+                                                       "variant": r.variant} for r in found
+                                                      if r.change.kind == "improvement"]}, indent=2))
     else:
         _print_history_verdicts(opened.where, threshold, branches, verdicts, start, found)
     return 1 if any(v.verdict == "regressed" for v in verdicts) else 0
@@ -158,9 +164,12 @@ def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
     lines += [f"| {v.verdict} | `{v.case_id}` | {v.variant} | {v.metric} | {v.reason} | {(v.since_commit or '')[:12]} |"
               for v in verdicts]
     if start is not None:
-        lines += ["", f"Regressions since {start.describe()}: {len(found) or 'none'}"]
-        lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                  f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})" for r in found]
+        for kind in ("regression", "improvement"):
+            listed = [r for r in found if r.change.kind == kind]
+            lines += ["", f"{kind.capitalize()}s since {start.describe()}: {len(listed) or 'none'}"]
+            lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                      f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})"
+                      for r in listed]
     return "\n".join(lines) + "\n"
 
 
@@ -179,10 +188,12 @@ def _print_history_verdicts(where, threshold, branches, verdicts, start, found) 
         click.echo(f"{v.verdict:>12}  {v.case_id} [{v.variant}, {v.metric}]: {v.reason}"
                    + (f" (level since {v.since_commit[:12]})" if v.since_commit else ""))
     if start is not None:
-        click.echo(f"regressions since {start.describe()}: {len(found) or 'none'}")
-        for r in found:
-            click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                       f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
+        for kind in ("regression", "improvement"):
+            listed = [r for r in found if r.change.kind == kind]
+            click.echo(f"{kind}s since {start.describe()}: {len(listed) or 'none'}")
+            for r in listed:
+                click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
+                           f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
 
 
 @click.group(name="baseline")

@@ -47,8 +47,8 @@ BRANCH_HELP = ("The branch whose runs to read (default: main, else master, else 
 def history_group(ctx: click.Context, store: str | None, device_model: str | None, branch: str | None) -> None:
     """The history store: every run's results, kept across runs (one row per run, case and variant).
 
-    Alone: a table of the cases of one device model with their latest change point (E-Divisive
-    means, p <= 0.01 over 100 seeded permutations): the commit where it starts, its magnitude
+    Alone: a table of the cases of one device model with their latest change point (Apache
+    Otava's E-Divisive means and t-test, p <= 0.0001): the commit where it starts, its magnitude
     [95% CI], regression or improvement, over one branch's runs (a pull request's runs never move
     main's). gpubench history [--store PATH|URL] [--device MODEL] [--branch NAME]
 

@@ -1,23 +1,51 @@
 """Change points over a case's history: where, run by run, a case's figure moved to a new level.
 
-E-Divisive means (Matteson & James 2014; the method MongoDB's performance CI adopted, Daly et al.,
-ICPE 2020) in Apache Otava 0.8.0's implementation, with its permutation significance test: a
-change point is kept when at most ``max_pvalue`` of ``permutations`` shuffles of its segment give
-as large a divergence. Defaults: p <= 0.01 over 100 permutations, seed 0 (the same history always
-gives the same change points). Otava is installed without its dependencies (only numpy is used):
-``pip install --no-deps apache-otava==0.8.0``; its internal classes are pinned to that version.
+Apache Otava 0.8.0's change point detection as Otava itself runs it (Fleming et al., "Hunter",
+ICPE 2023): E-Divisive means (Matteson & James 2014) proposes where a series splits, and Student's
+t-test on the two sides decides whether the split is kept; a split pass over windows of
+:data:`WINDOW` runs keeps weak change points at 10 x ``max_pvalue``, then a merge pass drops the
+weakest until every one left has p <= ``max_pvalue`` against its neighbouring levels. The test is
+on the logarithm of each run's figure (a level moves by a factor: +25% and -20% weigh the same),
+or on the figure itself where one is 0 or less. Default: p <= 0.0001 (:data:`MAX_PVALUE`). It is
+deterministic (no permutations, no seed: the same history always gives the same change points).
+
+Why not E-Divisive's permutation test (used before, p <= 0.01 over 100 permutations): its greedy
+search stops at the first split that fails its test, so a first run's warm-up outlier, tested
+first, hid a +25% step found once 14 or 15 runs were stored but not 13 or 16; no test on ranks or
+permutations can name a level of 2 runs out of 10 at p <= 0.01 anyway (a given 2 of 10 are the 2
+highest with probability 1/45).
+
+**A level holds at least :data:`MIN_LEVEL` runs.** A run that stands alone (a warm-up outlier,
+one run on a loaded machine: :func:`lone_runs`, far from the runs on both sides of it) is set
+aside before the search, and a run that the search makes a level of its own (the newest run,
+while nothing after it says whether it starts a level) is set aside and the search repeated
+without it, so it neither becomes a change point nor hides one (Otava's search, like E-Divisive's,
+stops at the first split that fails its test, and a lone run is often the split tested first).
+Its figure stays in the history (the charts), not in the medians of the levels beside it; a
+change point right after set-aside runs nearer the new level starts at the first of them.
+
+**A change found stays found unless the data says otherwise** (:func:`detect`, ``keep_found``):
+one found at p <= ``max_pvalue`` with fewer runs stored stays while all the runs still hold it at
+:data:`KEEP_FACTOR` x ``max_pvalue``; runs that return to the old level drop it.
 
 Each change point is reported with the run (and commit) where the new level starts, its magnitude
 (the relative change of the median run figure, segment after / segment before - 1, segments bounded
-by the neighbouring change points) with a bootstrap 95% CI (:func:`gpubench.stats.bootstrap_ratio_ci`
-over the two segments' run figures), and whether it is a regression or an improvement. Direction:
-time is lower-is-better; a technique's ``gate_metric`` is lower-is-better by the technique contract
-(``gpubench.contract.Technique.gate_metric``: "per call, lower is better"); no other metric is read.
+by the neighbouring change points, set-aside runs left out) with a bootstrap 95% CI
+(:func:`gpubench.stats.bootstrap_ratio_ci` over the two segments' run figures), and whether it is
+a regression or an improvement. Direction: time is lower-is-better; a technique's ``gate_metric``
+is lower-is-better by the technique contract (``gpubench.contract.Technique.gate_metric``: "per
+call, lower is better"); no other metric is read.
+
+Otava is installed without its dependencies (its pins would downgrade numpy); it needs numpy and
+scipy (its t-test): ``pip install --no-deps apache-otava==0.8.0`` and scipy, a dependency of
+gpubench.
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -25,35 +53,137 @@ from gpubench import stats
 from gpubench.errors import BadInput
 from gpubench.history.store import HistoryCase, HistoryStore, Point
 
-MAX_PVALUE = 0.01
-PERMUTATIONS = 100
-SEED = 0
-MIN_RUNS = 4  # fewer runs than this: no change point can be significant at p <= 0.01 anyway
-INSTALL = "pip install --no-deps apache-otava==0.8.0"
+MAX_PVALUE = 0.0001
+WINDOW = 50  # Otava's split pass: runs per window (half a window's step)
+MIN_LEVEL = 2  # runs a level needs; a run alone between two levels is set aside
+MIN_RUNS = 4  # fewer runs than this: no two levels of MIN_LEVEL runs to tell apart
+OUTLIER_K = 5.0  # a run this many robust SDs of the run-to-run moves from its neighbours on both sides stands alone
+NEIGHBOURS = 3
+KEEP_FACTOR = 10  # a change point found with fewer runs stays while all the runs hold it at 10 x max_pvalue
+SEED = 0  # the bootstrap CI of each change point's magnitude
+METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
+          f"a level holds {MIN_LEVEL} runs or more")
+INSTALL = "pip install --no-deps apache-otava==0.8.0 scipy"
 
 
-def _otava() -> tuple[Any, Any, Any]:
-    """Otava's E-Divisive classes, imported when first needed (BadInput, exit 2, naming the install)."""
+def _otava() -> tuple[Any, Any]:
+    """Otava's split and merge passes, imported when first needed (BadInput, exit 2, naming the install)."""
     try:
-        from otava.change_point_divisive.calculator import PairDistanceCalculator
-        from otava.change_point_divisive.detector import ChangePointDetector
-        from otava.change_point_divisive.significance_test import PermutationsSignificanceTester
-    except ImportError:
-        raise BadInput(f"change points need Apache Otava's E-Divisive means, which is not installed: {INSTALL} "
-                       f"(numpy is all it needs here; --no-deps keeps its other dependencies out).") from None
-    return PairDistanceCalculator, ChangePointDetector, PermutationsSignificanceTester
+        from otava.analysis import merge, split
+    except ImportError as exc:
+        raise BadInput(f"change points need Apache Otava's change point detection, which is not installed "
+                       f"({exc}): {INSTALL} (numpy and scipy are all it needs here; --no-deps keeps its other "
+                       f"dependencies out).") from None
+    return split, merge
 
 
-def change_indices(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, permutations: int = PERMUTATIONS,
-                   seed: int = SEED) -> list[tuple[int, float]]:
+@dataclass(frozen=True)
+class Detection:
+    """Where ``values`` change level: (index of the new level's first value, p-value) by index,
+    and the indices of the values set aside as levels of one run."""
+
+    changes: tuple[tuple[int, float], ...]
+    set_aside: tuple[int, ...]
+
+
+def _levels(series: list[float], max_pvalue: float) -> list[tuple[int, float]]:
+    split, merge = _otava()
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a level of equal figures: a t-test of no spread
+        # A list, not an array: Otava 0.8.0 slices a window only out of a sequence that is not one.
+        weak = split(series, WINDOW, min(max_pvalue * 10, 0.5))
+        found = merge(weak, series, max_pvalue, 0.0)
+    return [(int(c.index), float(c.stats.pvalue)) for c in found
+            if not math.isnan(c.stats.pvalue) and c.stats.pvalue <= max_pvalue]
+
+
+def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int = NEIGHBOURS) -> list[int]:
+    """The indices of runs that stand alone: farther than ``k`` robust standard deviations of the
+    run-to-run moves (1.4826 MAD of successive differences / sqrt 2) from the median of the
+    ``neighbours`` runs before them and, the same way, from that of the ``neighbours`` after (a
+    Hampel identifier taken on each side, so the first run of a new level, near the runs after it,
+    is never one). The first run is judged by the runs after it alone (a cold start); the last
+    never is (only the runs after it can say whether it starts a level)."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) < MIN_RUNS:
+        return []
+    moves = np.diff(x)
+    sigma = 1.4826 * float(np.median(np.abs(moves - np.median(moves)))) / math.sqrt(2)
+    out = []
+    for i in range(len(x) - 1):
+        sides = [side for side in (x[max(0, i - neighbours):i], x[i + 1:i + 1 + neighbours]) if len(side)]
+        away = [float(x[i] - np.median(side)) for side in sides]
+        if all(abs(a) > k * sigma for a in away) and (all(a > 0 for a in away) or all(a < 0 for a in away)):
+            out.append(i)
+    return out
+
+
+def _search(logs: Sequence[float], max_pvalue: float) -> Detection:
+    """Otava's change points of ``logs`` at ``max_pvalue``, lone runs and one-run levels set aside."""
+    lone = set(lone_runs(logs))
+    kept = [i for i in range(len(logs)) if i not in lone]
+    while len(kept) >= MIN_RUNS:
+        found = _levels([logs[i] for i in kept], max_pvalue)
+        cuts = [0, *(i for i, _ in found), len(kept)]
+        alone = next(((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b - a < MIN_LEVEL), None)
+        if alone is None:
+            return Detection(_boundaries(logs, kept, found), tuple(sorted(set(range(len(logs))) - set(kept))))
+        del kept[alone[0]:alone[1]]  # a level of one run: set it aside and look again without it
+    return Detection((), tuple(sorted(set(range(len(logs))) - set(kept))) if len(logs) >= MIN_RUNS else ())
+
+
+def _boundaries(logs: Sequence[float], kept: list[int],
+                found: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """``found`` (indices into ``kept``) as indices into ``logs``; a change point whose runs just
+    before it were set aside starts at the first of them nearer the new level's median than the
+    old one's (the first run of a new level, overshooting it, is where the change came in)."""
+    cuts = [0, *(i for i, _ in found), len(kept)]
+    out = []
+    for k, (i, p) in enumerate(found):
+        old = float(np.median([logs[j] for j in kept[cuts[k]:cuts[k + 1]]]))
+        new = float(np.median([logs[j] for j in kept[cuts[k + 1]:cuts[k + 2]]]))
+        start = kept[i]
+        while start - 1 > kept[i - 1] and abs(logs[start - 1] - new) < abs(logs[start - 1] - old):
+            start -= 1
+        out.append((start, p))
+    return tuple(out)
+
+
+def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_found: bool = True) -> Detection:
+    """The change points of ``values`` (run figures in run order) and the runs set aside.
+
+    ``keep_found``: a change point found at p <= ``max_pvalue`` with fewer runs stored (a prefix
+    of ``values``, up to :data:`WINDOW` runs after the change, read from :data:`WINDOW` runs before
+    it) stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue``
+    (its p-value is then that one): one more run of noise does not undo a change, only runs that
+    make it doubtful do."""
+    figures = [float(v) for v in values]
+    logs = [math.log(v) for v in figures] if figures and min(figures) > 0 else figures
+    strict = _search(logs, max_pvalue)
+    if not keep_found or len(logs) <= MIN_RUNS:
+        return strict
+    held = {i for i, _ in strict.changes}
+    extra = []
+    for i, p in _search(logs, max_pvalue * KEEP_FACTOR).changes:
+        if i in held or any(abs(i - j) < MIN_LEVEL for j in held | {k for k, _ in extra}):
+            continue
+        # Fewer runs stored: up to a window's worth after the change, from a window's worth before it.
+        lo = max(0, i - WINDOW)
+        if any(i - lo in {j for j, _ in _search(logs[lo:n], max_pvalue).changes}
+               for n in range(i + MIN_LEVEL, min(len(logs), i + WINDOW))):
+            extra.append((i, p))
+    if not extra:
+        return strict
+    changes = tuple(sorted((*strict.changes, *extra)))
+    return Detection(changes, tuple(i for i in strict.set_aside if i not in {j for j, _ in changes}))
+
+
+def change_indices(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE) -> list[tuple[int, float]]:
     """(index of the first value of the new level, p-value) of each significant change point in
     ``values``, by index."""
     if len(values) < MIN_RUNS:
         return []
-    calculator, detector, tester = _otava()
-    found = detector(tester(max_pvalue=max_pvalue, permutations=permutations, calculator=calculator, seed=seed),
-                     calculator).get_change_points(np.asarray(values, dtype=np.float64))
-    return sorted((int(cp.index), float(cp.stats.pvalue)) for cp in found)
+    return list(detect(values, max_pvalue=max_pvalue).changes)
 
 
 def lower_is_better(metric: str, gate_metric: str | None) -> bool:
@@ -111,14 +241,21 @@ def segment_bounds(n: int, indices: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
-                  permutations: int = PERMUTATIONS, seed: int = SEED) -> list[ChangePoint]:
+                  seed: int = SEED) -> list[ChangePoint]:
     """The change points of ``points`` (a case's figures in run order)."""
     values = [p.median for p in points]
-    found = change_indices(values, max_pvalue=max_pvalue, permutations=permutations, seed=seed)
-    bounds = segment_bounds(len(values), [i for i, _ in found])
+    if len(values) < MIN_RUNS:
+        return []
+    found = detect(values, max_pvalue=max_pvalue)
+    bounds = segment_bounds(len(values), [i for i, _ in found.changes])
+    aside = set(found.set_aside)
+
+    def level(k: int) -> list[float]:
+        return [values[i] for i in range(*bounds[k]) if i not in aside]
+
     out = []
-    for k, (index, pvalue) in enumerate(found):
-        before, after = values[bounds[k][0]:bounds[k][1]], values[bounds[k + 1][0]:bounds[k + 1][1]]
+    for k, (index, pvalue) in enumerate(found.changes):
+        before, after = level(k), level(k + 1)
         ci = stats.bootstrap_ratio_ci(after, before, seed=seed)
         worse = ci.ratio > 1.0 if lower_better else ci.ratio < 1.0
         point = points[index]
@@ -135,10 +272,11 @@ def case_metric(case: HistoryCase) -> str:
 
 
 def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence[str] | None = None,
-                   branch: str | None = None, max_pvalue: float = MAX_PVALUE, permutations: int = PERMUTATIONS,
-                   seed: int = SEED) -> list[CaseHistory]:
+                   branch: str | None = None, max_pvalue: float = MAX_PVALUE, seed: int = SEED,
+                   keep: Callable[[list[Point]], list[Point]] | None = None) -> list[CaseHistory]:
     """Every (case, variant) of ``device_model``'s history (or of ``case_ids``) with its change
-    points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run."""
+    points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run;
+    ``keep``: the runs of each series to read (the history gate: those before the run judged)."""
     out = []
     for case in store.cases(device_model):
         if case_ids is not None and case.case_id not in case_ids:
@@ -147,9 +285,9 @@ def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence
         lower = lower_is_better(metric, case.gate_metric)
         for variant, _role in case.variants:
             points = store.series(device_model, case.case_id, variant, metric, branch=branch)
+            points = keep(points) if keep is not None else points
             if not points:
                 continue
-            changes = change_points(points, lower_better=lower, max_pvalue=max_pvalue, permutations=permutations,
-                                    seed=seed)
+            changes = change_points(points, lower_better=lower, max_pvalue=max_pvalue, seed=seed)
             out.append(CaseHistory(device_model, case.case_id, variant, metric, tuple(points), tuple(changes)))
     return out

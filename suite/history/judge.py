@@ -3,7 +3,9 @@ point (same device model), not against one baseline run.
 
 Rule: for each case, the optimized variant's figure (its median time, or the case's gate_metric)
 is compared with the runs of the current level, i.e. the store's runs of that case and variant
-after the latest change point (:mod:`gpubench.history.changepoints`), the run itself left out.
+**before the run judged** (in run order: start time, then run id; where the store holds the run,
+its place there) after the latest change point among them (:mod:`gpubench.history.changepoints`).
+Runs stored after it never judge it: an old run reads as it read when it was new.
 With fewer than :data:`MIN_RUNS` such runs the case is **inconclusive**. Otherwise it **regressed**
 when the figure lies above the level's bootstrap 95% CI of the median run figure widened by the
 threshold (figure > ci_high x (1 + threshold)), **improved** below ci_low x (1 - threshold), and
@@ -18,6 +20,11 @@ runs, by at least half as much (log terms), the case is judged by its optimized/
 against the level's ratios by the same rule, and keeps its verdict only when that ratio also
 moved beyond half the baseline variant's move; otherwise it is **inconclusive**, with both moves
 in its reason.
+
+A regressed case names its **suspects**: the runs of the level after the last one whose figure
+was within the level (at or below the bound it failed), then the run itself, with their commits
+and start times (a regression seen in an earlier run too, not yet a level of its own, puts that
+run's commit among them).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from gpubench import stats
 from gpubench.history import changepoints
 from gpubench.history.rows import ResultRow
 from gpubench.history.since import Since
-from gpubench.history.store import HistoryStore
+from gpubench.history.store import HistoryStore, Point
 
 MIN_RUNS = 5
 
@@ -49,6 +56,20 @@ class HistoryVerdict:
     reason: str
     machine_move: float | None = None  # the baseline variant against its level (relative), where it was read
     ratio_move: float | None = None  # the optimized/baseline ratio against the level's ratios
+    suspects: tuple[Suspect, ...] = ()  # regressed: the runs since the last one within the level, this one last
+    last_within: Suspect | None = None  # regressed: the last run of the level within it (None: none was)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A run (and the commit it measured) a regression may have come in with."""
+
+    run_id: str
+    commit: str | None
+    started_at: str
+
+    def describe(self) -> str:
+        return f"{(self.commit or 'no commit')[:12]} ({self.run_id}, {self.started_at[:16]})"
 
 
 @dataclass(frozen=True)
@@ -90,9 +111,17 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
     return out
 
 
+def before(points: Sequence[Point], row: ResultRow) -> list[Point]:
+    """The points of runs before ``row``'s run: up to its place where ``points`` hold it (a run is
+    its id and host), else those that started before it (start time, then run id: run order)."""
+    held = next((i for i, p in enumerate(points) if (p.run_id, p.host) == (row.run_id, row.host)), None)
+    if held is not None:
+        return list(points[:held])
+    return [p for p in points if (p.started_at, p.run_id) < (row.started_at, row.run_id)]
+
+
 def _level(store: HistoryStore, row: ResultRow, metric: str, branch: str | None) -> _Level:
-    points = [p for p in store.series(row.device_model, row.case_id, row.variant, metric, branch=branch)
-              if (p.run_id, p.host) != (row.run_id, row.host)]
+    points = before(store.series(row.device_model, row.case_id, row.variant, metric, branch=branch), row)
     changes = changepoints.change_points(points)
     return _Level(points[changes[-1].index:], changes[-1].commit) if changes else _Level(points, None)
 
@@ -128,8 +157,40 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
     # Machine noise moves times, never a count (bytes reserved): a count is judged as it is.
     if verdict in ("regressed", "improved") and control is not None and metric == "time":
         verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold)
+    named: dict = {}
+    if verdict == "regressed":
+        named = _suspects(store, row, control, metric, branch, level, threshold, "ratio_move" in moves)
+        reason += _suspects_text(named["suspects"], named["last_within"])
     return HistoryVerdict(**base, verdict=verdict, level_median=summary.median, level_ci_low=summary.ci_low,
-                          level_ci_high=summary.ci_high, reason=reason, **moves)
+                          level_ci_high=summary.ci_high, reason=reason, **moves, **named)
+
+
+def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, metric: str, branch: str | None,
+              level: _Level, threshold: float, by_ratio: bool) -> dict:
+    """The runs a regression may have come in with: those of the level after the last one within
+    it (at or below the bound the run failed: ci_high x (1 + threshold) of the figures it was
+    judged on, the optimized/baseline ratios where the machine moved), then the run itself."""
+    points, values = list(level.points), [p.median for p in level.points]
+    if by_ratio and control is not None:
+        by_run = {(p.run_id, p.host): p.median
+                  for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
+                  if p.median > 0}
+        points = [p for p in points if (p.run_id, p.host) in by_run]
+        values = [p.median / by_run[p.run_id, p.host] for p in points]
+    bound = stats.summarize(values).ci_high * (1 + threshold)
+    last = max((i for i, v in enumerate(values) if v <= bound), default=None)
+    after = points[0 if last is None else last + 1:]
+    this = Suspect(row.run_id, row.git_commit, row.started_at)
+    return {"suspects": tuple(Suspect(p.run_id, p.commit, p.started_at) for p in after) + (this,),
+            "last_within": None if last is None else Suspect(points[last].run_id, points[last].commit,
+                                                              points[last].started_at)}
+
+
+def _suspects_text(suspects: Sequence[Suspect], last_within: Suspect | None) -> str:
+    runs = ", ".join(s.describe() for s in suspects)
+    if last_within is None:
+        return f"; suspect commits: {runs} (no run of the level was within it)"
+    return f"; suspect commits, after {last_within.describe()}, the last run within the level: {runs}"
 
 
 def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: str, branch: str | None,
@@ -159,13 +220,29 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     return "inconclusive", moved, moves
 
 
-def regressions_since(histories: Sequence[changepoints.CaseHistory], since: Since) -> list[Regression]:
-    """Regression change points of ``histories`` starting at or after the first run ``since``
-    starts at (:mod:`gpubench.history.since`: a run id, a commit, a release tag)."""
+def changes_since(histories: Sequence[changepoints.CaseHistory], since: Since) -> list[Regression]:
+    """Change points of ``histories`` (regressions and improvements) starting at or after the
+    first run ``since`` starts at (:mod:`gpubench.history.since`: a run id, a commit, a release tag)."""
     out = []
     for h in histories:
         start = next((i for i, p in enumerate(h.points) if since.starts_at(p)), None)
         if start is None:
             continue
-        out += [Regression(h.case_id, h.variant, c) for c in h.changes if c.index >= start and c.kind == "regression"]
+        out += [Regression(h.case_id, h.variant, c) for c in h.changes if c.index >= start]
     return out
+
+
+def regressions_since(histories: Sequence[changepoints.CaseHistory], since: Since) -> list[Regression]:
+    """The regression change points of :func:`changes_since`."""
+    return [r for r in changes_since(histories, since) if r.change.kind == "regression"]
+
+
+def histories_before(store: HistoryStore, rows: Sequence[ResultRow],
+                     branch: str | None) -> list[changepoints.CaseHistory]:
+    """The case histories of ``rows``' run's device model (``rows``: one run, one device model),
+    each cut before that run as :func:`before` cuts a level: the runs ``--since`` lists change
+    points of are those each case's level was read from, so both name the same change points."""
+    if not rows:
+        return []
+    return changepoints.case_histories(store, rows[0].device_model, branch=branch,
+                                       keep=lambda points: before(points, rows[0]))

@@ -3,7 +3,9 @@ prefix), else a git revision of the repository the command runs in (a release is
 ``v1.2``), resolved with ``git rev-parse --verify TEXT^{commit}``. From a git revision, the history
 starts at the first run whose commit is that commit or descends from it (``git merge-base
 --is-ancestor``), so a release whose own commit was never benchmarked still has a start.
-Nothing matching is bad input (exit 2) saying what was tried.
+Nothing matching is bad input (exit 2) saying what was tried. A run id or commit starts the
+history at that run in run order (start time, then run id), in every case's history, including the
+cases that run did not hold; that run itself is in it.
 """
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ class Since:
     commit: str | None = None
     repo: Path | None = None
     _descends: dict[str, bool] = field(default_factory=dict, repr=False)
+    start: tuple[str, str] | None = None  # a run id or commit: its first run's (start time, run id)
 
     def starts_at(self, point: Point) -> bool:
-        """Is ``point`` the start, or (from a git revision) at or after it in git's history?"""
-        if self.how == "run id":
-            return point.run_id == self.text
-        if self.how == "commit":
-            return bool(point.commit) and point.commit.startswith(self.text)
+        """Is ``point`` at or after the start: in run order, the run named (a run id) or the first
+        run of the commit named, whether or not that run holds ``point``'s case; from a git
+        revision, a run of that commit or a descendant in git's history?"""
+        if self.how in ("run id", "commit"):
+            return self.start is not None and (point.started_at, point.run_id) >= self.start
         if not point.commit:
             return False
         if point.commit not in self._descends:
@@ -86,13 +89,14 @@ def resolve(text: str, points: Sequence[Point], repo: Path | None = None, *, whe
     """``text`` as a stored run id, else a stored commit prefix, else a git revision of ``repo``
     (default: the working directory); BadInput naming all three tries when none matches."""
     if any(p.run_id == text for p in points):
-        return Since(text, "run id")
+        return Since(text, "run id", start=min((p.started_at, p.run_id) for p in points if p.run_id == text))
     # A commit prefix must look like one (7+ hex digits, as git abbreviates), so a tag such as
     # "2024" or "abc" is not read as the prefix of whatever stored commit starts with it.
     if any(p.commit == text for p in points) or (
             _HEX.fullmatch(text) and len(text) >= MIN_PREFIX and any(p.commit and p.commit.startswith(text)
                                                                      for p in points)):
-        return Since(text, "commit")
+        return Since(text, "commit", start=min((p.started_at, p.run_id) for p in points
+                                               if p.commit and p.commit.startswith(text)))
     repo = Path.cwd() if repo is None else repo
     commit, why = rev_parse(text, repo)
     if commit is not None:
