@@ -159,8 +159,8 @@ def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
               for v in verdicts]
     if start is not None:
         lines += ["", f"Regressions since {start.describe()}: {len(found) or 'none'}"]
-        lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                  f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})" for r in found]
+        lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude_text} from {(r.change.commit or '?')[:12]} "
+                  f"({r.change.run_id})" for r in found]
     return "\n".join(lines) + "\n"
 
 
@@ -181,8 +181,8 @@ def _print_history_verdicts(where, threshold, branches, verdicts, start, found) 
     if start is not None:
         click.echo(f"regressions since {start.describe()}: {len(found) or 'none'}")
         for r in found:
-            click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                       f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
+            click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude_text} from "
+                       f"{(r.change.commit or '?')[:12]} ({r.change.run_id})")
 
 
 @click.group(name="baseline")

@@ -641,7 +641,8 @@ def test_a_run_with_one_round_under_load_cannot_make_the_ratio_regress():
     base = [r_base, 0.5 * r_base]
     cur = [[400.0], [0.5 * 400.0 * 1.36]]  # the optimized/baseline ratio 36% worse, from one round
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
-    assert change.verdict == "inconclusive" and "1 sample in a run" in change.reason
+    # Judged inconclusive before the ratio is read: one sample a side has no CI at all (issue 34).
+    assert change.verdict == "inconclusive" and "too few samples to judge: 30 in the baseline, 1 now" in change.reason
 
 
 def _load_script(name):
@@ -743,7 +744,7 @@ def test_the_gate_compares_records_of_either_source_as_it_compares_their_documen
     change = typed.to_dict()["changes"][0]
     assert set(change) == {"case_id", "technique", "verdict", "variant", "baseline_median_s", "current_median_s",
                            "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device",
-                           "time_basis"}  # the clock compared on (added: keys are added, never taken away)
+                           "time_basis", "n"}  # the clock, the fewer samples (keys are added, never taken away)
     assert set(change["context"]) == {"variant", "ratio", "ci_low", "ci_high"}  # not judged by the ratio
     both_slow = compare.compare(base, _doc(cases=[_case("a", [x * 1.4 for x in s]), _case("b", s)]))
     assert set(both_slow.to_dict()["changes"][0]["context"]) == {
