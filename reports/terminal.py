@@ -48,19 +48,19 @@ def few_samples_lines(run: RunRecord) -> list[str]:
         return []
     counts = sorted({s["n"] for s in few if isinstance(s.get("n"), int)})
     shown = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]} to {counts[-1]}" if counts else "n not recorded"
-    lines = [f"note: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
+    lines = [f"samples: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
              f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
              f"and no verdict rests on {'them' if len(few) != 1 else 'it'}"]
     min_reps = {c.policy.get("min_reps") for c in run.cases if isinstance(c.policy.get("min_reps"), int)}
     low = sorted(m for m in min_reps if m < MIN_CI_SAMPLES)
     if low:
-        lines.append(f"note: min_reps is {', '.join(map(str, low))} in this run"
+        lines.append(f"samples: min_reps is {', '.join(map(str, low))} in this run"
                      + (f" (--repeat-scale {run.repeat_scale:g})" if run.repeat_scale != 1 else "")
                      + f"; a CI needs {MIN_CI_SAMPLES} timed calls a variant")
     capped = [c for c in run.cases if any(v.under_sampled for v in c.variants.values())]
     if capped:
         example = next(v.under_sampled for v in capped[0].variants.values() if v.under_sampled)
-        lines.append(f"note: timing stopped before min_reps in {len(capped)} case{'s' if len(capped) != 1 else ''} "
+        lines.append(f"samples: timing stopped before min_reps in {len(capped)} case{'s' if len(capped) != 1 else ''} "
                      f"(a loaded or slow machine), e.g. {capped[0].id}: {example}")
     return lines
 
