@@ -376,8 +376,10 @@ def measure_interleaved(
     The time cap and ``min_reps`` (a loaded machine, slow calls): with a ``deadline`` (an instant
     on ``time.perf_counter``: the runner's is :func:`timing_deadline`, a share of the case's time
     limit), timing goes on past ``max_time_s`` until every variant still timed has ``min_reps``
-    samples, but never starts a round that the last one's duration says would end past the
-    deadline, nor any round after it; without one, ``max_time_s`` ends the loop as it always did.
+    samples, but past ``max_time_s`` it starts no round that the last one's duration says would
+    end past the deadline; without one, ``max_time_s`` ends the loop as it always did. Before
+    ``max_time_s`` the deadline changes nothing (a cap longer than the case's limit is the
+    scenario's to fix; the case's own alarm still stops it).
     A variant left with fewer than ``min_reps`` samples is marked :attr:`VariantTiming.under_sampled`
     with the reason; its figures then carry no confidence interval (:mod:`gpubench.stats`).
 
@@ -500,12 +502,13 @@ def measure_interleaved(
         if min(reps) >= policy.max_reps:
             break
         now = time.perf_counter()
-        if deadline is not None and now + (now - round_start) > deadline:
-            stopped_by = f"the case's time limit left no room for another round ({now - t_start:.1f} s of timing)"
-            break
-        if now - t_start >= policy.max_time_s and (deadline is None or min(reps) >= policy.min_reps):
-            stopped_by = f"time cap (max_time_s = {policy.max_time_s:g} s) reached at {now - t_start:.1f} s"
-            break
+        if now - t_start >= policy.max_time_s:  # the time cap; past it only to reach min_reps, by the deadline
+            if deadline is None or min(reps) >= policy.min_reps:
+                stopped_by = f"time cap (max_time_s = {policy.max_time_s:g} s) reached at {now - t_start:.1f} s"
+                break
+            if now + (now - round_start) > deadline:
+                stopped_by = f"the case's time limit left no room for another round ({now - t_start:.1f} s of timing)"
+                break
         if all(timings[n].settled(policy) for n in active):
             break
     for name in active:

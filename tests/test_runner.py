@@ -32,7 +32,7 @@ entries:
     params:
       n: 16
       mode: [ok, peer_raises, metrics_raises, optimized_wrong, baseline_raises]
-policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, case_timeout_s: 300, energy_s: 0}
+policy: {warmup_s: 0, min_reps: 5, max_reps: 6, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, case_timeout_s: 300, energy_s: 0}
 """
 
 
