@@ -123,8 +123,9 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
         sure = [r for r, s in zip(found, speedups) if has_interval(s)]
         few = [s.get("n") for s in speedups if not has_interval(s)]
         apart = too_few_text(few) if few else ""
-        if not sure:
-            return f"speedup: {apart}, no CI"
+        if not sure:  # the range, said to rest on too few samples: no median, no CI
+            factors = sorted(r.factor for r in found)
+            return f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x, no CI: {apart}"
         if len(sure) == 1:
             return f"speedup {sure[0].text}" + (f"; {apart}" if apart else "")
         factors = sorted(r.factor for r in sure)

@@ -721,6 +721,9 @@ def test_the_headline_counts_a_case_of_too_few_samples_apart_never_as_best_or_wo
     head = html.headline(run)
     assert head["best"].startswith("1.60x") and head["too_few_samples"].startswith("1 case too few samples")
     assert "(not counted: 1 case too few samples (n=1, below 5); no CI)" in "\n".join(markdown._headline(head))
+    every = _timed_run([_timed_case(i, 1.5 + i, 2) for i in range(3)])
+    assert sweep.technique_line(every.cases, ()) == "speedup 1.50x to 3.50x, no CI: 3 cases too few samples (n=2, below 5)"
+    assert html.headline(every)["best"] == "-"  # no best without a CI
 
 
 def test_better_in_x_of_y_leaves_out_cases_of_too_few_samples():
