@@ -64,8 +64,9 @@ def _change_row(change: gate.Change, case: CaseRecord, old: CaseRecord, labels: 
     return {"id": change.case_id, "label": labels.label(case), "class": change.verdict,
             "verdict": VERDICT_TEXT.get(change.verdict, change.verdict), "note": change.reason,
             "ratio": change.ratio,
-            "ci": None if change.ratio is None or change.ci_low is None else (change.ratio, change.ci_low, change.ci_high),
-            "change": _change_text(change.ratio, change.ci_low, change.ci_high, getattr(change, "n", None)),
+            "ci": (change.ratio, change.ci_low, change.ci_high) if change.ratio is not None and change.ci_low is not None
+            else None,
+            "change": _change_text(change.ratio, change.ci_low, change.ci_high, change.n),
             "baseline_change": _change_text(ctx.ratio, ctx.ci_low, ctx.ci_high) if ctx else "-",
             # the medians compared (on the clock both runs recorded), else each run's own
             "before": format_seconds(change.baseline_median_s if change.baseline_median_s is not None

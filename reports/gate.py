@@ -22,7 +22,7 @@ def _change(c) -> str:
     if c.ratio is None:
         return "-"
     if c.ci_low is None or c.ci_high is None:  # too few samples: the figure, its count, no CI
-        return f"{(c.ratio - 1) * 100:+.1f}% {count_text(getattr(c, 'n', None))}"
+        return f"{(c.ratio - 1) * 100:+.1f}% {count_text(c.n)}"
     return f"{(c.ratio - 1) * 100:+.1f}% [{(c.ci_low - 1) * 100:+.1f}, {(c.ci_high - 1) * 100:+.1f}]"
 
 

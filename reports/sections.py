@@ -180,10 +180,11 @@ def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
     for name, v in case.variants.items():
         s = v.stats or {}
         rows.append({"case": number, "variant": name, "role": v.role, "status": v.status,
-                     "reason": "; ".join(filter(None, (v.reason, v.under_sampled and f"under-sampled: {v.under_sampled}"))),
+                     "reason": "; ".join(filter(None, (v.reason,
+                                                       v.under_sampled and f"under-sampled: {v.under_sampled}"))),
                      "median": format_seconds(v.median_s),
-                     "ci": (f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]" if has_interval(s)
-                            else f"none {count_text(s.get('n'))}" if s else ""),
+                     "ci": (f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]"
+                            if has_interval(s) else f"none {count_text(s.get('n'))}" if s else ""),
                      "n": s.get("n", 0), "speedup": format_speedup(case.speedup(name)),
                      "check": check_text(case, name).plain, "other_clock": other_clock_text(v, always=True)})
     return rows
