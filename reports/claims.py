@@ -20,7 +20,8 @@ TITLE = "Published claims on this device"
 NOT_IN_RUN = "not in this run"
 # The CSS class of each verdict (the report's pass / fail colours).
 VERDICT_CLASS = {"holds": "pass", "falls short": "fail", "exceeds": "improved", "mixed": "",
-                 "inconclusive": "not-comparable", "not comparable": "not-comparable"}
+                 "inconclusive": "not-comparable", "not comparable": "not-comparable",
+                 "unverified": "not-comparable"}
 _MAX_REASONS = 2
 _SHARED_WHY = re.compile(r"(.*?) \((.*)\)")
 
@@ -34,6 +35,8 @@ def _figure(reading: Reading, unit: str, predicted: bool) -> str:
     text = format_value(reading.value, unit)
     if reading.low is not None and reading.high is not None and reading.high > reading.low:
         text += f" [{format_value(reading.low, unit)}, {format_value(reading.high, unit)}]"
+    elif reading.n is not None and reading.verdict == "unverified":  # the count in place of a CI
+        text += f" (n={reading.n})"
     else:
         text += " (exact)" if unit == "fraction" else " (no CI)"
     if predicted and reading.claimed is not None:

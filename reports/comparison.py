@@ -7,8 +7,8 @@ from typing import Any, Callable
 from gpubench import compare as gate
 from gpubench.reports import charts
 from gpubench.reports.sections import Figure, Labels, figure
-from gpubench.reports.terminal import format_seconds, format_speedup, shown_params
-from gpubench.results import CaseRecord, RunRecord
+from gpubench.reports.terminal import count_text, format_seconds, format_speedup, shown_params
+from gpubench.results import CaseRecord, RunRecord, has_interval
 
 # The gate's verdicts, in the order the comparison lists them, and how the report words them.
 COMPARE_ORDER = ("regressed", "failed", "no_samples", "inconclusive", "unchanged", "improved")
@@ -16,10 +16,13 @@ VERDICT_TEXT = {"regressed": "regressed", "failed": "failed now", "no_samples": 
                 "inconclusive": "inconclusive", "unchanged": "unchanged", "improved": "improved"}
 
 
-def _change_text(ratio: float | None, low: float | None, high: float | None) -> str:
-    if ratio is None or low is None or high is None:
+def _change_text(ratio: float | None, low: float | None, high: float | None, n: int | None = None) -> str:
+    """``+3.1% [-1.0, +7.2]``; ``+3.1% (n=1)`` where too few samples gave no CI."""
+    if ratio is None:
         return "-"
     pct = lambda r: f"{(r - 1) * 100:+.1f}"  # noqa: E731
+    if low is None or high is None:
+        return f"{pct(ratio)}% {count_text(n)}"
     return f"{pct(ratio)}% [{pct(low)}, {pct(high)}]"
 
 
@@ -61,8 +64,9 @@ def _change_row(change: gate.Change, case: CaseRecord, old: CaseRecord, labels: 
     return {"id": change.case_id, "label": labels.label(case), "class": change.verdict,
             "verdict": VERDICT_TEXT.get(change.verdict, change.verdict), "note": change.reason,
             "ratio": change.ratio,
-            "ci": None if change.ratio is None else (change.ratio, change.ci_low, change.ci_high),
-            "change": _change_text(change.ratio, change.ci_low, change.ci_high),
+            "ci": (change.ratio, change.ci_low, change.ci_high) if change.ratio is not None and change.ci_low is not None
+            else None,
+            "change": _change_text(change.ratio, change.ci_low, change.ci_high, change.n),
             "baseline_change": _change_text(ctx.ratio, ctx.ci_low, ctx.ci_high) if ctx else "-",
             # the medians compared (on the clock both runs recorded), else each run's own
             "before": format_seconds(change.baseline_median_s if change.baseline_median_s is not None
@@ -85,8 +89,9 @@ def comparison_figure(comparison: dict[str, Any]) -> Figure | None:
 def _cell(case: CaseRecord) -> dict[str, str]:
     ratio = case.speedup(case.role_variant("optimized"))
     if ratio:
-        return {"text": format_speedup(ratio),
-                "class": "faster" if ratio["ci_low"] > 1 else "slower" if ratio["ci_high"] < 1 else ""}
+        return {"text": format_speedup(ratio),  # marked only where a CI says so (none from too few samples)
+                "class": "" if not has_interval(ratio) else "faster" if ratio["ci_low"] > 1
+                else "slower" if ratio["ci_high"] < 1 else ""}
     return {"text": case.status or "-", "class": "" if case.passed else "fail"}
 
 

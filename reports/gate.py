@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpubench.compare import Comparison
-from gpubench.reports.terminal import format_seconds, param_text
+from gpubench.reports.terminal import count_text, format_seconds, param_text
 
 STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_samples": "yellow",
          "inconclusive": "yellow",
@@ -21,11 +21,13 @@ MARK = {"regressed": "❌ regressed", "failed": "❌ failed", "missing": "❌ mi
 def _change(c) -> str:
     if c.ratio is None:
         return "-"
+    if c.ci_low is None or c.ci_high is None:  # too few samples: the figure, its count, no CI
+        return f"{(c.ratio - 1) * 100:+.1f}% {count_text(c.n)}"
     return f"{(c.ratio - 1) * 100:+.1f}% [{(c.ci_low - 1) * 100:+.1f}, {(c.ci_high - 1) * 100:+.1f}]"
 
 
 def _context(c) -> str:
-    return f"{(c.context.ratio - 1) * 100:+.1f}%" if c.context is not None else "-"
+    return f"{(c.context.ratio - 1) * 100:+.1f}%" if c.context is not None and c.context.ratio is not None else "-"
 
 
 def case_labels(changes) -> dict[str, str]:

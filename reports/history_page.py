@@ -51,7 +51,7 @@ def _change_cells(h: CaseHistory, link: Callable[[str | None], str | None]) -> d
     if last is None:
         return {"change": None}
     return {"change": {"commit": _commit(last.commit, link), "run": last.run_id,
-                       "magnitude": f"{last.magnitude:+.1%} [{last.ci_low:+.1%}, {last.ci_high:+.1%}]",
+                       "magnitude": last.magnitude_text,
                        "kind": last.kind}}
 
 

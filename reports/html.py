@@ -34,7 +34,8 @@ from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_seconds, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text
+from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, has_interval, load_run as load_record,
+                              not_run_text)
 from gpubench.telemetry import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
@@ -149,8 +150,11 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     read_by = {name: sweep.headline_figures(run.technique(name)) for name in grouped}
     lines = [{"name": name, "text": sweep.technique_line(group, read_by[name]), "by_time": not read_by[name]}
              for name, group in grouped.items()]
-    measured = [(r["ratio"], labels.label(c)) for c in run.cases if c.passed and not read_by[c.technique]
-                for r in [c.speedup(c.role_variant("optimized"))] if r]
+    timed = [(r, labels.label(c)) for c in run.cases if c.passed and not read_by[c.technique]
+             for r in [c.speedup(c.role_variant("optimized"))] if r]
+    # Best and worst only over speedups with a CI: one timed call a variant is no headline.
+    measured = [(r["ratio"], label) for r, label in timed if has_interval(r)]
+    few = [r.get("n") for r, _ in timed if not has_interval(r)]
     claim_rows = claims.claim_rows(run)
     judged, not_in_run = claims.split(claim_rows)
     return {
@@ -162,6 +166,7 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
         "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,
                            "need": c.need_text()} for c in run.not_run],
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
+        "too_few_samples": sweep.too_few_text(few) if few else "",
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
         "ceilings": _ceilings_text(run.ceilings), "warnings": _warnings(run),
         "on_cpu": run.device == "cpu", "claims": claim_rows, "claims_judged": judged,

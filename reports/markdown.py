@@ -60,6 +60,8 @@ def _headline(head: dict[str, Any]) -> list[str]:
     extremes = f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}"
     if head.get("not_by_time"):
         extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"
+    if head.get("too_few_samples"):
+        extremes += f" (not counted: {cell(head['too_few_samples'])}; no CI)"
     lines = [f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}", "",
              f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."
              + (f" {_sentence_case(cell(head['timed_share']))}." if head.get("timed_share") else "")]

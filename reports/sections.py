@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 from gpubench.declarations import TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
-from gpubench.reports.terminal import (case_params, check_text, format_seconds, format_speedup, named_time,
-                                       other_clock_text, param_text, shown_by_technique)
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord
+from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
+                                       named_time, other_clock_text, param_text, shown_by_technique)
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, has_interval
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
@@ -84,11 +84,17 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
         series: dict[str, list[tuple[float, float, float, float]]] = {}
         for c, r, _ in points:
             key = " ".join(param_text(c.params, k) for k in varying if k != x)
-            series.setdefault(key, []).append((c.params[x], r["ratio"], r["ci_low"], r["ci_high"]))
+            series.setdefault(key, []).append((c.params[x], *_with_ends(r)))
         return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
-    ratios = [(r["ratio"], r["ci_low"], r["ci_high"]) for _, r, _ in points]
+    ratios = [_with_ends(r) for _, r, _ in points]
     fig = charts.ratio_points([p[2] for p in points], *zip(*ratios), x_label="speedup over baseline (x)")
     return figure(title, fig)
+
+
+def _with_ends(speedup: dict[str, Any]) -> tuple[float, float, float]:
+    """(ratio, low, high) to draw: a speedup without a CI (too few samples) is a point with no bar."""
+    ratio = speedup["ratio"]
+    return (ratio, speedup["ci_low"], speedup["ci_high"]) if has_interval(speedup) else (ratio, ratio, ratio)
 
 
 def _samples(case: CaseRecord, name: str) -> list[float]:
@@ -173,9 +179,12 @@ def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
     rows = []
     for name, v in case.variants.items():
         s = v.stats or {}
-        rows.append({"case": number, "variant": name, "role": v.role, "status": v.status, "reason": v.reason or "",
+        rows.append({"case": number, "variant": name, "role": v.role, "status": v.status,
+                     "reason": "; ".join(filter(None, (v.reason,
+                                                       v.under_sampled and f"under-sampled: {v.under_sampled}"))),
                      "median": format_seconds(v.median_s),
-                     "ci": f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]" if s else "",
+                     "ci": (f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]"
+                            if has_interval(s) else f"none {count_text(s.get('n'))}" if s else ""),
                      "n": s.get("n", 0), "speedup": format_speedup(case.speedup(name)),
                      "check": check_text(case, name).plain, "other_clock": other_clock_text(v, always=True)})
     return rows

@@ -22,7 +22,8 @@ from gpubench.declarations import TechniqueRecord
 from gpubench.reports import drawing
 from gpubench.reports.plots import read_value
 from gpubench.reports.terminal import case_params, format_speedup
-from gpubench.results import CaseRecord
+from gpubench.results import CaseRecord, has_interval
+from gpubench.stats import MIN_CI_SAMPLES
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -85,6 +86,21 @@ def readings(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> list[R
     return out
 
 
+def fewest_samples(case: CaseRecord) -> int | None:
+    """The fewer timed calls of the case's baseline and optimized variants (None where neither was
+    timed): under :data:`gpubench.stats.MIN_CI_SAMPLES` no figure of the pair has a CI."""
+    counts = [len(v.samples_s) for v in (case.variant(case.role_variant(r)) for r in ("baseline", "optimized"))
+              if v is not None and v.samples_s]
+    return min(counts) if counts else None
+
+
+def too_few_text(counts: Sequence[int | None]) -> str:
+    """``1 case too few samples (n=1)``: the cases a count of wins leaves out."""
+    known = sorted({n for n in counts if n is not None})
+    shown = (f"n={known[0]}" if len(known) == 1 else f"n={known[0]} to {known[-1]}") if known else "n not recorded"
+    return f"{len(counts)} case{'s' if len(counts) != 1 else ''} too few samples ({shown}, below {MIN_CI_SAMPLES})"
+
+
 def _span(values: list[float], figure: Headline) -> str:
     low, high = value_text(min(values), figure), value_text(max(values), figure)
     return low if low == high else f"{low}–{high}"
@@ -93,7 +109,9 @@ def _span(values: list[float], figure: Headline) -> str:
 def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> str:
     """The technique in one line, by its own figure: by time, the speedup (its range and median
     over several cases); else each declared figure, baseline -> optimized (ranges over several
-    cases, and in how many the optimized variant was better)."""
+    cases, and in how many the optimized variant was better). A case whose figure rests on fewer
+    than MIN_CI_SAMPLES timed calls a variant is counted apart ("1 case too few samples"), never
+    in a range or a count of wins."""
     passed = [c for c in cases if c.passed]
     if not read_by:
         found = readings(passed, ())
@@ -101,9 +119,18 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
             return "speedup: no passed case has both timings"
         if len(found) == 1:
             return f"speedup {found[0].text}"
-        factors = sorted(r.factor for r in found)
-        return (f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(found)} cases "
-                f"(median {statistics.median(factors):.2f}x)")
+        speedups = [r.case.speedup(r.case.role_variant("optimized")) or {} for r in found]
+        sure = [r for r, s in zip(found, speedups) if has_interval(s)]
+        few = [s.get("n") for s in speedups if not has_interval(s)]
+        apart = too_few_text(few) if few else ""
+        if not sure:  # the range, said to rest on too few samples: no median, no CI
+            factors = sorted(r.factor for r in found)
+            return f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x, no CI: {apart}"
+        if len(sure) == 1:
+            return f"speedup {sure[0].text}" + (f"; {apart}" if apart else "")
+        factors = sorted(r.factor for r in sure)
+        return (f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(sure)} cases "
+                f"(median {statistics.median(factors):.2f}x)" + (f"; {apart}" if apart else ""))
     parts = []
     for figure in read_by:
         pairs = [p for c in passed for p in [_pair(c, figure)] if p]
@@ -111,8 +138,15 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
             parts.append(f"{figure.name}: not recorded")
             continue
         text = f"{figure.name} {_span([p[0] for p in pairs], figure)} -> {_span([p[1] for p in pairs], figure)}"
-        better = sum((_factor(*p, figure) or 0) > 1 for p in pairs)
-        if len(pairs) > 1:
+        counts = [fewest_samples(c) for c in passed if _pair(c, figure)]
+        few = [n for n in counts if n is not None and n < MIN_CI_SAMPLES]
+        sure = [p for p, n in zip(pairs, counts) if n is None or n >= MIN_CI_SAMPLES]
+        better = sum((_factor(*p, figure) or 0) > 1 for p in sure)
+        if few and len(pairs) > 1:
+            text += f" (better in {better} of {len(sure)} cases; {too_few_text(few)})"
+        elif few:
+            text += f" ({too_few_text(few)})"
+        elif len(pairs) > 1:
             text += f" (better in {better} of {len(pairs)} cases)"
         elif not figure.percent and (factor := _factor(*pairs[0], figure)):
             text += f" ({factor:.2f}x better)" if factor >= 1 else f" ({1 / factor:.2f}x worse)"

@@ -9,7 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, VariantRecord, as_run
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, VariantRecord, as_run, has_interval
+from gpubench.stats import MIN_CI_SAMPLES
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -21,10 +22,47 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def format_speedup(speedup: dict[str, float] | None) -> str:
-    if not speedup:
+def count_text(n: Any) -> str:
+    """``(n=1)``: what a figure without a CI shows in place of one; ``(no CI)`` where the count is
+    not recorded."""
+    return f"(n={n})" if isinstance(n, int) and not isinstance(n, bool) else "(no CI)"
+
+
+def format_speedup(speedup: Mapping[str, Any] | None) -> str:
+    """``1.23x [1.10, 1.35]``; ``0.37x (n=1)`` for a speedup from fewer than MIN_CI_SAMPLES samples
+    a side (no CI: :func:`gpubench.results.has_interval`); ``-`` for none."""
+    ratio = (speedup or {}).get("ratio")
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
         return "-"
-    return f"{speedup['ratio']:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
+    if has_interval(speedup):
+        return f"{ratio:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
+    return f"{ratio:.2f}x {count_text(speedup.get('n'))}"
+
+
+def few_samples_lines(run: RunRecord) -> list[str]:
+    """Why some speedups carry no CI, where they do: how many rest on fewer than MIN_CI_SAMPLES
+    timed calls a variant and what made it so (the run's ``--repeat-scale`` setting ``min_reps``
+    below it, or timing's time cap arriving before ``min_reps``)."""
+    few = [s for c in run.cases for s in [c.speedup(c.role_variant("optimized"))] if s and not has_interval(s)]
+    if not few:
+        return []
+    counts = sorted({s["n"] for s in few if isinstance(s.get("n"), int)})
+    shown = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]} to {counts[-1]}" if counts else "n not recorded"
+    lines = [f"samples: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
+             f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
+             f"and no verdict rests on {'them' if len(few) != 1 else 'it'}"]
+    min_reps = {c.policy.get("min_reps") for c in run.cases if isinstance(c.policy.get("min_reps"), int)}
+    low = sorted(m for m in min_reps if m < MIN_CI_SAMPLES)
+    if low:
+        lines.append(f"samples: min_reps is {', '.join(map(str, low))} in this run"
+                     + (f" (--repeat-scale {run.repeat_scale:g})" if run.repeat_scale != 1 else "")
+                     + f"; a CI needs {MIN_CI_SAMPLES} timed calls a variant")
+    capped = [c for c in run.cases if any(v.under_sampled for v in c.variants.values())]
+    if capped:
+        example = next(v.under_sampled for v in capped[0].variants.values() if v.under_sampled)
+        lines.append(f"samples: timing stopped before min_reps in {len(capped)} case{'s' if len(capped) != 1 else ''} "
+                     f"(a loaded or slow machine), e.g. {capped[0].id}: {example}")
+    return lines
 
 
 def named_time(case: CaseRecord, name: str | None) -> str:
@@ -195,7 +233,7 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
                   + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
                   + (f", {s['not_run']} not run: budget" if s.get("not_run") else "") + f" ({run.status})",
                   markup=False, highlight=False)
-    for line in clock_lines(run):
+    for line in clock_lines(run) + few_samples_lines(run):
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:
         console.print(f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True,

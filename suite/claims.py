@@ -14,6 +14,8 @@ measured CI and the claimed band:
   CI is wider than the band on both sides): the run cannot support a verdict;
 - *not comparable*: the case is not what the claim measured (a CPU where the claim is about a
   GPU's syncs or memory traffic, another GPU, other sizes), with the reason.
+- *unverified*: the figure rests on fewer samples than a CI needs
+  (:data:`gpubench.stats.MIN_CI_SAMPLES`; "too few samples (n=1)"): shown, never judged.
 
 A bound (``at_most``: vLLM's KV waste under 4%) holds when the whole CI is within it, falls short
 when the whole CI is beyond it; it has no "exceeds".
@@ -24,7 +26,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-VERDICTS = ("holds", "falls short", "exceeds", "inconclusive", "not comparable")
+VERDICTS = ("holds", "falls short", "exceeds", "inconclusive", "not comparable", "unverified")
+MIN_CI_SAMPLES = 5  # gpubench.stats.MIN_CI_SAMPLES (numpy is imported only where a CI is computed)
 UNITS = ("speedup", "fraction", "tflops")
 BOUNDS = ("value", "at_most", "at_least")
 _OPS = {">=": lambda v, x: v >= x, "<=": lambda v, x: v <= x, "==": lambda v, x: v == x,
@@ -127,6 +130,7 @@ class Reading:
     low: float | None = None  # its 95% CI (equal to value when exact)
     high: float | None = None
     claimed: tuple[float, float] | None = None  # the band it was judged against (before tolerance)
+    n: int | None = None  # the samples the figure rests on, where they are too few for a CI (unverified)
 
     @property
     def comparable(self) -> bool:
@@ -212,15 +216,38 @@ def comparability(claim: Claim, case: Mapping[str, Any], run_device: str = "") -
     return _param_problem(claim, case.get("params") or {})
 
 
-def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, float] | str:
-    """(low, value, high) of the comparable figure, or why it is missing."""
+@dataclass(frozen=True)
+class _Unverified:
+    """A comparable figure with no CI to judge it by (:func:`_measured`): ``n`` samples, too few."""
+
+    value: float
+    n: int | None
+
+    @property
+    def reason(self) -> str:
+        if self.n is None or self.n >= MIN_CI_SAMPLES:
+            return "no CI recorded"
+        return f"too few samples (n={self.n}; a CI needs {MIN_CI_SAMPLES})"
+
+
+def _fewest_timed(case: Mapping[str, Any]) -> int | None:
+    counts = [len(_variant(case, role)[1].get("samples_s") or []) for role in ("baseline", "optimized")]
+    return min(counts) if all(counts) else None
+
+
+def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, float] | _Unverified | str:
+    """(low, value, high) of the comparable figure; :class:`_Unverified` where it has no CI (it
+    rests on fewer than MIN_CI_SAMPLES samples: no verdict); or why it is missing."""
     if claim.reads == "speedup":
         name, _ = _variant(case, "optimized")
         ratio = (case.get("speedups") or {}).get(name) or {}
         value, low, high = (_number(ratio.get(k)) for k in ("ratio", "ci_low", "ci_high"))
         if value is None:
             return "no speedup recorded"
-        return (low if low is not None else value, value, high if high is not None else value)
+        n = ratio.get("n") if isinstance(ratio.get("n"), int) else _fewest_timed(case)
+        if low is None or high is None or (n is not None and n < MIN_CI_SAMPLES):
+            return _Unverified(value, n)
+        return low, value, high
     _, record = _variant(case, claim.variant)
     value = _number((record.get("metrics") or {}).get(claim.reads))
     if value is None:
@@ -229,13 +256,18 @@ def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, floa
     per_call = [_number(r.get(claim.reads)) for r in record.get("recorded") or []]
     per_call = [v for v in per_call if v is not None]
     stats = record.get("stats") or {}
-    if len(per_call) >= 2:
+    if len(per_call) >= 2 and len(set(per_call)) > 1 and len(per_call) < MIN_CI_SAMPLES:
+        return _Unverified(value, len(per_call))  # it varies from call to call, over too few calls for a CI
+    if len(per_call) >= 2:  # (the same figure every call: a count, exact; its CI has no width)
         from gpubench import stats as _stats  # numpy only when a claim reads per-call records
 
         summary = _stats.summarize(per_call)
-        low, high = summary.ci_low, summary.ci_high
+        low, high = (summary.ci_low, summary.ci_high) if summary.has_interval else (value, value)
     elif claim.per_time:
         median, t_low, t_high = (_number(stats.get(k)) for k in ("median", "ci_low", "ci_high"))
+        n = stats.get("n")
+        if median and isinstance(n, int) and n < MIN_CI_SAMPLES:
+            return _Unverified(value, n)
         if not (median and t_low and t_high):
             return f"{claim.variant} has no timing CI to carry to {claim.reads}"
         low, high = value * median / t_high, value * median / t_low
@@ -253,6 +285,9 @@ def read_case(claim: Claim, case: Mapping[str, Any], run_device: str = "") -> Re
     measured = _measured(claim, case)
     if isinstance(measured, str):
         return Reading(case_id, "not comparable", measured)
+    if isinstance(measured, _Unverified):
+        value = 1 - measured.value if claim.complement and claim.reads != "speedup" else measured.value
+        return Reading(case_id, "unverified", measured.reason, value, None, None, claim.figure, n=measured.n)
     low, value, high = measured
     claimed = claim.figure
     if claimed is None:

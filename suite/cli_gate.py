@@ -167,9 +167,8 @@ def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
         for kind in ("regression", "improvement"):
             listed = [r for r in found if r.change.kind == kind]
             lines += ["", f"{kind.capitalize()}s since {start.describe()}: {len(listed) or 'none'}"]
-            lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                      f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})"
-                      for r in listed]
+            lines += [f"- `{r.case_id}` [{r.variant}]: {r.change.magnitude_text} from "
+                      f"{(r.change.commit or '?')[:12]} ({r.change.run_id})" for r in listed]
     return "\n".join(lines) + "\n"
 
 
@@ -192,8 +191,8 @@ def _print_history_verdicts(where, threshold, branches, verdicts, start, found) 
             listed = [r for r in found if r.change.kind == kind]
             click.echo(f"{kind}s since {start.describe()}: {len(listed) or 'none'}")
             for r in listed:
-                click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude:+.1%} [{r.change.ci_low:+.1%}, "
-                           f"{r.change.ci_high:+.1%}] from {(r.change.commit or '?')[:12]} ({r.change.run_id})")
+                click.echo(f"  {r.case_id} [{r.variant}]: {r.change.magnitude_text} from "
+                           f"{(r.change.commit or '?')[:12]} ({r.change.run_id})")
 
 
 @click.group(name="baseline")

@@ -108,7 +108,7 @@ def print_changes(where: str, model: str, branch: str | None, found: list) -> No
         # Text, not a markup string: a case id such as "kv_cache[model=...]" is no rich tag.
         table.add_row(Text(h.case_id), h.variant, h.metric, str(len(h.points)),
                       f"{(last.commit or '?')[:12]} ({last.run_id})",
-                      f"{last.magnitude:+.1%} [{last.ci_low:+.1%}, {last.ci_high:+.1%}]", last.kind)
+                      last.magnitude_text, last.kind)
     make_console().print(table)
 
 

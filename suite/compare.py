@@ -122,6 +122,7 @@ class Change:
     ci_high: float | None = None
     p_value: float | None = None
     threshold: float = DEFAULT_THRESHOLD
+    n: int | None = None  # the fewer samples of the two runs' optimized variant (under MIN_CI_SAMPLES: no CI)
     reason: str = ""
     context: BaselineVariantChange | None = None  # None where the case has no baseline variant to read
     device: str = ""  # the device model, when the runs span several
@@ -195,8 +196,12 @@ def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
 
 def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
              seed: int = 0) -> tuple[str, float, float, float, float]:
-    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times."""
+    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times. With fewer than
+    :data:`gpubench.stats.MIN_CI_SAMPLES` samples on either side: ``inconclusive``, the ratio with
+    no CI and no p (one timed call under load is no measurement to gate on)."""
     ci = stats.bootstrap_ratio_ci(current_samples, baseline_samples, seed=seed)
+    if not ci.has_interval:
+        return "inconclusive", ci.ratio, None, None, None
     p = stats.mann_whitney_u(current_samples, baseline_samples) if min(len(current_samples), len(baseline_samples)) > 1 else 1.0
     return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
@@ -379,7 +384,8 @@ def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
     far as the optimized one (issue 27: +15.3% beside +13.2%)."""
     if math.log(control.ratio) * math.log(ratio) <= 0:
         return False  # it stood still or moved the other way
-    clearly = control.ci_low > 1.0 if ratio > 1 else control.ci_high < 1.0
+    # A baseline variant of too few samples has no CI: only its point estimate can say it moved.
+    clearly = control.has_interval and (control.ci_low > 1.0 if ratio > 1 else control.ci_high < 1.0)
     return clearly or math.log(control.ratio) / math.log(ratio) >= 0.5
 
 
@@ -445,6 +451,10 @@ def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
         return
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
+    change.n = min(len(a), len(b))
+    if not stats.has_interval(change.n):
+        change.reason = (f"too few samples to judge: {len(a)} in the baseline, {len(b)} now (a CI needs "
+                         f"{stats.MIN_CI_SAMPLES} a side)")
     _judge_against_control(change, base, cur, name, basis, a, b, seed)
     if note:
         change.reason = f"{change.reason}; {note}" if change.reason else note

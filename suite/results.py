@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import pandas as pd
 
+from gpubench import stats as _stats
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
                              atomic_write_text, disk_full)
 from gpubench.declarations import Declarations, TechniqueRecord, declare, legacy_claims_elsewhere, legacy_record
@@ -103,6 +104,9 @@ class VariantRecord:
     # The other clock's samples on a GPU (wall beside device, device beside wall), a call each in
     # the same rounds; empty on a CPU (one clock) and in older records.
     other_samples_s: list[float] = field(default_factory=list)
+    # Why timing stopped before the policy's min_reps (gpubench.timing.measure_interleaved): its
+    # figures have no confidence interval. None where it did not, and in older records.
+    under_sampled: str | None = None
 
     def fail(self, status: str, failure: Failure, prefix: str = "") -> None:
         self.status, self.reason, self.error = status, prefix + failure.message, failure
@@ -113,6 +117,7 @@ class VariantRecord:
         return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
                       "energy": _typed(EnergyMeasurement, fields.get("energy")),
                       "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
+                      "stats": _upgraded_stats(fields.get("stats")),
                       "samples_s": fields.get("samples_s") or [],
                       "other_samples_s": fields.get("other_samples_s") or []})
 
@@ -196,10 +201,13 @@ class CaseRecord:
     def variant(self, name: str | None) -> VariantRecord | None:
         return self.variants.get(name) if name else None
 
-    def speedup(self, name: str | None) -> dict[str, float] | None:
-        """Variant ``name``'s speedup over the baseline (ratio, ci_low, ci_high) when complete."""
+    def speedup(self, name: str | None) -> dict[str, Any] | None:
+        """Variant ``name``'s speedup over the baseline (ratio, ci_low, ci_high, n) where it has a
+        ratio; ``ci_low`` and ``ci_high`` are None where it rests on fewer than
+        :data:`gpubench.stats.MIN_CI_SAMPLES` samples a side (``n``: the fewer): a figure to show
+        with its count, never one to judge by (:func:`has_interval`)."""
         ratio = self.speedups.get(name) if name else None
-        if ratio and all(isinstance(ratio.get(k), (int, float)) for k in ("ratio", "ci_low", "ci_high")):
+        if ratio and isinstance(ratio.get("ratio"), (int, float)) and not isinstance(ratio.get("ratio"), bool):
             return ratio
         return None
 
@@ -223,7 +231,47 @@ class CaseRecord:
         return cls(**{"id": "?", "technique": "?", "params": {}, "seed": 0, "policy": {}, **fields,
                       "params": fields.get("params") or {}, "policy": fields.get("policy") or {},
                       "failure": _typed(Failure, fields.get("failure")), "variants": variants,
-                      "speedups": fields.get("speedups") or {}})
+                      "speedups": _upgraded_speedups(fields.get("speedups") or {}, variants)})
+
+
+def has_interval(figure: Mapping[str, Any] | None) -> bool:
+    """Whether a speedup or stats dict carries a confidence interval (both ends numbers): one from
+    fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
+    return bool(figure) and all(isinstance(figure.get(k), (int, float)) and not isinstance(figure.get(k), bool)
+                                for k in ("ci_low", "ci_high"))
+
+
+def _fewest(*variants: "VariantRecord | None") -> int | None:
+    counts = [len(v.samples_s) or (v.stats or {}).get("n") for v in variants if v is not None]
+    counts = [c for c in counts if isinstance(c, int)]
+    return min(counts) if counts and len(counts) == len(variants) else None
+
+
+def _upgraded_speedups(speedups: Mapping[str, Any], variants: Mapping[str, "VariantRecord"]) -> dict[str, Any]:
+    """Speedups as today's writer gives them: with ``n``, the fewer samples of the variant and the
+    baseline; an interval from fewer than MIN_CI_SAMPLES samples (older gpubench wrote one, of no
+    width at n=1) is dropped."""
+    base = next((v for v in variants.values() if v.role == "baseline"), None)
+    out: dict[str, Any] = {}
+    for name, figure in speedups.items():
+        if isinstance(figure, Mapping):
+            figure = dict(figure)
+            if figure.get("n") is None:
+                n = _fewest(base, variants.get(str(name)))
+                if n is not None:
+                    figure["n"] = n
+            if isinstance(figure.get("n"), int) and not _stats.has_interval(figure["n"]):
+                figure["ci_low"] = figure["ci_high"] = None
+        out[str(name)] = figure
+    return out
+
+
+def _upgraded_stats(figures: Any) -> Any:
+    """A variant's stats without an interval from fewer than MIN_CI_SAMPLES samples (older
+    gpubench wrote the median twice at n=1)."""
+    if isinstance(figures, Mapping) and isinstance(figures.get("n"), int) and not _stats.has_interval(figures["n"]):
+        return {**figures, "ci_low": None, "ci_high": None}
+    return figures
 
 
 def _upgraded_variant(name: str, record: Mapping[str, Any]) -> Mapping[str, Any]:

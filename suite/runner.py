@@ -189,6 +189,8 @@ class CaseRun:
     record: CaseRecord
     phases: timing.PhaseTimer = field(default_factory=timing.PhaseTimer)
     timings: dict[str, timing.VariantTiming] = field(default_factory=dict)
+    # The perf_counter instant past which timing starts no round (timing.timing_deadline), or None.
+    deadline: float | None = None
 
     def tag(self, what: str | None) -> None:
         """Tell telemetry what runs now (its samples are tagged with it)."""
@@ -214,6 +216,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
     by_budget = budget_s is not None and budget_s < case.policy.case_timeout_s
+    run.deadline = timing.timing_deadline(t0, budget_s if by_budget else case.policy.case_timeout_s)
     try:
         with deadline(budget_s if by_budget else case.policy.case_timeout_s, by_budget), \
                 profiling.nvtx_range(case.id, device):
@@ -328,7 +331,7 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
     calls = {n: functools.partial(run.tech.variants[n].call, workload) for n in outputs
              if run.variant(n).timing is None}
     timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
-                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases,
+                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases, deadline=run.deadline,
                                host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic,
                                basis=getattr(run.tech, "time_basis", "") or SHAPE_TIME_BASIS.get(run.tech.shape, "device"))
     return calls
@@ -368,6 +371,7 @@ def _record_timings(run: CaseRun) -> None:
             vrec.timing["launch_outlasted_flush"] = t.launch_outlasted_flush
         if t.shared_calls:  # repetitions timed on both clocks in one call (long calls)
             vrec.timing["both_clocks_one_call"] = t.shared_calls
+        vrec.under_sampled = t.under_sampled
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
         _store_samples(vrec, t)

@@ -334,6 +334,9 @@ class VariantTiming:
     launch_outlasted_flush: int | None = None
     # Repetitions whose two clocks came from one call (a long call: Clock.time_both), not two.
     shared_calls: int = 0
+    # Why timing stopped before min_reps samples (the time cap, the case's deadline); None when it
+    # did not. Such a variant's figures have no confidence interval (gpubench.stats.MIN_CI_SAMPLES).
+    under_sampled: str | None = None
 
     @property
     def other_basis(self) -> str | None:
@@ -364,10 +367,21 @@ def measure_interleaved(
     host_clock: Callable[[], float] = time.monotonic,
     basis: str = "device",
     other_clock: bool = True,
+    deadline: float | None = None,
 ) -> dict[str, VariantTiming]:
     """Warm up each call, then time them in rounds (A B A B ...) until every one has at least
     ``min_reps`` samples and ``min_time_s`` of measured time and an IQR/median at or below
     ``target_iqr``; or ``max_reps`` is reached; or ``max_time_s`` of wall time has passed.
+
+    The time cap and ``min_reps`` (a loaded machine, slow calls): with a ``deadline`` (an instant
+    on ``time.perf_counter``: the runner's is :func:`timing_deadline`, a share of the case's time
+    limit), timing goes on past ``max_time_s`` until every variant still timed has ``min_reps``
+    samples, but past ``max_time_s`` it starts no round that the last one's duration says would
+    end past the deadline; without one, ``max_time_s`` ends the loop as it always did. Before
+    ``max_time_s`` the deadline changes nothing (a cap longer than the case's limit is the
+    scenario's to fix; the case's own alarm still stops it).
+    A variant left with fewer than ``min_reps`` samples is marked :attr:`VariantTiming.under_sampled`
+    with the reason; its figures then carry no confidence interval (:mod:`gpubench.stats`).
 
     Each call gets a fresh :class:`Recorder`; what the timed calls record is kept beside their
     samples (warm-up calls' is dropped). A call that raises is dropped from the rotation with its
@@ -472,7 +486,9 @@ def measure_interleaved(
     if phases is not None:
         phases.enter("timing")
     t_start = time.perf_counter()
+    stopped_by = ""
     while active:
+        round_start = time.perf_counter()
         for name in list(active):
             try:
                 one(name, timed=True)
@@ -485,11 +501,32 @@ def measure_interleaved(
         reps = [timings[n].n for n in active]
         if min(reps) >= policy.max_reps:
             break
-        if time.perf_counter() - t_start >= policy.max_time_s:
-            break
+        now = time.perf_counter()
+        if now - t_start >= policy.max_time_s:  # the time cap; past it only to reach min_reps, by the deadline
+            if deadline is None or min(reps) >= policy.min_reps:
+                stopped_by = f"time cap (max_time_s = {policy.max_time_s:g} s) reached at {now - t_start:.1f} s"
+                break
+            if now + (now - round_start) > deadline:
+                stopped_by = f"the case's time limit left no room for another round ({now - t_start:.1f} s of timing)"
+                break
         if all(timings[n].settled(policy) for n in active):
             break
+    for name in active:
+        if timings[name].n < policy.min_reps:
+            timings[name].under_sampled = (f"{timings[name].n} of min_reps {policy.min_reps} timed calls: "
+                                           f"{stopped_by or 'timing stopped'}")
     return timings
+
+
+# The share of a case's time limit, from the case's start, that timing may run to when the time cap
+# (max_time_s) comes before min_reps: the rest is left for metrics, energy and profiles.
+TIMING_DEADLINE_SHARE = 0.8
+
+
+def timing_deadline(case_started: float, limit_s: float) -> float:
+    """The instant (``time.perf_counter``) past which a case's timing starts no round, min_reps
+    or not: :data:`TIMING_DEADLINE_SHARE` of its time limit ``limit_s`` after ``case_started``."""
+    return case_started + TIMING_DEADLINE_SHARE * limit_s
 
 
 def harness_overhead_s(device: torch.device, reps: int = 2000) -> float:

@@ -11,13 +11,14 @@ from typing import Any
 
 # Every technique, every figure path of the report: a numeric sweep (speedup against a param),
 # single and categorical cases (speedup per case), FLOP counts (% of peak), each declared plot
-# kind (line, stacked, bars, series, cdf, relative). About 20 s on 2 CPU cores when the
+# kind (line, stacked, bars, series, cdf, relative). Five timed calls a variant, so speedups have a
+# CI; the serving pair two (none: the report's "n=2" path). About 20 s on 2 CPU cores when the
 # speculative pair is cached (its first build trains it: ~25 s more).
 SCENARIO = """
 name: report-test
 description: every technique at a small case, for the report tests
 device: cpu
-policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.2, target_iqr: 1.0,
+policy: {warmup_s: 0, min_reps: 5, max_reps: 6, min_time_s: 0, max_time_s: 0.2, target_iqr: 1.0,
          case_timeout_s: 300, energy_s: 0}
 entries:
   - technique: flash_attention

@@ -320,3 +320,29 @@ def test_a_new_level_s_first_run_overshooting_it_is_where_the_change_starts():
     values = noisy_values(39, 16, 0.03)
     values[8:] *= 1.25
     assert [[i for i, _ in cp.detect(values[:n]).changes] for n in range(11, 17)] == [[8]] * 6
+
+
+def test_a_run_whose_time_rests_on_too_few_samples_is_inconclusive_in_the_history_gate(tmp_path):
+    """Issue 34: a run timed once a variant under load must not fail (or pass) the history gate on
+    that one call: 50% slower from n=1 is inconclusive, naming the count; the same figure from 30
+    samples regresses."""
+    import dataclasses
+
+    from gpubench.history import judge
+
+    with open_store(tmp_path / "h.sqlite") as store:
+        store.add([_row(i, "fused", 1.0 + 0.001 * (i % 3)) for i in range(10)])
+        (one,) = judge.judge_run(store, [dataclasses.replace(_row(99, "fused", 1.5), n=1)], 0.05)
+        (many,) = judge.judge_run(store, [_row(99, "fused", 1.5)], 0.05)
+    assert one.verdict == "inconclusive" and one.reason == "the run's figure rests on too few samples (n=1; a CI needs 5)"
+    assert many.verdict == "regressed"
+
+
+def test_a_change_point_between_levels_of_few_runs_prints_no_interval():
+    """Segments of one or two runs give the change's magnitude no CI (gpubench.stats.MIN_CI_SAMPLES):
+    it prints as the magnitude alone, never as [x, x]."""
+    import dataclasses
+
+    change = cp.ChangePoint(3, "run03", "c03", "t", 0.001, 1.0, 1.2, 0.2, None, None, "regression")
+    assert change.magnitude_text == "+20.0% (no CI: too few runs a side)"
+    assert dataclasses.replace(change, ci_low=0.1, ci_high=0.3).magnitude_text == "+20.0% [+10.0%, +30.0%]"

@@ -205,3 +205,34 @@ def test_gpu_quick_on_an_h200_reaches_every_claim_a_gpu_can_check():
     unreachable = {key for key, ok in comparable.items() if not ok}
     assert {t for t, _ in unreachable} == {"flash_attention", "paged_kv_serving", "paged_attention"}, unreachable
     assert len(unreachable) == 3 and len(comparable) >= 12
+
+
+# -- too few samples (issue 34) ------------------------------------------------------------------------
+def _one_sample(case: dict) -> dict:
+    """The case as an older gpubench wrote it from one timed call a variant: an interval of no width."""
+    for variant in case["variants"].values():
+        variant["samples_s"], variant["stats"] = [0.01], {"median": 0.01, "ci_low": 0.01, "ci_high": 0.01, "n": 1}
+    case["speedups"]["cached"] = {"ratio": 1.15, "ci_low": 1.15, "ci_high": 1.15}
+    return case
+
+
+def test_a_claim_is_never_verified_on_a_speedup_from_one_sample():
+    """1.15x from one call a variant sits inside the claim's band: before issue 34 it 'held'."""
+    reading = read_case(STEP, _one_sample(speedup_case(1.15, 1.15, 1.15)))
+    assert (reading.verdict, reading.reason) == ("unverified", "too few samples (n=1; a CI needs 5)")
+    assert (reading.value, reading.low, reading.high, reading.n) == (1.15, None, None, 1)
+
+
+def test_the_claims_table_says_unverified_with_the_count():
+    doc = results_doc([_one_sample(speedup_case(1.15, 1.15, 1.15))])
+    row = next(r for r in claim_rows(doc) if r["technique"] == "packed_metadata" and r["cases"])
+    assert row["verdict"] == "unverified" and row["measured"] == "1.15x (n=1)"
+    assert row["reason"].startswith("too few samples (n=1") and row["verdict_class"] == "not-comparable"
+
+
+def test_a_figure_carried_from_a_time_of_too_few_samples_is_unverified():
+    tflops = Claim("Lab", "u", text="t", figure=(500.0, 500.0), unit="tflops", reads="tflops", per_time=True)
+    case = speedup_case(1.0, 1.0, 1.0)
+    case["variants"]["cached"]["stats"] = {"median": 0.01, "ci_low": None, "ci_high": None, "n": 3}
+    reading = read_case(tflops, case)
+    assert reading.verdict == "unverified" and reading.n == 3 and reading.value == 500.0

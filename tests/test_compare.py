@@ -641,7 +641,8 @@ def test_a_run_with_one_round_under_load_cannot_make_the_ratio_regress():
     base = [r_base, 0.5 * r_base]
     cur = [[400.0], [0.5 * 400.0 * 1.36]]  # the optimized/baseline ratio 36% worse, from one round
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
-    assert change.verdict == "inconclusive" and "1 sample in a run" in change.reason
+    # Judged inconclusive before the ratio is read: one sample a side has no CI at all (issue 34).
+    assert change.verdict == "inconclusive" and "too few samples to judge: 30 in the baseline, 1 now" in change.reason
 
 
 def _load_script(name):
@@ -743,7 +744,7 @@ def test_the_gate_compares_records_of_either_source_as_it_compares_their_documen
     change = typed.to_dict()["changes"][0]
     assert set(change) == {"case_id", "technique", "verdict", "variant", "baseline_median_s", "current_median_s",
                            "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device",
-                           "time_basis"}  # the clock compared on (added: keys are added, never taken away)
+                           "time_basis", "n"}  # the clock, the fewer samples (keys are added, never taken away)
     assert set(change["context"]) == {"variant", "ratio", "ci_low", "ci_high"}  # not judged by the ratio
     both_slow = compare.compare(base, _doc(cases=[_case("a", [x * 1.4 for x in s]), _case("b", s)]))
     assert set(both_slow.to_dict()["changes"][0]["context"]) == {
@@ -816,3 +817,31 @@ def test_a_results_file_with_a_value_of_the_wrong_type_is_exit_2_not_a_regressio
     out = CliRunner().invoke(main, ["compare", str(tmp_path / "good.json"), str(tmp_path / "bad.json")])
     assert out.exit_code == 2 and "bad.json" in out.output and "wrong type" in out.output
     assert "Traceback" not in out.output
+
+
+# -- too few samples (issue 34) ------------------------------------------------------------------------
+@pytest.mark.parametrize("base_n, cur_n", [(1, 1), (30, 1), (1, 30), (30, 4)])
+def test_a_side_with_fewer_than_min_ci_samples_is_inconclusive_never_regressed(base_n, cur_n):
+    """Three times slower from one timed call (or four) is no measurement: the gate says
+    inconclusive, naming both counts, with the ratio and no CI; it passes unless --strict."""
+    rng = np.random.default_rng(3)
+    base = _doc(cases=[_case("a", list(rng.normal(1.0, 0.01, base_n)))])
+    cur = _doc(cases=[_case("a", list(rng.normal(1.0, 0.01, cur_n)), optimized_scale=3.0)])
+    result = compare.compare(base, cur)
+    change = result.changes[0]
+    assert change.verdict == "inconclusive" and change.ratio == pytest.approx(3.0, rel=0.05)
+    assert change.ci_low is None and change.ci_high is None and change.p_value is None
+    assert change.n == min(base_n, cur_n)
+    assert f"too few samples to judge: {base_n} in the baseline, {cur_n} now" in change.reason
+    assert result.passed and not compare.compare(base, cur, strict=True).passed
+
+
+def test_the_gate_prints_the_count_where_it_has_no_ci():
+    import re
+
+    from gpubench.reports import gate
+
+    rng = np.random.default_rng(3)
+    comp = compare.compare(_doc(cases=[_case("a", list(rng.normal(1.0, 0.01, 20)))]),
+                           _doc(cases=[_case("a", [1.0], optimized_scale=3.0)]))
+    assert re.search(r"\| \+200\.\d% \(n=1\) \|", gate.to_markdown(comp))

@@ -680,3 +680,84 @@ def test_the_params_table_shows_the_values_this_run_took(real_report):
     assert "built-in method" not in page and " object at 0x" not in page
     section = page.split('<section id="tech-flash_attention"')[1].split("</section>")[0]
     assert "<tr><td><code>seq_len</code></td><td>32, 64</td>" in section
+
+
+# -- figures from too few samples (issue 34) ------------------------------------------------------
+def _timed_case(index: int, ratio: float, n: int) -> dict[str, Any]:
+    """A passed case whose optimized variant is ``ratio`` times faster, ``n`` timed calls a variant,
+    written as today's runner writes it (no interval under MIN_CI_SAMPLES)."""
+    from gpubench import stats
+
+    base, opt = [0.01 * (1 + 0.01 * i) for i in range(n)], [0.01 / ratio * (1 + 0.01 * i) for i in range(n)]
+    return {"id": f"pair[i={index}]", "technique": "pair", "params": {"i": index}, "seed": 0,
+            "policy": {"min_reps": n}, "status": "passed",
+            "variants": {"slow": {"role": "baseline", "status": "ok", "samples_s": base,
+                                  "stats": stats.summarize(base).to_dict()},
+                         "fast": {"role": "optimized", "status": "ok", "samples_s": opt,
+                                  "stats": stats.summarize(opt).to_dict()}},
+            "speedups": {"fast": stats.bootstrap_ratio_ci(base, opt).to_dict()}}
+
+
+def _timed_run(cases: list[dict[str, Any]], repeat_scale: float = 1.0) -> RunRecord:
+    return RunRecord.from_dict({"kind": "gpubench.results", "schema_version": 3, "run_id": "r", "device": "cpu",
+                                "device_label": "CPU", "status": "complete", "repeat_scale": repeat_scale,
+                                "scenario": {"name": "s"}, "env": {}, "cases": cases})
+
+
+def test_a_speedup_from_one_sample_prints_its_count_and_no_interval():
+    """Issue 34: 0.37x [0.37, 0.37] from one timed call a variant."""
+    case = CaseRecord.from_dict(_timed_case(0, 0.37, 1))
+    assert format_speedup(case.speedup("fast")) == "0.37x (n=1)"
+    assert format_speedup(CaseRecord.from_dict(_timed_case(0, 2.0, 8)).speedup("fast")).startswith("2.00x [")
+
+
+def test_the_headline_counts_a_case_of_too_few_samples_apart_never_as_best_or_worst():
+    """Seven cases, one of them 37x from one timed call (issue 34's --repeat-scale 0.3 figure): the
+    technique's line ranges over the six with a CI and names the seventh apart; best speedup is
+    not the 37x."""
+    run = _timed_run([_timed_case(i, 1.1 + 0.1 * i, 8) for i in range(6)] + [_timed_case(6, 37.22, 1)])
+    line = sweep.technique_line(run.cases, ())
+    assert line.startswith("speedup 1.10x to 1.60x over 6 cases") and "1 case too few samples (n=1, below 5)" in line
+    head = html.headline(run)
+    assert head["best"].startswith("1.60x") and head["too_few_samples"].startswith("1 case too few samples")
+    assert "(not counted: 1 case too few samples (n=1, below 5); no CI)" in "\n".join(markdown._headline(head))
+    every = _timed_run([_timed_case(i, 1.5 + i, 2) for i in range(3)])
+    assert sweep.technique_line(every.cases, ()) == "speedup 1.50x to 3.50x, no CI: 3 cases too few samples (n=2, below 5)"
+    assert html.headline(every)["best"] == "-"  # no best without a CI
+
+
+def test_better_in_x_of_y_leaves_out_cases_of_too_few_samples():
+    """A technique read by its own figure: 'better in 7 of 7' must not count a case whose timed
+    calls were too few (its figure rests on one call)."""
+    cases = [_timed_case(i, 1.5, 8 if i < 6 else 1) for i in range(7)]
+    for case in cases:
+        case["variants"]["slow"]["metrics"] = {"tokens_per_s": 100.0}
+        case["variants"]["fast"]["metrics"] = {"tokens_per_s": 150.0}
+    run = _timed_run(cases)
+    line = sweep.technique_line(run.cases, (Headline("tokens_per_s", "tokens/s"),))
+    assert "better in 6 of 6 cases; 1 case too few samples (n=1, below 5)" in line
+
+
+def test_the_terminal_says_why_speedups_have_no_ci_at_a_small_repeat_scale():
+    """--repeat-scale 0.3 makes min_reps round(1.5) = 2: the summary says so, not a bare n=2."""
+    from gpubench.reports.terminal import few_samples_lines, summary_lines
+
+    run = _timed_run([_timed_case(0, 2.0, 2)], repeat_scale=0.3)
+    assert "2.00x (n=2)" in "\n".join(summary_lines(run))
+    notes = few_samples_lines(run)
+    assert notes[0].startswith("samples: 1 speedup rests on fewer than 5 timed calls a variant (n=2, below 5)")
+    assert notes[1] == "samples: min_reps is 2 in this run (--repeat-scale 0.3); a CI needs 5 timed calls a variant"
+    assert few_samples_lines(_timed_run([_timed_case(0, 2.0, 8)])) == []
+
+
+def test_an_under_sampled_variant_is_named_with_its_reason():
+    from gpubench.reports.sections import variant_rows
+    from gpubench.reports.terminal import few_samples_lines
+
+    doc = _timed_case(0, 2.0, 1)
+    doc["variants"]["fast"]["under_sampled"] = "1 of min_reps 5 timed calls: time cap (max_time_s = 10 s) reached"
+    doc["policy"] = {"min_reps": 5}
+    run = _timed_run([doc])
+    assert "time cap (max_time_s = 10 s)" in few_samples_lines(run)[-1]
+    row = next(r for r in variant_rows(run.cases[0], 1) if r["variant"] == "fast")
+    assert row["ci"] == "none (n=1)" and "under-sampled: 1 of min_reps 5" in row["reason"]

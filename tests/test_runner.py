@@ -32,7 +32,7 @@ entries:
     params:
       n: 16
       mode: [ok, peer_raises, metrics_raises, optimized_wrong, baseline_raises]
-policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, case_timeout_s: 300, energy_s: 0}
+policy: {warmup_s: 0, min_reps: 5, max_reps: 6, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, case_timeout_s: 300, energy_s: 0}
 """
 
 
@@ -241,3 +241,45 @@ def test_the_phase_record_says_where_a_cases_time_went_and_stops_where_the_case_
     assert 0 < ok["phases_s"]["timed"] <= ok["phases_s"]["timing"]
     assert ok["phases_s"]["timed"] == pytest.approx(sum(sum(v["samples_s"]) for v in ok["variants"].values()))
     assert cases["build_raises"]["phases_s"]["timed"] == 0
+
+
+CAPPED_AT_ONCE = """\
+name: capped
+entries:
+  - technique: toy_kernel
+    params: {n: 16}
+policy: {warmup_s: 0, min_reps: 5, max_reps: 50, min_time_s: 0, max_time_s: 0.000001, target_iqr: 0.0,
+         case_timeout_s: 300, energy_s: 0}
+"""
+
+
+def test_a_time_cap_before_min_reps_keeps_timing_to_min_reps_within_the_case_limit(toys, write_scenario, tmp_path):
+    """Issue 34: under load max_time_s ended timing after one call a variant, and the speedup
+    printed as a CI of no width. The runner gives timing a deadline (a share of case_timeout_s,
+    300 s here, far from a toy's microseconds): every variant reaches min_reps, none under-sampled,
+    and the speedup has its CI."""
+    outcome = run(write_scenario, tmp_path, CAPPED_AT_ONCE)
+    case = results.load_run(outcome.run_dir).cases[0]
+    assert all(len(v.samples_s) == 5 and v.under_sampled is None for v in case.variants.values() if v.samples_s)
+    assert results.has_interval(case.speedup(case.role_variant("optimized")))
+
+
+def test_the_runner_passes_timing_a_deadline_within_the_case_limit(toys, monkeypatch):
+    from gpubench import timing
+    from gpubench.scenario import Case
+    from planted import _NoTelemetry
+
+    seen = {}
+    real = timing.measure_interleaved
+
+    def spy(*args, **kwargs):
+        seen["deadline"], seen["at"] = kwargs.get("deadline"), timing.time.perf_counter()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "measure_interleaved", spy)
+    policy = timing.Policy(warmup_s=0.0, min_reps=2, max_reps=2, min_time_s=0.0, case_timeout_s=100.0, energy_s=0.0)
+    cpu = torch.device("cpu")
+    runner.run_case(Case("toy_kernel", {"n": 16, "mode": "ok"}, policy, 0), cpu, timing.Clock(cpu, flush_l2=False),
+                    _NoTelemetry(), None)
+    # from the case's start (before timing), TIMING_DEADLINE_SHARE of its 100 s: never past the limit
+    assert seen["at"] < seen["deadline"] <= seen["at"] + timing.TIMING_DEADLINE_SHARE * 100.0

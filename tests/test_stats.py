@@ -40,9 +40,65 @@ def test_intervals_are_reproducible_for_the_same_samples():
     assert stats.summarize(x) == stats.summarize(x)
 
 
-def test_single_sample_has_a_degenerate_interval():
-    s = stats.summarize([2.5])
-    assert s.ci_low == s.ci_high == s.median == 2.5 and s.std == 0.0
+@pytest.mark.parametrize("n", [1, 2, stats.MIN_CI_SAMPLES - 1])
+def test_a_median_from_fewer_than_min_ci_samples_has_no_interval(n):
+    """Issue 34: one sample printed as [2.5, 2.5], an interval of no width that looks surer than
+    any figure. Under MIN_CI_SAMPLES the median stands alone."""
+    s = stats.summarize([2.5 + 0.1 * i for i in range(n)])
+    assert s.ci_low is None and s.ci_high is None and not s.has_interval
+    assert s.n == n and s.median == pytest.approx(float(np.median([2.5 + 0.1 * i for i in range(n)])))
+    assert s.to_dict()["ci_low"] is None
+
+
+def test_a_median_from_min_ci_samples_has_its_interval():
+    s = stats.summarize([2.5, 2.6, 2.4, 2.7, 2.55][:stats.MIN_CI_SAMPLES])
+    assert s.has_interval and s.ci_low <= s.median <= s.ci_high
+
+
+@pytest.mark.parametrize("sizes", [(1, 1), (1, 40), (40, 4)])
+def test_a_speedup_with_a_side_under_min_ci_samples_keeps_its_ratio_and_has_no_interval(sizes):
+    """Issue 34: 0.37x [0.37, 0.37] from one timed call a variant; 37.22x [37.22, 37.22] at
+    --repeat-scale 0.3. The ratio is kept (to show, with its count), the interval is not."""
+    slow = [3.0 + 0.01 * i for i in range(sizes[0])]
+    fast = [1.0 + 0.01 * i for i in range(sizes[1])]
+    ci = stats.bootstrap_ratio_ci(slow, fast)
+    assert ci.ratio == pytest.approx(np.median(slow) / np.median(fast))
+    assert ci.ci_low is None and ci.ci_high is None and not ci.has_interval
+    assert ci.n == min(sizes) and ci.to_dict()["n"] == min(sizes)
+
+
+def test_a_speedup_with_min_ci_samples_a_side_has_its_interval_and_count():
+    ci = stats.bootstrap_ratio_ci([3.0, 3.1, 2.9, 3.2, 3.05], [1.0, 1.1, 0.9, 1.05, 1.0, 0.95])
+    assert ci.has_interval and ci.ci_low <= ci.ratio <= ci.ci_high and ci.n == stats.MIN_CI_SAMPLES
+
+
+def test_a_relative_ratio_with_any_run_under_min_ci_samples_has_no_interval():
+    many, one = [1.0, 1.1, 0.9, 1.05, 1.0], [1.2]
+    rel = stats.relative_ratio_ci(many, many, one, many)
+    assert rel.ratio == pytest.approx(1.2) and not rel.has_interval and rel.n == 1
+
+
+def test_ratio_ci_keeps_its_positional_three_field_form():
+    """gpubench.contract users may build a RatioCI as (ratio, low, high): ``n`` is optional."""
+    ci = stats.RatioCI(1.2, 1.1, 1.3)
+    assert ci.has_interval and ci.n is None
+
+
+def test_the_bootstrap_at_min_ci_samples_covers_a_median_about_as_the_docstring_says():
+    """MIN_CI_SAMPLES (5): the percentile bootstrap of a median from 5 samples covers about 94% (the
+    docstring's figure; a distribution-free interval needs 6); from 2 samples far less."""
+    rng = np.random.default_rng(11)
+
+    def coverage(n: int, trials: int = 400) -> float:
+        hits = 0
+        for t in range(trials):
+            x = rng.lognormal(0.0, 0.3, size=n)  # true median exp(0) = 1
+            lo, hi = stats._interval(stats.bootstrap_medians(x, seed=t), stats.CI_LEVEL)
+            hits += lo <= 1.0 <= hi
+        return hits / trials
+
+    assert 0.88 <= coverage(stats.MIN_CI_SAMPLES) <= 0.98
+    assert coverage(2) < 0.6
 
 
 @pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])

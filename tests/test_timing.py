@@ -156,3 +156,63 @@ def test_repeat_scale_never_shrinks_the_case_time_limit():
     policy = timing.Policy(case_timeout_s=100.0)
     assert policy.scaled(0.1).case_timeout_s == 100.0
     assert policy.scaled(3.0).case_timeout_s == 300.0
+
+
+# -- the time cap before min_reps (issue 34: a loaded machine ended loops at one timed call) ------
+def _slow_calls(monkeypatch, seconds):
+    """Two variants of ``seconds`` a call on a fake clock: however loaded the machine, a round
+    takes 2 x ``seconds`` exactly."""
+    fake = FakeTime()
+    monkeypatch.setattr(timing.time, "perf_counter_ns", fake.perf_counter_ns)
+    monkeypatch.setattr(timing.time, "perf_counter", fake.perf_counter)
+    return fake, {"a": lambda _: fake.work(seconds), "b": lambda _: fake.work(seconds)}
+
+
+def test_with_a_deadline_timing_goes_past_the_time_cap_until_min_reps(monkeypatch):
+    """A round of 4 s against max_time_s = 2 s: without the rule one round (n=1, no CI); with a
+    deadline far off, timing goes on to min_reps and stops there, and nothing is under-sampled."""
+    fake, calls = _slow_calls(monkeypatch, 2.0)
+    policy = timing.Policy(warmup_s=0.0, min_reps=5, max_reps=50, min_time_s=0.0, max_time_s=2.0, target_iqr=0.0)
+    out = timing.measure_interleaved(calls, timing.Clock(CPU), policy, deadline=fake.perf_counter() + 1000.0)
+    assert out["a"].n == out["b"].n == 5
+    assert out["a"].under_sampled is None and out["b"].under_sampled is None
+
+
+def test_without_a_deadline_the_time_cap_ends_timing_and_marks_the_variants_under_sampled(monkeypatch):
+    fake, calls = _slow_calls(monkeypatch, 2.0)
+    policy = timing.Policy(warmup_s=0.0, min_reps=5, max_reps=50, min_time_s=0.0, max_time_s=2.0, target_iqr=0.0)
+    out = timing.measure_interleaved(calls, timing.Clock(CPU), policy)
+    assert out["a"].n == 1
+    assert out["a"].under_sampled == "1 of min_reps 5 timed calls: time cap (max_time_s = 2 s) reached at 4.0 s"
+
+
+def test_the_deadline_is_a_hard_bound_no_round_is_started_that_would_pass_it(monkeypatch):
+    """Rounds of 4 s, the deadline 10 s after timing starts: after round 2 (8 s) a third would end
+    at 12 s, past it, so timing stops at n=2 and says why; the case's own limit is never reached
+    from timing."""
+    fake, calls = _slow_calls(monkeypatch, 2.0)
+    policy = timing.Policy(warmup_s=0.0, min_reps=5, max_reps=50, min_time_s=0.0, max_time_s=2.0, target_iqr=0.0)
+    start = fake.perf_counter() + 4.0  # the warm-up round (one call each) comes first
+    out = timing.measure_interleaved(calls, timing.Clock(CPU), policy, deadline=start + 10.0)
+    assert out["a"].n == out["b"].n == 2
+    assert fake.perf_counter() <= start + 10.0
+    assert out["b"].under_sampled == ("2 of min_reps 5 timed calls: the case's time limit left no room for another "
+                                      "round (8.0 s of timing)")
+
+
+def test_a_variant_that_raised_is_not_called_under_sampled(monkeypatch):
+    """Its error says why it has no samples; the one that ran on, stopped by the cap, is marked."""
+    _, calls = _slow_calls(monkeypatch, 2.0)
+
+    def broken(_):
+        raise RuntimeError("boom")
+
+    policy = timing.Policy(warmup_s=0.0, min_reps=5, max_reps=50, min_time_s=0.0, max_time_s=2.0, target_iqr=0.0)
+    out = timing.measure_interleaved({"a": calls["a"], "b": broken}, timing.Clock(CPU), policy)
+    assert out["b"].error is not None and out["b"].under_sampled is None
+    assert out["a"].under_sampled is not None
+
+
+def test_the_runners_timing_deadline_is_a_share_of_the_case_limit():
+    assert timing.timing_deadline(100.0, 300.0) == pytest.approx(100.0 + timing.TIMING_DEADLINE_SHARE * 300.0)
+    assert 0.5 <= timing.TIMING_DEADLINE_SHARE < 1.0  # room left for metrics, energy and profiles

@@ -206,12 +206,19 @@ class ChangePoint:
     before_median: float  # median run figure of the segment before
     after_median: float
     magnitude: float  # after / before - 1
-    ci_low: float  # bootstrap 95% CI of the magnitude
-    ci_high: float
+    ci_low: float | None  # bootstrap 95% CI of the magnitude; None: a level of fewer than MIN_CI_SAMPLES runs
+    ci_high: float | None
     kind: str  # "regression" or "improvement"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def magnitude_text(self) -> str:
+        """``+18.6% [+10.1%, +25.0%]``; ``+18.6% (no CI: too few runs a side)`` without an interval."""
+        if self.ci_low is None or self.ci_high is None:
+            return f"{self.magnitude:+.1%} (no CI: too few runs a side)"
+        return f"{self.magnitude:+.1%} [{self.ci_low:+.1%}, {self.ci_high:+.1%}]"
 
 
 @dataclass(frozen=True)
@@ -260,8 +267,9 @@ def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pva
         worse = ci.ratio > 1.0 if lower_better else ci.ratio < 1.0
         point = points[index]
         out.append(ChangePoint(index, point.run_id, point.commit, point.started_at, pvalue,
-                               stats.median(before), stats.median(after), ci.ratio - 1.0, ci.ci_low - 1.0,
-                               ci.ci_high - 1.0, "regression" if worse else "improvement"))
+                               stats.median(before), stats.median(after), ci.ratio - 1.0,
+                               *((ci.ci_low - 1.0, ci.ci_high - 1.0) if ci.has_interval else (None, None)),
+                               "regression" if worse else "improvement"))
     return out
 
 

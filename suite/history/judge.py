@@ -146,6 +146,10 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
     if current is None:
         return HistoryVerdict(**base, verdict="no_figure", level_median=None, level_ci_low=None, level_ci_high=None,
                               reason=f"the run has no {metric} figure")
+    if metric == "time" and row.n is not None and not stats.has_interval(row.n):  # a count needs no samples
+        return HistoryVerdict(**base, verdict="inconclusive", level_median=None, level_ci_low=None,
+                              level_ci_high=None, reason=f"the run's figure rests on too few samples (n={row.n}; "
+                              f"a CI needs {stats.MIN_CI_SAMPLES})")
     if len(level.points) < MIN_RUNS:
         return HistoryVerdict(**base, verdict="inconclusive", level_median=None, level_ci_low=None,
                               level_ci_high=None, reason=f"{len(level.points)} run(s) since the last change point; "

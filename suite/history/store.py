@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from gpubench import stats
 from gpubench.errors import BadInput
 from gpubench.history import schema
 from gpubench.history.rows import ResultRow
@@ -393,6 +394,8 @@ class HistoryStore:
             row = dict(zip(schema.POINT_COLUMNS, values))
             if metric == "time":
                 median, low, high = row["median_s"], row["ci_low_s"], row["ci_high_s"]
+                if isinstance(row["n"], int) and not stats.has_interval(row["n"]):
+                    low = high = None  # an older gpubench stored an interval from too few samples
             else:
                 value = json.loads(row["metrics_json"] or "{}").get(metric)
                 median = low = high = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
