@@ -6,8 +6,11 @@ against the one just before it), at the default threshold unless --threshold.
 
 Synthetic (default): seeded trials of a history of --history A/A runs and one more run; each run's
 two variants are 30 calls drawn from 300 real timed calls (tests/data/cpu_noise.json), so the
-noise is this machine's. The further run is judged as it is (A/A: an alarm is a false one) and
-with its optimized variant --step slower (a detection when called regressed).
+noise is this machine's. The further run is judged as it is (A/A: an alarm is a false one), with
+its optimized variant --step slower (a detection when called regressed), and on a machine that got
+faster (issue 34): both variants x0.90, unchanged code (an alarm is a false one), and the baseline
+variant x0.90 beside the optimized x0.99, a +10% optimized/baseline ratio that the optimized
+variant's own time hides (a detection when called regressed).
 
     python benchmarks/history_false_alarms.py [--trials 200] [--history 20] [--step 10%] [--json out.json]
 
@@ -52,11 +55,17 @@ def load_pool(path: Path = POOL_PATH) -> np.ndarray:
     return np.asarray(samples, dtype=np.float64)
 
 
-def synthetic_run(rng: np.random.Generator, pool: np.ndarray, index: int, slowdown: float = 1.0) -> dict:
-    """A results document of one case whose variants are SAMPLES calls drawn from ``pool``; the
-    optimized variant's times multiplied by ``slowdown``."""
+FASTER_MACHINE = 0.90  # issue 34: from run 9 on, the baseline variant x0.90 ...
+FASTER_OPTIMIZED = 0.99  # ... and the optimized variant x0.99 (its ratio to the baseline variant +10%)
+
+
+def synthetic_run(rng: np.random.Generator, pool: np.ndarray, index: int, slowdown: float = 1.0,
+                  machine: float = 1.0) -> dict:
+    """A results document of one case whose variants are SAMPLES calls drawn from ``pool``; both
+    variants' times multiplied by ``machine`` (the machine's speed), the optimized variant's also
+    by ``slowdown`` (the code's)."""
     variants = {}
-    for name, role, scale in (("loop", "baseline", 1.0), ("fused", "optimized", OPTIMIZED_SCALE * slowdown)):
+    for name, role, scale in (("loop", "baseline", machine), ("fused", "optimized", OPTIMIZED_SCALE * slowdown * machine)):
         variants[name] = {"role": role, "status": "ok", "samples_s": (rng.choice(pool, SAMPLES) * scale).tolist()}
     return {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": f"aa{index:03d}",
             "device": "cpu", "device_label": "CPU: cpu_noise.json", "status": "complete",
@@ -84,22 +93,25 @@ def pairwise_verdicts(before: dict, current: dict, threshold: float) -> list[str
 
 def synthetic_trials(trials: int, history: int, step: float, threshold: float, seed: int = 0,
                      pool: np.ndarray | None = None) -> list[dict]:
-    """Per seeded trial: each gate's verdict on a further A/A run and on that run ``step`` slower."""
+    """Per seeded trial: each gate's verdict on a further run (the same draws each time) as it is
+    (``aa``), with its optimized variant ``step`` slower (``step``), on a machine that got faster
+    with unchanged code (``faster_aa``: both variants x0.90) and with a regression it hides
+    (``faster``: the baseline variant x0.90, the optimized x0.99)."""
     pool = load_pool() if pool is None else pool
     out = []
     with tempfile.TemporaryDirectory(prefix="history-false-alarms-") as tmp:
         for trial in range(trials):
             rng = np.random.default_rng(seed + trial)
             runs = [synthetic_run(rng, pool, i) for i in range(history)]
-            state = rng.bit_generator.state  # the A/A run and the stepped run: the same draws
-            aa = synthetic_run(rng, pool, history)
-            rng.bit_generator.state = state
-            stepped = synthetic_run(rng, pool, history, slowdown=1.0 + step)
-            (aa_h,), (step_h,) = history_verdicts(Path(tmp) / f"t{trial}.sqlite", runs, [aa, stepped], threshold)
-            (aa_p,) = pairwise_verdicts(runs[-1], aa, threshold)
-            (step_p,) = pairwise_verdicts(runs[-1], stepped, threshold)
-            out.append({"seed": seed + trial, "aa": {"history": aa_h, "pairwise": aa_p},
-                        "step": {"history": step_h, "pairwise": step_p}})
+            state = rng.bit_generator.state  # every judged run: the same draws
+            judged = {}
+            for kind, slowdown, machine in (("aa", 1.0, 1.0), ("step", 1.0 + step, 1.0), ("faster_aa", 1.0, FASTER_MACHINE),
+                                            ("faster", FASTER_OPTIMIZED / FASTER_MACHINE, FASTER_MACHINE)):
+                rng.bit_generator.state = state
+                judged[kind] = synthetic_run(rng, pool, history, slowdown=slowdown, machine=machine)
+            by_history = history_verdicts(Path(tmp) / f"t{trial}.sqlite", runs, list(judged.values()), threshold)
+            out.append({"seed": seed + trial, **{kind: {"history": h, "pairwise": pairwise_verdicts(runs[-1], doc, threshold)[0]}
+                                                  for (kind, doc), (h,) in zip(judged.items(), by_history)}})
     return out
 
 
@@ -134,15 +146,22 @@ def _rate(found: int, total: int) -> str:
 
 def report_synthetic(trials: list[dict], step: float) -> dict:
     """Totals of the trials, printed: false alarms on A/A (regressed: the gate fails; improved: a win
-    that is not there) and detections of the step, per gate."""
+    that is not there), on A/A after the machine got faster, and detections of the step and of the
+    regression a faster machine hides, per gate."""
     totals = {}
     for gate in ("history", "pairwise"):
         aa = Counter(t["aa"][gate] for t in trials)
+        faster_aa = Counter(t["faster_aa"][gate] for t in trials)
         found = sum(t["step"][gate] == "regressed" for t in trials)
-        totals[gate] = {"aa": dict(aa), "step_found": found, "trials": len(trials)}
+        hidden = sum(t["faster"][gate] == "regressed" for t in trials)
+        totals[gate] = {"aa": dict(aa), "step_found": found, "faster_aa": dict(faster_aa), "faster_found": hidden,
+                        "trials": len(trials)}
         print(f"{gate:>8} gate: A/A regressed {_rate(aa['regressed'], len(trials))}, improved "
               f"{_rate(aa['improved'], len(trials))}, inconclusive {aa['inconclusive']}; a {step:.0%} step found "
-              f"{_rate(found, len(trials))}")
+              f"{_rate(found, len(trials))}; machine {1 - FASTER_MACHINE:.0%} faster, A/A regressed "
+              f"{_rate(faster_aa['regressed'], len(trials))}, improved {_rate(faster_aa['improved'], len(trials))}, "
+              f"inconclusive {faster_aa['inconclusive']}; the regression it hides (optimized x{FASTER_OPTIMIZED:g}, "
+              f"ratio {FASTER_OPTIMIZED / FASTER_MACHINE - 1:+.0%}) found {_rate(hidden, len(trials))}")
     return totals
 
 
