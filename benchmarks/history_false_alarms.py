@@ -84,7 +84,8 @@ def history_verdicts(store_path: Path, history: list[dict], current: list[dict],
     """Each of ``current``'s runs judged against ``history`` (stored in a new store): its cases' verdicts."""
     with open_store(store_path) as store:
         store.add([row for doc in history for row in _rows(doc)])
-        return [[v.verdict for v in judge_run(store, _rows(doc), threshold)] for doc in current]
+        return [[v.verdict for v in judge_run(store, _rows(doc), threshold, run=RunRecord.from_dict(doc))]
+                for doc in current]
 
 
 def pairwise_verdicts(before: dict, current: dict, threshold: float) -> list[str]:

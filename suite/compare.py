@@ -27,7 +27,11 @@ bootstrap CI that resamples each run's interleaved rounds together. It stays reg
 only when that ratio's whole CI lies beyond the threshold and beyond half the baseline variant's
 move (log terms: a machine change does not slow both variants alike), each variant having at least
 5 samples in each run; otherwise it is **inconclusive**, with both figures in its reason, and ``--strict``
-fails on it. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
+fails on it. The ratio is the figure a machine's move does not make, so it is judged whatever the
+optimized variant's own time says (issue 34: a machine that got faster, the baseline variant x0.90,
+hid an optimized variant at x0.99, read "unchanged"): where its whole CI lies beyond that same
+bound (at least 5 samples a variant and run) the case is **regressed** (**improved**) by the ratio,
+even when the optimized variant's time did not move beyond the threshold or moved the other way. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
 reserved); its cases are gated on that deterministic figure instead (no CI needed).
 Times are compared on one clock (device or wall time, :mod:`gpubench.timing`): where the runs'
 headline clocks differ, on a clock both recorded; where they share none (a baseline of an older
@@ -387,35 +391,61 @@ def _pct(ci: stats.RatioCI) -> str:
     return f"{(ci.ratio - 1) * 100:+.1f}% [{(ci.ci_low - 1) * 100:+.1f}, {(ci.ci_high - 1) * 100:+.1f}]"
 
 
+def _ratio_bound(direction: str, threshold: float, control: stats.RatioCI) -> float:
+    """How far the optimized/baseline ratio must move to count as ``direction``: beyond the
+    threshold, and beyond what the machine's move can do to the ratio of unchanged code
+    (MACHINE_SHARE of the baseline variant's move, log terms; only a move the machine's way needs it)."""
+    allowance = control.ratio ** MACHINE_SHARE
+    return max(1.0 + threshold, allowance) if direction == "regressed" else min(1.0 / (1.0 + threshold), allowance)
+
+
+def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: float) -> str | None:
+    """"regressed" ("improved") when the optimized/baseline ratio's whole CI lies beyond
+    :func:`_ratio_bound`; None when it does not clearly move."""
+    if relative.ci_low > _ratio_bound("regressed", threshold, control):
+        return "regressed"
+    if relative.ci_high < _ratio_bound("improved", threshold, control):
+        return "improved"
+    return None
+
+
+def _beyond(direction: str, threshold: float, control: stats.RatioCI) -> str:
+    bound = _ratio_bound(direction, threshold, control)
+    text = f"beyond the {threshold * 100:g}% threshold"
+    if bound == control.ratio ** MACHINE_SHARE:
+        text += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
+    return text
+
+
 def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: stats.RatioCI,
                              fewest_samples: int) -> None:
-    """The baseline variant moved too: the case keeps its verdict only if the optimized/baseline
-    ratio moved the same way beyond the threshold and beyond what the machine's move can do to the
-    ratio of unchanged code (MACHINE_SHARE of the baseline variant's move), its whole CI included,
-    and that CI rests on enough samples (one round taken under load gives a CI of no width)."""
-    moved = f"the baseline variant moved {(control.ratio - 1) * 100:+.1f}% too"
+    """The optimized/baseline ratio's verdict (:func:`ratio_verdict`), where it may differ from the
+    optimized variant's own. The baseline variant moved the way the optimized one did: the case keeps its verdict only if the ratio moved that way clearly too, and that CI rests on
+    enough samples (one round taken under load gives a CI of no width). The ratio moved clearly
+    where the optimized variant's time did not tell it (a faster machine hid a regression, issue
+    34; or the machine's move hid a gain): the ratio's verdict is the case's, whatever the machine
+    did."""
+    own = change.verdict
+    machine = f"the baseline variant moved {(control.ratio - 1) * 100:+.1f}%"
     if fewest_samples < MIN_SAMPLES_FOR_RATIO:
         change.verdict = "inconclusive"
-        change.reason = (f"{moved}; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
+        change.reason = (f"{machine} too; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
                          f"variant has {fewest_samples} sample{'s' if fewest_samples != 1 else ''} in a run (fewer "
                          f"than {MIN_SAMPLES_FOR_RATIO}): too few to tell the code from the machine")
         return
-    allowance = control.ratio ** MACHINE_SHARE
-    if change.verdict == "regressed":
-        bound = max(1.0 + change.threshold, allowance)
-        kept = relative.ci_low > bound
+    by_ratio = ratio_verdict(relative, control, change.threshold)
+    if by_ratio == own:
+        change.reason = (f"{machine} too, but the optimized/baseline ratio moved {_pct(relative)}, "
+                         f"{_beyond(own, change.threshold, control)}")
+    elif by_ratio is not None:
+        change.verdict = by_ratio
+        change.reason = (f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
+                         f", while {machine}: the optimized variant's own "
+                         f"{(change.ratio - 1) * 100:+.1f}% ({own}) does not show it")
     else:
-        bound = min(1.0 / (1.0 + change.threshold), allowance)
-        kept = relative.ci_high < bound
-    beyond = f"beyond the {change.threshold * 100:g}% threshold"
-    if bound == allowance:
-        beyond += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
-    if kept:
-        change.reason = f"{moved}, but the optimized/baseline ratio moved {_pct(relative)}, {beyond}"
-        return
-    change.verdict = "inconclusive"
-    change.reason = (f"{moved}; the optimized/baseline ratio moved {_pct(relative)}, not wholly {beyond}: "
-                     f"the machine changed between the runs")
+        change.verdict = "inconclusive"
+        change.reason = (f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "
+                         f"{_beyond(own, change.threshold, control)}: the machine changed between the runs")
 
 
 def _metric(case: CaseRecord, name: str | None, key: str) -> float | None:
@@ -456,14 +486,20 @@ def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, na
     the optimized/baseline ratio where that move may explain the optimized variant's change."""
     ref = cur.role_variant("baseline")
     ra, rb = _samples(base, base.role_variant("baseline"), basis), _samples(cur, ref, basis)
-    if ra and rb and ref != name:
-        ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
-        change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
-        if change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio):
-            relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
-            change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
-                relative.ratio, relative.ci_low, relative.ci_high)
-            _judge_by_relative_ratio(change, ci, relative, min(len(a), len(b), len(ra), len(rb)))
+    if not (ra and rb and ref != name):
+        return
+    ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
+    change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
+    fewest = min(len(a), len(b), len(ra), len(rb))
+    moved = change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio)
+    relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
+    # The ratio is the figure a machine's move does not make: it decides where the baseline variant
+    # moved too, and wherever it clearly says otherwise than the optimized variant's own time.
+    if moved or (fewest >= MIN_SAMPLES_FOR_RATIO
+                 and ratio_verdict(relative, ci, change.threshold) not in (None, change.verdict)):
+        change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
+            relative.ratio, relative.ci_low, relative.ci_high)
+        _judge_by_relative_ratio(change, ci, relative, fewest)
 
 
 def _fill_by_metric(change: Change, before: float | None, now: float | None, key: str, name: str | None) -> None:

@@ -124,6 +124,17 @@ def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.rando
     return np.median(optimized[idx_opt], axis=1) / np.median(control[idx_ctl], axis=1)
 
 
+def run_ratio_ci(optimized: Sequence[float], control: Sequence[float], level: float = CI_LEVEL,
+                 seed: int = 0) -> RatioCI:
+    """median(optimized) / median(control) within one run, with a percentile bootstrap CI that
+    resamples interleaved rounds together where the variants have a sample per round (as
+    :func:`relative_ratio_ci` does for each run)."""
+    opt, ctl = _array(optimized), _array(control)
+    ratio = float(np.median(opt) / np.median(ctl))
+    low, high = _interval(_run_ratio_medians(opt, ctl, np.random.default_rng(seed)), level)
+    return RatioCI(ratio, low, high)
+
+
 def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[float],
                       cur_optimized: Sequence[float],
                       cur_control: Sequence[float], level: float = CI_LEVEL, seed: int = 0) -> RatioCI:

@@ -644,6 +644,58 @@ def test_a_run_with_one_round_under_load_cannot_make_the_ratio_regress():
     assert change.verdict == "inconclusive" and "1 sample in a run" in change.reason
 
 
+def _machine_and_code(machine: float, optimized: float, rounds: int = 30, seed: int = 16):
+    """A pair case in two runs of interleaved rounds (each round's noise shared by its two variants):
+    in the current run the machine's speed x ``machine`` (both variants) and the optimized variant's
+    time x ``optimized`` in all (so its ratio to the baseline variant x optimized / machine)."""
+    rng = np.random.default_rng(seed)
+    r_base, r_cur = _rounds(rng, rounds), _rounds(rng, rounds)
+    own = lambda: rng.normal(1.0, 0.01, rounds)  # noqa: E731  (each variant's own, unshared noise)
+    base = [r_base * own(), 0.5 * r_base * own()]
+    cur = [machine * r_cur * own(), optimized * 0.5 * r_cur * own()]
+    return compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
+
+
+def test_a_regression_a_faster_machine_hides_is_regressed_by_its_ratio():
+    # Issue 34: the baseline variant x0.90, the optimized x0.99 (the ratio +10%): the optimized
+    # variant's own time read "unchanged", and the baseline variant's move only ever demoted a verdict.
+    change = _machine_and_code(0.90, 0.99)
+    assert change.ratio == pytest.approx(0.99, abs=0.03)  # its own time did not move beyond 5%
+    assert change.verdict == "regressed", change.reason
+    assert change.context.relative_ratio == pytest.approx(1.10, rel=0.03) and change.context.relative_ci_low > 1.05
+    assert "optimized/baseline ratio moved +" in change.reason and "does not show it" in change.reason
+    assert compare.Comparison(compare.Side(), compare.Side(), [change], False, []).exit_code == 1
+
+
+def test_the_mirror_a_gain_a_slower_machine_hides_is_improved_by_its_ratio():
+    change = _machine_and_code(1.12, 1.0)
+    assert change.verdict == "improved", change.reason
+    assert change.context.relative_ratio == pytest.approx(1 / 1.12, rel=0.03)
+
+
+def test_a_slowdown_the_machine_more_than_explains_is_improved_when_the_ratio_clearly_says_so():
+    # the machine 30% slower, the optimized variant 15%: the ratio -11.5%, beyond the threshold and
+    # moved against the machine (before: inconclusive, the ratio only consulted to demote)
+    change = _machine_and_code(1.30, 1.15)
+    assert change.ratio > 1.05 and change.verdict == "improved", change.reason
+
+
+@pytest.mark.parametrize("machine", [0.90, 1.0, 1.10, 1.35])
+def test_a_machine_that_moved_both_variants_alike_is_never_regressed_or_improved(machine):
+    assert _machine_and_code(machine, machine).verdict in ("unchanged", "inconclusive")
+
+
+def test_a_ratio_move_within_half_the_machine_s_move_raises_nothing():
+    # the machine 35% slower, the ratio +8% its way: within what half its move does to unchanged code
+    assert _machine_and_code(1.35, 1.35 * 1.08).verdict == "inconclusive"
+
+
+def test_a_ratio_read_from_too_few_samples_raises_nothing():
+    # 4 rounds a run (a loaded machine's time cap): fewer than MIN_SAMPLES_FOR_RATIO, no raise
+    change = _machine_and_code(0.90, 0.99, rounds=compare.MIN_SAMPLES_FOR_RATIO - 1)
+    assert change.verdict == "unchanged" and change.context.relative_ratio is None
+
+
 def _load_script(name):
     import importlib.util
     path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
