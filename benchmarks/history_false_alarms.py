@@ -14,6 +14,12 @@ variant's own time hides (a detection when called regressed).
 
     python benchmarks/history_false_alarms.py [--trials 200] [--history 20] [--step 10%] [--json out.json]
 
+The pairwise rule's p alone (--p-rule N): N draws of 30 calls a side, each compared A/A and 10%
+slower by compare.verdict_of, its p from the bootstrap of the CI it goes with (the gate's since
+issue 34) and from a Mann-Whitney U test (before): A/A alarms and the step found, per p.
+
+    python benchmarks/history_false_alarms.py --p-rule 4000
+
 Real runs (--runs): run directories of unchanged code in the order they ran (as gate_false_alarms.py
 takes them); each run from the --min-history + 1-th on is judged by both gates, every case of it.
 
@@ -116,6 +122,28 @@ def synthetic_trials(trials: int, history: int, step: float, threshold: float, s
     return out
 
 
+def p_rule_trials(trials: int, step: float, threshold: float, seed: int = 0,
+                  pool: np.ndarray | None = None) -> dict:
+    """compare.verdict_of on ``trials`` draws of SAMPLES calls a side (A/A, and ``step`` slower),
+    with the bootstrap p of the CI (the gate's) and with the Mann-Whitney U p (before issue 34):
+    per p, A/A regressed / improved and the step found."""
+    from gpubench import stats
+
+    pool = load_pool() if pool is None else pool
+    counts = {name: Counter() for name in ("bootstrap", "mann_whitney")}
+    for trial in range(trials):
+        rng = np.random.default_rng(seed + trial)
+        base, cur = rng.choice(pool, SAMPLES), rng.choice(pool, SAMPLES)
+        for kind, sample in (("aa", cur), ("step", cur * (1 + step))):
+            ci, p = stats.bootstrap_ratio_test(sample, base, seed=seed + trial)
+            for name, value in (("bootstrap", p), ("mann_whitney", stats.mann_whitney_u(sample, base))):
+                counts[name][f"{kind}_{compare.verdict_of(ci, value, threshold)}"] += 1
+    for name, found in counts.items():
+        print(f"{name:>12} p: A/A regressed {_rate(found['aa_regressed'], trials)}, improved "
+              f"{_rate(found['aa_improved'], trials)}; a {step:.0%} step found {_rate(found['step_regressed'], trials)}")
+    return {name: dict(found) for name, found in counts.items()}
+
+
 def _gate_false_alarms():
     """The pairwise count of gate_false_alarms.py, loaded from beside this file (no package here)."""
     spec = importlib.util.spec_from_file_location("gate_false_alarms", Path(__file__).with_name("gate_false_alarms.py"))
@@ -189,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", default=str(compare.DEFAULT_THRESHOLD))
     parser.add_argument("--runs", nargs="+", help="real run directories of unchanged code, in order (not synthetic)")
     parser.add_argument("--min-history", type=int, default=5, help="runs before the first judged one (--runs)")
+    parser.add_argument("--p-rule", type=int, metavar="N", help="only the pairwise rule's p, bootstrap vs "
+                        "Mann-Whitney, on N draws (synthetic)")
     parser.add_argument("--json", dest="json_path", help="also write the rows and totals to this file")
     args = parser.parse_args(argv)
     try:
@@ -199,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs is None and (args.trials < 1 or args.history < 2):
             raise BadInput(f"--trials {args.trials}, --history {args.history}: allowed: at least 1 trial and a "
                            f"history of at least 2 runs.")
-        if args.runs is not None:
+        if args.p_rule is not None and args.p_rule < 1:
+            raise BadInput(f"--p-rule {args.p_rule}: allowed: at least 1 draw.")
+        if args.p_rule is not None:
+            rows, totals = [], p_rule_trials(args.p_rule, step, threshold, args.seed)
+        elif args.runs is not None:
             rows = real_runs(args.runs, args.min_history, threshold)
             totals = report_real(rows)
         else:

@@ -1,10 +1,15 @@
 """The regression gate: compare a current run with a stored baseline, from results files only.
 
 For each case in both runs, the optimized variant's time ratio ``median(current) /
-median(baseline)`` gets a bootstrap 95% CI from the raw samples and a Mann-Whitney U p-value.
-A case **regresses** only when the slowdown is beyond the threshold *and* statistically real:
-the whole CI lies beyond the threshold, or p < 0.002 with the median effect beyond it (the rule
-asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy machine passes.
+median(baseline)`` gets a bootstrap 95% CI from the raw samples and a p-value from the same
+bootstrap replicates (:func:`gpubench.stats.bootstrap_ratio_test`: two-sided, of "no change"), so
+the two never contradict each other: the 95% CI excludes no change exactly when p < 0.05 (before
+issue 34 the p was a Mann-Whitney U test's, printed beside CIs it contradicted: "-36.5% [-37.5,
+-35.5], p 0.2"). A case **regresses** only when the slowdown is beyond the threshold *and*
+statistically real: the whole CI lies beyond the threshold, or p < P_SIGNIFICANT (0.002: the
+99.8% CI from those replicates excludes no change) with the median effect beyond it (asv's rule,
+read on one bootstrap). It **improves** by the mirror rule. So an unchanged build on a noisy
+machine passes.
 
 The gate fails (exit 1) on a regression, on any case that failed or was interrupted in the current
 run (a wrong result, an error, a timeout, Ctrl-C), on a case it cannot judge (no samples or no
@@ -52,6 +57,8 @@ from gpubench.errors import BadInput
 from gpubench.results import CaseRecord, RunRecord, as_run, load_run
 
 DEFAULT_THRESHOLD = 0.05
+# A median beyond the threshold is real when the whole 95% CI lies beyond it, or when the bootstrap
+# p of no change (from the same replicates) is below this: the 99.8% CI excludes no change.
 P_SIGNIFICANT = 0.002
 # A machine that changed between runs does not slow both variants alike: on 14 A/A run pairs on this
 # project's 2-core CPU the optimized/baseline ratio of unchanged code moved the baseline variant's
@@ -188,7 +195,8 @@ class Comparison:
 
 
 def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
-    """Beyond the threshold, and real: the CI lies beyond it, or p < 0.002."""
+    """Beyond the threshold, and real: the CI lies beyond it, or p < P_SIGNIFICANT (``p`` from the
+    CI's own replicates: then the 99.8% CI excludes no change)."""
     slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
     if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
         return "regressed"
@@ -199,9 +207,9 @@ def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
 
 def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
              seed: int = 0) -> tuple[str, float, float, float, float]:
-    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times."""
-    ci = stats.bootstrap_ratio_ci(current_samples, baseline_samples, seed=seed)
-    p = stats.mann_whitney_u(current_samples, baseline_samples) if min(len(current_samples), len(baseline_samples)) > 1 else 1.0
+    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times: the CI and p from the
+    same bootstrap replicates (:func:`gpubench.stats.bootstrap_ratio_test`)."""
+    ci, p = stats.bootstrap_ratio_test(current_samples, baseline_samples, seed=seed)
     return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
 

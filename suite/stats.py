@@ -2,7 +2,9 @@
 
 Speedups are ``median(baseline) / median(variant)``: above 1 means the variant is faster.
 Confidence intervals are percentile bootstraps (resampling each sample set independently),
-seeded so the same samples always give the same interval.
+seeded so the same samples always give the same interval. A p-value shown beside such an interval
+comes from the same replicates (:func:`bootstrap_p`): the 95% interval excludes no change exactly
+when p < 0.05, so the two never contradict each other.
 """
 from __future__ import annotations
 
@@ -101,6 +103,11 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
 
     For a speedup pass the baseline's times as ``numerator`` and the variant's as ``denominator``.
     """
+    return bootstrap_ratio_test(numerator, denominator, level, seed)[0]
+
+
+def _ratio_replicates(numerator: Sequence[float], denominator: Sequence[float], seed: int) -> tuple[float, np.ndarray]:
+    """The ratio of medians and its bootstrap replicates (each set resampled on its own)."""
     num, den = _array(numerator), _array(denominator)
     if np.median(den) <= 0:
         raise ValueError("denominator median must be positive")
@@ -109,9 +116,51 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
     boot_den = bootstrap_medians(den, seed=seed + 1)
     boot_den = np.where(boot_den > 0, boot_den, np.nan)
     boot = boot_num / boot_den
-    boot = boot[np.isfinite(boot)]
-    lo, hi = _interval(boot, level) if boot.size else (ratio, ratio)
-    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi)
+    return ratio, boot[np.isfinite(boot)]
+
+
+def bootstrap_ratio_test(numerator: Sequence[float], denominator: Sequence[float], level: float = CI_LEVEL,
+                         seed: int = 0, null: float = 1.0) -> tuple[RatioCI, float]:
+    """:func:`bootstrap_ratio_ci` and the two-sided p-value of "the ratio is ``null``" (no change),
+    both from the same replicates (:func:`bootstrap_p`): the CI at ``level`` excludes ``null``
+    exactly when p < 1 - ``level``."""
+    ratio, boot = _ratio_replicates(numerator, denominator, seed)
+    if not boot.size:
+        return RatioCI(ratio, ratio, ratio), 1.0
+    lo, hi = _interval(boot, level)
+    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi), bootstrap_p(boot, null)
+
+
+def bootstrap_p(replicates: Sequence[float] | np.ndarray, null: float = 1.0) -> float:
+    """Two-sided bootstrap p-value of ``null`` from the replicates a percentile CI is read from: the
+    smallest 1 - level at which that CI (:func:`_interval`, numpy's linear quantiles) would still
+    exclude ``null``, i.e. twice the share of the replicates' quantile function on the smaller side
+    of ``null``. So a CI at any level excludes ``null`` exactly when p < 1 - level. Never below one
+    over the replicates' number (what they can resolve); 1 where ``null`` sits inside a run of equal
+    replicates (no spread: no evidence)."""
+    v = np.sort(np.asarray(replicates, dtype=np.float64))
+    if not v.size:
+        return 1.0
+    if v.size == 1:
+        return 1.0 if v[0] == null else 0.0
+    t = np.linspace(0.0, 1.0, v.size)
+    # below: the largest quantile level whose quantile is <= null; above: the smallest whose quantile is >= null
+    if v[0] > null:
+        below = 0.0
+    elif v[-1] <= null:
+        below = 1.0
+    else:
+        j = int(np.searchsorted(v, null, side="right")) - 1
+        below = float(t[j] + (null - v[j]) / (v[j + 1] - v[j]) * (t[j + 1] - t[j]))
+    if v[-1] < null:
+        above = 1.0
+    elif v[0] >= null:
+        above = 0.0
+    else:
+        j = int(np.searchsorted(v, null, side="left"))
+        above = float(t[j - 1] + (null - v[j - 1]) / (v[j] - v[j - 1]) * (t[j] - t[j - 1]))
+    p = 2.0 * min(below, 1.0 - above)
+    return float(min(1.0, max(p, 1.0 / v.size)))
 
 
 def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -153,7 +202,8 @@ def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[fl
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and
     continuity corrections): how surprising the two sample sets would be if both came from one
-    distribution. Pure numpy; adequate from about 8 samples a side."""
+    distribution. Pure numpy; adequate from about 8 samples a side. A public helper: the gate's p
+    is :func:`bootstrap_ratio_test`'s, from the replicates of the CI printed beside it."""
     x, y = _array(a), _array(b)
     n1, n2 = x.size, y.size
     combined = np.concatenate([x, y])

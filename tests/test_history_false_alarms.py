@@ -64,3 +64,10 @@ def test_real_runs_are_judged_from_the_min_history_th_on_and_bad_input_is_exit_2
     assert script.main(["--runs", *paths[:2], "--min-history", "2"]) == 2
     assert script.main(["--trials", "0"]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_p_rule_mode_counts_both_p_sources_on_the_same_draws(script, capsys):
+    totals = script.p_rule_trials(20, 0.10, 0.05)
+    assert set(totals) == {"bootstrap", "mann_whitney"}
+    assert all(sum(v for k, v in t.items() if k.startswith("aa_")) == 20 for t in totals.values())
+    assert "bootstrap p: A/A regressed" in capsys.readouterr().out
