@@ -448,8 +448,8 @@ def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: s
     elif by_ratio is not None:
         change.verdict = by_ratio
         change.reason = (f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
-                         f", while {machine}: the optimized variant's own "
-                         f"{(change.ratio - 1) * 100:+.1f}% ({own}) does not show it")
+                         f", while {machine}: the ratio decides, not the optimized variant's own "
+                         f"{(change.ratio - 1) * 100:+.1f}% ({own} by itself)")
     else:
         change.verdict = "inconclusive"
         change.reason = (f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "

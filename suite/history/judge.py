@@ -18,6 +18,13 @@ runs, by at least half as much (log terms), the case is judged by its optimized/
 against the level's ratios by the same rule, and keeps its verdict only when that ratio also
 moved beyond half the baseline variant's move; otherwise it is **inconclusive**, with both moves
 in its reason.
+
+The ratio is judged whatever the optimized variant's figure says (issue 34: a machine that got
+faster, the baseline variant x0.90, hid an optimized variant at x0.99, passed at "+6.6%"): where the
+run's own optimized/baseline ratio CI (:func:`run_ratios`: from its samples, at least
+MIN_SAMPLES_FOR_RATIO a variant) lies wholly beyond the level's ratio CI times (1 +/- threshold),
+and beyond half the baseline variant's move where that move went its way, the case is
+**regressed** (**improved**) by the ratio.
 """
 from __future__ import annotations
 
@@ -31,9 +38,9 @@ from gpubench.compare import MACHINE_SHARE, MIN_SAMPLES_FOR_RATIO, load_any
 from gpubench.errors import BadInput
 from gpubench.history import changepoints
 from gpubench.history.rows import ResultRow, device_model
-from gpubench.results import RunRecord
 from gpubench.history.since import Since
 from gpubench.history.store import HistoryStore
+from gpubench.results import RunRecord
 
 MIN_RUNS = 5
 
@@ -175,8 +182,8 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
         if clear is not None else ""))
     if not moved:
         return clear, (f"{ratio_text} against its level, its whole CI beyond the level's and the threshold, while "
-                       f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the optimized "
-                       f"variant's own {reason} ({verdict}) does not show it"), moves
+                       f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the ratio "
+                       f"decides, not the optimized variant's own {reason} ({verdict} by itself)"), moves
     moved_text = (f"{reason}, but the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%} in the same "
                   f"runs too (the machine changed); {ratio_text}")
     if ratio_verdict == verdict and abs(ratio_move) > abs(machine) * MACHINE_SHARE:
@@ -201,10 +208,10 @@ def _ratio_clear(run_ratio: stats.RatioCI, level: stats.SampleStats, machine: fl
 
 
 def run_ratios(run: RunRecord) -> dict[tuple[str, str, str, str], stats.RatioCI]:
-    """Per (device model, case id, optimized variant, baseline variant) of ``run``: the time ratio with a bootstrap CI
-    from its own samples (interleaved rounds resampled together, :func:`gpubench.stats.run_ratio_ci`),
-    where both variants have at least MIN_SAMPLES_FOR_RATIO samples on one clock. What lets the
-    history gate call a ratio move clear."""
+    """Per (device model, case id, optimized variant, baseline variant) of ``run``: the time ratio
+    with a bootstrap CI from its own samples (interleaved rounds resampled together,
+    :func:`gpubench.stats.run_ratio_ci`), where both variants have at least MIN_SAMPLES_FOR_RATIO
+    samples on one clock. What lets the history gate call a ratio move clear."""
     out = {}
     for index, case in enumerate(run.cases):
         names = case.role_variant("optimized"), case.role_variant("baseline")
