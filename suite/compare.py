@@ -36,7 +36,8 @@ fails on it. The ratio is the figure a machine's move does not make, so it is ju
 optimized variant's own time says (issue 34: a machine that got faster, the baseline variant x0.90,
 hid an optimized variant at x0.99, read "unchanged"): where its whole CI lies beyond that same
 bound (at least 5 samples a variant and run) the case is **regressed** (**improved**) by the ratio,
-even when the optimized variant's time did not move beyond the threshold or moved the other way. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
+even when the optimized variant's time did not move beyond the threshold or moved the other way.
+A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
 reserved); its cases are gated on that deterministic figure instead (no CI needed).
 Times are compared on one clock (device or wall time, :mod:`gpubench.timing`): where the runs'
 headline clocks differ, on a clock both recorded; where they share none (a baseline of an older
@@ -428,8 +429,9 @@ def _beyond(direction: str, threshold: float, control: stats.RatioCI) -> str:
 def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: stats.RatioCI,
                              fewest_samples: int) -> None:
     """The optimized/baseline ratio's verdict (:func:`ratio_verdict`), where it may differ from the
-    optimized variant's own. The baseline variant moved the way the optimized one did: the case keeps its verdict only if the ratio moved that way clearly too, and that CI rests on
-    enough samples (one round taken under load gives a CI of no width). The ratio moved clearly
+    optimized variant's own. The baseline variant moved the way the optimized one did: the case
+    keeps its verdict only if the ratio moved that way clearly too, and that CI rests on enough
+    samples (one round taken under load gives a CI of no width). The ratio moved clearly
     where the optimized variant's time did not tell it (a faster machine hid a regression, issue
     34; or the machine's move hid a gain): the ratio's verdict is the case's, whatever the machine
     did."""
