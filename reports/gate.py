@@ -90,10 +90,13 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
     lines = [f"## gpubench compare: {'✅' if comp.passed else '❌'} {_cell(headline(comp))}", "",
              "Change is the optimized variant's median time, current vs baseline, with a bootstrap 95% CI "
              "(positive = slower). A case regresses only when the slowdown exceeds its threshold and is "
-             "statistically real (CI beyond the threshold, or Mann-Whitney p < 0.002). When the baseline variant, "
+             "statistically real (CI beyond the threshold, or p < 0.002; p is a bootstrap p of no change from the "
+             "CI's own replicates, so the CI excludes 0 exactly when p < 0.05). When the baseline variant, "
              "timed alongside, moved the same way (the machine changed), the case is judged by its "
              "optimized/baseline time ratio instead: regressed only if that ratio got worse beyond the "
-             "threshold, its whole CI included; otherwise inconclusive.", "",
+             "threshold, its whole CI included; otherwise inconclusive. Where that ratio's whole CI lies beyond "
+             "the threshold, it decides whatever the optimized variant's own time says (a faster machine can "
+             "hide a regression).", "",
              "| case | verdict | baseline | current | change [95% CI] | p | threshold | baseline variant | note |",
              "|---|---|---|---|---|---|---|---|---|"]
     for message in comp.forced:

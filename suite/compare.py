@@ -1,10 +1,15 @@
 """The regression gate: compare a current run with a stored baseline, from results files only.
 
 For each case in both runs, the optimized variant's time ratio ``median(current) /
-median(baseline)`` gets a bootstrap 95% CI from the raw samples and a Mann-Whitney U p-value.
-A case **regresses** only when the slowdown is beyond the threshold *and* statistically real:
-the whole CI lies beyond the threshold, or p < 0.002 with the median effect beyond it (the rule
-asv uses). It **improves** by the mirror rule. So an unchanged build on a noisy machine passes.
+median(baseline)`` gets a bootstrap 95% CI from the raw samples and a p-value from the same
+bootstrap replicates (:func:`gpubench.stats.bootstrap_ratio_test`: two-sided, of "no change"), so
+the two never contradict each other: the 95% CI excludes no change exactly when p < 0.05 (before
+issue 34 the p was a Mann-Whitney U test's, printed beside CIs it contradicted: "-36.5% [-37.5,
+-35.5], p 0.2"). A case **regresses** only when the slowdown is beyond the threshold *and*
+statistically real: the whole CI lies beyond the threshold, or p < P_SIGNIFICANT (0.002: the
+99.8% CI from those replicates excludes no change) with the median effect beyond it (asv's rule,
+read on one bootstrap). It **improves** by the mirror rule. So an unchanged build on a noisy
+machine passes.
 
 The gate fails (exit 1) on a regression, on any case that failed or was interrupted in the current
 run (a wrong result, an error, a timeout, Ctrl-C), on a case it cannot judge (no samples or no
@@ -27,7 +32,12 @@ bootstrap CI that resamples each run's interleaved rounds together. It stays reg
 only when that ratio's whole CI lies beyond the threshold and beyond half the baseline variant's
 move (log terms: a machine change does not slow both variants alike), each variant having at least
 5 samples in each run; otherwise it is **inconclusive**, with both figures in its reason, and ``--strict``
-fails on it. A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
+fails on it. The ratio is the figure a machine's move does not make, so it is judged whatever the
+optimized variant's own time says (issue 34: a machine that got faster, the baseline variant x0.90,
+hid an optimized variant at x0.99, read "unchanged"): where its whole CI lies beyond that same
+bound (at least 5 samples a variant and run) the case is **regressed** (**improved**) by the ratio,
+even when the optimized variant's time did not move beyond the threshold or moved the other way.
+A technique whose figure of merit is not time names a ``gate_metric`` (kv_cache: bytes
 reserved); its cases are gated on that deterministic figure instead (no CI needed).
 Times are compared on one clock (device or wall time, :mod:`gpubench.timing`): where the runs'
 headline clocks differ, on a clock both recorded; where they share none (a baseline of an older
@@ -48,6 +58,8 @@ from gpubench.errors import BadInput
 from gpubench.results import CaseRecord, RunRecord, as_run, load_run
 
 DEFAULT_THRESHOLD = 0.05
+# A median beyond the threshold is real when the whole 95% CI lies beyond it, or when the bootstrap
+# p of no change (from the same replicates) is below this: the 99.8% CI excludes no change.
 P_SIGNIFICANT = 0.002
 # A machine that changed between runs does not slow both variants alike: on 14 A/A run pairs on this
 # project's 2-core CPU the optimized/baseline ratio of unchanged code moved the baseline variant's
@@ -185,7 +197,8 @@ class Comparison:
 
 
 def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
-    """Beyond the threshold, and real: the CI lies beyond it, or p < 0.002."""
+    """Beyond the threshold, and real: the CI lies beyond it, or p < P_SIGNIFICANT (``p`` from the
+    CI's own replicates: then the 99.8% CI excludes no change)."""
     slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
     if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
         return "regressed"
@@ -196,13 +209,13 @@ def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
 
 def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
              seed: int = 0) -> tuple[str, float, float, float, float]:
-    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times. With fewer than
+    """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times: the CI and p from the
+    same bootstrap replicates (:func:`gpubench.stats.bootstrap_ratio_test`). With fewer than
     :data:`gpubench.stats.MIN_CI_SAMPLES` samples on either side: ``inconclusive``, the ratio with
     no CI and no p (one timed call under load is no measurement to gate on)."""
-    ci = stats.bootstrap_ratio_ci(current_samples, baseline_samples, seed=seed)
+    ci, p = stats.bootstrap_ratio_test(current_samples, baseline_samples, seed=seed)
     if not ci.has_interval:
         return "inconclusive", ci.ratio, None, None, None
-    p = stats.mann_whitney_u(current_samples, baseline_samples) if min(len(current_samples), len(baseline_samples)) > 1 else 1.0
     return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
 
@@ -393,35 +406,62 @@ def _pct(ci: stats.RatioCI) -> str:
     return f"{(ci.ratio - 1) * 100:+.1f}% [{(ci.ci_low - 1) * 100:+.1f}, {(ci.ci_high - 1) * 100:+.1f}]"
 
 
+def _ratio_bound(direction: str, threshold: float, control: stats.RatioCI) -> float:
+    """How far the optimized/baseline ratio must move to count as ``direction``: beyond the
+    threshold, and beyond what the machine's move can do to the ratio of unchanged code
+    (MACHINE_SHARE of the baseline variant's move, log terms; only a move the machine's way needs it)."""
+    allowance = control.ratio ** MACHINE_SHARE
+    return max(1.0 + threshold, allowance) if direction == "regressed" else min(1.0 / (1.0 + threshold), allowance)
+
+
+def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: float) -> str | None:
+    """"regressed" ("improved") when the optimized/baseline ratio's whole CI lies beyond
+    :func:`_ratio_bound`; None when it does not clearly move."""
+    if relative.ci_low > _ratio_bound("regressed", threshold, control):
+        return "regressed"
+    if relative.ci_high < _ratio_bound("improved", threshold, control):
+        return "improved"
+    return None
+
+
+def _beyond(direction: str, threshold: float, control: stats.RatioCI) -> str:
+    bound = _ratio_bound(direction, threshold, control)
+    text = f"beyond the {threshold * 100:g}% threshold"
+    if bound == control.ratio ** MACHINE_SHARE:
+        text += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
+    return text
+
+
 def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: stats.RatioCI,
                              fewest_samples: int) -> None:
-    """The baseline variant moved too: the case keeps its verdict only if the optimized/baseline
-    ratio moved the same way beyond the threshold and beyond what the machine's move can do to the
-    ratio of unchanged code (MACHINE_SHARE of the baseline variant's move), its whole CI included,
-    and that CI rests on enough samples (one round taken under load gives a CI of no width)."""
-    moved = f"the baseline variant moved {(control.ratio - 1) * 100:+.1f}% too"
+    """The optimized/baseline ratio's verdict (:func:`ratio_verdict`), where it may differ from the
+    optimized variant's own. The baseline variant moved the way the optimized one did: the case
+    keeps its verdict only if the ratio moved that way clearly too, and that CI rests on enough
+    samples (one round taken under load gives a CI of no width). The ratio moved clearly
+    where the optimized variant's time did not tell it (a faster machine hid a regression, issue
+    34; or the machine's move hid a gain): the ratio's verdict is the case's, whatever the machine
+    did."""
+    own = change.verdict
+    machine = f"the baseline variant moved {(control.ratio - 1) * 100:+.1f}%"
     if fewest_samples < MIN_SAMPLES_FOR_RATIO:
         change.verdict = "inconclusive"
-        change.reason = (f"{moved}; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
+        change.reason = (f"{machine} too; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
                          f"variant has {fewest_samples} sample{'s' if fewest_samples != 1 else ''} in a run (fewer "
                          f"than {MIN_SAMPLES_FOR_RATIO}): too few to tell the code from the machine")
         return
-    allowance = control.ratio ** MACHINE_SHARE
-    if change.verdict == "regressed":
-        bound = max(1.0 + change.threshold, allowance)
-        kept = relative.ci_low > bound
+    by_ratio = ratio_verdict(relative, control, change.threshold)
+    if by_ratio == own:
+        change.reason = (f"{machine} too, but the optimized/baseline ratio moved {_pct(relative)}, "
+                         f"{_beyond(own, change.threshold, control)}")
+    elif by_ratio is not None:
+        change.verdict = by_ratio
+        change.reason = (f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
+                         f", while {machine}: the ratio decides, not the optimized variant's own "
+                         f"{(change.ratio - 1) * 100:+.1f}% ({own} by itself)")
     else:
-        bound = min(1.0 / (1.0 + change.threshold), allowance)
-        kept = relative.ci_high < bound
-    beyond = f"beyond the {change.threshold * 100:g}% threshold"
-    if bound == allowance:
-        beyond += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
-    if kept:
-        change.reason = f"{moved}, but the optimized/baseline ratio moved {_pct(relative)}, {beyond}"
-        return
-    change.verdict = "inconclusive"
-    change.reason = (f"{moved}; the optimized/baseline ratio moved {_pct(relative)}, not wholly {beyond}: "
-                     f"the machine changed between the runs")
+        change.verdict = "inconclusive"
+        change.reason = (f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "
+                         f"{_beyond(own, change.threshold, control)}: the machine changed between the runs")
 
 
 def _metric(case: CaseRecord, name: str | None, key: str) -> float | None:
@@ -466,14 +506,20 @@ def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, na
     the optimized/baseline ratio where that move may explain the optimized variant's change."""
     ref = cur.role_variant("baseline")
     ra, rb = _samples(base, base.role_variant("baseline"), basis), _samples(cur, ref, basis)
-    if ra and rb and ref != name:
-        ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
-        change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
-        if change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio):
-            relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
-            change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
-                relative.ratio, relative.ci_low, relative.ci_high)
-            _judge_by_relative_ratio(change, ci, relative, min(len(a), len(b), len(ra), len(rb)))
+    if not (ra and rb and ref != name):
+        return
+    ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
+    change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
+    fewest = min(len(a), len(b), len(ra), len(rb))
+    moved = change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio)
+    relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
+    # The ratio is the figure a machine's move does not make: it decides where the baseline variant
+    # moved too, and wherever it clearly says otherwise than the optimized variant's own time.
+    if moved or (fewest >= MIN_SAMPLES_FOR_RATIO
+                 and ratio_verdict(relative, ci, change.threshold) not in (None, change.verdict)):
+        change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
+            relative.ratio, relative.ci_low, relative.ci_high)
+        _judge_by_relative_ratio(change, ci, relative, fewest)
 
 
 def _fill_by_metric(change: Change, before: float | None, now: float | None, key: str, name: str | None) -> None:

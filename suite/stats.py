@@ -2,11 +2,13 @@
 
 Speedups are ``median(baseline) / median(variant)``: above 1 means the variant is faster.
 Confidence intervals are percentile bootstraps (resampling each sample set independently),
-seeded so the same samples always give the same interval.
+seeded so the same samples always give the same interval. A p-value shown beside such an interval
+comes from the same replicates (:func:`bootstrap_p`): the 95% interval excludes no change exactly
+when p < 0.05, so the two never contradict each other.
 
 A figure from fewer than :data:`MIN_CI_SAMPLES` samples has no interval (``ci_low`` and
-``ci_high`` are None, the median or ratio is kept): one sample resampled gives itself, an
-interval of no width that looks surer than any figure. Five is the default ``min_reps``; it is
+``ci_high`` are None, the median or ratio is kept) and no p (None): one sample resampled gives
+itself, an interval of no width that looks surer than any figure. Five is the default ``min_reps``; it is
 also about where the method starts to hold: a distribution-free 95% interval for a median needs 6
 samples (order statistics: the two extremes of 6 cover the median with 1 - 2 x 0.5^6 = 96.9%,
 of 5 only 93.8%), and the percentile bootstrap at 5 samples covers about 94%.
@@ -125,20 +127,68 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
     With fewer than :data:`MIN_CI_SAMPLES` samples on either side the ratio has no interval
     (``ci_low`` and ``ci_high`` None); ``n`` is the fewer of the two sides' samples.
     """
+    return bootstrap_ratio_test(numerator, denominator, level, seed)[0]
+
+
+def _ratio_replicates(num: np.ndarray, den: np.ndarray, seed: int) -> np.ndarray:
+    """Bootstrap replicates of the ratio of medians (each set resampled on its own)."""
+    boot_num = bootstrap_medians(num, seed=seed)
+    boot_den = bootstrap_medians(den, seed=seed + 1)
+    boot_den = np.where(boot_den > 0, boot_den, np.nan)
+    boot = boot_num / boot_den
+    return boot[np.isfinite(boot)]
+
+
+def bootstrap_ratio_test(numerator: Sequence[float], denominator: Sequence[float], level: float = CI_LEVEL,
+                         seed: int = 0, null: float = 1.0) -> tuple[RatioCI, float | None]:
+    """:func:`bootstrap_ratio_ci` and the two-sided p-value of "the ratio is ``null``" (no change),
+    both from the same replicates (:func:`bootstrap_p`): the CI at ``level`` excludes ``null``
+    exactly when p < 1 - ``level``. With fewer than :data:`MIN_CI_SAMPLES` samples on either side,
+    neither: no interval and p None (no test rests on so few)."""
     num, den = _array(numerator), _array(denominator)
     if np.median(den) <= 0:
         raise ValueError("denominator median must be positive")
     ratio = float(np.median(num) / np.median(den))
     n = int(min(num.size, den.size))
     if not has_interval(n):
-        return RatioCI(ratio=ratio, ci_low=None, ci_high=None, n=n)
-    boot_num = bootstrap_medians(num, seed=seed)
-    boot_den = bootstrap_medians(den, seed=seed + 1)
-    boot_den = np.where(boot_den > 0, boot_den, np.nan)
-    boot = boot_num / boot_den
-    boot = boot[np.isfinite(boot)]
-    lo, hi = _interval(boot, level) if boot.size else (ratio, ratio)
-    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi, n=n)
+        return RatioCI(ratio=ratio, ci_low=None, ci_high=None, n=n), None
+    boot = _ratio_replicates(num, den, seed)
+    if not boot.size:
+        return RatioCI(ratio, ratio, ratio, n), 1.0
+    lo, hi = _interval(boot, level)
+    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi, n=n), bootstrap_p(boot, null)
+
+
+def bootstrap_p(replicates: Sequence[float] | np.ndarray, null: float = 1.0) -> float:
+    """Two-sided bootstrap p-value of ``null`` from the replicates a percentile CI is read from: the
+    smallest 1 - level at which that CI (:func:`_interval`, numpy's linear quantiles) would still
+    exclude ``null``, i.e. twice the share of the replicates' quantile function on the smaller side
+    of ``null``. So a CI at any level excludes ``null`` exactly when p < 1 - level. Never below one
+    over the replicates' number (what they can resolve); 1 where ``null`` sits inside a run of equal
+    replicates (no spread: no evidence)."""
+    v = np.sort(np.asarray(replicates, dtype=np.float64))
+    if not v.size:
+        return 1.0
+    if v.size == 1:
+        return 1.0 if v[0] == null else 0.0
+    t = np.linspace(0.0, 1.0, v.size)
+    # below: the largest quantile level whose quantile is <= null; above: the smallest whose quantile is >= null
+    if v[0] > null:
+        below = 0.0
+    elif v[-1] <= null:
+        below = 1.0
+    else:
+        j = int(np.searchsorted(v, null, side="right")) - 1
+        below = float(t[j] + (null - v[j]) / (v[j + 1] - v[j]) * (t[j + 1] - t[j]))
+    if v[-1] < null:
+        above = 1.0
+    elif v[0] >= null:
+        above = 0.0
+    else:
+        j = int(np.searchsorted(v, null, side="left"))
+        above = float(t[j - 1] + (null - v[j - 1]) / (v[j] - v[j - 1]) * (t[j] - t[j - 1]))
+    p = 2.0 * min(below, 1.0 - above)
+    return float(min(1.0, max(p, 1.0 / v.size)))
 
 
 def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -149,6 +199,20 @@ def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.rando
     idx_opt = rng.integers(0, optimized.size, size=(resamples, optimized.size))
     idx_ctl = idx_opt if control.size == optimized.size else rng.integers(0, control.size, size=(resamples, control.size))
     return np.median(optimized[idx_opt], axis=1) / np.median(control[idx_ctl], axis=1)
+
+
+def run_ratio_ci(optimized: Sequence[float], control: Sequence[float], level: float = CI_LEVEL,
+                 seed: int = 0) -> RatioCI:
+    """median(optimized) / median(control) within one run, with a percentile bootstrap CI that
+    resamples interleaved rounds together where the variants have a sample per round (as
+    :func:`relative_ratio_ci` does for each run). No interval under :data:`MIN_CI_SAMPLES` a side."""
+    opt, ctl = _array(optimized), _array(control)
+    ratio = float(np.median(opt) / np.median(ctl))
+    n = int(min(opt.size, ctl.size))
+    if not has_interval(n):
+        return RatioCI(ratio, None, None, n)
+    low, high = _interval(_run_ratio_medians(opt, ctl, np.random.default_rng(seed)), level)
+    return RatioCI(ratio, low, high, n)
 
 
 def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[float],
@@ -173,7 +237,8 @@ def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[fl
 def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> float:
     """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie and
     continuity corrections): how surprising the two sample sets would be if both came from one
-    distribution. Pure numpy; adequate from about 8 samples a side."""
+    distribution. Pure numpy; adequate from about 8 samples a side. A public helper: the gate's p
+    is :func:`bootstrap_ratio_test`'s, from the replicates of the CI printed beside it."""
     x, y = _array(a), _array(b)
     n1, n2 = x.size, y.size
     combined = np.concatenate([x, y])

@@ -105,3 +105,33 @@ def test_the_bootstrap_at_min_ci_samples_covers_a_median_about_as_the_docstring_
 def test_empty_or_non_finite_samples_are_rejected(bad):
     with pytest.raises(ValueError):
         stats.summarize(bad)
+
+
+def _small_heavy_tailed(rng, n):
+    """Few samples with ties and a heavy tail, where a percentile CI and a separate test disagree most."""
+    return rng.choice([1.0, 1.1, 1.2, 1.3, 0.9], n) * np.where(rng.random(n) < 0.3, rng.uniform(1.2, 2.0, n), 1.0)
+
+
+@pytest.mark.parametrize("level", [0.95, 0.998])
+def test_the_bootstrap_p_and_ci_from_the_same_replicates_never_disagree(level):
+    # issue 34: "+20.8% [-18.2, +22.1], p 1" and "-36.5% [-37.5, -35.5], p 0.2": a CI and a p of two
+    # methods. From one set of replicates, the CI at a level excludes no change exactly when p < 1 - level.
+    rng = np.random.default_rng(5)
+    for seed in range(300):
+        a, b = _small_heavy_tailed(rng, int(rng.integers(2, 30))), _small_heavy_tailed(rng, int(rng.integers(2, 30)))
+        ci, p = stats.bootstrap_ratio_test(a, b * rng.uniform(0.7, 1.3), level=level, seed=seed)
+        assert (ci.ci_low > 1 or ci.ci_high < 1) == (p < 1 - level), (seed, ci, p)
+
+
+def test_the_ratio_test_s_ci_is_bootstrap_ratio_ci_s_and_its_p_is_two_sided():
+    rng = np.random.default_rng(6)
+    a, b = rng.lognormal(0, 0.2, 30), rng.lognormal(0, 0.2, 30)
+    ci, p = stats.bootstrap_ratio_test(a, b, seed=4)
+    assert ci == stats.bootstrap_ratio_ci(a, b, seed=4) and 0.05 < p <= 1
+    assert stats.bootstrap_ratio_test(a * 1.5, b, seed=4)[1] == stats.bootstrap_ratio_test(b, a * 1.5, seed=4)[1] \
+        == 1 / stats.BOOTSTRAP_RESAMPLES  # no replicate on the far side: what 2,000 of them can resolve, not 0
+
+
+def test_the_bootstrap_p_of_replicates_that_sit_on_no_change_is_1():
+    assert stats.bootstrap_p([1.0] * 50) == 1.0 and stats.bootstrap_p([0.9] * 10 + [1.0] * 30 + [1.1] * 10) == 1.0
+    assert stats.bootstrap_p([1.1] * 50) == pytest.approx(1 / 50)

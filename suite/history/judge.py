@@ -25,18 +25,29 @@ A regressed case names its **suspects**: the runs of the level after the last on
 was within the level (at or below the bound it failed), then the run itself, with their commits
 and start times (a regression seen in an earlier run too, not yet a level of its own, puts that
 run's commit among them).
+
+The ratio is judged whatever the optimized variant's figure says (issue 34: a machine that got
+faster, the baseline variant x0.90, hid an optimized variant at x0.99, passed at "+6.6%"): where the
+run's own optimized/baseline ratio CI (:func:`run_ratios`: from its samples, at least
+MIN_SAMPLES_FOR_RATIO a variant) lies wholly beyond the level's ratio CI times (1 +/- threshold),
+and beyond half the baseline variant's move where that move went its way, the case is
+**regressed** (**improved**) by the ratio.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from gpubench import stats
+from gpubench.compare import MACHINE_SHARE, MIN_SAMPLES_FOR_RATIO, load_any
+from gpubench.errors import BadInput
 from gpubench.history import changepoints
-from gpubench.history.rows import ResultRow
+from gpubench.history.rows import ResultRow, device_model
 from gpubench.history.since import Since
 from gpubench.history.store import HistoryStore, Point
+from gpubench.results import RunRecord
 
 MIN_RUNS = 5
 
@@ -97,9 +108,13 @@ def _figure(row: ResultRow, metric: str) -> float | None:
 
 
 def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
-              branch: str | None = None) -> list[HistoryVerdict]:
+              branch: str | None = None, run: RunRecord | None = None) -> list[HistoryVerdict]:
     """A verdict per case of the current run (its optimized variant, else its only variant),
-    against ``branch``'s runs (:meth:`HistoryStore.series`; None: every run)."""
+    against ``branch``'s runs (:meth:`HistoryStore.series`; None: every run). ``run``: the run the
+    rows are of, for its optimized/baseline ratio CIs (:func:`run_ratios`); None: read again from
+    the rows' results file where it is one."""
+    run = run if run is not None else _run_of(rows)
+    cis = run_ratios(run) if run is not None else {}
     by_case: dict[tuple[str, str], list[ResultRow]] = {}
     for row in rows:
         by_case.setdefault((row.device_model, row.case_id), []).append(row)
@@ -107,7 +122,8 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
     for case_rows in by_case.values():
         row = next((r for r in case_rows if r.role == "optimized"), case_rows[0])
         control = next((r for r in case_rows if r.role == "baseline" and r is not row), None)
-        out.append(_judge_case(store, row, control, threshold, branch))
+        ratio = cis.get((row.device_model, row.case_id, row.variant, control.variant if control else None))
+        out.append(_judge_case(store, row, control, threshold, branch, ratio))
     return out
 
 
@@ -137,7 +153,7 @@ def _verdict(figure: float, level: Sequence[float], threshold: float) -> tuple[s
 
 
 def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, threshold: float,
-                branch: str | None) -> HistoryVerdict:
+                branch: str | None, run_ratio: stats.RatioCI | None = None) -> HistoryVerdict:
     metric = row.gate_metric or "time"
     level = _level(store, row, metric, branch)
     current = _figure(row, metric)
@@ -159,8 +175,9 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
               else f"{current:.4g} vs the median of {len(level.points)} runs, {summary.median:.4g}")
     moves: dict[str, float | None] = {}
     # Machine noise moves times, never a count (bytes reserved): a count is judged as it is.
-    if verdict in ("regressed", "improved") and control is not None and metric == "time":
-        verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold)
+    if control is not None and metric == "time":
+        verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold,
+                                           run_ratio)
     named: dict = {}
     if verdict == "regressed":
         named = _suspects(store, row, control, metric, branch, level, threshold, "ratio_move" in moves)
@@ -181,7 +198,10 @@ def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, me
                   if p.median > 0}
         points = [p for p in points if (p.run_id, p.host) in by_run]
         values = [p.median / by_run[p.run_id, p.host] for p in points]
-    bound = stats.summarize(values).ci_high * (1 + threshold)
+    summary = stats.summarize(values) if values else None
+    # Fewer runs than a CI needs (ratios of only some runs): the highest of them bounds the level.
+    high = summary.ci_high if summary is not None and summary.ci_high is not None else max(values, default=0.0)
+    bound = high * (1 + threshold)
     last = max((i for i, v in enumerate(values) if v <= bound), default=None)
     after = points[0 if last is None else last + 1:]
     this = Suspect(row.run_id, row.git_commit, row.started_at)
@@ -198,10 +218,16 @@ def _suspects_text(suspects: Sequence[Suspect], last_within: Suspect | None) -> 
 
 
 def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: str, branch: str | None,
-              level: _Level, verdict: str, reason: str, threshold: float) -> tuple[str, str, dict]:
-    """The verdict when the baseline variant moved the same way, against its figures in the same
-    level runs, by at least half as much (log terms): the optimized/baseline ratio against the
-    level's ratios; else the verdict as it was."""
+              level: _Level, verdict: str, reason: str, threshold: float,
+              run_ratio: stats.RatioCI | None = None) -> tuple[str, str, dict]:
+    """The verdict read with the optimized/baseline ratio against the level's ratios (the figure a
+    machine's move does not make). The baseline variant moved the same way as the optimized one,
+    against its figures in the same level runs, by at least half as much (log terms): the verdict
+    stands only if the ratio moved that way too, beyond half the machine's move, else inconclusive.
+    The ratio says otherwise than the optimized variant's figure, clearly (``run_ratio``, the run's
+    own ratio CI, wholly beyond the level: :func:`_ratio_clear`): the ratio's verdict, whatever the
+    machine did (issue 34: the baseline variant x0.90 and the optimized x0.99 passed at "+6.6%").
+    Else the verdict as it was."""
     figure, control_figure = _figure(row, metric), _figure(control, metric)
     runs = {(p.run_id, p.host) for p in level.points}  # a run is its id and host (runners may share a store)
     by_run = {(p.run_id, p.host): p.median
@@ -211,17 +237,71 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
         return verdict, reason, {}  # no ratio of logs to take
     move = math.log(figure / level.median())
     machine = math.log(control_figure / stats.median(list(by_run.values())))
-    if move * machine <= 0 or abs(machine) < abs(move) / 2:
-        return verdict, reason, {"machine_move": math.exp(machine) - 1}
+    moved = verdict in ("regressed", "improved") and move * machine > 0 and abs(machine) >= abs(move) / 2
     ratios = [p.median / by_run[p.run_id, p.host] for p in level.points if (p.run_id, p.host) in by_run]
     ratio_verdict, ratio_level = _verdict(figure / control_figure, ratios, threshold)
     ratio_move = math.log(figure / control_figure / ratio_level.median)
+    clear = _ratio_clear(run_ratio, ratio_level, machine, threshold) if run_ratio is not None else None
     moves = {"machine_move": math.exp(machine) - 1, "ratio_move": math.exp(ratio_move) - 1}
-    moved = (f"{reason}, but the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%} in the same "
-             f"runs too (the machine changed); the optimized/baseline ratio moved {math.exp(ratio_move) - 1:+.1%}")
-    if ratio_verdict == verdict and abs(ratio_move) > abs(machine) / 2:
-        return verdict, f"{moved}, beyond its level and half the machine's move", moves
-    return "inconclusive", moved, moves
+    if not moved and clear in (None, verdict):
+        return verdict, reason, ({"machine_move": math.exp(machine) - 1} if verdict in ("regressed", "improved") else {})
+    ratio_text = (f"the optimized/baseline ratio moved {math.exp(ratio_move) - 1:+.1%}" + (
+        f" [{run_ratio.ci_low / ratio_level.median - 1:+.1%}, {run_ratio.ci_high / ratio_level.median - 1:+.1%}]"
+        if clear is not None else ""))
+    if not moved:
+        return clear, (f"{ratio_text} against its level, its whole CI beyond the level's and the threshold, while "
+                       f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the ratio "
+                       f"decides, not the optimized variant's own {reason} ({verdict} by itself)"), moves
+    moved_text = (f"{reason}, but the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%} in the same "
+                  f"runs too (the machine changed); {ratio_text}")
+    if ratio_verdict == verdict and abs(ratio_move) > abs(machine) * MACHINE_SHARE:
+        return verdict, f"{moved_text}, beyond its level and half the machine's move", moves
+    if clear is not None and clear != verdict:
+        return clear, f"{moved_text}, its whole CI beyond its level the other way: {clear} by the ratio", moves
+    return "inconclusive", moved_text, moves
+
+
+def _ratio_clear(run_ratio: stats.RatioCI, level: stats.SampleStats, machine: float, threshold: float) -> str | None:
+    """regressed (improved) when the run's optimized/baseline ratio CI lies wholly beyond the
+    level's ratio CI widened by the threshold, as the time is judged (:func:`_verdict`), and, where
+    the ratio moved the machine's way (``machine``: the baseline variant's move, log terms), beyond
+    MACHINE_SHARE of that move from the level's median too (a machine change does not move both
+    variants alike); else None."""
+    allowance = level.median * math.exp(machine * MACHINE_SHARE)
+    if run_ratio.ci_low > max(level.ci_high * (1 + threshold), allowance if machine > 0 else 0.0):
+        return "regressed"
+    if run_ratio.ci_high < min(level.ci_low * (1 - threshold), allowance if machine < 0 else math.inf):
+        return "improved"
+    return None
+
+
+def run_ratios(run: RunRecord) -> dict[tuple[str, str, str, str], stats.RatioCI]:
+    """Per (device model, case id, optimized variant, baseline variant) of ``run``: the time ratio
+    with a bootstrap CI from its own samples (interleaved rounds resampled together,
+    :func:`gpubench.stats.run_ratio_ci`), where both variants have at least MIN_SAMPLES_FOR_RATIO
+    samples on one clock. What lets the history gate call a ratio move clear."""
+    out = {}
+    for index, case in enumerate(run.cases):
+        names = case.role_variant("optimized"), case.role_variant("baseline")
+        opt, ref = (case.variant(name) for name in names)
+        if opt is None or ref is None or opt is ref or case.gate_metric or (opt.basis or "") != (ref.basis or ""):
+            continue
+        a, b = list(opt.samples_s), list(ref.samples_s)
+        if min(len(a), len(b)) >= MIN_SAMPLES_FOR_RATIO and stats.median(b) > 0:
+            out[device_model(run, case), case.id, *names] = stats.run_ratio_ci(a, b, seed=index)
+    return out
+
+
+def _run_of(rows: Sequence[ResultRow]) -> RunRecord | None:
+    """The run ``rows`` were read from, read again from their results file; None where it is not
+    one this gpubench reads (the rows then judge by time and the level's ratios only)."""
+    paths = {row.results_path for row in rows}
+    if len(paths) != 1 or not Path(next(iter(paths))).is_file():
+        return None
+    try:
+        return load_any(next(iter(paths)))
+    except (BadInput, OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def changes_since(histories: Sequence[changepoints.CaseHistory], since: Since) -> list[Regression]:

@@ -129,13 +129,18 @@ def rows_of_run(run: RunRecord, results_path: str | Path, *, source: str = "gpub
             for name, variant in case.variants.items()]
 
 
+def device_model(run: RunRecord, case: CaseRecord) -> str:
+    """The device model a case's rows are stored under."""
+    return case.device_label or run.device_label or "unknown device"
+
+
 def _cut_by_budget(case: CaseRecord) -> bool:
     return case.status == "interrupted" and case.failure is not None and case.failure.kind == "budget"
 
 
 def _row(common: dict[str, Any], run: RunRecord, case: CaseRecord, name: str, variant: VariantRecord) -> ResultRow:
     gate = case.gate_metric or None
-    return ResultRow(**common, device_model=case.device_label or run.device_label or "unknown device",
+    return ResultRow(**common, device_model=device_model(run, case),
                      case_id=case.id, variant=name, technique=case.technique,
                      params_json=json.dumps(case.params, sort_keys=True, default=str), role=_text(variant.role),
                      case_status=_text(case.status), variant_status=_text(variant.status), **_summary(variant),
