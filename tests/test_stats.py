@@ -120,6 +120,9 @@ def test_the_bootstrap_p_and_ci_from_the_same_replicates_never_disagree(level):
     for seed in range(300):
         a, b = _small_heavy_tailed(rng, int(rng.integers(2, 30))), _small_heavy_tailed(rng, int(rng.integers(2, 30)))
         ci, p = stats.bootstrap_ratio_test(a, b * rng.uniform(0.7, 1.3), level=level, seed=seed)
+        if not ci.has_interval:  # under MIN_CI_SAMPLES a side: neither an interval nor a p
+            assert p is None and min(a.size, b.size) < stats.MIN_CI_SAMPLES
+            continue
         assert (ci.ci_low > 1 or ci.ci_high < 1) == (p < 1 - level), (seed, ci, p)
 
 
@@ -130,6 +133,11 @@ def test_the_ratio_test_s_ci_is_bootstrap_ratio_ci_s_and_its_p_is_two_sided():
     assert ci == stats.bootstrap_ratio_ci(a, b, seed=4) and 0.05 < p <= 1
     assert stats.bootstrap_ratio_test(a * 1.5, b, seed=4)[1] == stats.bootstrap_ratio_test(b, a * 1.5, seed=4)[1] \
         == 1 / stats.BOOTSTRAP_RESAMPLES  # no replicate on the far side: what 2,000 of them can resolve, not 0
+
+
+def test_too_few_samples_give_the_ratio_test_neither_an_interval_nor_a_p():
+    ci, p = stats.bootstrap_ratio_test([1.0, 1.1, 1.2, 1.3], [2.0] * 30)
+    assert (ci.ci_low, ci.ci_high, ci.n, p) == (None, None, 4, None) and ci.ratio == pytest.approx(1.15 / 2.0)
 
 
 def test_the_bootstrap_p_of_replicates_that_sit_on_no_change_is_1():
