@@ -247,8 +247,9 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         run.record.failure = Failure("interrupted", "stopped by Ctrl-C")
         interrupted = True
     except CaseTimeout as exc:
-        run.record.failure = timeout_failure(limit, time.perf_counter() - t0)
-        timing.release_frames(exc)
+        failure = timeout_failure(limit, time.perf_counter() - t0)
+        failure.traceback = describe(exc).traceback  # where the case was when the alarm went off
+        run.record.failure = failure
     except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
         run.record.failure = describe(exc)
     finally:

@@ -37,11 +37,11 @@ def test_a_limit_scales_by_load_per_core_never_below_one_never_above_the_cap(loa
 
 
 def _timed_out_run(monkeypatch, write_scenario, tmp_path, loads):
-    """ONE_CASE run in process with the load read as ``loads`` (at the case's start, then at its
-    timeout) and an alarm that goes off at once, the clock saying the limit's seconds passed."""
-    reads = iter(loads)
-    monkeypatch.setattr(machine_load, "read", lambda: next(reads))
+    """ONE_CASE run in process with the load read as ``loads`` (until the case's alarm is set, then
+    at its timeout) and an alarm that goes off at once, the clock saying the limit's seconds passed."""
+    start, now = loads
     limits = []
+    monkeypatch.setattr(machine_load, "read", lambda: now if limits else start)
 
     @contextlib.contextmanager
     def alarm_at_once(seconds, budget=False):
@@ -71,6 +71,7 @@ def test_a_case_on_a_busy_machine_gets_a_longer_limit_and_its_timeout_names_the_
     assert case.failure.message.startswith(
         "timed out after 750 s (limit 300 s x2.5; machine at load 11.0 on 2 cores, 5.0 at the case's start): "
         "the machine was overloaded, so this is a timeout of the run's environment, not a failure of the technique")
+    assert "CaseTimeout: the alarm" in case.failure.traceback  # where the case was, kept
     assert outcome.exit_code == outcomes.EXIT_OVERLOADED == 75
 
 
