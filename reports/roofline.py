@@ -35,8 +35,9 @@ class Roof:
 
     @property
     def loaded(self) -> bool:
-        """Calibrated with more runnable work than cores: the ceilings are a share of the machine."""
-        return self.load_1m is not None and self.cpus is not None and self.load_1m > self.cpus
+        """A CPU calibrated with more runnable work than cores: its ceilings are a share of it (a
+        GPU's large calibration matmul and copy do not wait on the host's CPUs)."""
+        return self.on_cpu and self.load_1m is not None and self.cpus is not None and self.load_1m > self.cpus
 
     def load_words(self) -> str:
         return f"load {self.load_1m:.1f} on {self.cpus} cores"
