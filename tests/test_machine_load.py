@@ -118,3 +118,30 @@ def test_the_limit_the_supervisor_kills_at_is_the_scaled_one(toys):
     assert job_kill_grace_s(job) == 90.0  # 10% of the scaled limit
     assert Job(0, case, "toys:KERNEL", None, budget_s=600.0, time_limit=job.time_limit).budget_limited
     assert not Job(0, case, "toys:KERNEL", None, budget_s=1000.0, time_limit=job.time_limit).budget_limited
+
+
+def test_a_worker_killed_past_its_scaled_limit_names_the_limit_and_the_load(toys, monkeypatch):
+    """The supervisor's kill (a native call the alarm cannot stop) words the timeout as the alarm
+    does: the scaled limit, the load at the start and at the kill; overloaded there, kind
+    ``overloaded``; the record keeps the limit."""
+    import time
+
+    from gpubench.local_workers import LocalWorkers
+    from gpubench.worker import DeviceInfo, Job
+
+    case = scenario.parse(ONE_CASE, Path("busy.yaml")).cases()[0]
+    job = Job(0, case, "toys:KERNEL", None, time_limit=TimeLimit(300.0, 2.5, Load(5.0, 2)))
+    monkeypatch.setattr(machine_load, "read", lambda: Load(12.0, 2))
+    workers = LocalWorkers.__new__(LocalWorkers)
+    workers.states = {"cpu": SimpleNamespace(info=DeviceInfo("cpu", "cpu", None, "CPU: test"))}
+    workers._replace = lambda w: None
+    slot = SimpleNamespace(job=job, key="cpu", started_at=time.monotonic() - 830.0, kill=lambda: None,
+                           log_tail=lambda: "")
+    finished = []
+    workers._time_out(slot, SimpleNamespace(finished=lambda j, record: finished.append(record)))
+    (record,) = finished
+    assert record.status == "failed" and record.failure.kind == "overloaded"
+    assert record.failure.message.startswith("timeout (worker killed after 830.")
+    assert ("(limit 300 s x2.5; machine at load 12.0 on 2 cores, 5.0 at the case's start): the machine was "
+            "overloaded") in record.failure.message
+    assert record.time_limit["limit_s"] == 750.0
