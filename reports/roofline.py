@@ -30,6 +30,17 @@ class Roof:
     dtype: str = ""
     missing: str = ""
     matmul_n: int | None = None  # the calibration matmul's size (square, n x n)
+    load_1m: float | None = None  # the machine's load while the ceilings were measured (None: not recorded)
+    cpus: int | None = None  # the logical CPUs that load was shared by
+
+    @property
+    def loaded(self) -> bool:
+        """A CPU calibrated with more runnable work than cores: its ceilings are a share of it (a
+        GPU's large calibration matmul and copy do not wait on the host's CPUs)."""
+        return self.on_cpu and self.load_1m is not None and self.cpus is not None and self.load_1m > self.cpus
+
+    def load_words(self) -> str:
+        return f"load {self.load_1m:.1f} on {self.cpus} cores"
 
     @property
     def complete(self) -> bool:
@@ -57,9 +68,12 @@ def roof_of(ceilings: dict[str, Any] | None, device: str, on_cpu: bool) -> Roof:
     peak, bandwidth = _positive(matmul.get("peak_tflops")), _positive(copy.get("peak_gbps"))
     gaps = [what for what, value in (("matmul peak", peak), ("copy bandwidth", bandwidth)) if value is None]
     n = matmul.get("n")
+    load = ceilings.get("load") if isinstance(ceilings.get("load"), dict) else {}
+    cpus = load.get("cpus")
     return Roof(device, on_cpu, peak, bandwidth, str(matmul.get("dtype") or ""),
                 f"the run's calibration recorded no {' or '.join(gaps)}" if gaps else "",
-                n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None)
+                n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None,
+                _positive(load.get("load_1m")), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None)
 
 
 def _positive(value: Any) -> float | None:
@@ -220,18 +234,32 @@ def _above_ceilings(found: Sequence[Reading]) -> list[str]:
     """Readings above what the device was measured to do: impossible as rates of its memory or
     matmul units, so something else is being measured (a working set that stayed in cache, which
     the calibration's large copy does not; a count larger than the work done)."""
-    over = [f"#{r.number} {r.variant} ({', '.join(f'{name} {value:.0f}%' for name, value in shares)})"
+    over = [(r, f"#{r.number} {r.variant} ({', '.join(f'{name} {value:.0f}%' for name, value in shares)})")
             for r in found
             for shares in [[(name, value) for name, value in (("of copy bandwidth", r.pct_bandwidth),
                                                                ("of matmul peak", r.pct_peak_flops),
                                                                ("of the roof", r.pct_roof))
                             if value is not None and value > ABOVE_CEILING_PCT]] if shares]
-    if not over:
-        return []
-    return [f"Above the measured ceilings, marked (!): {'; '.join(over)}. No device beats its own measured peak: "
-            "these are not its memory or matmul rates. Likely the data stayed in cache between calls (a small "
-            "working set: the calibration copies buffers far larger than any cache), or the technique counts more "
-            "FLOPs or bytes than the call does."]
+    out = []
+    busy = [text for r, text in over if r.roof.loaded]
+    if busy:  # a ceiling measured on a busy machine is a share of it: the variant beat a low roof
+        roofs = {r.roof.device: r.roof for r, _ in over if r.roof.loaded}
+        under = "; ".join(f"{roof.device} at {roof.load_words()}" + _peak_words(roof) for roof in roofs.values())
+        out.append(f"Above the measured ceilings, marked (!): {'; '.join(busy)}. The ceilings were measured while "
+                   f"the machine was under load ({under}): the calibration got a share of the machine, so the roof "
+                   "is too low and these shares read high; the readings are not evidence of caching. Calibrate "
+                   "on a quieter machine for a roof to read them against.")
+    quiet = [text for r, text in over if not r.roof.loaded]
+    if quiet:
+        out.append(f"Above the measured ceilings, marked (!): {'; '.join(quiet)}. No device beats its own measured "
+                   "peak: these are not its memory or matmul rates. Likely the data stayed in cache between calls "
+                   "(a small working set: the calibration copies buffers far larger than any cache), or the "
+                   "technique counts more FLOPs or bytes than the call does.")
+    return out
+
+
+def _peak_words(roof: Roof) -> str:
+    return f", matmul peak {_num(roof.peak_tflops)} TFLOP/s" if roof.peak_tflops else ""
 
 
 def _roof_notes(found: Sequence[Reading]) -> list[str]:
@@ -249,6 +277,9 @@ def _roof_notes(found: Sequence[Reading]) -> list[str]:
             out.append(f"The matmul peak of {roof.device} was measured at n={roof.matmul_n} (a quick calibration "
                        f"before gpubench measured at n={GPU_PEAK_MATMUL_N}), where a large GPU reaches well under "
                        "its peak: every share of that peak reads high.")
+        if not roof.missing and roof.loaded:
+            out.append(f"The ceilings of {roof.device} were measured under {roof.load_words()} (more runnable work "
+                       "than cores): they are a share of the machine, and every share of them reads high.")
     return out
 
 

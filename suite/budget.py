@@ -134,10 +134,11 @@ class Budget:
     def left_s(self) -> float:
         return self.end - self.clock()
 
-    def admit(self, case: Case, target: str | None = None) -> float | None:
+    def admit(self, case: Case, target: str | None = None, timeout_s: float | None = None) -> float | None:
         """The seconds ``case`` may take (the time left, less closing the run, plus
-        :data:`GRACE_S`; at most its policy's ``case_timeout_s``), or None when the time left
-        cannot hold its estimate (:func:`admitted_s`): then it is recorded as not run."""
+        :data:`GRACE_S`; at most ``timeout_s``, default its policy's ``case_timeout_s``), or None
+        when the time left cannot hold its estimate (:func:`admitted_s`): then it is recorded as
+        not run."""
         guess = self.costs.of(case)
         left = self.left_s() - self.costs.closing_s(self.started + 1)
         if admitted_s(guess, self.fill) > left:
@@ -145,7 +146,7 @@ class Budget:
             return None
         self.costs.started(case)
         self.started += 1
-        return min(case.policy.case_timeout_s, max(0.0, left) + GRACE_S)
+        return min(case.policy.case_timeout_s if timeout_s is None else timeout_s, max(0.0, left) + GRACE_S)
 
     def finished(self, record: object) -> None:
         self.costs.learn(record)

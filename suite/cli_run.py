@@ -20,7 +20,7 @@ from gpubench import estimate, results, run_options, scenario as scenariomod, st
 from gpubench.atomic import DiskFull
 from gpubench.cli_console import disk_full_text, make_console
 from gpubench.errors import BadInput
-from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_TERMINATED, RunOutcome
+from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
 from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 if TYPE_CHECKING:
@@ -322,6 +322,11 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     except Exception as exc:  # noqa: BLE001
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
                   f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
+    if outcome.exit_code == EXIT_OVERLOADED:
+        late = sum(c.status == "failed" for c in outcome.record.cases)
+        out.print(f"{late} case(s) timed out on an overloaded machine (more runnable work than cores), a timeout "
+                  f"of the run's environment, not a failure of a technique; they were not measured: rerun them "
+                  f"(--only) on a quieter machine. Exit code {EXIT_OVERLOADED}.", markup=False, soft_wrap=True)
     return outcome.exit_code
 
 

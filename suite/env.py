@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import gpubench
-from gpubench import stats, telemetry, timing
+from gpubench import machine_load, stats, telemetry, timing
 from gpubench.errors import BadInput
 
 
@@ -147,6 +147,11 @@ def _nvml_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
+def _load_now() -> float | None:
+    load = machine_load.read()
+    return round(load.load_1m, 2) if load is not None else None
+
+
 def capture_env(device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {
         "captured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -162,7 +167,8 @@ def capture_env(device: torch.device) -> dict[str, Any]:
         "numpy": _version("numpy"),
         "nvidia_ml_py": _version("nvidia-ml-py"),
         "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(),
-                "torch_threads": torch.get_num_threads()},
+                "torch_threads": torch.get_num_threads(),
+                "load_1m": _load_now()},  # the 1-minute load average at capture (None: none here)
         "git": {"commit": _git("rev-parse", "HEAD"), "branch": _branch(),
                 "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None},
         "env_vars": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS",
@@ -200,8 +206,11 @@ def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     """Measure the device's ceilings: dense matmul FLOP/s (bf16 on a GPU, fp32 on a CPU), memory
     copy bandwidth (bytes read + written), host<->device bandwidth on a GPU, and the harness's
-    per-repetition overhead."""
+    per-repetition overhead; with them the machine's load while they were measured (``load``:
+    the 1-minute load average before and after, and the logical CPUs; None where the platform has
+    none): ceilings measured on a busy machine are a share of it, and the roofline says so."""
     device = use_device(device)  # the harness's events record on the current device
+    load_before = machine_load.read()
     on_gpu = device.type == "cuda"
     policy = timing.Policy(warmup_s=0.1, min_reps=5, max_reps=30 if quick else 100,
                            min_time_s=0.2 if quick else 1.0, max_time_s=2.0 if quick else 8.0,
@@ -246,7 +255,19 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
         del host, dev
         torch.cuda.empty_cache()
     out["harness_overhead_us"] = timing.harness_overhead_s(device) * 1e6
+    out["load"] = calibration_load(load_before, machine_load.read())
     return out
+
+
+def calibration_load(before: machine_load.Load | None, after: machine_load.Load | None) -> dict[str, Any] | None:
+    """The load a calibration ran under: the 1-minute average before and after it, the logical
+    CPUs, and ``load_1m``, the higher of the two (what the roofline reads)."""
+    loads = [x for x in (before, after) if x is not None]
+    if not loads:
+        return None
+    return {"load_1m": round(max(x.load_1m for x in loads), 2), "cpus": loads[-1].cpus,
+            "load_1m_before": round(before.load_1m, 2) if before is not None else None,
+            "load_1m_after": round(after.load_1m, 2) if after is not None else None}
 
 
 def run_ceilings(device: torch.device) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from gpubench import results, runner
+from gpubench import machine_load, results, runner
 from gpubench.outcome import ProgressListener
 from gpubench.results import CaseRecord, Failure
 from gpubench.scenario import Case
@@ -64,19 +64,27 @@ class Sink:
     """Where a finished case goes: the run's records (kept by case index), the run log, progress."""
 
     def __init__(self, run_dir: results.RunDirectory, progress: ProgressListener,
-                 sigterm: SigtermAsInterrupt | None = None, budget: Budget | None = None):
+                 sigterm: SigtermAsInterrupt | None = None, budget: Budget | None = None,
+                 load_probe: Callable[[], machine_load.Load | None] | None = None):
         self.run_dir = run_dir
         self.progress = progress
         self.records: dict[int, CaseRecord] = {}
         self.sigterm = sigterm or SigtermAsInterrupt()  # whether SIGTERM stopped the run
         self.budget = budget  # --budget: asked before each case starts
+        # the machine's load at a case's start (default machine_load.read; a Ray run's cases run
+        # elsewhere: lambda: None, their limits unscaled)
+        self.load_probe = load_probe
 
     def admit(self, job: Job) -> Job | None:
-        """The job to start, with the time its budget leaves it (``budget_s``); None where the
-        run's budget cannot hold it (recorded as not run, and shown). Without a budget, ``job``."""
+        """The job to start, with its time limit (``time_limit``: case_timeout_s scaled by the
+        machine's load now, :mod:`gpubench.machine_load`) and the time its budget leaves it
+        (``budget_s``); None where the run's budget cannot hold it (recorded as not run, and
+        shown)."""
+        job = dataclasses.replace(job, time_limit=machine_load.time_limit(job.case.policy.case_timeout_s,
+                                                                          self.load_probe))
         if self.budget is None:
             return job
-        limit = self.budget.admit(job.case, job.target)
+        limit = self.budget.admit(job.case, job.target, job.timeout_s)
         if limit is None:
             skipped = getattr(self.progress, "case_not_run", None)
             if skipped is not None:

@@ -55,7 +55,7 @@ class InProcess:
                 clocks[flush] = timing.Clock(self.device, flush_l2=flush)
             try:
                 record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings,
-                                         job.run_dir, budget_s=job.budget_s)
+                                         job.run_dir, budget_s=job.budget_s, time_limit=job.time_limit)
             except runner.CaseInterrupted as stop:
                 stop.record.device = self.state.info.to_dict()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C

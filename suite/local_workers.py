@@ -17,7 +17,7 @@ from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpubench import worker
+from gpubench import machine_load, runner, worker
 from gpubench.executor import DeviceState, Sink, failed_record, job_kill_grace_s
 from gpubench.telemetry import NvmlSource, TelemetrySampler, TelemetryUnavailable
 from gpubench.worker import DeviceInfo, Done, Job, Note, Ready
@@ -245,10 +245,13 @@ class LocalWorkers:
             kind, message = "budget", (f"stopped (worker killed after {elapsed:.1f} s): the run's --budget ran out "
                                        f"{limit:.1f} s into the case, inside a call Python could not interrupt")
         else:
-            kind, message = "timeout", (f"timeout (worker killed after {elapsed:.1f} s): the case passed "
-                                        f"policy.case_timeout_s = {limit:g} s inside a call Python could not "
-                                        "interrupt (native code or a kernel that never returned)")
-        sink.finished(job, failed_record(job.case, kind, message, w.log_tail(), elapsed, self.states[w.key].info))
+            failure = runner.timeout_failure(job.time_limit or machine_load.TimeLimit(limit), elapsed,
+                                             f"timeout (worker killed after {elapsed:.1f} s)")
+            kind, message = failure.kind, (f"{failure.message}; the case passed its limit inside a call Python "
+                                           "could not interrupt (native code or a kernel that never returned)")
+        record = failed_record(job.case, kind, message, w.log_tail(), elapsed, self.states[w.key].info)
+        record.time_limit = job.time_limit.to_dict() if job.time_limit is not None else None
+        sink.finished(job, record)
         self._replace(w)
 
     def devices(self) -> list[DeviceState]:

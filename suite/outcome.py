@@ -17,6 +17,9 @@ from gpubench.scenario import Case
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as a shell reports a process it killed
 EXIT_DISK_FULL = 74  # sysexits' EX_IOERR: a file of the run could not be written, the disk being full
+# sysexits' EX_TEMPFAIL: every case that did not pass timed out on an overloaded machine (failure
+# kind "overloaded"): nothing failed on its merits, but not everything was measured; try again
+EXIT_OVERLOADED = 75
 
 
 class ProgressListener(Protocol):
@@ -55,4 +58,8 @@ class RunOutcome:
             return EXIT_TERMINATED if self.record.signal == "SIGTERM" else EXIT_INTERRUPTED
         if self.record.status != "complete":  # aborted or crashed: not every case ran
             return EXIT_FAILED
-        return EXIT_OK if self.record.summary["failed"] == 0 else EXIT_FAILED
+        failed = [c for c in self.record.cases if c.status == "failed"]
+        if not failed:
+            return EXIT_OK
+        overloaded = all(c.failure is not None and c.failure.kind == "overloaded" for c in failed)
+        return EXIT_OVERLOADED if overloaded else EXIT_FAILED

@@ -70,7 +70,7 @@ def _typed(cls: Any, data: Any) -> Any:
 
 @dataclass
 class Failure:
-    kind: str  # exception, oom, timeout, check, variant, interrupted
+    kind: str  # exception, oom, timeout, overloaded (a timeout on an overloaded machine), check, variant, interrupted
     message: str
     traceback: str = ""
 
@@ -194,6 +194,9 @@ class CaseRecord:
     # timing (the timed rounds' wall time), timed (the timed calls' own samples: part of timing),
     # metrics, energy, profile, other (elapsed_s less the rest). None for records of older runs.
     phases_s: dict[str, float] | None = None
+    # The case's time limit: limit_s, case_timeout_s, scale and the machine's load at its start
+    # (gpubench.machine_load.TimeLimit.to_dict); None for records of older runs
+    time_limit: dict[str, Any] | None = None
 
     def role_variant(self, role: str) -> str | None:
         return next((n for n, v in self.variants.items() if v.role == role), None)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from gpubench import energy, profiling, stats, techniques, timing
+from gpubench import energy, machine_load, profiling, stats, techniques, timing
 from gpubench.contract import ROLES, SHAPE_TIME_BASIS, CheckResult, Measured, Recorder, Technique, Variant, Workload
 from gpubench.results import CaseRecord, Failure, VariantRecord
 from gpubench.scenario import Case
@@ -75,6 +75,21 @@ def _free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def timeout_failure(limit: machine_load.TimeLimit, elapsed_s: float, lead: str | None = None) -> Failure:
+    """The failure of a case that passed its time limit: ``timed out after 300 s (limit 300 s
+    x1.0; machine at load 11.0 on 2 cores, ...)``, the load read now. Kind ``overloaded`` where the
+    machine had more runnable work than cores (at the case's start or now): a timeout of the
+    run's environment, not a failure of the technique (still a case not measured); else
+    ``timeout``. ``lead``: what stopped it, in place of ``timed out after N s``, where not the
+    case's own alarm."""
+    now = machine_load.read()
+    message = f"{lead or f'timed out after {elapsed_s:.0f} s'} ({limit.words(now)})"
+    if machine_load.overloaded(limit.load, now):
+        return Failure("overloaded", f"{message}: the machine was overloaded, so this is a timeout of the run's "
+                                     "environment, not a failure of the technique; rerun it on a quieter machine")
+    return Failure("timeout", message)
 
 
 def describe(exc: BaseException) -> Failure:
@@ -202,23 +217,28 @@ class CaseRun:
 
 def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
              ceilings: dict[str, Any] | None, run_dir: Path | str | None = None,
-             budget_s: float | None = None) -> CaseRecord:
+             budget_s: float | None = None, time_limit: machine_load.TimeLimit | None = None) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
     partial record). ``run_dir``: where profiles are written (``policy.profile``); without it,
-    nothing is profiled. ``budget_s``: the time the run's ``--budget`` has left for it; where it
-    is shorter than ``case_timeout_s`` and runs out, the case is interrupted (failure kind
-    ``budget``) and keeps the samples it took."""
+    nothing is profiled. ``time_limit``: the case's limit (its ``case_timeout_s`` scaled by the
+    machine's load at its start, :mod:`gpubench.machine_load`; default read here), kept in the
+    record; a case that passes it fails as ``timeout``, or ``overloaded`` on an overloaded
+    machine. ``budget_s``: the time the run's ``--budget`` has left for it; where it is shorter
+    than the limit and runs out, the case is interrupted (failure kind ``budget``) and keeps the
+    samples it took."""
     tech = techniques.get(case.technique)
     assert tech is not None
+    limit = time_limit or machine_load.time_limit(case.policy.case_timeout_s)
     run = CaseRun(tech, case, device, clock, sampler, ceilings, run_dir, new_record(case))
+    run.record.time_limit = limit.to_dict()
     t0 = time.perf_counter()
     if device.type == "cuda":  # GPU-only (docs/cuda-paths.md): run_case needs a CUDA clock; the cap is faked
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
-    by_budget = budget_s is not None and budget_s < case.policy.case_timeout_s
-    run.deadline = timing.timing_deadline(t0, budget_s if by_budget else case.policy.case_timeout_s)
+    by_budget = budget_s is not None and budget_s < limit.seconds
+    run.deadline = timing.timing_deadline(t0, budget_s if by_budget else limit.seconds)
     try:
-        with deadline(budget_s if by_budget else case.policy.case_timeout_s, by_budget), \
+        with deadline(budget_s if by_budget else limit.seconds, by_budget), \
                 profiling.nvtx_range(case.id, device):
             _measure(run)
     except BudgetSpent as exc:
@@ -229,6 +249,10 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
         run.record.status = "interrupted"
         run.record.failure = Failure("interrupted", "stopped by Ctrl-C")
         interrupted = True
+    except CaseTimeout as exc:
+        failure = timeout_failure(limit, time.perf_counter() - t0)
+        failure.traceback = describe(exc).traceback  # where the case was when the alarm went off
+        run.record.failure = failure
     except BaseException as exc:  # noqa: BLE001 - a failing case never takes the run down
         run.record.failure = describe(exc)
     finally:

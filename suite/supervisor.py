@@ -116,7 +116,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         _remove_if_empty(run_dir.path)  # refused before anything ran: leave no empty run directory
         raise
     with sigterm_as_interrupt() as sigterm:
-        sink = Sink(run_dir, progress, sigterm)
+        sink = Sink(run_dir, progress, sigterm, load_probe=(lambda: None) if options.cluster else None)
         _run(_Run(run, options, executor, sink, cases, processes, out_root=Path(out_root), budget_from=budget_from))
     return RunOutcome(run_dir.path, run)
 

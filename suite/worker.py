@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from gpubench import env as envmod
 from gpubench import notices, runner, techniques, telemetry, timing
 from gpubench.energy import CounterLog, CounterReader
+from gpubench.machine_load import TimeLimit
 from gpubench.results import json_safe
 from gpubench.scenario import Case
 
@@ -55,17 +56,23 @@ class Job:
     target: str | None = None  # run on a device of this model (a label, or Ray's accelerator type)
     run_dir: str | None = None  # the run directory: profiles are written under it (policy.profile)
     budget_s: float | None = None  # --budget: the time left for it, when shorter than its case_timeout_s
+    # its case_timeout_s scaled by the machine's load at its start (gpubench.machine_load); None: unscaled
+    time_limit: TimeLimit | None = None
+
+    @property
+    def timeout_s(self) -> float:
+        """The case's own limit: its policy's case_timeout_s, scaled by the load at its start."""
+        return self.time_limit.seconds if self.time_limit is not None else self.case.policy.case_timeout_s
 
     @property
     def limit_s(self) -> float:
-        """The seconds the case may take: its policy's case_timeout_s, or less where the run's
-        budget has less left."""
-        timeout = self.case.policy.case_timeout_s
-        return timeout if self.budget_s is None else min(timeout, self.budget_s)
+        """The seconds the case may take: :attr:`timeout_s`, or less where the run's budget has
+        less left."""
+        return self.timeout_s if self.budget_s is None else min(self.timeout_s, self.budget_s)
 
     @property
     def budget_limited(self) -> bool:
-        return self.budget_s is not None and self.budget_s < self.case.policy.case_timeout_s
+        return self.budget_s is not None and self.budget_s < self.timeout_s
 
 
 @dataclass
@@ -223,7 +230,7 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
     else:
         try:
             record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings, job.run_dir,
-                                     budget_s=job.budget_s)
+                                     budget_s=job.budget_s, time_limit=job.time_limit)
         except runner.CaseInterrupted as stop:
             record, interrupted = stop.record, True
     record.device = info.to_dict()

@@ -97,3 +97,12 @@ def write_scenario(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """No test depends on the machine's load: case time limits stay the policy's, and a timeout is
+    a plain ``timeout`` (tests of :mod:`gpubench.machine_load` set the load they need)."""
+    from gpubench import machine_load
+
+    monkeypatch.setattr(machine_load, "read", lambda: None)

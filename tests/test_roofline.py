@@ -278,3 +278,48 @@ def test_a_gpu_peak_measured_at_a_small_matmul_says_its_shares_read_high(tmp_pat
     assert note.startswith("The matmul peak of NVIDIA H200 was measured at n=4096") and "reads high" in note
     assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "measured at n=" in n]
     assert "matmul (n=8192)" in render(tmp_path, roofline_doc())
+
+
+# -- ceilings measured on a busy machine (issue 34, point 2) ---------------------------------------
+def test_a_calibration_records_the_load_it_ran_under(monkeypatch):
+    """The calibration keeps the machine's load (1-minute average before and after, the higher of
+    the two as load_1m) and its CPUs; the environment record keeps the load at capture. Faked
+    load: 9.5 then 11.25 on 2 cores."""
+    import torch
+
+    from gpubench import env, machine_load
+
+    loads = iter([machine_load.Load(9.5, 2), machine_load.Load(11.25, 2)])
+    monkeypatch.setattr(machine_load, "read", lambda: next(loads))
+    ceilings = env.calibrate(torch.device("cpu"), quick=True)
+    assert ceilings["load"] == {"load_1m": 11.25, "cpus": 2, "load_1m_before": 9.5, "load_1m_after": 11.25}
+    monkeypatch.setattr(machine_load, "read", lambda: machine_load.Load(3.0, 2))
+    assert env.capture_env(torch.device("cpu"))["cpu"]["load_1m"] == 3.0
+    assert env.calibration_load(None, None) is None
+
+
+def test_a_variant_above_a_roof_measured_under_load_is_said_to_be_the_loads_not_the_caches():
+    """Issue 34: a CPU's ceilings measured at load 8-13 made variants read 237-329% of the roof,
+    with a note blaming caches. Under a recorded load above the core count the note says the roof
+    was measured under load (naming it and the peak), never caches; the same readings under a
+    calibration on a quiet machine keep the cache note; a roof measured under load says so even
+    when nothing exceeds it. A GPU's ceilings are not the host CPUs' to blame."""
+    cpu = "CPU: test (2 logical cores)"
+    busy = {**CEILINGS, "load": {"load_1m": 11.0, "cpus": 2, "load_1m_before": 10.2, "load_1m_after": 11.0}}
+    doc = roofline_doc(busy, device_type="cpu")
+    doc["cases"][2]["variants"]["triton"]["stats"]["median"] = 4e9 / 10000e9  # 250% of the copy bandwidth
+    notes = roofline.notes(run_readings(doc))
+    (note,) = [n for n in notes if n.startswith("Above the measured ceilings")]
+    assert "#3 triton (of copy bandwidth 250%)" in note
+    assert f"measured while the machine was under load ({cpu} at load 11.0 on 2 cores, matmul peak 800 TFLOP/s)" \
+        in note and "cache" not in note
+    assert any(n.startswith(f"The ceilings of {cpu} were measured under load 11.0 on 2 cores") for n in notes)
+    assert not [n for n in roofline.notes(run_readings(roofline_doc(busy, device_type="cpu"))) if n.startswith("Above")]
+
+    for quiet in (roofline_doc({**CEILINGS, "load": {"load_1m": 1.5, "cpus": 2}}, device_type="cpu"),
+                  roofline_doc(busy)):  # a GPU's roof, the host busy
+        quiet["cases"][2]["variants"]["triton"]["stats"]["median"] = 4e9 / 10000e9
+        notes = roofline.notes(run_readings(quiet))
+        (note,) = [n for n in notes if n.startswith("Above the measured ceilings")]
+        assert "stayed in cache" in note and "under load" not in note
+        assert not [n for n in notes if "measured under load" in n]

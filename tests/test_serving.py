@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from planted import caught, run_planted
+from planted import caught, mutant, run_planted
 
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
@@ -23,7 +23,8 @@ from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
 from gpubench.serving.kv import make_kv
 from gpubench.serving.model_runner import ModelRunner, sample
 from gpubench.serving.metrics import serving_metrics, serving_series
-from gpubench.serving.reference import reference_generate
+from gpubench.serving import reference as reference_mod
+from gpubench.serving.reference import reference_batch, reference_generate
 from gpubench.serving.sequence import Sequence
 from gpubench.serving.traces import (Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length,
                                      read_jsonl)
@@ -172,6 +173,63 @@ def test_sampled_requests_preempted_far_from_their_end_equal_lone_generation_tok
         assert run.tokens[r.id] == ref.tokens[r.id], f"request {r.id}"
     result = check(ref, run)
     assert result.passed and result.error == 0 and "near-tie" not in result.detail, result
+
+
+# -- the reference: every request decoded as if alone, in padded batches ---------------------------
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_reference_equals_lone_generation_token_for_token(weights64, temperature):
+    """The check's reference decodes its requests together (a padded batch, each row masked to its
+    own keys) and gives every request exactly the tokens it gets alone, greedy or sampled from its
+    own generator, at prompt lengths from 1 to 30 (much padding) and batches of 5 rows (several
+    batches, rows finishing at different steps); the near-tie margins agree to rounding (float64)."""
+    requests = trace(13, seed=4, prompt="uniform:1:30", output="uniform:1:24")
+    batched = reference_batch(weights64, requests, temperature, rows=5)
+    assert sorted(batched) == [r.id for r in requests]
+    for r in requests:
+        tokens, gaps = reference_generate(weights64, r, temperature)
+        assert batched[r.id][0] == tokens, f"request {r.id}"
+        assert batched[r.id][1] == pytest.approx(gaps, abs=1e-9), f"request {r.id}"
+
+
+def test_batched_reference_equals_lone_generation_at_smokes_serving_sizes():
+    """The technique's own reference (the default tiny model in float32, smoke's prompt and
+    output lengths) gives the lone tokens exactly; its near-tie gaps differ by rounding only, far
+    below the float32 margin the check allows (1e-3)."""
+    params = {p.name: p.default for p in continuous_batching.TECHNIQUE.params}
+    params.update(requests=12, output_len="exp:24:64", kv="contiguous")
+    w = continuous_batching.TECHNIQUE.build_fn(params, CPU, 0)
+    ref = continuous_batching.TECHNIQUE.reference_fn(w)
+    assert sorted(ref.tokens) == [r.id for r in w.requests]
+    for r in w.requests:
+        tokens, gaps = reference_generate(w.weights, r)
+        assert ref.tokens[r.id] == tokens, f"request {r.id}"
+        assert max(abs(a - b) for a, b in zip(ref.gaps[r.id], gaps)) < 1e-4
+
+
+def test_a_batched_reference_whose_rows_see_past_their_own_keys_is_caught(weights64, monkeypatch):
+    """The equality above has teeth: a mask that lets every row see up to the batch's furthest
+    position (its padding, slots not yet written) changes the tokens of the shorter rows."""
+    requests = trace(8, seed=4, prompt="uniform:1:30", output="uniform:4:24")
+    leaky = mutant(reference_mod._decode_together, "<= pos.unsqueeze(-1)", "<= pos.max()")
+    monkeypatch.setattr(reference_mod, "_decode_together", leaky)
+    batched = reference_batch(weights64, requests, 0.0)
+    assert any(batched[r.id][0] != reference_generate(weights64, r)[0] for r in requests)
+
+
+def test_batched_reference_makes_one_forward_pass_per_step_for_all_its_requests(weights64, monkeypatch):
+    """Why it is cheaper: one prefill and then one pass per step of the longest request, for the
+    whole batch, where lone generation makes one pass per token of every request."""
+    requests = trace(10, seed=2, prompt="uniform:3:20", output="uniform:5:24")
+    passes = []
+    real = reference_mod.forward
+    monkeypatch.setattr(reference_mod, "forward", lambda *a, **k: passes.append(1) or real(*a, **k))
+    reference_batch(weights64, requests)
+    assert len(passes) == max(r.output_len for r in requests)  # the prefill gives each row its first token
+    passes.clear()
+    for r in requests:
+        reference_generate(weights64, r)
+    assert len(passes) == sum(r.output_len for r in requests)
 
 
 # -- the check --------------------------------------------------------------------------------
@@ -667,3 +725,29 @@ def test_serve_command_prints_metrics_per_engine_and_rejects_bad_input(tmp_path)
                          (["--model", "nope"], "model 'nope'")):
         result = runner.invoke(main, ["serve", "--trace", str(trace_file), "--no-wait", *args])
         assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output, args
+
+
+def test_the_reference_runs_on_one_thread_while_the_cpu_is_overloaded_and_restores_the_count(monkeypatch):
+    """On an overloaded CPU (fake load 5 on 2 cores) the reference decodes on one torch thread
+    (intra-op threads wait on descheduled siblings there) and puts the count back; on a quiet
+    machine it leaves the count alone."""
+    from gpubench import machine_load
+    from gpubench.serving import bench as serving_bench
+
+    params = {p.name: p.default for p in continuous_batching.TECHNIQUE.params}
+    params.update(requests=3, output_len="uniform:2:4", kv="contiguous")
+    w = continuous_batching.TECHNIQUE.build_fn(params, CPU, 0)
+    seen = []
+    real = serving_bench.reference_batch
+    monkeypatch.setattr(serving_bench, "reference_batch", lambda *a, **k: seen.append(torch.get_num_threads())
+                        or real(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(machine_load, "read", lambda: machine_load.Load(5.0, 2))
+        serving_bench.reference(w)
+        monkeypatch.setattr(machine_load, "read", lambda: machine_load.Load(1.0, 2))
+        serving_bench.reference(w)
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

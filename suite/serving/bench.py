@@ -4,19 +4,21 @@ tokens and KV accounting against one-request-at-a-time generation, the metrics o
 and the figures the report draws."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from gpubench import machine_load
 from gpubench.contract import Bench, CheckResult, Measured, Param, Plot, Recorder, Workload
 from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, ServingRun
 from gpubench.serving.metrics import serving_metrics, serving_series
-from gpubench.serving.reference import reference_generate
+from gpubench.serving.reference import reference_batch
 from gpubench.serving.traces import (ARRIVAL_HELP, LENGTH_HELP, Request, TraceSpec, generate, parse_arrival,
                                      parse_length)
 
@@ -159,13 +161,35 @@ class ServingReference:
 
 
 def reference(w: ServingWorkload) -> ServingReference:
-    """Every request (or the first ``check_requests``) generated alone, with a plain growing KV
-    cache: what batching must not change."""
+    """Every request (or the first ``check_requests``) generated as if alone, with a plain KV
+    cache: what batching must not change. Decoded together in padded batches, each row masked to
+    its own keys (:func:`reference_batch`: the tokens of one pass per request, a fraction of the
+    time)."""
     ref = ServingReference({}, {}, w.engine.temperature, w.weights.dtype,
                            {r.id: r.output_len for r in w.requests}, w.min_preemptions)
-    for r in w.requests[:w.check_requests or len(w.requests)]:
-        ref.tokens[r.id], ref.gaps[r.id] = reference_generate(w.weights, r, w.engine.temperature)
+    checked = w.requests[:w.check_requests or len(w.requests)]
+    with _one_thread_if_overloaded(w.device):
+        decoded = reference_batch(w.weights, checked, w.engine.temperature)
+    for rid, (tokens, gaps) in decoded.items():
+        ref.tokens[rid], ref.gaps[rid] = tokens, gaps
     return ref
+
+
+@contextlib.contextmanager
+def _one_thread_if_overloaded(device: torch.device) -> Iterator[None]:
+    """On a CPU with more runnable work than cores, torch's intra-op threads wait on siblings the
+    OS has descheduled: the batched reference of smoke's 50 requests took 6-23 s with 2 threads
+    and 0.8-1.0 s with one, at load 4 on 2 cores (README). Its tokens do not depend on it."""
+    load = machine_load.read()
+    if torch.device(device).type != "cpu" or load is None or not load.overloaded:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def utilization_problems(run: ServingRun) -> list[str]:
