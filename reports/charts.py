@@ -131,8 +131,10 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
             if title:
                 ax.set_title(title, fontsize=8)
         for ax in axes[:len(panels)]:
-            if len(panels) > 1 and not ax.get_subplotspec().is_first_col():
-                ax.set_ylabel("")
+            if len(panels) > 1:
+                ax.tick_params(labelbottom=True)  # shared x: each panel still reads its own values
+                if not ax.get_subplotspec().is_first_col():
+                    ax.set_ylabel("")
         if left_out:
             fig.suptitle(left_out, x=0.02, ha="left", fontsize=7)
         if len(handles) > 1 or (handles and next(iter(handles)) != "defaults"):

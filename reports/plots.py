@@ -163,6 +163,10 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
             drawn.append((key, lines))
     if not drawn:
         return None
+    fits = 2 * max(1, int((MAX_HEIGHT_IN - 2.0) / 2.75))  # two a row, beside titles and the legend
+    left_out = "" if len(drawn) <= fits else (f"{fits} of {len(drawn)} panels drawn, evenly spread "
+                                              f"(every case: the tables below)")
+    drawn = [drawn[i] for i in spread_pick(len(drawn), fits)]
     cols = min(2, len(drawn))
     titles = [wrap(_params_label(dict(zip(plot.panels, key)), plot.panels), WIDTH_IN / cols - 0.6, 9)
               if plot.panels else "" for key, _ in drawn]
@@ -207,6 +211,8 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
             ax.set_ylabel(plot.ylabel)
             if title:
                 ax.set_title(title)
+        if left_out:
+            fig.suptitle(left_out, x=0.02, ha="left", fontsize=7)
         if len(handles) == 1 and styles:  # one line per figure: the dashes say it all
             handles = {}
         legend_below(fig, {**handles, **{human(y): styles[y] for y in plot.ys if y in styles}})

@@ -268,7 +268,7 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
                         color="white" if abs(grid[new_row[i], j]) > 0.6 * bound else "black")
         for i, j in failed:
             if i in new_row:
-                ax.text(j, new_row[i], "fail" if annotate else "x", ha="center", va="center", fontsize=6,
+                ax.text(j, new_row[i], "fail", ha="center", va="center", fontsize=6 if annotate else 5,
                         color="#a61b1b")
         if note:
             ax.set_title(note, loc="left", fontsize=7)

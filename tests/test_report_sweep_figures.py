@@ -12,7 +12,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.transforms import Bbox
 
-from gpubench.contract import Headline
+from gpubench.contract import Headline, Plot
 from gpubench.reports import charts, drawing, figures, plots, sections, sweep
 from gpubench.results import CaseRecord
 from gpubench.techniques import flash_attention, kv_cache
@@ -187,3 +187,13 @@ def test_an_864_case_sweep_draws_a_bounded_number_of_marks(kv_sweep):
     assert len(breakdown.axes[0].patches) <= 4 * 2 * 40  # metrics x variants x rows that fit
     boxes = figures.latency_boxes([(f"#{i}", {"a": [1.0, 2.0], "b": [1.5, 2.5]}) for i in range(864)])
     assert len(boxes.axes[0].patches) <= 2 * 60
+
+
+def test_a_declared_line_figure_with_many_panels_draws_a_screens_worth_and_says_so(kv_sweep):
+    """A line plot with a panel per value of two params (24 panels here) draws as many as fit a
+    screen, evenly spread, and says how many of how many."""
+    plot = Plot("bytes against max_len", y="bytes_reserved", x="max_len", panels=("model", "kv_dtype"))
+    fig = plots.declared(plot, kv_sweep, kv_cache.TECHNIQUE.defaults())
+    assert sum(ax.get_visible() for ax in fig.axes) < 24
+    assert "of 24 panels drawn" in fig.get_suptitle()
+    assert drawing.svg_height_px(drawing.to_svg(fig)) <= SCREEN_PX
