@@ -197,3 +197,22 @@ def test_a_declared_line_figure_with_many_panels_draws_a_screens_worth_and_says_
     assert sum(ax.get_visible() for ax in fig.axes) < 24
     assert "of 24 panels drawn" in fig.get_suptitle()
     assert drawing.svg_height_px(drawing.to_svg(fig)) <= SCREEN_PX
+
+
+def test_an_864_case_sweeps_report_holds_few_small_figures_none_taller_than_a_screen(tmp_path):
+    """The whole page (issue 35: 9.3 MB, 46.5 s, a 41,700 px figure): counted, not timed, the
+    report of an 864-case kv_cache sweep holds a handful of figures, each at most a screen tall,
+    well under a megabyte of SVG together (7.6 MB before)."""
+    from gpubench.reports import html
+    from report_runs import sweep_doc, write_run
+
+    case = kv_case("llama-2-7b")
+    for v in case["variants"].values():
+        v["samples_s"] = [1e-3] * 5
+    header = {k: v for k, v in sweep_doc().items() if k not in ("cases", "scenario", "summary", "run_id")}
+    doc = kv_sweep_doc({**header, "cases": [case], "scenario": {"name": "kv", "entries": [{}]}})
+    page = html.write_report(write_run(tmp_path / "run", doc), read_history=False).html.read_text()
+    svgs = re.findall(r"<svg\b.*?</svg>", page, re.S)
+    assert 3 <= len(svgs) <= 8
+    assert sum(map(len, svgs)) < 1_000_000
+    assert max(drawing.svg_height_px(svg) for svg in svgs) <= SCREEN_PX
