@@ -68,8 +68,8 @@ def split_series(keys: Sequence[tuple[str, ...]], limit: int = MAX_SERIES) -> li
                                                  max(len(v) for v in c[1].values())))
     else:
         best = {"": list(range(len(keys)))}
-    return [(title + (f" ({j // limit + 1})" if len(members) > limit else ""), members[j:j + limit])
-            for title, members in best.items() for j in range(0, len(members), limit)]
+    return [(title + (f" (part {j // limit + 1} of {-(-len(members) // limit)})" if len(members) > limit else ""),
+             members[j:j + limit]) for title, members in best.items() for j in range(0, len(members), limit)]
 
 
 def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
@@ -121,8 +121,9 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
                 label = series_label([p for p in keys[i] if p != title])
                 k = labels[label]
                 x, y, lo, hi = zip(*points[i])
-                handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), marker=MARKERS[k // len(SERIES) % len(MARKERS)],
-                                             ms=4, capsize=3, color=SERIES[k % len(SERIES)], label=label)
+                handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), ms=4, capsize=3, label=label,
+                                             color=SERIES[k % len(SERIES)],
+                                             marker=MARKERS[k // len(SERIES) % len(MARKERS)])
             reference(ax.axhline(1.0, color="black", lw=0.8, ls="--"))
             log_x_if_spread(ax, xs)
             ticks_at(ax, xs)
