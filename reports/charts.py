@@ -4,7 +4,6 @@ telemetry over time. Each returns a Figure, or None when there is nothing to dra
 says so in words instead of showing empty axes."""
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, Sequence
 
@@ -12,9 +11,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from gpubench.reports.drawing import (COLORS, SERIES, WIDTH_IN, error_bars, label_rows, legend_below, log_axis,
-                                      log_x_if_spread, new_figure, reference, row_labels, styled,
-                                      text_lines, ticks_at, time_unit, wrap)
+from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, SERIES, WIDTH_IN, error_bars, label_rows, legend_below,
+                                      legend_height_in, log_axis, log_x_if_spread, new_figure, reference, row_labels,
+                                      rows_that_fit, spread_pick, styled, text_lines, ticks_at, time_unit, wrap)
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # with the colours: 56 variants told apart
@@ -26,28 +25,123 @@ def variant_color(variant: str, k: int) -> str:
     return COLORS.get(variant, SERIES[(k + 2) % len(SERIES)])
 
 
-def speedup_sweep(series: dict[str, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
-    """Speedup (with CI bars) against a swept numeric parameter; one line per ``series`` label,
-    each point ``(x, ratio, ci_low, ci_high)``."""
-    series = {k: sorted(v) for k, v in series.items() if v}
+def fitting_rows(n: int, row_in: float, fixed_in: float) -> tuple[list[int], str]:
+    """Which of ``n`` rows (``row_in`` inches each, beside ``fixed_in`` of axes and legend) a
+    figure draws so it fits a screen: all, or as many as fit, evenly spread in order; and the
+    sentence that says so ("" when all are drawn)."""
+    keep = spread_pick(n, rows_that_fit(row_in, fixed_in))
+    if len(keep) == n:
+        return keep, ""
+    return keep, f"{len(keep)} of {n} cases drawn, evenly spread in run order (every case: the tables below)"
+
+
+MAX_SERIES = 6  # lines one axes tells apart (by colour, with CI bars on each); more: small multiples
+PANEL_IN = 2.4  # the height of one small multiple
+
+
+def series_label(parts: Sequence[str]) -> str:
+    """A line's legend entry: its ``k=v`` parts (what tells it from the other lines), or
+    "defaults" when it differs from them only in taking every default."""
+    return " ".join(parts) or "defaults"
+
+
+def split_series(keys: Sequence[tuple[str, ...]], limit: int = MAX_SERIES) -> list[tuple[str, list[int]]]:
+    """Panels for lines named by ``keys`` (tuples of ``k=v`` parts): one panel when there are
+    ``limit`` or fewer, else one per value of the param that splits them into the fewest panels of
+    at most ``limit`` lines (else the smallest largest panel), each titled by that ``k=v`` (or
+    "k: default"), cut in runs of ``limit`` where still too many. Returns (title, indices)."""
+    if len(keys) <= limit:
+        return [("", list(range(len(keys))))]
+    names = list(dict.fromkeys(p.split("=", 1)[0] for key in keys for p in key))
+
+    def groups(name: str) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            part = next((p for p in key if p.split("=", 1)[0] == name), f"{name}: default")
+            out.setdefault(part, []).append(i)
+        return out
+
+    candidates = [(name, groups(name)) for name in names]
+    candidates = [(n, g) for n, g in candidates if len(g) > 1]
+    if candidates:
+        _, best = min(candidates, key=lambda c: (max(len(v) for v in c[1].values()) > limit, len(c[1]),
+                                                 max(len(v) for v in c[1].values())))
+    else:
+        best = {"": list(range(len(keys)))}
+    return [(title + (f" (part {j // limit + 1} of {-(-len(members) // limit)})" if len(members) > limit else ""),
+             members[j:j + limit]) for title, members in best.items() for j in range(0, len(members), limit)]
+
+
+def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
+    """Speedup (with CI bars) against a swept numeric parameter; one line per ``series`` key, each
+    point ``(x, ratio, ci_low, ci_high)``. A key is a tuple of ``k=v`` parts (or one string): a
+    part every line shares is left out of the labels; past :data:`MAX_SERIES` lines the figure
+    splits into small multiples by a param (:func:`split_series`) sharing both axes, a colour per
+    label the same in every panel."""
+    series = {(k,) if isinstance(k, str) else tuple(k): sorted(v) for k, v in series.items() if v}
+    series = {tuple(p for p in k if p): v for k, v in series.items()}
     if not series:
         return None
+    keys = list(series)
+    shared = set(keys[0]).intersection(*map(set, keys[1:])) if len(keys) > 1 else set()
+    keys = [tuple(p for p in k if p not in shared) for k in keys]
+    panels = split_series(keys)
+    fits = 2 * max(1, int((MAX_HEIGHT_IN - 1.0) / PANEL_IN))
+    left_out = ""
+    if len(panels) > fits:
+        total = len(panels)
+        panels = [panels[i] for i in spread_pick(total, fits)]
+        left_out = f"{len(panels)} of {total} panels drawn, evenly spread (every case: the tables below)"
+    xs = sorted({p[0] for pts in series.values() for p in pts})
+    points = list(series.values())
+    while True:  # the panels, and the legend they need, within a screen
+        labels: dict[str, int] = {}
+        for title, members in panels:
+            for i in members:
+                labels.setdefault(series_label([p for p in keys[i] if p != title]), len(labels))
+        height = (3.0 if len(panels) == 1 else PANEL_IN * -(-len(panels) // 2) + 0.4) + legend_height_in(list(labels))
+        if height <= MAX_HEIGHT_IN or len(panels) <= 1:
+            break
+        total = len(split_series(keys))
+        panels = [panels[i] for i in spread_pick(len(panels), len(panels) - (2 if len(panels) > 2 else 1))]
+        left_out = f"{len(panels)} of {total} panels drawn, evenly spread (every case: the tables below)"
     with styled():
-        fig = new_figure(3.0 + 0.15 * len(series))
-        ax = fig.add_subplot()
+        if len(panels) == 1:
+            fig = new_figure(3.0)
+            axes = [fig.add_subplot()]
+        else:
+            cols = 2
+            fig = new_figure(PANEL_IN * -(-len(panels) // cols) + 0.4)
+            axes = list(fig.subplots(-(-len(panels) // cols), cols, sharex=True, sharey=True, squeeze=False).flat)
+            for ax in axes[len(panels):]:
+                ax.set_visible(False)
         handles = {}
-        for color, (label, points) in zip(itertools.cycle(SERIES), series.items()):
-            x, y, lo, hi = zip(*points)
-            handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), marker="o", ms=4, capsize=3,
-                                         color=color, label=label or None)
-        reference(ax.axhline(1.0, color="black", lw=0.8, ls="--"))
-        xs = sorted({p[0] for pts in series.values() for p in pts})
-        log_x_if_spread(ax, xs)
-        ticks_at(ax, xs)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel("speedup over baseline (x)")
-        if len(series) > 1 or next(iter(series)):
+        for ax, (title, members) in zip(axes, panels):
+            for i in members:
+                label = series_label([p for p in keys[i] if p != title])
+                k = labels[label]
+                x, y, lo, hi = zip(*points[i])
+                handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), ms=4, capsize=3, label=label,
+                                             color=SERIES[k % len(SERIES)],
+                                             marker=MARKERS[k // len(SERIES) % len(MARKERS)])
+            reference(ax.axhline(1.0, color="black", lw=0.8, ls="--"))
+            log_x_if_spread(ax, xs)
+            ticks_at(ax, xs)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel("speedup over baseline (x)")
+            if title:
+                ax.set_title(title, fontsize=8)
+        for ax in axes[:len(panels)]:
+            if len(panels) > 1:
+                ax.tick_params(labelbottom=True)  # shared x: each panel still reads its own values
+                if not ax.get_subplotspec().is_first_col():
+                    ax.set_ylabel("")
+        if left_out:
+            fig.suptitle(left_out, x=0.02, ha="left", fontsize=7)
+        if len(handles) > 1 or (handles and next(iter(handles)) != "defaults"):
             legend_below(fig, handles)
+        elif len(panels) > 1:
+            fig.tight_layout()
     return fig
 
 
@@ -57,9 +151,15 @@ def ratio_points(labels: Sequence[str], ratios: Sequence[float], lows: Sequence[
     Used where there is no numeric sweep (a single case, categorical params) and for comparisons."""
     if not labels:
         return None
-    n = len(labels)
     rows, note = row_labels(labels)
     lines = max(text_lines(r) for r in rows)
+    keep, left_out = fitting_rows(len(labels), 0.16 + 0.12 * lines, 1.2 + 0.14 * text_lines(note) * bool(note))
+    if left_out:
+        labels, ratios, lows, highs = ([seq[i] for i in keep] for seq in (labels, ratios, lows, highs))
+        colors = [colors[i] for i in keep] if colors else None
+        rows, note = row_labels(labels)
+        note = f"{note}; {left_out}" if note else left_out
+    n = len(labels)
     with styled():
         fig = new_figure(0.9 + 0.14 * text_lines(note) * bool(note) + (0.16 + 0.12 * lines) * n)
         ax = fig.add_subplot()
@@ -87,6 +187,11 @@ def latency_boxes(rows: Sequence[tuple[str, dict[str, Sequence[float]]]]) -> Fig
     step = len(variants) + 1
     shown, note = row_labels([label for label, _ in rows])
     row_in = max(0.22 * step, 0.13 * max(text_lines(r) for r in shown) + 0.1)
+    keep, left_out = fitting_rows(len(rows), row_in, 1.3 + 0.14 * text_lines(note) * bool(note))
+    if left_out:
+        rows = [rows[i] for i in keep]
+        shown, note = row_labels([label for label, _ in rows])
+        note = f"{note}; {left_out}" if note else left_out
     handles: dict[str, Any] = {}
     with styled():
         fig = new_figure(0.7 + 0.14 * text_lines(note) * bool(note) + row_in * len(rows))
@@ -130,6 +235,13 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
     height = 0.8 / len(variants)
     shown, note = row_labels(labels)
     row_in = max(0.2 * (len(variants) + 1), 0.13 * max(text_lines(r) for r in shown) + 0.1)
+    keep, left_out = fitting_rows(len(labels), row_in, 1.3 + 0.14 * text_lines(note) * bool(note))
+    if left_out:
+        labels = [labels[i] for i in keep]
+        panels = {title: {v: [vals[i] for i in keep] for v, vals in by_variant.items()}
+                  for title, by_variant in panels.items()}
+        shown, note = row_labels(labels)
+        note = f"{note}; {left_out}" if note else left_out
     with styled():
         fig = new_figure(0.7 + 0.14 * text_lines(note) * bool(note) + row_in * len(labels))
         axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]

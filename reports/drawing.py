@@ -50,6 +50,11 @@ STYLE = {
 COLORS = {"baseline": "#8c8c8c", "optimized": "#1f6fb4"}
 SERIES = ("#1f6fb4", "#d9711c", "#2e9b45", "#c0392b", "#7d4fb0", "#8c564b", "#d45ca8", "#17a2b8")
 WIDTH_IN = 7.0
+# A screen: the report shows a figure at its natural size (1 in = 96 CSS px), so 9 in is ~860 px,
+# what a 900 px window shows at once. A figure is drawn no taller; where its rows would not fit,
+# the chart shows fewer (saying which) or splits into panels.
+MAX_HEIGHT_IN = 9.0
+CSS_PX_PER_IN = 96
 _ids = itertools.count(1)
 REFERENCE = "reference"  # gid of what is drawn for orientation (the 1x line, case shading), not data
 
@@ -115,7 +120,54 @@ def time_unit(seconds: Sequence[float]) -> tuple[str, float]:
 
 
 def new_figure(height_in: float) -> Figure:
-    return Figure(figsize=(WIDTH_IN, max(1.8, height_in)))
+    """A figure of the report's width, ``height_in`` tall within [1.8, :data:`MAX_HEIGHT_IN`]."""
+    return Figure(figsize=(WIDTH_IN, min(MAX_HEIGHT_IN, max(1.8, height_in))))
+
+
+def rows_that_fit(row_in: float, fixed_in: float = 1.2) -> int:
+    """How many rows of ``row_in`` inches fit a figure of :data:`MAX_HEIGHT_IN` beside
+    ``fixed_in`` inches of axes, titles and legend."""
+    return max(2, int((MAX_HEIGHT_IN - fixed_in) / max(row_in, 1e-3)))
+
+
+def spread_pick(n: int, k: int) -> list[int]:
+    """``k`` of ``range(n)``, evenly spread, first and last included (all of them when n <= k)."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+
+def svg_height_px(svg: str) -> float:
+    """The CSS pixel height at which the report shows ``svg`` (matplotlib writes it in points)."""
+    found = re.search(r'<svg[^>]*\bheight="([\d.]+)(pt|px)?"', svg)
+    if not found:
+        raise ValueError("an SVG without a height")
+    value = float(found.group(1))
+    return value * CSS_PX_PER_IN / 72 if found.group(2) in (None, "pt") else value
+
+
+def thin_ticks(ax: Any, which: str, fontsize: float, rotated: bool = False, gap_pt: float = 2.0) -> int:
+    """Hide tick labels of ``which`` ("x" or "y") so none overlaps the next: every k-th kept,
+    k from the labels' sizes at ``fontsize`` against the axes' length per tick (estimated from
+    the text, with no drawing: the test checks the drawn boxes). Returns k."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    labels = [t for t in axis.get_ticklabels() if t.get_text()]
+    if len(labels) < 2:
+        return 1
+    fig = ax.get_figure()
+    box = ax.get_position()
+    length_pt = (box.width * fig.get_figwidth() if which == "x" else box.height * fig.get_figheight()) * 72
+    per_tick = length_pt / len(labels)
+    along_text = (which == "x") != rotated  # the label's extent along the axis is its text width
+    if along_text:
+        need = max(max(len(line) for line in t.get_text().split("\n")) for t in labels) * fontsize * 0.62
+    else:
+        need = max(t.get_text().count("\n") + 1 for t in labels) * fontsize * 1.25
+    k = max(1, math.ceil((need + gap_pt) / per_tick))
+    if k > 1:
+        for i, t in enumerate(labels):
+            t.set_visible(i % k == 0)
+    return k
 
 
 # -- plain text: numbers, log axes, legends, labels ---------------------------------------------
@@ -214,17 +266,26 @@ def ticks_at(ax: Any, xs: Sequence[float]) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def legend_columns(texts: Sequence[str]) -> int:
+    """Legend columns: as many as fit the width at 7 pt (at most 4)."""
+    longest = max(len(text) for text in texts)
+    return max(1, min(len(texts), 4, int(WIDTH_IN * 72 / ((longest + 6) * 7 * 0.6))))
+
+
+def legend_height_in(texts: Sequence[str]) -> float:
+    """The height :func:`legend_below` adds to a figure for a legend of ``texts``."""
+    return 0.15 * -(-len(texts) // legend_columns(texts)) + 0.2 if texts else 0.0
+
+
 def legend_below(fig: Figure, handles: dict[str, Any]) -> None:
     """One legend for the whole figure, under the axes, where it covers no data; the figure grows
     by the legend's height, so the axes keep theirs."""
     if not handles:
         return
-    longest = max(len(text) for text in handles)  # columns: as many as fit the width at 7 pt
-    ncol = max(1, min(len(handles), 4, int(WIDTH_IN * 72 / ((longest + 6) * 7 * 0.6))))
+    ncol = legend_columns(handles)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7,
                bbox_to_anchor=(0.5, 0.0))
-    rows = -(-len(handles) // ncol)
-    legend_in = 0.15 * rows + 0.2
+    legend_in = legend_height_in(handles)
     fig.set_figheight(fig.get_figheight() + legend_in)
     fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
 

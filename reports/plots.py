@@ -13,8 +13,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from gpubench.contract import Plot
-from gpubench.reports.drawing import (COLORS, ROW_LABEL_IN, SERIES, WIDTH_IN, error_bars, legend_below, log_axis,
-                                      new_figure, reference, styled, text_lines, ticks_at, wrap)
+from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, ROW_LABEL_IN, SERIES, WIDTH_IN, error_bars, legend_below,
+                                      log_axis, new_figure, reference, spread_pick, styled, text_lines, ticks_at, wrap)
 from gpubench.reports.terminal import param_text
 from gpubench.results import CaseRecord
 
@@ -163,6 +163,10 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
             drawn.append((key, lines))
     if not drawn:
         return None
+    fits = 2 * max(1, int((MAX_HEIGHT_IN - 2.0) / 2.75))  # two a row, beside titles and the legend
+    left_out = "" if len(drawn) <= fits else (f"{fits} of {len(drawn)} panels drawn, evenly spread "
+                                              f"(every case: the tables below)")
+    drawn = [drawn[i] for i in spread_pick(len(drawn), fits)]
     cols = min(2, len(drawn))
     titles = [wrap(_params_label(dict(zip(plot.panels, key)), plot.panels), WIDTH_IN / cols - 0.6, 9)
               if plot.panels else "" for key, _ in drawn]
@@ -207,6 +211,8 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
             ax.set_ylabel(plot.ylabel)
             if title:
                 ax.set_title(title)
+        if left_out:
+            fig.suptitle(left_out, x=0.02, ha="left", fontsize=7)
         if len(handles) == 1 and styles:  # one line per figure: the dashes say it all
             handles = {}
         legend_below(fig, {**handles, **{human(y): styles[y] for y in plot.ys if y in styles}})
@@ -215,6 +221,28 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
 
 def _case_label(case: CaseRecord, keys: Sequence[str]) -> str:
     return _params_label(case.params, keys) or case.technique
+
+
+def _fit_screen(bars: dict[str, list[tuple[str, str, str, list[float]]]], row_in: float
+                ) -> tuple[dict[str, list[tuple[str, str, str, list[float]]]], str]:
+    """Of a stacked figure's panels and their bar groups, as many as fit a screen
+    (:data:`MAX_HEIGHT_IN`), evenly spread in run order, and a sentence saying what was left out
+    ("" when nothing was): an 864-case sweep draws a readable sample, not a 41,000 px column."""
+    group_in = row_in * max(len({r[1] for r in rows}) for rows in bars.values())  # one tick: a bar a variant
+    keys = list(bars)
+    panels = [keys[i] for i in spread_pick(len(keys), max(1, int((MAX_HEIGHT_IN - 0.6) / (0.9 + 2 * group_in))))]
+    per_panel = max(2, int(((MAX_HEIGHT_IN - 0.6) / len(panels) - 0.9) / group_in))
+    kept: dict[str, list[tuple[str, str, str, list[float]]]] = {}
+    for key in panels:
+        ticks = list(dict.fromkeys(r[0] for r in bars[key]))
+        chosen = {ticks[i] for i in spread_pick(len(ticks), per_panel)}
+        kept[key] = [r for r in bars[key] if r[0] in chosen]
+    total = sum(len({r[0] for r in rows}) for rows in bars.values())
+    drawn = sum(len({r[0] for r in rows}) for rows in kept.values())
+    if drawn == total:
+        return kept, ""
+    return kept, (f"{drawn} of {total} bar groups drawn, evenly spread in run order, so the figure fits a "
+                  f"screen; every case's figures are in the tables below")
 
 
 def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) -> Figure | None:
@@ -238,6 +266,7 @@ def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any
         return None
     shown = {r[0]: wrap(f"{x}={r[0]}" if x else r[0], ROW_LABEL_IN, 8) for rows in bars.values() for r in rows}
     row_in = max(0.25, 0.13 * max(text_lines(t) for t in shown.values()) / max(1, len(_chosen(cases[0], plot))))
+    bars, left_out = _fit_screen(bars, row_in)
     with styled():
         fig, axes = _grid(len(bars), 0.9 + row_in * max(len(v) for v in bars.values()), cols=1)
         handles: dict[str, Any] = {}
@@ -260,6 +289,8 @@ def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any
             ax.margins(x=0.15)
             if key:
                 ax.set_title(wrap(key, WIDTH_IN - 0.6, 9))
+        if left_out:
+            fig.suptitle(wrap(left_out, WIDTH_IN - 0.4, 7), x=0.02, ha="left", fontsize=7)
         legend_below(fig, handles)
     return fig
 

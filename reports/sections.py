@@ -68,9 +68,10 @@ def _missing(title: str, why: str) -> Figure:
     return {"title": title, "svg": None, "note": why}
 
 
-def speedup_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
+def speedup_figure(cases: list[CaseRecord], labels: list[str], defaults: dict[str, Any] | None = None) -> Figure | None:
     """Speedup against the swept numeric param (one line per combination of the other varying
-    params); without a numeric sweep (one case, categorical params) one point per case."""
+    params, named by those not at their ``defaults``); without a numeric sweep (one case,
+    categorical params) one point per case."""
     title = "speedup of optimized over baseline (95% CI)"
     points = [(c, r, label) for c, label in zip(cases, labels) for r in [c.speedup(c.role_variant("optimized"))] if r]
     if not points:
@@ -81,9 +82,10 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
                                          and not isinstance(c.params.get(k), bool) for c, _, _ in points)]
     if numeric:
         x = max(numeric, key=lambda k: len({c.params[k] for c, _, _ in points}))
-        series: dict[str, list[tuple[float, float, float, float]]] = {}
+        series: dict[tuple[str, ...], list[tuple[float, float, float, float]]] = {}
         for c, r, _ in points:
-            key = " ".join(param_text(c.params, k) for k in varying if k != x)
+            key = tuple(param_text(c.params, k) for k in varying
+                        if k != x and not (k in (defaults or {}) and c.params.get(k) == defaults[k]))
             series.setdefault(key, []).append((c.params[x], *_with_ends(r)))
         return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
     ratios = [_with_ends(r) for _, r, _ in points]
@@ -311,7 +313,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
         "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
         "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
         "best": _extreme_rows(best, numbers, labels), "worst": _extreme_rows(worst, numbers, labels),
-        "figures": [f for f in [speedup_figure(cases, case_labels)] if f] + ([] if large else per_case)
+        "figures": [f for f in [speedup_figure(cases, case_labels, labels.defaults(name))] if f] + ([] if large else per_case)
                    + technique_figures(tech, cases),
         "per_case_figures": per_case if large else [],
         "rows": [r for r in rows if r["technique"] == name] if large else [],

@@ -175,11 +175,35 @@ def surface_title(read_by: Sequence[Headline]) -> str:
     return f"{read_by[0].name} over the swept params, optimized against baseline (blue: better, red: worse)"
 
 
+ROWS_FIT = 40  # heatmap rows that fit a screen at a readable row height
+MAX_COLUMNS = 48  # past this, cells are too narrow to tell apart at the report's width
+
+
+def _layout(varying: list[str], distinct: dict[str, list[Any]]) -> tuple[list[str], list[str]]:
+    """The params across (columns: every combination of them) and down (rows): across, the one
+    with the most values; while the rows would not fit a screen (:data:`ROWS_FIT`), the fewest-
+    valued param that brings them in (else the most-valued) moves across too, as long as the
+    columns stay under :data:`MAX_COLUMNS`."""
+    count = lambda keys: math.prod(len(distinct[k]) for k in keys)  # noqa: E731
+    across = [max(varying, key=lambda k: (len(distinct[k]), _order(distinct[k][0])[0] == 0))]
+    down = [k for k in varying if k != across[0]]
+    while count(down) > ROWS_FIT and len(down) > 1:
+        fitting = [k for k in down if count([d for d in down if d != k]) <= ROWS_FIT]
+        move = min(fitting, key=lambda k: len(distinct[k])) if fitting else max(down, key=lambda k: len(distinct[k]))
+        if count(across) * len(distinct[move]) > MAX_COLUMNS:
+            break
+        across.append(move)
+        down.remove(move)
+    return across, down
+
+
 def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure | None:
     """A heatmap of each case's factor (see :func:`readings`) on a log scale centred on 1: the
-    swept param with the most values across, one row per combination of the other swept params;
-    a failed case is a grey cell marked "fail". None when fewer than two cases have the figure
-    or nothing varies."""
+    swept param with the most values across (with more beside it while the rows would not fit a
+    screen: :func:`_layout`), one row per combination of the other swept params; a failed case is
+    a grey cell marked "fail". The figure is the report's width and at most a screen tall (rows
+    past that are drawn evenly spread, said above the axes); tick labels that would overlap are
+    thinned. None when fewer than two cases have the figure or nothing varies."""
     found = readings(cases, read_by)
     if len(found) < 2:
         return None
@@ -189,48 +213,71 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
     varying = [k for k in keys if len(distinct[k]) > 1]
     if not varying:
         return None
-    across = max(varying, key=lambda k: (len(distinct[k]), _order(distinct[k][0])[0] == 0))
-    down = [k for k in varying if k != across]
-    rows = sorted({tuple(repr(c.params.get(k)) for k in down): tuple(c.params.get(k) for k in down)
-                   for c in cases}.values(), key=lambda row: tuple(_order(v) for v in row))
+    across, down = _layout(varying, distinct)
+
+    def combos(of: list[str]) -> list[tuple]:
+        return sorted({tuple(repr(c.params.get(k)) for k in of): tuple(c.params.get(k) for k in of)
+                       for c in cases}.values(), key=lambda row: tuple(_order(v) for v in row))
+
+    rows, cols = combos(down), combos(across)
     row_of = {tuple(repr(v) for v in row): i for i, row in enumerate(rows)}
-    col_of = {repr(v): j for j, v in enumerate(distinct[across])}
+    col_of = {tuple(repr(v) for v in col): j for j, col in enumerate(cols)}
     # Labels as the rest of the report writes params (case_params), from a case of each row / column.
     row_labels = {row_of[tuple(repr(c.params.get(k)) for k in down)]: case_params(c, set(down)) for c in cases}
-    col_labels = {col_of[repr(c.params.get(across))]: case_params(c, {across}).split("=", 1)[-1] for c in cases}
+    col_labels = {col_of[tuple(repr(c.params.get(k)) for k in across)]:
+                  " ".join(case_params(c, {k}).split("=", 1)[-1] for k in across) for c in cases}
 
     def cell(case: CaseRecord) -> tuple[int, int]:
         params = case.params
-        return row_of[tuple(repr(params.get(k)) for k in down)], col_of[repr(params.get(across))]
+        return row_of[tuple(repr(params.get(k)) for k in down)], col_of[tuple(repr(params.get(k)) for k in across)]
 
-    grid = np.full((len(rows), len(distinct[across])), np.nan)
+    grid = np.full((len(rows), len(cols)), np.nan)
     for r in found:
         grid[cell(r.case)] = math.log2(r.factor)
     failed = [cell(c) for c in cases if c.status not in ("passed", None)]
     bound = max(float(np.nanmax(np.abs(grid))), math.log2(1.25))
+    shown_rows = drawing.spread_pick(len(rows), ROWS_FIT)
+    note = (f"{len(shown_rows)} of {len(rows)} rows drawn, evenly spread (every case: the tables below)"
+            if len(shown_rows) < len(rows) else "")
+    new_row = {old: new for new, old in enumerate(shown_rows)}
+    grid = grid[shown_rows]
     n_rows, n_cols = grid.shape
+    width_pt = (drawing.WIDTH_IN - 2.8) * 72 / n_cols  # a cell's width, the row labels and colour bar aside
+    longest = max(len(t) for t in col_labels.values())
+    rotate = longest * 6.5 * 0.62 > width_pt - 2
+    fixed_in = 1.1 + (longest * 6.5 * 0.62 / 72 if rotate else 0.0) + 0.15 * bool(note)
+    row_in = min(0.3, max(0.12, (drawing.MAX_HEIGHT_IN - fixed_in) / n_rows))
+    annotate = n_cols <= ANNOTATED_COLUMNS and width_pt >= 20 and row_in >= 0.15
     with drawing.styled():
-        fig = Figure(figsize=(min(11.0, 2.4 + 0.4 * n_cols), 1.2 + 0.3 * n_rows))
+        fig = Figure(figsize=(drawing.WIDTH_IN, fixed_in + row_in * n_rows))
         ax = fig.add_subplot()
         # Vector cells (a mesh, not an embedded bitmap) centred on integer positions, first row on top.
         image = ax.pcolormesh(np.arange(n_cols + 1) - 0.5, np.arange(n_rows + 1) - 0.5, np.ma.masked_invalid(grid),
                               cmap=matplotlib.colormaps["RdBu"].with_extremes(bad="#e8e8e8"), vmin=-bound, vmax=bound)
         ax.invert_yaxis()
-        ax.set_xticks(range(n_cols), [col_labels[j] for j in range(n_cols)], rotation=90 if n_cols > 12 else 0)
-        ax.set_yticks(range(n_rows), [row_labels[i] for i in range(n_rows)])
-        ax.set_xlabel(across)
+        ax.set_xticks(range(n_cols), [col_labels[j] for j in range(n_cols)], rotation=90 if rotate else 0,
+                      fontsize=6.5)
+        ax.set_yticks(range(n_rows), [row_labels[i] for i in shown_rows], fontsize=6.5)
+        ax.set_xlabel(" ".join(across))
         ax.grid(False)
         ax.tick_params(length=0)
-        if n_cols <= ANNOTATED_COLUMNS:
-            for r in found:
-                i, j = cell(r.case)
-                ax.text(j, i, f"{r.factor:.2g}", ha="center", va="center", fontsize=6.5,
-                        color="white" if abs(grid[i, j]) > 0.6 * bound else "black")
+        for r in found:
+            i, j = cell(r.case)
+            if annotate and i in new_row:
+                ax.text(j, new_row[i], f"{r.factor:.2g}", ha="center", va="center", fontsize=6,
+                        color="white" if abs(grid[new_row[i], j]) > 0.6 * bound else "black")
         for i, j in failed:
-            ax.text(j, i, "fail", ha="center", va="center", fontsize=6.5, color="#a61b1b")
+            if i in new_row:
+                ax.text(j, new_row[i], "fail", ha="center", va="center", fontsize=6 if annotate else 5,
+                        color="#a61b1b")
+        if note:
+            ax.set_title(note, loc="left", fontsize=7)
         bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
         steps = (0.8, 1.0, 1.25) if bound < 1 else (1.0,)
         ticks = [t for t in sorted(math.log2(f) + e for f in steps for e in range(-6, 7)) if abs(t) <= bound + 1e-9]
         bar.set_ticks(ticks, labels=[f"{2.0 ** t:.3g}x" for t in ticks])
         bar.set_label("optimized / baseline" if not read_by else f"{read_by[0].name}: optimized vs baseline")
+        fig.tight_layout()
+        drawing.thin_ticks(ax, "x", 6.5, rotated=rotate)
+        drawing.thin_ticks(ax, "y", 6.5)
     return fig
