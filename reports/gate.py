@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpubench.compare import Comparison
-from gpubench.reports.terminal import count_text, format_seconds, param_text
+from gpubench.reports.terminal import count_text, format_seconds, param_text, shorten_words
 
 STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_samples": "yellow",
          "inconclusive": "yellow",
@@ -16,6 +16,9 @@ STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_sa
 MARK = {"regressed": "❌ regressed", "failed": "❌ failed", "missing": "❌ missing", "no_samples": "⚠️ no samples",
         "inconclusive": "⚠️ inconclusive",
         "improved": "✅ improved", "unchanged": "unchanged", "new": "new"}
+
+
+NOTE_CHARS = 400  # a note in the Markdown table past this is shortened between words (the terminal's is whole)
 
 
 def _change(c) -> str:
@@ -74,7 +77,7 @@ def print_table(comp: Comparison, console: Console) -> None:
         table.add_row(Text(label), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
-                      _context(c), c.reason[:120])
+                      _context(c), c.reason)  # folded by the table, never cut
     console.print(table)
     for message in comp.problems:
         console.print(f"[bold red]fails the gate[/]: {escape(message)}", soft_wrap=True)
@@ -109,7 +112,7 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
                f"{f' on {_cell(c.device)}' if c.device else ''} | {MARK[c.verdict]} | {format_seconds(c.baseline_median_s)} | "
                f"{format_seconds(c.current_median_s)} | {_change(c)} | "
                f"{f'{c.p_value:.2g}' if c.p_value is not None else '-'} | {c.threshold * 100:g}% | {_context(c)} | "
-               f"{_cell(c.reason[:200])} |")
+               f"{_cell(shorten_words(c.reason, NOTE_CHARS))} |")
         if size + len(row) + 200 > limit_bytes:
             lines.append(f"\n_{len(comp.changes) - i} more case(s) left out to stay under "
                          f"{limit_bytes // 1000} KB; see the terminal output or --json._")

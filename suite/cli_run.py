@@ -21,7 +21,7 @@ from gpubench.atomic import DiskFull
 from gpubench.cli_console import disk_full_text, make_console
 from gpubench.errors import BadInput
 from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
-from gpubench.reports.terminal import case_params, format_speedup, print_summary
+from gpubench.reports.terminal import case_params, fit_fields, format_speedup, print_summary, wrap_words
 
 if TYPE_CHECKING:
     from gpubench.devicecache import CaseTimes
@@ -42,8 +42,10 @@ class _CaseProgress:
     def run_started(self, total: int) -> None:
         self.total = total
         if self.interactive:
+            # transient: stopped (the run's end, Ctrl-C, SIGTERM) the bar is erased, not left stale
             self.bar = Progress(TextColumn("case"), MofNCompleteColumn(), BarColumn(),
-                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console)
+                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console,
+                                transient=True)
             self.bar.start()
             self.task = self.bar.add_task("calibrating", total=total)
 
@@ -56,13 +58,19 @@ class _CaseProgress:
         if self.bar is not None:
             self.bar.advance(self.task)
         opt = record.role_variant("optimized")
-        line = (f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
-                f"{self._params(case.technique, record.params)}  {opt or 'optimized'} speedup "
-                f"{format_speedup(record.speedups.get(opt))}  "
-                f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
-        if record.status != "passed" and record.failure is not None:
-            line += f"\n    {record.failure.message}"
-        self.console.print(line, markup=False, soft_wrap=not self.interactive)  # a log line is never wrapped
+        fields = [f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
+                  f"{self._params(case.technique, record.params)}",
+                  f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt))}",
+                  f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)"]
+        reason = record.failure.message if record.status != "passed" and record.failure is not None else ""
+        if not self.interactive:  # a log line is never wrapped
+            self.console.print("  ".join(fields) + (f"\n    {reason}" if reason else ""), markup=False, soft_wrap=True)
+            return
+        # a terminal's lines break between fields (a CI stays whole), a reason between words
+        lines = fit_fields(fields, self.console.width)
+        if reason:
+            lines += ["    " + line for line in wrap_words(reason, self.console.width - 4, "")]
+        self.console.print("\n".join(lines), markup=False, soft_wrap=True)
 
     def case_not_run(self, index: int, case: scenariomod.Case, skipped: results.NotRunCase) -> None:
         """A case the run's budget passed over: a line (and the bar moves on)."""
@@ -80,8 +88,10 @@ class _CaseProgress:
         return case_params({"params": params}, self.shown.get(technique))
 
     def run_finished(self) -> None:
+        """Stop (and erase) the bar; called again after an interrupted run, it does nothing."""
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
 
 
 LARGE_RUN_CASES = 2_000  # a plain run past this many cases is announced with its estimated time
@@ -266,9 +276,12 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                   f"the run and keeps what finished.", soft_wrap=True)
     progress = _CaseProgress(out, scen.varying(only_list))
     with stopping.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
-        outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
-                                          progress=progress, telemetry_interval_s=telemetry_interval,
-                                          calibrate=not no_calibrate)
+        try:
+            outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list,
+                                              repeat_scale=repeat_scale, progress=progress,
+                                              telemetry_interval_s=telemetry_interval, calibrate=not no_calibrate)
+        finally:  # whatever stopped the run, no bar is left drawn above what comes next
+            progress.run_finished()
         try:
             code = _close_run(out, outcome, None if no_history else history_store or "")
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
