@@ -164,7 +164,7 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
 
     gpubench history html [--store PATH|URL] [--device MODEL] [--branch NAME] [-o history.html]"""
     from gpubench.history import changepoints, links, trends
-    from gpubench.reports.history_page import PageInput, render_page
+    from gpubench.reports.history_page import PageInput, render_page, store_text
     from gpubench.reports.html import write_pages
 
     store, device_model = from_group(ctx, "store", store), from_group(ctx, "device_model", device_model, "--device")
@@ -172,8 +172,10 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
         model = pick_device_model(opened, device_model)
         branch = pick_branch(opened, model, from_group(ctx, "branch", branch))
         grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model, branch=branch))
-        where = f"{opened.where}, " + (f"branch {branch}" if branch else "all runs (none recorded a branch)")
-    text = render_page(PageInput(model, where, grouped, remote or links.origin_remote(_checkout())))
+        on = f"branch {branch}" if branch else "all runs (none recorded a branch)"
+        where = f"{opened.where}, {on}"
+    text = render_page(PageInput(model, f"{store_text(opened.where)}, {on}", grouped,
+                                 remote or links.origin_remote(_checkout())))
     write_pages([(out, text)], "the history page", "-o/--out")
     cases = sum(len(group.cases) for group in grouped)
     click.echo(f"history page: {out} ({model}: {cases} case{'s' if cases != 1 else ''} from {where})")
