@@ -217,8 +217,15 @@ def test_the_gates_terminal_note_is_whole(width):
     buffer = io.StringIO()
     gate.print_table(_comparison(), Console(file=buffer, force_terminal=True, width=width, color_system=None))
     out = buffer.getvalue()
-    assert "…" not in out
-    assert "Cas" in out and out.count("words") == 30  # past 120 characters: folded in its cell, not cut
+    assert "…" not in out and all(len(line) <= width for line in out.splitlines())
+    assert _words(REASON + " " + "and more words " * 30) in _words(out)  # past 120 characters, whole
+    assert any(line.startswith("t[a=1] (o)") and line.rstrip().endswith("unchanged") for line in out.splitlines())
+
+
+def test_a_wide_terminal_keeps_the_gates_table():
+    buffer = io.StringIO()
+    gate.print_table(_comparison(), Console(file=buffer, force_terminal=True, width=1000, color_system=None))
+    assert BOX & set(buffer.getvalue())
 
 
 def test_the_gates_markdown_note_is_shortened_between_words():
