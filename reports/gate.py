@@ -80,8 +80,10 @@ def print_table(comp: Comparison, console: Console) -> None:
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
                       _context(c), c.reason)  # folded by the table, never cut
-    if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width \
-            or not console.is_terminal:
+    if not console.is_terminal:  # a log: a block per case, each line whole (no padding, no wrapping)
+        for line in _blocks(comp, labels, 10**6):
+            console.print(line, highlight=False, soft_wrap=True)
+    elif Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
         console.print(table)
     else:  # a terminal too narrow for the table unfolded: a block per case, its note wrapped at spaces
         for line in _blocks(comp, labels, console.width):

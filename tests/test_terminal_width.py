@@ -233,3 +233,12 @@ def test_the_gates_markdown_note_is_shortened_between_words():
     row = next(line for line in md.splitlines() if line.startswith("| `t[a=1]`"))
     note = row.rstrip(" |").rsplit(" | ", 1)[1]
     assert note.endswith(" ...") and (REASON + " " + "and more words " * 30).startswith(note[:-4] + " ")
+
+
+def test_the_gates_log_has_whole_unpadded_lines():
+    buffer = io.StringIO()
+    gate.print_table(_comparison(), Console(file=buffer, force_terminal=False, width=160, color_system=None))
+    lines = buffer.getvalue().splitlines()
+    assert not BOX & set("".join(lines))
+    assert all(line == line.rstrip() for line in lines)  # no padding to 160 columns
+    assert "  " + REASON + " " + ("and more words " * 30).rstrip() in lines  # the note on one line, whole
