@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from gpubench.compare import Comparison
-from gpubench.reports.terminal import count_text, format_seconds, param_text
+from gpubench.reports.terminal import (count_text, fit_fields, format_seconds, param_text, shorten_words,
+                                       wrap_words)
 
 STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_samples": "yellow",
          "inconclusive": "yellow",
@@ -16,6 +18,9 @@ STYLE = {"regressed": "bold red", "failed": "bold red", "missing": "red", "no_sa
 MARK = {"regressed": "❌ regressed", "failed": "❌ failed", "missing": "❌ missing", "no_samples": "⚠️ no samples",
         "inconclusive": "⚠️ inconclusive",
         "improved": "✅ improved", "unchanged": "unchanged", "new": "new"}
+
+
+NOTE_CHARS = 400  # a note in the Markdown table past this is shortened between words (the terminal's is whole)
 
 
 def _change(c) -> str:
@@ -74,12 +79,37 @@ def print_table(comp: Comparison, console: Console) -> None:
         table.add_row(Text(label), Text(c.verdict, style=STYLE[c.verdict]), format_seconds(c.baseline_median_s),
                       format_seconds(c.current_median_s), _change(c),
                       f"{c.p_value:.2g}" if c.p_value is not None else "-", f"{c.threshold * 100:g}%",
-                      _context(c), c.reason[:120])
-    console.print(table)
+                      _context(c), c.reason)  # folded by the table, never cut
+    if not console.is_terminal:  # a log: a block per case, each line whole (no padding, no wrapping)
+        for line in _blocks(comp, labels, 10**6):
+            console.print(line, highlight=False, soft_wrap=True)
+    elif Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
+        console.print(table)
+    else:  # a terminal too narrow for the table unfolded: a block per case, its note wrapped at spaces
+        for line in _blocks(comp, labels, console.width):
+            console.print(line, highlight=False)
     for message in comp.problems:
         console.print(f"[bold red]fails the gate[/]: {escape(message)}", soft_wrap=True)
     for message in comp.forced:
         console.print(f"[yellow]forced[/]: {escape(message)}", soft_wrap=True)
+
+
+def _blocks(comp: Comparison, labels: dict[str, str], width: int) -> list[Text]:
+    """The gate's table as a block per case for a narrow terminal: the case and its verdict, then
+    its figures as whole fields (a CI never split), then its note wrapped at spaces, never cut."""
+    out = [Text(headline(comp))]
+    for c in comp.changes:
+        label = labels[c.case_id] + (f" ({c.variant})" if c.variant else "") + (f" on {c.device}" if c.device else "")
+        head = fit_fields([label], width - len(c.verdict) - 2, indent="  ")
+        block = Text("\n".join(head) + "  ")
+        block.append(c.verdict, style=STYLE[c.verdict])
+        fields = [f"baseline {format_seconds(c.baseline_median_s)}", f"current {format_seconds(c.current_median_s)}",
+                  f"change {_change(c)}", f"p {c.p_value:.2g}" if c.p_value is not None else "",
+                  f"threshold {c.threshold * 100:g}%", f"baseline variant {_context(c)}" if _context(c) != "-" else ""]
+        for line in fit_fields(fields, width - 2, indent="") + (wrap_words(c.reason, width - 2) if c.reason else []):
+            block.append("\n  " + line)
+        out.append(block)
+    return out
 
 
 def _cell(text: str) -> str:
@@ -109,7 +139,7 @@ def to_markdown(comp: Comparison, limit_bytes: int = 60_000) -> str:
                f"{f' on {_cell(c.device)}' if c.device else ''} | {MARK[c.verdict]} | {format_seconds(c.baseline_median_s)} | "
                f"{format_seconds(c.current_median_s)} | {_change(c)} | "
                f"{f'{c.p_value:.2g}' if c.p_value is not None else '-'} | {c.threshold * 100:g}% | {_context(c)} | "
-               f"{_cell(c.reason[:200])} |")
+               f"{_cell(shorten_words(c.reason, NOTE_CHARS))} |")
         if size + len(row) + 200 > limit_bytes:
             lines.append(f"\n_{len(comp.changes) - i} more case(s) left out to stay under "
                          f"{limit_bytes // 1000} KB; see the terminal output or --json._")

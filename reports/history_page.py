@@ -11,6 +11,7 @@ import datetime as _dt
 import itertools
 import re
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Callable, Sequence
 
 from gpubench.history import changepoints, links
@@ -28,9 +29,30 @@ class PageInput:
     and the repository's remote (None: commits unlinked)."""
 
     device_model: str
-    where: str
+    where: str  # the store and the branch, as the page prints them (:func:`store_text`)
     techniques: Sequence[TechniqueHistories]
     remote: str | None
+
+
+_SCP_REMOTE = re.compile(r"^[\w.-]+@[\w.-]+:")  # git@github.com:o/r.git
+
+
+def store_text(where: str) -> str:
+    """The store as the page names it: a database URL without its user and password, a file by
+    its name only (the page is shared; the folders of whoever made it are not its business)."""
+    if "://" in where:
+        return links.shown(where)
+    return PurePath(where).name or where
+
+
+def remote_text(remote: str) -> str:
+    """The remote as the page names it: a URL without credentials, ``git@host:o/r`` as it is, a
+    local path (a clone of a clone) by its folder's name only."""
+    if "://" in remote and not remote.startswith("file://"):
+        return links.shown(remote)
+    if _SCP_REMOTE.match(remote):
+        return remote
+    return f"{PurePath(remote.removeprefix('file://').rstrip('/')).name} (a local folder)"
 
 
 def report_css() -> str:
@@ -114,7 +136,7 @@ def page_context(page: PageInput) -> dict[str, Any]:
             for p in h.points}
     return {"model": page.device_model, "where": page.where, "rows": table, "techniques": sections,
             "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]],
-            "runs": len(runs), "remote": links.shown(page.remote) if page.remote else None, "linked": base is not None, "css": report_css(),
+            "runs": len(runs), "remote": remote_text(page.remote) if page.remote else None, "linked": base is not None, "css": report_css(),
             "method": changepoints.METHOD,
             "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 

@@ -2,10 +2,12 @@
 plain line per case in a log."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+import textwrap
+from typing import Any, Iterable, Mapping, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -127,6 +129,34 @@ def case_params(case: CaseRecord | Mapping[str, Any], swept: set[str] | None = N
     return " ".join(param_text(params, k) for k in params if swept is None or k in swept)
 
 
+def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
+    """Labels for case ids (``kv_cache[model=x,kv_dtype=bf16]``) that tell them apart: the
+    technique and only the params whose values differ between its cases here; an id that does not
+    parse as ``name[k=v,...]`` is its own label."""
+    parsed: dict[str, tuple[str, dict[str, str]]] = {}
+    for case_id in case_ids:
+        name, bracket, inner = case_id.partition("[")
+        if bracket and inner.endswith("]"):
+            parsed[case_id] = (name, dict(kv.split("=", 1) for kv in inner[:-1].split(",") if "=" in kv))
+    labels = {case_id: case_id for case_id in case_ids}
+    for case_id, (name, params) in parsed.items():
+        peers = [p for n, p in parsed.values() if n == name]
+        varying = [k for k in params if len({p.get(k) for p in peers}) > 1]
+        if varying:
+            labels[case_id] = f"{name} " + " ".join(param_text(params, k) for k in varying)
+    return labels
+
+
+def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+    """Rows as a log shows them: columns two spaces apart, aligned by padding to the widest
+    cell (the last column is not padded), no box drawing, nothing cut and nothing wrapped."""
+    table = [list(header)] + [list(r) for r in rows]
+    widths = [max(len(r[j]) for r in table) for j in range(len(header))]
+    last = len(header) - 1
+    return ["  ".join(cell if j == last and j not in right else cell.rjust(w) if j in right else cell.ljust(w)
+                      for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in table]
+
+
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
     """The params worth printing for a technique's cases: those whose value differs between
     cases; for a single case, those the scenario set. The rest are the same everywhere."""
@@ -135,11 +165,51 @@ def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str
 
 
 def shown_by_technique(run: RunRecord) -> dict[str, set[str]]:
+    """Per technique, the params its labels show: those that vary among its cases (of those the
+    scenario set; of all its params for a technique the scenario's entries do not name)."""
     swept: dict[str, set[str]] = {}
     for entry in run.scenario.get("entries", []):
         swept.setdefault(entry["technique"], set()).update(entry.get("params", {}))
+    for case in run.cases:
+        if case.technique not in swept:
+            swept[case.technique] = {k for c in run.cases if c.technique == case.technique for k in c.params}
     return {t: shown_params([c.params for c in run.cases if c.technique == t], keys)
             for t, keys in swept.items()}
+
+
+def wrap_words(text: str, width: int, indent: str = "") -> list[str]:
+    """``text`` wrapped at spaces to ``width`` columns, continuation lines after ``indent``: a
+    word is never cut (one longer than the line stands alone on its own)."""
+    return textwrap.wrap(text, max(1, width), subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
+def fit_fields(fields: Iterable[str], width: int, indent: str = "    ", sep: str = "  ") -> list[str]:
+    """Fields (a label, ``1.04x [0.71, 1.22]``, a time) packed into lines of ``width`` columns:
+    a field that does not fit on the line goes whole onto the next (after ``indent``), so a CI is
+    never split between lines; one wider than a line is wrapped at its spaces."""
+    lines: list[str] = []
+    line = ""
+    for field in (f for f in fields if f):
+        joined = f"{line}{sep}{field}" if line else field
+        if len(joined) <= width or not line.strip():
+            line = joined
+        else:
+            lines.append(line)
+            line = indent + field
+        if len(line) > width:  # a field wider than a line alone: wrapped at its spaces
+            *done, line = wrap_words(line, width, indent)
+            lines += done
+    return lines + [line] if line else lines
+
+
+def shorten_words(text: str, limit: int) -> str:
+    """``text`` in at most about ``limit`` characters, cut only between words (`` ...`` marks a
+    cut); a text that fits is returned as it is."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(" ,;:") + " ..."
 
 
 def check_text(case: CaseRecord, name: str) -> Text:
@@ -180,7 +250,7 @@ def summary_rows(run: RunRecord) -> list[tuple[str | Text, ...]]:
         base, opt = case.role_variant("baseline"), case.role_variant("optimized")
         status = Text(case.status, style="green" if case.passed else "bold red")
         if not case.passed and case.failure:
-            status.append(f": {case.failure.message}"[:160], style="red")
+            status.append(f": {case.failure.message}", style="red")
         rows.append((
             f"{case.technique} {case_params(case, shown.get(case.technique))}".strip(),
             named_time(case, base), named_time(case, opt), format_speedup(case.speedups.get(opt) if opt else None),
@@ -194,13 +264,54 @@ def summary_title(run: RunRecord) -> str:
     return f"{run.scenario.get('name', '?')} on {run.device_label or run.device or 'no device'}"
 
 
-def summary_table(run: RunRecord) -> Table:
+def _shown_columns(rows: Sequence[Sequence[str | Text]]) -> list[int]:
+    """The columns worth a place: the case's, and every other that some row fills."""
+    return [i for i in range(len(SUMMARY_COLUMNS)) if i == 0 or any(str(r[i]) not in ("", "-") for r in rows)]
+
+
+def summary_table(run: RunRecord, reasons: bool = True) -> Table:
+    """The summary as a table; ``reasons=False``: the status column holds the verdict only (the
+    reasons printed under the table: :func:`reason_lines`)."""
+    rows = summary_rows(run)
+    keep = _shown_columns(rows)
     table = Table(title=summary_title(run), title_justify="left")
-    for column, justify in SUMMARY_COLUMNS:
-        table.add_column(column, justify=justify)
-    for row in summary_rows(run):
-        table.add_row(*row)
+    for i in keep:
+        column, justify = SUMMARY_COLUMNS[i]
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in rows:
+        cells = [row[i] for i in keep]
+        if not reasons:
+            cells[-1] = Text(row[-1].plain.split(":", 1)[0], style=row[-1].style)
+        table.add_row(*cells)
     return table
+
+
+def reason_lines(run: RunRecord) -> list[Text]:
+    """A failed case's label and reason, whole, for under the table (a terminal wraps it at spaces)."""
+    return [Text(f"{row[0]}: ") + row[-1] for row in summary_rows(run) if ":" in row[-1].plain]
+
+
+def summary_blocks(run: RunRecord, width: int) -> list[Text]:
+    """The summary for a terminal too narrow for the table: a block per case, its label and
+    status on the first line, then baseline, optimized, speedup [CI], headline and check as
+    whole fields (:func:`fit_fields`), a failure's reason wrapped at spaces, never cut."""
+    out = [Text(f"{summary_title(run)}: {len(run.cases)} case{'s' if len(run.cases) != 1 else ''}")]
+    for row in summary_rows(run):
+        label, base, opt, speedup, headline, check, status = row
+        verdict = status.plain.split(":", 1)[0]
+        head = fit_fields([str(label), verdict], width, indent="  ")
+        block = Text("\n".join(head[:-1] + [head[-1][:len(head[-1]) - len(verdict)]]))
+        block.append(verdict, style=status.style)
+        opt_text = f"{opt}" + (f"  speedup {speedup}" if speedup != "-" else "")
+        fields = [f"baseline {base}" if base != "-" else "", f"optimized {opt_text}" if opt != "-" else "",
+                  headline, f"check {check.plain}" if check.plain != "-" else ""]
+        for line in fit_fields(fields, width - 2, indent=""):
+            block.append("\n  " + line)
+        reason = status.plain[len(verdict) + 2:] if ":" in status.plain else ""
+        for line in wrap_words(reason, width - 4) if reason else []:
+            block.append("\n    " + line, style="red")
+        out.append(block)
+    return out
 
 
 def summary_lines(run: RunRecord, widest: int = 60) -> list[str]:
@@ -224,7 +335,14 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
     if not run.cases:
         console.print(f"{summary_title(run)}: no case finished", markup=False, highlight=False)
     elif console.is_terminal:
-        console.print(summary_table(run))
+        table = summary_table(run, reasons=False)
+        if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
+            console.print(table)
+            for line in reason_lines(run):
+                console.print(line, highlight=False)
+        else:  # a table this narrow would fold its cells: a block per case, wrapped at spaces
+            for block in summary_blocks(run, console.width):
+                console.print(block, highlight=False)
     else:
         for line in summary_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)

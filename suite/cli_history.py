@@ -90,26 +90,53 @@ def pick_branch(store: history.HistoryStore, model: str, branch: str | None) -> 
 
 
 def print_changes(where: str, model: str, branch: str | None, found: list) -> None:
-    """The table of ``gpubench history``: a row per (case, variant) with its latest change."""
+    """The table of ``gpubench history``: a row per (case, variant) with its latest change. On a
+    terminal, a case is labelled by the params that tell it apart from the others and every cell
+    wraps rather than cuts; in a log, one plain line a row with the whole case id."""
+    import itertools
+
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
     from gpubench.cli_console import make_console
+    from gpubench.reports.terminal import fit_fields, id_labels, plain_lines
 
+    console = make_console()
     on = f"branch {branch}" if branch else "all runs (none recorded a branch)"
-    table = Table(title=f"{model}, {on}: change points ({where})", title_justify="left")
-    for column in ("case", "variant", "metric", "runs", "latest change (commit, run)", "magnitude [95% CI]", "kind"):
-        table.add_column(column, justify="right" if column in ("runs", "magnitude [95% CI]") else "left")
+    title = f"{model}, {on}: change points ({where})"
+    header = ("case", "variant", "metric", "runs", "latest change (commit, run)", "magnitude [95% CI]", "kind")
+    rows = []
     for h in found:
         last = h.latest
-        if last is None:
-            table.add_row(Text(h.case_id), h.variant, h.metric, str(len(h.points)), "none", "", "")
-            continue
+        change = ("none", "", "") if last is None else (f"{(last.commit or '?')[:12]} ({last.run_id})",
+                                                         last.magnitude_text, last.kind)
+        rows.append((h.case_id, h.variant, h.metric, str(len(h.points)), *change))
+    if not console.is_terminal:
+        for line in [title] + plain_lines(header, rows, right=(3, 5)):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    labels = id_labels(h.case_id for h in found)
+    table = Table(title=title, title_justify="left")
+    for column in header:
+        table.add_column(column, justify="right" if column in ("runs", "magnitude [95% CI]") else "left",
+                         overflow="fold")
+    for row in rows:
         # Text, not a markup string: a case id such as "kv_cache[model=...]" is no rich tag.
-        table.add_row(Text(h.case_id), h.variant, h.metric, str(len(h.points)),
-                      f"{(last.commit or '?')[:12]} ({last.run_id})",
-                      last.magnitude_text, last.kind)
-    make_console().print(table)
+        table.add_row(Text(labels[row[0]]), *row[1:])
+    if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
+        console.print(table)
+        return
+    # Too narrow for the table without folding its cells: a block per case, a line per variant.
+    console.print(Text(title, style="italic"))
+    pad = max(len(r[1]) for r in rows) if rows else 0
+    for case_id, group in itertools.groupby(rows, key=lambda r: r[0]):
+        console.print(Text(labels[case_id], style="bold"))
+        for _, variant, metric, runs, change, magnitude, kind in group:
+            said = "no change point" if change == "none" else f"latest change {change}: {magnitude} {kind}"
+            for line in fit_fields([variant.ljust(pad), metric, f"{runs} run{'s' if runs != '1' else ''}", said],
+                                   console.width - 2, indent=""):
+                console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
 
 
 DEFAULT_PAGE = Path("history.html")
@@ -137,7 +164,7 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
 
     gpubench history html [--store PATH|URL] [--device MODEL] [--branch NAME] [-o history.html]"""
     from gpubench.history import changepoints, links, trends
-    from gpubench.reports.history_page import PageInput, render_page
+    from gpubench.reports.history_page import PageInput, render_page, store_text
     from gpubench.reports.html import write_pages
 
     store, device_model = from_group(ctx, "store", store), from_group(ctx, "device_model", device_model, "--device")
@@ -145,8 +172,10 @@ def html_cmd(ctx: click.Context, store: str | None, device_model: str | None, ou
         model = pick_device_model(opened, device_model)
         branch = pick_branch(opened, model, from_group(ctx, "branch", branch))
         grouped = trends.technique_histories(opened, model, changepoints.case_histories(opened, model, branch=branch))
-        where = f"{opened.where}, " + (f"branch {branch}" if branch else "all runs (none recorded a branch)")
-    text = render_page(PageInput(model, where, grouped, remote or links.origin_remote(_checkout())))
+        on = f"branch {branch}" if branch else "all runs (none recorded a branch)"
+        where = f"{opened.where}, {on}"
+    text = render_page(PageInput(model, f"{store_text(opened.where)}, {on}", grouped,
+                                 remote or links.origin_remote(_checkout())))
     write_pages([(out, text)], "the history page", "-o/--out")
     cases = sum(len(group.cases) for group in grouped)
     click.echo(f"history page: {out} ({model}: {cases} case{'s' if cases != 1 else ''} from {where})")

@@ -21,7 +21,7 @@ from gpubench.atomic import DiskFull
 from gpubench.cli_console import disk_full_text, make_console
 from gpubench.errors import BadInput
 from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
-from gpubench.reports.terminal import case_params, format_speedup, print_summary
+from gpubench.reports.terminal import case_params, fit_fields, format_speedup, print_summary, wrap_words
 
 if TYPE_CHECKING:
     from gpubench.devicecache import CaseTimes
@@ -42,8 +42,10 @@ class _CaseProgress:
     def run_started(self, total: int) -> None:
         self.total = total
         if self.interactive:
+            # transient: stopped (the run's end, Ctrl-C, SIGTERM) the bar is erased, not left stale
             self.bar = Progress(TextColumn("case"), MofNCompleteColumn(), BarColumn(),
-                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console)
+                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console,
+                                transient=True)
             self.bar.start()
             self.task = self.bar.add_task("calibrating", total=total)
 
@@ -56,13 +58,19 @@ class _CaseProgress:
         if self.bar is not None:
             self.bar.advance(self.task)
         opt = record.role_variant("optimized")
-        line = (f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
-                f"{self._params(case.technique, record.params)}  {opt or 'optimized'} speedup "
-                f"{format_speedup(record.speedups.get(opt))}  "
-                f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)")
-        if record.status != "passed" and record.failure is not None:
-            line += f"\n    {record.failure.message}"
-        self.console.print(line, markup=False, soft_wrap=not self.interactive)  # a log line is never wrapped
+        fields = [f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
+                  f"{self._params(case.technique, record.params)}",
+                  f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt))}",
+                  f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)"]
+        reason = record.failure.message if record.status != "passed" and record.failure is not None else ""
+        if not self.interactive:  # a log line is never wrapped
+            self.console.print("  ".join(fields) + (f"\n    {reason}" if reason else ""), markup=False, soft_wrap=True)
+            return
+        # a terminal's lines break between fields (a CI stays whole), a reason between words
+        lines = fit_fields(fields, self.console.width)
+        if reason:
+            lines += ["    " + line for line in wrap_words(reason, self.console.width - 4, "")]
+        self.console.print("\n".join(lines), markup=False, soft_wrap=True)
 
     def case_not_run(self, index: int, case: scenariomod.Case, skipped: results.NotRunCase) -> None:
         """A case the run's budget passed over: a line (and the bar moves on)."""
@@ -80,8 +88,10 @@ class _CaseProgress:
         return case_params({"params": params}, self.shown.get(technique))
 
     def run_finished(self) -> None:
+        """Stop (and erase) the bar; called again after an interrupted run, it does nothing."""
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
 
 
 LARGE_RUN_CASES = 2_000  # a plain run past this many cases is announced with its estimated time
@@ -105,10 +115,10 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
     for technique, n in counts.items():
         more = f"; ... ({n - len(first[technique]):,} more)" if n > len(first[technique]) else ""
         out.print(f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: "
-                  f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=True)
+                  f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=not out.is_terminal)
     guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
                               repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
-    out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=True)
+    out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=not out.is_terminal)
     if budget_s is not None:
         _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s, fill)
     out.print("nothing was run or written (--dry-run)")
@@ -131,23 +141,23 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
     order = f"techniques in the scenario's order ({', '.join(scen.order)} first)" if scen.order else "techniques as they first appear"
     out.print(f"plan for --budget {estimate.duration_text(budget_s)}{' (--fill-budget: a case starts while the time left holds what it takes at least)' if fill else ''}: breadth-first ({order}); start-up "
               f"{estimate.duration_text(costs.startup_s())}" + (f", {workers} workers" if workers > 1 else ""),
-              markup=False, soft_wrap=True)
+              markup=False, soft_wrap=not out.is_terminal)
     for n, step in enumerate(steps[:PLAN_LINES], 1):
         label = f"{step.case.technique} {case_params({'params': step.case.params}, shown.get(step.case.technique))}"
         guess = step.estimate
         figure = f"{guess.text()}, counted as {estimate.duration_text(guess.plan_s)}"
         if step.start_s is None:
             out.print(f"  {n:>4}. not run: budget  {label}  ({figure}; {estimate.duration_text(max(0.0, step.left_s))} "
-                      "left then)", markup=False, soft_wrap=True)
+                      "left then)", markup=False, soft_wrap=not out.is_terminal)
         else:
             out.print(f"  {n:>4}. at {estimate.duration_text(step.start_s):>6}  {label}  ({figure})", markup=False,
-                      soft_wrap=True)
+                      soft_wrap=not out.is_terminal)
     if len(steps) > PLAN_LINES:
         out.print(f"  ... ({len(steps) - PLAN_LINES:,} more)", markup=False)
     skipped = [budgetmod.not_run(s.case, s.estimate, s.left_s) for s in steps if s.start_s is None]
     ran = len(steps) - len(skipped)
     out.print(f"would run {ran} of {len(steps)} cases" + (f"; {results.not_run_text(skipped)}" if skipped else ""),
-              markup=False, soft_wrap=True)
+              markup=False, soft_wrap=not out.is_terminal)
 
 
 def _case_times(device: str) -> "CaseTimes | None":
@@ -263,12 +273,15 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                                   history=_case_times(device_list[0]))
         out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
                   f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
-                  f"the run and keeps what finished.", soft_wrap=True)
+                  f"the run and keeps what finished.", soft_wrap=not out.is_terminal)
     progress = _CaseProgress(out, scen.varying(only_list))
     with stopping.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
-        outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list, repeat_scale=repeat_scale,
-                                          progress=progress, telemetry_interval_s=telemetry_interval,
-                                          calibrate=not no_calibrate)
+        try:
+            outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list,
+                                              repeat_scale=repeat_scale, progress=progress,
+                                              telemetry_interval_s=telemetry_interval, calibrate=not no_calibrate)
+        finally:  # whatever stopped the run, no bar is left drawn above what comes next
+            progress.run_finished()
         try:
             code = _close_run(out, outcome, None if no_history else history_store or "")
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
@@ -289,10 +302,10 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
-        out.print(outcome.record.time_use.text(), markup=False, soft_wrap=True)
+        out.print(outcome.record.time_use.text(), markup=False, soft_wrap=not out.is_terminal)
     if outcome.record.not_run:
         out.print(f"{results.not_run_text(outcome.record.not_run)}; the budget was "
-                  f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=True)
+                  f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=not out.is_terminal)
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
     if history_store is not None:  # complete or not; a store that fails costs a warning line, never the run
         from gpubench.cli_history import append_run
@@ -317,16 +330,16 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
         return EXIT_DISK_FULL
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
         out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
-                  f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=True)
+                  f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=not out.is_terminal)
         return _interrupted_exit(exc, outcome)
     except Exception as exc:  # noqa: BLE001
         out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
-                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=True)
+                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=not out.is_terminal)
     if outcome.exit_code == EXIT_OVERLOADED:
         late = sum(c.status == "failed" for c in outcome.record.cases)
         out.print(f"{late} case(s) timed out on an overloaded machine (more runnable work than cores), a timeout "
                   f"of the run's environment, not a failure of a technique; they were not measured: rerun them "
-                  f"(--only) on a quieter machine. Exit code {EXIT_OVERLOADED}.", markup=False, soft_wrap=True)
+                  f"(--only) on a quieter machine. Exit code {EXIT_OVERLOADED}.", markup=False, soft_wrap=not out.is_terminal)
     return outcome.exit_code
 
 

@@ -1,0 +1,244 @@
+"""What a person reads in a terminal at 80 and 100 columns, on a terminal and in a log: cases told
+apart by the params that vary among them, nothing that must be read cut (a label, a CI, a check,
+a failure's reason, a gate note), progress lines that break between fields, no bar left stale
+after a stop, and `gpubench history` that never prints two different cases the same."""
+from __future__ import annotations
+
+import io
+import re
+import types
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from gpubench import cli_console, cli_history, cli_run, compare as comparemod, results
+from gpubench.reports import gate
+from gpubench.reports.terminal import fit_fields, id_labels, print_summary, shorten_words
+
+BOX = set("│┃━─┏┓┗┛┡┩╇╋┼")
+REASON = ("optimized paged: check failed (bytes_off_prediction 3.2e+05 > tolerance 0 on layer 7 of 32; the "
+          "allocator reserved 14 blocks more than the prediction for requests of lengths 511, 17 and 3, which "
+          "is what a block table that is never freed does) Cas")
+MODELS = ["llama-3.1-8b", "gpt-oss-20b", "deepseek-v3", "llama-2-7b"]
+
+
+def _doc() -> dict:
+    """kv_cache-like cases: three params vary (two cases share a model and dtype and differ in
+    lengths only), two are the same everywhere; the last case failed with a long reason."""
+    cases = []
+    combos = [(m, "bf16", "random") for m in MODELS] + [("llama-3.1-8b", "bf16", "edges")]
+    for i, (model, dtype, lengths) in enumerate(combos):
+        failed = i == len(combos) - 1
+        params = {"model": model, "kv_dtype": dtype if i != 3 else "fp8", "layers": 2, "lengths": lengths,
+                  "block_size": 16}
+        cases.append({
+            "id": "kv_cache[" + ",".join(f"{k}={v}" for k, v in params.items()) + "]", "technique": "kv_cache",
+            "params": params, "status": "failed" if failed else "passed",
+            "failure": {"message": REASON} if failed else None,
+            "speedups": {"paged": {"ratio": 1.04 + i, "ci_low": 0.71 + i, "ci_high": 1.22 + i}},
+            "variants": {
+                "contiguous": {"role": "baseline", "status": "ok", "stats": {"median": 0.0998},
+                               "check": {"passed": True, "error": 0.0, "metric": "reference"}},
+                "paged": {"role": "optimized", "status": "ok", "stats": {"median": 0.0959},
+                          "check": {"passed": not failed, "error": 3.2e5 if failed else 0.0,
+                                    "metric": "bytes_off_prediction"}}}})
+    entry_params = {"model": MODELS, "kv_dtype": ["bf16", "fp8"], "layers": [2], "lengths": ["random", "edges"],
+                    "block_size": [16]}
+    return {"scenario": {"name": "smoke", "entries": [{"technique": "kv_cache", "params": entry_params}]},
+            "device": "cpu", "device_label": "CPU: AMD EPYC (2 logical cores)", "cases": cases,
+            "status": "complete", "summary": {"passed": len(cases) - 1, "failed": 1}}
+
+
+def _printed(doc, terminal: bool, width: int) -> str:
+    buffer = io.StringIO()
+    print_summary(doc, Console(file=buffer, force_terminal=terminal, width=width, color_system=None))
+    return buffer.getvalue()
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+LABELS = [f"kv_cache model={m} kv_dtype={'fp8' if i == 3 else 'bf16'} lengths=random" for i, m in enumerate(MODELS)] \
+    + ["kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=edges"]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_narrow_terminal_tells_cases_apart_and_cuts_nothing(width):
+    out = _printed(_doc(), terminal=True, width=width)
+    lines = out.splitlines()
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    assert "…" not in out
+    for i, label in enumerate(LABELS):  # each case's varying params whole, on one line
+        assert any(label in line for line in lines), (label, out)
+        assert any(f"{1.04 + i:.2f}x [{0.71 + i:.2f}, {1.22 + i:.2f}]" in line for line in lines), out  # a CI whole
+    assert "layers=" not in out and "block_size=" not in out  # equal for all: not shown
+    assert sum("check pass bytes_off_prediction=0.0e+00" in line for line in lines) == 4
+    assert _words(REASON) in _words(out)  # the reason whole, to its last word
+    assert out.index("FAIL bytes_off_prediction=3.2e+05") > out.index(LABELS[-1])
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_log_keeps_one_whole_line_per_case_at_any_width(width):
+    lines = _printed(_doc(), terminal=False, width=width).splitlines()
+    rows = lines[2:7]
+    assert not BOX & set("".join(lines))
+    for label, row in zip(LABELS, rows):
+        assert row.startswith(label + " ")
+    assert rows[-1].endswith("failed: " + REASON)  # never cut ("failed: Cas")
+    assert all(line == line.rstrip() for line in lines)  # no padding to a width
+
+
+def test_a_wide_terminal_keeps_the_table():
+    out = _printed(_doc(), terminal=True, width=250)
+    assert BOX & set(out) and "speedup [95% CI]" in out
+    assert _words(LABELS[-1] + ": failed: " + REASON) in _words(out)  # under the table, whole
+
+
+def test_fields_move_whole_to_the_next_line():
+    ci = "1.04x [0.71, 1.22]"
+    lines = fit_fields(["[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
+                        f"paged speedup {ci}", "(1.9 s, total 12 s)"], 80)
+    assert lines == ["[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
+                     f"    paged speedup {ci}  (1.9 s, total 12 s)"]
+    # a field longer than the line wraps at its spaces, no word cut
+    long = fit_fields(["a " * 30 + "bytes_off_prediction=0.0e+00"], 20)
+    assert long[-1] == "    bytes_off_prediction=0.0e+00" and all(len(x) <= 20 for x in long[:-1])
+
+
+def test_shortened_notes_end_between_words():
+    text = "the baseline variant moved 12% the same way: the machine changed; judged by the ratio"
+    short = shorten_words(text, 40)
+    assert short.endswith(" ...") and text.startswith(short[:-4]) and text[len(short) - 4] == " "
+    assert shorten_words(text, 1000) == text
+
+
+# -- progress lines -----------------------------------------------------------------------------------
+
+def _record(failed: bool = False) -> results.CaseRecord:
+    doc = _doc()["cases"][-1 if failed else 0]
+    return results.CaseRecord.from_dict({**doc, "elapsed_s": 1.9})
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_progress_line_breaks_between_fields_and_keeps_its_reason(width):
+    buffer = io.StringIO()
+    progress = cli_run._CaseProgress(Console(file=buffer, force_terminal=True, width=width, color_system=None),
+                                     {"kv_cache": {"model", "kv_dtype", "lengths"}})
+    progress.total = 7
+    for i, failed in enumerate((False, True)):
+        record = _record(failed)
+        progress.case_finished(i, types.SimpleNamespace(technique="kv_cache"), record)
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines)
+    assert any("paged speedup 1.04x [0.71, 1.22]" in line for line in lines)  # the CI on one line
+    assert lines[0].startswith("[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random")
+    assert _words(REASON) in _words(buffer.getvalue())
+
+
+def test_a_stopped_progress_bar_is_erased_not_left_stale():
+    buffer = io.StringIO()
+    progress = cli_run._CaseProgress(Console(file=buffer, force_terminal=True, width=80, color_system=None), {})
+    progress.run_started(3)
+    progress.case_started(0, types.SimpleNamespace(technique="kv_cache", params={}))
+    progress.bar.refresh()
+    drawn = buffer.getvalue()
+    assert "case" in drawn and "0/3" in drawn
+    progress.run_finished()  # what Ctrl-C's path calls (the supervisor's close, then the command's finally)
+    progress.run_finished()  # a second call does nothing
+    out = buffer.getvalue()
+    last = out[out.rindex("0/3"):]  # after the bar's last drawing: the cursor back up, the line erased
+    assert "\x1b[1A\x1b[2K" in last.split("\n", 1)[1]
+
+
+# -- gpubench history ---------------------------------------------------------------------------------
+
+LONG = "kv_cache[model=gpt-oss-20b,kv_dtype=bf16,layers=2,requests=4,max_len=512,lengths={},block_size=16,tp=1]"
+
+
+def _histories():
+    change = types.SimpleNamespace(commit="0123456789abcdef", run_id="20261206-141850-smoke",
+                                   magnitude_text="+12.5% [8.1, 16.0]", kind="regression")
+    out = []
+    for lengths in ("edges", "random"):
+        for variant in ("contiguous", "paged"):
+            out.append(types.SimpleNamespace(case_id=LONG.format(lengths), variant=variant, metric="time",
+                                             points=[1, 2, 3], latest=change if lengths == "edges" else None))
+    return out
+
+
+def test_history_in_a_log_prints_whole_case_ids_unpadded(capsys):
+    cli_history.print_changes("store.sqlite", "CPU: test", "main", _histories())
+    lines = capsys.readouterr().out.splitlines()
+    assert not BOX & set("".join(lines))
+    assert sum(line.startswith(LONG.format("edges") + " ") for line in lines) == 2  # not cut at 40 characters
+    assert sum(line.startswith(LONG.format("random") + " ") for line in lines) == 2
+    assert all(line == line.rstrip() for line in lines)
+    assert any("0123456789ab (20261206-141850-smoke)" in line and line.endswith("regression") for line in lines)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_history_on_a_narrow_terminal_labels_cases_by_what_varies(monkeypatch, width):
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli_console, "make_console",
+                        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None))
+    cli_history.print_changes("store.sqlite", "CPU: test", "main", _histories())
+    out = buffer.getvalue()
+    assert all(len(line) <= width for line in out.splitlines())
+    assert "…" not in out
+    assert "kv_cache lengths=edges" in out and "kv_cache lengths=random" in out
+    assert "+12.5% [8.1, 16.0]" in out  # a magnitude's CI whole
+
+
+def test_id_labels_keep_only_what_varies_and_leave_odd_ids_whole():
+    ids = [LONG.format("edges"), LONG.format("random"), "pytest::test_thing"]
+    assert id_labels(ids) == {ids[0]: "kv_cache lengths=edges", ids[1]: "kv_cache lengths=random",
+                              ids[2]: "pytest::test_thing"}
+
+
+# -- the gate's note ----------------------------------------------------------------------------------
+
+def _comparison():
+    samples = list(np.random.default_rng(0).normal(1e-3, 1e-6, 20))
+    doc = {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "device_label": "CPU: test",
+           "status": "complete", "scenario": {"name": "s", "entries": [{"technique": "t"}]},
+           "cases": [{"id": "t[a=1]", "technique": "t", "status": "passed", "failure": None, "params": {"a": 1},
+                      "variants": {"b": {"role": "baseline", "samples_s": samples},
+                                   "o": {"role": "optimized", "samples_s": samples}}}]}
+    comp = comparemod.compare(doc, doc)
+    comp.changes[0].reason = REASON + " " + "and more words " * 30
+    return comp
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_gates_terminal_note_is_whole(width):
+    buffer = io.StringIO()
+    gate.print_table(_comparison(), Console(file=buffer, force_terminal=True, width=width, color_system=None))
+    out = buffer.getvalue()
+    assert "…" not in out and all(len(line) <= width for line in out.splitlines())
+    assert _words(REASON + " " + "and more words " * 30) in _words(out)  # past 120 characters, whole
+    assert any(line.startswith("t[a=1] (o)") and line.rstrip().endswith("unchanged") for line in out.splitlines())
+
+
+def test_a_wide_terminal_keeps_the_gates_table():
+    buffer = io.StringIO()
+    gate.print_table(_comparison(), Console(file=buffer, force_terminal=True, width=1000, color_system=None))
+    assert BOX & set(buffer.getvalue())
+
+
+def test_the_gates_markdown_note_is_shortened_between_words():
+    md = gate.to_markdown(_comparison())
+    row = next(line for line in md.splitlines() if line.startswith("| `t[a=1]`"))
+    note = row.rstrip(" |").rsplit(" | ", 1)[1]
+    assert note.endswith(" ...") and (REASON + " " + "and more words " * 30).startswith(note[:-4] + " ")
+
+
+def test_the_gates_log_has_whole_unpadded_lines():
+    buffer = io.StringIO()
+    gate.print_table(_comparison(), Console(file=buffer, force_terminal=False, width=160, color_system=None))
+    lines = buffer.getvalue().splitlines()
+    assert not BOX & set("".join(lines))
+    assert all(line == line.rstrip() for line in lines)  # no padding to 160 columns
+    assert "  " + REASON + " " + ("and more words " * 30).rstrip() in lines  # the note on one line, whole
