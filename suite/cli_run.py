@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpubench import env as envmod
-from gpubench import estimate, results, run_options, scenario as scenariomod, stopping, techniques
+from gpubench import results, scenario as scenariomod, stopping, techniques
 from gpubench.atomic import DiskFull
 from gpubench.cli_console import disk_full_text, make_console
 from gpubench.errors import BadInput
@@ -25,6 +23,9 @@ from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 if TYPE_CHECKING:
     from gpubench.devicecache import CaseTimes
+
+# torch (through env, estimate and run_options) is imported inside the functions that need it, so
+# that `gpubench --help`, a bad option and `gpubench report` start at once (issue 35).
 
 
 class _CaseProgress:
@@ -66,6 +67,8 @@ class _CaseProgress:
 
     def case_not_run(self, index: int, case: scenariomod.Case, skipped: results.NotRunCase) -> None:
         """A case the run's budget passed over: a line (and the bar moves on)."""
+        from gpubench import estimate
+
         if self.bar is not None:
             self.bar.advance(self.task)
         self.console.print(f"[{index + 1}/{self.total}] not run {case.technique} {self._params(case.technique, case.params)}"
@@ -93,6 +96,10 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
                    fill: bool = False) -> None:
     """The cases a run would measure (a count per technique, the first cases' params that vary),
     its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
+    import torch
+
+    from gpubench import estimate
+
     shown = scen.varying(only)
     first: dict[str, list[str]] = {}
     for entry in scen.entries:
@@ -121,7 +128,9 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
                        out_root: Path, repeat_scale: float, workers: int, budget_s: float, fill: bool = False) -> None:
     """``--dry-run --budget``: the cases in the order they would run, each with its estimate and
     when it would start, or why it would not run; then what would run and what would not."""
-    from gpubench import budget as budgetmod
+    import torch
+
+    from gpubench import budget as budgetmod, estimate
 
     costs = estimate.CaseCosts(torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root,
                                repeat_scale=repeat_scale)
@@ -153,6 +162,9 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
 def _case_times(device: str) -> "CaseTimes | None":
     """The case-time history of the device model a run on ``device`` would use (None where the
     device cannot be named here, e.g. a Ray cluster's)."""
+    import torch
+
+    from gpubench import env as envmod
     from gpubench.devicecache import CaseTimes
 
     try:
@@ -162,6 +174,8 @@ def _case_times(device: str) -> "CaseTimes | None":
 
 
 def _default_scenario(device_opt: str | None) -> str:
+    import torch
+
     wants_gpu = device_opt not in (None, "auto") and "cpu" not in device_opt
     return "gpu-quick" if (wants_gpu or (device_opt in (None, "auto") and torch.cuda.is_available())) else "smoke"
 
@@ -210,7 +224,6 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None,
         fill_budget: bool) -> None:
     """Run a scenario: check and time every case, write a run directory and add it to the history store."""
-    from gpubench import supervisor
     from gpubench.budget import parse_duration
 
     budget_from = time.monotonic()  # the budget counts the whole command
@@ -223,6 +236,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     if gpu_type and not cluster:
         raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
     scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    from gpubench import run_options  # torch: past the scenario's name and keys
+
     if devices is not None:
         device_list = run_options.resolve_devices(devices, "--devices")
     elif cluster:
@@ -257,6 +272,10 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
                        fill_budget)
         return
+    import torch  # past the checks of the input: a bad option or scenario is refused without it
+
+    from gpubench import estimate, supervisor
+
     if total > LARGE_RUN_CASES and budget_s is None:
         guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
                                   only=only_list, repeat_scale=repeat_scale, workers=workers,
@@ -286,6 +305,8 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     """The summary, where the run is, the run added to the history store (``history_store``: its
     --store, "" for the default one, None for --no-history), its report; the exit code (the run's,
     unless the report could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
+    from gpubench import estimate
+
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
@@ -383,7 +404,7 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
     breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
     report in a run directory."""
-    from gpubench import supervisor
+    from gpubench import run_options, supervisor
     from gpubench.reports import html as html_report
     from gpubench.reports.profile_view import case_table
 

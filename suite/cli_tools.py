@@ -8,10 +8,8 @@ import sys
 from typing import Any
 
 import click
-import torch
 from rich.table import Table
 
-from gpubench import env as envmod
 from gpubench.cli_console import make_console
 from gpubench.errors import BadInput
 
@@ -68,6 +66,7 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
     requested --batch, or one request of --max-len, which vLLM refuses to start with: a result,
     stated with what to try); 2 bad input (an invalid option or config,
     a length beyond the model's positions without --allow-long)."""
+    import torch  # here, not at the top: gpubench --help and the reading commands import no torch
     from gpubench import kvmath
     from gpubench.models import config as model_config
     from gpubench.models import params as model_params
@@ -197,6 +196,7 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
           max_len, max_batch, block_size, batch_timeout_ms, temperature, no_wait, slo_ttft_ms, slo_tpot_ms, as_json):
     """Serve a request trace through one or more engines and print vLLM-style serving metrics
     (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
+    from gpubench import env as envmod
     from gpubench.models.llama import model_from
     from gpubench.serving.bench import DTYPES
     from gpubench.serving.config import KV_LAYOUTS, SCHEDULERS, EngineConfig
@@ -275,6 +275,9 @@ def prepare(device: str, as_json: bool) -> None:
     from the cache, $GPUBENCH_CACHE_DIR or ~/.cache/gpubench, in spec_pair/)."""
     import time
 
+    import torch
+
+    from gpubench import env as envmod
     from gpubench.models import decode_pair, train_small
 
     dev = envmod.resolve_device(device)

@@ -1,0 +1,96 @@
+"""The commands that only read or refuse start without torch (issue 35 point 5): `--help`, an
+option or scenario name refused, `history`, `compare` and `report` of a run that recorded its
+declarations. Each runs in a fresh interpreter, which then says whether torch or triton was
+imported; no timing here (benchmarks/cli_startup.py measures it)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from report_runs import sweep_doc, write_run
+
+# Runs the CLI as the console script does, then writes what it imported and its exit code.
+PROBE = """
+import json, sys
+from gpubench.cli import main
+sys.argv = ["gpubench", *json.loads(sys.argv[1])]
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+with open(OUT, "w") as f:
+    json.dump({"code": code, "heavy": sorted(m for m in ("torch", "triton") if m in sys.modules)}, f)
+"""
+
+
+def _probe(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "GPUBENCH_HISTORY": str(tmp_path / "history.sqlite"), "COLUMNS": "100"}
+    proc = subprocess.run([sys.executable, "-c", PROBE.replace("OUT", repr(str(out))), json.dumps(list(args))],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.exists(), proc.stderr
+    result = json.loads(out.read_text())
+    result["stderr"] = proc.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two runs of schema 3 (their techniques' declarations recorded, as every run writes them
+    now), four flash_attention cases each: a report of them needs no technique code."""
+    from gpubench.declarations import Declarations, declare
+
+    held = Declarations()
+    declare(held, {"flash_attention": ""})  # in this process: the registry, torch and all
+    root = tmp_path_factory.mktemp("runs")
+    out = []
+    for name in ("a", "b"):
+        doc = sweep_doc()
+        doc["cases"] = doc["cases"][:4]
+        doc["summary"] = {"cases": 4, "passed": 4, "failed": 0, "interrupted": 0}
+        doc["run_id"], doc["schema_version"] = f"run-{name}", 3
+        doc["techniques"], doc["claims_elsewhere"] = held.to_dicts()
+        out.append(write_run(root / name, json.loads(json.dumps(doc, default=str))))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--help"], 0),
+    (["run", "--help"], 0),
+    (["report", "--help"], 0),
+    (["run", "--no-such-option"], 2),
+    (["run", "--scenario", "smokee"], 2),  # a misspelt scenario name
+    (["run", "--budget", "soon"], 2),
+    (["compare", "--help"], 0),
+    (["history"], 2),  # no store yet: refused
+    (["history", "html", "--help"], 0),
+])
+def test_help_and_refusals_import_no_torch(tmp_path, args, code):
+    """`gpubench --help`, a bad option and a misspelt scenario name are answered before torch is
+    imported (it took 11-21 s on a busy machine)."""
+    result = _probe(tmp_path, *args)
+    assert result["code"] == code, result["stderr"]
+    assert result["heavy"] == [], f"gpubench {' '.join(args)} imported {result['heavy']}"
+
+
+def test_reading_commands_import_no_torch(tmp_path, runs):
+    """history add, history, compare and report read files only: no torch, no triton."""
+    a, b = runs
+    for args in (["history", "add", str(a), str(b)], ["history"], ["compare", str(a), str(b)],
+                 ["report", str(a), "--no-history"], ["report", str(a), "--compare", str(b)]):
+        result = _probe(tmp_path, *args)
+        assert result["code"] in (0, 1), (args, result["stderr"])
+        assert result["heavy"] == [], f"gpubench {' '.join(args)} imported {result['heavy']}"
+
+
+def test_a_command_that_measures_still_imports_torch(tmp_path):
+    """The probe can see torch: `gpubench env` imports it (else the tests above prove nothing)."""
+    result = _probe(tmp_path, "env", "--device", "cpu", "--json")
+    assert result["code"] == 0, result["stderr"]
+    assert "torch" in result["heavy"]
