@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from report_runs import sweep_doc, write_run
+from report_runs import recorded_runs
 
 # Runs the CLI as the console script does, then writes what it imported and its exit code.
 PROBE = """
@@ -41,23 +41,10 @@ def _probe(tmp_path: Path, *args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
-    """Two runs of schema 3 (their techniques' declarations recorded, as every run writes them
-    now), four flash_attention cases each: a report of them needs no technique code."""
-    from gpubench.declarations import Declarations, declare
-
-    held = Declarations()
-    declare(held, {"flash_attention": ""})  # in this process: the registry, torch and all
-    root = tmp_path_factory.mktemp("runs")
-    out = []
-    for name in ("a", "b"):
-        doc = sweep_doc()
-        doc["cases"] = doc["cases"][:4]
-        doc["summary"] = {"cases": 4, "passed": 4, "failed": 0, "interrupted": 0}
-        doc["run_id"], doc["schema_version"] = f"run-{name}", 3
-        doc["techniques"], doc["claims_elsewhere"] = held.to_dicts()
-        out.append(write_run(root / name, json.loads(json.dumps(doc, default=str))))
-    return out[0], out[1]
+def runs(tmp_path_factory) -> list[Path]:
+    """Two runs of schema 3 (declarations recorded, as every run writes them now): a report of
+    them needs no technique code."""
+    return recorded_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.mark.parametrize("args, code", [
