@@ -15,8 +15,9 @@ from gpubench.errors import BadInput
 
 @click.command(name="compare")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path), metavar="[BASELINE] CURRENT")
-@click.option("--threshold", default="5%", show_default=True,
-              help="Slowdown tolerated before a case can regress (scenario thresholds per technique win).")
+@click.option("--threshold", default="5%", show_default=True, metavar="PERCENT",
+              help="Slowdown tolerated before a case can regress: a percentage (5%) or a fraction (0.05); "
+                   "scenario thresholds per technique win.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the Markdown summary here (e.g. for $GITHUB_STEP_SUMMARY).")
 @click.option("--allow-missing", is_flag=True, help="A case missing from CURRENT does not fail the gate.")

@@ -16,9 +16,10 @@ from rich.table import Table
 
 from gpubench import results, scenario as scenariomod, stopping, techniques
 from gpubench.atomic import DiskFull
-from gpubench.cli_console import disk_full_text, make_console
+from gpubench.cli_console import OldSpellings, disk_full_text, make_console
 from gpubench.errors import BadInput
 from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
+from gpubench.policy import CAP_NOTE_START, memory_cap_note
 from gpubench.reports.terminal import case_params, format_speedup, print_summary
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def _default_scenario(device_opt: str | None) -> str:
 @click.option("--device", "--devices", "devices", metavar="all|cpu|cuda|cuda:N[,...]",
               help="Where the cases run (overrides the scenario's device): one worker process per device, "
                    "cases spread over them; 'all' is every GPU here.")
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Parent directory of the run directory <timestamp>-<scenario>/.")
 @click.option("--only", metavar="TECH,...", help="Run only these techniques of the scenario.")
 @click.option("--repeat-scale", type=float, default=1.0, show_default=True,
@@ -227,6 +228,7 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     from gpubench.budget import parse_duration
 
     budget_from = time.monotonic()  # the budget counts the whole command
+    stopping.sigint_restored()  # `gpubench run &` from a script: SIGINT inherited ignored, Ctrl-C still stops it
     budget_s = parse_duration(budget_text) if budget_text is not None else None
 
     if repeat_scale <= 0:
@@ -268,6 +270,11 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
               f"{where}" + ("" if isolation == "process" else ", in this process")
               + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
+    if not cluster and not any(d.startswith("cuda") for d in device_list):  # a GPU's size is told at the end
+        note = memory_cap_note([e.policy.gpu_memory_gib for e in scen.entries
+                                if not only_list or e.technique in only_list], "cpu")
+        if note:
+            out.print(f"warning: {note}", markup=False, soft_wrap=True)
     if dry_run:
         _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
                        fill_budget)
@@ -314,6 +321,10 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     if outcome.record.not_run:
         out.print(f"{results.not_run_text(outcome.record.not_run)}; the budget was "
                   f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=True)
+    for warning in outcome.record.warnings:  # a memory cap above the GPU's size: it capped nothing
+        at = warning.find(CAP_NOTE_START + " ")
+        if at >= 0 and outcome.record.devices and any(d.get("type") == "cuda" for d in outcome.record.devices.values()):
+            out.print(f"warning: {warning[at:]}", markup=False, soft_wrap=True)
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
     if history_store is not None:  # complete or not; a store that fails costs a warning line, never the run
         from gpubench.cli_history import append_run
@@ -392,7 +403,7 @@ def _disk_full_run_text(outcome: RunOutcome) -> str:
               help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
                    "first case; --param overrides. Default: the technique's defaults.")
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Parent directory of the run directory <timestamp>-profile-<technique>/.")
 @click.option("--calls", type=click.IntRange(min=1), default=None, help="Calls under the profiler [default: 3].")
 @click.option("--repeat-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
@@ -407,6 +418,8 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     from gpubench import run_options, supervisor
     from gpubench.reports import html as html_report
     from gpubench.reports.profile_view import case_table
+
+    stopping.sigint_restored()
 
     device_text = run_options.resolve_devices(device, "--device")[0]
     scen = scenariomod.one_case_scenario(target, list(params), scenario_name, device_text, calls)
@@ -446,7 +459,8 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--out", "--output", "output", cls=OldSpellings, old=("--output",),
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
 @click.option("--compare", "others", type=click.Path(path_type=Path), multiple=False, default=None,
               metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from gpubench.contract import Param
 
@@ -118,3 +118,30 @@ def policy_problems(values: dict[str, Any]) -> dict[str, str]:
     if not problems and values.get("min_reps", 1) > values.get("max_reps", 10**9):
         problems["min_reps"] = f"{values['min_reps']} is above max_reps ({values['max_reps']})"
     return problems
+
+
+def _gib(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:g}"
+
+
+CAP_NOTE_START = "policy gpu_memory_gib"  # how a note of memory_cap_note begins (the CLI prints these)
+
+
+def memory_cap_note(caps_gib: Iterable[float], device_type: str, total_bytes: int | None = None,
+                    label: str = "the GPU") -> str | None:
+    """What a reader must be told of ``gpu_memory_gib`` caps that do not do what they say: on a
+    device other than a CUDA GPU they do nothing; on a GPU, one above the card's memory caps nothing
+    (the cases had the whole card). None where every cap applies (or none is set)."""
+    caps = sorted({float(c) for c in caps_gib if c and c > 0})
+    if not caps:
+        return None
+    if device_type != "cuda":
+        named = " / ".join(map(_gib, caps))
+        return (f"{CAP_NOTE_START} {named} GiB does nothing on a {device_type} device: it caps a CUDA GPU's "
+                f"memory only, so these cases had this machine's memory (remove the key, or run on a GPU).")
+    over = [c for c in caps if total_bytes and c * 2**30 > total_bytes]
+    if not over:
+        return None
+    return (f"{CAP_NOTE_START} {' / '.join(map(_gib, over))} GiB exceeds {label}'s "
+            f"{total_bytes / 2**30:.0f} GiB: nothing was capped for those cases (they had the whole card); "
+            f"give a size below it to stand for a smaller card (0: no cap).")
