@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 # Part of the public contract, defined where they belong:
 from gpubench.claims import Claim  # noqa: F401
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers and documentation tools, which read these as re-exports
     import torch
 
-    from gpubench.checks import CheckResult
+    from gpubench.checks import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check  # noqa: F401
 
 # gpubench.checks's names are part of the contract too, imported on first use: they need torch, and
 # what only reads results (report, history, compare) imports this module without it (issue 35).
@@ -56,6 +56,11 @@ def __getattr__(name: str) -> Any:
         from gpubench import checks
         return getattr(checks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FROM_CHECKS})
+
 
 SHAPES = ("kernel", "training_step", "serving_run", "generation_run", "analytic")
 ROLES = ("baseline", "optimized", "peer")

@@ -81,3 +81,15 @@ def test_a_command_that_measures_still_imports_torch(tmp_path):
     result = _probe(tmp_path, "env", "--device", "cpu", "--json")
     assert result["code"] == 0, result["stderr"]
     assert "torch" in result["heavy"]
+
+
+def test_the_contract_imports_without_torch_and_still_names_the_checks():
+    """gpubench.contract (which results, and so every reading command, imports) needs no torch; its
+    names from gpubench.checks are still there for plug-ins, torch imported on their first use."""
+    code = ("import sys\nimport gpubench.contract as c\nbefore = 'torch' in sys.modules\n"
+            "from gpubench.contract import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check\n"
+            "from gpubench import checks\n"
+            "print(before, 'DTYPE_TOLERANCE' in dir(c), DTYPE_TOLERANCE is checks.DTYPE_TOLERANCE, "
+            "CheckResult is checks.CheckResult)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "True", "True", "True"], out.stderr
