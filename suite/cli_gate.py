@@ -205,7 +205,7 @@ def baseline_group() -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--baseline-dir", default="baselines-store", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="The store (commit it to the repository).")
-@click.option("--name", help="Stored name (default: the run's scenario name).")
+@click.option("--name", metavar="NAME", help="Stored name (default: the run's scenario name).")
 def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
     """Store RUN_DIR's results as the baseline for its GPU model: DIR/<GPU>/<scenario>.json (one per
     model for a run over several)."""

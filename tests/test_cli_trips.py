@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -49,6 +50,25 @@ def test_threshold_shows_what_it_takes_not_text():
     """--threshold reads `--threshold PERCENT` in the help (it showed TEXT)."""
     line = next(line for line in _invoke("compare", "--help").output.splitlines() if "--threshold" in line)
     assert "PERCENT" in line and "TEXT" not in line
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        yield prefix + (name,), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, prefix + (name,))
+
+
+def test_no_option_of_any_command_shows_its_type_as_text():
+    """Every option taking a string says what it takes (PERCENT, N|fit, DTYPE, ...), never TEXT."""
+    shown = []
+    for path, command in _commands(main):
+        ctx = click.Context(command, info_name=" ".join(path))
+        for param in command.params:
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record and "TEXT" in record[0]:
+                shown.append(f"gpubench {' '.join(path)} {record[0]}")
+    assert shown == []
 
 
 # -- history add runs/ ------------------------------------------------------------------------
