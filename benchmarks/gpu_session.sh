@@ -52,6 +52,9 @@ if [ -n "${REHEARSE:-}" ]; then
   PAGED="--scenario smoke --only paged_attention --repeat-scale 0.3"
   FLASH="--scenario smoke --only flash_attention --repeat-scale 0.3"
   REST="--scenario smoke --only packed_metadata,activation_offload --repeat-scale 0.3"
+  # A rehearsal's runs are not this machine's history: they go to a store of the rehearsal's own,
+  # thrown away with its scratch folder, never into $GPUBENCH_HISTORY or the default store.
+  export GPUBENCH_HISTORY=$SCRATCH/history.sqlite
 else
   DEVICE=cuda; PY=${PY:-python3}
   FIRST="--scenario gpu-first"; PAGED="--scenario kernels-h200"; FLASH="--scenario kernels-h200-flash"

@@ -381,7 +381,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None,
     text = render(run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent,
                   trends=trends)
     summary = markdown.render_summary(headline(run.record), summary_rows(run.record), compared)
-    write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--output")
+    write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--out")
     return Written(html_path, md_path)
 
 

@@ -72,6 +72,25 @@ def disk_full_text(path: str | None, strerror: str | None, what: str) -> str:
     return f"the disk is full: writing {where} failed ({strerror or 'no space left'}{free}). {what}"
 
 
+class OldSpellings(click.Option):
+    """An option whose older spellings (``old=("--output",)``) still work, so scripts do not break,
+    but are left out of ``--help``: one spelling shown per meaning (every file or folder a command
+    writes is ``-o/--out``)."""
+
+    def __init__(self, *args: Any, old: tuple[str, ...] = (), **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.old = tuple(old)
+        unknown = [o for o in self.old if o not in self.opts]
+        assert not unknown, f"old spellings {unknown} are not among {self.opts}"
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        shown, self.opts = self.opts, [o for o in self.opts if o not in self.old]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
 class CommandGroup(click.Group):
     """Turns BadInput anywhere in a command into a one-paragraph message and exit code 2, and a
     full disk into one with exit code 74; a closed stdout pipe changes neither what a command does

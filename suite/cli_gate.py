@@ -15,8 +15,9 @@ from gpubench.errors import BadInput
 
 @click.command(name="compare")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path), metavar="[BASELINE] CURRENT")
-@click.option("--threshold", default="5%", show_default=True,
-              help="Slowdown tolerated before a case can regress (scenario thresholds per technique win).")
+@click.option("--threshold", default="5%", show_default=True, metavar="PERCENT",
+              help="Slowdown tolerated before a case can regress: a percentage (5%) or a fraction (0.05); "
+                   "scenario thresholds per technique win.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the Markdown summary here (e.g. for $GITHUB_STEP_SUMMARY).")
 @click.option("--allow-missing", is_flag=True, help="A case missing from CURRENT does not fail the gate.")
@@ -204,7 +205,7 @@ def baseline_group() -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--baseline-dir", default="baselines-store", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="The store (commit it to the repository).")
-@click.option("--name", help="Stored name (default: the run's scenario name).")
+@click.option("--name", metavar="NAME", help="Stored name (default: the run's scenario name).")
 def baseline_save(run_dir: Path, baseline_dir: Path, name: str | None) -> None:
     """Store RUN_DIR's results as the baseline for its GPU model: DIR/<GPU>/<scenario>.json (one per
     model for a run over several)."""

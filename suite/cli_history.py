@@ -197,10 +197,12 @@ def _checkout() -> Path:
 @click.pass_context
 def add_cmd(ctx: click.Context, paths: tuple[Path, ...], store: str | None, branch: str | None) -> None:
     """Import runs into the history store: run directories, their results.json, or pytest-benchmark
-    JSON files (--benchmark-json). A run already there adds nothing.
+    JSON files (--benchmark-json); a folder of runs (runs/) stands for the runs inside it. A run
+    already there adds nothing.
 
     gpubench history add runs/* [--store PATH|URL]"""
     store, branch = from_group(ctx, "store", store), from_group(ctx, "branch", branch)
+    paths = runs_inside(paths)
     found = [(path, history.rows_of_file(path, branch=branch)) for path in paths]  # every file read before any write
     with history.open_store(store) as opened:
         click.echo(f"history store: {opened.where}")
@@ -211,6 +213,24 @@ def add_cmd(ctx: click.Context, paths: tuple[Path, ...], store: str | None, bran
             for added in opened.add(rows):
                 click.echo(f"{path}: run {added.run_id}: {added.added} row{'s' if added.added != 1 else ''} added"
                            + (f", {added.present} already there" if added.present else ""))
+
+
+def runs_inside(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
+    """``paths`` with each folder of runs (``runs/``: no results.json of its own, run directories
+    inside) replaced by those runs in name order (their timestamps), as ``runs/*`` would name them;
+    every other path as given. A folder with neither is BadInput saying what to give."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir() and not (path / "results.json").exists():
+            inside = sorted(p for p in path.iterdir() if (p / "results.json").is_file())
+            if not inside:
+                raise BadInput(f"{path}: a folder with no results.json and no run directories inside; give run "
+                               f"directories (runs/<timestamp>-<scenario>/, or runs/* for all of them), their "
+                               f"results.json, or pytest-benchmark JSON files.")
+            out += inside
+        else:
+            out.append(path)
+    return out
 
 
 def append_run(run: RunRecord, run_dir: Path, store: str | None) -> str:

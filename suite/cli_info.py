@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from gpubench import env as envmod
-from gpubench import scenario as scenariomod, techniques, timing
+from gpubench import scenario as scenariomod, techniques
 from gpubench.cli_console import make_console
 from gpubench.errors import BadInput
 
@@ -57,6 +56,8 @@ def list_(modules: tuple[str, ...]) -> None:
 def env_(device: str, calibrate: bool, as_json: bool) -> None:
     """Show the environment, the harness's per-repetition overhead and (with --calibrate) the
     device's measured ceilings."""
+    from gpubench import env as envmod, timing  # torch: here, not when the CLI starts
+
     dev = envmod.resolve_device(device)
     info = envmod.capture_env(dev)
     info["harness_overhead_us"] = timing.harness_overhead_s(dev) * 1e6

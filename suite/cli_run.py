@@ -9,22 +9,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpubench import env as envmod
-from gpubench import estimate, results, run_options, scenario as scenariomod, stopping, techniques
+from gpubench import results, scenario as scenariomod, stopping, techniques
 from gpubench.atomic import DiskFull
-from gpubench.cli_console import disk_full_text, make_console
+from gpubench.cli_console import OldSpellings, disk_full_text, make_console
 from gpubench.errors import BadInput
 from gpubench.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
+from gpubench.policy import CAP_NOTE_START, memory_cap_note
 from gpubench.reports.terminal import case_params, fit_fields, format_speedup, print_summary, wrap_words
 
 if TYPE_CHECKING:
     from gpubench.devicecache import CaseTimes
+
+# torch (through env, estimate and run_options) is imported inside the functions that need it, so
+# that `gpubench --help`, a bad option and `gpubench report` start at once (issue 35).
 
 
 class _CaseProgress:
@@ -74,6 +76,8 @@ class _CaseProgress:
 
     def case_not_run(self, index: int, case: scenariomod.Case, skipped: results.NotRunCase) -> None:
         """A case the run's budget passed over: a line (and the bar moves on)."""
+        from gpubench import estimate
+
         if self.bar is not None:
             self.bar.advance(self.task)
         self.console.print(f"[{index + 1}/{self.total}] not run {case.technique} {self._params(case.technique, case.params)}"
@@ -103,6 +107,10 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
                    fill: bool = False) -> None:
     """The cases a run would measure (a count per technique, the first cases' params that vary),
     its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
+    import torch
+
+    from gpubench import estimate
+
     shown = scen.varying(only)
     first: dict[str, list[str]] = {}
     for entry in scen.entries:
@@ -131,7 +139,9 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
                        out_root: Path, repeat_scale: float, workers: int, budget_s: float, fill: bool = False) -> None:
     """``--dry-run --budget``: the cases in the order they would run, each with its estimate and
     when it would start, or why it would not run; then what would run and what would not."""
-    from gpubench import budget as budgetmod
+    import torch
+
+    from gpubench import budget as budgetmod, estimate
 
     costs = estimate.CaseCosts(torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root,
                                repeat_scale=repeat_scale)
@@ -163,6 +173,9 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
 def _case_times(device: str) -> "CaseTimes | None":
     """The case-time history of the device model a run on ``device`` would use (None where the
     device cannot be named here, e.g. a Ray cluster's)."""
+    import torch
+
+    from gpubench import env as envmod
     from gpubench.devicecache import CaseTimes
 
     try:
@@ -172,6 +185,8 @@ def _case_times(device: str) -> "CaseTimes | None":
 
 
 def _default_scenario(device_opt: str | None) -> str:
+    import torch
+
     wants_gpu = device_opt not in (None, "auto") and "cpu" not in device_opt
     return "gpu-quick" if (wants_gpu or (device_opt in (None, "auto") and torch.cuda.is_available())) else "smoke"
 
@@ -183,7 +198,7 @@ def _default_scenario(device_opt: str | None) -> str:
 @click.option("--device", "--devices", "devices", metavar="all|cpu|cuda|cuda:N[,...]",
               help="Where the cases run (overrides the scenario's device): one worker process per device, "
                    "cases spread over them; 'all' is every GPU here.")
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Parent directory of the run directory <timestamp>-<scenario>/.")
 @click.option("--only", metavar="TECH,...", help="Run only these techniques of the scenario.")
 @click.option("--repeat-scale", type=float, default=1.0, show_default=True,
@@ -220,10 +235,10 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
         dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None,
         fill_budget: bool) -> None:
     """Run a scenario: check and time every case, write a run directory and add it to the history store."""
-    from gpubench import supervisor
     from gpubench.budget import parse_duration
 
     budget_from = time.monotonic()  # the budget counts the whole command
+    stopping.sigint_restored()  # `gpubench run &` from a script: SIGINT inherited ignored, Ctrl-C still stops it
     budget_s = parse_duration(budget_text) if budget_text is not None else None
 
     if repeat_scale <= 0:
@@ -233,6 +248,8 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     if gpu_type and not cluster:
         raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
     scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    from gpubench import run_options  # torch: past the scenario's name and keys
+
     if devices is not None:
         device_list = run_options.resolve_devices(devices, "--devices")
     elif cluster:
@@ -263,10 +280,19 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
               f"{where}" + ("" if isolation == "process" else ", in this process")
               + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
+    if not cluster and not any(d.startswith("cuda") for d in device_list):  # a GPU's size is told at the end
+        note = memory_cap_note([e.policy.gpu_memory_gib for e in scen.entries
+                                if not only_list or e.technique in only_list], "cpu")
+        if note:
+            out.print(f"warning: {note}", markup=False, soft_wrap=True)
     if dry_run:
         _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
                        fill_budget)
         return
+    import torch  # past the checks of the input: a bad option or scenario is refused without it
+
+    from gpubench import estimate, supervisor
+
     if total > LARGE_RUN_CASES and budget_s is None:
         guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
                                   only=only_list, repeat_scale=repeat_scale, workers=workers,
@@ -299,6 +325,8 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     """The summary, where the run is, the run added to the history store (``history_store``: its
     --store, "" for the default one, None for --no-history), its report; the exit code (the run's,
     unless the report could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
+    from gpubench import estimate
+
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
@@ -306,6 +334,10 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     if outcome.record.not_run:
         out.print(f"{results.not_run_text(outcome.record.not_run)}; the budget was "
                   f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=not out.is_terminal)
+    for warning in outcome.record.warnings:  # a memory cap above the GPU's size: it capped nothing
+        at = warning.find(CAP_NOTE_START + " ")
+        if at >= 0 and outcome.record.devices and any(d.get("type") == "cuda" for d in outcome.record.devices.values()):
+            out.print(f"warning: {warning[at:]}", markup=False, soft_wrap=not out.is_terminal)
     out.print(f"run directory: {outcome.run_dir}", soft_wrap=True)
     if history_store is not None:  # complete or not; a store that fails costs a warning line, never the run
         from gpubench.cli_history import append_run
@@ -384,7 +416,7 @@ def _disk_full_run_text(outcome: RunOutcome) -> str:
               help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
                    "first case; --param overrides. Default: the technique's defaults.")
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Parent directory of the run directory <timestamp>-profile-<technique>/.")
 @click.option("--calls", type=click.IntRange(min=1), default=None, help="Calls under the profiler [default: 3].")
 @click.option("--repeat-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
@@ -396,9 +428,11 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
     breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
     report in a run directory."""
-    from gpubench import supervisor
+    from gpubench import run_options, supervisor
     from gpubench.reports import html as html_report
     from gpubench.reports.profile_view import case_table
+
+    stopping.sigint_restored()
 
     device_text = run_options.resolve_devices(device, "--device")[0]
     scen = scenariomod.one_case_scenario(target, list(params), scenario_name, device_text, calls)
@@ -438,7 +472,8 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--out", "--output", "output", cls=OldSpellings, old=("--output",),
+              type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
 @click.option("--compare", "others", type=click.Path(path_type=Path), multiple=False, default=None,
               metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "

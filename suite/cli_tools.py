@@ -8,10 +8,8 @@ import sys
 from typing import Any
 
 import click
-import torch
 from rich.table import Table
 
-from gpubench import env as envmod
 from gpubench.cli_console import make_console
 from gpubench.errors import BadInput
 
@@ -37,8 +35,8 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A Hugging Face config.json.")
 @click.option("--list", "list_presets", is_flag=True, help="List the presets and exit.")
 @click.option("--seq-len", default=4096, show_default=True, type=int, help="Tokens per sequence.")
-@click.option("--batch", default="fit", show_default=True, help="Sequences, or 'fit' for as many as fit.")
-@click.option("--kv-dtype", default="bf16", show_default=True,
+@click.option("--batch", default="fit", show_default=True, metavar="N|fit", help="Sequences, or 'fit' for as many as fit.")
+@click.option("--kv-dtype", default="bf16", show_default=True, metavar="DTYPE",
               help="fp32, bf16, fp16, fp8, int8, int4, mxfp4, nvfp4 (scale overheads are shown).")
 @click.option("--block-size", default=None, type=int,
               help="Tokens per paged block. Default: vLLM's on CUDA, 16; 64 for MLA models (DeepSeek-V2/V3), "
@@ -47,7 +45,7 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
 @click.option("--gpu-memory", metavar="SIZE", help="Per GPU, e.g. 80GiB (a bare number is GiB). Default: this GPU's, else 80GiB.")
 @click.option("--utilization", default=0.9, show_default=True, type=float, help="Fraction of GPU memory the engine may use.")
 @click.option("--weight-bytes", metavar="SIZE", help="Whole-model weight storage; default: from the config's parameter count.")
-@click.option("--weight-dtype", help="Weight dtype for that count (default: the checkpoint's, quantization included).")
+@click.option("--weight-dtype", metavar="DTYPE", help="Weight dtype for that count (default: the checkpoint's, quantization included).")
 @click.option("--max-len", type=int, help="The longest a sequence may be, as vLLM's --max-model-len: what contiguous "
               "allocation reserves and what vLLM's start-up concurrency is for (default: the model's max positions).")
 @click.option("--allow-long", is_flag=True, help="Allow --seq-len / --max-len beyond the model's "
@@ -68,6 +66,7 @@ def kv_cache(model, config_path, list_presets, seq_len, batch, kv_dtype, block_s
     requested --batch, or one request of --max-len, which vLLM refuses to start with: a result,
     stated with what to try); 2 bad input (an invalid option or config,
     a length beyond the model's positions without --allow-long)."""
+    import torch  # here, not at the top: gpubench --help and the reading commands import no torch
     from gpubench import kvmath
     from gpubench.models import config as model_config
     from gpubench.models import params as model_params
@@ -169,7 +168,7 @@ def _list_presets(as_json: bool) -> None:
 
 
 @click.command(name="serve")
-@click.option("--model", "-m", default="tiny", show_default=True,
+@click.option("--model", "-m", default="tiny", show_default=True, metavar="SIZE|DIR",
               help="A built-in size (tiny, small, 100m, 1b; seeded random weights) or a local Hugging Face "
                    "Llama-style checkpoint directory (needs transformers: pip install 'gpubench[hf]').")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16", "float64"]))
@@ -177,11 +176,12 @@ def _list_presets(as_json: bool) -> None:
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False),
               help="JSONL trace: {arrival_s, prompt_len | prompt, output_len} per line (else a synthetic one).")
 @click.option("--requests", default=50, show_default=True, type=int, help="Synthetic trace: requests.")
-@click.option("--arrival", default="poisson:40", show_default=True, help="Synthetic trace: poisson:RATE, gamma:RATE:BURSTINESS or all.")
-@click.option("--prompt-len", default="uniform:16:64", show_default=True, help="Synthetic trace: fixed:N, uniform:LO:HI, exp:MEAN:CAP, lognormal:MEAN:SIGMA:CAP.")
-@click.option("--output-len", default="exp:48:160", show_default=True, help="Synthetic trace: as --prompt-len.")
+@click.option("--arrival", default="poisson:40", show_default=True, metavar="PROCESS", help="Synthetic trace: poisson:RATE, gamma:RATE:BURSTINESS or all.")
+@click.option("--prompt-len", default="uniform:16:64", show_default=True, metavar="DIST", help="Synthetic trace: fixed:N, uniform:LO:HI, exp:MEAN:CAP, lognormal:MEAN:SIGMA:CAP.")
+@click.option("--output-len", default="exp:48:160", show_default=True, metavar="DIST", help="Synthetic trace: as --prompt-len.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the weights and the synthetic trace.")
 @click.option("--engine", "engines", multiple=True, default=["static+contiguous", "continuous+paged"], show_default=True,
+              metavar="SCHEDULER+KV",
               help="SCHEDULER+KV, repeatable: static|continuous + contiguous|paged.")
 @click.option("--kv-budget", default="2MiB", show_default=True, metavar="SIZE", help="KV-cache memory of every engine.")
 @click.option("--max-len", default=256, show_default=True, type=int, help="Longest request (prompt + output).")
@@ -197,6 +197,7 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
           max_len, max_batch, block_size, batch_timeout_ms, temperature, no_wait, slo_ttft_ms, slo_tpot_ms, as_json):
     """Serve a request trace through one or more engines and print vLLM-style serving metrics
     (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
+    from gpubench import env as envmod
     from gpubench.models.llama import model_from
     from gpubench.serving.bench import DTYPES
     from gpubench.serving.config import KV_LAYOUTS, SCHEDULERS, EngineConfig
@@ -275,6 +276,9 @@ def prepare(device: str, as_json: bool) -> None:
     from the cache, $GPUBENCH_CACHE_DIR or ~/.cache/gpubench, in spec_pair/)."""
     import time
 
+    import torch
+
+    from gpubench import env as envmod
     from gpubench.models import decode_pair, train_small
 
     dev = envmod.resolve_device(device)

@@ -50,13 +50,21 @@ def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
     """What a reader must know of a run whose cases capped the GPU's memory (policy
     gpu_memory_gib): the memory was a smaller card's, approximately; the compute and bandwidth were
     not."""
+    from gpubench.policy import memory_cap_note
     from gpubench.runner import CARD_RESERVED_GIB, CUDA_CONTEXT_GIB, allocator_cap_bytes
 
     caps = sorted({c.policy.gpu_memory_gib for c in cases if c.policy.gpu_memory_gib > 0})
-    if not caps or not any(d.get("type") == "cuda" for d in run.devices.values()):
+    if not caps:
         return None
+    types = [d.get("type") for d in run.devices.values()]
     total = (run.env.get("gpu") or {}).get("total_memory_bytes")
     label = run.device_label or "the GPU"
+    if "cuda" not in types:  # a CPU run: the cap did nothing, and the reader is told so
+        return memory_cap_note(caps, next((t for t in types if t), "cpu"))
+    note = memory_cap_note(caps, "cuda", total, label)  # caps above the card: nothing capped
+    caps = [c for c in caps if not total or c * 2**30 <= total]
+    if not caps:
+        return note
     of = f" of its {total / 2**30:.0f} GiB" if total else ""
     held = " / ".join(f"{min(allocator_cap_bytes(c), total or 2**62) / 2**30:.1f}" for c in caps)
     return (f"GPU memory capped as on a {' / '.join(f'{c:g}' for c in caps)} GiB card (policy gpu_memory_gib): "
@@ -65,7 +73,8 @@ def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
             f"card keeps from a process and ~{CUDA_CONTEXT_GIB:g} GiB for its CUDA context). The cap is "
             f"approximate: it covers the caching allocator only, not the CUDA context or libraries that "
             f"allocate for themselves. Allocations past it fail as on the smaller card, but compute, memory "
-            f"bandwidth and caches are still the {label}'s, so times are not a smaller card's.")
+            f"bandwidth and caches are still the {label}'s, so times are not a smaller card's."
+            + (f" {note}" if note else ""))
 
 
 def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:

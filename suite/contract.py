@@ -36,14 +36,31 @@ import re
 import statistics
 import warnings
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 # Part of the public contract, defined where they belong:
-from gpubench.checks import (DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check,  # noqa: F401
-                             tensors_check)
 from gpubench.claims import Claim  # noqa: F401
+
+if TYPE_CHECKING:  # for type checkers and documentation tools, which read these as re-exports
+    import torch
+
+    from gpubench.checks import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check  # noqa: F401
+
+# gpubench.checks's names are part of the contract too, imported on first use: they need torch, and
+# what only reads results (report, history, compare) imports this module without it (issue 35).
+_FROM_CHECKS = ("DTYPE_TOLERANCE", "CheckResult", "rel_l2", "relative_l2_check", "tensors_check")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_CHECKS:
+        from gpubench import checks
+        return getattr(checks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FROM_CHECKS})
+
 
 SHAPES = ("kernel", "training_step", "serving_run", "generation_run", "analytic")
 ROLES = ("baseline", "optimized", "peer")
@@ -152,6 +169,7 @@ class Workload:
     def generator(self, offset: int = 0) -> torch.Generator:
         """A CPU generator seeded from this case's seed (draw on CPU, then move: same values on
         every device)."""
+        import torch
         g = torch.Generator(device="cpu")
         g.manual_seed(self.seed + offset)
         return g

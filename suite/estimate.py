@@ -21,16 +21,17 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gpubench import techniques
 from gpubench.devicecache import CaseTimes, fixed_cost_s
 from gpubench.energy import window_bounds_s
+from gpubench.policy import Policy
 from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
 from gpubench.scenario import Case, Scenario
-from gpubench.timing import Policy
+
+if TYPE_CHECKING:  # torch in annotations only: a dry run's checks and --help import none
+    import torch
 
 EARLIER_RUNS = 20  # the most recent run directories read for measured case times
 BY_ID_UP_TO = 20_000  # cases matched one by one up to this many; past it, by technique only

@@ -18,9 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from gpubench import stats as _stats
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
@@ -28,6 +26,9 @@ from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_c
 from gpubench.declarations import Declarations, TechniqueRecord, declare, legacy_claims_elsewhere, legacy_record
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
+
+if TYPE_CHECKING:  # pandas is imported where a frame is made: the CLI starts without it
+    import pandas as pd
 
 # 2: variants are named by what they run (their role is a field), side data recorded per timed
 # call (``recorded``), the technique's ``source``. 3: the run records the declarations of its
@@ -669,8 +670,10 @@ def role_variant(case: dict[str, Any], role: str) -> str | None:
     return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
 
 
-def cases_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def cases_frame(doc: dict[str, Any]) -> "pd.DataFrame":
     """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``."""
+    import pandas as pd
+
     rows = []
     for case in doc.get("cases", []):
         for name, v in case.get("variants", {}).items():

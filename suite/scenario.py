@@ -37,7 +37,7 @@ import yaml
 from gpubench import techniques
 from gpubench.compare import parse_threshold
 from gpubench.errors import BadInput
-from gpubench.timing import POLICY_PARAMS, Policy, policy_problems
+from gpubench.policy import POLICY_PARAMS, Policy, policy_problems
 
 TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "order", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")

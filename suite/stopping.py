@@ -57,6 +57,20 @@ def sigterm_as_interrupt() -> Iterator[SigtermAsInterrupt]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def sigint_restored() -> bool:
+    """Make Ctrl-C (SIGINT) stop this process with a KeyboardInterrupt even where it was started
+    with SIGINT ignored: a shell script's ``gpubench run &`` (a background job of a non-interactive
+    shell), nohup-like wrappers. Python installs its handler only where SIGINT was not ignored, so
+    such a run would not stop on ``kill -INT`` at all (issue 35). True when it was ignored; in
+    another thread than the main one nothing is changed (no handler can be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
+
+
 def stop_reason(exc: BaseException | None) -> str:
     """Why the cases still running were stopped, for their records."""
     if isinstance(exc, Terminated):

@@ -104,6 +104,25 @@ def sweep_doc() -> dict[str, Any]:
             "summary": {"cases": len(cases), "passed": len(cases), "failed": 0, "interrupted": 0}}
 
 
+def recorded_runs(root: Path, names: tuple[str, ...] = ("a", "b"), cases: int = 4) -> list[Path]:
+    """Small runs of schema 3 (the first ``cases`` cases of :func:`sweep_doc`, their technique's
+    declarations recorded as a run records them), one folder per name under ``root``: what a
+    report, compare or history reads without technique code."""
+    from gpubench.declarations import Declarations, declare
+
+    held = Declarations()
+    declare(held, {"flash_attention": ""})  # the registry, in this process
+    out = []
+    for name in names:
+        doc = sweep_doc()
+        doc["cases"] = doc["cases"][:cases]
+        doc["summary"] = {"cases": cases, "passed": cases, "failed": 0, "interrupted": 0}
+        doc["run_id"], doc["schema_version"] = f"run-{name}", 3
+        doc["techniques"], doc["claims_elsewhere"] = held.to_dicts()
+        out.append(write_run(root / name, json.loads(json.dumps(doc, default=str))))
+    return out
+
+
 def write_run(root: Path, doc: dict[str, Any]) -> Path:
     """A run directory holding ``doc`` as its results.json."""
     root.mkdir(parents=True, exist_ok=True)

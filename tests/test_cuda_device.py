@@ -130,4 +130,4 @@ def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
     assert "capped as on a 24 GiB card" in text and "about 22.0 GiB of its 140 GiB" in text
     assert "approximate" in text and "caching allocator only" in text and "still the NVIDIA H200's" in text
     run.devices = {"cpu": {"type": "cpu"}}
-    assert memory_cap_warning(run, cases) is None  # a CPU run caps nothing
+    assert "does nothing on a cpu device" in memory_cap_warning(run, cases)  # a CPU run caps nothing, and says so

@@ -28,6 +28,9 @@ import json, os, signal, sys, time
 args = sys.argv[1:]
 with open(os.environ["FAKE_ARGV_LOG"], "a") as log:
     log.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_ENV_LOG"):
+    with open(os.environ["FAKE_ENV_LOG"], "a") as log:
+        log.write(json.dumps({{"args": args, "history": os.environ.get("GPUBENCH_HISTORY")}}) + "\\n")
 with open(os.environ["FAKE_PIDS"], "a") as pids:
     pids.write(f"{{os.getpid()}}\\n")
 if args[:2] == ["-m", "pip"]:
@@ -207,6 +210,26 @@ def test_a_rehearsal_on_the_cpu_killed_mid_part_keeps_every_started_part(tmp_pat
     kernels = run_records(out / "kernels.tar.gz")
     assert [r["status"] for r in kernels] == ["interrupted"], kernels  # closed by the SIGINT passed on
     assert sorted(p.name for p in out.iterdir()) == ["cache.tar.gz", "first.tar.gz", "kernels.tar.gz", "session.log"]
+
+
+@pytest.mark.parametrize("rehearse", [True, False])
+def test_a_rehearsal_keeps_its_runs_out_of_the_history_store(tmp_path, rehearse):
+    """REHEARSE=1 gives gpubench a history store of the rehearsal's own, in its scratch folder
+    (removed at the end): its small CPU runs never land in the caller's store or the default one
+    (they did). A real session leaves the store as the caller set it."""
+    out, mine = tmp_path / "out", tmp_path / "mine.sqlite"
+    env = {"PARTS": "first", "DEADLINE_S": "300", "GPUBENCH_HISTORY": str(mine),
+           "FAKE_ENV_LOG": str(tmp_path / "env.jsonl"), **({"REHEARSE": "1"} if rehearse else {})}
+    proc = start(tmp_path, out, **env)
+    assert proc.wait(timeout=240) == 0, proc.stdout.read()
+    seen = [json.loads(line) for line in (tmp_path / "env.jsonl").read_text().splitlines()]
+    runs = [s["history"] for s in seen if s["args"][:3] == ["-m", "gpubench.cli", "run"]]
+    assert runs, seen
+    if rehearse:
+        assert all(h and h != str(mine) and Path(h).parent.name.startswith("gpu-session.") for h in runs), runs
+        assert not Path(runs[0]).parent.exists()  # thrown away with the scratch folder
+    else:
+        assert set(runs) == {str(mine)}
 
 
 @pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="no make here")
