@@ -21,6 +21,7 @@ from test_report import EMPTY_FRAME
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 WIDTH = 1300
+PHONE, PHONE_HEIGHT = 390, 844  # a phone's viewport, in CSS px
 
 # Appended to a copy of the report only: the report itself carries no script. It measures the page
 # as loaded, then again with every <details> opened, and writes what it found as JSON.
@@ -33,13 +34,20 @@ function describe(el) {
   return el.tagName + (el.id ? '#' + el.id : '') + (cls ? '.' + cls.split(' ')[0] : '')
     + ' "' + (el.textContent || '').trim().slice(0, 50) + '"';
 }
+// Inside a box of its own that scrolls sideways (overflow-x) and fits the page: not the page's width.
+function scrollsInOwnBox(el, vw) {
+  for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX !== 'visible') return a.getBoundingClientRect().right <= vw + 0.5;
+  }
+  return false;
+}
 function measure() {
   const vw = window.innerWidth;
   const wide = [];
   for (const el of document.body.querySelectorAll('*')) {
     if (el.id === 'probe' || (el.closest('svg') && el.tagName.toLowerCase() !== 'svg')) continue;
     const r = el.getBoundingClientRect();
-    if (r.width > 0 && r.right > vw + 0.5) wide.push(describe(el) + ' right=' + Math.round(r.right));
+    if (r.width > 0 && r.right > vw + 0.5 && !scrollsInOwnBox(el, vw)) wide.push(describe(el) + ' right=' + Math.round(r.right));
   }
   const outside = [];
   const svgs = [...document.querySelectorAll('svg')];
@@ -71,10 +79,12 @@ window.addEventListener('load', () => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   result.opened = measure();
   result.errors = window.__errors;
-  const out = document.createElement('pre');
+  // In a phone-sized frame (probe(width=PHONE)) the page that holds the frame is the one dumped.
+  const host = window.parent !== window ? window.parent.document : document;
+  const out = host.createElement('pre');
   out.id = 'probe';
   out.textContent = 'PROBE' + JSON.stringify(result) + 'END';
-  document.body.appendChild(out);
+  host.body.appendChild(out);
 });
 </script>
 """
@@ -103,10 +113,18 @@ def reports(small_run_dir, tmp_path_factory) -> dict[str, Path]:
             "H200-shaped run": report_html.write_report(h200).html}
 
 
-def probe(report: Path, tmp_path: Path) -> tuple[dict, list[str]]:
+def probe(report: Path, tmp_path: Path, width: int = WIDTH) -> tuple[dict, list[str]]:
+    """What PROBE found in ``report`` in a window ``width`` px wide. Chromium's windows are at
+    least 500 px wide, so a narrower width (a phone's) is a frame of that size in a page of its
+    own, the report as the frame's srcdoc (same origin: its probe writes into the page)."""
     page = tmp_path / "probe.html"
-    page.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+    probed = report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>")
+    if width < 500:
+        probed = (f'<!DOCTYPE html><html><body style="margin: 0"><iframe style="border: 0; width: {width}px; '
+                  f'height: {PHONE_HEIGHT}px" srcdoc="{html.escape(probed, quote=True)}"></iframe></body></html>')
+    page.write_text(probed, encoding="utf-8")
+    flags = [f for f in FLAGS if not f.startswith("--window-size")] + [f"--window-size={max(width, 500)},2000"]
+    proc = subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
                            "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
     found = FOUND.search(proc.stdout)
     assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
