@@ -157,8 +157,10 @@ def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_
 <text x="150" y="50" style="font-size: 20px">{label} far past the right edge</text></svg></figure>
 <nav style="white-space: nowrap">{'<a href="#x">a section link</a> ' * 40}</nav>
 <details><summary>more</summary><p style="width: 2000px">wide when opened</p></details>
+<div style="overflow-x: auto"><p style="width: 2000px">scrolls in its own box</p></div>
 </body></html>""")
     result, _ = probe(page, tmp_path)
+    assert not any("scrolls in its own box" in w for w in result["closed"]["wide"] + result["opened"]["wide"])
     outside = result["closed"]["outside"]
     assert len(outside) == 1 and outside[0].startswith(f'bad figure: "{label} far past')
     assert any(w.startswith('A "a section link"') for w in result["closed"]["wide"])
@@ -200,3 +202,35 @@ def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box
     assert shot.exists() and shot.stat().st_size > 10_000  # a page with content, not a blank
     if os.environ.get("GPUBENCH_KEEP_SCREENSHOT") and which == "small run":
         shutil.copy(shot, os.environ["GPUBENCH_KEEP_SCREENSHOT"])
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_phone_probe_sees_a_page_that_scrolls_sideways(tmp_path):
+    """At a phone's width (a frame, Chromium's windows being wider) the probe measures the frame's
+    page: a table wider than it, not in a box of its own, makes the document wider."""
+    needs_chromium()
+    page = tmp_path / "wide.html"
+    page.write_text('<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1">'
+                    '</head><body><table style="width: 800px"><tr><td>a wide table</td></tr></table>'
+                    '<div style="overflow-x: auto"><table style="width: 800px"><tr><td>boxed</td></tr></table></div>'
+                    '</body></html>')
+    result, _ = probe(page, tmp_path, PHONE)
+    seen = result["closed"]
+    assert seen["inner_width"] == PHONE and seen["scroll_width"] > PHONE
+    assert [w.split('"')[1] for w in seen["wide"]] == ["a wide table"] * 4  # table, tbody, tr, td; not the boxed one
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("which", ["small run", "200-case sweep", "H200-shaped run"])
+def test_on_a_phone_the_page_never_scrolls_sideways(reports, which, tmp_path):
+    """At 390 px (a phone) the document is no wider than the viewport, as loaded and with every
+    collapsed section open: wide tables scroll inside their own box, figures shrink to the page."""
+    needs_chromium()
+    result, console_errors = probe(reports[which], tmp_path, PHONE)
+    assert not result["errors"] and not console_errors, (result["errors"], console_errors)
+    for state in ("closed", "opened"):
+        seen = result[state]
+        assert seen["inner_width"] == PHONE, (state, seen["inner_width"])
+        assert seen["scroll_width"] <= PHONE and seen["wide"] == [], (state, seen["scroll_width"], seen["wide"][:10])
