@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
+from gpubench.reports.terminal import case_params, shown_by_technique
 from gpubench.results import CaseRecord, RunRecord, as_run
 
 TITLE = "Published claims on this device"
@@ -23,6 +24,7 @@ VERDICT_CLASS = {"holds": "pass", "falls short": "fail", "exceeds": "improved", 
                  "inconclusive": "not-comparable", "not comparable": "not-comparable",
                  "unverified": "not-comparable"}
 _MAX_REASONS = 2
+_MAX_NAMED = 5  # cases named in a "2 of 10 cases failed: ..." why
 _SHARED_WHY = re.compile(r"(.*?) \((.*)\)")
 
 
@@ -66,15 +68,38 @@ def _joined(whats: list[str]) -> str:
     return "; ".join(whats)
 
 
-def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, Any]:
+def _did_not_pass(readings: list[Reading], unpassed: Mapping[str, tuple[str, str]]) -> tuple[str, list[Reading]]:
+    """Which of the claim's cases did not pass, by name: "2 of 10 cases failed: #3 (seq_len=128),
+    #7 (seq_len=512)" (by status, at most :data:`_MAX_NAMED` named each), and the other readings.
+    ``unpassed``: the run's cases that did not pass, by id: (status, the report's name of it)."""
+    stopped = [r for r in readings if r.case_id in unpassed]
+    if not stopped:
+        return "", readings
+    by_status: dict[str, list[str]] = {}
+    for r in stopped:
+        status, label = unpassed[r.case_id]
+        by_status.setdefault(status, []).append(label)
+    n = len(readings)
+    texts = []
+    for status, labels in by_status.items():
+        named = ", ".join(labels[:_MAX_NAMED]) + (f" and {len(labels) - _MAX_NAMED} more" if len(labels) > _MAX_NAMED else "")
+        texts.append(f"its case {status}: {named}" if n == 1
+                     else f"{len(labels)} of {n} cases {status}: {named}")
+    return "; ".join(texts), [r for r in readings if r.case_id not in unpassed]
+
+
+def _row(name: str, claim: Claim, readings: list[Reading] | None,
+         unpassed: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
     row = {"technique": name, "claim": claim.text, "source": claim.source, "url": claim.url,
            "claimed": claim.figure_text, "conditions": claim.conditions, "measures": claim.measures,
            "measured": "-", "cases": 0}
     if readings is None:
         return {**row, "verdict": "not comparable", "reason": NOT_IN_RUN}
+    stopped, readings_left = _did_not_pass(readings, unpassed or {})
     comparable = [r for r in readings if r.comparable]
     if not comparable:
-        return {**row, "verdict": "not comparable", "reason": _distinct([r.reason for r in readings])}
+        reason = "; ".join(filter(None, (stopped, _distinct([r.reason for r in readings_left]))))
+        return {**row, "verdict": "not comparable", "reason": reason}
     predicted = claim.figure is None
     ordered = sorted(comparable, key=lambda r: r.value)
     measured = _figure(ordered[0], claim.unit, predicted)
@@ -87,9 +112,11 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None) -> dict[str, A
     else:
         verdict = "mixed"
         reason = ", ".join(f"{v} in {n}" for v, n in counts.most_common()) + f" of {len(comparable)} cases"
-    left_out = len(readings) - len(comparable)
+    if stopped:
+        reason += f"; {stopped}"
+    left_out = len(readings_left) - len(comparable)
     if left_out:
-        why_not = _distinct([r.reason for r in readings if not r.comparable])
+        why_not = _distinct([r.reason for r in readings_left if not r.comparable])
         reason += f"; {left_out} case{'s' if left_out > 1 else ''} not comparable ({why_not})"
     if claim.caveat:
         reason += f". Still differs: {claim.caveat}"
@@ -105,10 +132,15 @@ def claim_rows(doc: RunRecord | dict[str, Any]) -> list[dict[str, Any]]:
     grouped: dict[str, list[CaseRecord]] = {}
     for case in run.cases:
         grouped.setdefault(case.technique, []).append(case)
+    shown = shown_by_technique(run)
+    unpassed = {c.id: (c.status or "did not pass", f"#{number} ({params})" if params else f"#{number}")
+                for number, c in enumerate(run.cases, 1) if c.status != "passed"
+                for params in [case_params(c, shown.get(c.technique))]}
     rows = []
     for name, cases in grouped.items():
         as_written = [c.to_dict() for c in cases]  # the verdict's rule reads case records as results.json holds them
-        rows += [_row(name, claim, read_cases(claim, as_written, run.device)) for claim in _claims_of(run, name)]
+        rows += [_row(name, claim, read_cases(claim, as_written, run.device), unpassed)
+                 for claim in _claims_of(run, name)]
     for name, claims in run.claims_elsewhere().items():
         rows += [_row(name, claim, None) for claim in claims if name not in grouped]
     for row in rows:

@@ -32,10 +32,10 @@ from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
-from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_seconds, format_speedup,
+from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, has_interval, load_run as load_record,
-                              not_run_text)
+from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, elapsed_text, has_interval,
+                              load_run as load_record, not_run_text)
 from gpubench.telemetry import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
@@ -105,7 +105,7 @@ def _duration(run: RunRecord) -> str:
         start, end = (_dt.datetime.fromisoformat(t) for t in (run.started_at, run.finished_at))
     except (TypeError, ValueError):
         return "-"
-    return format_seconds((end - start).total_seconds()) if end >= start else "-"
+    return elapsed_text((end - start).total_seconds()) if end >= start else "-"
 
 
 # -- headline and summary table (shared with summary.md) -------------------------------------
@@ -162,7 +162,7 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
         "device": run.device_label or run.device or "?", "date": _date(run.started_at),
         "duration": _duration(run), "run_id": run.run_id, "status": run.status or "unknown",
         "cases": counts["cases"], "passed": counts["passed"], "failed": counts["failed"],
-        "interrupted": counts["interrupted"], "not_run": counts["not_run"],
+        "interrupted": counts["interrupted"], "not_run": counts["not_run"], **_never_reached(run),
         "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,
                            "need": c.need_text()} for c in run.not_run],
         "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
@@ -174,6 +174,19 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
         "timed_share": phases.run_text(run),
         "clocks": [line.removeprefix("time: ") for line in clock_lines(run)],
     }
+
+
+def _never_reached(run: RunRecord) -> dict[str, Any]:
+    """The cases a run planned and never reached (killed, stopped by Ctrl-C or an abort; not the
+    ones a --budget left out, counted apart): ``not_started`` of ``planned``, and why in a few
+    words; 0 for a run that reached all it planned, or that did not record its plan."""
+    planned = run.planned_cases
+    missing = planned - len(run.cases) - len(run.not_run) if isinstance(planned, int) else 0
+    if missing <= 0:
+        return {"planned": planned, "not_started": 0, "not_started_why": ""}
+    why = run.abort_reason or {"running": "the run never finished: killed, or still going",
+                               "interrupted": "stopped by Ctrl-C"}.get(run.status or "", f"run {run.status}")
+    return {"planned": planned, "not_started": missing, "not_started_why": why}
 
 
 def _extreme(pick: Callable, measured: list[tuple[float, str]]) -> str:

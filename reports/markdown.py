@@ -57,6 +57,8 @@ def _headline(head: dict[str, Any]) -> list[str]:
         counts += f", {head['interrupted']} interrupted"
     if head.get("not_run"):
         counts += f", {head['not_run']} not run: budget"
+    if head.get("not_started"):
+        counts += f", {head['not_started']} of {head['planned']} planned not run ({cell(head['not_started_why'])})"
     extremes = f"Best speedup {cell(head['best'])}; worst {cell(head['worst'])}"
     if head.get("not_by_time"):
         extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"
@@ -80,14 +82,16 @@ def _headline(head: dict[str, Any]) -> list[str]:
 def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
     memory = any(r["memory"] != "-" for r in rows)
     energy = any(r["energy"] != "-" for r in rows)
-    header = ["#", "technique", "case", "baseline", "optimized", "speedup [95% CI]", "headline", "check"]
-    header += ["peak memory (base / opt)"] * memory + ["energy/call (base / opt)"] * energy + ["status"]
+    with_headline = any(r["headline"] or r.get("why") for r in rows)  # an empty column is left out
+    header = ["#", "technique", "case", "baseline", "optimized", "speedup [95% CI]"] + ["headline"] * with_headline
+    header += ["check"] + ["peak memory (base / opt)"] * memory + ["energy/call (base / opt)"] * energy + ["status"]
     body = []
     for r in rows:
         status = "passed" if not r["failed"] else f"**{r['status'].upper()}**: {r['reason'][:300]}"
         headline = (r["headline"] or "-") + (f" (why: {r['why']})" if r.get("why") else "")
-        body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"],
-                     headline, r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy + [status])
+        body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"]]
+                    + [headline] * with_headline + [r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy
+                    + [status])
     # A figure marked as taken over the timed calls (gpubench.energy) says so under the table.
     note = [f"\n_{cell(TIMED_CALLS_NOTE)}_"] if any(r.get("energy_over_timed_calls") for r in rows) else []
     return _table(header, body, budget - _size(note)) + note

@@ -13,8 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from gpubench.reports.terminal import format_seconds
-from gpubench.results import CaseRecord, RunRecord
+from gpubench.results import CaseRecord, RunRecord, elapsed_text
 
 # How the report names each phase, and what it stands for (a legend). "timed" (the timed calls'
 # own samples) is part of "timing": a breakdown splits "timing" into the timed calls and the rest
@@ -89,7 +88,7 @@ def cases_text(cases: Iterable[CaseRecord]) -> str | None:
         return None
     timed, wall = found
     return (f"timed calls were {percent(timed / wall)} of the cases' wall time "
-            f"({format_seconds(timed)} of {format_seconds(wall)})")
+            f"({elapsed_text(timed)} of {elapsed_text(wall)})")
 
 
 def run_text(run: RunRecord) -> str | None:
@@ -107,7 +106,7 @@ def run_text(run: RunRecord) -> str | None:
 def breakdown_text(found: Breakdown) -> str:
     """"1.2 s: build 0.3 s, ..., timed calls 0.5 s (41%), ..." leaving out the phases that took no
     time."""
-    parts = [f"{LABELS.get(key, key)} {format_seconds(seconds)}"
+    parts = [f"{LABELS.get(key, key)} {elapsed_text(seconds)}"
              + (f" ({percent(found.share(key))})" if key == "timed" else "")
              for key, seconds in found.parts if seconds > 0]
-    return f"{format_seconds(found.elapsed_s)}: " + ", ".join(parts)
+    return f"{elapsed_text(found.elapsed_s)}: " + ", ".join(parts)

@@ -17,7 +17,7 @@ from gpubench.declarations import TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
                                        named_time, other_clock_text, param_text, shown_by_technique)
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, has_interval
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, elapsed_text, has_interval
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
@@ -276,9 +276,9 @@ def phase_rows(group: list[tuple[int, CaseRecord]], labels: Labels) -> list[dict
         found = phases.breakdown(case)
         if found is not None:
             rows.append({"number": number, "params": labels.params(case), "text": phases.breakdown_text(found),
-                         "elapsed": format_seconds(found.elapsed_s),
+                         "elapsed": elapsed_text(found.elapsed_s),
                          "segments": [{"key": key, "label": phases.LABELS.get(key, key), "pct": 100 * found.share(key),
-                                       "seconds": format_seconds(seconds)} for key, seconds in found.parts if seconds > 0]})
+                                       "seconds": elapsed_text(seconds)} for key, seconds in found.parts if seconds > 0]})
     return rows
 
 
@@ -304,6 +304,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
     best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
     numbers = {id(c): n for n, c in group}
     phase_table = phase_rows(group, labels)
+    declared = technique_figures(tech, cases)
     section = {
         "name": name, "registered": tech is not None, "count": len(cases), "large": large,
         "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),
@@ -313,8 +314,8 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
         "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
         "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
         "best": _extreme_rows(best, numbers, labels), "worst": _extreme_rows(worst, numbers, labels),
-        "figures": [f for f in [speedup_figure(cases, case_labels, labels.defaults(name))] if f] + ([] if large else per_case)
-                   + technique_figures(tech, cases),
+        "figures": [f for f in [speedup_figure(cases, case_labels, labels.defaults(name))] if f]
+                   + ([] if large else per_case) + declared,
         "per_case_figures": per_case if large else [],
         "rows": [r for r in rows if r["technique"] == name] if large else [],
         "variants": [row for n, c in group for row in variant_rows(c, n)],
@@ -323,7 +324,28 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
     }
     section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
                             else _unplotted(cases))
+    section.update(answer(section, declared, read_by, rows))
     return section
+
+
+def answer(section: dict[str, Any], declared: list[Figure], read_by: Sequence[Any],
+           rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a technique's section opens with: one figure (a sweep's surface; else the figure it
+    is read by: its first declared figure (``declared``) where it is read by its own figure, the
+    first of its figures otherwise, the speedup's where it has one) and a compact table of its
+    cases by the params that vary (``rows``: the summary table's); ``more_figures``, the rest of
+    its figures, are folded under them. A sweep's best and worst cases are its compact table."""
+    figures = list(section["figures"])
+    if section["large"]:
+        first = section["surface"]
+    else:
+        drawn = [f for f in declared if f["svg"]] if read_by else []
+        first = drawn[0] if drawn else next((f for f in figures if f["svg"]), None)
+    mine = [r for r in rows if r["technique"] == section["name"]]
+    with_headline = any(r["headline"] for r in mine)
+    compact = {"rows": [] if section["large"] else mine, "speedup": not (read_by and with_headline),
+               "headline": with_headline}
+    return {"answer": first, "more_figures": [f for f in figures if f is not first], "compact": compact}
 
 
 def technique_sections(run: RunRecord, rows: Sequence[dict[str, Any]], labels: Labels | None = None) -> list[dict[str, Any]]:

@@ -330,6 +330,24 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:,.0f} days"
 
 
+def elapsed_text(seconds: float) -> str:
+    """A wall time as a person reads it, to the second: 350 ms, 4.2 s, 38 min 32 s, 2 h 5 min,
+    3 days 4 h (never ``2.31e+03 s``)."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms" if seconds > 0 else "0 s"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
+    if hours:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    return f"{minutes} min" + (f" {secs} s" if secs else "")
+
+
 def need_text(cases: list[NotRunCase]) -> str:
     """What ``cases`` would have needed together: ``about 2 min`` where each one's figure is its
     own measured time, else ``at least 40 s, counted as 2 min`` (the budget's conservative count)."""
@@ -380,11 +398,14 @@ class TimeUse:
 
     def text(self) -> str:
         """The run's closing line."""
-        spent = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.phases_s.items()
+        def took(seconds: float) -> str:  # 12.3 s; 38 min 32 s from a minute on
+            return f"{seconds:.1f} s" if seconds < 59.95 else elapsed_text(seconds)
+
+        spent = ", ".join(f"{name} {took(seconds)}" for name, seconds in self.phases_s.items()
                           if name != "timed" and seconds >= 0.05)
         workers = f" x {self.workers} workers" if self.workers > 1 else ""
-        return (f"timed calls were {self.timed_share:.0%} of wall time ({self.phases_s.get('timed', 0.0):.1f} s "
-                f"of {self.wall_s:.1f} s{workers}; the cases took {self.cases_s:.1f} s" +
+        return (f"timed calls were {self.timed_share:.0%} of wall time ({took(self.phases_s.get('timed', 0.0))} "
+                f"of {took(self.wall_s)}{workers}; the cases took {took(self.cases_s)}" +
                 (f": {spent})" if spent else ")"))
 
 

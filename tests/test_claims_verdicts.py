@@ -228,3 +228,39 @@ def test_a_ci_that_is_one_point_at_the_widened_edge_is_inside(bound):
     edge = {"value": 2.2, "at_most": 2.2, "at_least": 0.9}[bound]
     assert verdict(edge, edge, edge, BAND, bound, TOL)[0] == "holds"
 
+
+
+def test_a_why_names_the_cases_that_did_not_pass_and_how_many_of_all():
+    """9 of 10 cases passed: the why says "1 of 10 cases failed: #4 (...)" beside the verdict of
+    the nine, never "the case failed" as if the claim's only case had; with none comparable, the
+    count and the names come first; a claim of one case says "its case failed"."""
+    band = Claim("Lab", "u", text="t", figure=(1.0, 1.0))
+    failed = {"d": ("failed", "#4 (layers=7)"), "e": ("interrupted", "#5 (layers=8)")}
+    nine = [Reading(k, "holds", "the median is within the claim", 1.0, 1.0, 1.0) for k in "abcfghij"]
+    row = report_claims._row("t", band, nine + [Reading("d", "not comparable", "the case failed"),
+                                                Reading("e", "not comparable", "the case interrupted")], failed)
+    assert row["verdict"] == "holds" and row["cases"] == 8
+    assert row["reason"] == ("the median is within the claim; 1 of 10 cases failed: #4 (layers=7); "
+                             "1 of 10 cases interrupted: #5 (layers=8)")
+    assert "the case failed" not in row["reason"] and "not comparable" not in row["reason"]
+    none = report_claims._row("t", band, [Reading("d", "not comparable", "the case failed"),
+                                          Reading("x", "not comparable", "other sizes: n=1 (why)")], failed)
+    assert none["reason"] == "1 of 2 cases failed: #4 (layers=7); other sizes: n=1 (why)"
+    one = report_claims._row("t", band, [Reading("d", "not comparable", "the case failed")], failed)
+    assert one["reason"] == "its case failed: #4 (layers=7)"
+
+
+def test_the_claims_table_counts_failed_cases_of_a_real_record():
+    """Through claim_rows: the run's own cases, numbered as in the summary table, by the params
+    that tell them apart; more than five named are counted."""
+    cases = [speedup_case(1.15, 1.12, 1.18, layers=n, status="failed" if n in (6, 10) else "passed")
+             for n in range(4, 14)]
+    rows = report_claims.claim_rows({"cases": cases, "device": "cuda:0",
+                                     "scenario": {"entries": [{"technique": "packed_metadata",
+                                                               "params": {"layers": [], "model": "100m"}}]}})
+    whys = [r["reason"] for r in rows if r["technique"] == "packed_metadata" and r["reason"] != report_claims.NOT_IN_RUN]
+    assert whys and all("2 of 10 cases failed: #3 (layers=6), #7 (layers=10)" in why for why in whys), whys
+    assert not any("the case failed" in why for why in whys)
+    many = report_claims._did_not_pass([Reading(str(k), "not comparable") for k in range(7)],
+                                       {str(k): ("failed", f"#{k}") for k in range(7)})[0]
+    assert many == "7 of 7 cases failed: #0, #1, #2, #3, #4 and 2 more"

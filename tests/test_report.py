@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from gpubench.results import CaseRecord, RunRecord, role_variant
+from gpubench.results import CaseRecord, RunRecord, elapsed_text, role_variant
 from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
@@ -584,7 +584,7 @@ def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
     assert (parts["timed"], parts["loop"], found.timed_s) == (2.5, 0.5, 2.5)
     assert sum(parts.values()) == pytest.approx(found.elapsed_s) == pytest.approx(5.5)
     text = phases.breakdown_text(found)
-    assert text.startswith("5.5 s: build 1 s, check 500 ms,") and "timed calls 2.5 s (45%), timing loop 500 ms" in text
+    assert text.startswith("5.5 s: build 1.0 s, check 500 ms,") and "timed calls 2.5 s (45%), timing loop 500 ms" in text
     assert "profile" not in text  # a phase that took no time is not listed
     # "other" left out of the record: what the phases leave of elapsed_s; a phase the report does not
     # know by name: shown under its own
@@ -601,7 +601,7 @@ def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their
     cases = [{"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
              {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
              {"elapsed_s": 90.0}]  # no phases recorded: not counted on either side
-    assert phases.run_text(RunRecord.from_dict({"cases": cases})) == "timed calls were 40% of the cases' wall time (4 s of 10 s)"
+    assert phases.run_text(RunRecord.from_dict({"cases": cases})) == "timed calls were 40% of the cases' wall time (4.0 s of 10.0 s)"
     use = TimeUse(wall_s=20.0, workers=1, cases_s=10.0, phases_s={"timing": 5.5, "timed": 4.0, "other": 5.5},
                   timed_share=0.2)
     assert phases.run_text(RunRecord.from_dict({"cases": cases, "time_use": dataclasses.asdict(use)})) == use.text()  # as `run` printed it
@@ -623,7 +623,7 @@ def test_the_report_says_where_the_wall_time_went_and_an_older_run_says_nothing_
     timed = sum(c["phases_s"]["timed"] for c in doc["cases"])
     wall = sum(c["elapsed_s"] for c in doc["cases"])
     line = (f"timed calls were {phases.percent(timed / wall)} of the cases' wall time "
-            f"({format_seconds(timed)} of {format_seconds(wall)})")
+            f"({elapsed_text(timed)} of {elapsed_text(wall)})")
     assert f'<dd id="timed-share">{escape(line)};' in page and f"{line[0].upper()}{line[1:]}." in md
     for name in {c["technique"] for c in doc["cases"]}:
         section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
@@ -761,3 +761,68 @@ def test_an_under_sampled_variant_is_named_with_its_reason():
     assert "time cap (max_time_s = 10 s)" in few_samples_lines(run)[-1]
     row = next(r for r in variant_rows(run.cases[0], 1) if r["variant"] == "fast")
     assert row["ci"] == "none (n=1)" and "under-sampled: 1 of min_reps 5" in row["reason"]
+
+
+# -- a page read in a minute (issue 35) ----------------------------------------------------------------
+def test_a_wall_time_reads_as_a_duration_never_in_exponent_notation():
+    assert [elapsed_text(s) for s in (0.35, 4.19, 59.9, 2312.0, 3725.0, 90000.0)] == [
+        "350 ms", "4.2 s", "59.9 s", "38 min 32 s", "1 h 2 min", "1 day 1 h"]
+    from gpubench.results import TimeUse
+
+    line = TimeUse(wall_s=2312.0, workers=1, cases_s=2300.0, phases_s={"timed": 1200.0, "build": 70.0},
+                   timed_share=0.52).text()
+    assert line == ("timed calls were 52% of wall time (20 min of 38 min 32 s; the cases took 38 min 20 s: "
+                    "build 1 min 10 s)") and "e+" not in line
+
+
+@REAL_RUN
+def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_time_as_a_duration(real_dir, tmp_path):
+    """After kill -9 a run's record holds the cases that finished and says "running": the counts
+    say "8 of 13 planned not run" (red, beside passed and failed), and so does summary.md; a run
+    that reached what it planned, or never recorded its plan, says nothing of it."""
+    doc = json.loads((real_dir / "results.json").read_text())
+    doc.update(cases=doc["cases"][:5], status="running", planned_cases=13, not_run=[],
+               started_at="2026-01-01T10:00:00+00:00", finished_at="2026-01-01T10:38:32+00:00")
+    doc.pop("summary", None)
+    written = html.write_report(report_runs.write_run(tmp_path / "killed", doc), read_history=False)
+    page, md = written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
+    counts = page.split('<dd id="counts">')[1].split("</dd>")[0]
+    assert ('<span class="fail" id="not-started">8 of 13 planned not run (the run never finished: killed, or '
+            'still going)</span>') in counts
+    assert "**5 cases: 5 passed, 0 failed, 8 of 13 planned not run (the run never finished: killed, or still going)**" in md
+    assert "(wall time 38 min 32 s)" in page
+    for planned in (5, None):  # all it planned ran; an older record without a plan
+        assert html.headline({**doc, "planned_cases": planned})["not_started"] == 0
+
+
+def test_summary_md_leaves_out_a_headline_column_no_case_fills():
+    row = {"number": 1, "technique": "t", "params": "n=1", "baseline": "a 1 ms", "optimized": "b 1 ms",
+           "speedup": "1.00x", "headline": "", "why": "", "check": "pass", "memory": "-", "energy": "-",
+           "failed": False, "status": "passed", "reason": ""}
+    head = {"scenario": "s", "device": "d", "date": "-", "run_id": "r", "cases": 1, "passed": 1, "failed": 0,
+            "best": "-", "worst": "-"}
+    assert "| headline |" not in markdown.render_summary(head, [row])
+    assert "| headline |" in markdown.render_summary(head, [{**row, "headline": "kv 1 -> 2"}])
+
+
+@REAL_RUN
+def test_a_technique_section_opens_with_its_answer_and_folds_the_rest(real_report):
+    """Each section: its sentence, one figure, a compact table of its cases by what varies (no
+    more columns than it fills); every other figure, the roofline, what each variant runs, each
+    param and every variant of every case in collapsed <details> (folded, not deleted)."""
+    doc, page, *_ = real_report
+    for name in {c["technique"] for c in doc["cases"]}:
+        section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
+        fold = section.find("<details")
+        head, rest = section[:fold], section[fold:]
+        assert head.count("<figure>") <= 1, name  # one figure opens the section
+        assert '<table class="compact">' in head, name
+        compact = head.split('<table class="compact">')[1].split("</table>")[0]
+        assert compact.count('<tr class=') == sum(c["technique"] == name for c in doc["cases"])
+        assert "<th>baseline</th>" not in compact  # compact: the case, its figure, its check
+        assert "<figure>" in head or "No figure" in head, name
+        assert "every variant of every case" in rest and "what each variant runs" in rest
+        assert "<figure>" not in rest.split("</details>")[-1]  # nothing unfolded after the first fold
+    flash = page.split('<section id="tech-flash_attention"')[1].split("</section>")[0]
+    assert 'class="more-figures"' in flash and 'class="roofline-block"' in flash
+    assert flash.split("<details")[0].count("<figcaption>speedup of optimized over baseline") == 1

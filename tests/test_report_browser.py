@@ -21,6 +21,7 @@ from test_report import EMPTY_FRAME
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 WIDTH = 1300
+PHONE, PHONE_HEIGHT = 390, 844  # a phone's viewport, in CSS px
 
 # Appended to a copy of the report only: the report itself carries no script. It measures the page
 # as loaded, then again with every <details> opened, and writes what it found as JSON.
@@ -33,13 +34,20 @@ function describe(el) {
   return el.tagName + (el.id ? '#' + el.id : '') + (cls ? '.' + cls.split(' ')[0] : '')
     + ' "' + (el.textContent || '').trim().slice(0, 50) + '"';
 }
+// Inside a box of its own that scrolls sideways (overflow-x) and fits the page: not the page's width.
+function scrollsInOwnBox(el, vw) {
+  for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX !== 'visible') return a.getBoundingClientRect().right <= vw + 0.5;
+  }
+  return false;
+}
 function measure() {
   const vw = window.innerWidth;
   const wide = [];
   for (const el of document.body.querySelectorAll('*')) {
     if (el.id === 'probe' || (el.closest('svg') && el.tagName.toLowerCase() !== 'svg')) continue;
     const r = el.getBoundingClientRect();
-    if (r.width > 0 && r.right > vw + 0.5) wide.push(describe(el) + ' right=' + Math.round(r.right));
+    if (r.width > 0 && r.right > vw + 0.5 && !scrollsInOwnBox(el, vw)) wide.push(describe(el) + ' right=' + Math.round(r.right));
   }
   const outside = [];
   const svgs = [...document.querySelectorAll('svg')];
@@ -71,10 +79,12 @@ window.addEventListener('load', () => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   result.opened = measure();
   result.errors = window.__errors;
-  const out = document.createElement('pre');
+  // In a phone-sized frame (probe(width=PHONE)) the page that holds the frame is the one dumped.
+  const host = window.parent !== window ? window.parent.document : document;
+  const out = host.createElement('pre');
   out.id = 'probe';
   out.textContent = 'PROBE' + JSON.stringify(result) + 'END';
-  document.body.appendChild(out);
+  host.body.appendChild(out);
 });
 </script>
 """
@@ -103,10 +113,18 @@ def reports(small_run_dir, tmp_path_factory) -> dict[str, Path]:
             "H200-shaped run": report_html.write_report(h200).html}
 
 
-def probe(report: Path, tmp_path: Path) -> tuple[dict, list[str]]:
+def probe(report: Path, tmp_path: Path, width: int = WIDTH) -> tuple[dict, list[str]]:
+    """What PROBE found in ``report`` in a window ``width`` px wide. Chromium's windows are at
+    least 500 px wide, so a narrower width (a phone's) is a frame of that size in a page of its
+    own, the report as the frame's srcdoc (same origin: its probe writes into the page)."""
     page = tmp_path / "probe.html"
-    page.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+    probed = report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>")
+    if width < 500:
+        probed = (f'<!DOCTYPE html><html><body style="margin: 0"><iframe style="border: 0; width: {width}px; '
+                  f'height: {PHONE_HEIGHT}px" srcdoc="{html.escape(probed, quote=True)}"></iframe></body></html>')
+    page.write_text(probed, encoding="utf-8")
+    flags = [f for f in FLAGS if not f.startswith("--window-size")] + [f"--window-size={max(width, 500)},2000"]
+    proc = subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
                            "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
     found = FOUND.search(proc.stdout)
     assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -139,8 +157,10 @@ def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_
 <text x="150" y="50" style="font-size: 20px">{label} far past the right edge</text></svg></figure>
 <nav style="white-space: nowrap">{'<a href="#x">a section link</a> ' * 40}</nav>
 <details><summary>more</summary><p style="width: 2000px">wide when opened</p></details>
+<div style="overflow-x: auto"><p style="width: 2000px">scrolls in its own box</p></div>
 </body></html>""")
     result, _ = probe(page, tmp_path)
+    assert not any("scrolls in its own box" in w for w in result["closed"]["wide"] + result["opened"]["wide"])
     outside = result["closed"]["outside"]
     assert len(outside) == 1 and outside[0].startswith(f'bad figure: "{label} far past')
     assert any(w.startswith('A "a section link"') for w in result["closed"]["wide"])
@@ -182,3 +202,35 @@ def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box
     assert shot.exists() and shot.stat().st_size > 10_000  # a page with content, not a blank
     if os.environ.get("GPUBENCH_KEEP_SCREENSHOT") and which == "small run":
         shutil.copy(shot, os.environ["GPUBENCH_KEEP_SCREENSHOT"])
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_phone_probe_sees_a_page_that_scrolls_sideways(tmp_path):
+    """At a phone's width (a frame, Chromium's windows being wider) the probe measures the frame's
+    page: a table wider than it, not in a box of its own, makes the document wider."""
+    needs_chromium()
+    page = tmp_path / "wide.html"
+    page.write_text('<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1">'
+                    '</head><body><table style="width: 800px"><tr><td>a wide table</td></tr></table>'
+                    '<div style="overflow-x: auto"><table style="width: 800px"><tr><td>boxed</td></tr></table></div>'
+                    '</body></html>')
+    result, _ = probe(page, tmp_path, PHONE)
+    seen = result["closed"]
+    assert seen["inner_width"] == PHONE and seen["scroll_width"] > PHONE
+    assert [w.split('"')[1] for w in seen["wide"]] == ["a wide table"] * 4  # table, tbody, tr, td; not the boxed one
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("which", ["small run", "200-case sweep", "H200-shaped run"])
+def test_on_a_phone_the_page_never_scrolls_sideways(reports, which, tmp_path):
+    """At 390 px (a phone) the document is no wider than the viewport, as loaded and with every
+    collapsed section open: wide tables scroll inside their own box, figures shrink to the page."""
+    needs_chromium()
+    result, console_errors = probe(reports[which], tmp_path, PHONE)
+    assert not result["errors"] and not console_errors, (result["errors"], console_errors)
+    for state in ("closed", "opened"):
+        seen = result[state]
+        assert seen["inner_width"] == PHONE, (state, seen["inner_width"])
+        assert seen["scroll_width"] <= PHONE and seen["wide"] == [], (state, seen["scroll_width"], seen["wide"][:10])

@@ -232,7 +232,7 @@ def test_the_peak_figure_shows_every_timed_variant_peers_included(tmp_path):
     """The share-of-peak bars hold every timed variant of the case, not only the baseline and the
     optimized one: the peers on the same case are beside them."""
     page = render(tmp_path, roofline_doc())
-    figure = section(page, "paged_attention").split("share of the measured device peak")[1].split("</figure>")[0]
+    figure = section(page, "paged_attention").split("<figcaption>share of the measured device peak")[1].split("</figure>")[0]
     for name in ("gather", "triton", "sdpa_contiguous"):
         assert name in figure
 
