@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
 from gpubench.reports.terminal import case_params, shown_by_technique
