@@ -120,15 +120,18 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
     from gpubench.history import since as since_mod
 
     rows = history.rows_of_file(current)
+    run = _run_record(current)  # its failed cases too, some of which recorded no rows
+    models = {row.device_model for row in rows} | (
+        {history.rows.device_model(run, c) for c in run.cases} if run is not None else set())
     verdicts, found, branches, start = [], [], {}, None
     with history.open_store(store, read_only=True) as opened:
-        for model in sorted({row.device_model for row in rows}):
+        for model in sorted(models):
             # A base branch the store holds no run of would leave every case inconclusive and the
             # gate passing: a typo, or a base with no history yet, is bad input naming those held.
             branches[model] = pick_branch(opened, model, base_branch) if model in opened.device_models() \
                 else base_branch or opened.default_branch(model)
             verdicts += judge.judge_run(opened, [r for r in rows if r.device_model == model], threshold,
-                                        branch=branches[model])
+                                        branch=branches[model], run=run, model=model)
         if since:
             # The runs before CURRENT, as each case's level is read: the change points listed are
             # those the levels start at (runs stored after CURRENT never judge it).
@@ -153,13 +156,26 @@ def _compare_history(current: Path, threshold: float, store: str | None, since: 
                                                       if r.change.kind == "improvement"]}, indent=2))
     else:
         _print_history_verdicts(opened.where, threshold, branches, verdicts, start, found)
-    return 1 if any(v.verdict == "regressed" for v in verdicts) else 0
+    return 1 if any(v.verdict in ("regressed", "failed") for v in verdicts) else 0
+
+
+def _run_record(current: Path):
+    """The run CURRENT records (rows_of_file has read it already, so it is one gpubench reads)."""
+    from gpubench.compare import load_any
+
+    try:
+        return load_any(current)
+    except BadInput:
+        return None
 
 
 def _history_markdown(current: Path, branches, verdicts, start, found) -> str:
     """The job summary of ``compare --history``: a row per case, then the regressions since the release."""
-    failed = sum(v.verdict == "regressed" for v in verdicts)
-    lines = [f"### History gate: {'FAIL' if failed else 'PASS'} ({failed} regressed of {len(verdicts)} cases)", "",
+    regressed = sum(v.verdict == "regressed" for v in verdicts)
+    failed = regressed + sum(v.verdict == "failed" for v in verdicts)
+    not_passed = f", {failed - regressed} failed" if failed > regressed else ""
+    lines = [f"### History gate: {'FAIL' if failed else 'PASS'} ({regressed} regressed{not_passed} of {len(verdicts)} "
+             f"cases)", "",
              f"`{current}` against the runs of {_on(branches)} since each case's last change point.", "",
              "| verdict | case | variant | figure | against the level | level since |", "|---|---|---|---|---|---|"]
     lines += [f"| {v.verdict} | `{v.case_id}` | {v.variant} | {v.metric} | {v.reason} | {(v.since_commit or '')[:12]} |"

@@ -102,3 +102,40 @@ def test_a_slowdown_the_machine_more_than_explains_is_improved_when_the_ratio_cl
     verdict = _judge(tmp_path, 1.15, 1.30)
     assert verdict.verdict == "improved", verdict
     assert "the other way" in verdict.reason
+
+
+@pytest.mark.parametrize("status, kind", [("failed", "check"), ("failed", "overloaded"), ("failed", "timeout")])
+def test_a_case_that_did_not_pass_fails_the_history_gate_whatever_its_figure(tmp_path, status, kind):
+    # Review of issue 34: a wrong result (its figure at the level) read "passed", and a timeout on an
+    # overloaded machine "no_figure", both exit 0; the pairwise gate fails them, as README says.
+    rng = np.random.default_rng(0)
+    history = [_doc(i, *_pair(rng, 1.0, 1.0)) for i in range(12)]
+    current = _doc(12, *_pair(rng, 1.0, 1.0))
+    current["cases"][0].update(status=status, failure={"kind": kind, "message": f"planted {kind}"})
+    if kind != "check":  # a timeout: nothing recorded
+        current["cases"][0]["variants"] = {}
+    with open_store(tmp_path / "h.sqlite") as store:
+        store.add([row for doc in history for row in rows_of_run(RunRecord.from_dict(doc), f"runs/{doc['run_id']}")])
+        run = RunRecord.from_dict(current)
+        (verdict,) = judge_run(store, rows_of_run(run, "runs/now"), 0.05, branch="main", run=run)
+    assert verdict.verdict == "failed" and f"planted {kind}" in verdict.reason, verdict
+    assert "nothing measured to judge" in verdict.reason
+
+
+def test_compare_history_exits_1_on_a_case_that_failed(tmp_path):
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    rng = np.random.default_rng(1)
+    store = tmp_path / "h.sqlite"
+    with open_store(store) as opened:
+        opened.add([row for doc in (_doc(i, *_pair(rng, 1.0, 1.0)) for i in range(12))
+                    for row in rows_of_run(RunRecord.from_dict(doc), f"runs/{doc['run_id']}")])
+    current = _doc(12, *_pair(rng, 1.0, 1.0))
+    current["cases"][0].update(status="failed", failure={"kind": "check", "message": "wrong result"})
+    (tmp_path / "results.json").write_text(json.dumps(current))
+    result = CliRunner().invoke(main, ["compare", "--history", str(tmp_path / "results.json"), "--store", str(store),
+                                       "--branch", "main"])
+    assert result.exit_code == 1, result.output
+    assert "failed" in result.output and "wrong result" in result.output

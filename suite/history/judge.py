@@ -57,7 +57,7 @@ class HistoryVerdict:
     case_id: str
     variant: str
     metric: str
-    verdict: str  # regressed, improved, passed, inconclusive, no_figure
+    verdict: str  # regressed, failed, improved, passed, inconclusive, no_figure
     current: float | None
     level_median: float | None
     level_ci_low: float | None
@@ -108,13 +108,16 @@ def _figure(row: ResultRow, metric: str) -> float | None:
 
 
 def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
-              branch: str | None = None, run: RunRecord | None = None) -> list[HistoryVerdict]:
+              branch: str | None = None, run: RunRecord | None = None,
+              model: str | None = None) -> list[HistoryVerdict]:
     """A verdict per case of the current run (its optimized variant, else its only variant),
     against ``branch``'s runs (:meth:`HistoryStore.series`; None: every run). ``run``: the run the
     rows are of, for its optimized/baseline ratio CIs (:func:`run_ratios`); None: read again from
-    the rows' results file where it is one."""
+    the rows' results file where it is one. A case that did not pass is ``failed`` (also one of
+    ``run`` that recorded no rows, on device ``model`` where given)."""
     run = run if run is not None else _run_of(rows)
     cis = run_ratios(run) if run is not None else {}
+    cases = {(device_model(run, c), c.id): c for c in run.cases} if run is not None else {}
     by_case: dict[tuple[str, str], list[ResultRow]] = {}
     for row in rows:
         by_case.setdefault((row.device_model, row.case_id), []).append(row)
@@ -122,9 +125,32 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
     for case_rows in by_case.values():
         row = next((r for r in case_rows if r.role == "optimized"), case_rows[0])
         control = next((r for r in case_rows if r.role == "baseline" and r is not row), None)
+        if row.case_status not in (None, "passed"):
+            failure = getattr(cases.get((row.device_model, row.case_id)), "failure", None)
+            out.append(_not_passed(row.case_id, row.variant, row.gate_metric or "time", row.case_status,
+                                   failure.message if failure else None))
+            continue
         ratio = cis.get((row.device_model, row.case_id, row.variant, control.variant if control else None))
         out.append(_judge_case(store, row, control, threshold, branch, ratio))
+    if run is not None:  # a case that failed before any variant recorded anything has no rows
+        models = {row.device_model for row in rows} or {key[0] for key in cases}
+        for key, case in cases.items():
+            if (case.status not in (None, "passed") and key not in by_case and (model is None or key[0] == model)
+                    and key[0] in models
+                    and not (case.status == "interrupted" and case.failure is not None and case.failure.kind == "budget")):
+                out.append(_not_passed(case.id, case.role_variant("optimized") or "", case.gate_metric or "time",
+                                       case.status, case.failure.message if case.failure else None))
     return out
+
+
+def _not_passed(case_id: str, variant: str, metric: str, status: str | None,
+                message: str | None = None) -> HistoryVerdict:
+    """A case that did not pass in the judged run (a wrong result, an error, a timeout, an overloaded
+    machine): nothing measured to judge, and a gate never passes it (as the pairwise gate)."""
+    return HistoryVerdict(case_id=case_id, variant=variant, metric=metric, verdict="failed", current=None,
+                          level_median=None, level_ci_low=None, level_ci_high=None, level_runs=0, since_commit=None,
+                          reason=f"the case {status or 'never finished'} in this run" + (f": {message}" if message else "")
+                          + "; nothing measured to judge")
 
 
 def before(points: Sequence[Point], row: ResultRow) -> list[Point]:
