@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from gpubench.machine_load import OVERLOAD_PER_CPU
 from gpubench.results import CaseRecord, RunRecord
 
 ROLE_ORDER = {"baseline": 0, "optimized": 1}
@@ -35,9 +36,11 @@ class Roof:
 
     @property
     def loaded(self) -> bool:
-        """A CPU calibrated with more runnable work than cores: its ceilings are a share of it (a
-        GPU's large calibration matmul and copy do not wait on the host's CPUs)."""
-        return self.on_cpu and self.load_1m is not None and self.cpus is not None and self.load_1m > self.cpus
+        """A CPU calibrated under load (beyond :data:`gpubench.machine_load.OVERLOAD_PER_CPU` a core:
+        the calibration's own threads count about one): its ceilings are a share of it (a GPU's
+        large calibration matmul and copy do not wait on the host's CPUs)."""
+        return (self.on_cpu and self.load_1m is not None and self.cpus is not None
+                and self.load_1m > OVERLOAD_PER_CPU * self.cpus)
 
     def load_words(self) -> str:
         return f"load {self.load_1m:.1f} on {self.cpus} cores"

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+OVERLOAD_PER_CPU = 2.0  # load per core above which a timeout is the machine's (the run itself is about 1)
 LIMIT_SCALE_CAP = 4.0  # the most a busy machine stretches a case's limit: 300 s becomes at most 1200 s
 
 
@@ -33,8 +34,11 @@ class Load:
 
     @property
     def overloaded(self) -> bool:
-        """More runnable work than cores: a case gets a share of a core, not a core."""
-        return self.load_1m > self.cpus
+        """Runnable work beyond :data:`OVERLOAD_PER_CPU` times the cores: a case gets a share of a
+        core, not a core. Not at one per core: the load counts the run's own threads too (torch's
+        intra-op threads, the worker's main thread), about one a core on a machine with nothing
+        else on it, so a hung case on an idle machine must not read as an overloaded one."""
+        return self.load_1m > OVERLOAD_PER_CPU * self.cpus
 
     def words(self) -> str:
         return f"load {self.load_1m:.1f} on {self.cpus} core{'s' if self.cpus != 1 else ''}"
@@ -49,7 +53,16 @@ def read() -> Load | None:
         load_1m = os.getloadavg()[0]
     except (OSError, AttributeError):
         return None
-    return Load(load_1m, os.cpu_count() or 1)
+    return Load(load_1m, _cpus())
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share, where the
+    platform says), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def scale_for(load: Load | None) -> float:

@@ -145,3 +145,12 @@ def test_a_worker_killed_past_its_scaled_limit_names_the_limit_and_the_load(toys
     assert ("(limit 300 s x2.5; machine at load 12.0 on 2 cores, 5.0 at the case's start): the machine was "
             "overloaded") in record.failure.message
     assert record.time_limit["limit_s"] == 750.0
+
+
+def test_a_run_s_own_threads_do_not_make_a_machine_overloaded():
+    """Review of issue 34: the load counts the benchmark's own runnable threads (torch's two and the
+    worker's main thread on 2 cores: about 3); a case hung on an otherwise idle machine must read as
+    a timeout (exit 1), not as the environment's (exit 75). Twice the cores is the line."""
+    assert not Load(3.0, 2).overloaded and not Load(4.0, 2).overloaded
+    assert Load(4.5, 2).overloaded and Load(11.0, 2).overloaded
+    assert machine_load._cpus() >= 1
