@@ -258,6 +258,8 @@ def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, floa
     stats = record.get("stats") or {}
     if len(per_call) >= 2 and len(set(per_call)) > 1 and len(per_call) < MIN_CI_SAMPLES:
         return _Unverified(value, len(per_call))  # it varies from call to call, over too few calls for a CI
+    if len(per_call) == 1:
+        return _Unverified(value, 1)  # one call cannot say whether the figure varies from call to call
     if len(per_call) >= 2:  # (the same figure every call: a count, exact; its CI has no width)
         from gpubench import stats as _stats  # numpy only when a claim reads per-call records
 

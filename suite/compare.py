@@ -67,7 +67,7 @@ P_SIGNIFICANT = 0.002
 # +11.3% [+6.9, +16.7] beside +35.0%). A ratio must move beyond this share of it, as well as
 # beyond the threshold, to count.
 MACHINE_SHARE = 0.5
-MIN_SAMPLES_FOR_RATIO = 5  # per variant and run, to judge a case by its optimized/baseline ratio (the default min_reps)
+MIN_SAMPLES_FOR_RATIO = stats.MIN_CI_SAMPLES  # per variant and run, to judge a case by its optimized/baseline ratio (the default min_reps)
 ORDER = ("regressed", "failed", "missing", "no_samples", "inconclusive", "improved", "unchanged", "new")
 
 
@@ -403,6 +403,8 @@ def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
 
 
 def _pct(ci: stats.RatioCI) -> str:
+    if not ci.has_interval:
+        return f"{(ci.ratio - 1) * 100:+.1f}% (n={ci.n})"
     return f"{(ci.ratio - 1) * 100:+.1f}% [{(ci.ci_low - 1) * 100:+.1f}, {(ci.ci_high - 1) * 100:+.1f}]"
 
 
@@ -416,7 +418,9 @@ def _ratio_bound(direction: str, threshold: float, control: stats.RatioCI) -> fl
 
 def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: float) -> str | None:
     """"regressed" ("improved") when the optimized/baseline ratio's whole CI lies beyond
-    :func:`_ratio_bound`; None when it does not clearly move."""
+    :func:`_ratio_bound`; None when it does not clearly move (or has no CI: too few samples)."""
+    if not relative.has_interval:
+        return None
     if relative.ci_low > _ratio_bound("regressed", threshold, control):
         return "regressed"
     if relative.ci_high < _ratio_bound("improved", threshold, control):

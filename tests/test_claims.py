@@ -236,3 +236,17 @@ def test_a_figure_carried_from_a_time_of_too_few_samples_is_unverified():
     case["variants"]["cached"]["stats"] = {"median": 0.01, "ci_low": None, "ci_high": None, "n": 3}
     reading = read_case(tflops, case)
     assert reading.verdict == "unverified" and reading.n == 3 and reading.value == 500.0
+
+
+def test_a_per_call_figure_recorded_by_one_timed_call_verifies_no_claim():
+    """Review of issue 34: a figure each call records, read from one call, was taken as exact (a CI
+    of no width) and judged; one call cannot say whether it varies, so the claim is unverified."""
+    waste = Claim("Lab", "u", text="t", figure=(0.204, 0.382), unit="fraction", reads="kv_utilization",
+                  variant="optimized")
+    case = speedup_case(1.0, 1.0, 1.0)
+    case["variants"]["cached"]["metrics"]["kv_utilization"] = 0.30
+    case["variants"]["cached"]["recorded"] = [{"kv_utilization": 0.30}]
+    reading = read_case(waste, case)
+    assert reading.verdict == "unverified" and reading.n == 1, reading
+    case["variants"]["cached"]["recorded"] = [{"kv_utilization": 0.30}] * 6  # the same every call: exact
+    assert read_case(waste, case).verdict != "unverified"

@@ -140,8 +140,9 @@ def test_each_way_of_reading_the_figure():
     spread = read_case(metric, calls)
     assert spread.low < 500.0 < spread.high and spread.value == 500.0  # the metric, its CI from the calls
     one_call = speedup_case(1.0, 1.0, 1.0)
-    one_call["variants"]["cached"]["recorded"] = [{"tflops": 400.0}]  # one call is no CI
-    assert (read_case(metric, one_call).low, read_case(metric, one_call).high) == (500.0, 500.0)
+    one_call["variants"]["cached"]["recorded"] = [{"tflops": 400.0}]  # one call is no CI, and no verdict
+    assert (read_case(metric, one_call).low, read_case(metric, one_call).high, read_case(metric, one_call).verdict) \
+        == (None, None, "unverified")
     missing = Claim("Lab", "u", text="t", figure=(1.0, 1.0), reads="nothing", device_type="")
     assert read_case(missing, speedup_case(1.0, 1.0, 1.0)).reason == "optimized recorded no nothing"
     baseline = Claim("Lab", "u", text="t", figure=(1.0, 1.0), reads="tflops", variant="baseline", device_type="")
