@@ -65,6 +65,21 @@ def test_with_two_steps_the_level_is_the_runs_since_the_second(tmp_path, factor,
     assert code == (1 if verdict == "regressed" else 0)
 
 
+
+@pytest.mark.parametrize("stored", [23, 24])
+def test_after_a_regression_later_reverted_the_level_is_the_runs_since_the_revert(tmp_path, stored):
+    """Runs 9-16 20% slower, then back: the level is the runs since the revert (c16), and a run
+    15% slower than it fails. Before, with 24 runs stored both changes were lost, the level was all
+    24 runs (their CI reaching into the slow ones) and the run passed."""
+    from test_changepoints import up_then_down
+
+    store, values = tmp_path / "h.sqlite", up_then_down(0, stored)
+    add_runs(store, values)
+    level = values[16:]
+    code, doc = compare(tmp_path, store, run_file(tmp_path, float(np.median(level)) * 1.15))
+    (case,) = doc["cases"]
+    assert (code, case["verdict"], case["level_runs"], case["since_commit"]) == (1, "regressed", stored - 16, "c16")
+
 # -- a run is judged by the runs before it -----------------------------------------------------------
 
 def test_a_run_already_in_the_store_is_judged_without_itself(tmp_path):
