@@ -62,6 +62,7 @@ MIN_LEVEL = 2  # runs a level needs; a run alone between two levels is set aside
 MIN_RUNS = 4  # fewer runs than this: no two levels of MIN_LEVEL runs to tell apart
 OUTLIER_K = 5.0  # a run this many robust SDs of the run-to-run moves from its neighbours on both sides stands alone
 NEIGHBOURS = 3
+MEAN_FLOOR = 0.25  # lone_runs' SD: at least this share of the one the mean absolute deviation gives
 KEEP_FACTOR = 10  # a change point found with fewer runs stays while all the runs hold it at 10 x max_pvalue
 SEED = 0  # the bootstrap CI of each change point's magnitude
 METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
@@ -102,7 +103,8 @@ def _levels(series: list[float], max_pvalue: float) -> list[tuple[int, float]]:
 
 def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int = NEIGHBOURS) -> list[int]:
     """The indices of runs that stand alone: farther than ``k`` robust standard deviations of the
-    run-to-run moves (1.4826 MAD of successive differences / sqrt 2) from the median of the
+    run-to-run moves (1.4826 MAD of successive differences / sqrt 2; at least :data:`MEAN_FLOOR`
+    x 1.2533 x their mean absolute deviation / sqrt 2, for figures of few distinct values) from the median of the
     ``neighbours`` runs before them and, the same way, from that of the ``neighbours`` after (a
     Hampel identifier taken on each side, so the first run of a new level, near the runs after it,
     is never one). The first run is judged by the runs after it alone (a cold start); the last
@@ -111,7 +113,10 @@ def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int 
     if len(x) < MIN_RUNS:
         return []
     moves = np.diff(x)
-    sigma = 1.4826 * float(np.median(np.abs(moves - np.median(moves)))) / math.sqrt(2)
+    spread = np.abs(moves - np.median(moves))
+    # Figures of few distinct values (most moves alike, MAD near 0): at least a quarter of the
+    # mean absolute deviation's SD, else every run one step off its neighbours stood alone.
+    sigma = max(1.4826 * float(np.median(spread)), MEAN_FLOOR * 1.2533 * float(np.mean(spread))) / math.sqrt(2)
     out = []
     for i in range(len(x) - 1):
         sides = [side for side in (x[max(0, i - neighbours):i], x[i + 1:i + 1 + neighbours]) if len(side)]
@@ -288,12 +293,27 @@ def segment_bounds(n: int, indices: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
+@dataclass(frozen=True)
+class Levels:
+    """A case's change points and the indices of the runs set aside (levels of one run: in no
+    level's median, nor in the history gate's level)."""
+
+    changes: list[ChangePoint]
+    set_aside: tuple[int, ...]
+
+
 def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
                   seed: int = SEED) -> list[ChangePoint]:
     """The change points of ``points`` (a case's figures in run order)."""
+    return levels(points, lower_better=lower_better, max_pvalue=max_pvalue, seed=seed).changes
+
+
+def levels(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
+           seed: int = SEED) -> Levels:
+    """The change points of ``points`` (a case's figures in run order) and the runs set aside."""
     values = [p.median for p in points]
     if len(values) < MIN_RUNS:
-        return []
+        return Levels([], ())
     found = detect(values, max_pvalue=max_pvalue)
     bounds = segment_bounds(len(values), [i for i, _ in found.changes])
     aside = set(found.set_aside)
@@ -311,7 +331,7 @@ def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pva
                                stats.median(before), stats.median(after), ci.ratio - 1.0,
                                *((ci.ci_low - 1.0, ci.ci_high - 1.0) if ci.has_interval else (None, None)),
                                "regression" if worse else "improvement"))
-    return out
+    return Levels(out, found.set_aside)
 
 
 def case_metric(case: HistoryCase) -> str:
