@@ -314,6 +314,32 @@ def test_a_change_the_later_runs_undo_is_dropped(seed):
     assert [n for n in range(11, 17) if cp.detect(values[:n]).changes] == []
 
 
+def up_then_down(seed: int, runs: int) -> np.ndarray:
+    """Runs 9-16 20% slower, then back at the first level (a regression later reverted)."""
+    values = history_values(seed, runs)
+    values[8:16] *= 1.2
+    return values
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_regression_later_reverted_keeps_both_changes_as_runs_are_added(seed):
+    """Both changes stay named at 8 and 16 with 18 to 28 runs stored. Before, with 24 runs Otava's
+    one greedy pass tested the split between the outer levels first, failed and stopped, and the
+    keep-found rule kept only what the relaxed search proposed again: both were lost although each
+    holds at p ~ 1e-17 against the levels beside it (the history gate then read all 24 runs as one
+    level and passed a run 15% slower)."""
+    values = up_then_down(seed, 28)
+    assert [i for i, _ in cp.detect(values[:16]).changes] == [8]
+    for n in range(18, 29):
+        assert [i for i, _ in cp.detect(values[:n]).changes] == [8, 16], n
+
+
+def test_exact_levels_up_then_down_are_both_found():
+    """No noise at all: 3 runs at 1, 7 at 2, 4 at 1 (before: no change point; each split alone
+    holds, the whole series' first split does not)."""
+    assert [i for i, _ in cp.detect([1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1]).changes] == [3, 10]
+
+
 def test_a_new_level_s_first_run_overshooting_it_is_where_the_change_starts():
     """Run 9 overshoots the new level (+34% then +19%, +14%, +26%...): set aside as a lone run with
     14 stored, but the change still starts at run 9, not 10."""
@@ -346,3 +372,12 @@ def test_a_change_point_between_levels_of_few_runs_prints_no_interval():
     change = cp.ChangePoint(3, "run03", "c03", "t", 0.001, 1.0, 1.2, 0.2, None, None, "regression")
     assert change.magnitude_text == "+20.0% (no CI: too few runs a side)"
     assert dataclasses.replace(change, ci_low=0.1, ci_high=0.3).magnitude_text == "+20.0% [+10.0%, +30.0%]"
+
+
+def test_figures_of_few_distinct_values_are_not_each_a_lone_run():
+    """Runs at 1.000, 1.001, 1.002 in turn: most run-to-run moves alike, so their MAD is ~0 and
+    every run one step off its neighbours stood alone (7 of 10 set aside, and the history gate,
+    which leaves set-aside runs out, had 3 left). A cold start 3x slower still stands alone."""
+    values = [1.0 + 0.001 * (i % 3) for i in range(10)]
+    assert cp.detect(values).set_aside == ()
+    assert cp.detect([3.0, *values]).set_aside == (0,)

@@ -65,6 +65,39 @@ def test_with_two_steps_the_level_is_the_runs_since_the_second(tmp_path, factor,
     assert code == (1 if verdict == "regressed" else 0)
 
 
+
+@pytest.mark.parametrize("stored", [23, 24])
+def test_after_a_regression_later_reverted_the_level_is_the_runs_since_the_revert(tmp_path, stored):
+    """Runs 9-16 20% slower, then back: the level is the runs since the revert (c16), and a run
+    15% slower than it fails. Before, with 24 runs stored both changes were lost, the level was all
+    24 runs (their CI reaching into the slow ones) and the run passed."""
+    from test_changepoints import up_then_down
+
+    store, values = tmp_path / "h.sqlite", up_then_down(0, stored)
+    add_runs(store, values)
+    level = values[16:]
+    code, doc = compare(tmp_path, store, run_file(tmp_path, float(np.median(level)) * 1.15))
+    (case,) = doc["cases"]
+    assert (code, case["verdict"], case["level_runs"], case["since_commit"]) == (1, "regressed", stored - 16, "c16")
+
+
+@pytest.mark.parametrize("history,verdict,runs", [
+    ([3.0, 1.0, 1.01, 0.99, 1.0], "inconclusive", None),  # 4 runs left in the level: 5 needed
+    ([3.0, 1.0, 1.01, 0.99, 1.0, 1.0], "regressed", 5),
+])
+def test_a_run_set_aside_is_not_in_the_level(tmp_path, history, verdict, runs):
+    """A cold start 3x slower is set aside by change point detection (in no level's median); it is
+    left out of the gate's level too. Before, it stayed in: the level's CI reached 3.0 and a run
+    50% slower passed."""
+    store = tmp_path / "h.sqlite"
+    add_runs(store, history)
+    code, doc = compare(tmp_path, store, run_file(tmp_path, 1.5))
+    (case,) = doc["cases"]
+    assert (case["verdict"], case["level_runs"]) == (verdict, len(history) - 1)
+    assert code == (1 if verdict == "regressed" else 0)
+    if runs:
+        assert case["level_ci_high"] < 1.1
+
 # -- a run is judged by the runs before it -----------------------------------------------------------
 
 def test_a_run_already_in_the_store_is_judged_without_itself(tmp_path):

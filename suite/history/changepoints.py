@@ -25,8 +25,11 @@ Its figure stays in the history (the charts), not in the medians of the levels b
 change point right after set-aside runs nearer the new level starts at the first of them.
 
 **A change found stays found unless the data says otherwise** (:func:`detect`, ``keep_found``):
-one found at p <= ``max_pvalue`` with fewer runs stored stays while all the runs still hold it at
-:data:`KEEP_FACTOR` x ``max_pvalue``; runs that return to the old level drop it.
+one found at p <= ``max_pvalue`` with fewer runs stored, or in the runs between two changes found,
+stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue`` against its
+neighbouring levels (tested directly, as Otava's merge pass tests); runs that return to the old
+level drop it. A regression later reverted keeps both changes (Otava's one greedy pass over fewer
+runs than a window tests the split between the outer levels first, fails and stops).
 
 Each change point is reported with the run (and commit) where the new level starts, its magnitude
 (the relative change of the median run figure, segment after / segment before - 1, segments bounded
@@ -59,6 +62,7 @@ MIN_LEVEL = 2  # runs a level needs; a run alone between two levels is set aside
 MIN_RUNS = 4  # fewer runs than this: no two levels of MIN_LEVEL runs to tell apart
 OUTLIER_K = 5.0  # a run this many robust SDs of the run-to-run moves from its neighbours on both sides stands alone
 NEIGHBOURS = 3
+MEAN_FLOOR = 0.25  # lone_runs' SD: at least this share of the one the mean absolute deviation gives
 KEEP_FACTOR = 10  # a change point found with fewer runs stays while all the runs hold it at 10 x max_pvalue
 SEED = 0  # the bootstrap CI of each change point's magnitude
 METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
@@ -99,7 +103,8 @@ def _levels(series: list[float], max_pvalue: float) -> list[tuple[int, float]]:
 
 def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int = NEIGHBOURS) -> list[int]:
     """The indices of runs that stand alone: farther than ``k`` robust standard deviations of the
-    run-to-run moves (1.4826 MAD of successive differences / sqrt 2) from the median of the
+    run-to-run moves (1.4826 MAD of successive differences / sqrt 2; at least :data:`MEAN_FLOOR`
+    x 1.2533 x their mean absolute deviation / sqrt 2, for figures of few distinct values) from the median of the
     ``neighbours`` runs before them and, the same way, from that of the ``neighbours`` after (a
     Hampel identifier taken on each side, so the first run of a new level, near the runs after it,
     is never one). The first run is judged by the runs after it alone (a cold start); the last
@@ -108,7 +113,10 @@ def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int 
     if len(x) < MIN_RUNS:
         return []
     moves = np.diff(x)
-    sigma = 1.4826 * float(np.median(np.abs(moves - np.median(moves)))) / math.sqrt(2)
+    spread = np.abs(moves - np.median(moves))
+    # Figures of few distinct values (most moves alike, MAD near 0): at least a quarter of the
+    # mean absolute deviation's SD, else every run one step off its neighbours stood alone.
+    sigma = max(1.4826 * float(np.median(spread)), MEAN_FLOOR * 1.2533 * float(np.mean(spread))) / math.sqrt(2)
     out = []
     for i in range(len(x) - 1):
         sides = [side for side in (x[max(0, i - neighbours):i], x[i + 1:i + 1 + neighbours]) if len(side)]
@@ -152,30 +160,68 @@ def _boundaries(logs: Sequence[float], kept: list[int],
 def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_found: bool = True) -> Detection:
     """The change points of ``values`` (run figures in run order) and the runs set aside.
 
-    ``keep_found``: a change point found at p <= ``max_pvalue`` with fewer runs stored (a prefix
-    of ``values``, up to :data:`WINDOW` runs after the change, read from :data:`WINDOW` runs before
-    it) stays while all the runs still hold it at :data:`KEEP_FACTOR` x ``max_pvalue``
-    (its p-value is then that one): one more run of noise does not undo a change, only runs that
-    make it doubtful do."""
+    ``keep_found``: a change point found at p <= ``max_pvalue`` with fewer runs stored (any prefix
+    of ``values``, read up to :data:`WINDOW` runs back; or in the runs between two changes found,
+    searched on their own) stays while all the runs still hold it at
+    :data:`KEEP_FACTOR` x ``max_pvalue`` against its neighbouring levels (the runs between the
+    change points kept before and after it, set-aside runs left out; its p-value is then that one):
+    one more run of noise does not undo a change, only runs that make it doubtful do. Tested
+    directly, not by the search proposing it again: Otava's search over fewer runs than a window is
+    one greedy pass that stops at the first split failing its test, and in a level that later
+    returns (8 runs at 1.0, 8 at 1.2, 8 at 1.0) the split it tests first is between the two outer
+    levels, which fails, so both changes were lost although each holds at p ~ 1e-17."""
     figures = [float(v) for v in values]
     logs = [math.log(v) for v in figures] if figures and min(figures) > 0 else figures
     strict = _search(logs, max_pvalue)
     if not keep_found or len(logs) <= MIN_RUNS:
         return strict
-    held = {i for i, _ in strict.changes}
-    extra = []
-    for i, p in _search(logs, max_pvalue * KEEP_FACTOR).changes:
-        if i in held or any(abs(i - j) < MIN_LEVEL for j in held | {k for k, _ in extra}):
-            continue
-        # Fewer runs stored: up to a window's worth after the change, from a window's worth before it.
-        lo = max(0, i - WINDOW)
-        if any(i - lo in {j for j, _ in _search(logs[lo:n], max_pvalue).changes}
-               for n in range(i + MIN_LEVEL, min(len(logs), i + WINDOW))):
-            extra.append((i, p))
-    if not extra:
+    found = dict(strict.changes)
+    for n in range(len(logs) - 1, MIN_RUNS, -1):  # the latest evidence first
+        lo = max(0, n - WINDOW)
+        for i, p in _search(logs[lo:n], max_pvalue).changes:
+            if all(abs(lo + i - j) >= MIN_LEVEL for j in found):
+                found[lo + i] = p
+    grown = True
+    while grown:  # the runs between two changes found, on their own (the greedy pass stopped above them)
+        grown = False
+        cuts = [0, *sorted(found), len(logs)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            for i, p in _search(logs[a:b], max_pvalue).changes if b - a > MIN_RUNS and len(cuts) > 2 else ():
+                if all(abs(a + i - j) >= MIN_LEVEL for j in found):
+                    found[a + i], grown = p, True
+    if len(found) == len(strict.changes):
         return strict
-    changes = tuple(sorted((*strict.changes, *extra)))
-    return Detection(changes, tuple(i for i in strict.set_aside if i not in {j for j, _ in changes}))
+    held = _held(logs, found, set(strict.set_aside), max_pvalue * KEEP_FACTOR)
+    return Detection(held, tuple(i for i in strict.set_aside if i not in {j for j, _ in held}))
+
+
+def _held(logs: Sequence[float], found: dict[int, float], aside: set[int],
+          max_pvalue: float) -> tuple[tuple[int, float], ...]:
+    """The change points of ``found`` (index: p-value) that hold at ``max_pvalue`` against their
+    neighbouring levels, each level's set-aside runs left out: as Otava's merge pass, the weakest
+    is dropped and the rest tested again until every one left holds."""
+    from scipy.stats import ttest_ind_from_stats
+
+    kept = sorted(found)
+    while kept:
+        cuts, out = [0, *kept, len(logs)], aside - set(kept)  # a change's first run starts its level
+        pvalues = []
+        for k in range(1, len(cuts) - 1):
+            left = [logs[j] for j in range(cuts[k - 1], cuts[k]) if j not in out]
+            right = [logs[j] for j in range(cuts[k], cuts[k + 1]) if j not in out]
+            if len(left) < MIN_LEVEL or len(right) < MIN_LEVEL:
+                pvalues.append(1.0)
+                continue
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore", RuntimeWarning)  # levels of equal figures: no spread
+                _, p = ttest_ind_from_stats(np.mean(left), np.std(left), len(left),
+                                            np.mean(right), np.std(right), len(right))
+            pvalues.append(1.0 if math.isnan(p) else float(p))
+        worst = max(range(len(kept)), key=lambda k: pvalues[k])
+        if pvalues[worst] <= max_pvalue:
+            return tuple(zip(kept, pvalues))
+        del kept[worst]
+    return ()
 
 
 def change_indices(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE) -> list[tuple[int, float]]:
@@ -247,12 +293,27 @@ def segment_bounds(n: int, indices: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
+@dataclass(frozen=True)
+class Levels:
+    """A case's change points and the indices of the runs set aside (levels of one run: in no
+    level's median, nor in the history gate's level)."""
+
+    changes: list[ChangePoint]
+    set_aside: tuple[int, ...]
+
+
 def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
                   seed: int = SEED) -> list[ChangePoint]:
     """The change points of ``points`` (a case's figures in run order)."""
+    return levels(points, lower_better=lower_better, max_pvalue=max_pvalue, seed=seed).changes
+
+
+def levels(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
+           seed: int = SEED) -> Levels:
+    """The change points of ``points`` (a case's figures in run order) and the runs set aside."""
     values = [p.median for p in points]
     if len(values) < MIN_RUNS:
-        return []
+        return Levels([], ())
     found = detect(values, max_pvalue=max_pvalue)
     bounds = segment_bounds(len(values), [i for i, _ in found.changes])
     aside = set(found.set_aside)
@@ -270,7 +331,7 @@ def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pva
                                stats.median(before), stats.median(after), ci.ratio - 1.0,
                                *((ci.ci_low - 1.0, ci.ci_high - 1.0) if ci.has_interval else (None, None)),
                                "regression" if worse else "improvement"))
-    return out
+    return Levels(out, found.set_aside)
 
 
 def case_metric(case: HistoryCase) -> str:

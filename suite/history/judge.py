@@ -4,7 +4,8 @@ point (same device model), not against one baseline run.
 Rule: for each case, the optimized variant's figure (its median time, or the case's gate_metric)
 is compared with the runs of the current level, i.e. the store's runs of that case and variant
 **before the run judged** (in run order: start time, then run id; where the store holds the run,
-its place there) after the latest change point among them (:mod:`gpubench.history.changepoints`).
+its place there) after the latest change point among them (:mod:`gpubench.history.changepoints`),
+less the runs it sets aside (levels of one run: a cold start, one run on a loaded machine).
 Runs stored after it never judge it: an old run reads as it read when it was new.
 With fewer than :data:`MIN_RUNS` such runs the case is **inconclusive**. Otherwise it **regressed**
 when the figure lies above the level's bootstrap 95% CI of the median run figure widened by the
@@ -85,10 +86,12 @@ class Suspect:
 
 @dataclass(frozen=True)
 class _Level:
-    """A variant's runs since its last change point (the run judged left out)."""
+    """A variant's runs since its last change point (the run judged left out), less those set
+    aside (``runs``: all of them, set-aside ones included, the suspects' runs)."""
 
     points: list
     since_commit: str | None
+    runs: tuple = ()
 
     def median(self) -> float:
         return stats.median([p.median for p in self.points])
@@ -163,9 +166,14 @@ def before(points: Sequence[Point], row: ResultRow) -> list[Point]:
 
 
 def _level(store: HistoryStore, row: ResultRow, metric: str, branch: str | None) -> _Level:
+    """The runs since the last change point, less those change point detection set aside (a cold
+    start 3x slower, kept, made the level's CI reach 3x and passed a run 50% slower)."""
     points = before(store.series(row.device_model, row.case_id, row.variant, metric, branch=branch), row)
-    changes = changepoints.change_points(points)
-    return _Level(points[changes[-1].index:], changes[-1].commit) if changes else _Level(points, None)
+    found = changepoints.levels(points)
+    start = found.changes[-1].index if found.changes else 0
+    aside = set(found.set_aside)
+    return _Level([p for i, p in enumerate(points) if i >= start and i not in aside],
+                  found.changes[-1].commit if found.changes else None, tuple(points[start:]))
 
 
 def _verdict(figure: float, level: Sequence[float], threshold: float) -> tuple[str, stats.SampleStats]:
@@ -216,17 +224,19 @@ def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, me
               level: _Level, threshold: float, by_ratio: bool) -> dict:
     """The runs a regression may have come in with: those of the level after the last one within
     it (at or below the bound the run failed: ci_high x (1 + threshold) of the figures it was
-    judged on, the optimized/baseline ratios where the machine moved), then the run itself."""
-    points, values = list(level.points), [p.median for p in level.points]
+    judged on, the optimized/baseline ratios where the machine moved), then the run itself. Runs
+    set aside are not in the bound but may be suspects (a newest run already as slow)."""
+    points, values = list(level.runs or level.points), [p.median for p in level.runs or level.points]
     if by_ratio and control is not None:
         by_run = {(p.run_id, p.host): p.median
                   for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
                   if p.median > 0}
         points = [p for p in points if (p.run_id, p.host) in by_run]
         values = [p.median / by_run[p.run_id, p.host] for p in points]
-    summary = stats.summarize(values) if values else None
+    judged = [v for p, v in zip(points, values) if p in level.points]
+    summary = stats.summarize(judged) if judged else None
     # Fewer runs than a CI needs (ratios of only some runs): the highest of them bounds the level.
-    high = summary.ci_high if summary is not None and summary.ci_high is not None else max(values, default=0.0)
+    high = summary.ci_high if summary is not None and summary.ci_high is not None else max(judged, default=0.0)
     bound = high * (1 + threshold)
     last = max((i for i, v in enumerate(values) if v <= bound), default=None)
     after = points[0 if last is None else last + 1:]
