@@ -67,7 +67,7 @@ def check_address(address: str) -> None:
     if address != "ray" and not address.startswith("ray://"):
         raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
                        "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
-                       "the allocation and give --cluster ray (README, 'A Ray cluster').")
+                       "the allocation and give --cluster ray (docs/faults.md, 'A Ray cluster').")
 
 
 class RayCluster:

@@ -17,7 +17,7 @@ Tensor parallelism splits KV heads across GPUs; with fewer KV heads than GPUs ea
 (replicated). An MLA latent is shared by all heads, so each GPU keeps all of it.
 
 A capacity plan (:func:`plan`) follows vLLM's own arithmetic (its main branch of early 2026; see
-README "KV-cache calculator" for what each figure is and where vLLM versions differ):
+docs/kv-cache.md for what each figure is and where vLLM versions differ):
 
 - per-tensor scales (fp8's K and V scales, nvfp4's global scale) are buffers of every attention
   layer, part of the model's memory, never taken from the KV block pool;
@@ -337,7 +337,7 @@ def default_batched_tokens(gpu_memory_bytes: int, device_name: str = "") -> tupl
 
 # --------------------------------------------------------------------------------------------
 # vLLM's KV-cache groups (vllm/v1/core/kv_cache_utils.py, kv_cache_interface.py; the formulas of
-# vLLM's main branch of early 2026, read at commit 001cabc: see README "KV-cache calculator")
+# vLLM's main branch of early 2026, read at commit 001cabc: see docs/kv-cache.md)
 
 Span = tuple[int | None, int | None]  # (window, chunk): (None, None) = full attention
 

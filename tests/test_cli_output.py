@@ -1,6 +1,6 @@
 """What the command line prints: a log-friendly summary, notices from inside a worker, a gate hint
 that leads to a command that works, exit codes a closed pipe cannot change, a dry run that builds
-nothing, and error messages the README quotes as the tool prints them."""
+nothing, and error messages the docs quote as the tool prints them."""
 import io
 import json
 import os
@@ -338,16 +338,16 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
     assert "on this device" not in dry.output
 
 
-# -- wording the README and `gpubench list` show -------------------------------------------------
+# -- wording the docs and `gpubench list` show ---------------------------------------------------
 
-def test_the_readmes_scenario_error_is_what_the_tool_prints(tmp_path, monkeypatch):
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_scenario_error_is_what_the_tool_prints(tmp_path, monkeypatch):
+    readme = (ROOT / "docs" / "scenarios.md").read_text()
     block = re.search(r"```\n(error: scenarios/x\.yaml: the scenario is not valid.*?)```", readme, re.S).group(1)
     lines = {}
     for line in block.splitlines()[1:]:
         number, rest = re.match(r"  scenarios/x\.yaml:(\d+): (.*)", line).groups()
         lines[int(number)] = rest
-    # Rebuild the file the README describes: each named line holds the mistake it names.
+    # Rebuild the file docs/scenarios.md describes: each named line holds the mistake it names.
     text = ["name: x", "description: an example", "", "policy: {min_reps: 5}", "entries:",
             "  - technique: flash_attention", "    params:", "      batch: 1", "      heads: 4", "",
             "      seq_len: [128, 512]", ""]

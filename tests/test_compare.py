@@ -286,7 +286,7 @@ def _gate(*args):
 
 # Between two runs on this 2-vCPU VM, unchanged code drifts by up to ~20% (measured while writing
 # this test: flash_attention cases moved -18% .. +16% with one thread, far more with two), so the
-# CPU test uses a 25% threshold; a GPU runner keeps the default 5% (README, "Use in CI").
+# CPU test uses a 25% threshold; a GPU runner keeps the default 5% (docs/ci.md).
 # kv_cache cases are gated on bytes reserved (exact), not on their allocation time.
 CPU_THRESHOLD = "25%"
 

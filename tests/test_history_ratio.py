@@ -107,7 +107,7 @@ def test_a_slowdown_the_machine_more_than_explains_is_improved_when_the_ratio_cl
 @pytest.mark.parametrize("status, kind", [("failed", "check"), ("failed", "overloaded"), ("failed", "timeout")])
 def test_a_case_that_did_not_pass_fails_the_history_gate_whatever_its_figure(tmp_path, status, kind):
     # Review of issue 34: a wrong result (its figure at the level) read "passed", and a timeout on an
-    # overloaded machine "no_figure", both exit 0; the pairwise gate fails them, as README says.
+    # overloaded machine "no_figure", both exit 0; the pairwise gate fails them, as docs/history.md says.
     rng = np.random.default_rng(0)
     history = [_doc(i, *_pair(rng, 1.0, 1.0)) for i in range(12)]
     current = _doc(12, *_pair(rng, 1.0, 1.0))

@@ -1,4 +1,4 @@
-"""The layering the README states, checked against every import in the tree.
+"""The layering docs/layout.md states, checked against every import in the tree.
 
 Every import (top level and function-local, read with ast, so an import hidden inside a function
 counts too) of suite/, baselines/, optimizations/ and reports/ is resolved to a gpubench module and

@@ -1,4 +1,4 @@
-"""README's Layout block is the map of the code: every module and package of suite/, reports/,
+"""docs/layout.md's block is the map of the code: every module and package of suite/, reports/,
 baselines/ and optimizations/ is on it, and it names nothing that is not there.
 
 The block is read as a tree: a folder at column 0 (``suite/``), its entries at column 2 (``cli.py``,
@@ -22,10 +22,9 @@ FILE_TOKEN = re.compile(r"(?<![\w/.<>*-])[\w<>*]+(?:/[\w<>*]+)*\.py\b")
 FOLDER_TOKEN = re.compile(r"(?<![\w/.<>*-])\w+/")
 
 
-def layout_block(readme: str) -> list[str]:
-    """The lines of the first code block after '## Layout'."""
-    section = readme.split("\n## Layout\n", 1)[1]
-    return section.split("```", 2)[1].split("\n")[1:]
+def layout_block(page: str) -> list[str]:
+    """The lines of the page's first code block (docs/layout.md, the Layout page)."""
+    return page.split("```", 2)[1].split("\n")[1:]
 
 
 def sections(block: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
@@ -123,15 +122,15 @@ def _exists(start: Path, token: str, techniques: list[str]) -> bool:
     return any(pattern.match(p.name) for p in parent.iterdir())
 
 
-README_BLOCK = layout_block((ROOT / "README.md").read_text())
+LAYOUT_BLOCK = layout_block((ROOT / "docs" / "layout.md").read_text())
 
 
-def test_every_module_and_package_is_on_the_readme_map():
-    assert missing(README_BLOCK, ROOT) == [], "README.md's Layout block leaves these out; add a line for each"
+def test_every_module_and_package_is_on_the_layout_map():
+    assert missing(LAYOUT_BLOCK, ROOT) == [], "docs/layout.md's map leaves these out; add a line for each"
 
 
-def test_the_readme_map_names_only_modules_that_exist():
-    assert ghosts(README_BLOCK, ROOT) == [], "README.md's Layout block names these, which do not exist there"
+def test_the_layout_map_names_only_modules_that_exist():
+    assert ghosts(LAYOUT_BLOCK, ROOT) == [], "docs/layout.md's map names these, which do not exist there"
 
 
 def _toy_repo(tmp_path: Path) -> Path:

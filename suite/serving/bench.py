@@ -179,7 +179,7 @@ def reference(w: ServingWorkload) -> ServingReference:
 def _one_thread_if_overloaded(device: torch.device) -> Iterator[None]:
     """On a CPU with more runnable work than cores, torch's intra-op threads wait on siblings the
     OS has descheduled: the batched reference of smoke's 50 requests took 6-23 s with 2 threads
-    and 0.8-1.0 s with one, at load 4 on 2 cores (README). Its tokens do not depend on it."""
+    and 0.8-1.0 s with one, at load 4 on 2 cores (docs/techniques/serving.md). Its tokens do not depend on it."""
     load = machine_load.read()
     if torch.device(device).type != "cpu" or load is None or load.load_1m <= load.cpus:  # any contention
         yield

@@ -105,7 +105,8 @@ def _validated(technique: object, where: str) -> Technique:
     if found:
         raise BadInput(f"{where}: the technique cannot run: {'; '.join(found)}. A technique defines "
                        "TECHNIQUE = gpubench.contract.Technique(...) with @TECHNIQUE.build, @TECHNIQUE.check "
-                       "and at least a baseline and an optimized variant (README, 'Bring your own pair').")
+                       "and at least a baseline and an optimized variant ('Bring your own pair', "
+                       "docs/bring-your-own-pair.md).")
     return technique  # type: ignore[return-value]
 
 
