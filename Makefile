@@ -1,7 +1,7 @@
 # Convenience targets; README.md's two commands are the supported way in on a fresh machine.
 PY ?= .venv/bin/python
 
-.PHONY: test test-fast smoke list env gpu-check gpu-session
+.PHONY: test test-fast smoke list env docs docs-serve gpu-check gpu-session
 
 test:
 	$(PY) -m pytest -q -n auto --dist loadfile
@@ -17,6 +17,12 @@ list:
 
 env:
 	.venv/bin/gpubench env --calibrate
+
+docs:  # the documentation site into site/ (the docs or test extra), warnings as errors as the test does
+	$(PY) -m mkdocs build --strict
+
+docs-serve:  # the site at http://127.0.0.1:8000, rebuilt as docs/ changes
+	$(PY) -m mkdocs serve
 
 # On a GPU machine whose python already has torch etc. (no downloads): install without deps,
 # calibrate, then run gpu-quick within BUDGET (gpubench run --budget: breadth-first, the cases

@@ -87,7 +87,7 @@ def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, to
 def relative_l2_check(reference: torch.Tensor, output: torch.Tensor,
                       tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE) -> CheckResult:
     """One tensor against its reference: relative L2 error in float64 within the tolerance of the
-    output's dtype (see :func:`tensors_check`)."""
+    output's dtype (see ``tensors_check``)."""
     dtype = output.dtype if isinstance(output, torch.Tensor) else None
     result = tensors_check({"output": reference}, {"output": output}, tolerances, dtype=dtype)
     if not result.passed and result.error is not None and result.detail.startswith("relative"):

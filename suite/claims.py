@@ -96,7 +96,7 @@ class Claim:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Claim":
-        """The claim a run recorded (:meth:`to_dict`); keys this version does not know are ignored."""
+        """The claim a run recorded (``to_dict``); keys this version does not know are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in known}
         for key in ("figure", "gpus"):  # JSON has lists where the claim had tuples

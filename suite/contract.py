@@ -5,7 +5,7 @@ A technique module defines ``TECHNIQUE = Technique(name, summary=..., shape=...,
 and decorates its pieces:
 
 - ``@T.build``: ``(params, device, seed) -> Workload``, seeded inputs for one case (a typed
-  subclass of :class:`Workload`, or a plain one with an ``inputs`` dict);
+  subclass of ``Workload``, or a plain one with an ``inputs`` dict);
 - ``@T.variant(name, role=...)``: ``fn(workload)`` or ``fn(workload, recorder)``, named by what it
   runs (``eager``, ``triton``, ``sdpa``); the role (baseline / optimized / peer) is separate;
 - ``@T.check``: ``(reference_output, output) -> CheckResult``, the error figure kept;
@@ -13,19 +13,19 @@ and decorates its pieces:
   TFLOP/s, GB/s and % of the measured device peak; they count what the case's problem needs, once,
   not what a variant does (one count for every variant of a case: a variant that reads more shows
   as a lower share, on the report's roofline too);
-- optional ``@T.reference``, ``@T.validate``, declared :class:`Plot` s, ``headline_figures``
-  (:class:`Headline`): the figures the report reads the technique by beside or instead of time,
-  ``claims`` (:class:`Claim`, from :mod:`gpubench.claims`): the published figures the report
-  checks, and ``benchmarks`` (:class:`Bench`): the small sizes benchmarks/ times it at.
+- optional ``@T.reference``, ``@T.validate``, declared plots (``Plot``), ``headline_figures``
+  (``Headline``): the figures the report reads the technique by beside or instead of time,
+  ``claims`` (``Claim``, from ``gpubench.claims``): the published figures the report
+  checks, and ``benchmarks`` (``Bench``): the small sizes benchmarks/ times it at.
 
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
 measured), and *analytic* (a calculation checked against real allocations).
 
-Time on a GPU is taken on two clocks, each call timed on both (:class:`gpubench.timing.Clock`):
+Time on a GPU is taken on two clocks, each call timed on both (``gpubench.timing.Clock``):
 *device* time (CUDA events, the start event held behind the L2 flush: launch work excluded) and
 *wall* time (the host's, launch work and host syncs included). The shape picks the headline clock
-(:data:`SHAPE_TIME_BASIS`: a kernel on device time, steps and runs on wall time); a technique may
+(``SHAPE_TIME_BASIS``: a kernel on device time, steps and runs on wall time); a technique may
 pick the other with ``time_basis="device"`` or ``"wall"``. On a CPU they are one clock.
 """
 from __future__ import annotations
@@ -339,11 +339,13 @@ class Bench:
 class Technique:
     """A registered technique. Build one at module level, then decorate its pieces:
 
-    >>> T = Technique("demo", summary="...", shape="kernel", params=[...])
-    >>> @T.build
-    ... def build(params, device, seed): ...
-    >>> @T.variant("eager", role="baseline")
-    ... def eager(w): ...
+        T = Technique("demo", summary="...", shape="kernel", params=[...])
+
+        @T.build
+        def build(params, device, seed): ...
+
+        @T.variant("eager", role="baseline")
+        def eager(w): ...
 
     Several variants may be declared for the baseline or optimized role, in order of preference:
     on a device, the first one that can run there plays the role and the others that can run are
@@ -421,12 +423,18 @@ class Technique:
 
     # -- decorators ---------------------------------------------------------------------------
     def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
+        """Decorator: ``fn(params, device, seed) -> Workload``, the seeded inputs of one case (never zeros)."""
         self.build_fn = fn
         return fn
 
     def variant(self, name: str, role: str = "peer", description: str = "",
                 unavailable: Callable[..., str | None] | None = None,
                 checked_only: Callable[[torch.device], str | None] | None = None):
+        """Decorator: ``fn(workload)`` or ``fn(workload, recorder)`` is variant ``name`` (named by what it
+        runs: ``eager``, ``triton``) playing ``role`` (baseline / optimized / peer). Its description
+        in the report is ``description`` or its docstring's first paragraph. ``unavailable(device)``
+        (or ``(device, params)``) returns why it cannot run there, None when it can;
+        ``checked_only(device)`` why it is only checked there, not timed."""
         if role not in ROLES:
             raise ValueError(f"variant {name}: role must be one of {ROLES}")
         if name in ROLES and role != name:
@@ -442,6 +450,7 @@ class Technique:
         return register
 
     def check(self, fn: Callable[[Any, Any], CheckResult]):
+        """Decorator: ``fn(reference_output, output) -> CheckResult``, the error figure kept."""
         self.check_fn = fn
         return fn
 
@@ -452,18 +461,20 @@ class Technique:
         return fn
 
     def metrics(self, fn: Callable[[Workload, Measured], dict[str, Any]]):
+        """Decorator: ``fn(workload, measured) -> dict`` of derived figures; ``flops`` and ``bytes_moved``
+        per call (what the problem needs, once) become TFLOP/s, GB/s and % of the device peak."""
         self.metrics_fn = fn
         return fn
 
     def figures(self, fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]]):
         """Deprecated: the technique's own report figures, built from its case records. Declare
-        :class:`Plot` s instead: a run holds them, so its report draws them without this code."""
+        ``Plot``s instead: a run holds them, so its report draws them without this code."""
         warnings.warn(_FIGURES_DEPRECATED, DeprecationWarning, stacklevel=2)
         self.figures_fn = fn
         return fn
 
     def plot(self, plot: Plot) -> Plot:
-        """Declare a report figure (see :class:`Plot`)."""
+        """Declare a report figure (see ``Plot``)."""
         self.plots.append(plot)
         return plot
 
