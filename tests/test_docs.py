@@ -10,6 +10,7 @@ cannot pass without building the site.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -116,6 +117,23 @@ def test_every_link_inside_the_site_resolves(built_site):
     site, done = built_site
     assert done.returncode == 0, done.stdout + done.stderr
     assert broken_links(site) == []
+
+
+def unrendered_blocks(page: str) -> list[str]:
+    """Paragraphs of a built page that hold a list item, a table row or a fence as text: Markdown
+    GitHub renders but Python-Markdown does not (a list without a blank line before it, an item
+    after a code block that ended its list)."""
+    suspect = re.compile(r"\n\s*(?:[-*+]|\d+[.)]) |(?:^|\n)\s*\|.*\||```")
+    return [p[:120] for p in re.findall(r"<p>(.*?)</p>", page, re.S) if suspect.search(p)]
+
+
+def test_no_list_table_or_fence_renders_as_plain_text(built_site):
+    site, done = built_site
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = {str(path.relative_to(site)): unrendered_blocks(path.read_text(encoding="utf-8"))
+             for path in site.rglob("*.html")}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert unrendered_blocks("<p>The fakes:\n- one\n- two</p>") and unrendered_blocks("<p>end.\n3. Add</p>")
 
 
 def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path):
