@@ -2,7 +2,6 @@
 env`` (this machine, the harness's overhead, the device's measured ceilings)."""
 from __future__ import annotations
 
-import io
 import json
 import textwrap
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any, Sequence
 
 import click
 from rich.console import Console
+from rich.segment import Segment, Segments
 from rich.table import Table
 
 from gpubench import catalog, scenario as scenariomod, techniques
@@ -57,10 +57,9 @@ def _print_params(out: Console, params: Sequence[Any]) -> None:
         table.add_column(col)
     for p in params:
         table.add_row(p.name, p.type_name, str(p.default), p.allowed(), p.help)
-    probe = Console(file=io.StringIO(), width=out.width, color_system=None)  # what rich would cut at this width
-    probe.print(table)
-    if "…" not in probe.file.getvalue():
-        out.print(table)
+    lines = out.render_lines(table, out.options, pad=False)  # rendered once: printed, unless a cell was cut
+    if not any("…" in segment.text for line in lines for segment in line):
+        out.print(Segments([segment for line in lines for segment in (*line, Segment.line())]))
         return
     for p in params:
         default = "''" if p.default == "" else p.default
