@@ -1,7 +1,7 @@
 # Convenience targets; README.md's two commands are the supported way in on a fresh machine.
 PY ?= .venv/bin/python
 
-.PHONY: test test-fast smoke list env docs docs-serve gpu-check gpu-session
+.PHONY: test test-fast smoke list catalog env docs docs-serve gpu-check gpu-session
 
 test:
 	$(PY) -m pytest -q -n auto --dist loadfile
@@ -14,6 +14,11 @@ smoke:
 
 list:
 	.venv/bin/gpubench list
+
+# The built-in techniques' declarations as data (suite/techniques/catalog.json), read by `list` and
+# a scenario's validation without torch; rebuild after editing suite/, optimizations/ or baselines/.
+catalog:
+	$(PY) -m gpubench.catalog --write
 
 env:
 	.venv/bin/gpubench env --calibrate

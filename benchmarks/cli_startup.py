@@ -1,5 +1,6 @@
 """How long gpubench takes to answer the commands that only read or refuse (issue 35 point 5):
-`--help`, a bad option, a misspelt scenario name, `history`, `compare` and `report` of a small run,
+`--help`, a bad option, a misspelt scenario name, a scenario with an unknown param, `list`,
+`history`, `compare` and `report` of a small run,
 each in a fresh interpreter, as a user types them; beside them `python -c pass` (the interpreter
 alone) and `python -c "import torch"` (what every command paid before).
 
@@ -49,6 +50,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         a, b = _runs(root)
+        bad = root / "bad.yaml"  # refused for an unknown param: read from the catalogue, no torch
+        bad.write_text("name: bad\nentries:\n  - technique: kv_cache\n    params: {no_such: 1}\n")
         env = {**os.environ, "GPUBENCH_HISTORY": str(root / "history.sqlite")}
         subprocess.run([sys.executable, "-m", "gpubench.cli", "history", "add", str(a), str(b)], env=env,
                        cwd=root, capture_output=True, check=True)
@@ -60,18 +63,19 @@ def main() -> None:
                            ("run --scenario smokee", ["run", "--scenario", "smokee"]),
                            ("history", ["history"]), ("compare A B", ["compare", str(a), str(b)]),
                            ("report A --no-history", ["report", str(a), "--no-history"]),
-                           ("list", ["list"])):
+                           ("list", ["list"]),
+                           ("run --scenario bad.yaml (param)", ["run", "--scenario", str(bad)])):
             commands[f"gpubench {label}"] = [sys.executable, "-c", PROBE, json.dumps(cli)]
         load0 = os.getloadavg()
         print(f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)")
-        print(f"{'command':<34} {'median s':>9} {'min s':>7} {'max s':>7}  torch")
+        print(f"{'command':<40} {'median s':>9} {'min s':>7} {'max s':>7}  torch")
         for label, argv in commands.items():
             times, torch_seen = [], None
             for _ in range(args.repeat):
                 seconds, torch_seen = _time(argv, env, root)
                 times.append(seconds)
             seen = "-" if torch_seen is None else ("imported" if torch_seen else "no")
-            print(f"{label:<34} {statistics.median(times):>9.2f} {min(times):>7.2f} {max(times):>7.2f}  {seen}",
+            print(f"{label:<40} {statistics.median(times):>9.2f} {min(times):>7.2f} {max(times):>7.2f}  {seen}",
                   flush=True)
         load1 = os.getloadavg()
         print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")

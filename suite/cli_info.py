@@ -3,12 +3,16 @@ env`` (this machine, the harness's overhead, the device's measured ceilings)."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
+from typing import Any, Sequence
 
 import click
+from rich.console import Console
+from rich.segment import Segment, Segments
 from rich.table import Table
 
-from gpubench import scenario as scenariomod, techniques
+from gpubench import catalog, scenario as scenariomod, techniques
 from gpubench.cli_console import make_console
 from gpubench.errors import BadInput
 
@@ -18,24 +22,20 @@ from gpubench.errors import BadInput
 def list_(modules: tuple[str, ...]) -> None:
     """Show every technique (params, defaults, variants) and every shipped scenario. Techniques of
     installed packages (entry point group gpubench.techniques) are listed; MODULE or FILE.py adds
-    your own (validated as a scenario would)."""
+    your own (validated as a scenario would). The built-ins are read from their catalogue, at once;
+    a plug-in (installed or named here) is imported, and with it torch where it imports it."""
     for spec in modules:
         techniques.load(spec, Path.cwd())
     out = make_console()
-    for name, reason in techniques.broken().items():
+    for name, reason in catalog.broken().items():
         out.print(f"[bold red]{name}[/] (entry point, not loaded): {reason}", markup=True)
-    for name, tech in techniques.all_techniques().items():
+    for name, tech in catalog.declared().items():
         out.print(f"[bold]{name}[/] ({tech.shape}): {tech.summary}")
         if tech.anchor:
             out.print(f"  measured against: {tech.anchor}")
         for claim in tech.claims:  # checked in every report's "published claims on this device"
             out.print(f"  claim: {claim.text} ({claim.source}; {claim.url})", markup=False)
-        table = Table(box=None, padding=(0, 2), show_edge=False)
-        for col in ("param", "type", "default", "allowed", "meaning"):
-            table.add_column(col)
-        for p in tech.params:
-            table.add_row(p.name, p.type_name, str(p.default), p.allowed(), p.help)
-        out.print(table)
+        _print_params(out, tech.params)
         if tech.source and not tech.source.startswith("gpubench.techniques."):
             out.print(f"  from: {tech.source}")
         out.print("  variants: " + ", ".join(f"{v.name} ({v.role})" for v in tech.variants.values()))
@@ -43,10 +43,29 @@ def list_(modules: tuple[str, ...]) -> None:
     out.print("[bold]scenarios[/] (gpubench run --scenario NAME):")
     for name, path in sorted(scenariomod.shipped_scenarios().items()):
         try:
-            scen = scenariomod.load(path)
+            scen = scenariomod.load(path, cross_checks=False)  # counting needs no technique code
             out.print(f"  {name:<12} {sum(scen.count().values()):,} cases, device {scen.device}: {scen.description}")
         except BadInput as exc:
             out.print(f"  {name:<12} [red]invalid[/]: {exc}")
+
+
+def _print_params(out: Console, params: Sequence[Any]) -> None:
+    """A technique's params as a table; where its columns cannot fit the terminal without cutting
+    a word (a narrow one), one wrapped paragraph per param instead, broken between words."""
+    table = Table(box=None, padding=(0, 2), show_edge=False)
+    for col in ("param", "type", "default", "allowed", "meaning"):
+        table.add_column(col)
+    for p in params:
+        table.add_row(p.name, p.type_name, str(p.default), p.allowed(), p.help)
+    lines = out.render_lines(table, out.options, pad=False)  # rendered once: printed, unless a cell was cut
+    if not any("…" in segment.text for line in lines for segment in line):
+        out.print(Segments([segment for line in lines for segment in (*line, Segment.line())]))
+        return
+    for p in params:
+        default = "''" if p.default == "" else p.default
+        text = f"{p.name} ({p.type_name}, default {default}; allowed: {p.allowed()}): {p.help}"
+        out.print(textwrap.fill(text, out.width, initial_indent="  ", subsequent_indent="      ",
+                                break_long_words=False, break_on_hyphens=False), markup=False, soft_wrap=True)
 
 
 @click.command(name="env")

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from gpubench import techniques
+from gpubench import catalog, techniques
 from gpubench.compare import parse_threshold
 from gpubench.errors import BadInput
 from gpubench.policy import POLICY_PARAMS, Policy, policy_problems
@@ -106,7 +106,7 @@ class Scenario:
                 yield from self.entry_cases(entry, repeat_scale)
 
     def entry_cases(self, entry: Entry, repeat_scale: float = 1.0) -> Iterator[Case]:
-        tech = techniques.get(entry.technique)
+        tech = catalog.declaration(entry.technique)
         assert tech is not None  # validated at load
         defaults = tech.defaults()
         policy = entry.policy.scaled(repeat_scale) if repeat_scale != 1.0 else entry.policy
@@ -123,7 +123,7 @@ class Scenario:
         for entry in self.entries:
             if only and entry.technique not in only:
                 continue
-            defaults = techniques.get(entry.technique).defaults()
+            defaults = catalog.declaration(entry.technique).defaults()
             seen = values.setdefault(entry.technique, {})
             for key, default in defaults.items():
                 seen.setdefault(key, set()).update(map(repr, entry.grid.get(key, [default])))
@@ -221,17 +221,19 @@ class _Located:
         return self.lines.get(path, 1)
 
 
-def load(name_or_path: str | Path) -> Scenario:
-    """Load and validate a scenario; raise :class:`BadInput` listing every problem."""
+def load(name_or_path: str | Path, cross_checks: bool = True) -> Scenario:
+    """Load and validate a scenario; raise :class:`BadInput` listing every problem.
+    ``cross_checks=False`` leaves out the techniques' own cross-param rules (``validate_fn``: their
+    code, so torch), for a reader that only counts a shipped scenario's cases (``gpubench list``)."""
     path = resolve(str(name_or_path))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read the scenario file: {exc}") from None
-    return parse(text, path)
+    return parse(text, path, cross_checks)
 
 
-def parse(text: str, path: Path) -> Scenario:
+def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -285,7 +287,7 @@ def parse(text: str, path: Path) -> Scenario:
         bad(("entries",), "entries", "required, a non-empty list of {technique, params} mappings")
         raw_entries = []
     for i, raw in enumerate(raw_entries):
-        entry = _entry(raw, i, policy, bad, Path(path).resolve().parent)
+        entry = _entry(raw, i, policy, bad, Path(path).resolve().parent, cross_checks)
         if entry is not None:
             entry.line = doc.line(("entries", i))
             entries.append(entry)
@@ -306,7 +308,7 @@ def _thresholds(raw: Any, bad) -> dict[str, float]:
         bad(("thresholds",), "thresholds", "must be a mapping of technique: slowdown (e.g. 10% or 0.1)")
         return {}
     out = {}
-    registry = techniques.all_techniques()
+    registry = catalog.declared()
     for key, value in raw.items():
         if key not in registry:
             bad(("thresholds", key), f"thresholds.{key}", f"not a registered technique; allowed: {', '.join(registry)}")
@@ -348,7 +350,11 @@ def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
     return dataclasses.replace(base, **{k: POLICY_PARAMS[k].coerce(v) for k, v in raw.items()})
 
 
-def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None) -> Entry | None:
+def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None,
+           cross_checks: bool = True) -> Entry | None:
+    """One entry, checked against its technique's declarations: a built-in's from the catalogue
+    (no technique code), a plug-in's from its module; the technique's own cross-param rules
+    (``validate_fn``) from its code, once the entry's params are valid."""
     where = ("entries", i)
     if not isinstance(raw, dict):
         bad(where, f"entries[{i}]", "must be a mapping with keys technique, params")
@@ -357,7 +363,7 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
         if key not in ENTRY_KEYS:
             bad(where + (key,), f"entries[{i}].{key}", f"unknown key; allowed: {', '.join(ENTRY_KEYS)}")
     spec = raw.get("technique")
-    registry = techniques.all_techniques()
+    registry = catalog.declared()
     if not isinstance(spec, str) or not spec.strip():
         bad(where + ("technique",), f"entries[{i}].technique",
             f"{spec!r} is not valid; allowed: {', '.join(registry)}, a module (my_pkg.my_pair) or a .py file")
@@ -369,7 +375,7 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
             "a module (my_pkg.my_pair) or a .py file")
         return None
     try:
-        tech = techniques.load(spec, base_dir)
+        tech = catalog.load(spec, base_dir)
     except BadInput as exc:
         bad(where + ("technique",), f"entries[{i}].technique", str(exc))
         return None
@@ -421,16 +427,25 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
             # The baseline is always measured: every other variant is checked and timed against it.
             variants = tuple(dict.fromkeys(["baseline", *variants]))
 
-    if ok and tech.validate_fn is not None:
+    validate_fn = _validate_fn(tech) if ok and cross_checks else None
+    if validate_fn is not None:
         seen = set()
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             full = {**tech.defaults(), **dict(zip(keys, combo))}
-            for problem in tech.validate_fn(full):
+            for problem in validate_fn(full):
                 if problem not in seen:
                     seen.add(problem)
                     bad(where + ("params",), f"{name}.params", problem)
     return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+
+def _validate_fn(tech: Any) -> Any:
+    """A technique's cross-param rules: code, so a catalogued built-in's come from its module
+    (the registry imports it, and torch, here: only for an entry whose params are valid)."""
+    if isinstance(tech, catalog.Declared):
+        return techniques.get(tech.name).validate_fn if tech.validates else None
+    return tech.validate_fn
 
 
 # --------------------------------------------------------------------------------------------

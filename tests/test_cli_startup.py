@@ -1,6 +1,6 @@
 """The commands that only read or refuse start without torch (issue 35 point 5): `--help`, an
-option or scenario name refused, `history`, `compare` and `report` of a run that recorded its
-declarations. Each runs in a fresh interpreter, which then says whether torch or triton was
+option or scenario name refused, a scenario refused for its keys or values, `list`, `history`,
+`compare` and `report` of a run that recorded its declarations. Each runs in a fresh interpreter, which then says whether torch or triton was
 imported; no timing here (benchmarks/cli_startup.py measures it)."""
 from __future__ import annotations
 
@@ -64,6 +64,32 @@ def test_help_and_refusals_import_no_torch(tmp_path, args, code):
     result = _probe(tmp_path, *args)
     assert result["code"] == code, result["stderr"]
     assert result["heavy"] == [], f"gpubench {' '.join(args)} imported {result['heavy']}"
+
+
+BAD_SCENARIOS = {
+    "unknown param": "  - technique: kv_cache\n    params: {no_such: 1}\n",
+    "bad value": "  - technique: flash_attention\n    params: {dtype: float8, seq_len: -4}\n",
+    "unknown technique": "  - technique: flash_atention\n  - technique: nosuchthing\n",
+}
+
+
+@pytest.mark.parametrize("what", BAD_SCENARIOS)
+def test_a_scenario_refused_for_its_keys_or_values_imports_no_torch(tmp_path, what):
+    """An unknown technique or param, or a value of the wrong type, choice or range, is refused
+    (exit 2, the file:line paragraph) from the catalogue of the built-ins' declarations: no torch."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nentries:\n" + BAD_SCENARIOS[what])
+    result = _probe(tmp_path, "run", "--scenario", str(path))
+    assert result["code"] == 2, result["stderr"]
+    assert f"{path}:" in result["stderr"] and "nothing was run" in result["stderr"], result["stderr"]
+    assert result["heavy"] == [], f"a scenario with an {what} imported {result['heavy']}"
+
+
+def test_list_imports_no_torch(tmp_path):
+    """`gpubench list` reads the built-ins from the catalogue and prints every one of them."""
+    result = _probe(tmp_path, "list")
+    assert result["code"] == 0, result["stderr"]
+    assert result["heavy"] == [], f"gpubench list imported {result['heavy']}"
 
 
 def test_reading_commands_import_no_torch(tmp_path, runs):

@@ -139,6 +139,9 @@ def test_reports_never_import_the_registry_or_runner_internals():
 NAMED_KERNELS = {
     ("suite/packing.py", "gpubench.optimizations.flash_attention_triton_bwd"): "packed attention's varlen kernel",
     ("suite/paged_decode.py", "gpubench.optimizations.paged_attention_triton"): "the engine's paged decode kernel",
+    # not a reach: the catalogue hashes the source of both sides (finds their folders, imports neither)
+    ("suite/catalog.py", "gpubench.optimizations"): "the catalogue's source hash",
+    ("suite/catalog.py", "gpubench.baselines"): "the catalogue's source hash",
 }
 
 

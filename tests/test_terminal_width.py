@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import cli_console, cli_history, cli_run, compare as comparemod, results
+from gpubench import catalog, cli_console, cli_history, cli_info, cli_run, compare as comparemod, results
 from gpubench.reports import gate
 from gpubench.reports.terminal import fit_fields, id_labels, print_summary, shorten_words
 
@@ -242,3 +242,35 @@ def test_the_gates_log_has_whole_unpadded_lines():
     assert not BOX & set("".join(lines))
     assert all(line == line.rstrip() for line in lines)  # no padding to 160 columns
     assert "  " + REASON + " " + ("and more words " * 30).rstrip() in lines  # the note on one line, whole
+
+
+def _listed(monkeypatch, width: int) -> str:
+    """`gpubench list` as a terminal of ``width`` columns shows it."""
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli_info, "make_console",
+                        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None))
+    result = CliRunner().invoke(cli_info.list_, [])
+    assert result.exit_code == 0, result.output
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_list_at_a_narrow_terminal_wraps_between_words_and_cuts_nothing(monkeypatch, width):
+    """Every param's name, default, allowed values and meaning are there whole, each word unbroken
+    (a table whose columns cannot fit becomes one wrapped paragraph per param), no line too long."""
+    out = _listed(monkeypatch, width)
+    assert all(len(line) <= width for line in out.splitlines()), max(out.splitlines(), key=len)
+    assert "…" not in out
+    words = set(out.split())
+    for name, tech in catalog.declared().items():
+        assert name in words
+        for p in tech.params:
+            for field in (p.name, p.allowed(), p.help):
+                for word in field.split():  # inside one printed word: never broken across lines
+                    assert any(word in w for w in words), (name, p.name, word)
+
+
+def test_list_on_a_wide_terminal_keeps_the_params_table(monkeypatch):
+    out = _listed(monkeypatch, 250)
+    assert sum("param" in line and "default" in line and "meaning" in line for line in out.splitlines()) == \
+        len(catalog.declared())

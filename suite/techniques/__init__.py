@@ -89,6 +89,17 @@ def all_techniques() -> dict[str, Technique]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def loaded() -> bool:
+    """Whether the built-ins and entry points are imported already (as the first lookup does)."""
+    return _LOADED
+
+
+def registered() -> dict[str, Technique]:
+    """The techniques registered so far, nothing imported to find more (gpubench.catalog adds the
+    built-ins' declarations to them without their code)."""
+    return dict(_REGISTRY)
+
+
 def broken() -> dict[str, str]:
     """Entry-point techniques that could not be loaded, with the reason."""
     _load()
