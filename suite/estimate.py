@@ -27,7 +27,7 @@ from gpubench import techniques
 from gpubench.devicecache import CaseTimes, fixed_cost_s
 from gpubench.energy import window_bounds_s
 from gpubench.policy import Policy
-from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
+from gpubench.results import duration_text
 from gpubench.scenario import Case, Scenario
 
 if TYPE_CHECKING:  # torch in annotations only: a dry run's checks and --help import none

@@ -50,7 +50,7 @@ from gpubench.results import RunRecord
 # scripts name them through gpubench.supervisor, beside run_scenario.
 from gpubench.run_options import RunOptions, check_hygiene, check_options, resolve_devices  # noqa: F401
 from gpubench.scenario import Case, Scenario
-from gpubench.stopping import RunAborted, Terminated, sigterm_as_interrupt, stop_reason  # noqa: F401
+from gpubench.stopping import RunAborted, Terminated, sigterm_as_interrupt, stop_reason
 from gpubench.worker import Job
 
 

@@ -324,7 +324,8 @@ def run_ratios(run: RunRecord) -> dict[tuple[str, str, str, str], stats.RatioCI]
             continue
         a, b = list(opt.samples_s), list(ref.samples_s)
         if min(len(a), len(b)) >= MIN_SAMPLES_FOR_RATIO and stats.median(b) > 0:
-            out[device_model(run, case), case.id, *names] = stats.run_ratio_ci(a, b, seed=index)
+            key = (device_model(run, case), case.id, *names)  # mypy reads out[a, *b] as 3.11-only syntax
+            out[key] = stats.run_ratio_ci(a, b, seed=index)
     return out
 
 

@@ -63,7 +63,7 @@ def pair_problems(target: str, draft: str | None) -> list[str]:
 
 def _moved(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
     """A copy of ``weights`` on ``device`` in ``dtype`` (a fresh RoPE cache)."""
-    move = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    move = lambda t: t.to(device=device, dtype=dtype)
     layers = [replace(layer, **{n: move(getattr(layer, n)) for n in layer.__dataclass_fields__})
               for layer in weights.layers]
     embed = move(weights.embed)

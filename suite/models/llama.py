@@ -360,7 +360,7 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     if any(name.endswith(".bias") for name in state):
         raise BadInput(f"{path}: the checkpoint has bias terms ({next(n for n in state if n.endswith('.bias'))}); "
                        "only bias-free Llama-shaped models are supported")
-    take = lambda name: state[name].to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    take = lambda name: state[name].to(device=device, dtype=dtype).contiguous()
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
