@@ -121,8 +121,8 @@ def load_pair(target_spec: str, draft_spec: str | None, device: torch.device, dt
     draft = None
     if draft_spec == TRAINED:
         draft = _moved(pair.draft, device, dtype)
-    elif draft_spec is not None and _early_layers(draft_spec) is not None:
-        draft = early_layers(target, _early_layers(draft_spec))
+    elif draft_spec is not None and (layers := _early_layers(draft_spec)) is not None:
+        draft = early_layers(target, layers)
     elif draft_spec is not None:
         draft = load_hf(draft_spec, dtype, device)
         if draft.config.vocab_size != target.config.vocab_size:

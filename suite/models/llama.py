@@ -300,7 +300,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: 
     """Attention of one sequence's new tokens q ``(n, heads, d)`` over its past keys (``(p, kv_heads,
     d)`` or None) and its own (causal among the new ones). SDPA in the input dtype; GQA by repeating
     K/V heads."""
-    if past_k is not None and past_k.shape[0]:
+    if past_k is not None and past_v is not None and past_k.shape[0]:
         k, v = torch.cat([past_k, k]), torch.cat([past_v, v])
     n, heads = q.shape[0], q.shape[1]
     group = heads // k.shape[1]
