@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -277,7 +277,7 @@ def packed_loss(logits: torch.Tensor, tokens: torch.Tensor,
 
 def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch],
                   forward: Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
-                  metadata_scope: ContextManager[Any] | None = None) -> StepOutput:
+                  metadata_scope: contextlib.AbstractContextManager[Any] | None = None) -> StepOutput:
     """One training step: for each micro-batch, ``forward(batch)`` (logits and position ids), its
     next-token loss within documents and backward (gradients accumulated, each loss weighted
     1 / micro-batches); then one optimizer step. ``metadata_scope`` spans every forward and
