@@ -19,6 +19,6 @@ def test_appending_a_case_costs_the_same_early_and_late(benchmark, tmp_path, alr
     run_dir = RunDirectory(tmp_path)
     with open(run_dir.cases_log, "w") as f:  # a log already holding `already` cases
         for i in range(already):
-            f.write('{"index": %d, "id": "x"}\n' % i)
+            f.write(f'{{"index": {i}, "id": "x"}}\n')
     record = _record(already)
     benchmark(run_dir.append_case, already, record)

@@ -430,7 +430,7 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     )
     tuned = _flash_attention_fwd_tma_tuned if use_tma else _flash_attention_fwd_tuned
     if block_m is None and tuned is not None:
-        grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)
         tuned[grid](*args, **constants)
     else:
         block_m = block_m or INTERPRETER_BLOCK_M

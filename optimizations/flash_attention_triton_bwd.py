@@ -537,8 +537,8 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
                heads, heads // kv_heads, seq_q, seq_k, *scales)
     dkdv_args = (*inputs, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
                  *_layout_strides(dv, varlen), kv_heads, heads // kv_heads, seq_q, seq_k, *scales)
-    dq_grid = lambda meta: (triton.cdiv(grid_q, meta["BLOCK_M"]), batch * heads)  # noqa: E731
-    dkdv_grid = lambda meta: (triton.cdiv(grid_k, meta["BLOCK_N"]), batch * kv_heads)  # noqa: E731
+    dq_grid = lambda meta: (triton.cdiv(grid_q, meta["BLOCK_M"]), batch * heads)
+    dkdv_grid = lambda meta: (triton.cdiv(grid_k, meta["BLOCK_N"]), batch * kv_heads)
     for kernel, grid, args in ((_bwd_dq, dq_grid, dq_args), (_bwd_dkdv, dkdv_grid, dkdv_args)):
         if autotuned:
             TUNED[(kernel, use_tma)][grid](*args, **constants)

@@ -123,7 +123,8 @@ def descriptor_shared_bytes(block_m: int, block_n: int, block_d: int, block_dv: 
 
 def shared_memory_limit(t: torch.Tensor) -> int | None:
     """Shared memory a block may opt into on t's GPU (232,448 bytes on an H100 / H200); None off CUDA."""
-    return torch.cuda.get_device_properties(t.device).shared_memory_per_block_optin if t.is_cuda else None
+    # (the ignore: CUDA builds of torch have the field; the stub the CPU wheel ships does not)
+    return torch.cuda.get_device_properties(t.device).shared_memory_per_block_optin if t.is_cuda else None  # type: ignore[attr-defined]
 
 
 def descriptor_configs_fit(t: torch.Tensor, block_d: int, block_dv: int) -> bool:

@@ -119,6 +119,7 @@ def moe_forward_grouped_mm(x: torch.Tensor, weights: MoEWeights, config: MoEConf
     if problem is not None:
         raise RuntimeError(problem)
     grouped_mm = grouped_mm_function()
+    assert grouped_mm is not None  # grouped_mm_problem says why where there is none
     routing, experts = route(x, weights.router_weight, weights.router_bias, config.top_k)
     g = group_by_expert(experts, config.experts)
     rows, scale = _gather_rows(x, routing, g)

@@ -20,7 +20,7 @@ def _change_text(ratio: float | None, low: float | None, high: float | None, n: 
     """``+3.1% [-1.0, +7.2]``; ``+3.1% (n=1)`` where too few samples gave no CI."""
     if ratio is None:
         return "-"
-    pct = lambda r: f"{(r - 1) * 100:+.1f}"  # noqa: E731
+    pct = lambda r: f"{(r - 1) * 100:+.1f}"
     if low is None or high is None:
         return f"{pct(ratio)}% {count_text(n)}"
     return f"{pct(ratio)}% [{pct(low)}, {pct(high)}]"

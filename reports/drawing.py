@@ -203,7 +203,7 @@ class PlainLogLocator(Locator):
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= 0:
             return []
         lo = max(lo, hi * 1e-12)
-        inside = lambda vs: sorted({v for v in vs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)})  # noqa: E731
+        inside = lambda vs: sorted({v for v in vs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)})
         first, last = math.floor(math.log(lo, self.base)) - 1, math.ceil(math.log(hi, self.base)) + 1
         powers = inside(self.base ** k for k in range(first, last + 1))
         if len(powers) >= 2:

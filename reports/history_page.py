@@ -122,7 +122,7 @@ def _change_first(row: dict[str, Any]) -> int:
 def page_context(page: PageInput) -> dict[str, Any]:
     """The template's context: the table of latest changes and the charts, by technique."""
     base = links.commit_url_base(page.remote)
-    link = lambda commit: links.commit_url(base, commit)  # noqa: E731
+    link = lambda commit: links.commit_url(base, commit)
     numbers = itertools.count(1)
     table, sections = [], []
     for group in page.techniques:

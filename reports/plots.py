@@ -174,7 +174,7 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
         fig, axes = _grid(len(drawn), 2.6 + 0.15 * (max(text_lines(t) for t in titles) - 1))
         handles: dict[str, Any] = {}
         styles: dict[str, Any] = {}  # several figures on one axis: the legend names each dash once
-        for ax, (key, lines), title in zip(axes, drawn, titles):
+        for ax, (_, lines), title in zip(axes, drawn, titles):
             names = list(dict.fromkeys(n for n, _, _, _ in lines))
             labels = list(dict.fromkeys(label for *_, label in lines))
             keys = list(dict.fromkeys((n, label) for n, _, _, label in lines))
@@ -342,7 +342,7 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
             if plot.kind == "bars":  # a name per bar group: one line, else a word a line (median as
                 # p50), else upright
                 slot_pt = (WIDTH_IN / cols - 0.8) / len(plot.ys) * 72
-                fits = lambda names: all(len(line) * 6 * 0.67 <= slot_pt  # noqa: E731
+                fits = lambda names: all(len(line) * 6 * 0.67 <= slot_pt  # noqa: B023 - called in this iteration only
                                          for n in names for line in n.split("\n"))
                 names = [human(y) for y in plot.ys]
                 for shorter in (lambda n: n.replace(" ", "\n"), lambda n: re.sub(r"\bmedian\b", "p50", n)):

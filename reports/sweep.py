@@ -184,7 +184,7 @@ def _layout(varying: list[str], distinct: dict[str, list[Any]]) -> tuple[list[st
     with the most values; while the rows would not fit a screen (:data:`ROWS_FIT`), the fewest-
     valued param that brings them in (else the most-valued) moves across too, as long as the
     columns stay under :data:`MAX_COLUMNS`."""
-    count = lambda keys: math.prod(len(distinct[k]) for k in keys)  # noqa: E731
+    count = lambda keys: math.prod(len(distinct[k]) for k in keys)
     across = [max(varying, key=lambda k: (len(distinct[k]), _order(distinct[k][0])[0] == 0))]
     down = [k for k in varying if k != across[0]]
     while count(down) > ROWS_FIT and len(down) > 1:

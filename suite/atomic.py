@@ -40,7 +40,7 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str]) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        if disk_full(exc):
+        if isinstance(exc, OSError) and disk_full(exc):
             raise as_disk_full(exc, path) from None
         raise
     try:
@@ -59,7 +59,7 @@ def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[str]) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if disk_full(exc):
+        if isinstance(exc, OSError) and disk_full(exc):
             raise as_disk_full(exc, path) from None
         raise
 

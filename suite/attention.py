@@ -149,9 +149,9 @@ def attention_reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be (batch + 1,) (got {len(cu_q)}, {len(cu_k)})")
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
-        doc = [t[lo:hi].transpose(0, 1)[None] for t, lo, hi in ((q, cu_q[b], cu_q[b + 1]), (k, cu_k[b], cu_k[b + 1]),
-                                                                (v, cu_k[b], cu_k[b + 1]))]
-        out, lse = attention_reference(*doc, causal=causal, scale=scale, causal_align=causal_align, return_lse=True)
+        qd, kd, vd = (t[lo:hi].transpose(0, 1)[None] for t, lo, hi in ((q, cu_q[b], cu_q[b + 1]),
+                                                                       (k, cu_k[b], cu_k[b + 1]), (v, cu_k[b], cu_k[b + 1])))
+        out, lse = attention_reference(qd, kd, vd, causal=causal, scale=scale, causal_align=causal_align, return_lse=True)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     out = torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2], dtype=torch.float64)

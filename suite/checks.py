@@ -58,7 +58,7 @@ def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, to
     NaN / Inf (e.g. an element a kernel never wrote) fails, naming the tensor."""
     first = next(iter(output.values()), None) if isinstance(output, Mapping) else None
     dtype = dtype or (first.dtype if isinstance(first, torch.Tensor) else None)
-    tolerance = None if exact else tolerances.get(dtype, 1e-2)
+    tolerance = None if exact else (tolerances.get(dtype, 1e-2) if dtype is not None else 1e-2)
     metric = "max_abs_diff" if exact else ("rel_l2" if len(reference) == 1 else "max_rel_l2")
     if not isinstance(output, Mapping):
         return CheckResult(False, None, tolerance, metric, f"output is a {type(output).__name__}, not named tensors")
@@ -75,8 +75,8 @@ def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, to
             errors[name] = rel_l2(ref, got)
     if not errors:
         return CheckResult(False, None, tolerance, metric, "nothing to compare")
-    worst = max(errors, key=errors.get)
-    limit = 0.0 if exact else tolerance
+    worst = max(errors, key=lambda k: errors[k])
+    limit = 0.0 if exact or tolerance is None else tolerance
     failing = [f"{k} {v:.3g}" for k, v in errors.items() if v > limit]
     if failing:
         what = "differs from the reference" if exact else f"relative L2 error above {tolerance:g} for {dtype}"

@@ -89,7 +89,7 @@ def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:
         run.telemetry["devices"] = {key: s.run_summary() for key, s in samplers.items()}
     for record in run.cases:
         key = (record.device or {}).get("key")
-        sampler = samplers.get(key)
+        sampler = samplers.get(key) if isinstance(key, str) else None
         record.telemetry = sampler.case_summary(record.id) if sampler is not None and sampler.available else None
 
 
@@ -118,7 +118,8 @@ def write_run(run_dir: results.RunDirectory, run: RunRecord, records: dict[int, 
             return
         except DiskFull:
             pass
-    run.disk_full = f"{run_dir.full.filename}: {run_dir.full.strerror}"
+    full = run_dir.full
+    run.disk_full = f"{full.filename}: {full.strerror}" if full is not None else "the disk filled"
     run_dir.close_on_full_disk(run, records)
     for write in (lambda: run_dir.write_cases_csv(run), lambda: _write_telemetry(run_dir, states)):
         with contextlib.suppress(DiskFull):

@@ -110,8 +110,8 @@ class BaselineVariantChange:
 
     variant: str | None
     ratio: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None  # None: too few samples for an interval
+    ci_high: float | None
     relative_ratio: float | None = None
     relative_ci_low: float | None = None
     relative_ci_high: float | None = None
@@ -200,21 +200,22 @@ def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
     """Beyond the threshold, and real: the CI lies beyond it, or p < P_SIGNIFICANT (``p`` from the
     CI's own replicates: then the 99.8% CI excludes no change)."""
     slower, faster = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    if ci.ratio > slower and (ci.ci_low > slower or p < P_SIGNIFICANT):
+    low, high = ci.bounds()
+    if ci.ratio > slower and (low > slower or p < P_SIGNIFICANT):
         return "regressed"
-    if ci.ratio < faster and (ci.ci_high < faster or p < P_SIGNIFICANT):
+    if ci.ratio < faster and (high < faster or p < P_SIGNIFICANT):
         return "improved"
     return "unchanged"
 
 
 def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
-             seed: int = 0) -> tuple[str, float, float, float, float]:
+             seed: int = 0) -> tuple[str, float, float | None, float | None, float | None]:
     """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times: the CI and p from the
     same bootstrap replicates (:func:`gpubench.stats.bootstrap_ratio_test`). With fewer than
     :data:`gpubench.stats.MIN_CI_SAMPLES` samples on either side: ``inconclusive``, the ratio with
     no CI and no p (one timed call under load is no measurement to gate on)."""
     ci, p = stats.bootstrap_ratio_test(current_samples, baseline_samples, seed=seed)
-    if not ci.has_interval:
+    if not ci.has_interval or p is None:
         return "inconclusive", ci.ratio, None, None, None
     return verdict_of(ci, p, threshold), ci.ratio, ci.ci_low, ci.ci_high, p
 
@@ -398,21 +399,22 @@ def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
     if math.log(control.ratio) * math.log(ratio) <= 0:
         return False  # it stood still or moved the other way
     # A baseline variant of too few samples has no CI: only its point estimate can say it moved.
-    clearly = control.has_interval and (control.ci_low > 1.0 if ratio > 1 else control.ci_high < 1.0)
+    clearly = control.has_interval and (control.bounds()[0] > 1.0 if ratio > 1 else control.bounds()[1] < 1.0)
     return clearly or math.log(control.ratio) / math.log(ratio) >= 0.5
 
 
 def _pct(ci: stats.RatioCI) -> str:
     if not ci.has_interval:
         return f"{(ci.ratio - 1) * 100:+.1f}% (n={ci.n})"
-    return f"{(ci.ratio - 1) * 100:+.1f}% [{(ci.ci_low - 1) * 100:+.1f}, {(ci.ci_high - 1) * 100:+.1f}]"
+    low, high = ci.bounds()
+    return f"{(ci.ratio - 1) * 100:+.1f}% [{(low - 1) * 100:+.1f}, {(high - 1) * 100:+.1f}]"
 
 
 def _ratio_bound(direction: str, threshold: float, control: stats.RatioCI) -> float:
     """How far the optimized/baseline ratio must move to count as ``direction``: beyond the
     threshold, and beyond what the machine's move can do to the ratio of unchanged code
     (MACHINE_SHARE of the baseline variant's move, log terms; only a move the machine's way needs it)."""
-    allowance = control.ratio ** MACHINE_SHARE
+    allowance = float(control.ratio ** MACHINE_SHARE)
     return max(1.0 + threshold, allowance) if direction == "regressed" else min(1.0 / (1.0 + threshold), allowance)
 
 
@@ -421,9 +423,10 @@ def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: fl
     :func:`_ratio_bound`; None when it does not clearly move (or has no CI: too few samples)."""
     if not relative.has_interval:
         return None
-    if relative.ci_low > _ratio_bound("regressed", threshold, control):
+    low, high = relative.bounds()
+    if low > _ratio_bound("regressed", threshold, control):
         return "regressed"
-    if relative.ci_high < _ratio_bound("improved", threshold, control):
+    if high < _ratio_bound("improved", threshold, control):
         return "improved"
     return None
 
@@ -461,7 +464,7 @@ def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: s
         change.verdict = by_ratio
         change.reason = (f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
                          f", while {machine}: the ratio decides, not the optimized variant's own "
-                         f"{(change.ratio - 1) * 100:+.1f}% ({own} by itself)")
+                         f"{((change.ratio or 1.0) - 1) * 100:+.1f}% ({own} by itself)")
     else:
         change.verdict = "inconclusive"
         change.reason = (f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "
@@ -515,7 +518,7 @@ def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, na
     ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
     change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
     fewest = min(len(a), len(b), len(ra), len(rb))
-    moved = change.verdict in ("regressed", "improved") and _control_moved(ci, change.ratio)
+    moved = change.verdict in ("regressed", "improved") and change.ratio is not None and _control_moved(ci, change.ratio)
     relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
     # The ratio is the figure a machine's move does not make: it decides where the baseline variant
     # moved too, and wherever it clearly says otherwise than the optimized variant's own time.

@@ -36,15 +36,22 @@ import re
 import statistics
 import warnings
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar, cast
 
 # Part of the public contract, defined where they belong:
-from gpubench.claims import Claim  # noqa: F401
+from gpubench.claims import Claim as Claim
 
 if TYPE_CHECKING:  # for type checkers and documentation tools, which read these as re-exports
     import torch
 
-    from gpubench.checks import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check  # noqa: F401
+    from gpubench.checks import DTYPE_TOLERANCE as DTYPE_TOLERANCE
+    from gpubench.checks import CheckResult as CheckResult
+    from gpubench.checks import rel_l2 as rel_l2
+    from gpubench.checks import relative_l2_check as relative_l2_check
+    from gpubench.checks import tensors_check as tensors_check
+
+# What the decorators take and give back: the function, unchanged.
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 # gpubench.checks's names are part of the contract too, imported on first use: they need torch, and
 # what only reads results (report, history, compare) imports this module without it (issue 35).
@@ -419,17 +426,17 @@ class Technique:
                       f"headline_figures=(Headline({metric!r}, replaces_time=False),)",
                       DeprecationWarning, stacklevel=4)
         if all(h.metric != metric for h in self.headline_figures):
-            self.headline_figures = (Headline(metric, replaces_time=False),) + self.headline_figures
+            self.headline_figures = (Headline(metric, replaces_time=False), *self.headline_figures)
 
     # -- decorators ---------------------------------------------------------------------------
-    def build(self, fn: Callable[[dict[str, Any], torch.device, int], Workload]):
+    def build(self, fn: _Fn) -> _Fn:
         """Decorator: ``fn(params, device, seed) -> Workload``, the seeded inputs of one case (never zeros)."""
         self.build_fn = fn
         return fn
 
     def variant(self, name: str, role: str = "peer", description: str = "",
                 unavailable: Callable[..., str | None] | None = None,
-                checked_only: Callable[[torch.device], str | None] | None = None):
+                checked_only: Callable[[torch.device], str | None] | None = None) -> Callable[[_Fn], _Fn]:
         """Decorator: ``fn(workload)`` or ``fn(workload, recorder)`` is variant ``name`` (named by what it
         runs: ``eager``, ``triton``) playing ``role`` (baseline / optimized / peer). Its description
         in the report is ``description`` or its docstring's first paragraph. ``unavailable(device)``
@@ -440,7 +447,7 @@ class Technique:
         if name in ROLES and role != name:
             raise ValueError(f"variant {name}: a role's name can only name a variant of that role")
 
-        def register(fn: Callable[..., Any]):
+        def register(fn: _Fn) -> _Fn:
             if name in self.variants:
                 raise ValueError(f"technique {self.name}: variant {name} registered twice")
             doc = description or first_paragraph(fn.__doc__)
@@ -449,24 +456,24 @@ class Technique:
 
         return register
 
-    def check(self, fn: Callable[[Any, Any], CheckResult]):
+    def check(self, fn: _Fn) -> _Fn:
         """Decorator: ``fn(reference_output, output) -> CheckResult``, the error figure kept."""
         self.check_fn = fn
         return fn
 
-    def reference(self, fn: Callable[[Workload], Any]):
+    def reference(self, fn: _Fn) -> _Fn:  # fn(workload) -> the reference output
         """Optional: a more precise reference than the baseline (e.g. float64). When set, the
         baseline is checked against it too."""
         self.reference_fn = fn
         return fn
 
-    def metrics(self, fn: Callable[[Workload, Measured], dict[str, Any]]):
+    def metrics(self, fn: _Fn) -> _Fn:
         """Decorator: ``fn(workload, measured) -> dict`` of derived figures; ``flops`` and ``bytes_moved``
         per call (what the problem needs, once) become TFLOP/s, GB/s and % of the device peak."""
         self.metrics_fn = fn
         return fn
 
-    def figures(self, fn: Callable[[list[dict[str, Any]]], list[tuple[str, Any]]]):
+    def figures(self, fn: _Fn) -> _Fn:  # fn(case records) -> [(title, figure)]
         """Deprecated: the technique's own report figures, built from its case records. Declare
         ``Plot``s instead: a run holds them, so its report draws them without this code."""
         warnings.warn(_FIGURES_DEPRECATED, DeprecationWarning, stacklevel=2)
@@ -475,10 +482,10 @@ class Technique:
 
     def plot(self, plot: Plot) -> Plot:
         """Declare a report figure (see ``Plot``)."""
-        self.plots.append(plot)
+        cast(list[Plot], self.plots).append(plot)  # a list since __post_init__
         return plot
 
-    def validate(self, fn: Callable[[dict[str, Any]], list[str]]):
+    def validate(self, fn: _Fn) -> _Fn:  # fn(params) -> problems
         """Optional: cross-parameter rules (e.g. heads divisible by kv_heads); returns problems."""
         self.validate_fn = fn
         return fn
@@ -574,7 +581,7 @@ def _headline_metric(self: Technique) -> str:
 
 
 # Set after the class: a property in its body would become the default of the ``headline`` InitVar.
-Technique.headline = property(_headline_metric)  # type: ignore[assignment]
+Technique.headline = property(_headline_metric)  # type: ignore[attr-defined]  # an InitVar to mypy
 
 _FIGURES_DEPRECATED = ("Technique.figures / figures_fn is deprecated: declare Plot(...)s (Technique(plots=...) or "
                        "@T.plot), which a run records and its report draws without the technique's code")

@@ -81,6 +81,11 @@ def fixed_cost_s(case: Any) -> float | None:
     return max(0.0, float(case.elapsed_s) - sum(float(phases.get(p) or 0.0) for p in POLICY_PHASES))
 
 
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A cache document's table: ``value`` where it is one, else empty (a file written by hand)."""
+    return value if isinstance(value, dict) else {}
+
 class CaseTimes:
     """The wall time of each case on one device model (``device_label``, as runs record it), by
     case id and ``--repeat-scale``, the newest run's figure winning; each technique's fixed cost
@@ -104,7 +109,7 @@ class CaseTimes:
     def read_all(self) -> tuple[dict[str, float], float | None, float | None]:
         """:meth:`read`, and the seconds the report took per case (None: never measured here)."""
         doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
-        cases = doc.get("cases") if isinstance(doc.get("cases"), dict) else {}
+        cases = _dict(doc.get("cases"))
         seconds = {k: float(v["s"]) for k, v in cases.items()
                    if isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and v["s"] > 0}
         return seconds, _median(doc.get("run_overheads_s")), _median(doc.get("report_s_per_case"))
@@ -112,7 +117,7 @@ class CaseTimes:
     def fixed_costs(self) -> dict[str, list[float]]:
         """Per technique, the fixed costs (seconds) of its newest cases on this device model."""
         doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
-        raw = doc.get("fixed_s") if isinstance(doc.get("fixed_s"), dict) else {}
+        raw = _dict(doc.get("fixed_s"))
         return {str(t): [float(x) for x in v if isinstance(x, (int, float)) and x >= 0]
                 for t, v in raw.items() if isinstance(v, list)}
 
@@ -135,13 +140,13 @@ class CaseTimes:
         finished = [c for c in cases if c.status in ("passed", "failed") and (c.elapsed_s or 0) > 0]
         with locked(self.path):
             doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
-            known = doc.get("cases") if isinstance(doc.get("cases"), dict) else {}
+            known = _dict(doc.get("cases"))
             for c in finished:
                 known[self.key(c.id, repeat_scale)] = {"s": round(float(c.elapsed_s), 4), "at": now}
             if len(known) > MAX_CASES:
                 newest = sorted(known.items(), key=lambda kv: str(kv[1].get("at", "")), reverse=True)[:MAX_CASES]
                 known = dict(newest)
-            fixed = doc.get("fixed_s") if isinstance(doc.get("fixed_s"), dict) else {}
+            fixed = _dict(doc.get("fixed_s"))
             for c in finished:
                 seconds = fixed_cost_s(c)
                 if seconds is not None:

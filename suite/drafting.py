@@ -41,7 +41,7 @@ class ModelDrafter:
         # The cache holds a prefix of the context, never its last token (the rollback keeps it so):
         # feed the confirmed tokens it has not seen, then the last one, whose logits give draft 0.
         feed = tokens[self.cache.length:-1] + tokens[-1:]
-        for i in range(k):
+        for _ in range(k):
             logits = self.cache.forward(feed)[0]
             self.forwards += 1
             if temperature <= 0:

@@ -258,7 +258,7 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
     durations = [end - start for start, end in calls]
     window_s = sum(durations)
     covered = (inner + outer) / 2 if spanned else None
-    period = covered / periods if periods else None
+    period = covered / periods if periods and covered is not None else None
 
     def failed(error: str) -> EnergyMeasurement:
         return EnergyMeasurement(mj_per_call=None, uncertainty_mj=None, mean_power_w=None,
@@ -271,8 +271,8 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
                    f"{window_s:.3g} s in all, spanning {periods} refresh period(s) between changes within a call; "
                    f"a figure needs {MIN_COUNTER_STEPS - 1} (as a window needs {MIN_COUNTER_STEPS} changes)"
                    + ("" if read_inside else ": no reading of the counter fell inside them (was it read throughout?)"))
-    if problem is not None:
-        return failed(problem)
+    if problem is not None or covered is None:  # covered: None only where periods is 0 (a problem)
+        return failed(problem or "no timed call spanned a counter change")
     mean = energy_mj / covered / 1000.0
     low = max(energy_mj - spanned, 0.0) / outer / 1000.0
     high = (energy_mj + spanned) / inner / 1000.0

@@ -27,7 +27,7 @@ from gpubench import techniques
 from gpubench.devicecache import CaseTimes, fixed_cost_s
 from gpubench.energy import window_bounds_s
 from gpubench.policy import Policy
-from gpubench.results import duration_text  # noqa: F401 - part of this module's interface
+from gpubench.results import duration_text
 from gpubench.scenario import Case, Scenario
 
 if TYPE_CHECKING:  # torch in annotations only: a dry run's checks and --help import none
@@ -195,6 +195,7 @@ def policy_bounds_s(policy: Policy, variants: int, gpu: bool) -> tuple[float, fl
 def variants_run(technique: str, variants: tuple[str, ...] | None, device: torch.device) -> int:
     """How many of a case's variants run on ``device`` (a scenario's subset, less the unavailable)."""
     tech = techniques.get(technique)
+    assert tech is not None, technique  # a case's technique was found when its scenario was read
     names = tech.resolve(variants, device) if variants is not None else list(tech.variants)
     cast = tech.cast(device)
     return max(1, sum(cast[n][1] is None for n in names))
@@ -263,4 +264,4 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
         extra = costs.startup_s() + costs.closing_s(total)
     return Estimate(low / workers + overhead, high / workers + overhead + extra, total, measured,
                     Path(out_root) if measured and out_root is not None else None, workers,
-                    from_history, history.path if from_history else None, overhead, policy_only)
+                    from_history, history.path if from_history and history is not None else None, overhead, policy_only)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Collection
 from typing import Any
 
 from gpubench import telemetry
@@ -16,7 +17,7 @@ def _source(device_text: str) -> telemetry.NvmlSource:
     return telemetry.NvmlSource(index=index, uuid=uuid)
 
 
-def gpu_processes(device_text: str, ours: set[int] = frozenset()) -> list[dict[str, Any]] | str:
+def gpu_processes(device_text: str, ours: Collection[int] = frozenset()) -> list[dict[str, Any]] | str:
     """Other processes holding a context on the GPU (pid, name, memory), or why they cannot be
     listed (a CPU device, no NVML)."""
     if not device_text.startswith("cuda"):

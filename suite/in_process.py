@@ -45,8 +45,10 @@ class InProcess:
 
     def run(self, jobs: list[Job], sink: Sink) -> None:
         clocks: dict[bool, timing.Clock] = {}
-        for n, job in enumerate(jobs):
-            job = sink.admit(job)
+        state = self.state
+        assert state is not None and state.sampler is not None  # start() ran
+        for n, queued in enumerate(jobs):
+            job = sink.admit(queued)
             if job is None:  # the run's budget cannot hold it
                 continue
             sink.started(job)
@@ -54,15 +56,15 @@ class InProcess:
             if flush not in clocks:
                 clocks[flush] = timing.Clock(self.device, flush_l2=flush)
             try:
-                record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings,
+                record = runner.run_case(job.case, self.device, clocks[flush], state.sampler, state.ceilings,
                                          job.run_dir, budget_s=job.budget_s, time_limit=job.time_limit)
             except runner.CaseInterrupted as stop:
-                stop.record.device = self.state.info.to_dict()
+                stop.record.device = state.info.to_dict()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C
                     stop.record.failure.message = stop_reason(Terminated())
                 sink.finished(job, stop.record)
                 raise KeyboardInterrupt from None
-            record.device = self.state.info.to_dict()
+            record.device = state.info.to_dict()
             sink.finished(job, record)
             if record.status == "failed":
                 broken = runner.cuda_context_broken(self.device)

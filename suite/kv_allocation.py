@@ -122,7 +122,7 @@ def read_back(cache: KVCache, w: KVCacheWorkload) -> ReadBack:
             src = seq.layers[layer]
             ok = same_bytes(got.values, src.values[start:])
             if src.scales is not None:
-                ok = ok and same_bytes(got.scales, src.scales[start:])
+                ok = ok and got.scales is not None and same_bytes(got.scales, src.scales[start:])
             if not ok:
                 out.mismatched += 1
                 out.missing += seq.length - start - got.values.shape[0]

@@ -50,10 +50,10 @@ def serving_memory(device: torch.device, p: Mapping[str, Any], lengths: Sequence
     layout = kvmath.layout_for(cfg, p["kv_dtype"], gpus)
     weights = -(-model_params.weight_bytes(cfg).bytes // gpus)
     fixed = kvmath.cache_bytes(layout, [], allocator, p["block_size"], p["max_len"])  # per-tensor scales
-    one_copy = kvmath.cache_bytes(layout, lengths, allocator, p["block_size"], p["max_len"]) - fixed
+    one_copy = kvmath.cache_bytes(layout, list(lengths), allocator, p["block_size"], p["max_len"]) - fixed
     copies = max(0, (int(gpu * UTILIZATION) - weights - fixed) // one_copy) if one_copy else 0
     kv = copies * one_copy + (fixed if copies else 0)
-    holding = copies * kvmath.token_bytes(layout, lengths)
+    holding = copies * kvmath.token_bytes(layout, list(lengths))
     return {
         "gpus": gpus,
         "weights_per_gpu_gib": weights / GIB,

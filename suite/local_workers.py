@@ -217,6 +217,7 @@ class LocalWorkers:
 
     def _collect(self, w: WorkerSlot, sink: Sink) -> None:
         job = w.job
+        assert job is not None  # a busy slot's
         try:
             done: Done | Note = w.conn.recv()
         except (EOFError, OSError):
@@ -238,6 +239,7 @@ class LocalWorkers:
 
     def _time_out(self, w: WorkerSlot, sink: Sink) -> None:
         job = w.job
+        assert job is not None  # a busy slot's
         elapsed = time.monotonic() - w.started_at
         w.kill()
         limit = job.limit_s

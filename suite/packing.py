@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,8 @@ HALF = ("float16", "bfloat16")  # the dtypes flash-attn has kernels for
 # gpubench's own varlen attention (Triton forward and backward, autograd): flash_attn_varlen_func.
 TRITON_VARLEN = ("gpubench.optimizations.flash_attention_triton_bwd", "flash_attn_varlen_func")
 IGNORE_INDEX = -100
-SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
+# enable_gqa arrived in torch 2.5 (the ignore: TorchVersion compares with a tuple; its stub says str only)
+SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def packed_loss(logits: torch.Tensor, tokens: torch.Tensor,
 
 def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch],
                   forward: Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
-                  metadata_scope: ContextManager[Any] | None = None) -> StepOutput:
+                  metadata_scope: contextlib.AbstractContextManager[Any] | None = None) -> StepOutput:
     """One training step: for each micro-batch, ``forward(batch)`` (logits and position ids), its
     next-token loss within documents and backward (gradients accumulated, each loss weighted
     1 / micro-batches); then one optimizer step. ``metadata_scope`` spans every forward and
@@ -297,4 +298,5 @@ def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batch
     with phase(stats, "optimizer"):
         optimizer.step()
     params = weights.parameters()
-    return StepOutput(torch.stack(losses).mean(), torch.stack(token_losses), [p.grad for p in params], params)
+    grads = [p.grad for p in params]  # after backward: each parameter holds its gradient
+    return StepOutput(torch.stack(losses).mean(), torch.stack(token_losses), grads, params)  # type: ignore[arg-type]

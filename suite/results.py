@@ -241,14 +241,14 @@ class CaseRecord:
 def has_interval(figure: Mapping[str, Any] | None) -> bool:
     """Whether a speedup or stats dict carries a confidence interval (both ends numbers): one from
     fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
-    return bool(figure) and all(isinstance(figure.get(k), (int, float)) and not isinstance(figure.get(k), bool)
+    return figure is not None and bool(figure) and all(isinstance(figure.get(k), (int, float)) and not isinstance(figure.get(k), bool)
                                 for k in ("ci_low", "ci_high"))
 
 
 def _fewest(*variants: "VariantRecord | None") -> int | None:
     counts = [len(v.samples_s) or (v.stats or {}).get("n") for v in variants if v is not None]
-    counts = [c for c in counts if isinstance(c, int)]
-    return min(counts) if counts and len(counts) == len(variants) else None
+    known = [c for c in counts if isinstance(c, int)]
+    return min(known) if known and len(known) == len(variants) else None
 
 
 def _upgraded_speedups(speedups: Mapping[str, Any], variants: Mapping[str, "VariantRecord"]) -> dict[str, Any]:
@@ -516,7 +516,8 @@ class RunRecord:
 
         skip = ("cases", "declarations", "schema_version", "source", "path")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
-        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
+        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                  for k, v in fields.items()}
         fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
         declared, elsewhere = self.declarations.to_dicts()
         doc = {"schema_version": self.schema_version, "kind": "gpubench.results", "gpubench_version": __version__,

@@ -137,7 +137,7 @@ def new_record(case: Case) -> CaseRecord:
     tech = techniques.get(case.technique)
     return CaseRecord(id=case.id, technique=case.technique, params=case.params, seed=case.seed,
                       policy=case.policy.to_dict(), source=tech.source if tech is not None else "",
-                      headline=tech.headline if tech is not None else "",
+                      headline=tech.headline if tech is not None else "",  # type: ignore[attr-defined]  # property
                       gate_metric=tech.gate_metric if tech is not None else "", started_at=_now())
 
 

@@ -147,6 +147,7 @@ def replayed(out: Decoded) -> list[CheckResult]:
     the confirmed tokens it was fed, with the K/V of a cacheless pass (prompt lookup's buffer, the
     context); (5) sampled: the acceptance rule's distribution test (:func:`rule_p_value`)."""
     replay, temperature = out.replay, out.temperature
+    assert replay is not None  # called where the run kept its replay
     unaccounted = [f"prompt {i}: {why}" for i, (g, new) in enumerate(zip(replay.generations, out.tokens))
                    if (why := _accounts_for(g, new))]
     if unaccounted or len(replay.generations) != len(out.tokens):
@@ -169,6 +170,7 @@ def replayed(out: Decoded) -> list[CheckResult]:
                             if s.asked and s.drafts != prompt_lookup(seq[:s.start], s.asked, *replay.ngram)]
             state += _ngram_state(g, seq, i)
             continue
+        assert replay.draft is not None  # not prompt lookup: a draft model
         draft_logits, k, v = recomputed(replay.draft, seq[:-1])
         if temperature > 0:
             worst_q = max([worst_q] + _draft_q_errors(g, draft_logits, temperature))
@@ -178,7 +180,7 @@ def replayed(out: Decoded) -> list[CheckResult]:
     results = [CheckResult(worst_target <= tolerance, worst_target, tolerance, "target_logits_rel_l2",
                            "" if worst_target <= tolerance else "a verification scored the drafts with "
                            "target logits other than the model's")]
-    if replay.draft is not None and temperature > 0:
+    if replay.draft is not None and q_tolerance is not None:  # q_tolerance: temperature > 0
         results.append(CheckResult(worst_q <= q_tolerance, worst_q, q_tolerance, "draft_probs_rel_l2",
                                    "" if worst_q <= q_tolerance else "the drafts' q differs from the draft model's"))
     else:
@@ -231,6 +233,7 @@ def _draft_cache_state(g: Generation, k: torch.Tensor, v: torch.Tensor, toleranc
     """The draft model's cache after the run against recomputation: it holds the confirmed tokens
     of the last verification that drafted, at least those its proposal fed (the context and every
     draft but the last), with the K/V of a cacheless pass over them."""
+    assert isinstance(g.drafter, ModelDrafter)  # prompt lookup's state is _ngram_state's
     cache = g.drafter.cache
     last = next((s for s in reversed(g.steps) if s.asked), None)
     low, high = (0, 0) if last is None else (last.start + min(last.accepted, len(last.drafts) - 1),
@@ -251,6 +254,7 @@ def _ngram_state(g: Generation, seq: list[int], i: int) -> list[str]:
     last = next((s for s in reversed(g.steps) if s.asked), None)
     expected = 0 if last is None else last.start
     d = g.drafter
+    assert isinstance(d, NgramDrafter)  # called for prompt lookup only
     if d.length != expected or bytes(d.context_bytes) != b"".join(t.to_bytes(4, "little") for t in seq[:expected]):
         return [f"prompt {i}: prompt lookup's buffer ({d.length} tokens) is not the {expected}-token context"]
     return []

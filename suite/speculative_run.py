@@ -80,4 +80,5 @@ def make_drafter(w: SpecWorkload) -> ModelDrafter | NgramDrafter:
     p = w.params
     if p["drafter"] == "ngram":
         return NgramDrafter(p["ngram_max"], p["ngram_min"])
+    assert w.draft is not None  # built where the drafter is a model
     return ModelDrafter(w.draft, capacity(p))

@@ -49,6 +49,12 @@ class SampleStats:
     def has_interval(self) -> bool:
         return self.ci_low is not None and self.ci_high is not None
 
+    def bounds(self) -> tuple[float, float]:
+        """(ci_low, ci_high), where :attr:`has_interval` holds; ValueError where there is none."""
+        if self.ci_low is None or self.ci_high is None:
+            raise ValueError(f"{self.n} samples give no interval")
+        return self.ci_low, self.ci_high
+
     @property
     def iqr_over_median(self) -> float:
         return self.iqr / self.median if self.median > 0 else math.inf
@@ -70,11 +76,18 @@ class RatioCI:
     def has_interval(self) -> bool:
         return self.ci_low is not None and self.ci_high is not None
 
+    def bounds(self) -> tuple[float, float]:
+        """(ci_low, ci_high), where :attr:`has_interval` holds (a type checker does not see through
+        the property); ValueError where there is no interval."""
+        if self.ci_low is None or self.ci_high is None:
+            raise ValueError(f"a ratio of {self.n} samples has no interval")
+        return self.ci_low, self.ci_high
+
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
 
 
-def _array(samples: Sequence[float]) -> np.ndarray:
+def _array(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     a = np.asarray(samples, dtype=np.float64)
     if a.ndim != 1 or a.size == 0:
         raise ValueError("need a non-empty 1-D sequence of samples")
@@ -92,7 +105,7 @@ def iqr(samples: Sequence[float]) -> float:
     return float(q75 - q25)
 
 
-def bootstrap_medians(samples: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES,
+def bootstrap_medians(samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
                       seed: int = 0) -> np.ndarray:
     """Medians of ``resamples`` bootstrap resamples (with replacement) of ``samples``."""
     a = _array(samples)

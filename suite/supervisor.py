@@ -50,7 +50,7 @@ from gpubench.results import RunRecord
 # scripts name them through gpubench.supervisor, beside run_scenario.
 from gpubench.run_options import RunOptions, check_hygiene, check_options, resolve_devices  # noqa: F401
 from gpubench.scenario import Case, Scenario
-from gpubench.stopping import RunAborted, Terminated, sigterm_as_interrupt, stop_reason  # noqa: F401
+from gpubench.stopping import RunAborted, Terminated, sigterm_as_interrupt, stop_reason
 from gpubench.worker import Job
 
 
@@ -61,7 +61,8 @@ def _now() -> str:
 def make_jobs(cases: Sequence[Case], targets: Sequence[str | None], run_dir: Path | None = None) -> list[Job]:
     """One job per case and target device model, case by case (a run reads in case order)."""
     where = None if run_dir is None else str(run_dir)
-    return [Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target, where)
+    # (the ignore: a case's technique was found when its scenario was read)
+    return [Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target, where)  # type: ignore[union-attr]
             for i, case in enumerate(cases) for t, target in enumerate(targets)]
 
 
@@ -206,6 +207,7 @@ def _budget(r: _Run, started: Sequence[DeviceState]) -> budgetmod.Budget:
     costs = CaseCosts(torch.device("cuda" if device.startswith("cuda") else "cpu"),
                       history=CaseTimes(label) if label else None, out_root=r.out_root,
                       repeat_scale=r.record.repeat_scale)
+    assert r.options.budget_s is not None  # called for a run with a budget only
     return budgetmod.Budget(r.options.budget_s, costs, started_at=r.budget_from, fill=r.options.fill_budget)
 
 

@@ -76,9 +76,10 @@ class NvmlSource:
     def __init__(self, index: int | None = 0, uuid: str | None = None, *, nvml: Any = None):
         if nvml is None:
             try:
-                import pynvml as nvml  # nvidia-ml-py
+                import pynvml  # nvidia-ml-py
             except ImportError as e:
                 raise TelemetryUnavailable("nvidia-ml-py not installed") from e
+            nvml = pynvml
         self._nv = nvml
         try:
             nvml.nvmlInit()
@@ -205,8 +206,9 @@ class NvmlSource:
             (("util_gpu_pct", "util_mem_pct"), lambda: (lambda u: (u.gpu, u.memory))(nv.nvmlDeviceGetUtilizationRates(h))),
             (("mem_used_mb",), lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
         ]
-        if self._reasons_fn is not None:
-            readers.append((("throttle_mask",), lambda: int(self._reasons_fn(h))))
+        reasons = self._reasons_fn
+        if reasons is not None:
+            readers.append((("throttle_mask",), lambda: int(reasons(h))))
         else:
             self.unsupported.add("throttle_mask")
         return readers

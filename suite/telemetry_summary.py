@@ -45,7 +45,7 @@ def _min(values: Iterable[Any]) -> float | None:
 
 def aggregate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Figures over a list of samples (all JSON-safe: None where there is nothing to aggregate)."""
-    col = lambda k: [s.get(k) for s in samples]  # noqa: E731
+    col = lambda k: [s.get(k) for s in samples]
     reasons: set[str] = set()
     n_throttled = 0
     for s in samples:

@@ -26,7 +26,7 @@ import torch
 from gpubench import stats
 from gpubench.contract import Recorder
 # The one phase timer; a case's stages are wall laps of it (no device given).
-from gpubench.phase_timer import PhaseTimer  # noqa: F401 - runner.CaseRun's phases
+from gpubench.phase_timer import PhaseTimer
 # The policy is declared where a scenario reads it without torch; named here too, as it always was.
 from gpubench.policy import POLICY_PARAMS, PROFILE_KEYS, Policy, PolicyParam, policy_problems  # noqa: F401
 from gpubench.profiling import nvtx_range

@@ -12,6 +12,7 @@ Supervisor to worker: a :class:`Job`, or None to stop.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -195,7 +196,7 @@ def _pin_near(handle: Any) -> tuple[int, ...] | None:
         import pynvml
 
         current = tuple(sorted(os.sched_getaffinity(0)))
-        words = pynvml.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() + 63) // 64)
+        words = pynvml.nvmlDeviceGetCpuAffinity(handle, ((os.cpu_count() or 1) + 63) // 64)
     except Exception:  # noqa: BLE001 - no NVML, no affinity API: run unpinned
         return None
     near = tuple(w * 64 + b for w, mask in enumerate(words) for b in range(64) if mask >> b & 1)
@@ -268,7 +269,7 @@ def main(conn: Connection, key: str, device_text: str, tag_buffer: Any, log_path
             break
         if job is None:
             break
-        with notices.listening(lambda text, index=job.index: _send_note(conn, index, text)):
+        with notices.listening(functools.partial(_send_note, conn, job.index)):
             record, interrupted = run_job(job, device, clocks, probe, ceilings, info)
         broken = runner.cuda_context_broken(device) if record.status == "failed" else None
         conn.send(Done(job.index, record, broken, interrupted))

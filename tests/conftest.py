@@ -13,8 +13,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every test sees the same width whichever way the suite runs.
 os.environ.pop("COLUMNS", None)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # Without a GPU, Triton kernels run in Triton's interpreter. It is chosen when a kernel is
 # decorated, so this must be set before any module defining a kernel is imported.

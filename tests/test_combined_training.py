@@ -152,7 +152,7 @@ def test_on_cuda_only_the_router_gradients_get_the_wider_bf16_limit():
     """CUDA's atomics make bf16 router gradients of two identical sort-and-group steps differ by up
     to ~0.1 (measured on an H200); every other tensor keeps CUDA_TOLERANCE."""
     ref = {"loss": torch.ones(()), "layers.0.experts.router_bias": torch.ones(8), "layers.0.wq": torch.ones(8)}
-    off = lambda name, by: {**ref, name: ref[name] * (1 + by)}  # noqa: E731
+    off = lambda name, by: {**ref, name: ref[name] * (1 + by)}
     bf16 = torch.bfloat16
     assert ct.same_path_check(ref, off("layers.0.experts.router_bias", 0.2), bf16, cuda=True).passed
     assert not ct.same_path_check(ref, off("layers.0.experts.router_bias", 0.5), bf16, cuda=True).passed

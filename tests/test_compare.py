@@ -644,7 +644,7 @@ def test_when_the_baseline_variant_moved_too_the_optimized_baseline_ratio_decide
     # noise is shared by its two variants, as the interleaved timing makes it.
     rng = np.random.default_rng(12)
     r_base, r_cur = _rounds(rng, 30), _rounds(rng, 30)
-    own = lambda: rng.normal(1.0, 0.01, 30)  # noqa: E731  (each variant's own, unshared noise)
+    own = lambda: rng.normal(1.0, 0.01, 30)  # each variant's own, unshared noise
     base = [r_base * own(), 0.5 * r_base * own()]
     cur = [machine * r_cur * own(), machine * 0.5 * ratio_change * r_cur * own()]
     change = compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]
@@ -659,7 +659,7 @@ def test_interleaved_rounds_are_resampled_together_so_shared_noise_cancels_in_th
     # (what unequal sample counts force) spreads it over the wander.
     rng = np.random.default_rng(13)
     r_base, r_cur = np.exp(rng.normal(0, 0.15, 30)), np.exp(rng.normal(0, 0.15, 30))
-    own = lambda n: rng.normal(1.0, 0.01, n)  # noqa: E731  (each variant's own, unshared noise)
+    own = lambda n: rng.normal(1.0, 0.01, n)  # each variant's own, unshared noise
     opt_base, opt_cur = 0.5 * r_base * own(30), 0.5 * r_cur * own(30)
     paired = stats.relative_ratio_ci(opt_base, r_base, opt_cur, r_cur)
     assert paired.ci_low > 0.97 and paired.ci_high < 1.03
@@ -685,7 +685,7 @@ def _machine_and_code(machine: float, optimized: float, rounds: int = 30, seed: 
     time x ``optimized`` in all (so its ratio to the baseline variant x optimized / machine)."""
     rng = np.random.default_rng(seed)
     r_base, r_cur = _rounds(rng, rounds), _rounds(rng, rounds)
-    own = lambda: rng.normal(1.0, 0.01, rounds)  # noqa: E731  (each variant's own, unshared noise)
+    own = lambda: rng.normal(1.0, 0.01, rounds)  # each variant's own, unshared noise
     base = [r_base * own(), 0.5 * r_base * own()]
     cur = [machine * r_cur * own(), optimized * 0.5 * r_cur * own()]
     return compare.compare(_doc(cases=[_pair_case(*base)]), _doc(cases=[_pair_case(*cur)])).changes[0]

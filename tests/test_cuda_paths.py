@@ -406,7 +406,7 @@ class FakeNvmlHygiene:
 
     def __init__(self, ours, may_lock=True):
         self.calls, self.may_lock = [], may_lock
-        proc = lambda pid, mib: SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)  # noqa: E731
+        proc = lambda pid, mib: SimpleNamespace(pid=pid, usedGpuMemory=mib * 2**20)
         self.compute = [proc(ours, 10), proc(4242, 512)]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):

@@ -471,7 +471,6 @@ def test_new_params_validate_and_build_the_shapes_they_name():
     assert v.q.shape == (sum(v.docs.lens_q) + tail, 4, 64) and v.k.shape == (sum(v.docs.lens_k) + tail, 2, 64)
     assert all(1 <= n <= 30 for n in v.docs.lens_k) and all(1 <= n <= 8 for n in v.docs.lens_q)
     assert v.docs.cu_seqlens_q.dtype == torch.int32 and v.docs.cu_seqlens_k.tolist()[-1] == v.k.shape[0] - tail
-    params = TECHNIQUE.defaults()
     for bad in (dict(mode="backward"), dict(causal_align="center"), dict(head_dim=80), dict(head_dim_v=48)):
         name, value = next(iter(bad.items()))
         assert TECHNIQUE.param(name).problem(value), bad

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
@@ -79,8 +80,8 @@ def test_the_gate_compares_each_device_model_with_its_own_baseline(tmp_path):
 
 
 def test_runs_on_hardware_that_shares_no_model_are_refused_unless_forced(tmp_path):
-    base = json.loads(open(f"{_run(tmp_path, 'b', [_case('a', None, SAMPLES, 1)], H100)}/results.json").read())
-    cur = json.loads(open(f"{_run(tmp_path, 'c', [_case('a', None, SAMPLES, 1)], H200)}/results.json").read())
+    base = json.loads(Path(f"{_run(tmp_path, 'b', [_case('a', None, SAMPLES, 1)], H100)}/results.json").read_text())
+    cur = json.loads(Path(f"{_run(tmp_path, 'c', [_case('a', None, SAMPLES, 1)], H200)}/results.json").read_text())
     try:
         compare.compare(base, cur)
     except compare.BadInput as exc:

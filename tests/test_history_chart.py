@@ -4,15 +4,13 @@ that cannot squash a fast one's step flat, and no folder of the machine that mad
 from __future__ import annotations
 
 import hashlib
-import re
-from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from gpubench.history.changepoints import CaseHistory, ChangePoint
 from gpubench.history.store import Point
 from gpubench.reports import history_page
-from gpubench.reports.trend_chart import run_labels, trend_figure
+from gpubench.reports.trend_chart import trend_figure
 
 
 

@@ -47,7 +47,7 @@ def _timed_out_run(monkeypatch, write_scenario, tmp_path, loads):
     def alarm_at_once(seconds, budget=False):
         limits.append(seconds)
         raise runner.CaseTimeout("the alarm")
-        yield  # noqa: unreachable: a generator, as contextmanager wants
+        yield  # unreachable: a generator, as contextmanager wants
 
     monkeypatch.setattr(runner, "deadline", alarm_at_once)
     # the case starts at 0; once the alarm is set, the clock reads its limit

@@ -11,7 +11,6 @@ import pytest
 import torch
 from compile_sm90 import compile_script_output
 
-import gpubench.optimizations.paged_attention_triton as kernels
 from gpubench.optimizations.paged_attention_triton import (MAX_SPLITS, MIN_SPLIT_TOKENS, PROGRAMS_PER_SM,
                                                            choose_splits, paged_decode_attention_triton,
                                                            reduce_partials)

@@ -20,7 +20,7 @@ from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
 from gpubench.reports import figures, html, markdown, phases, plots, sweep
-from gpubench.reports.terminal import format_seconds, format_speedup
+from gpubench.reports.terminal import format_speedup
 from gpubench.telemetry import SAMPLE_COLUMNS
 
 import report_runs
@@ -169,7 +169,7 @@ def test_every_description_is_shown_whole(real_report):
         assert f"<p>{escape(summary.rstrip('.'))}.</p>" in section
         items = re.findall(r"<li>(baseline|optimized|peer) <code>(\w+)</code>: (.*?)</li>", section)
         assert [role for role, _, _ in items[:2]] == ["baseline", "optimized"]
-        for role, variant, shown in items:
+        for _role, variant, shown in items:
             recorded = next(c["variants"][variant] for c in doc["cases"]
                             if c["technique"] == name and variant in c["variants"])
             assert shown == escape(recorded["description"]) and recorded["description"], (name, variant)

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.transforms import Bbox
 
-from gpubench.contract import Headline, Plot
+from gpubench.contract import Plot
 from gpubench.reports import charts, drawing, figures, plots, sections, sweep
 from gpubench.results import CaseRecord
 from gpubench.techniques import flash_attention, kv_cache

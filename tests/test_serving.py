@@ -472,7 +472,7 @@ def test_generated_traces_are_seeded():
     """Same seed, same trace; another seed, another."""
     spec = TraceSpec(20, "poisson:10", "uniform:4:30", "exp:20:60", 100)
     a, b, c = generate(spec, 1), generate(spec, 1), generate(spec, 2)
-    key = lambda t: [(r.arrival_s, r.prompt, r.output_len) for r in t]  # noqa: E731
+    key = lambda t: [(r.arrival_s, r.prompt, r.output_len) for r in t]
     assert key(a) == key(b) != key(c)
 
 

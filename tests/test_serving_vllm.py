@@ -21,7 +21,7 @@ def test_the_last_of_n_arrivals_lands_at_n_over_rate_whatever_the_seed(spec, rat
     (scaled) gap after time 0, and the times stay sorted."""
     times = arrival_times(spec, 50, torch.Generator().manual_seed(seed))
     assert times[-1] == pytest.approx(50 / rate, rel=1e-12)
-    assert 0 < times[0] and times == sorted(times) and len(times) == 50
+    assert times[0] > 0 and times == sorted(times) and len(times) == 50
 
 
 def test_rescaling_keeps_the_gaps_shape():

@@ -5,12 +5,10 @@ after a stop, and `gpubench history` that never prints two different cases the s
 from __future__ import annotations
 
 import io
-import re
 import types
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 from gpubench import catalog, cli_console, cli_history, cli_info, cli_run, compare as comparemod, results

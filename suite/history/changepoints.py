@@ -327,9 +327,9 @@ def levels(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: fl
         ci = stats.bootstrap_ratio_ci(after, before, seed=seed)
         worse = ci.ratio > 1.0 if lower_better else ci.ratio < 1.0
         point = points[index]
+        low, high = (ci.bounds()[0] - 1.0, ci.bounds()[1] - 1.0) if ci.has_interval else (None, None)
         out.append(ChangePoint(index, point.run_id, point.commit, point.started_at, pvalue,
-                               stats.median(before), stats.median(after), ci.ratio - 1.0,
-                               *((ci.ci_low - 1.0, ci.ci_high - 1.0) if ci.has_interval else (None, None)),
+                               stats.median(before), stats.median(after), ci.ratio - 1.0, low, high,
                                "regression" if worse else "improvement"))
     return Levels(out, found.set_aside)
 

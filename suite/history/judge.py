@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from gpubench import stats
 from gpubench.compare import MACHINE_SHARE, MIN_SAMPLES_FOR_RATIO, load_any
@@ -89,9 +89,9 @@ class _Level:
     """A variant's runs since its last change point (the run judged left out), less those set
     aside (``runs``: all of them, set-aside ones included, the suspects' runs)."""
 
-    points: list
+    points: list[Point]
     since_commit: str | None
-    runs: tuple = ()
+    runs: tuple[Point, ...] = ()
 
     def median(self) -> float:
         return stats.median([p.median for p in self.points])
@@ -179,9 +179,10 @@ def _level(store: HistoryStore, row: ResultRow, metric: str, branch: str | None)
 def _verdict(figure: float, level: Sequence[float], threshold: float) -> tuple[str, stats.SampleStats]:
     """regressed above the level's 95% CI x (1 + threshold), improved below its low end x (1 - threshold)."""
     summary = stats.summarize(level)
-    if figure > summary.ci_high * (1 + threshold):
+    low, high = summary.bounds()
+    if figure > high * (1 + threshold):
         return "regressed", summary
-    if figure < summary.ci_low * (1 - threshold):
+    if figure < low * (1 - threshold):
         return "improved", summary
     return "passed", summary
 
@@ -191,7 +192,7 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
     metric = row.gate_metric or "time"
     level = _level(store, row, metric, branch)
     current = _figure(row, metric)
-    base = dict(case_id=row.case_id, variant=row.variant, metric=metric, current=current,
+    base: dict[str, Any] = dict(case_id=row.case_id, variant=row.variant, metric=metric, current=current,
                 level_runs=len(level.points), since_commit=level.since_commit)
     if current is None:
         return HistoryVerdict(**base, verdict="no_figure", level_median=None, level_ci_low=None, level_ci_high=None,
@@ -207,12 +208,12 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
     verdict, summary = _verdict(current, [p.median for p in level.points], threshold)
     reason = (f"{current / summary.median - 1:+.1%} vs the median of {len(level.points)} runs" if summary.median > 0
               else f"{current:.4g} vs the median of {len(level.points)} runs, {summary.median:.4g}")
-    moves: dict[str, float | None] = {}
+    moves: dict[str, Any] = {}  # HistoryVerdict's machine_move and ratio_move, where judged
     # Machine noise moves times, never a count (bytes reserved): a count is judged as it is.
     if control is not None and metric == "time":
         verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold,
                                            run_ratio)
-    named: dict = {}
+    named: dict[str, Any] = {}  # HistoryVerdict's suspects and last_within
     if verdict == "regressed":
         named = _suspects(store, row, control, metric, branch, level, threshold, "ratio_move" in moves)
         reason += _suspects_text(named["suspects"], named["last_within"])
@@ -221,7 +222,7 @@ def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, 
 
 
 def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, metric: str, branch: str | None,
-              level: _Level, threshold: float, by_ratio: bool) -> dict:
+              level: _Level, threshold: float, by_ratio: bool) -> dict[str, Any]:
     """The runs a regression may have come in with: those of the level after the last one within
     it (at or below the bound the run failed: ci_high x (1 + threshold) of the figures it was
     judged on, the optimized/baseline ratios where the machine moved), then the run itself. Runs
@@ -255,7 +256,7 @@ def _suspects_text(suspects: Sequence[Suspect], last_within: Suspect | None) -> 
 
 def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: str, branch: str | None,
               level: _Level, verdict: str, reason: str, threshold: float,
-              run_ratio: stats.RatioCI | None = None) -> tuple[str, str, dict]:
+              run_ratio: stats.RatioCI | None = None) -> tuple[str, str, dict[str, Any]]:
     """The verdict read with the optimized/baseline ratio against the level's ratios (the figure a
     machine's move does not make). The baseline variant moved the same way as the optimized one,
     against its figures in the same level runs, by at least half as much (log terms): the verdict
@@ -269,7 +270,7 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     by_run = {(p.run_id, p.host): p.median
               for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
               if (p.run_id, p.host) in runs and p.median > 0}
-    if not control_figure or control_figure <= 0 or figure <= 0 or level.median() <= 0 or len(by_run) < MIN_RUNS:
+    if figure is None or not control_figure or control_figure <= 0 or figure <= 0 or level.median() <= 0 or len(by_run) < MIN_RUNS:
         return verdict, reason, {}  # no ratio of logs to take
     move = math.log(figure / level.median())
     machine = math.log(control_figure / stats.median(list(by_run.values())))
@@ -282,9 +283,10 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     if not moved and clear in (None, verdict):
         return verdict, reason, ({"machine_move": math.exp(machine) - 1} if verdict in ("regressed", "improved") else {})
     ratio_text = (f"the optimized/baseline ratio moved {math.exp(ratio_move) - 1:+.1%}" + (
-        f" [{run_ratio.ci_low / ratio_level.median - 1:+.1%}, {run_ratio.ci_high / ratio_level.median - 1:+.1%}]"
-        if clear is not None else ""))
+        f" [{run_ratio.bounds()[0] / ratio_level.median - 1:+.1%}, {run_ratio.bounds()[1] / ratio_level.median - 1:+.1%}]"
+        if clear is not None and run_ratio is not None else ""))
     if not moved:
+        assert clear is not None  # not moved, and clear neither None nor the verdict (returned above)
         return clear, (f"{ratio_text} against its level, its whole CI beyond the level's and the threshold, while "
                        f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the ratio "
                        f"decides, not the optimized variant's own {reason} ({verdict} by itself)"), moves
@@ -304,14 +306,15 @@ def _ratio_clear(run_ratio: stats.RatioCI, level: stats.SampleStats, machine: fl
     MACHINE_SHARE of that move from the level's median too (a machine change does not move both
     variants alike); else None."""
     allowance = level.median * math.exp(machine * MACHINE_SHARE)
-    if run_ratio.ci_low > max(level.ci_high * (1 + threshold), allowance if machine > 0 else 0.0):
+    (low, high), (level_low, level_high) = run_ratio.bounds(), level.bounds()
+    if low > max(level_high * (1 + threshold), allowance if machine > 0 else 0.0):
         return "regressed"
-    if run_ratio.ci_high < min(level.ci_low * (1 - threshold), allowance if machine < 0 else math.inf):
+    if high < min(level_low * (1 - threshold), allowance if machine < 0 else math.inf):
         return "improved"
     return None
 
 
-def run_ratios(run: RunRecord) -> dict[tuple[str, str, str, str], stats.RatioCI]:
+def run_ratios(run: RunRecord) -> dict[tuple[str, str, str | None, str | None], stats.RatioCI]:
     """Per (device model, case id, optimized variant, baseline variant) of ``run``: the time ratio
     with a bootstrap CI from its own samples (interleaved rounds resampled together,
     :func:`gpubench.stats.run_ratio_ci`), where both variants have at least MIN_SAMPLES_FOR_RATIO
@@ -324,7 +327,8 @@ def run_ratios(run: RunRecord) -> dict[tuple[str, str, str, str], stats.RatioCI]
             continue
         a, b = list(opt.samples_s), list(ref.samples_s)
         if min(len(a), len(b)) >= MIN_SAMPLES_FOR_RATIO and stats.median(b) > 0:
-            out[device_model(run, case), case.id, *names] = stats.run_ratio_ci(a, b, seed=index)
+            key = (device_model(run, case), case.id, *names)  # mypy reads out[a, *b] as 3.11-only syntax
+            out[key] = stats.run_ratio_ci(a, b, seed=index)
     return out
 
 

@@ -42,7 +42,8 @@ def commit_url_base(remote: str | None) -> str | None:
     """The URL a commit's hash is appended to (``https://github.com/o/r/commit/``), or None when
     the remote is not a GitHub or GitLab repository."""
     found = _host_and_path(remote) if remote else None
-    if found is None or _forge(found[0]) is None:
+    forge = _forge(found[0]) if found is not None else None
+    if found is None or forge is None:
         return None
     host, path = found
     path = path.strip("/")
@@ -50,7 +51,7 @@ def commit_url_base(remote: str | None) -> str | None:
     segments = path.split("/")
     if len(segments) < 2 or not all(_SEGMENT.match(s) and s not in (".", "..") for s in segments):
         return None
-    return f"https://{host}/{'/'.join(segments)}/{COMMIT_PATHS[_forge(host)]}/"
+    return f"https://{host}/{'/'.join(segments)}/{COMMIT_PATHS[forge]}/"
 
 
 def shown(remote: str) -> str:

@@ -58,7 +58,8 @@ class ResultRow:
     added_at: str = ""
 
     def params(self) -> dict[str, Any]:
-        return json.loads(self.params_json)
+        params: dict[str, Any] = json.loads(self.params_json)
+        return params
 
     def to_params(self, added_at: str) -> dict[str, Any]:
         """The row as the SQL's named parameters."""
@@ -89,7 +90,7 @@ def _text(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def _summary(variant: VariantRecord) -> dict[str, float | int | None]:
+def _summary(variant: VariantRecord) -> dict[str, Any]:
     """median, CI, IQR and n of the variant's time: its recorded stats, else its samples'."""
     found = dict(variant.stats or {})
     if _number(found.get("median")) is None and variant.samples_s:

@@ -47,7 +47,7 @@ class Since:
 
     def describe(self) -> str:
         if self.how == "git revision":
-            return f"{self.text} (git: commit {self.commit[:12]} and its descendants)"
+            return f"{self.text} (git: commit {(self.commit or '')[:12]} and its descendants)"
         return f"{self.text} (a stored {self.how})"
 
 

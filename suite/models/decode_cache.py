@@ -27,7 +27,7 @@ class KVCache:
         self.v = torch.empty(shape, dtype=weights.dtype, device=weights.device)
         self.length = 0
         self._positions = torch.arange(capacity, device=weights.device)
-        self._last = {}  # n -> tensor([n - 1]) on the device: the last position's logits only
+        self._last: dict[int, torch.Tensor] = {}  # n -> tensor([n - 1]) on the device: the last position's logits only
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> torch.Tensor:
         """Logits after each of ``tokens`` (``(n, vocab)``) or after the last only (``(1, vocab)``);

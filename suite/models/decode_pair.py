@@ -63,7 +63,7 @@ def pair_problems(target: str, draft: str | None) -> list[str]:
 
 def _moved(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
     """A copy of ``weights`` on ``device`` in ``dtype`` (a fresh RoPE cache)."""
-    move = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    move = lambda t: t.to(device=device, dtype=dtype)
     layers = [replace(layer, **{n: move(getattr(layer, n)) for n in layer.__dataclass_fields__})
               for layer in weights.layers]
     embed = move(weights.embed)
@@ -121,8 +121,8 @@ def load_pair(target_spec: str, draft_spec: str | None, device: torch.device, dt
     draft = None
     if draft_spec == TRAINED:
         draft = _moved(pair.draft, device, dtype)
-    elif draft_spec is not None and _early_layers(draft_spec) is not None:
-        draft = early_layers(target, _early_layers(draft_spec))
+    elif draft_spec is not None and (layers := _early_layers(draft_spec)) is not None:
+        draft = early_layers(target, layers)
     elif draft_spec is not None:
         draft = load_hf(draft_spec, dtype, device)
         if draft.config.vocab_size != target.config.vocab_size:

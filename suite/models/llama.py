@@ -300,7 +300,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: 
     """Attention of one sequence's new tokens q ``(n, heads, d)`` over its past keys (``(p, kv_heads,
     d)`` or None) and its own (causal among the new ones). SDPA in the input dtype; GQA by repeating
     K/V heads."""
-    if past_k is not None and past_k.shape[0]:
+    if past_k is not None and past_v is not None and past_k.shape[0]:
         k, v = torch.cat([past_k, k]), torch.cat([past_v, v])
     n, heads = q.shape[0], q.shape[1]
     group = heads // k.shape[1]
@@ -360,7 +360,7 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     if any(name.endswith(".bias") for name in state):
         raise BadInput(f"{path}: the checkpoint has bias terms ({next(n for n in state if n.endswith('.bias'))}); "
                        "only bias-free Llama-shaped models are supported")
-    take = lambda name: state[name].to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    take = lambda name: state[name].to(device=device, dtype=dtype).contiguous()
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."

@@ -88,7 +88,7 @@ class Engine:
         pending = deque(sorted(seqs, key=lambda s: s.req.arrival_s))
         timeline, problems = Timeline(), []
         start = time.perf_counter()
-        clock = lambda: time.perf_counter() - start  # noqa: E731
+        clock = lambda: time.perf_counter() - start
         while pending or scheduler.busy:
             now = clock()
             while pending and (not c.wait or pending[0].req.arrival_s <= now):

@@ -68,6 +68,7 @@ class ModelRunner:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kv.write(layer, inputs.slots, k, v)
             if prefill is None:
+                assert decode is not None  # a step that prefills nothing decodes
                 return kv.decode_attention(layer, q, decode)
             out = prefill_attention(kv.k[layer], kv.v[layer], q[:prefill.tokens], prefill)
             if decode is None:

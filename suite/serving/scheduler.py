@@ -74,7 +74,8 @@ class Scheduler(ABC):
 
     def _admit(self) -> list[Sequence]:
         """From the front of the queue, while the batch, the KV and the step's prefill budget allow."""
-        admitted, budget = [], self.config.max_prefill_tokens
+        admitted: list[Sequence] = []
+        budget = self.config.max_prefill_tokens
         while self.waiting and len(self.running) + len(admitted) < self.config.max_batch:
             seq = self.waiting[0]
             if not self.kv.can_admit(seq) or (admitted and len(seq.tokens) > budget):

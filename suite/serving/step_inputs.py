@@ -30,8 +30,9 @@ class Staging:
 
     def __init__(self, device: torch.device, capacity: int = 1 << 14):
         self.device = device
-        self.host = self.dev = None
-        self.copied = None  # CUDA: an event recorded after the last copy from the host buffer
+        self.host: torch.Tensor | None = None
+        self.dev: torch.Tensor | None = None
+        self.copied: torch.cuda.Event | None = None  # CUDA: an event recorded after the last copy from the host buffer
         if device.type == "cuda":  # elsewhere the packed host tensor is used as it is
             self.copied = torch.cuda.Event()
             self._grow(capacity)
@@ -46,6 +47,7 @@ class Staging:
         packed = torch.frombuffer(array("q", values), dtype=torch.long) if n else torch.empty(0, dtype=torch.long)
         if self.device.type != "cuda":
             return packed if into is None else into[:n].copy_(packed)
+        assert self.copied is not None and self.host is not None and self.dev is not None  # made for CUDA
         self.copied.synchronize()  # the previous copy may still be reading the host buffer
         if n > self.host.numel():
             self._grow(max(n, 2 * self.host.numel()))
@@ -102,7 +104,12 @@ def pack_prefills(kv: KVBackend, prefills: list[Sequence], pack: Pack) -> tuple[
     packed tokens, padded to the longest with the row's last) and key rows (flat slots of each
     whole context, padded to the longest with its first); where each new token sits in the
     padded batch, and each one's cached prefix. Returns the padded widths (queries, keys)."""
-    tokens, positions, slots, q_rows, k_rows, out_index = [], [], [], [], [], []
+    tokens: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    q_rows: list[int] = []
+    k_rows: list[int] = []
+    out_index: list[int] = []
     width_q = max(len(s.tokens) - s.cached for s in prefills)
     width_k = max(len(s.tokens) for s in prefills)
     for r, s in enumerate(prefills):
@@ -162,7 +169,7 @@ def build_step(kv: KVBackend, staging: Staging, prefills: list[Sequence], decode
     else:
         prefix = "" if prefills else "decode_"
         tokens, positions, slots = (t[prefix + k] for k in ("tokens", "positions", "slots"))
-    layout = prefill_layout(t, *widths, any(s.cached for s in prefills)) if prefills else None
+    layout = prefill_layout(t, *widths, any(s.cached for s in prefills)) if widths is not None else None
     decode = kv.decode_batch(t["lens"], t["rows"].view(len(decodes), -1), longest) if decodes else None
     return StepInputs(tokens, positions, slots, t.get("logits_at"), layout, decode)
 

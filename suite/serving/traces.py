@@ -132,12 +132,12 @@ def arrival_times(spec: str, n: int, gen: torch.Generator) -> list[float]:
         gaps = torch.empty(n, dtype=torch.float64).exponential_(rate, generator=gen)
     else:  # gamma with shape k and scale 1/(rate k): mean gap 1/rate, CV 1/sqrt(k)
         shape = args[1]
-        gaps = torch.distributions.Gamma(torch.full((n,), shape, dtype=torch.float64),
-                                         torch.full((n,), shape * rate, dtype=torch.float64))
+        gamma = torch.distributions.Gamma(torch.full((n,), shape, dtype=torch.float64),
+                                          torch.full((n,), shape * rate, dtype=torch.float64))
         # torch.distributions has no generator argument: draw through a forked global RNG state.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
-            gaps = gaps.sample()
+            gaps = gamma.sample()
     times = torch.cumsum(gaps, 0)
     return (times * (n / rate / times[-1])).tolist()
 
@@ -197,7 +197,7 @@ def read_jsonl(path: str | Path, vocab_size: int, seed: int = 0) -> list[Request
                 and value >= minimum and (not integer or value == int(value))
             if not ok:
                 raise BadInput(f"{path}:{number}: key {key!r} is {value!r}; {allowed}")
-            return int(value) if integer else float(value)
+            return int(value) if integer else float(value)  # type: ignore[arg-type]  # ok: a finite number
 
         arrival = number_of("arrival_s", 0, False)
         output_len = number_of("output_len", 1, True)

@@ -78,7 +78,7 @@ def _load() -> None:
         try:
             obj = entry.load()
             technique = getattr(obj, "TECHNIQUE", obj) if isinstance(obj, ModuleType) else obj
-            _validated(technique, f"entry point {entry.name} ({entry.value})")
+            technique = _validated(technique, f"entry point {entry.name} ({entry.value})")
             register(technique, entry.value.split(":")[0])
         except Exception as exc:  # noqa: BLE001 - a broken plug-in is reported, never fatal
             _BROKEN[entry.name] = f"{entry.value}: {exc}"
@@ -148,6 +148,8 @@ def _import_file(path: Path) -> ModuleType:
     module behind (as a failed import does)."""
     name = f"{_folder_package(path.parent).__name__}.{path.stem}"
     module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:  # a .py path always has one
+        raise ImportError(f"cannot import {path}", path=str(path))
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:

@@ -293,7 +293,7 @@ MOE_PATHS = ("where_loop", "sort_group")
 
 
 def _layer_in_float64(layer: MoEDecoderLayer) -> MoEDecoderLayer:
-    leaf = lambda t: t.detach().to(torch.float64).requires_grad_(True)  # noqa: E731
+    leaf = lambda t: t.detach().to(torch.float64).requires_grad_(True)
     return MoEDecoderLayer(**{name: leaf(getattr(layer, name)) for name in ATTENTION}, experts=layer.experts.map(leaf))
 
 

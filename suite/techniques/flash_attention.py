@@ -404,7 +404,7 @@ def run_flash_attn(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tenso
 def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """:func:`reference_backward` of each packed document alone, into packed gradients."""
     grads = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (w.q, w.k, w.v)]
-    as_batch = lambda t: t.transpose(0, 1)[None]  # noqa: E731 - (tokens, heads, d) -> (1, heads, tokens, d)
+    as_batch = lambda t: t.transpose(0, 1)[None]
     for rows_q, rows_k in w.docs.spans():
         doc = reference_backward(as_batch(w.q[rows_q]), as_batch(w.k[rows_k]), as_batch(w.v[rows_k]),
                                  as_batch(out[rows_q]), lse[None, :, rows_q], as_batch(w.grad_out[rows_q]),

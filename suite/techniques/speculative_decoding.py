@@ -11,6 +11,7 @@ from __future__ import annotations
 from gpubench import speculative_check
 from gpubench.baselines.speculative_decoding import generate
 from gpubench.contract import Bench, Headline, Param, Plot, Recorder, Technique
+from gpubench.drafting import Verification
 from gpubench.models.decode_pair import TRAINED
 from gpubench.optimizations import speculative_decoding as spec
 from gpubench.optimizations.speculative_decoding import SpecStats, speculative_generate
@@ -100,7 +101,7 @@ def draft_verify(w: SpecWorkload, rec: Recorder) -> Decoded:
     p = w.params
     tokens, total, generations = [], SpecStats(), []
     for i, prompt in enumerate(w.prompts):
-        drafter, steps = make_drafter(w), []
+        drafter, steps = make_drafter(w), list[Verification]()
         out, stats = speculative_generate(w.target, drafter, prompt, p["max_new_tokens"], p["k"],
                                           p["adaptive_k"], p["temperature"], sampling_generator(w, i), trace=steps)
         tokens.append(out)
