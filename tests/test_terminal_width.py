@@ -9,6 +9,7 @@ import types
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
 from gpubench import catalog, cli_console, cli_history, cli_info, cli_run, compare as comparemod, results
