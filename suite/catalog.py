@@ -209,8 +209,9 @@ def declared() -> dict[str, Declared | Technique]:
     installed, or where it is loaded already."""
     catalogue = built_ins()
     if catalogue is None or techniques.loaded() or entry_points_installed():
-        return techniques.all_techniques()
-    return dict(sorted({**catalogue, **techniques.registered()}.items()))
+        return dict(techniques.all_techniques())
+    merged: dict[str, Declared | Technique] = {**catalogue, **techniques.registered()}
+    return dict(sorted(merged.items()))
 
 
 def declaration(name: str) -> Declared | Technique | None:
