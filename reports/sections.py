@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from gpubench.declarations import TechniqueRecord, figures_hook
+from gpubench.declarations import Registry, TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
                                        named_time, other_clock_text, param_text, shown_by_technique)
@@ -150,10 +150,11 @@ def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: 
             "folded": len(group) > sweep.LARGE, **roofline.case_tables(found)}
 
 
-def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[Figure]:
+def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord],
+                      registry: Registry | None = None) -> list[Figure]:
     """The figures the technique declared (``plots``, as the run recorded them), then those of
-    its own figure function where its code can be loaded here (else a note says why they are
-    missing), each left out when the run holds no data for it. A figure that fails to draw
+    its own figure function where its code can be found through ``registry`` (the caller's: the
+    report never imports the registry; else a note says why they are missing), each left out when the run holds no data for it. A figure that fails to draw
     costs that figure only, with the reason shown."""
     if tech is None:
         return []
@@ -163,7 +164,7 @@ def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> 
             out.append(figure(plot.title, plots.declared(plot, cases, tech.defaults())))
         except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
             out.append(_missing(plot.title, f"the figure failed: {type(exc).__name__}: {exc}"))
-    hook, why_not = figures_hook(tech)
+    hook, why_not = figures_hook(tech, registry)
     if why_not:
         out.append(_missing(f"{tech.name}'s own figures", f"not drawn: {why_not}"))
     if hook is not None:
@@ -304,7 +305,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
     best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
     numbers = {id(c): n for n, c in group}
     phase_table = phase_rows(group, labels)
-    declared = technique_figures(tech, cases)
+    declared = technique_figures(tech, cases, run.registry)
     section = {
         "name": name, "registered": tech is not None, "count": len(cases), "large": large,
         "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),

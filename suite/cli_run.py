@@ -352,7 +352,7 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
 
         t_report = time.perf_counter()
         written = html_report.write_report(outcome.run_dir, history_store=history_store or None,
-                                           read_history=history_store is not None)
+                                           read_history=history_store is not None, registry=techniques)
         _remember_report_time(outcome, time.perf_counter() - t_report)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
@@ -463,7 +463,7 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
                 out.print(f"note ({col['name']}): {note}", markup=False)
         out.print(f"syncs counted: {table['sync_counting']}", markup=False)
     try:
-        written = html_report.write_report(outcome.run_dir)
+        written = html_report.write_report(outcome.run_dir, registry=techniques)
         out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False)
     except Exception as exc:  # noqa: BLE001 - the traces are on disk already
         out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
@@ -494,6 +494,6 @@ def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[
     if more and others is None:
         raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
     written = html_report.write_report(run_dir, output, compare=compare, history_store=history_store,
-                                       read_history=not no_history)
+                                       read_history=not no_history, registry=techniques)
     click.echo(f"report: {written.html}")
     click.echo(f"summary: {written.markdown}")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from gpubench import stats as _stats
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
                              atomic_write_text, disk_full)
-from gpubench.declarations import Declarations, TechniqueRecord, declare, legacy_claims_elsewhere, legacy_record
+from gpubench.declarations import (Declarations, Registry, TechniqueRecord, declare, legacy_claims_elsewhere,
+                                   legacy_record)
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
 
@@ -443,6 +444,10 @@ class RunRecord:
     # pytest-benchmark (:mod:`gpubench.pytest_benchmark`), and the file, when the reader says.
     source: str = "gpubench"
     path: str | None = None
+    # The technique registry its holder passed in (never written): how :meth:`declare` records the
+    # run's techniques, an old run (schema 1, 2) is read by today's declarations and a technique's
+    # own figure function is found. None: the record is data only (this module never imports it).
+    registry: Registry | None = field(default=None, repr=False, compare=False)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -476,13 +481,17 @@ class RunRecord:
         return list(dict.fromkeys(self.device_of(c) for c in self.cases)) or [self.device_label or "?"]
 
     # -- declarations ------------------------------------------------------------------------
-    def declare(self) -> None:
+    def declare(self, registry: Registry | None = None) -> None:
         """Record the declarations of the techniques of its cases and scenario entries that it
-        does not hold yet, through the registry: the run's process, where a plug-in is importable."""
+        does not hold yet, through ``registry`` (else its own :attr:`registry`; neither: nothing
+        to record by): the run's process, where a plug-in is importable."""
+        registry = registry or self.registry
+        if registry is None:
+            return
         wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or []
                   if e.get("technique") and (not self.only or e.get("technique") in self.only)}
         wanted.update({c.technique: c.source for c in self.cases})
-        declare(self.declarations, wanted)
+        declare(self.declarations, wanted, registry)
 
     @property
     def recorded_declarations(self) -> bool:
@@ -491,13 +500,14 @@ class RunRecord:
 
     def technique(self, name: str) -> TechniqueRecord | None:
         """What the report reads technique ``name`` by: the run's own record of it; for a run of
-        schema 1 or 2 only, the registry's today (the fallback for old runs). None: unknown."""
+        schema 1 or 2 only, today's declarations from the :attr:`registry` its holder passed in
+        (the fallback for old runs). None: unknown."""
         if self.recorded_declarations:
             return self.declarations.techniques.get(name)
         found = self.declarations.techniques.get(name)
         if found is None:
             source = next((c.source for c in self.cases if c.technique == name), "")
-            found = legacy_record(name, source)
+            found = legacy_record(self.registry, name, source)
             if found is not None:
                 self.declarations.techniques[name] = found
         return found
@@ -508,13 +518,13 @@ class RunRecord:
             ran = {c.technique for c in self.cases}
             planned = {n: t.claims for n, t in self.declarations.techniques.items() if n not in ran and t.claims}
             return {**self.declarations.claims_elsewhere, **planned}
-        return legacy_claims_elsewhere(list(dict.fromkeys(c.technique for c in self.cases)))
+        return legacy_claims_elsewhere(self.registry, list(dict.fromkeys(c.technique for c in self.cases)))
 
     # -- the file ----------------------------------------------------------------------------
     def to_dict(self, cases: bool = True) -> dict[str, Any]:
         from gpubench import __version__
 
-        skip = ("cases", "declarations", "schema_version", "source", "path")
+        skip = ("cases", "declarations", "schema_version", "source", "path", "registry")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
         fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
@@ -532,10 +542,11 @@ class RunRecord:
         return doc
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+    def from_dict(cls, data: Mapping[str, Any], registry: Registry | None = None) -> "RunRecord":
         """The record a results document was written from (:func:`load_run` reads the file;
-        this takes a document already read, of any readable version)."""
-        fields = _fields(cls, data)
+        this takes a document already read, of any readable version), holding ``registry``
+        (the caller's, for an old run's declarations and figure functions) where given."""
+        fields = {k: v for k, v in _fields(cls, data).items() if k != "registry"}
         return cls(**{"run_id": "", "device": "", "device_label": "", "scenario": {}, "env": {}, **fields,
                       "scenario": fields.get("scenario") or {}, "env": fields.get("env") or {},
                       "cases": [CaseRecord.from_dict(c) for c in data.get("cases") or [] if isinstance(c, Mapping)],
@@ -545,7 +556,8 @@ class RunRecord:
                       "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
                       "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
                       # A document without a version (made by hand) recorded no declarations either.
-                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0]})
+                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0],
+                      "registry": registry})
 
     def json_chunks(self) -> Iterator[str]:
         """results.json piece by piece, one case at a time (a run of 10,000 cases is never held
@@ -763,10 +775,11 @@ def read_document(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def load_run(path: str | Path) -> RunRecord:
+def load_run(path: str | Path, registry: Registry | None = None) -> RunRecord:
     """A run directory or results.json read back into the records that wrote it (versions 1
-    and 2 upgraded on read); :class:`BadInput` as :func:`read_document` says."""
-    return RunRecord.from_dict(read_document(path))
+    and 2 upgraded on read), holding ``registry`` where the caller gives one
+    (:attr:`RunRecord.registry`); :class:`BadInput` as :func:`read_document` says."""
+    return RunRecord.from_dict(read_document(path), registry)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
@@ -775,9 +788,14 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return read_document(path)
 
 
-def as_run(doc: RunRecord | Mapping[str, Any]) -> RunRecord:
-    """A reader's run: the record itself, or one read from a results document already loaded."""
-    return doc if isinstance(doc, RunRecord) else RunRecord.from_dict(doc)
+def as_run(doc: RunRecord | Mapping[str, Any], registry: Registry | None = None) -> RunRecord:
+    """A reader's run: the record itself, or one read from a results document already loaded
+    (holding ``registry`` where given: :attr:`RunRecord.registry`)."""
+    if isinstance(doc, RunRecord):
+        if registry is not None and doc.registry is None:
+            doc.registry = registry
+        return doc
+    return RunRecord.from_dict(doc, registry)
 
 
 def read_cases_log(path: Path) -> list[dict[str, Any]]:
