@@ -155,8 +155,8 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     timed = [(r, labels.label(c)) for c in run.cases if c.passed and not read_by[c.technique]
              for r in [c.speedup(c.role_variant("optimized"))] if r]
     # Best and worst only over speedups with a CI: one timed call a variant is no headline.
-    measured = [(r["ratio"], label) for r, label in timed if has_interval(r)]
-    few = [r.get("n") for r, _ in timed if not has_interval(r)]
+    measured = [(float(r.ratio or 0.0), label) for r, label in timed if r.has_interval]
+    few = [r.n for r, _ in timed if not r.has_interval]
     claim_rows = claims.claim_rows(run)
     judged, not_in_run = claims.split(claim_rows)
     return {
@@ -274,8 +274,8 @@ def telemetry_section(run: Run) -> dict[str, Any]:
     summary = record.telemetry or {}
     numbers = {c.id: n for n, c in enumerate(record.cases, 1)}
     labels = Labels(record)
-    throttled_cases = [f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.get("throttle_reasons", []))
-                       for c in record.cases if (c.telemetry or {}).get("throttled")]
+    throttled_cases = [f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.throttle_reasons)
+                       for c in record.cases if c.telemetry is not None and c.telemetry.throttled]
     section = {"available": run.telemetry is not None, "note": f"telemetry unavailable: {run.telemetry_note}",
                "figure": None, "reasons": summary.get("throttle_reasons") or [],
                "benign": summary.get("benign_reasons") or [], "throttled_cases": throttled_cases,

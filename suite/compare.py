@@ -56,7 +56,7 @@ from typing import Any, Mapping
 from gpubench import pytest_benchmark, stats
 from gpubench.errors import BadInput
 from gpubench.policy import parse_threshold  # noqa: F401 - the gate's spelling of it (cli, tests)
-from gpubench.results import CaseRecord, RunRecord, as_run, load_run
+from gpubench.results import CaseRecord, Device, RunRecord, as_run, load_run
 
 DEFAULT_THRESHOLD = 0.05
 # A median beyond the threshold is real when the whole 95% CI lies beyond it, or when the bootstrap
@@ -551,7 +551,7 @@ def load_from_store(store: Path, current: RunRecord) -> tuple[RunRecord, list[Pa
     runs = [(label, for_device(load_any(path), label)) for label, path in found]
     if len(runs) == 1:
         return runs[0][1], [found[0][1]]
-    cases = [dataclasses.replace(c, device={**(c.device or {}), "label": label}) for label, run in runs
+    cases = [dataclasses.replace(c, device=dataclasses.replace(c.device or Device.from_dict({}), label=label)) for label, run in runs
              for c in run.cases]
     merged = dataclasses.replace(runs[0][1], cases=cases, device_label=" + ".join(label for label, _ in runs))
     return merged, [path for _, path in found]

@@ -57,12 +57,12 @@ class InProcess:
                 record = runner.run_case(job.case, self.device, clocks[flush], self.state.sampler, self.state.ceilings,
                                          job.run_dir, budget_s=job.budget_s, time_limit=job.time_limit)
             except runner.CaseInterrupted as stop:
-                stop.record.device = self.state.info.to_dict()
+                stop.record.device = self.state.info.record()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C
                     stop.record.failure.message = stop_reason(Terminated())
                 sink.finished(job, stop.record)
                 raise KeyboardInterrupt from None
-            record.device = self.state.info.to_dict()
+            record.device = self.state.info.record()
             sink.finished(job, record)
             if record.status == "failed":
                 broken = runner.cuda_context_broken(self.device)

@@ -70,6 +70,263 @@ def _typed(cls: Any, data: Any) -> Any:
     return cls.from_dict(data) if isinstance(data, Mapping) else None
 
 
+# -- the figures of a record, typed to the leaves --------------------------------------------------
+# Each is read and written through one from_dict / to_dict and the file keeps its schema: a writer's
+# object gives its fields in the order declared (a field marked OMIT_NONE left out while None, as the
+# writer always left it out), then ``extra`` (keys of an open dict: a newer minor version's, a
+# technique's); one read from a file gives back the keys it was read with, in their order, so a
+# record read and written again is the same document.
+OMIT_NONE = {"omit_none": True}
+
+
+@dataclass
+class Figures:
+    """The base of a record's typed figures: ``extra`` holds the keys no field names (never
+    dropped, never a crash); ``keys`` the key order of the dict it was read from (None: built by a
+    writer)."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    keys: tuple[str, ...] | None = field(default=None, kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def typed_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "keys"))
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The typed values of the fields ``data`` holds (a subclass converts nested ones)."""
+        return dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        names = cls.typed_fields()
+        known = cls._field_values({k: v for k, v in data.items() if k in names})
+        return cls(**known, extra={str(k): v for k, v in data.items() if k not in names},
+                   keys=tuple(str(k) for k in data))
+
+    def _value(self, name: str) -> Any:
+        value = getattr(self, name)
+        if isinstance(value, Figures):
+            return value.to_dict()
+        if isinstance(value, list):
+            return [v.to_dict() if isinstance(v, Figures) else v for v in value]
+        if isinstance(value, dict):
+            return {k: v.to_dict() if isinstance(v, Figures) else v for k, v in value.items()}
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        names = self.typed_fields()
+        if self.keys is None:
+            omit = {f.name for f in dataclasses.fields(self) if f.metadata.get("omit_none")}
+            order = [n for n in names if not (n in omit and getattr(self, n) is None)] + list(self.extra)
+        else:  # as read, then what was set since
+            order = list(self.keys) + [n for n in names if n not in self.keys and getattr(self, n) != _default(self, n)]
+            order += [k for k in self.extra if k not in order]
+        return {k: self._value(k) if k in names else self.extra[k] for k in order if k in names or k in self.extra}
+
+    # Reads by key, for scripts and plug-ins written against the dicts these were (gpubench's own
+    # readers read the fields).
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.typed_fields():
+            return getattr(self, key)
+        return self.extra.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.typed_fields():
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+
+def _default(obj: Any, name: str) -> Any:
+    """The default of dataclass field ``name`` of ``obj`` (a field without one: None)."""
+    f = next(f for f in dataclasses.fields(obj) if f.name == name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _number(value: Any) -> float | None:
+    """A figure that is a number (never a bool), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Check(Figures):
+    """A variant's output checked against the reference (gpubench.checks.CheckResult as recorded)."""
+
+    passed: bool | None = None
+    error: float | None = None  # the error figure (relative L2 error, a count of mismatches)
+    tolerance: float | None = None  # None for exact comparisons
+    metric: str = ""  # what ``error`` measures (rel_l2, mismatched_tokens, reference)
+    detail: str = ""
+
+
+@dataclass
+class Stats(Figures):
+    """A variant's samples summarized (gpubench.stats.SampleStats as recorded): the median's 95%
+    bootstrap CI is None under MIN_CI_SAMPLES samples. A pytest-benchmark run holds median and n only."""
+
+    n: int | None = None
+    median: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    q25: float | None = None
+    q75: float | None = None
+    iqr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    iqr_over_median: float | None = None
+
+
+@dataclass
+class Timing(Figures):
+    """How a variant was timed: ``method`` (perf_counter_ns, cuda_event, none: checked only,
+    ``not_timed`` says why), the L2 flush, CUDA graphs ("off", "on", "failed: ..."), whether a
+    launch outlasted the flush, the repetitions timed on both clocks in one call."""
+
+    method: str = ""
+    l2_flush: bool | None = field(default=None, metadata=OMIT_NONE)
+    cuda_graph: str | None = field(default=None, metadata=OMIT_NONE)
+    launch_outlasted_flush: Any = field(default=None, metadata=OMIT_NONE)
+    both_clocks_one_call: int | None = field(default=None, metadata=OMIT_NONE)
+    not_timed: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class TopOp(Figures):
+    """One of a profile's top ops: self time per call, its share of all, how often per call."""
+
+    name: str = ""
+    self_us_per_call: float | None = None
+    share: float | None = None
+    count_per_call: float | None = None
+
+
+@dataclass
+class Profile(Figures):
+    """A variant's profile (gpubench.profiling's per-call summary), or ``error`` alone where
+    profiling failed (which fails nothing)."""
+
+    calls: int | None = None
+    time_basis: str | None = None  # device or cpu
+    top_ops: list[TopOp] = field(default_factory=list)
+    ops_per_call: float | None = None
+    kernel_launches_per_call: float | None = None  # None on a CPU
+    syncs_per_call: float | None = None
+    sync_ops: dict[str, float] = field(default_factory=dict)
+    sync_counting: str = ""
+    event_waits_per_call: float | None = None
+    copies_per_call: dict[str, Any] = field(default_factory=dict)  # by direction (h2d, d2h, ...): open
+    peak_memory_bytes: int | None = None
+    peak_memory_basis: str | None = None
+    notes: list[str] = field(default_factory=list)
+    trace: str | None = field(default=None, metadata=OMIT_NONE)  # the trace file, relative to the run
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @classmethod
+    def failed(cls, error: str) -> "Profile":
+        return cls(error=error, keys=("error",))
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        if "top_ops" in out:
+            out["top_ops"] = [TopOp.from_dict(o) for o in out["top_ops"] or [] if isinstance(o, Mapping)]
+        for key, empty in (("sync_ops", {}), ("copies_per_call", {}), ("notes", [])):
+            if key in out and out[key] is None:
+                out[key] = empty
+        return out
+
+
+@dataclass
+class Speedup(Figures):
+    """A variant's speedup over the baseline (median ratio, its 95% CI: None from fewer than
+    MIN_CI_SAMPLES samples a side, ``n`` the fewer), or why there is none (``error``)."""
+
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int | None = None
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @classmethod
+    def failed(cls, error: str) -> "Speedup":
+        return cls(error=error, keys=("ratio", "ci_low", "ci_high", "error"))
+
+    @property
+    def has_ratio(self) -> bool:
+        return _number(self.ratio) is not None
+
+    @property
+    def has_interval(self) -> bool:
+        return _number(self.ci_low) is not None and _number(self.ci_high) is not None
+
+
+@dataclass
+class VariantTelemetry(Figures):
+    """A variant's share of its case's telemetry samples."""
+
+    n_samples: int | None = None
+    power_w_mean: float | None = None
+    power_w_max: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    temp_c_max: float | None = None
+    throttled: bool | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Telemetry(Figures):
+    """A case's telemetry (gpubench.telemetry_summary.case_summary): NVML figures over its
+    samples, ``variants`` per variant tag. None where there was none."""
+
+    n_samples: int | None = None
+    duration_s: float | None = None
+    power_w_mean: float | None = None
+    power_w_max: float | None = None
+    energy_j_sampled: float | None = None
+    temp_c_max: float | None = None
+    sm_clock_mhz_min: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    mem_clock_mhz_min: float | None = None
+    mem_used_mb_max: float | None = None
+    util_gpu_pct_mean: float | None = None
+    throttled: bool | None = None
+    throttled_fraction: float | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+    benign_reasons: list[str] = field(default_factory=list)
+    variants: dict[str, VariantTelemetry] = field(default_factory=dict)
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        if "variants" in out:
+            out["variants"] = {str(n): VariantTelemetry.from_dict(v) for n, v in (out["variants"] or {}).items()
+                               if isinstance(v, Mapping)}
+        for key in ("throttle_reasons", "benign_reasons"):
+            if key in out and out[key] is None:
+                out[key] = []
+        return out
+
+
+@dataclass
+class Device(Figures):
+    """The device a case ran on (gpubench.worker.DeviceInfo as recorded)."""
+
+    key: str = ""  # the worker slot's device: cuda:2, cpu, cpu#1
+    type: str = ""  # cuda or cpu
+    index: int | None = None
+    label: str = ""  # the hardware by name
+    uuid: str | None = None
+    cpu_affinity: list[int] | None = None
+    host: str = ""
+
+
 @dataclass
 class Failure:
     kind: str  # exception, oom, timeout, overloaded (a timeout on an overloaded machine), check, variant, interrupted
@@ -88,17 +345,17 @@ class VariantRecord:
     status: str = "pending"  # ok, check_failed, error, skipped, unchecked
     reason: str | None = None
     error: Failure | None = None
-    check: dict[str, Any] | None = None
+    check: Check | None = None
     samples_s: list[float] = field(default_factory=list)
-    stats: dict[str, Any] | None = None
-    timing: dict[str, Any] | None = None
+    stats: Stats | None = None
+    timing: Timing | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     recorded: list[dict[str, Any]] = field(default_factory=list)  # numbers a call recorded, per timed call
     peak_memory_bytes: int | None = None
     energy_mj_per_call: float | None = None  # = energy.mj_per_call: None where not measured or flagged
     energy_error: str | None = None  # why there is no figure (a flag, a counter that did not advance, a raise)
     energy: EnergyMeasurement | None = None  # the window behind the figure (None in older runs)
-    profile: dict[str, Any] | None = None  # policy.profile: gpubench.profiling's summary, or {"error": ...}
+    profile: Profile | None = None  # policy.profile: gpubench.profiling's summary, or its error
     # The clock samples_s (and stats, speedups, the gate) is on: "device" (CUDA events, launch work
     # excluded), "wall" (the host's, launch and syncs included) or "host" (a CPU: one clock, both
     # the same figure). Empty in older records: read ``basis``.
@@ -119,7 +376,9 @@ class VariantRecord:
         return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
                       "energy": _typed(EnergyMeasurement, fields.get("energy")),
                       "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
-                      "stats": _upgraded_stats(fields.get("stats")),
+                      "stats": _typed(Stats, _upgraded_stats(fields.get("stats"))),
+                      "check": _typed(Check, fields.get("check")), "timing": _typed(Timing, fields.get("timing")),
+                      "profile": _typed(Profile, fields.get("profile")),
                       "samples_s": fields.get("samples_s") or [],
                       "other_samples_s": fields.get("other_samples_s") or []})
 
@@ -131,7 +390,7 @@ class VariantRecord:
         today's clocks), "" where the record does not say (pytest-benchmark, made by hand)."""
         if self.time_basis:
             return self.time_basis
-        return LEGACY_BASIS.get(str((self.timing or {}).get("method")), "")
+        return LEGACY_BASIS.get(str(self.timing.method if self.timing else None), "")
 
     @property
     def other_basis(self) -> str | None:
@@ -161,14 +420,17 @@ class VariantRecord:
             return list(self.other_samples_s)
         return None
 
-    # Typed reads of the figures the report shows (the record keeps the writer's dicts).
     @property
     def median_s(self) -> float | None:
-        return (self.stats or {}).get("median")
+        return self.stats.median if self.stats else None
 
     @property
     def passed_check(self) -> bool | None:
-        return (self.check or {}).get("passed")
+        return self.check.passed if self.check else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The variant as results.json holds it (its figures through their own to_dict)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def metric(self, key: str) -> Any:
         return self.metrics.get(key)
@@ -189,9 +451,9 @@ class CaseRecord:
     started_at: str = ""
     elapsed_s: float | None = None
     variants: dict[str, VariantRecord] = field(default_factory=dict)
-    speedups: dict[str, dict[str, Any]] = field(default_factory=dict)
-    telemetry: dict[str, Any] | None = None
-    device: dict[str, Any] | None = None  # the device it ran on: key, type, index, label, uuid, host
+    speedups: dict[str, Speedup] = field(default_factory=dict)
+    telemetry: Telemetry | None = None
+    device: Device | None = None  # the device it ran on: key, type, index, label, uuid, host
     # Where elapsed_s went, in seconds: build, check (first calls, reference, checks), warmup,
     # timing (the timed rounds' wall time), timed (the timed calls' own samples: part of timing),
     # metrics, energy, profile, other (elapsed_s less the rest). None for records of older runs.
@@ -206,15 +468,13 @@ class CaseRecord:
     def variant(self, name: str | None) -> VariantRecord | None:
         return self.variants.get(name) if name else None
 
-    def speedup(self, name: str | None) -> dict[str, Any] | None:
+    def speedup(self, name: str | None) -> Speedup | None:
         """Variant ``name``'s speedup over the baseline (ratio, ci_low, ci_high, n) where it has a
         ratio; ``ci_low`` and ``ci_high`` are None where it rests on fewer than
         :data:`gpubench.stats.MIN_CI_SAMPLES` samples a side (``n``: the fewer): a figure to show
         with its count, never one to judge by (:func:`has_interval`)."""
-        ratio = self.speedups.get(name) if name else None
-        if ratio and isinstance(ratio.get("ratio"), (int, float)) and not isinstance(ratio.get("ratio"), bool):
-            return ratio
-        return None
+        figure = self.speedups.get(name) if name else None
+        return figure if figure is not None and figure.has_ratio else None
 
     @property
     def passed(self) -> bool:
@@ -223,10 +483,13 @@ class CaseRecord:
     @property
     def device_label(self) -> str:
         """The hardware it ran on by name ("" when the record does not say: the run's then)."""
-        return str((self.device or {}).get("label") or "")
+        return str(self.device.label or "") if self.device else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The case as results.json holds it (its figures through their own to_dict)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["variants"] = {n: v.to_dict() for n, v in self.variants.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaseRecord":
@@ -236,18 +499,39 @@ class CaseRecord:
         return cls(**{"id": "?", "technique": "?", "params": {}, "seed": 0, "policy": {}, **fields,
                       "params": fields.get("params") or {}, "policy": fields.get("policy") or {},
                       "failure": _typed(Failure, fields.get("failure")), "variants": variants,
-                      "speedups": _upgraded_speedups(fields.get("speedups") or {}, variants)})
+                      "telemetry": _typed(Telemetry, fields.get("telemetry")),
+                      "device": _typed(Device, fields.get("device")),
+                      "speedups": {n: Speedup.from_dict(f) for n, f in
+                                   _upgraded_speedups(fields.get("speedups") or {}, variants).items()
+                                   if isinstance(f, Mapping)}})
 
 
-def has_interval(figure: Mapping[str, Any] | None) -> bool:
-    """Whether a speedup or stats dict carries a confidence interval (both ends numbers): one from
-    fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
-    return bool(figure) and all(isinstance(figure.get(k), (int, float)) and not isinstance(figure.get(k), bool)
-                                for k in ("ci_low", "ci_high"))
+def has_interval(figure: "Speedup | Stats | Mapping[str, Any] | None") -> bool:
+    """Whether a speedup or stats figure carries a confidence interval (both ends numbers): one
+    from fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
+    if figure is None:
+        return False
+    if isinstance(figure, (Speedup, Stats)):
+        return _number(figure.ci_low) is not None and _number(figure.ci_high) is not None
+    return bool(figure) and all(_number(figure.get(k)) is not None for k in ("ci_low", "ci_high"))
+
+
+def _plain(value: Any) -> Any:
+    """A record's field as results.json holds it: typed figures through their to_dict, other
+    dataclasses as asdict, containers copied."""
+    if isinstance(value, Figures):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def _fewest(*variants: "VariantRecord | None") -> int | None:
-    counts = [len(v.samples_s) or (v.stats or {}).get("n") for v in variants if v is not None]
+    counts = [len(v.samples_s) or (v.stats.n if v.stats else None) for v in variants if v is not None]
     counts = [c for c in counts if isinstance(c, int)]
     return min(counts) if counts and len(counts) == len(variants) else None
 
@@ -575,7 +859,10 @@ class RunRecord:
 
 
 def json_safe(value: Any) -> Any:
-    """Replace NaN/inf by None (JSON has no such numbers) and tuples by lists, recursively."""
+    """Replace NaN/inf by None (JSON has no such numbers) and tuples by lists, recursively; a
+    record's typed figures as their dicts."""
+    if isinstance(value, Figures):
+        return json_safe(value.to_dict())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

@@ -16,7 +16,7 @@ from gpubench import results
 from gpubench.declarations import TechniqueRecord
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
-from gpubench.results import CaseRecord, Failure, RunRecord, TimeUse, VariantRecord
+from gpubench.results import CaseRecord, Failure, RunRecord, Speedup, Stats, TimeUse, VariantRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,13 +149,13 @@ def test_no_report_module_imports_the_technique_registry():
 
 def _record() -> RunRecord:
     energy = EnergyMeasurement(0.5, 0.01, 120.0, 700.0, 0.4, 80, 5, 0.1)
-    variants = {"eager": VariantRecord("baseline", "eager", "ok", samples_s=[1e-3, 2e-3], stats={"median": 1.5e-3},
+    variants = {"eager": VariantRecord("baseline", "eager", "ok", samples_s=[1e-3, 2e-3], stats=Stats(median=1.5e-3),
                                        metrics={"flops": 10.0}, recorded=[{"syncs": 3}], energy=energy),
                 "fused": VariantRecord("optimized", "fused", "error", reason="boom",
                                        error=Failure("exception", "boom", "trace"))}
     case = CaseRecord("t[n=1]", "t", {"n": 1}, 7, {"min_reps": 3}, status="failed",
                       failure=Failure("variant", "fused: boom"), variants=variants,
-                      speedups={"fused": {"ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6}}, phases_s={"build": 0.1})
+                      speedups={"fused": Speedup(1.5, 1.4, 1.6)}, phases_s={"build": 0.1})
     return RunRecord("r", "cpu", "CPU: test", {"name": "s", "entries": []}, {"python": "3"}, status="complete",
                      cases=[case], crash=Failure("crash", "x"), time_use=TimeUse(2.0, 1, 1.0, {"timed": 0.5}, 0.25))
 
