@@ -18,7 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, TypeVar
 
 from gpubench import stats as _stats
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
@@ -77,6 +77,7 @@ def _typed(cls: Any, data: Any) -> Any:
 # technique's); one read from a file gives back the keys it was read with, in their order, so a
 # record read and written again is the same document.
 OMIT_NONE = {"omit_none": True}
+_F = TypeVar("_F", bound="Figures")
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Figures:
         return dict(data)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+    def from_dict(cls: type[_F], data: Mapping[str, Any]) -> _F:
         names = cls.typed_fields()
         known = cls._field_values({k: v for k, v in data.items() if k in names})
         return cls(**known, extra={str(k): v for k, v in data.items() if k not in names},
@@ -531,8 +532,8 @@ def _plain(value: Any) -> Any:
 
 
 def _fewest(*variants: "VariantRecord | None") -> int | None:
-    counts = [len(v.samples_s) or (v.stats.n if v.stats else None) for v in variants if v is not None]
-    counts = [c for c in counts if isinstance(c, int)]
+    found = [len(v.samples_s) or (v.stats.n if v.stats else None) for v in variants if v is not None]
+    counts = [c for c in found if isinstance(c, int)]
     return min(counts) if counts and len(counts) == len(variants) else None
 
 
@@ -802,7 +803,9 @@ class RunRecord:
             ran = {c.technique for c in self.cases}
             planned = {n: t.claims for n, t in self.declarations.techniques.items() if n not in ran and t.claims}
             return {**self.declarations.claims_elsewhere, **planned}
-        return legacy_claims_elsewhere(self.registry, list(dict.fromkeys(c.technique for c in self.cases)))
+        legacy: dict[str, tuple[Any, ...]] = legacy_claims_elsewhere(
+            self.registry, list(dict.fromkeys(c.technique for c in self.cases)))
+        return legacy
 
     # -- the file ----------------------------------------------------------------------------
     def to_dict(self, cases: bool = True) -> dict[str, Any]:
@@ -810,7 +813,8 @@ class RunRecord:
 
         skip = ("cases", "declarations", "schema_version", "source", "path", "registry")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
-        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in fields.items()}
+        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                  for k, v in fields.items()}
         fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
         declared, elsewhere = self.declarations.to_dicts()
         doc = {"schema_version": self.schema_version, "kind": "gpubench.results", "gpubench_version": __version__,
@@ -990,37 +994,39 @@ def role_variant(case: dict[str, Any], role: str) -> str | None:
     return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
 
 
-def cases_frame(doc: dict[str, Any]) -> "pd.DataFrame":
-    """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``."""
+def cases_frame(doc: Mapping[str, Any]) -> "pd.DataFrame":
+    """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``. ``doc``'s
+    cases are case records or their dicts (read as the records they hold)."""
     import pandas as pd
 
     rows = []
-    for case in doc.get("cases", []):
-        for name, v in case.get("variants", {}).items():
-            s = v.get("stats") or {}
-            check = v.get("check") or {}
-            speed = case.get("speedups", {}).get(name, {})
+    for raw in doc.get("cases", []):
+        case = raw if isinstance(raw, CaseRecord) else CaseRecord.from_dict(raw)
+        for name, v in case.variants.items():
+            s = v.stats or Stats()
+            check = v.check or Check()
+            speed = case.speedups.get(name) or Speedup()
             row = {
-                "run_id": doc.get("run_id"), "case_id": case["id"], "technique": case["technique"],
-                "case_status": case["status"], "variant": name, "role": v.get("role"),
-                "variant_status": v.get("status"), "reason": v.get("reason"),
-                "n": s.get("n"), "median_ms": _ms(s.get("median")), "iqr_ms": _ms(s.get("iqr")),
-                "ci_low_ms": _ms(s.get("ci_low")), "ci_high_ms": _ms(s.get("ci_high")),
-                "min_ms": _ms(s.get("min")),
-                "time_basis": VariantRecord.from_dict(v).basis or None,
-                "other_median_ms": _ms(statistics.median(v["other_samples_s"])) if v.get("other_samples_s") else None,
-                "speedup": speed.get("ratio"), "speedup_ci_low": speed.get("ci_low"),
-                "speedup_ci_high": speed.get("ci_high"),
-                "check_passed": check.get("passed"), "check_metric": check.get("metric"),
-                "check_error": check.get("error"), "check_tolerance": check.get("tolerance"),
-                "peak_memory_bytes": v.get("peak_memory_bytes"),
-                "energy_mj_per_call": v.get("energy_mj_per_call"),
-                "energy_uncertainty_mj": (v.get("energy") or {}).get("uncertainty_mj"),
+                "run_id": doc.get("run_id"), "case_id": case.id, "technique": case.technique,
+                "case_status": case.status, "variant": name, "role": v.role,
+                "variant_status": v.status, "reason": v.reason,
+                "n": s.n, "median_ms": _ms(s.median), "iqr_ms": _ms(s.iqr),
+                "ci_low_ms": _ms(s.ci_low), "ci_high_ms": _ms(s.ci_high),
+                "min_ms": _ms(s.min),
+                "time_basis": v.basis or None,
+                "other_median_ms": _ms(v.other_median_s),
+                "speedup": speed.ratio, "speedup_ci_low": speed.ci_low,
+                "speedup_ci_high": speed.ci_high,
+                "check_passed": check.passed if v.check else None, "check_metric": check.metric if v.check else None,
+                "check_error": check.error, "check_tolerance": check.tolerance,
+                "peak_memory_bytes": v.peak_memory_bytes,
+                "energy_mj_per_call": v.energy_mj_per_call,
+                "energy_uncertainty_mj": v.energy.uncertainty_mj if v.energy else None,
                 # window or timed_calls (gpubench.energy); an older run's measurement was a window
-                "energy_method": (v.get("energy") or {}).get("method", "window") if v.get("energy") else None,
+                "energy_method": v.energy.method if v.energy else None,
             }
-            row.update({f"p_{k}": val for k, val in case.get("params", {}).items()})
-            row.update({f"m_{k}": val for k, val in (v.get("metrics") or {}).items()
+            row.update({f"p_{k}": val for k, val in case.params.items()})
+            row.update({f"m_{k}": val for k, val in v.metrics.items()
                         if isinstance(val, (int, float, str, bool)) or val is None})
             rows.append(row)
     return pd.DataFrame(rows)
