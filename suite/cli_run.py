@@ -439,14 +439,13 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     options = run_options.RunOptions(devices=[device_text], isolation="none")
     outcome = supervisor.run_scenario(scen, options, Path(out_root), calibrate=False, repeat_scale=repeat_scale)
     out = make_console()
-    doc = outcome.doc
-    for number, case in enumerate(doc["cases"], 1):
+    for number, case in enumerate(outcome.record.cases, 1):
         table = case_table(case, number, link_base=f"{outcome.run_dir}/")
         if table is None:
-            reason = (case.get("failure") or {}).get("message") or "no variant ran"
-            out.print(f"{case['id']}: nothing profiled ({reason})", markup=False)
+            reason = (case.failure.message if case.failure is not None else "") or "no variant ran"
+            out.print(f"{case.id}: nothing profiled ({reason})", markup=False)
             continue
-        grid = Table(title=f"{case['id']} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
+        grid = Table(title=f"{case.id} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
         grid.add_column("per call")
         for col in table["columns"]:
             grid.add_column(f"{col['role']} {col['name']}")

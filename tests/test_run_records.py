@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import results
+from gpubench import results, techniques
 from gpubench.declarations import TechniqueRecord
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
@@ -198,3 +198,29 @@ def test_a_version_1_run_is_upgraded_on_read():
     run = RunRecord.from_dict(old)
     assert run.cases[0].role_variant("baseline") == "baseline" and not run.recorded_declarations
     assert dataclasses.asdict(run.cases[0].variants["baseline"])["role"] == "baseline"
+
+
+def test_a_record_reaches_technique_code_only_through_the_registry_its_caller_passed():
+    """No back door: without a registry a record (and a report reading it) runs no technique code;
+    an old run's declarations and a figure hook come only from the registry the caller gave."""
+    from gpubench.declarations import figures_hook
+
+    asked = []
+
+    class Registry:
+        def find(self, name, source=""):
+            asked.append(name)
+            return techniques.find(name, source)
+
+        def all_techniques(self):
+            return techniques.all_techniques()
+
+    old = {"kind": "gpubench.results", "schema_version": 2, "cases": [
+        {"id": "kv_cache[]", "technique": "kv_cache", "status": "passed", "variants": {}}]}
+    alone = RunRecord.from_dict(old)
+    assert alone.technique("kv_cache") is None and alone.claims_elsewhere() == {} and asked == []
+    given = RunRecord.from_dict(old, Registry())
+    assert given.technique("kv_cache").name == "kv_cache" and asked == ["kv_cache"]
+    hook = TechniqueRecord("kv_cache", figures_hook=True)
+    assert figures_hook(hook) == (None, "no technique registry was given to the report "
+                                        "(a figure function is code, not data)")
