@@ -2,7 +2,9 @@
 
 Every import (top level and function-local, read with ast, so an import hidden inside a function
 counts too) of suite/, baselines/, optimizations/ and reports/ is resolved to a gpubench module and
-judged by the rules below; a failure names each broken rule with file:line.
+judged by the rules below; a failure names each broken rule with file:line. The records and the
+reports are also followed through every chain of imports (a report imports a record module whose
+function imports the registry: a back door a direct-import rule misses).
 """
 from __future__ import annotations
 
