@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
 from gpubench.reports.terminal import case_params, shown_by_technique
+from gpubench.declarations import Registry
 from gpubench.results import CaseRecord, RunRecord, as_run
 
 TITLE = "Published claims on this device"
@@ -123,12 +124,12 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None,
     return {**row, "measured": measured, "cases": len(comparable), "verdict": verdict, "reason": reason}
 
 
-def claim_rows(doc: RunRecord | dict[str, Any]) -> list[dict[str, Any]]:
+def claim_rows(doc: RunRecord | dict[str, Any], registry: Registry | None = None) -> list[dict[str, Any]]:
     """One row per declared claim of every technique in the run and of every technique it left
     out (as the run recorded them): claim, source, the claimed figure, this run's comparable
     figure with its 95% CI, the verdict and why (:mod:`gpubench.claims`); the claims with a
     verdict first."""
-    run = as_run(doc)
+    run = as_run(doc, registry)
     grouped: dict[str, list[CaseRecord]] = {}
     for case in run.cases:
         grouped.setdefault(case.technique, []).append(case)

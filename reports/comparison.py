@@ -88,10 +88,11 @@ def comparison_figure(comparison: dict[str, Any]) -> Figure | None:
 
 def _cell(case: CaseRecord) -> dict[str, str]:
     ratio = case.speedup(case.role_variant("optimized"))
-    if ratio:
+    if ratio is not None:
+        low, high = ratio.ci_low, ratio.ci_high
         return {"text": format_speedup(ratio),  # marked only where a CI says so (none from too few samples)
-                "class": "" if not has_interval(ratio) else "faster" if ratio["ci_low"] > 1
-                else "slower" if ratio["ci_high"] < 1 else ""}
+                "class": "" if low is None or high is None or not ratio.has_interval else "faster" if low > 1
+                else "slower" if high < 1 else ""}
     return {"text": case.status or "-", "class": "" if case.passed else "fail"}
 
 

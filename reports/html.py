@@ -24,6 +24,7 @@ import jinja2
 import pandas as pd
 
 from gpubench.atomic import DiskFull, atomic_write_text
+from gpubench.declarations import Registry
 from gpubench.energy import METHOD_TIMED_CALLS
 from gpubench.errors import BadInput
 from gpubench.history.trends import RunTrends, run_trends
@@ -36,7 +37,7 @@ from gpubench.reports.terminal import (case_params, check_text, clock_lines, for
                                        headline_text, named_time)
 from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, elapsed_text, has_interval,
                               load_run as load_record, not_run_text)
-from gpubench.telemetry import BENIGN_REASONS
+from gpubench.throttle import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
 
@@ -60,12 +61,13 @@ class Run:
     telemetry_note: str | None
 
 
-def load_run(path: str | Path) -> Run:
+def load_run(path: str | Path, registry: Registry | None = None) -> Run:
     """Read a run directory (or its results.json); BadInput when results.json is missing,
     corrupt or of another schema version. A missing env.json or telemetry.csv is not an error:
-    the report says so."""
+    the report says so. ``registry``: the caller's (the CLI's), for an old run's declarations and
+    a technique's own figure function (:attr:`gpubench.results.RunRecord.registry`)."""
     path = Path(path)
-    record = load_record(path)
+    record = load_record(path, registry)
     root = path if path.is_dir() else path.parent
     frame, note = _read_telemetry(root, record)
     return Run(root, record, _read_env(root, record), frame, note)
@@ -153,8 +155,8 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     timed = [(r, labels.label(c)) for c in run.cases if c.passed and not read_by[c.technique]
              for r in [c.speedup(c.role_variant("optimized"))] if r]
     # Best and worst only over speedups with a CI: one timed call a variant is no headline.
-    measured = [(r["ratio"], label) for r, label in timed if has_interval(r)]
-    few = [r.get("n") for r, _ in timed if not has_interval(r)]
+    measured = [(float(r.ratio or 0.0), label) for r, label in timed if r.has_interval]
+    few = [r.n for r, _ in timed if not r.has_interval]
     claim_rows = claims.claim_rows(run)
     judged, not_in_run = claims.split(claim_rows)
     return {
@@ -272,8 +274,8 @@ def telemetry_section(run: Run) -> dict[str, Any]:
     summary = record.telemetry or {}
     numbers = {c.id: n for n, c in enumerate(record.cases, 1)}
     labels = Labels(record)
-    throttled_cases = [f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.get("throttle_reasons", []))
-                       for c in record.cases if (c.telemetry or {}).get("throttled")]
+    throttled_cases = [f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.throttle_reasons)
+                       for c in record.cases if c.telemetry is not None and c.telemetry.throttled]
     section = {"available": run.telemetry is not None, "note": f"telemetry unavailable: {run.telemetry_note}",
                "figure": None, "reasons": summary.get("throttle_reasons") or [],
                "benign": summary.get("benign_reasons") or [], "throttled_cases": throttled_cases,
@@ -378,15 +380,16 @@ class Written:
 
 def write_report(run_dir: str | Path, output: str | Path | None = None,
                  compare: str | Path | Sequence[str | Path] | None = None, *, history_store: str | None = None,
-                 read_history: bool = True) -> Written:
+                 read_history: bool = True, registry: Registry | None = None) -> Written:
     """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it. With one
     other run, a comparison; with several, the technique x device matrix over all of them. Each
     case's sparkline comes from the history store ``history_store`` (None: the default one; not
-    read with ``read_history=False``); whatever goes wrong there costs the sparklines, never the report."""
-    run = load_run(run_dir)
+    read with ``read_history=False``); whatever goes wrong there costs the sparklines, never the report.
+    ``registry``: the caller's technique registry (:func:`load_run`); the report never imports one."""
+    run = load_run(run_dir, registry)
     trends = run_trends(run.record, run.path / "results.json", history_store, read=read_history)
     paths = [compare] if isinstance(compare, (str, Path)) else list(compare or [])
-    loaded = [load_run(p) for p in paths]
+    loaded = [load_run(p, registry) for p in paths]
     other = loaded[0] if len(loaded) == 1 else None
     compared = compare_runs(run.record, other.record) if other else None
     html_path = Path(output) if output is not None else run.path / "report.html"

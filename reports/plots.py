@@ -16,7 +16,7 @@ from gpubench.contract import Plot
 from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, ROW_LABEL_IN, SERIES, WIDTH_IN, error_bars, legend_below,
                                       log_axis, new_figure, reference, spread_pick, styled, text_lines, ticks_at, wrap)
 from gpubench.reports.terminal import param_text
-from gpubench.results import CaseRecord
+from gpubench.results import CaseRecord, Speedup
 
 ROLE_STYLE = {"baseline": ("--", "s"), "optimized": ("-", "o"), "peer": (":", "^")}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -49,8 +49,8 @@ def read_value(case: CaseRecord, name: str | None, key: str) -> Any:
 def _scalar(case: CaseRecord, name: str, key: str, plot: Plot) -> tuple[float, float, float] | None:
     """(value, low, high) of one point, scaled; low == high == value unless it has a CI."""
     raw = read_value(case, name, key)
-    if isinstance(raw, dict):  # a speedup with its CI
-        r, lo, hi = (_number(raw.get(k)) for k in ("ratio", "ci_low", "ci_high"))
+    if isinstance(raw, Speedup):  # a speedup with its CI
+        r, lo, hi = _number(raw.ratio), _number(raw.ci_low), _number(raw.ci_high)
         return None if r is None else (r, lo if lo is not None else r, hi if hi is not None else r)
     value = _number(raw)
     if value is None:

@@ -5,15 +5,17 @@ profiles show a clear difference (``syncs 33 -> 1``). Reads only what
 :mod:`gpubench.profiling` recorded in results.json."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gpubench.kvmath import human_bytes
-from gpubench.results import CaseRecord, RunRecord
+from gpubench.results import CaseRecord, Profile, RunRecord
 
 TOP_SHOWN = 5
 CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason
-# (label in the "why" line, summary key), in the order a reason is looked for
-WHY_KEYS = (("syncs", "syncs_per_call"), ("launches", "kernel_launches_per_call"), ("ops", "ops_per_call"))
+# (label in the "why" line, the profile's count), in the order a reason is looked for
+WHY_COUNTS: tuple[tuple[str, Callable[[Profile], float | None]], ...] = (
+    ("syncs", lambda p: p.syncs_per_call), ("launches", lambda p: p.kernel_launches_per_call),
+    ("ops", lambda p: p.ops_per_call))
 
 
 def _number(value: Any) -> str:
@@ -24,28 +26,28 @@ def _number(value: Any) -> str:
     return f"{int(value):,}"
 
 
-def _profiled(case: CaseRecord) -> list[tuple[str, dict[str, Any]]]:
+def _profiled(case: CaseRecord) -> list[tuple[str, Profile]]:
     """The case's profiled variants, baseline first, then optimized, then peers."""
     order = [case.role_variant("baseline"), case.role_variant("optimized")]
     names = [n for n in order if n] + [n for n in case.variants if n not in order]
-    return [(n, case.variants[n].profile) for n in names
-            if n in case.variants and isinstance(case.variants[n].profile, dict)]
+    return [(n, profile) for n in names if n in case.variants
+            for profile in (case.variants[n].profile,) if profile is not None]
 
 
-def _profile(case: CaseRecord, role: str) -> dict[str, Any] | None:
+def _profile(case: CaseRecord, role: str) -> Profile | None:
     variant = case.variant(case.role_variant(role))
-    return None if variant is None else variant.profile or {}
+    return None if variant is None else variant.profile or Profile()
 
 
 def why(case: CaseRecord) -> str:
     """``syncs 33 -> 1``: the counts that changed clearly between baseline and optimized (at most
-    two, the first of :data:`WHY_KEYS` first); empty when neither was profiled or nothing did."""
+    two, the first of :data:`WHY_COUNTS` first); empty when neither was profiled or nothing did."""
     a, b = _profile(case, "baseline"), _profile(case, "optimized")
     if a is None or b is None:
         return ""
     reasons = []
-    for label, key in WHY_KEYS:
-        x, y = a.get(key), b.get(key)
+    for label, count in WHY_COUNTS:
+        x, y = count(a), count(b)
         if not isinstance(x, (int, float)) or not isinstance(y, (int, float)) or x == y:
             continue
         low, high = sorted((x, y))
@@ -54,27 +56,26 @@ def why(case: CaseRecord) -> str:
     return ", ".join(reasons[:2])
 
 
-def _copies(profile: dict[str, Any]) -> str:
-    copies = profile.get("copies_per_call") or {}
+def _copies(profile: Profile) -> str:
     parts = []
-    for direction, c in copies.items():
+    for direction, c in profile.copies_per_call.items():  # open: {direction: {count, bytes}}
         size = f" ({human_bytes(c['bytes'])})" if c.get("bytes") else ""
         parts.append(f"{direction} {_number(c.get('count'))}{size}")
     return ", ".join(parts) or "none"
 
 
-def _syncs(profile: dict[str, Any]) -> str:
-    detail = ", ".join(f"{name} {_number(n)}" for name, n in (profile.get("sync_ops") or {}).items())
-    return _number(profile.get("syncs_per_call")) + (f" ({detail})" if detail else "")
+def _syncs(profile: Profile) -> str:
+    detail = ", ".join(f"{name} {_number(n)}" for name, n in profile.sync_ops.items())
+    return _number(profile.syncs_per_call) + (f" ({detail})" if detail else "")
 
 
 def _time(us: float) -> str:
     return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} us"
 
 
-def _top(profile: dict[str, Any]) -> list[str]:
-    return [f"{op['name']} {100 * op['share']:.0f}% ({_time(op['self_us_per_call'])}, x{_number(op['count_per_call'])})"
-            for op in (profile.get("top_ops") or [])[:TOP_SHOWN]]
+def _top(profile: Profile) -> list[str]:
+    return [f"{op.name} {100 * (op.share or 0.0):.0f}% ({_time(op.self_us_per_call or 0.0)}, x{_number(op.count_per_call)})"
+            for op in profile.top_ops[:TOP_SHOWN]]
 
 
 def case_table(case: CaseRecord | Mapping[str, Any], number: int, link_base: str = "") -> dict[str, Any] | None:
@@ -83,30 +84,28 @@ def case_table(case: CaseRecord | Mapping[str, Any], number: int, link_base: str
     profiled = _profiled(case)
     if not profiled:
         return None
-    ok = [p for _, p in profiled if "error" not in p]
-    rows = [("ops per call", [_number(p.get("ops_per_call")) for _, p in profiled])]
-    if any(p.get("kernel_launches_per_call") is not None for p in ok):
-        rows.append(("kernel launches per call", [_number(p.get("kernel_launches_per_call")) for _, p in profiled]))
+    ok = [p for _, p in profiled if p.error is None]
+    rows = [("ops per call", [_number(p.ops_per_call) for _, p in profiled])]
+    if any(p.kernel_launches_per_call is not None for p in ok):
+        rows.append(("kernel launches per call", [_number(p.kernel_launches_per_call) for _, p in profiled]))
     rows.append(("host syncs per call", [_syncs(p) for _, p in profiled]))
-    if any(p.get("event_waits_per_call") for p in ok):
-        rows.append(("event waits per call", [_number(p.get("event_waits_per_call")) for _, p in profiled]))
+    if any(p.event_waits_per_call for p in ok):
+        rows.append(("event waits per call", [_number(p.event_waits_per_call) for _, p in profiled]))
     rows.append(("copies per call", [_copies(p) for _, p in profiled]))
-    rows.append(("peak memory", [human_bytes(p["peak_memory_bytes"]) if p.get("peak_memory_bytes") is not None
+    rows.append(("peak memory", [human_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None
                                  else "-" for _, p in profiled]))
-    basis = ok[0].get("time_basis", "cpu") if ok else "cpu"
-    common = set.intersection(*(set(p.get("notes") or []) for _, p in profiled))
+    basis = (ok[0].time_basis or "cpu") if ok else "cpu"
+    common = set.intersection(*(set(p.notes) for _, p in profiled))
     columns = []
     for name, p in profiled:
-        trace = p.get("trace")
-        columns.append({"name": name, "role": case.variants[name].role, "error": p.get("error"),
-                        "top": _top(p), "trace": f"{link_base}{trace}" if trace else None,
-                        "notes": [n for n in p.get("notes") or [] if n not in common]})
-    counting = ok[0].get("sync_counting", "") if ok else ""
+        columns.append({"name": name, "role": case.variants[name].role, "error": p.error,
+                        "top": _top(p), "trace": f"{link_base}{p.trace}" if p.trace else None,
+                        "notes": [n for n in p.notes if n not in common]})
     return {"number": number, "id": case.id, "why": why(case), "columns": columns,
             "rows": [{"label": label, "cells": cells} for label, cells in rows],
             "top_title": f"top ops by self {'device' if basis == 'device' else 'CPU'} time (share, per call)",
-            "calls": ok[0].get("calls") if ok else None, "sync_counting": counting,
-            "notes": [n for n in (ok[0].get("notes") or []) if n in common] if ok else []}
+            "calls": ok[0].calls if ok else None, "sync_counting": ok[0].sync_counting if ok else "",
+            "notes": [n for n in ok[0].notes if n in common] if ok else []}
 
 
 def tables_by_technique(run: RunRecord, link_base: str = "") -> dict[str, list[dict[str, Any]]]:

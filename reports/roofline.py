@@ -87,10 +87,10 @@ def _positive(value: Any) -> float | None:
 def roof_for(run: RunRecord, case: CaseRecord) -> Roof:
     """The ceilings of the device ``case`` ran on (each worker calibrates its own device), else
     the run's."""
-    device = case.device or {}
-    slot = run.devices.get(str(device.get("key"))) or {}
+    device = case.device
+    slot = run.devices.get(str(device.key if device is not None else None)) or {}
     ceilings = slot.get("ceilings") if "ceilings" in slot else run.ceilings
-    on_cpu = device.get("type") == "cpu" if device.get("type") else run.device == "cpu"
+    on_cpu = device.type == "cpu" if device is not None and device.type else run.device == "cpu"
     return roof_of(ceilings, case.device_label or run.device_label or run.device or "?", on_cpu)
 
 

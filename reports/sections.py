@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from gpubench.declarations import TechniqueRecord, figures_hook
+from gpubench.declarations import Registry, TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
                                        named_time, other_clock_text, param_text, shown_by_technique)
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, elapsed_text, has_interval
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, elapsed_text, has_interval
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
@@ -93,10 +93,12 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str], defaults: dict[st
     return figure(title, fig)
 
 
-def _with_ends(speedup: dict[str, Any]) -> tuple[float, float, float]:
+def _with_ends(speedup: Speedup) -> tuple[float, float, float]:
     """(ratio, low, high) to draw: a speedup without a CI (too few samples) is a point with no bar."""
-    ratio = speedup["ratio"]
-    return (ratio, speedup["ci_low"], speedup["ci_high"]) if has_interval(speedup) else (ratio, ratio, ratio)
+    ratio = float(speedup.ratio or 0.0)  # case.speedup() gives only speedups with a ratio
+    if speedup.ci_low is not None and speedup.ci_high is not None and speedup.has_interval:
+        return ratio, speedup.ci_low, speedup.ci_high
+    return ratio, ratio, ratio
 
 
 def _samples(case: CaseRecord, name: str) -> list[float]:
@@ -150,10 +152,11 @@ def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: 
             "folded": len(group) > sweep.LARGE, **roofline.case_tables(found)}
 
 
-def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[Figure]:
+def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord],
+                      registry: Registry | None = None) -> list[Figure]:
     """The figures the technique declared (``plots``, as the run recorded them), then those of
-    its own figure function where its code can be loaded here (else a note says why they are
-    missing), each left out when the run holds no data for it. A figure that fails to draw
+    its own figure function where its code can be found through ``registry`` (the caller's: the
+    report never imports the registry; else a note says why they are missing), each left out when the run holds no data for it. A figure that fails to draw
     costs that figure only, with the reason shown."""
     if tech is None:
         return []
@@ -163,7 +166,7 @@ def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> 
             out.append(figure(plot.title, plots.declared(plot, cases, tech.defaults())))
         except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
             out.append(_missing(plot.title, f"the figure failed: {type(exc).__name__}: {exc}"))
-    hook, why_not = figures_hook(tech)
+    hook, why_not = figures_hook(tech, registry)
     if why_not:
         out.append(_missing(f"{tech.name}'s own figures", f"not drawn: {why_not}"))
     if hook is not None:
@@ -180,14 +183,14 @@ def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> 
 def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
     rows = []
     for name, v in case.variants.items():
-        s = v.stats or {}
+        s = v.stats
         rows.append({"case": number, "variant": name, "role": v.role, "status": v.status,
                      "reason": "; ".join(filter(None, (v.reason,
                                                        v.under_sampled and f"under-sampled: {v.under_sampled}"))),
                      "median": format_seconds(v.median_s),
-                     "ci": (f"[{format_seconds(s.get('ci_low'))}, {format_seconds(s.get('ci_high'))}]"
-                            if has_interval(s) else f"none {count_text(s.get('n'))}" if s else ""),
-                     "n": s.get("n", 0), "speedup": format_speedup(case.speedup(name)),
+                     "ci": ("" if s is None else f"[{format_seconds(s.ci_low)}, {format_seconds(s.ci_high)}]"
+                            if has_interval(s) else f"none {count_text(s.n)}"),
+                     "n": s.n if s is not None and s.n is not None else 0, "speedup": format_speedup(case.speedup(name)),
                      "check": check_text(case, name).plain, "other_clock": other_clock_text(v, always=True)})
     return rows
 
@@ -203,7 +206,7 @@ def clock_note(cases: list[CaseRecord]) -> str:
     if any(v.other_samples_s for c in cases for v in c.variants.values()):
         material = sum(1 for c in cases for v in c.variants.values()
                        if v.launch_share is not None and abs(v.launch_share) >= MATERIAL_SHARE)
-        shared = sum(1 for c in cases for v in c.variants.values() if (v.timing or {}).get("both_clocks_one_call"))
+        shared = sum(1 for c in cases for v in c.variants.values() if v.timing is not None and v.timing.both_clocks_one_call)
         note += (" The other clock was recorded beside it, a call of its own in the same rounds"
                  + (f" (in {shared} variant{'s' if shared != 1 else ''}, whose calls are long beside the L2 flush, "
                     "the same call: its wall time may hold up to the flush's duration, at most 1% of the call)"
@@ -214,7 +217,7 @@ def clock_note(cases: list[CaseRecord]) -> str:
     exposed, device_samples = 0, 0
     for c in cases:
         for v in c.variants.values():
-            count = (v.timing or {}).get("launch_outlasted_flush")
+            count = v.timing.launch_outlasted_flush if v.timing is not None else None
             if isinstance(count, int) and v.samples_on("device"):
                 exposed, device_samples = exposed + count, device_samples + len(v.samples_on("device") or [])
     if exposed:
@@ -304,7 +307,7 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
     best, worst = sweep.extremes(sweep.readings(cases, read_by)) if large else ([], [])
     numbers = {id(c): n for n, c in group}
     phase_table = phase_rows(group, labels)
-    declared = technique_figures(tech, cases)
+    declared = technique_figures(tech, cases, run.registry)
     section = {
         "name": name, "registered": tech is not None, "count": len(cases), "large": large,
         "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),

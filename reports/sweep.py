@@ -74,8 +74,8 @@ def readings(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> list[R
             continue
         if not read_by:
             ratio = case.speedup(case.role_variant("optimized"))
-            if ratio:
-                out.append(Reading(case, ratio["ratio"], format_speedup(ratio)))
+            if ratio is not None and ratio.ratio is not None:
+                out.append(Reading(case, ratio.ratio, format_speedup(ratio)))
             continue
         figure = read_by[0]
         pair = _pair(case, figure)
@@ -119,9 +119,9 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
             return "speedup: no passed case has both timings"
         if len(found) == 1:
             return f"speedup {found[0].text}"
-        speedups = [r.case.speedup(r.case.role_variant("optimized")) or {} for r in found]
+        speedups = [r.case.speedup(r.case.role_variant("optimized")) for r in found]
         sure = [r for r, s in zip(found, speedups) if has_interval(s)]
-        few = [s.get("n") for s in speedups if not has_interval(s)]
+        few = [s.n if s is not None else None for s in speedups if not has_interval(s)]
         apart = too_few_text(few) if few else ""
         if not sure:  # the range, said to rest on too few samples: no median, no CI
             factors = sorted(r.factor for r in found)

@@ -11,7 +11,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, VariantRecord, as_run, has_interval
+from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, VariantRecord, as_run
 from gpubench.stats import MIN_CI_SAMPLES
 
 
@@ -30,25 +30,27 @@ def count_text(n: Any) -> str:
     return f"(n={n})" if isinstance(n, int) and not isinstance(n, bool) else "(no CI)"
 
 
-def format_speedup(speedup: Mapping[str, Any] | None) -> str:
+def format_speedup(speedup: Speedup | Mapping[str, Any] | None) -> str:
     """``1.23x [1.10, 1.35]``; ``0.37x (n=1)`` for a speedup from fewer than MIN_CI_SAMPLES samples
-    a side (no CI: :func:`gpubench.results.has_interval`); ``-`` for none."""
-    ratio = (speedup or {}).get("ratio")
-    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool):
+    a side (no CI: :attr:`gpubench.results.Speedup.has_interval`); ``-`` for none. A dict (a
+    results document's) is read as the :class:`Speedup` it holds."""
+    if speedup is not None and not isinstance(speedup, Speedup):
+        speedup = Speedup.from_dict(speedup)
+    if speedup is None or speedup.ratio is None or not speedup.has_ratio:
         return "-"
-    if has_interval(speedup):
-        return f"{ratio:.2f}x [{speedup['ci_low']:.2f}, {speedup['ci_high']:.2f}]"
-    return f"{ratio:.2f}x {count_text(speedup.get('n'))}"
+    if speedup.ci_low is not None and speedup.ci_high is not None and speedup.has_interval:
+        return f"{speedup.ratio:.2f}x [{speedup.ci_low:.2f}, {speedup.ci_high:.2f}]"
+    return f"{speedup.ratio:.2f}x {count_text(speedup.n)}"
 
 
 def few_samples_lines(run: RunRecord) -> list[str]:
     """Why some speedups carry no CI, where they do: how many rest on fewer than MIN_CI_SAMPLES
     timed calls a variant and what made it so (the run's ``--repeat-scale`` setting ``min_reps``
     below it, or timing's time cap arriving before ``min_reps``)."""
-    few = [s for c in run.cases for s in [c.speedup(c.role_variant("optimized"))] if s and not has_interval(s)]
+    few = [s for c in run.cases for s in [c.speedup(c.role_variant("optimized"))] if s and not s.has_interval]
     if not few:
         return []
-    counts = sorted({s["n"] for s in few if isinstance(s.get("n"), int)})
+    counts = sorted({s.n for s in few if isinstance(s.n, int)})
     shown = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]} to {counts[-1]}" if counts else "n not recorded"
     lines = [f"samples: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
              f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
@@ -218,7 +220,7 @@ def check_text(case: CaseRecord, name: str) -> Text:
         return Text("-")
     if v.status in ("error", "skipped") or v.check is None:
         return Text(v.status or "-", style="red" if v.status == "error" else "dim")
-    err, metric, passed = v.check.get("error"), v.check.get("metric"), v.check.get("passed")
+    err, metric, passed = v.check.error, v.check.metric, v.check.passed
     figure = f" {metric}={err:.1e}" if isinstance(err, float) and metric != "reference" else ""
     return Text(("pass" if passed else "FAIL") + figure, style="green" if passed else "bold red")
 

@@ -352,7 +352,7 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
 
         t_report = time.perf_counter()
         written = html_report.write_report(outcome.run_dir, history_store=history_store or None,
-                                           read_history=history_store is not None)
+                                           read_history=history_store is not None, registry=techniques)
         _remember_report_time(outcome, time.perf_counter() - t_report)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
@@ -439,14 +439,13 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     options = run_options.RunOptions(devices=[device_text], isolation="none")
     outcome = supervisor.run_scenario(scen, options, Path(out_root), calibrate=False, repeat_scale=repeat_scale)
     out = make_console()
-    doc = outcome.doc
-    for number, case in enumerate(doc["cases"], 1):
+    for number, case in enumerate(outcome.record.cases, 1):
         table = case_table(case, number, link_base=f"{outcome.run_dir}/")
         if table is None:
-            reason = (case.get("failure") or {}).get("message") or "no variant ran"
-            out.print(f"{case['id']}: nothing profiled ({reason})", markup=False)
+            reason = (case.failure.message if case.failure is not None else "") or "no variant ran"
+            out.print(f"{case.id}: nothing profiled ({reason})", markup=False)
             continue
-        grid = Table(title=f"{case['id']} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
+        grid = Table(title=f"{case.id} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
         grid.add_column("per call")
         for col in table["columns"]:
             grid.add_column(f"{col['role']} {col['name']}")
@@ -463,7 +462,7 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
                 out.print(f"note ({col['name']}): {note}", markup=False)
         out.print(f"syncs counted: {table['sync_counting']}", markup=False)
     try:
-        written = html_report.write_report(outcome.run_dir)
+        written = html_report.write_report(outcome.run_dir, registry=techniques)
         out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False)
     except Exception as exc:  # noqa: BLE001 - the traces are on disk already
         out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
@@ -494,6 +493,6 @@ def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[
     if more and others is None:
         raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
     written = html_report.write_report(run_dir, output, compare=compare, history_store=history_store,
-                                       read_history=not no_history)
+                                       read_history=not no_history, registry=techniques)
     click.echo(f"report: {written.html}")
     click.echo(f"summary: {written.markdown}")

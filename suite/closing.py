@@ -88,7 +88,7 @@ def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:
     if len(samplers) > 1:
         run.telemetry["devices"] = {key: s.run_summary() for key, s in samplers.items()}
     for record in run.cases:
-        key = (record.device or {}).get("key")
+        key = record.device.key if record.device is not None else None
         sampler = samplers.get(key) if isinstance(key, str) else None
         record.telemetry = sampler.case_summary(record.id) if sampler is not None and sampler.available else None
 

@@ -20,6 +20,7 @@ from gpubench import env as envmod
 from gpubench.errors import BadInput
 from gpubench.executor import DeviceState, failed_record, job_kill_grace_s
 from gpubench.results import CaseRecord
+from gpubench.run_options import check_address, ray_module
 from gpubench.worker import DeviceInfo, Job, run_job
 
 _WORKER_STATE: dict[str, Any] = {}  # inside a Ray worker process: its device, env and ceilings
@@ -50,24 +51,6 @@ def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRe
     state = _WORKER_STATE
     record, _ = run_job(job, device, state["clocks"], _NoTelemetry(), state["ceilings"], state["info"])
     return record, {"info": state["info"], "env": state["env"], "ceilings": state["ceilings"]}
-
-
-def ray_module() -> Any:
-    """Ray, imported only when a run asks for a cluster: an optional extra, and slow to import."""
-    try:
-        import ray
-    except ImportError:
-        raise BadInput("--cluster ray: Ray is not installed; install the extra with pip install 'gpubench[ray]' "
-                       "(or pip install ray), then run again.") from None
-    return ray
-
-
-def check_address(address: str) -> None:
-    """``--cluster``: ``ray`` or ``ray://HOST:PORT``; BadInput otherwise (before a run directory is made)."""
-    if address != "ray" and not address.startswith("ray://"):
-        raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
-                       "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
-                       "the allocation and give --cluster ray (docs/faults.md, 'A Ray cluster').")
 
 
 class RayCluster:

@@ -55,7 +55,8 @@ from typing import Any, Mapping
 
 from gpubench import pytest_benchmark, stats
 from gpubench.errors import BadInput
-from gpubench.results import CaseRecord, RunRecord, as_run, load_run
+from gpubench.policy import parse_threshold  # noqa: F401 - the gate's spelling of it (cli, tests)
+from gpubench.results import CaseRecord, Device, RunRecord, as_run, load_run
 
 DEFAULT_THRESHOLD = 0.05
 # A median beyond the threshold is real when the whole 95% CI lies beyond it, or when the bootstrap
@@ -69,18 +70,6 @@ P_SIGNIFICANT = 0.002
 MACHINE_SHARE = 0.5
 MIN_SAMPLES_FOR_RATIO = stats.MIN_CI_SAMPLES  # per variant and run, to judge a case by its optimized/baseline ratio (the default min_reps)
 ORDER = ("regressed", "failed", "missing", "no_samples", "inconclusive", "improved", "unchanged", "new")
-
-
-def parse_threshold(text: str | float, source: str = "--threshold") -> float:
-    """'5%', '0.05' or 0.05 -> 0.05."""
-    try:
-        value = float(str(text).strip().rstrip("%")) / (100.0 if str(text).strip().endswith("%") else 1.0)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 10:
-        raise BadInput(f"{source}: {text!r} is not a valid threshold; allowed: a slowdown fraction "
-                       f"such as 5% or 0.05 (greater than 0).")
-    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -565,7 +554,7 @@ def load_from_store(store: Path, current: RunRecord) -> tuple[RunRecord, list[Pa
     runs = [(label, for_device(load_any(path), label)) for label, path in found]
     if len(runs) == 1:
         return runs[0][1], [found[0][1]]
-    cases = [dataclasses.replace(c, device={**(c.device or {}), "label": label}) for label, run in runs
+    cases = [dataclasses.replace(c, device=dataclasses.replace(c.device or Device.from_dict({}), label=label)) for label, run in runs
              for c in run.cases]
     merged = dataclasses.replace(runs[0][1], cases=cases, device_label=" + ".join(label for label, _ in runs))
     return merged, [path for _, path in found]

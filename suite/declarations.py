@@ -7,16 +7,18 @@ results.json by the run's own process (:func:`record_of`, through the registry, 
 is importable) and read back by the report, so an old run is drawn and judged by the
 declarations of its day.
 
-Two things still reach for the registry, here and nowhere else (``gpubench.reports`` never
-imports it): :func:`legacy_record`, the fallback for runs of schema versions 1 and 2, which
-recorded no declarations; and :func:`figures_hook`, a technique's own figure function
-(``figures_fn``: code, which cannot be stored).
+This module never imports the registry (nor does ``gpubench.results`` or ``gpubench.reports``):
+whatever needs it takes a :class:`Registry` from its caller (the runner, the CLI), which already
+has one (``gpubench.techniques`` is one). Three things use it: :func:`declare` (the run's process
+recording its techniques), :func:`legacy_record`, the fallback for runs of schema versions 1 and
+2, which recorded no declarations, and :func:`figures_hook`, a technique's own figure function
+(``figures_fn``: code, which cannot be stored). Without a registry a record is read as data only.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from gpubench.claims import FALLBACK_CLAIMS, Claim
 from gpubench.contract import Headline, Plot
@@ -106,60 +108,68 @@ class Declarations:
                    {n: tuple(Claim.from_dict(c) for c in claims) for n, claims in (elsewhere or {}).items()})
 
 
-# -- the run's process: the registry --------------------------------------------------------------
-def record_of(name: str, source: str = "") -> TechniqueRecord | None:
+# -- the run's process: the registry, passed in ---------------------------------------------------
+class Registry(Protocol):
+    """What records and reports are given to reach technique code: the technique registry
+    (``gpubench.techniques`` is one), passed in by the caller that imported it (the runner, the
+    CLI); records and reports never import it themselves."""
+
+    def find(self, name: str, source: str = "") -> Any: ...
+
+    def all_techniques(self) -> Mapping[str, Any]: ...
+
+
+def record_of(registry: Registry, name: str, source: str = "") -> TechniqueRecord | None:
     """The declarations of technique ``name`` (from ``source`` when not registered), read in the
     run's process where a plug-in is importable; None when it cannot be found."""
-    from gpubench import techniques  # the registry imports every built-in: only when declaring
-
-    tech = techniques.find(name, source)
+    tech = registry.find(name, source)
     return TechniqueRecord.of(tech) if tech is not None else None
 
 
-def claims_elsewhere(measured: Sequence[str]) -> dict[str, tuple[Claim, ...]]:
+def claims_elsewhere(registry: Registry, measured: Sequence[str]) -> dict[str, tuple[Claim, ...]]:
     """The claims of every registered technique (and of those known only by their claims) not in
     ``measured``."""
-    from gpubench import techniques
-
-    out = {n: tuple(t.claims) for n, t in techniques.all_techniques().items() if n not in measured and t.claims}
+    out = {n: tuple(t.claims) for n, t in registry.all_techniques().items() if n not in measured and t.claims}
     out.update({n: c for n, c in FALLBACK_CLAIMS.items() if n not in measured and n not in out})
     return out
 
 
-def declare(held: Declarations, wanted: Mapping[str, str]) -> None:
+def declare(held: Declarations, wanted: Mapping[str, str], registry: Registry) -> None:
     """Add to ``held`` the declarations of the techniques in ``wanted`` (name -> source) it does
     not hold yet, and the claims of the registered techniques not among them."""
     for name, source in wanted.items():
         if name not in held.techniques:
-            found = record_of(name, source)
+            found = record_of(registry, name, source)
             if found is not None:
                 held.techniques[name] = found
-    held.claims_elsewhere = claims_elsewhere([*wanted, *held.techniques])
+    held.claims_elsewhere = claims_elsewhere(registry, [*wanted, *held.techniques])
 
 
-# -- the report's two reaches for code -------------------------------------------------------------
-def legacy_record(name: str, source: str = "") -> TechniqueRecord | None:
-    """FALLBACK FOR OLD RUNS ONLY (schema versions 1 and 2 recorded no declarations): today's
-    registry's declarations of ``name``, None when this gpubench does not know it. A run of
-    version 3 is never read through this."""
-    return record_of(name, source)
+# -- the report's reaches for code, through the registry its caller gave -------------------------
+def legacy_record(registry: Registry | None, name: str, source: str = "") -> TechniqueRecord | None:
+    """FALLBACK FOR OLD RUNS ONLY (schema versions 1 and 2 recorded no declarations): the given
+    registry's declarations of ``name``, None when it does not know it or none was given. A run
+    of version 3 is never read through this."""
+    return record_of(registry, name, source) if registry is not None else None
 
 
-def legacy_claims_elsewhere(measured: Sequence[str]) -> dict[str, tuple[Claim, ...]]:
-    """FALLBACK FOR OLD RUNS ONLY: the registry's claims of the techniques a v1/v2 run left out."""
-    return claims_elsewhere(measured)
+def legacy_claims_elsewhere(registry: Registry | None, measured: Sequence[str]) -> dict[str, tuple[Claim, ...]]:
+    """FALLBACK FOR OLD RUNS ONLY: the registry's claims of the techniques a v1/v2 run left out
+    (none without a registry)."""
+    return claims_elsewhere(registry, measured) if registry is not None else {}
 
 
-def figures_hook(record: TechniqueRecord) -> tuple[Callable[[list[dict[str, Any]]], list[Any]] | None, str]:
-    """A technique's own figure function (deprecated ``figures_fn``) when its code is importable
-    here: ``(fn, "")``, or ``(None, why not)``; ``(None, "")`` when it had none. The one place the
-    report may load technique code, and only for this."""
+def figures_hook(record: TechniqueRecord, registry: Registry | None = None
+                 ) -> tuple[Callable[[list[dict[str, Any]]], list[Any]] | None, str]:
+    """A technique's own figure function (deprecated ``figures_fn``) when its code can be found
+    through ``registry`` (the caller's): ``(fn, "")``, or ``(None, why not)``; ``(None, "")``
+    when it had none. The one place the report may call technique code, and only for this."""
     if not record.figures_hook:
         return None, ""
+    if registry is None:
+        return None, "no technique registry was given to the report (a figure function is code, not data)"
     try:
-        from gpubench import techniques
-
-        tech = techniques.find(record.name, record.source)
+        tech = registry.find(record.name, record.source)
     except Exception as exc:  # noqa: BLE001 - the report goes on without the hook
         return None, f"its code cannot be loaded here ({type(exc).__name__}: {exc})"
     if tech is None or getattr(tech, "figures_fn", None) is None:

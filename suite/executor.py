@@ -131,5 +131,5 @@ def failed_record(case: Case, kind: str, message: str, detail: str = "", elapsed
     record.status = "interrupted" if kind in ("interrupted", "budget") else "failed"
     record.failure = Failure(kind, message, detail)
     record.elapsed_s = elapsed_s
-    record.device = device.to_dict() if device is not None else None
+    record.device = device.record() if device is not None else None
     return record

@@ -59,12 +59,12 @@ class InProcess:
                 record = runner.run_case(job.case, self.device, clocks[flush], state.sampler, state.ceilings,
                                          job.run_dir, budget_s=job.budget_s, time_limit=job.time_limit)
             except runner.CaseInterrupted as stop:
-                stop.record.device = state.info.to_dict()
+                stop.record.device = state.info.record()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C
                     stop.record.failure.message = stop_reason(Terminated())
                 sink.finished(job, stop.record)
                 raise KeyboardInterrupt from None
-            record.device = state.info.to_dict()
+            record.device = state.info.record()
             sink.finished(job, record)
             if record.status == "failed":
                 broken = runner.cuda_context_broken(self.device)

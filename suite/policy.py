@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gpubench.contract import Param
+from gpubench.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,17 @@ def memory_cap_note(caps_gib: Iterable[float], device_type: str, total_bytes: in
     return (f"{CAP_NOTE_START} {' / '.join(map(_gib, over))} GiB exceeds {label}'s "
             f"{total_bytes / 2**30:.0f} GiB: nothing was capped for those cases (they had the whole card); "
             f"give a size below it to stand for a smaller card (0: no cap).")
+
+
+def parse_threshold(text: str | float, source: str = "--threshold") -> float:
+    """'5%', '0.05' or 0.05 -> 0.05: a gate threshold (a slowdown fraction), as ``--threshold``
+    and a scenario's ``thresholds:`` give it; here so that a scenario reads one without importing
+    the gate."""
+    try:
+        value = float(str(text).strip().rstrip("%")) / (100.0 if str(text).strip().endswith("%") else 1.0)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 10:
+        raise BadInput(f"{source}: {text!r} is not a valid threshold; allowed: a slowdown fraction "
+                       f"such as 5% or 0.05 (greater than 0).")
+    return value

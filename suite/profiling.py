@@ -39,6 +39,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from gpubench.results import Profile, TopOp
+
 PROFILES_DIR = "profiles"
 TOP_OPS = 8
 CALL_RANGE = "gpubench::profile_call#"
@@ -122,16 +124,16 @@ class _HostReads(torch.overrides.TorchFunctionMode):
 
 
 def profile_variant(call: Callable[[], Any], device: torch.device, calls: int, run_dir: Path | str,
-                    case_id: str, variant: str, reset: Callable[[], None] | None = None) -> dict[str, Any]:
+                    case_id: str, variant: str, reset: Callable[[], None] | None = None) -> Profile:
     """Profile ``call`` (one warm-up call, then ``calls`` calls under the profiler), save its trace
     under ``run_dir`` and return the summary. Never raises an ``Exception``: a failure is
-    returned as ``{"error": ...}``."""
+    returned as a :class:`Profile` holding its ``error`` alone."""
     rel = trace_relpath(case_id, variant)
     try:
         return _profile(call, device, calls, Path(run_dir), rel, reset)
     except Exception as exc:  # noqa: BLE001 - a failed profile never fails the case
         traceback.clear_frames(exc.__traceback__)
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return Profile.failed(f"{type(exc).__name__}: {exc}")
 
 
 def _drain(device: torch.device) -> None:
@@ -175,9 +177,9 @@ def _profile(call: Callable[[], Any], device: torch.device, calls: int, run_dir:
         raw.unlink(missing_ok=True)
     summary = summarize(prof.events(), calls, cuda, trace)
     if cuda:
-        summary["peak_memory_bytes"] = peak
-        summary["peak_memory_basis"] = "torch.cuda.max_memory_allocated over the calls, above what was allocated before"
-    summary["trace"] = rel
+        summary.peak_memory_bytes = peak
+        summary.peak_memory_basis = "torch.cuda.max_memory_allocated over the calls, above what was allocated before"
+    summary.trace = rel
     return summary
 
 
@@ -223,7 +225,7 @@ def _per_call(total: float, calls: int) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 3)
 
 
-def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] | None = None) -> Profile:
     """The per-call summary of a profile's events (see the module docstring)."""
     events = list(events)
     host_windows, device_windows = _windows(events)
@@ -245,8 +247,8 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
             self_us[e.name] += e.self_cpu_time_total
             counts[e.name] += 1
     total_us = sum(self_us.values()) or 1.0
-    top = [{"name": name, "self_us_per_call": round(us / calls, 3), "share": round(us / total_us, 4),
-            "count_per_call": _per_call(counts[name], calls)} for name, us in self_us.most_common(TOP_OPS)]
+    top = [TopOp(name, round(us / calls, 3), round(us / total_us, 4), _per_call(counts[name], calls))
+           for name, us in self_us.most_common(TOP_OPS)]
 
     aten = [e for e in host if e.name.startswith("aten::")]
     outermost = [e for e in aten if not any(p.name.startswith("aten::") for p in _ancestors(e))]
@@ -288,22 +290,22 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
             notes.append(f"{_per_call(n, calls)} host read(s) per call inside {prefix} not counted as syncs: "
                          f"{HOST_ONLY_READS[prefix]}")
 
-    summary: dict[str, Any] = {
-        "calls": calls,
-        "time_basis": "device" if cuda else "cpu",
-        "top_ops": top,
-        "ops_per_call": _per_call(len(outermost), calls),
-        "kernel_launches_per_call": launches,
-        "syncs_per_call": _per_call(sum(sync_ops.values()), calls),
-        "sync_ops": {name: _per_call(n, calls) for name, n in sorted(sync_ops.items())},
-        "sync_counting": counting,
-        "event_waits_per_call": None if waits is None else _per_call(waits, calls),
-        "copies_per_call": _gpu_copies(trace, calls) if cuda else _cpu_copies(outermost, calls),
-        "peak_memory_bytes": None if cuda else _cpu_peak(trace),
-        "peak_memory_basis": None if cuda else "the trace's CPU allocation records during each call, above "
-                                               "what was allocated when it began",
-        "notes": notes,
-    }
+    summary = Profile(
+        calls=calls,
+        time_basis="device" if cuda else "cpu",
+        top_ops=top,
+        ops_per_call=_per_call(len(outermost), calls),
+        kernel_launches_per_call=launches,
+        syncs_per_call=_per_call(sum(sync_ops.values()), calls),
+        sync_ops={name: _per_call(n, calls) for name, n in sorted(sync_ops.items())},
+        sync_counting=counting,
+        event_waits_per_call=None if waits is None else _per_call(waits, calls),
+        copies_per_call=_gpu_copies(trace, calls) if cuda else _cpu_copies(outermost, calls),
+        peak_memory_bytes=None if cuda else _cpu_peak(trace),
+        peak_memory_basis=None if cuda else "the trace's CPU allocation records during each call, above "
+                                            "what was allocated when it began",
+        notes=notes,
+    )
     if not cuda:
         notes.append("copies on a CPU are host to host: aten::copy_ calls counted, bytes not recorded")
     return summary

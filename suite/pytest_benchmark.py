@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpubench.results import CaseRecord, RunRecord, VariantRecord
+from gpubench.results import CaseRecord, RunRecord, Stats, VariantRecord
 
 SOURCE = "pytest-benchmark"
 
@@ -55,7 +55,7 @@ def run_id(raw: Mapping[str, Any], path: Path) -> str:
 def _case(bench: Mapping[str, Any]) -> CaseRecord:
     timed = bench.get("stats") or {}
     variant = VariantRecord(role="optimized", status="ok", samples_s=[float(x) for x in timed.get("data") or []],
-                            stats={"median": timed.get("median"), "n": timed.get("rounds")})
+                            stats=Stats.from_dict({"median": timed.get("median"), "n": timed.get("rounds")}))
     return CaseRecord(id=str(bench.get("fullname") or bench.get("name")), technique=bench.get("group") or SOURCE,
                       params=dict(bench.get("params") or {}), seed=0, policy={}, status="passed",
                       variants={"benchmark": variant})

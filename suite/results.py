@@ -18,12 +18,13 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, TypeVar
 
 from gpubench import stats as _stats
 from gpubench.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
                              atomic_write_text, disk_full)
-from gpubench.declarations import Declarations, TechniqueRecord, declare, legacy_claims_elsewhere, legacy_record
+from gpubench.declarations import (Declarations, Registry, TechniqueRecord, declare, legacy_claims_elsewhere,
+                                   legacy_record)
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
 
@@ -69,6 +70,264 @@ def _typed(cls: Any, data: Any) -> Any:
     return cls.from_dict(data) if isinstance(data, Mapping) else None
 
 
+# -- the figures of a record, typed to the leaves --------------------------------------------------
+# Each is read and written through one from_dict / to_dict and the file keeps its schema: a writer's
+# object gives its fields in the order declared (a field marked OMIT_NONE left out while None, as the
+# writer always left it out), then ``extra`` (keys of an open dict: a newer minor version's, a
+# technique's); one read from a file gives back the keys it was read with, in their order, so a
+# record read and written again is the same document.
+OMIT_NONE = {"omit_none": True}
+_F = TypeVar("_F", bound="Figures")
+
+
+@dataclass
+class Figures:
+    """The base of a record's typed figures: ``extra`` holds the keys no field names (never
+    dropped, never a crash); ``keys`` the key order of the dict it was read from (None: built by a
+    writer)."""
+
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    keys: tuple[str, ...] | None = field(default=None, kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def typed_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "keys"))
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The typed values of the fields ``data`` holds (a subclass converts nested ones)."""
+        return dict(data)
+
+    @classmethod
+    def from_dict(cls: type[_F], data: Mapping[str, Any]) -> _F:
+        names = cls.typed_fields()
+        known = cls._field_values({k: v for k, v in data.items() if k in names})
+        return cls(**known, extra={str(k): v for k, v in data.items() if k not in names},
+                   keys=tuple(str(k) for k in data))
+
+    def _value(self, name: str) -> Any:
+        value = getattr(self, name)
+        if isinstance(value, Figures):
+            return value.to_dict()
+        if isinstance(value, list):
+            return [v.to_dict() if isinstance(v, Figures) else v for v in value]
+        if isinstance(value, dict):
+            return {k: v.to_dict() if isinstance(v, Figures) else v for k, v in value.items()}
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        names = self.typed_fields()
+        if self.keys is None:
+            omit = {f.name for f in dataclasses.fields(self) if f.metadata.get("omit_none")}
+            order = [n for n in names if not (n in omit and getattr(self, n) is None)] + list(self.extra)
+        else:  # as read, then what was set since
+            order = list(self.keys) + [n for n in names if n not in self.keys and getattr(self, n) != _default(self, n)]
+            order += [k for k in self.extra if k not in order]
+        return {k: self._value(k) if k in names else self.extra[k] for k in order if k in names or k in self.extra}
+
+    # Reads by key, for scripts and plug-ins written against the dicts these were (gpubench's own
+    # readers read the fields).
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.typed_fields():
+            return getattr(self, key)
+        return self.extra.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.typed_fields():
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+
+def _default(obj: Any, name: str) -> Any:
+    """The default of dataclass field ``name`` of ``obj`` (a field without one: None)."""
+    f = next(f for f in dataclasses.fields(obj) if f.name == name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _number(value: Any) -> float | None:
+    """A figure that is a number (never a bool), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Check(Figures):
+    """A variant's output checked against the reference (gpubench.checks.CheckResult as recorded)."""
+
+    passed: bool | None = None
+    error: float | None = None  # the error figure (relative L2 error, a count of mismatches)
+    tolerance: float | None = None  # None for exact comparisons
+    metric: str = ""  # what ``error`` measures (rel_l2, mismatched_tokens, reference)
+    detail: str = ""
+
+
+@dataclass
+class Stats(Figures):
+    """A variant's samples summarized (gpubench.stats.SampleStats as recorded): the median's 95%
+    bootstrap CI is None under MIN_CI_SAMPLES samples. A pytest-benchmark run holds median and n only."""
+
+    n: int | None = None
+    median: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    q25: float | None = None
+    q75: float | None = None
+    iqr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    iqr_over_median: float | None = None
+
+
+@dataclass
+class Timing(Figures):
+    """How a variant was timed: ``method`` (perf_counter_ns, cuda_event, none: checked only,
+    ``not_timed`` says why), the L2 flush, CUDA graphs ("off", "on", "failed: ..."), whether a
+    launch outlasted the flush, the repetitions timed on both clocks in one call."""
+
+    method: str = ""
+    l2_flush: bool | None = field(default=None, metadata=OMIT_NONE)
+    cuda_graph: str | None = field(default=None, metadata=OMIT_NONE)
+    launch_outlasted_flush: Any = field(default=None, metadata=OMIT_NONE)
+    both_clocks_one_call: int | None = field(default=None, metadata=OMIT_NONE)
+    not_timed: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class TopOp(Figures):
+    """One of a profile's top ops: self time per call, its share of all, how often per call."""
+
+    name: str = ""
+    self_us_per_call: float | None = None
+    share: float | None = None
+    count_per_call: float | None = None
+
+
+@dataclass
+class Profile(Figures):
+    """A variant's profile (gpubench.profiling's per-call summary), or ``error`` alone where
+    profiling failed (which fails nothing)."""
+
+    calls: int | None = None
+    time_basis: str | None = None  # device or cpu
+    top_ops: list[TopOp] = field(default_factory=list)
+    ops_per_call: float | None = None
+    kernel_launches_per_call: float | None = None  # None on a CPU
+    syncs_per_call: float | None = None
+    sync_ops: dict[str, float] = field(default_factory=dict)
+    sync_counting: str = ""
+    event_waits_per_call: float | None = None
+    copies_per_call: dict[str, Any] = field(default_factory=dict)  # by direction (h2d, d2h, ...): open
+    peak_memory_bytes: int | None = None
+    peak_memory_basis: str | None = None
+    notes: list[str] = field(default_factory=list)
+    trace: str | None = field(default=None, metadata=OMIT_NONE)  # the trace file, relative to the run
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @classmethod
+    def failed(cls, error: str) -> "Profile":
+        return cls(error=error, keys=("error",))
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        if "top_ops" in out:
+            out["top_ops"] = [TopOp.from_dict(o) for o in out["top_ops"] or [] if isinstance(o, Mapping)]
+        for key, empty in (("sync_ops", {}), ("copies_per_call", {}), ("notes", [])):
+            if key in out and out[key] is None:
+                out[key] = empty
+        return out
+
+
+@dataclass
+class Speedup(Figures):
+    """A variant's speedup over the baseline (median ratio, its 95% CI: None from fewer than
+    MIN_CI_SAMPLES samples a side, ``n`` the fewer), or why there is none (``error``)."""
+
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int | None = None
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+    @classmethod
+    def failed(cls, error: str) -> "Speedup":
+        return cls(error=error, keys=("ratio", "ci_low", "ci_high", "error"))
+
+    @property
+    def has_ratio(self) -> bool:
+        return _number(self.ratio) is not None
+
+    @property
+    def has_interval(self) -> bool:
+        return _number(self.ci_low) is not None and _number(self.ci_high) is not None
+
+
+@dataclass
+class VariantTelemetry(Figures):
+    """A variant's share of its case's telemetry samples."""
+
+    n_samples: int | None = None
+    power_w_mean: float | None = None
+    power_w_max: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    temp_c_max: float | None = None
+    throttled: bool | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Telemetry(Figures):
+    """A case's telemetry (gpubench.telemetry_summary.case_summary): NVML figures over its
+    samples, ``variants`` per variant tag. None where there was none."""
+
+    n_samples: int | None = None
+    duration_s: float | None = None
+    power_w_mean: float | None = None
+    power_w_max: float | None = None
+    energy_j_sampled: float | None = None
+    temp_c_max: float | None = None
+    sm_clock_mhz_min: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    mem_clock_mhz_min: float | None = None
+    mem_used_mb_max: float | None = None
+    util_gpu_pct_mean: float | None = None
+    throttled: bool | None = None
+    throttled_fraction: float | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+    benign_reasons: list[str] = field(default_factory=list)
+    variants: dict[str, VariantTelemetry] = field(default_factory=dict)
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        if "variants" in out:
+            out["variants"] = {str(n): VariantTelemetry.from_dict(v) for n, v in (out["variants"] or {}).items()
+                               if isinstance(v, Mapping)}
+        for key in ("throttle_reasons", "benign_reasons"):
+            if key in out and out[key] is None:
+                out[key] = []
+        return out
+
+
+@dataclass
+class Device(Figures):
+    """The device a case ran on (gpubench.worker.DeviceInfo as recorded)."""
+
+    key: str = ""  # the worker slot's device: cuda:2, cpu, cpu#1
+    type: str = ""  # cuda or cpu
+    index: int | None = None
+    label: str = ""  # the hardware by name
+    uuid: str | None = None
+    cpu_affinity: list[int] | None = None
+    host: str = ""
+
+
 @dataclass
 class Failure:
     kind: str  # exception, oom, timeout, overloaded (a timeout on an overloaded machine), check, variant, interrupted
@@ -87,17 +346,17 @@ class VariantRecord:
     status: str = "pending"  # ok, check_failed, error, skipped, unchecked
     reason: str | None = None
     error: Failure | None = None
-    check: dict[str, Any] | None = None
+    check: Check | None = None
     samples_s: list[float] = field(default_factory=list)
-    stats: dict[str, Any] | None = None
-    timing: dict[str, Any] | None = None
+    stats: Stats | None = None
+    timing: Timing | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     recorded: list[dict[str, Any]] = field(default_factory=list)  # numbers a call recorded, per timed call
     peak_memory_bytes: int | None = None
     energy_mj_per_call: float | None = None  # = energy.mj_per_call: None where not measured or flagged
     energy_error: str | None = None  # why there is no figure (a flag, a counter that did not advance, a raise)
     energy: EnergyMeasurement | None = None  # the window behind the figure (None in older runs)
-    profile: dict[str, Any] | None = None  # policy.profile: gpubench.profiling's summary, or {"error": ...}
+    profile: Profile | None = None  # policy.profile: gpubench.profiling's summary, or its error
     # The clock samples_s (and stats, speedups, the gate) is on: "device" (CUDA events, launch work
     # excluded), "wall" (the host's, launch and syncs included) or "host" (a CPU: one clock, both
     # the same figure). Empty in older records: read ``basis``.
@@ -118,7 +377,9 @@ class VariantRecord:
         return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
                       "energy": _typed(EnergyMeasurement, fields.get("energy")),
                       "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
-                      "stats": _upgraded_stats(fields.get("stats")),
+                      "stats": _typed(Stats, _upgraded_stats(fields.get("stats"))),
+                      "check": _typed(Check, fields.get("check")), "timing": _typed(Timing, fields.get("timing")),
+                      "profile": _typed(Profile, fields.get("profile")),
                       "samples_s": fields.get("samples_s") or [],
                       "other_samples_s": fields.get("other_samples_s") or []})
 
@@ -130,7 +391,7 @@ class VariantRecord:
         today's clocks), "" where the record does not say (pytest-benchmark, made by hand)."""
         if self.time_basis:
             return self.time_basis
-        return LEGACY_BASIS.get(str((self.timing or {}).get("method")), "")
+        return LEGACY_BASIS.get(str(self.timing.method if self.timing else None), "")
 
     @property
     def other_basis(self) -> str | None:
@@ -160,14 +421,17 @@ class VariantRecord:
             return list(self.other_samples_s)
         return None
 
-    # Typed reads of the figures the report shows (the record keeps the writer's dicts).
     @property
     def median_s(self) -> float | None:
-        return (self.stats or {}).get("median")
+        return self.stats.median if self.stats else None
 
     @property
     def passed_check(self) -> bool | None:
-        return (self.check or {}).get("passed")
+        return self.check.passed if self.check else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The variant as results.json holds it (its figures through their own to_dict)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def metric(self, key: str) -> Any:
         return self.metrics.get(key)
@@ -188,9 +452,9 @@ class CaseRecord:
     started_at: str = ""
     elapsed_s: float | None = None
     variants: dict[str, VariantRecord] = field(default_factory=dict)
-    speedups: dict[str, dict[str, Any]] = field(default_factory=dict)
-    telemetry: dict[str, Any] | None = None
-    device: dict[str, Any] | None = None  # the device it ran on: key, type, index, label, uuid, host
+    speedups: dict[str, Speedup] = field(default_factory=dict)
+    telemetry: Telemetry | None = None
+    device: Device | None = None  # the device it ran on: key, type, index, label, uuid, host
     # Where elapsed_s went, in seconds: build, check (first calls, reference, checks), warmup,
     # timing (the timed rounds' wall time), timed (the timed calls' own samples: part of timing),
     # metrics, energy, profile, other (elapsed_s less the rest). None for records of older runs.
@@ -205,15 +469,13 @@ class CaseRecord:
     def variant(self, name: str | None) -> VariantRecord | None:
         return self.variants.get(name) if name else None
 
-    def speedup(self, name: str | None) -> dict[str, Any] | None:
+    def speedup(self, name: str | None) -> Speedup | None:
         """Variant ``name``'s speedup over the baseline (ratio, ci_low, ci_high, n) where it has a
         ratio; ``ci_low`` and ``ci_high`` are None where it rests on fewer than
         :data:`gpubench.stats.MIN_CI_SAMPLES` samples a side (``n``: the fewer): a figure to show
         with its count, never one to judge by (:func:`has_interval`)."""
-        ratio = self.speedups.get(name) if name else None
-        if ratio and isinstance(ratio.get("ratio"), (int, float)) and not isinstance(ratio.get("ratio"), bool):
-            return ratio
-        return None
+        figure = self.speedups.get(name) if name else None
+        return figure if figure is not None and figure.has_ratio else None
 
     @property
     def passed(self) -> bool:
@@ -222,10 +484,13 @@ class CaseRecord:
     @property
     def device_label(self) -> str:
         """The hardware it ran on by name ("" when the record does not say: the run's then)."""
-        return str((self.device or {}).get("label") or "")
+        return str(self.device.label or "") if self.device else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The case as results.json holds it (its figures through their own to_dict)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["variants"] = {n: v.to_dict() for n, v in self.variants.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CaseRecord":
@@ -235,20 +500,41 @@ class CaseRecord:
         return cls(**{"id": "?", "technique": "?", "params": {}, "seed": 0, "policy": {}, **fields,
                       "params": fields.get("params") or {}, "policy": fields.get("policy") or {},
                       "failure": _typed(Failure, fields.get("failure")), "variants": variants,
-                      "speedups": _upgraded_speedups(fields.get("speedups") or {}, variants)})
+                      "telemetry": _typed(Telemetry, fields.get("telemetry")),
+                      "device": _typed(Device, fields.get("device")),
+                      "speedups": {n: Speedup.from_dict(f) for n, f in
+                                   _upgraded_speedups(fields.get("speedups") or {}, variants).items()
+                                   if isinstance(f, Mapping)}})
 
 
-def has_interval(figure: Mapping[str, Any] | None) -> bool:
-    """Whether a speedup or stats dict carries a confidence interval (both ends numbers): one from
-    fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
-    return figure is not None and bool(figure) and all(isinstance(figure.get(k), (int, float)) and not isinstance(figure.get(k), bool)
-                                for k in ("ci_low", "ci_high"))
+def has_interval(figure: "Speedup | Stats | Mapping[str, Any] | None") -> bool:
+    """Whether a speedup or stats figure carries a confidence interval (both ends numbers): one
+    from fewer than :data:`gpubench.stats.MIN_CI_SAMPLES` samples has none."""
+    if figure is None:
+        return False
+    if isinstance(figure, (Speedup, Stats)):
+        return _number(figure.ci_low) is not None and _number(figure.ci_high) is not None
+    return bool(figure) and all(_number(figure.get(k)) is not None for k in ("ci_low", "ci_high"))
+
+
+def _plain(value: Any) -> Any:
+    """A record's field as results.json holds it: typed figures through their to_dict, other
+    dataclasses as asdict, containers copied."""
+    if isinstance(value, Figures):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def _fewest(*variants: "VariantRecord | None") -> int | None:
-    counts = [len(v.samples_s) or (v.stats or {}).get("n") for v in variants if v is not None]
-    known = [c for c in counts if isinstance(c, int)]
-    return min(known) if known and len(known) == len(variants) else None
+    found = [len(v.samples_s) or (v.stats.n if v.stats else None) for v in variants if v is not None]
+    counts = [c for c in found if isinstance(c, int)]
+    return min(counts) if counts and len(counts) == len(variants) else None
 
 
 def _upgraded_speedups(speedups: Mapping[str, Any], variants: Mapping[str, "VariantRecord"]) -> dict[str, Any]:
@@ -443,6 +729,10 @@ class RunRecord:
     # pytest-benchmark (:mod:`gpubench.pytest_benchmark`), and the file, when the reader says.
     source: str = "gpubench"
     path: str | None = None
+    # The technique registry its holder passed in (never written): how :meth:`declare` records the
+    # run's techniques, an old run (schema 1, 2) is read by today's declarations and a technique's
+    # own figure function is found. None: the record is data only (this module never imports it).
+    registry: Registry | None = field(default=None, repr=False, compare=False)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -476,13 +766,17 @@ class RunRecord:
         return list(dict.fromkeys(self.device_of(c) for c in self.cases)) or [self.device_label or "?"]
 
     # -- declarations ------------------------------------------------------------------------
-    def declare(self) -> None:
+    def declare(self, registry: Registry | None = None) -> None:
         """Record the declarations of the techniques of its cases and scenario entries that it
-        does not hold yet, through the registry: the run's process, where a plug-in is importable."""
+        does not hold yet, through ``registry`` (else its own :attr:`registry`; neither: nothing
+        to record by): the run's process, where a plug-in is importable."""
+        registry = registry or self.registry
+        if registry is None:
+            return
         wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or []
                   if e.get("technique") and (not self.only or e.get("technique") in self.only)}
         wanted.update({c.technique: c.source for c in self.cases})
-        declare(self.declarations, wanted)
+        declare(self.declarations, wanted, registry)
 
     @property
     def recorded_declarations(self) -> bool:
@@ -491,13 +785,14 @@ class RunRecord:
 
     def technique(self, name: str) -> TechniqueRecord | None:
         """What the report reads technique ``name`` by: the run's own record of it; for a run of
-        schema 1 or 2 only, the registry's today (the fallback for old runs). None: unknown."""
+        schema 1 or 2 only, today's declarations from the :attr:`registry` its holder passed in
+        (the fallback for old runs). None: unknown."""
         if self.recorded_declarations:
             return self.declarations.techniques.get(name)
         found = self.declarations.techniques.get(name)
         if found is None:
             source = next((c.source for c in self.cases if c.technique == name), "")
-            found = legacy_record(name, source)
+            found = legacy_record(self.registry, name, source)
             if found is not None:
                 self.declarations.techniques[name] = found
         return found
@@ -508,13 +803,15 @@ class RunRecord:
             ran = {c.technique for c in self.cases}
             planned = {n: t.claims for n, t in self.declarations.techniques.items() if n not in ran and t.claims}
             return {**self.declarations.claims_elsewhere, **planned}
-        return legacy_claims_elsewhere(list(dict.fromkeys(c.technique for c in self.cases)))
+        legacy: dict[str, tuple[Any, ...]] = legacy_claims_elsewhere(
+            self.registry, list(dict.fromkeys(c.technique for c in self.cases)))
+        return legacy
 
     # -- the file ----------------------------------------------------------------------------
     def to_dict(self, cases: bool = True) -> dict[str, Any]:
         from gpubench import __version__
 
-        skip = ("cases", "declarations", "schema_version", "source", "path")
+        skip = ("cases", "declarations", "schema_version", "source", "path", "registry")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
                   for k, v in fields.items()}
@@ -533,10 +830,11 @@ class RunRecord:
         return doc
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+    def from_dict(cls, data: Mapping[str, Any], registry: Registry | None = None) -> "RunRecord":
         """The record a results document was written from (:func:`load_run` reads the file;
-        this takes a document already read, of any readable version)."""
-        fields = _fields(cls, data)
+        this takes a document already read, of any readable version), holding ``registry``
+        (the caller's, for an old run's declarations and figure functions) where given."""
+        fields = {k: v for k, v in _fields(cls, data).items() if k != "registry"}
         return cls(**{"run_id": "", "device": "", "device_label": "", "scenario": {}, "env": {}, **fields,
                       "scenario": fields.get("scenario") or {}, "env": fields.get("env") or {},
                       "cases": [CaseRecord.from_dict(c) for c in data.get("cases") or [] if isinstance(c, Mapping)],
@@ -546,7 +844,8 @@ class RunRecord:
                       "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
                       "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
                       # A document without a version (made by hand) recorded no declarations either.
-                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0]})
+                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0],
+                      "registry": registry})
 
     def json_chunks(self) -> Iterator[str]:
         """results.json piece by piece, one case at a time (a run of 10,000 cases is never held
@@ -564,7 +863,10 @@ class RunRecord:
 
 
 def json_safe(value: Any) -> Any:
-    """Replace NaN/inf by None (JSON has no such numbers) and tuples by lists, recursively."""
+    """Replace NaN/inf by None (JSON has no such numbers) and tuples by lists, recursively; a
+    record's typed figures as their dicts."""
+    if isinstance(value, Figures):
+        return json_safe(value.to_dict())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -692,37 +994,39 @@ def role_variant(case: dict[str, Any], role: str) -> str | None:
     return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
 
 
-def cases_frame(doc: dict[str, Any]) -> "pd.DataFrame":
-    """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``."""
+def cases_frame(doc: Mapping[str, Any]) -> "pd.DataFrame":
+    """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``. ``doc``'s
+    cases are case records or their dicts (read as the records they hold)."""
     import pandas as pd
 
     rows = []
-    for case in doc.get("cases", []):
-        for name, v in case.get("variants", {}).items():
-            s = v.get("stats") or {}
-            check = v.get("check") or {}
-            speed = case.get("speedups", {}).get(name, {})
+    for raw in doc.get("cases", []):
+        case = raw if isinstance(raw, CaseRecord) else CaseRecord.from_dict(raw)
+        for name, v in case.variants.items():
+            s = v.stats or Stats()
+            check = v.check or Check()
+            speed = case.speedups.get(name) or Speedup()
             row = {
-                "run_id": doc.get("run_id"), "case_id": case["id"], "technique": case["technique"],
-                "case_status": case["status"], "variant": name, "role": v.get("role"),
-                "variant_status": v.get("status"), "reason": v.get("reason"),
-                "n": s.get("n"), "median_ms": _ms(s.get("median")), "iqr_ms": _ms(s.get("iqr")),
-                "ci_low_ms": _ms(s.get("ci_low")), "ci_high_ms": _ms(s.get("ci_high")),
-                "min_ms": _ms(s.get("min")),
-                "time_basis": VariantRecord.from_dict(v).basis or None,
-                "other_median_ms": _ms(statistics.median(v["other_samples_s"])) if v.get("other_samples_s") else None,
-                "speedup": speed.get("ratio"), "speedup_ci_low": speed.get("ci_low"),
-                "speedup_ci_high": speed.get("ci_high"),
-                "check_passed": check.get("passed"), "check_metric": check.get("metric"),
-                "check_error": check.get("error"), "check_tolerance": check.get("tolerance"),
-                "peak_memory_bytes": v.get("peak_memory_bytes"),
-                "energy_mj_per_call": v.get("energy_mj_per_call"),
-                "energy_uncertainty_mj": (v.get("energy") or {}).get("uncertainty_mj"),
+                "run_id": doc.get("run_id"), "case_id": case.id, "technique": case.technique,
+                "case_status": case.status, "variant": name, "role": v.role,
+                "variant_status": v.status, "reason": v.reason,
+                "n": s.n, "median_ms": _ms(s.median), "iqr_ms": _ms(s.iqr),
+                "ci_low_ms": _ms(s.ci_low), "ci_high_ms": _ms(s.ci_high),
+                "min_ms": _ms(s.min),
+                "time_basis": v.basis or None,
+                "other_median_ms": _ms(v.other_median_s),
+                "speedup": speed.ratio, "speedup_ci_low": speed.ci_low,
+                "speedup_ci_high": speed.ci_high,
+                "check_passed": check.passed if v.check else None, "check_metric": check.metric if v.check else None,
+                "check_error": check.error, "check_tolerance": check.tolerance,
+                "peak_memory_bytes": v.peak_memory_bytes,
+                "energy_mj_per_call": v.energy_mj_per_call,
+                "energy_uncertainty_mj": v.energy.uncertainty_mj if v.energy else None,
                 # window or timed_calls (gpubench.energy); an older run's measurement was a window
-                "energy_method": (v.get("energy") or {}).get("method", "window") if v.get("energy") else None,
+                "energy_method": v.energy.method if v.energy else None,
             }
-            row.update({f"p_{k}": val for k, val in case.get("params", {}).items()})
-            row.update({f"m_{k}": val for k, val in (v.get("metrics") or {}).items()
+            row.update({f"p_{k}": val for k, val in case.params.items()})
+            row.update({f"m_{k}": val for k, val in v.metrics.items()
                         if isinstance(val, (int, float, str, bool)) or val is None})
             rows.append(row)
     return pd.DataFrame(rows)
@@ -764,10 +1068,11 @@ def read_document(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def load_run(path: str | Path) -> RunRecord:
+def load_run(path: str | Path, registry: Registry | None = None) -> RunRecord:
     """A run directory or results.json read back into the records that wrote it (versions 1
-    and 2 upgraded on read); :class:`BadInput` as :func:`read_document` says."""
-    return RunRecord.from_dict(read_document(path))
+    and 2 upgraded on read), holding ``registry`` where the caller gives one
+    (:attr:`RunRecord.registry`); :class:`BadInput` as :func:`read_document` says."""
+    return RunRecord.from_dict(read_document(path), registry)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
@@ -776,9 +1081,14 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return read_document(path)
 
 
-def as_run(doc: RunRecord | Mapping[str, Any]) -> RunRecord:
-    """A reader's run: the record itself, or one read from a results document already loaded."""
-    return doc if isinstance(doc, RunRecord) else RunRecord.from_dict(doc)
+def as_run(doc: RunRecord | Mapping[str, Any], registry: Registry | None = None) -> RunRecord:
+    """A reader's run: the record itself, or one read from a results document already loaded
+    (holding ``registry`` where given: :attr:`RunRecord.registry`)."""
+    if isinstance(doc, RunRecord):
+        if registry is not None and doc.registry is None:
+            doc.registry = registry
+        return doc
+    return RunRecord.from_dict(doc, registry)
 
 
 def read_cases_log(path: Path) -> list[dict[str, Any]]:

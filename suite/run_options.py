@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from gpubench import cluster, hygiene
+from gpubench import hygiene
 from gpubench.errors import BadInput
 
 # Device counts through NVML where torch can (torch reads this at each call): the supervisor never
@@ -65,6 +65,26 @@ def resolve_devices(text: str, source: str = "--devices") -> list[str]:
     return out
 
 
+# -- --cluster: what it accepts, checked here; gpubench.cluster (the executor) uses both ----------
+def ray_module() -> Any:
+    """Ray, imported only when a run asks for a cluster: an optional extra, and slow to import (here,
+    beside the option it checks, so that checking an option never imports the executor)."""
+    try:
+        import ray
+    except ImportError:
+        raise BadInput("--cluster ray: Ray is not installed; install the extra with pip install 'gpubench[ray]' "
+                       "(or pip install ray), then run again.") from None
+    return ray
+
+
+def check_address(address: str) -> None:
+    """``--cluster``: ``ray`` or ``ray://HOST:PORT``; BadInput otherwise (before a run directory is made)."""
+    if address != "ray" and not address.startswith("ray://"):
+        raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
+                       "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
+                       "the allocation and give --cluster ray (README, 'A Ray cluster').")
+
+
 def check_options(options: RunOptions) -> None:
     """Bad combinations, refused before anything is created."""
     if options.isolation not in ISOLATIONS:
@@ -79,8 +99,8 @@ def check_options(options: RunOptions) -> None:
     if options.max_parallel is not None and options.max_parallel < 1:
         raise BadInput(f"--max-parallel: {options.max_parallel} is not valid; allowed: an integer >= 1.")
     if options.cluster:
-        cluster.check_address(options.cluster)
-        cluster.ray_module()  # BadInput when Ray is not installed
+        check_address(options.cluster)
+        ray_module()  # BadInput when Ray is not installed
 
 
 def check_hygiene(devices: Sequence[str], exclusive: bool) -> dict[str, Any]:

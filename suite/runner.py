@@ -27,7 +27,7 @@ import torch
 
 from gpubench import energy, machine_load, profiling, stats, techniques, timing
 from gpubench.contract import ROLES, SHAPE_TIME_BASIS, CheckResult, Measured, Recorder, Technique, Variant, Workload
-from gpubench.results import CaseRecord, Failure, VariantRecord
+from gpubench.results import CaseRecord, Check, Failure, Speedup, Stats, Timing, VariantRecord
 from gpubench.scenario import Case
 from gpubench.telemetry import TelemetrySampler
 
@@ -288,7 +288,7 @@ def _plan_variants(run: CaseRun) -> list[Variant]:
         if reason:
             vrec.status, vrec.reason = "skipped", reason
         elif (note := tech.variants[name].checked_only_reason(device)) is not None:  # checked, never timed
-            vrec.reason, vrec.timing = note, {"method": "none", "not_timed": note}
+            vrec.reason, vrec.timing = note, Timing(method="none", not_timed=note)
     return [tech.variants[n] for n in names if run.variant(n).status != "skipped"]
 
 
@@ -322,7 +322,7 @@ def _check(run: CaseRun, workload: Workload, runnable: list[Variant]) -> dict[st
             result = run.tech.check_fn(reference, outputs[name])
         except Exception as exc:  # noqa: BLE001 - a check that cannot compare is a failed check
             result = CheckResult(False, None, None, "error", f"check raised {describe(exc).message}")
-        run.variant(name).check = result.to_dict()
+        run.variant(name).check = Check(result.passed, result.error, result.tolerance, result.metric, result.detail)
         if not result.passed:
             run.variant(name).status = "check_failed"
     return outputs
@@ -336,8 +336,7 @@ def _reference(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> tup
         run.tag("reference")
         return run.tech.reference_fn(workload), list(outputs)
     if base in outputs:
-        run.variant(base).check = {"passed": True, "error": 0.0, "tolerance": None,
-                                   "metric": "reference", "detail": "the baseline is the reference"}
+        run.variant(base).check = Check(True, 0.0, None, "reference", "the baseline is the reference")
         return outputs[base], [n for n in outputs if n != base]
     for name in outputs:  # ran, but nothing to compare with
         run.variant(name).status = "unchecked"
@@ -389,12 +388,12 @@ def _derive(run: CaseRun, workload: Workload, outputs: dict[str, Any], calls: Ca
 def _record_timings(run: CaseRun) -> None:
     for name, t in run.timings.items():
         vrec = run.variant(name)
-        vrec.timing = {"method": run.clock.method_of(t.basis), "l2_flush": run.clock.flushes_l2,
-                       "cuda_graph": t.cuda_graph}
-        if t.launch_outlasted_flush is not None:  # of the device-time samples (a GPU, the flush on)
-            vrec.timing["launch_outlasted_flush"] = t.launch_outlasted_flush
-        if t.shared_calls:  # repetitions timed on both clocks in one call (long calls)
-            vrec.timing["both_clocks_one_call"] = t.shared_calls
+        vrec.timing = Timing(method=run.clock.method_of(t.basis), l2_flush=run.clock.flushes_l2,
+                             cuda_graph=t.cuda_graph,
+                             # of the device-time samples (a GPU, the flush on); None: not recorded
+                             launch_outlasted_flush=t.launch_outlasted_flush,
+                             # repetitions timed on both clocks in one call (long calls)
+                             both_clocks_one_call=t.shared_calls or None)
         vrec.under_sampled = t.under_sampled
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
@@ -550,7 +549,7 @@ def _count(metrics: dict[str, Any], key: str) -> float | None:
 
 def _store_samples(vrec: VariantRecord, t: timing.VariantTiming) -> None:
     vrec.samples_s, vrec.time_basis, vrec.other_samples_s = list(t.samples_s), t.basis, list(t.other_s)
-    vrec.stats = stats.summarize(t.samples_s).to_dict() if t.samples_s else None
+    vrec.stats = Stats(**stats.summarize(t.samples_s).to_dict()) if t.samples_s else None
     vrec.recorded = [{k: v for k, v in r.items() if isinstance(v, (int, float, bool))} for r in t.records]
     if not any(vrec.recorded):
         vrec.recorded = []
@@ -564,9 +563,9 @@ def _store_speedups(record: CaseRecord) -> None:
     for name, v in variants.items():
         if name != base and v.samples_s:
             try:
-                record.speedups[name] = stats.bootstrap_ratio_ci(variants[base].samples_s, v.samples_s).to_dict()
+                record.speedups[name] = Speedup(**stats.bootstrap_ratio_ci(variants[base].samples_s, v.samples_s).to_dict())
             except ValueError as exc:  # e.g. a median of 0 s: below the clock's resolution
-                record.speedups[name] = {"ratio": None, "ci_low": None, "ci_high": None, "error": str(exc)}
+                record.speedups[name] = Speedup.failed(str(exc))
 
 
 def _case_status(record: CaseRecord) -> str:
@@ -593,11 +592,11 @@ def _case_status(record: CaseRecord) -> str:
     return "passed"
 
 
-def _check_problem(role: str, name: str, check: dict[str, Any]) -> str:
+def _check_problem(role: str, name: str, check: Check) -> str:
     text = f"{role} {name}: check failed"
-    if check.get("error") is not None:
-        text += f" ({check['metric']} {check['error']:.3g}"
-        text += f" > tolerance {check['tolerance']:.3g})" if check.get("tolerance") is not None else ")"
-    if check.get("detail"):
-        text += f": {check['detail']}"
+    if check.error is not None:
+        text += f" ({check.metric} {check.error:.3g}"
+        text += f" > tolerance {check.tolerance:.3g})" if check.tolerance is not None else ")"
+    if check.detail:
+        text += f": {check.detail}"
     return text

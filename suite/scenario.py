@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import yaml
 
 from gpubench import catalog, techniques
-from gpubench.compare import parse_threshold
+from gpubench.policy import parse_threshold
 from gpubench.errors import BadInput
 from gpubench.policy import POLICY_PARAMS, Policy, policy_problems
 

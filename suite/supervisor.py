@@ -110,7 +110,7 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
     run = RunRecord(run_id=run_dir.path.name, device=",".join(options.devices), device_label="",
                     scenario=scenario.to_dict(), env={}, repeat_scale=repeat_scale, only=only, started_at=_now(),
-                    budget_s=options.budget_s)
+                    budget_s=options.budget_s, registry=techniques)
     try:
         executor = make_executor(options, run_dir, calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
     except BadInput:

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from gpubench.atomic import atomic_write_text
 from gpubench.energy import CounterLog
+from gpubench.results import Telemetry
 from gpubench.telemetry_source import (
     SOURCE_FIELDS,
     NvmlSource,
@@ -261,7 +262,7 @@ class TelemetrySampler:
             return None
 
     # -- summaries --------------------------------------------------------------------------
-    def case_summary(self, case_id: str) -> dict[str, Any]:
+    def case_summary(self, case_id: str) -> Telemetry:
         """Aggregates over the samples tagged with ``case_id``, with a ``variants`` breakdown
         (power, SM clock, throttling per variant tag)."""
         return case_summary(self.samples, case_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from gpubench.results import Telemetry, VariantTelemetry
 from gpubench.throttle import BENIGN_REASONS, split_reasons
 
 # Columns read as pandas' nullable Int64 (an unsupported reading stays empty instead of turning floats).
@@ -77,17 +78,16 @@ def aggregate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def case_summary(samples: list[dict[str, Any]], case_id: str) -> dict[str, Any]:
+def case_summary(samples: list[dict[str, Any]], case_id: str) -> Telemetry:
     """Aggregates over the samples tagged with ``case_id``, with a ``variants`` breakdown (power,
     SM clock, throttling per variant tag)."""
     mine = [s for s in samples if s["case"] == case_id]
-    out = aggregate(mine)
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for s in mine:
         by_variant.setdefault(str(s["variant"]), []).append(s)
-    out["variants"] = {name: {k: agg[k] for k in VARIANT_FIGURES}
-                       for name, group in by_variant.items() for agg in (aggregate(group),)}
-    return out
+    return Telemetry(**aggregate(mine), variants={
+        name: VariantTelemetry(**{k: agg[k] for k in VARIANT_FIGURES})
+        for name, group in by_variant.items() for agg in (aggregate(group),)})
 
 
 def samples_dataframe(samples: list[dict[str, Any]], columns: list[str]):

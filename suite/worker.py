@@ -24,7 +24,7 @@ from gpubench import env as envmod
 from gpubench import notices, runner, techniques, telemetry, timing
 from gpubench.energy import CounterLog, CounterReader
 from gpubench.machine_load import TimeLimit
-from gpubench.results import json_safe
+from gpubench.results import Device, json_safe
 from gpubench.scenario import Case
 
 TAG_BYTES = 512
@@ -46,6 +46,11 @@ class DeviceInfo:
         return {"key": self.key, "type": self.type, "index": self.index, "label": self.label,
                 "uuid": self.uuid, "cpu_affinity": list(self.cpu_affinity) if self.cpu_affinity else None,
                 "host": self.host}
+
+    def record(self) -> Device:
+        """What a case record keeps of it (:class:`gpubench.results.Device`)."""
+        return Device(self.key, self.type, self.index, self.label, self.uuid,
+                      list(self.cpu_affinity) if self.cpu_affinity else None, self.host)
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
                                      budget_s=job.budget_s, time_limit=job.time_limit)
         except runner.CaseInterrupted as stop:
             record, interrupted = stop.record, True
-    record.device = info.to_dict()
+    record.device = info.record()
     for variant in record.variants.values():  # what crosses a process boundary must pickle
         variant.metrics = json_safe(variant.metrics)
     return record, interrupted

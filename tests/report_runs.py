@@ -108,10 +108,11 @@ def recorded_runs(root: Path, names: tuple[str, ...] = ("a", "b"), cases: int = 
     """Small runs of schema 3 (the first ``cases`` cases of :func:`sweep_doc`, their technique's
     declarations recorded as a run records them), one folder per name under ``root``: what a
     report, compare or history reads without technique code."""
+    from gpubench import techniques
     from gpubench.declarations import Declarations, declare
 
     held = Declarations()
-    declare(held, {"flash_attention": ""})  # the registry, in this process
+    declare(held, {"flash_attention": ""}, techniques)  # the registry, in this process
     out = []
     for name in names:
         doc = sweep_doc()

@@ -129,7 +129,7 @@ def test_a_technique_without_claims_still_works_and_claim_is_part_of_the_contrac
     plain.build(lambda p, d, s: None)
     techniques.register(plain, "tests")
     try:
-        rows = claim_rows({"cases": [dict(speedup_case(1.2, 1.1, 1.3), technique="no_claims", id="no_claims[]")]})
+        rows = claim_rows({"cases": [dict(speedup_case(1.2, 1.1, 1.3), technique="no_claims", id="no_claims[]")]}, techniques)
     finally:
         techniques.unregister("no_claims")
     assert all(r["technique"] != "no_claims" for r in rows)
@@ -146,9 +146,9 @@ def results_doc(cases: list[dict]) -> dict:
 
 def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
     doc = results_doc([speedup_case(1.15, 1.12, 1.18), utilization_case(0.5, 0.98, device=H100)])
-    written = html.write_report(make_run(tmp_path / "run", doc))
+    written = html.write_report(make_run(tmp_path / "run", doc), registry=techniques)
     page, md = written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
-    rows = {(r["technique"], r["claim"]): r for r in claim_rows(doc)}
+    rows = {(r["technique"], r["claim"]): r for r in claim_rows(doc, techniques)}
     step = rows["packed_metadata", techniques.get("packed_metadata").claims[0].text]
     assert step["verdict"] == "holds" and step["measured"] == "1.15x [1.12x, 1.18x]"
     waste = rows["kv_cache", "under 4% of KV memory wasted with paged blocks"]
@@ -169,16 +169,16 @@ def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
     assert "not in this run" not in table and table.count("<tr>") == 1 + len(rows) - len(left_out)
     assert f'<details id="claims-not-in-run">\n    <summary>{escape(line)}</summary>' in page
     assert md.index("| # | technique |") < md.index(TITLE) and page.index('id="summary"') < page.index('id="claims"')
-    verdicts = [r["verdict"] for r in claim_rows(doc)]
+    verdicts = [r["verdict"] for r in claim_rows(doc, techniques)]
     assert verdicts[:2] == ["holds", "holds"] and set(verdicts[2:]) == {"not comparable"}  # judged first
     assert 'href="http' not in page  # sources are shown, not linked: the report fetches nothing
 
 
 def test_a_run_with_none_of_the_techniques_lists_every_claim_as_not_in_this_run(tmp_path):
     doc = results_doc([])
-    written = html.write_report(make_run(tmp_path / "run", copy.deepcopy(doc)))
+    written = html.write_report(make_run(tmp_path / "run", copy.deepcopy(doc)), registry=techniques)
     md, page = written.markdown.read_text(encoding="utf-8"), written.html.read_text(encoding="utf-8")
-    rows = claim_rows(doc)
+    rows = claim_rows(doc, techniques)
     declared = sum(len(t.claims) for t in techniques.all_techniques().values())
     assert len(rows) >= declared and {r["verdict"] for r in rows} == {"not comparable"}
     assert {r["reason"] for r in rows} == {"not in this run"}
@@ -225,7 +225,7 @@ def test_a_claim_is_never_verified_on_a_speedup_from_one_sample():
 
 def test_the_claims_table_says_unverified_with_the_count():
     doc = results_doc([_one_sample(speedup_case(1.15, 1.15, 1.15))])
-    row = next(r for r in claim_rows(doc) if r["technique"] == "packed_metadata" and r["cases"])
+    row = next(r for r in claim_rows(doc, techniques) if r["technique"] == "packed_metadata" and r["cases"])
     assert row["verdict"] == "unverified" and row["measured"] == "1.15x (n=1)"
     assert row["reason"].startswith("too few samples (n=1") and row["verdict_class"] == "not-comparable"
 

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from gpubench import claims, stats
+from gpubench import claims, stats, techniques
 from gpubench.claims import Claim, Reading, read_case, verdict
 from gpubench.reports import claims as report_claims
 
@@ -211,7 +211,7 @@ def test_a_row_folds_its_cases_one_verdict_mixed_left_out_and_predicted():
 
 def test_rows_with_a_verdict_come_first_and_each_verdict_has_its_colour():
     doc = {"cases": [speedup_case(1.15, 1.12, 1.18), speedup_case(1.0, 0.97, 1.03, device=CPU)], "device": "cuda:0"}
-    rows = report_claims.claim_rows(doc)
+    rows = report_claims.claim_rows(doc, techniques)
     order = [(r["verdict"] == "not comparable") + (r["reason"] == report_claims.NOT_IN_RUN) for r in rows]
     assert order == sorted(order) and rows[0]["verdict"] == "holds" and rows[0]["verdict_class"] == "pass"
     assert report_claims.VERDICT_CLASS["falls short"] == "fail" and report_claims.VERDICT_CLASS["exceeds"] == "improved"
@@ -258,7 +258,7 @@ def test_the_claims_table_counts_failed_cases_of_a_real_record():
              for n in range(4, 14)]
     rows = report_claims.claim_rows({"cases": cases, "device": "cuda:0",
                                      "scenario": {"entries": [{"technique": "packed_metadata",
-                                                               "params": {"layers": [], "model": "100m"}}]}})
+                                                               "params": {"layers": [], "model": "100m"}}]}}, techniques)
     whys = [r["reason"] for r in rows if r["technique"] == "packed_metadata" and r["reason"] != report_claims.NOT_IN_RUN]
     assert whys and all("2 of 10 cases failed: #3 (layers=6), #7 (layers=10)" in why for why in whys), whys
     assert not any("the case failed" in why for why in whys)

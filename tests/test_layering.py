@@ -2,7 +2,9 @@
 
 Every import (top level and function-local, read with ast, so an import hidden inside a function
 counts too) of suite/, baselines/, optimizations/ and reports/ is resolved to a gpubench module and
-judged by the rules below; a failure names each broken rule with file:line.
+judged by the rules below; a failure names each broken rule with file:line. The records and the
+reports are also followed through every chain of imports (a report imports a record module whose
+function imports the registry: a back door a direct-import rule misses).
 """
 from __future__ import annotations
 
@@ -131,6 +133,73 @@ def test_a_technique_module_never_imports_another_technique_module():
 
 def test_reports_never_import_the_registry_or_runner_internals():
     assert broken(lambda rule: rule.startswith("a report")) == []
+
+
+# ---- what a module reaches, lazy imports followed ---------------------------------------------
+# A direct-import rule misses the back door: a report imports gpubench.results, whose function
+# imported the registry when called. The records and every report must not reach the registry or
+# the runner's internals through any chain of imports, function-local ones included.
+RECORDS = ("gpubench.results", "gpubench.declarations")
+
+
+def module_files() -> dict[str, Path]:
+    return {module_name(p): p for folder in PACKAGES for p in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def as_module(name: str, modules: dict[str, Path]) -> str | None:
+    """The module an imported name loads: itself, or the module it is a name in (``gpubench.results.load_run``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def reached_from(start: str, modules: dict[str, Path], graph: dict[str, list[Import]]) -> dict[str, list[str]]:
+    """Every gpubench module ``start`` loads through any chain of imports (function-local ones
+    included), each with the chain of file:line that gets there; a package's __init__ counts."""
+    paths: dict[str, list[str]] = {start: []}
+    todo = [start]
+    while todo:
+        here = todo.pop()
+        for imp in graph.get(here, []):
+            target = as_module(imp.imported, modules)
+            if target is None:
+                continue
+            parts = target.split(".")
+            for n in range(2, len(parts) + 1):  # gpubench.history.trends loads gpubench.history first
+                name = ".".join(parts[:n])
+                if name in modules and name not in paths:
+                    paths[name] = [*paths[here], imp.where]
+                    todo.append(name)
+    return paths
+
+
+def reaching_registry(starts: list[str]) -> list[str]:
+    modules = module_files()
+    graph = {name: imports_of(path) for name, path in modules.items()}
+    lines = []
+    for start in starts:
+        for name, chain in reached_from(start, modules, graph).items():
+            if _under(name, "gpubench.techniques") or any(_under(name, m) for m in RUNNER_INTERNALS):
+                lines.append(f"{start} reaches {name} through {' -> '.join(chain)}")
+    return lines
+
+
+def test_records_and_reports_never_reach_the_registry_even_lazily():
+    reports = [m for m in module_files() if _under(m, "gpubench.reports")]
+    assert reaching_registry([*RECORDS, *reports]) == []
+
+
+def test_the_reach_follows_a_function_local_import_of_an_imported_module(tmp_path, monkeypatch):
+    """The back door it closes: a report imports a record module whose function imports the registry."""
+    for folder, files in {"suite": {"rec.py": "def f():\n    from gpubench import techniques\n",
+                                    "techniques/__init__.py": ""},
+                          "reports": {"page.py": "from gpubench.rec import f\n"}}.items():
+        for name, text in files.items():
+            (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / folder / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert reaching_registry(["gpubench.reports.page"]) == [
+        "gpubench.reports.page reaches gpubench.techniques through reports/page.py:1 -> suite/rec.py:2"]
 
 
 # Kernels a core module finds by name (gpubench.triton_support's kernel-or-fallback dispatch), so that

@@ -375,7 +375,7 @@ def test_a_technique_adds_its_own_figures_and_a_failing_hook_costs_only_its_figu
            "scenario": {"name": "toy", "entries": []}, "cases": [], "summary": {}}
     doc["cases"] = [{"id": "toy_kernel[n=1]", "technique": "toy_kernel", "params": {"n": 1}, "status": "passed",
                      "variants": {}, "speedups": {}}]
-    run = html.load_run(make_run(tmp_path / "run", doc))
+    run = html.load_run(make_run(tmp_path / "run", doc), techniques)
     monkeypatch.setattr(toys.KERNEL, "figures_fn", own)
     page = html.render(run)
     assert "<figcaption>toy figure from its hook</figcaption>" in page
@@ -396,7 +396,7 @@ def test_declared_plots_are_drawn_from_results_and_a_failing_one_costs_only_itse
 
     doc = {"kind": "gpubench.results", "schema_version": 2, "run_id": "r", "status": "complete", "device": "cpu",
            "scenario": {"name": "toy", "entries": []}, "cases": [case(8), case(64)], "summary": {}}
-    run = html.load_run(make_run(tmp_path / "run", doc))
+    run = html.load_run(make_run(tmp_path / "run", doc), techniques)
     monkeypatch.setattr(toys.KERNEL, "plots", [Plot("GB/s against n", y="gbps", x="n", ylabel="GB/s"),
                                                Plot("nothing recorded", y="absent", x="n")])
     page = html.render(run)
@@ -613,7 +613,8 @@ def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their
 def h200_shaped(real_dir, tmp_path_factory) -> tuple[dict, str, str]:
     """report_runs.h200_shaped_doc's report and summary.md."""
     doc = report_runs.h200_shaped_doc(real_dir)
-    written = html.write_report(report_runs.write_run(tmp_path_factory.mktemp("h200") / "run", doc))
+    written = html.write_report(report_runs.write_run(tmp_path_factory.mktemp("h200") / "run", doc),
+                                registry=techniques)
     return doc, written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
 
 

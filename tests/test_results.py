@@ -110,3 +110,67 @@ def test_an_older_file_with_enough_samples_keeps_its_intervals(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(doc))
     speedup = results.load_run(tmp_path).cases[0].speedup("optimized")
     assert (speedup["ci_low"], speedup["ci_high"], speedup["n"]) == (0.35, 0.39, 10)
+
+
+# -- the typed figures: one from_dict / to_dict, the file's schema unchanged ---------------------
+from gpubench.results import (Check, Device, Profile, Speedup, Stats, Telemetry, Timing,  # noqa: E402
+                              TopOp, VariantTelemetry)
+
+
+@pytest.mark.parametrize("built, written", [
+    # what each writer wrote as a dict before the records were typed, key for key and in order
+    (Timing(method="none", not_timed="checked only"), {"method": "none", "not_timed": "checked only"}),
+    (Timing(method="cuda_event", l2_flush=True, cuda_graph="off"),
+     {"method": "cuda_event", "l2_flush": True, "cuda_graph": "off"}),
+    (Timing(method="cuda_event", l2_flush=True, cuda_graph="on", launch_outlasted_flush=3, both_clocks_one_call=2),
+     {"method": "cuda_event", "l2_flush": True, "cuda_graph": "on", "launch_outlasted_flush": 3,
+      "both_clocks_one_call": 2}),
+    (Check(True, 0.0, None, "reference", "the baseline is the reference"),
+     {"passed": True, "error": 0.0, "tolerance": None, "metric": "reference", "detail": "the baseline is the reference"}),
+    (Speedup(1.5, None, None, 2), {"ratio": 1.5, "ci_low": None, "ci_high": None, "n": 2}),
+    (Speedup.failed("zero median"), {"ratio": None, "ci_low": None, "ci_high": None, "error": "zero median"}),
+    (Profile.failed("RuntimeError: no"), {"error": "RuntimeError: no"}),
+    (Device("cpu", "cpu", None, "CPU: x"),
+     {"key": "cpu", "type": "cpu", "index": None, "label": "CPU: x", "uuid": None, "cpu_affinity": None, "host": ""}),
+    (Telemetry(n_samples=0, variants={"a": VariantTelemetry(n_samples=1, throttled=False)}),
+     {**{k: None for k in ("n_samples", "duration_s", "power_w_mean", "power_w_max", "energy_j_sampled", "temp_c_max",
+                           "sm_clock_mhz_min", "sm_clock_mhz_mean", "mem_clock_mhz_min", "mem_used_mb_max",
+                           "util_gpu_pct_mean", "throttled", "throttled_fraction")},
+      "n_samples": 0, "throttle_reasons": [], "benign_reasons": [],
+      "variants": {"a": {"n_samples": 1, "power_w_mean": None, "power_w_max": None, "sm_clock_mhz_mean": None,
+                         "temp_c_max": None, "throttled": False, "throttle_reasons": []}}}),
+])
+def test_a_typed_figure_writes_what_the_writer_wrote_as_a_dict(built, written):
+    """The results schema is unchanged: each typed figure gives the keys, order and values the
+    writer's dict gave, and reads back equal."""
+    assert json.dumps(built.to_dict()) == json.dumps(written)
+    assert type(built).from_dict(written) == built
+
+
+def test_a_figure_read_and_written_again_is_the_same_document():
+    """Keys a figure does not name (a newer minor version's, an open dict's) are kept in
+    ``extra``, and a figure read from a file writes back the keys it was read with, in order:
+    an older or newer file is never rewritten into another shape."""
+    old = {"median": 0.5, "n": 3, "from_a_newer_gpubench": [1, 2]}  # pytest-benchmark-like: median and n only
+    stats = Stats.from_dict(old)
+    assert stats.median == 0.5 and stats.n == 3 and stats.extra == {"from_a_newer_gpubench": [1, 2]}
+    assert json.dumps(stats.to_dict()) == json.dumps(old)
+    profile = {"calls": 2, "top_ops": [{"name": "aten::mm", "share": 0.9, "self_us_per_call": 3.0,
+                                        "count_per_call": 1, "new": True}], "trace": "t.json.gz", "notes": []}
+    read = Profile.from_dict(profile)
+    assert isinstance(read.top_ops[0], TopOp) and read.top_ops[0].share == 0.9 and read.top_ops[0].extra == {"new": True}
+    assert json.dumps(read.to_dict()) == json.dumps(profile)
+    read.ops_per_call = 4  # set after reading: added after the keys it was read with
+    assert list(read.to_dict()) == [*profile, "ops_per_call"]
+
+
+def test_a_real_run_read_back_writes_the_same_bytes(small_run_dir):
+    """results.json of a real run, read into the typed records and written again, is byte for
+    byte the file: the types hold every key, in its order."""
+    written = (small_run_dir / "results.json").read_text(encoding="utf-8")
+    run = results.load_run(small_run_dir)
+    assert "".join(run.json_chunks()) == written
+    case = run.cases[0]
+    variant = case.variants[case.role_variant("baseline")]
+    assert isinstance(variant.stats, Stats) and isinstance(variant.check, Check) and isinstance(variant.timing, Timing)
+    assert isinstance(case.device, Device) and all(isinstance(s, Speedup) for s in case.speedups.values())

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import results
+from gpubench import results, techniques
 from gpubench.declarations import TechniqueRecord
 from gpubench.energy import EnergyMeasurement
 from gpubench.errors import BadInput
-from gpubench.results import CaseRecord, Failure, RunRecord, TimeUse, VariantRecord
+from gpubench.results import CaseRecord, Failure, RunRecord, Speedup, Stats, TimeUse, VariantRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,13 +149,13 @@ def test_no_report_module_imports_the_technique_registry():
 
 def _record() -> RunRecord:
     energy = EnergyMeasurement(0.5, 0.01, 120.0, 700.0, 0.4, 80, 5, 0.1)
-    variants = {"eager": VariantRecord("baseline", "eager", "ok", samples_s=[1e-3, 2e-3], stats={"median": 1.5e-3},
+    variants = {"eager": VariantRecord("baseline", "eager", "ok", samples_s=[1e-3, 2e-3], stats=Stats(median=1.5e-3),
                                        metrics={"flops": 10.0}, recorded=[{"syncs": 3}], energy=energy),
                 "fused": VariantRecord("optimized", "fused", "error", reason="boom",
                                        error=Failure("exception", "boom", "trace"))}
     case = CaseRecord("t[n=1]", "t", {"n": 1}, 7, {"min_reps": 3}, status="failed",
                       failure=Failure("variant", "fused: boom"), variants=variants,
-                      speedups={"fused": {"ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6}}, phases_s={"build": 0.1})
+                      speedups={"fused": Speedup(1.5, 1.4, 1.6)}, phases_s={"build": 0.1})
     return RunRecord("r", "cpu", "CPU: test", {"name": "s", "entries": []}, {"python": "3"}, status="complete",
                      cases=[case], crash=Failure("crash", "x"), time_use=TimeUse(2.0, 1, 1.0, {"timed": 0.5}, 0.25))
 
@@ -198,3 +198,29 @@ def test_a_version_1_run_is_upgraded_on_read():
     run = RunRecord.from_dict(old)
     assert run.cases[0].role_variant("baseline") == "baseline" and not run.recorded_declarations
     assert dataclasses.asdict(run.cases[0].variants["baseline"])["role"] == "baseline"
+
+
+def test_a_record_reaches_technique_code_only_through_the_registry_its_caller_passed():
+    """No back door: without a registry a record (and a report reading it) runs no technique code;
+    an old run's declarations and a figure hook come only from the registry the caller gave."""
+    from gpubench.declarations import figures_hook
+
+    asked = []
+
+    class Registry:
+        def find(self, name, source=""):
+            asked.append(name)
+            return techniques.find(name, source)
+
+        def all_techniques(self):
+            return techniques.all_techniques()
+
+    old = {"kind": "gpubench.results", "schema_version": 2, "cases": [
+        {"id": "kv_cache[]", "technique": "kv_cache", "status": "passed", "variants": {}}]}
+    alone = RunRecord.from_dict(old)
+    assert alone.technique("kv_cache") is None and alone.claims_elsewhere() == {} and asked == []
+    given = RunRecord.from_dict(old, Registry())
+    assert given.technique("kv_cache").name == "kv_cache" and asked == ["kv_cache"]
+    hook = TechniqueRecord("kv_cache", figures_hook=True)
+    assert figures_hook(hook) == (None, "no technique registry was given to the report "
+                                        "(a figure function is code, not data)")

@@ -331,8 +331,8 @@ def test_summaries_are_json_safe():
 
     s = _sampler_with_masks([0x4, 0x0])
     json.dumps(s.run_summary(), allow_nan=False)
-    json.dumps(s.case_summary("c"), allow_nan=False)
-    json.dumps(s.case_summary("nothing"), allow_nan=False)
+    json.dumps(s.case_summary("c").to_dict(), allow_nan=False)
+    json.dumps(s.case_summary("nothing").to_dict(), allow_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------

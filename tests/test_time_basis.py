@@ -13,7 +13,7 @@ import torch
 from gpubench import compare, runner, timing
 from gpubench.contract import SHAPE_TIME_BASIS, Technique
 from gpubench.reports import sections, terminal
-from gpubench.results import CaseRecord, RunRecord, VariantRecord
+from gpubench.results import CaseRecord, RunRecord, Timing, VariantRecord
 from gpubench.scenario import Case
 
 CPU = torch.device("cpu")
@@ -388,7 +388,7 @@ def test_the_report_section_names_the_clock_and_shows_the_other():
     row = sections.variant_rows(run.cases[0], 1)[0]
     assert row["other_clock"] == "device 1.01 ms (launch and syncs 50%)"
     assert "launch took longer" not in note
-    run.cases[0].variants["optimized"].timing = {"method": "perf_counter_ns", "launch_outlasted_flush": 3}
+    run.cases[0].variants["optimized"].timing = Timing(method="perf_counter_ns", launch_outlasted_flush=3)
     assert sections.clock_note(run.cases).endswith(
         "In 3 of 20 device-time samples the call's launch took longer than the L2 flush ran, so those may hold "
         "some launch work.")

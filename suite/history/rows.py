@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from gpubench import stats
 from gpubench.compare import load_any
-from gpubench.results import CaseRecord, RunRecord, VariantRecord
+from gpubench.results import CaseRecord, RunRecord, Stats, VariantRecord
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,12 @@ def _text(value: Any) -> str | None:
 
 def _summary(variant: VariantRecord) -> dict[str, Any]:
     """median, CI, IQR and n of the variant's time: its recorded stats, else its samples'."""
-    found = dict(variant.stats or {})
-    if _number(found.get("median")) is None and variant.samples_s:
-        found = stats.summarize(variant.samples_s).to_dict()
-    n = found.get("n")
-    return {"median_s": _number(found.get("median")), "ci_low_s": _number(found.get("ci_low")),
-            "ci_high_s": _number(found.get("ci_high")), "iqr_s": _number(found.get("iqr")),
+    found = variant.stats or Stats()
+    if _number(found.median) is None and variant.samples_s:
+        found = Stats(**stats.summarize(variant.samples_s).to_dict())
+    n = found.n
+    return {"median_s": _number(found.median), "ci_low_s": _number(found.ci_low),
+            "ci_high_s": _number(found.ci_high), "iqr_s": _number(found.iqr),
             "n": int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None}
 
 
