@@ -8,7 +8,7 @@ from gpubench import compare as gate
 from gpubench.reports import charts
 from gpubench.reports.sections import Figure, Labels, figure
 from gpubench.reports.terminal import count_text, format_seconds, format_speedup, shown_params
-from gpubench.results import CaseRecord, RunRecord, has_interval
+from gpubench.results import CaseRecord, RunRecord
 
 # The gate's verdicts, in the order the comparison lists them, and how the report words them.
 COMPARE_ORDER = ("regressed", "failed", "no_samples", "inconclusive", "unchanged", "improved")

@@ -142,7 +142,7 @@ def _drain(device: torch.device) -> None:
 
 
 def _profile(call: Callable[[], Any], device: torch.device, calls: int, run_dir: Path, rel: str,
-             reset: Callable[[], None] | None) -> dict[str, Any]:
+             reset: Callable[[], None] | None) -> Profile:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = device.type == "cuda"

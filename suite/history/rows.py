@@ -94,7 +94,7 @@ def _summary(variant: VariantRecord) -> dict[str, Any]:
     """median, CI, IQR and n of the variant's time: its recorded stats, else its samples'."""
     found = variant.stats or Stats()
     if _number(found.median) is None and variant.samples_s:
-        found = Stats(**stats.summarize(variant.samples_s).to_dict())
+        found = Stats.from_dict(stats.summarize(variant.samples_s).to_dict())
     n = found.n
     return {"median_s": _number(found.median), "ci_low_s": _number(found.ci_low),
             "ci_high_s": _number(found.ci_high), "iqr_s": _number(found.iqr),
