@@ -100,14 +100,6 @@ def _date(iso: str | None) -> str:
         return iso or "-"
 
 
-def _duration(run: RunRecord) -> str:
-    try:
-        start, end = (_dt.datetime.fromisoformat(t) for t in (run.started_at, run.finished_at))
-    except (TypeError, ValueError):
-        return "-"
-    return elapsed_text((end - start).total_seconds()) if end >= start else "-"
-
-
 # -- headline and summary table (shared with summary.md) -------------------------------------
 def _by_technique(cases: list[CaseRecord]) -> dict[str, list[CaseRecord]]:
     grouped: dict[str, list[CaseRecord]] = {}
@@ -160,7 +152,7 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     return {
         "scenario": run.scenario.get("name", "?"), "description": run.scenario.get("description") or "",
         "device": run.device_label or run.device or "?", "date": _date(run.started_at),
-        "duration": _duration(run), "run_id": run.run_id, "status": run.status or "unknown",
+        "duration": run.wall_time_text(), "run_id": run.run_id, "status": run.status or "unknown",
         "cases": counts["cases"], "passed": counts["passed"], "failed": counts["failed"],
         "interrupted": counts["interrupted"], "not_run": counts["not_run"], **_never_reached(run),
         "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,
