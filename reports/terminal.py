@@ -157,6 +157,69 @@ def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Seq
                       for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in table]
 
 
+def row_fields(header: Sequence[str] | None, row: Sequence[str]) -> list[str]:
+    """One row as whole fields for a narrow terminal: ``label: value``, then each other cell
+    (after its column's name, where the table has a header); empty cells left out."""
+    named = [f"{header[j]} {cell}" if header else cell for j, cell in enumerate(row) if j and cell]
+    if not named:
+        return [row[0]]
+    return [f"{row[0]}: {named[0]}"] + named[1:]
+
+
+def _aligned(cells: Sequence[str], widths: Sequence[int], right: Sequence[int]) -> str:
+    return "  ".join(cell.rjust(w) if j in right else cell.ljust(w)
+                     for j, (cell, w) in enumerate(zip(cells, widths))).rstrip()
+
+
+def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Sequence[str]],
+               right: Sequence[int] = (), title: str = "") -> None:
+    """A table as a person reads it on any screen. On a terminal wide enough for it unfolded: a
+    rich table (box lines where it has a ``header``; a borderless label/value grid where it has
+    none); else its columns unboxed where they fit, else with their names wrapped between words.
+    On a narrower terminal: a line per row, its label then its cells as whole fields
+    (:func:`fit_fields`, wrapped at spaces, never cut). In a log: aligned plain lines
+    (:func:`plain_lines`), nothing padded past its text, nothing cut or wrapped."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    if not rows:
+        return
+    if title:
+        console.print(title, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+    if not console.is_terminal:
+        lines = plain_lines(header, rows, right) if header else plain_lines(rows[0], rows[1:], right)
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False) if header is None else Table()
+    for j, name in enumerate(header or [""] * len(rows[0])):
+        table.add_column(name, justify="right" if j in right else "left", style="bold" if header is None and j == 0 else None)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: a cell such as "[1, 2]" is no rich markup
+    if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
+        console.print(table)
+        return
+    lines = plain_lines(header, rows, right) if header else plain_lines(rows[0], rows[1:], right)
+    if max(map(len, lines)) <= console.width:  # the same columns, unboxed, still fit
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
+        return
+    if header:  # column names wrapped between their words, every cell whole on its line
+        widths = [max([len(row[j]) for row in rows] + [len(word) for word in name.split()])
+                  for j, name in enumerate(header)]
+        if sum(widths) + 2 * (len(widths) - 1) <= console.width:
+            names = [wrap_words(name, w) for name, w in zip(header, widths)]
+            depth = max(map(len, names))
+            names = [[""] * (depth - len(n)) + n for n in names]  # the names' last lines on one line
+            for k in range(depth):
+                console.print(_aligned([n[k] for n in names], widths, right), style="bold", markup=False,
+                              highlight=False)
+            for row in rows:
+                console.print(_aligned(row, widths, right), markup=False, highlight=False)
+            return
+    for row in rows:  # too narrow for the table unfolded: a line per row, wrapped between fields
+        for line in fit_fields(row_fields(header, row), console.width):
+            console.print(line, markup=False, highlight=False)
+
+
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
     """The params worth printing for a technique's cases: those whose value differs between
     cases; for a single case, those the scenario set. The rest are the same everywhere."""
