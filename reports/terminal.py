@@ -166,6 +166,9 @@ def row_fields(header: Sequence[str] | None, row: Sequence[str]) -> list[str]:
     return [f"{row[0]}: {named[0]}"] + named[1:]
 
 
+GRID_NOTE_MIN = 40  # a grid's last column narrower than this reads worse than a line per row
+
+
 def _aligned(cells: Sequence[str], widths: Sequence[int], right: Sequence[int]) -> str:
     return "  ".join(cell.rjust(w) if j in right else cell.ljust(w)
                      for j, (cell, w) in enumerate(zip(cells, widths))).rstrip()
@@ -175,7 +178,9 @@ def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Se
                right: Sequence[int] = (), title: str = "") -> None:
     """A table as a person reads it on any screen. On a terminal wide enough for it unfolded: a
     rich table (box lines where it has a ``header``; a borderless label/value grid where it has
-    none); else its columns unboxed where they fit, else with their names wrapped between words.
+    none; a grid's last column wrapped at spaces where the others fit whole beside
+    :data:`GRID_NOTE_MIN` columns of it); else its columns unboxed where they fit, else with their
+    names wrapped between words.
     On a narrower terminal: a line per row, its label then its cells as whole fields
     (:func:`fit_fields`, wrapped at spaces, never cut). In a log: aligned plain lines
     (:func:`plain_lines`), nothing padded past its text, nothing cut or wrapped."""
@@ -197,6 +202,18 @@ def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Se
     if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
         console.print(table)
         return
+    if header is None and len(rows[0]) > 1:  # a grid: its label and figure columns whole, the last wrapped
+        fixed = [max(len(row[j]) for row in rows) for j in range(len(rows[0]) - 1)]
+        if sum(fixed) + 4 * len(fixed) + GRID_NOTE_MIN <= console.width:
+            grid = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
+            for j, w in enumerate(fixed):
+                grid.add_column(justify="right" if j in right else "left", style="bold" if j == 0 else None,
+                                no_wrap=True, min_width=w)
+            grid.add_column(ratio=1)
+            for row in rows:
+                grid.add_row(*(Text(cell) for cell in row))
+            console.print(grid)
+            return
     lines = plain_lines(header, rows, right) if header else plain_lines(rows[0], rows[1:], right)
     if max(map(len, lines)) <= console.width:  # the same columns, unboxed, still fit
         for line in lines:
