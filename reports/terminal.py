@@ -147,11 +147,13 @@ def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     return labels
 
 
-def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
+                widest: int | None = None) -> list[str]:
     """Rows as a log shows them: columns two spaces apart, aligned by padding to the widest
-    cell (the last column is not padded), no box drawing, nothing cut and nothing wrapped."""
+    cell (the last column is not padded; none past ``widest`` characters, so one long case id
+    does not pad every line to its length), no box drawing, nothing cut and nothing wrapped."""
     table = [list(header)] + [list(r) for r in rows]
-    widths = [max(len(r[j]) for r in table) for j in range(len(header))]
+    widths = [min(widest or 10**9, max(len(r[j]) for r in table)) for j in range(len(header))]
     last = len(header) - 1
     return ["  ".join(cell if j == last and j not in right else cell.rjust(w) if j in right else cell.ljust(w)
                       for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in table]

@@ -410,3 +410,16 @@ def test_gpubench_profile_on_a_wide_terminal_keeps_the_variants_side_by_side():
     assert BOX & set(out) and "…" not in out
     header = next(line for line in out.splitlines() if "baseline where_loop" in line)
     assert "optimized sort_group" in header and "peer grouped_mm" in header
+
+
+def test_history_in_a_log_pads_no_line_to_its_longest_case_id(capsys):
+    """One 300-character case id (a serving case's) does not pad every other line of the log to
+    300 characters: a short id's line stays short; the long one whole, its columns after it."""
+    huge = "continuous_batching[" + ",".join(f"param_{i}=value_{i}" for i in range(18)) + "]"
+    found = _histories() + [types.SimpleNamespace(case_id=huge, variant="paged", metric="time", points=[1, 2],
+                                                  latest=None)]
+    cli_history.print_changes("store.sqlite", "CPU: test", "main", found)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(huge) > 300 and any(line.startswith(huge + "  paged") for line in lines)
+    short = [line for line in lines if line.startswith(LONG.format("random"))]
+    assert short and all(len(line) < 200 for line in short)
