@@ -429,10 +429,14 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
         for line in summary_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = run.summary
-    console.print(f"{s['passed']} passed, {s['failed']} failed"
+    counts = Text(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
-                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else "") + f" ({run.status})",
-                  markup=False, highlight=False)
+                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else ""))
+    planned = run.planned_cases
+    never = planned - len(run.cases) - len(run.not_run) if isinstance(planned, int) else 0
+    if never > 0:  # stopped before it reached them (Ctrl-C, SIGTERM, an abort): as the report's counts say
+        counts.append(f", {never} of {planned} planned not run", style="bold red")
+    console.print(counts + Text(f" ({run.status})"), highlight=False, soft_wrap=not console.is_terminal)
     for line in clock_lines(run) + few_samples_lines(run):
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:

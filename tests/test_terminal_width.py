@@ -423,3 +423,13 @@ def test_history_in_a_log_pads_no_line_to_its_longest_case_id(capsys):
     assert len(huge) > 300 and any(line.startswith(huge + "  paged") for line in lines)
     short = [line for line in lines if line.startswith(LONG.format("random"))]
     assert short and all(len(line) < 200 for line in short)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_run_stopped_early_says_in_its_summary_how_many_planned_cases_never_ran(terminal):
+    """After SIGTERM or Ctrl-C the end-of-run summary counts the planned cases it never reached
+    (in red on a terminal), as the report does; a run that reached them all says nothing of it."""
+    doc = {**_doc(), "status": "interrupted", "planned_cases": 68}
+    out = _printed(doc, terminal=terminal, width=100)
+    assert "4 passed, 1 failed, 63 of 68 planned not run (interrupted)" in out
+    assert "planned not run" not in _printed({**_doc(), "planned_cases": 5}, terminal=terminal, width=100)
