@@ -824,6 +824,18 @@ def test_a_run_with_no_finish_time_reads_its_wall_time_from_its_last_case_or_say
     assert done.wall_time_text() == "4.2 s"
 
 
+@REAL_RUN
+def test_a_summary_cell_breaks_between_a_variant_and_its_time_never_inside_the_time(real_report):
+    """At 1300 px a squeezed summary table showed "eager 40.3 / ms": the baseline and optimized
+    cells may break only between the variant's name and its time, each kept whole."""
+    page = real_report[1]
+    table = page.split('<table id="summary-table">')[1].split("</table>")[0]
+    cells = re.findall(r'<td class="num named">(.*?)</td>', table)
+    assert cells
+    for cell in cells:
+        assert re.fullmatch(r'<span class="nw">[^<\s]+</span>( <span class="nw">[^<]+</span>)?', cell), cell
+
+
 def test_summary_md_leaves_out_a_headline_column_no_case_fills():
     row = {"number": 1, "technique": "t", "params": "n=1", "baseline": "a 1 ms", "optimized": "b 1 ms",
            "speedup": "1.00x", "headline": "", "why": "", "check": "pass", "memory": "-", "energy": "-",
