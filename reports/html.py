@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jinja2
+import markupsafe
 import pandas as pd
 
 from gpubench.atomic import DiskFull, atomic_write_text
@@ -47,6 +48,14 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
 )
+
+
+def _arrows(text: str) -> markupsafe.Markup:
+    """``text`` escaped, each ``->`` unbreakable: a narrow page wrapped "8 -> 32" as "8 - / > 32"."""
+    return markupsafe.Markup(str(markupsafe.escape(text)).replace("-&gt;", '<span class="nw">-&gt;</span>'))
+
+
+_TEMPLATES.filters["arrows"] = _arrows
 
 
 @dataclass

@@ -836,6 +836,13 @@ def test_a_summary_cell_breaks_between_a_variant_and_its_time_never_inside_the_t
         assert re.fullmatch(r'<span class="nw">[^<\s]+</span>( <span class="nw">[^<]+</span>)?', cell), cell
 
 
+def test_an_arrow_in_a_headline_never_breaks_between_its_two_characters():
+    """On a phone "max concurrent requests 8 -> 32" wrapped as "8 -" / "> 32": every "->" the page
+    prints from a headline is one unbreakable piece, and the text around it stays escaped."""
+    out = str(html._arrows("KV <b> 8 -> 32; 21% -> 92%"))
+    assert out == 'KV &lt;b&gt; 8 <span class="nw">-&gt;</span> 32; 21% <span class="nw">-&gt;</span> 92%'
+
+
 def test_summary_md_leaves_out_a_headline_column_no_case_fills():
     row = {"number": 1, "technique": "t", "params": "n=1", "baseline": "a 1 ms", "optimized": "b 1 ms",
            "speedup": "1.00x", "headline": "", "why": "", "check": "pass", "memory": "-", "energy": "-",
