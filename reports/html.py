@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jinja2
+import markupsafe
 import pandas as pd
 
 from gpubench.atomic import DiskFull, atomic_write_text
@@ -35,7 +36,8 @@ from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, elapsed_text, load_run as load_record, not_run_text)
+from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, elapsed_text, has_interval,
+                              load_run as load_record, not_run_text)
 from gpubench.throttle import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
@@ -47,6 +49,14 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
     autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
 )
+
+
+def _arrows(text: str) -> markupsafe.Markup:
+    """``text`` escaped, each ``->`` unbreakable: a narrow page wrapped "8 -> 32" as "8 - / > 32"."""
+    return markupsafe.Markup(str(markupsafe.escape(text)).replace("-&gt;", '<span class="nw">-&gt;</span>'))
+
+
+_TEMPLATES.filters["arrows"] = _arrows
 
 
 @dataclass
@@ -101,14 +111,6 @@ def _date(iso: str | None) -> str:
         return iso or "-"
 
 
-def _duration(run: RunRecord) -> str:
-    try:
-        start, end = (_dt.datetime.fromisoformat(t) for t in (run.started_at, run.finished_at))
-    except (TypeError, ValueError):
-        return "-"
-    return elapsed_text((end - start).total_seconds()) if end >= start else "-"
-
-
 # -- headline and summary table (shared with summary.md) -------------------------------------
 def _by_technique(cases: list[CaseRecord]) -> dict[str, list[CaseRecord]]:
     grouped: dict[str, list[CaseRecord]] = {}
@@ -161,7 +163,7 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     return {
         "scenario": run.scenario.get("name", "?"), "description": run.scenario.get("description") or "",
         "device": run.device_label or run.device or "?", "date": _date(run.started_at),
-        "duration": _duration(run), "run_id": run.run_id, "status": run.status or "unknown",
+        "duration": run.wall_time_text(), "run_id": run.run_id, "status": run.status or "unknown",
         "cases": counts["cases"], "passed": counts["passed"], "failed": counts["failed"],
         "interrupted": counts["interrupted"], "not_run": counts["not_run"], **_never_reached(run),
         "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,

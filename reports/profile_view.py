@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
 from gpubench.kvmath import human_bytes
+from gpubench.reports.terminal import fit_fields, wrap_words
 from gpubench.results import CaseRecord, Profile, RunRecord
 
 TOP_SHOWN = 5
@@ -70,7 +76,10 @@ def _syncs(profile: Profile) -> str:
 
 
 def _time(us: float) -> str:
-    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} us"
+    """350 us, 4.2 ms, 1.6 s (never ``1.6e+03 ms``)."""
+    if us >= 999_500:
+        return f"{us / 1e6:.3g} s"
+    return f"{us / 1000:.3g} ms" if us >= 999.5 else f"{us:.3g} us"
 
 
 def _top(profile: Profile) -> list[str]:
@@ -118,3 +127,36 @@ def tables_by_technique(run: RunRecord, link_base: str = "") -> dict[str, list[d
             out.setdefault(case.technique, []).append(table)
     return out
 
+
+
+def print_case(table: Mapping[str, Any], console: Console) -> None:
+    """One case's "what changed" table (:func:`case_table`) in a terminal: the variants side by
+    side where the table fits unfolded; on a narrower terminal, and in a log, a block per variant
+    (its counts as whole fields, then its top ops a line each), so no op name or count is cut
+    (a log's lines are whole, never padded to a width)."""
+    columns = table["columns"]
+    title = f"{table['id']} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else "")
+    log = not console.is_terminal
+    if not log:
+        grid = Table(title=Text(title), title_justify="left")  # Text: the case id's [..] is no markup
+        grid.add_column("per call")
+        for col in columns:
+            grid.add_column(f"{col['role']} {col['name']}")
+        for row in table["rows"]:
+            grid.add_row(*(Text(cell) for cell in [row["label"], *row["cells"]]))
+        grid.add_row(Text(table["top_title"]), *[Text("\n".join(c["top"]) or (c["error"] or "-")) for c in columns])
+        if Measurement.get(console, console.options.update_width(10**6), grid).maximum <= console.width:
+            console.print(grid)
+            return
+    width = 10**6 if log else console.width
+    console.print(title, markup=False, highlight=False, soft_wrap=log)
+    for j, col in enumerate(columns):
+        console.print(f"{col['role']} {col['name']}", style="bold", markup=False, highlight=False, soft_wrap=log)
+        fields = [f"{row['label']} {row['cells'][j]}" for row in table["rows"]]
+        for line in fit_fields(fields, width - 2, indent=""):
+            console.print("  " + line, markup=False, highlight=False, soft_wrap=log)
+        tops = [f"{table['top_title']}:"] + ["  " + op for op in col["top"]] if col["top"] else []
+        if not tops:
+            tops = wrap_words(f"{table['top_title']}: {col['error'] or '-'}", width - 4, "  ")
+        for line in tops:
+            console.print("  " + line, markup=False, highlight=False, soft_wrap=log)

@@ -149,14 +149,96 @@ def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     return labels
 
 
-def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
+                widest: int | None = None) -> list[str]:
     """Rows as a log shows them: columns two spaces apart, aligned by padding to the widest
-    cell (the last column is not padded), no box drawing, nothing cut and nothing wrapped."""
+    cell (the last column is not padded; none past ``widest`` characters, so one long case id
+    does not pad every line to its length), no box drawing, nothing cut and nothing wrapped."""
     table = [list(header)] + [list(r) for r in rows]
-    widths = [max(len(r[j]) for r in table) for j in range(len(header))]
+    widths = [min(widest or 10**9, max(len(r[j]) for r in table)) for j in range(len(header))]
     last = len(header) - 1
     return ["  ".join(cell if j == last and j not in right else cell.rjust(w) if j in right else cell.ljust(w)
                       for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in table]
+
+
+def row_fields(header: Sequence[str] | None, row: Sequence[str]) -> list[str]:
+    """One row as whole fields for a narrow terminal: ``label: value``, then each other cell
+    (after its column's name, where the table has a header); empty cells left out."""
+    named = [f"{header[j]} {cell}" if header else cell for j, cell in enumerate(row) if j and cell]
+    if not named:
+        return [row[0]]
+    return [f"{row[0]}: {named[0]}"] + named[1:]
+
+
+GRID_NOTE_MIN = 40  # a grid's last column narrower than this reads worse than a line per row
+
+
+def _aligned(cells: Sequence[str], widths: Sequence[int], right: Sequence[int]) -> str:
+    return "  ".join(cell.rjust(w) if j in right else cell.ljust(w)
+                     for j, (cell, w) in enumerate(zip(cells, widths))).rstrip()
+
+
+def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Sequence[str]],
+               right: Sequence[int] = (), title: str = "") -> None:
+    """A table as a person reads it on any screen. On a terminal wide enough for it unfolded: a
+    rich table (box lines where it has a ``header``; a borderless label/value grid where it has
+    none; a grid's last column wrapped at spaces where the others fit whole beside
+    :data:`GRID_NOTE_MIN` columns of it); else its columns unboxed where they fit, else with their
+    names wrapped between words.
+    On a narrower terminal: a line per row, its label then its cells as whole fields
+    (:func:`fit_fields`, wrapped at spaces, never cut). In a log: aligned plain lines
+    (:func:`plain_lines`), nothing padded past its text, nothing cut or wrapped."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    if not rows:
+        return
+    if title:
+        console.print(title, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+    if not console.is_terminal:
+        lines = plain_lines(header, rows, right) if header else plain_lines(rows[0], rows[1:], right)
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False) if header is None else Table()
+    for j, name in enumerate(header or [""] * len(rows[0])):
+        table.add_column(name, justify="right" if j in right else "left", style="bold" if header is None and j == 0 else None)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: a cell such as "[1, 2]" is no rich markup
+    if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
+        console.print(table)
+        return
+    if header is None and len(rows[0]) > 1:  # a grid: its label and figure columns whole, the last wrapped
+        fixed = [max(len(row[j]) for row in rows) for j in range(len(rows[0]) - 1)]
+        if sum(fixed) + 4 * len(fixed) + GRID_NOTE_MIN <= console.width:
+            grid = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
+            for j, w in enumerate(fixed):
+                grid.add_column(justify="right" if j in right else "left", style="bold" if j == 0 else None,
+                                no_wrap=True, min_width=w)
+            grid.add_column(ratio=1)
+            for row in rows:
+                grid.add_row(*(Text(cell) for cell in row))
+            console.print(grid)
+            return
+    lines = plain_lines(header, rows, right) if header else plain_lines(rows[0], rows[1:], right)
+    if max(map(len, lines)) <= console.width:  # the same columns, unboxed, still fit
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
+        return
+    if header:  # column names wrapped between their words, every cell whole on its line
+        widths = [max([len(row[j]) for row in rows] + [len(word) for word in name.split()])
+                  for j, name in enumerate(header)]
+        if sum(widths) + 2 * (len(widths) - 1) <= console.width:
+            names = [wrap_words(name, w) for name, w in zip(header, widths)]
+            depth = max(map(len, names))
+            names = [[""] * (depth - len(n)) + n for n in names]  # the names' last lines on one line
+            for k in range(depth):
+                console.print(_aligned([n[k] for n in names], widths, right), style="bold", markup=False,
+                              highlight=False)
+            for row in rows:
+                console.print(_aligned(row, widths, right), markup=False, highlight=False)
+            return
+    for row in rows:  # too narrow for the table unfolded: a line per row, wrapped between fields
+        for line in fit_fields(row_fields(header, row), console.width):
+            console.print(line, markup=False, highlight=False)
 
 
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
@@ -349,10 +431,14 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
         for line in summary_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = run.summary
-    console.print(f"{s['passed']} passed, {s['failed']} failed"
+    counts = Text(f"{s['passed']} passed, {s['failed']} failed"
                   + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
-                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else "") + f" ({run.status})",
-                  markup=False, highlight=False)
+                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else ""))
+    planned = run.planned_cases
+    never = planned - len(run.cases) - len(run.not_run) if isinstance(planned, int) else 0
+    if never > 0:  # stopped before it reached them (Ctrl-C, SIGTERM, an abort): as the report's counts say
+        counts.append(f", {never} of {planned} planned not run", style="bold red")
+    console.print(counts + Text(f" ({run.status})"), highlight=False, soft_wrap=not console.is_terminal)
     for line in clock_lines(run) + few_samples_lines(run):
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:

@@ -89,6 +89,9 @@ def pick_branch(store: history.HistoryStore, model: str, branch: str | None) -> 
                    f"it holds: {listed} (runs that recorded none count as {default or 'any branch'}'s).")
 
 
+LOG_CASE_WIDTH = 100  # in a log, case ids are padded to at most this: a longer one pushes its line's other columns
+
+
 def print_changes(where: str, model: str, branch: str | None, found: list) -> None:
     """The table of ``gpubench history``: a row per (case, variant) with its latest change. On a
     terminal, a case is labelled by the params that tell it apart from the others and every cell
@@ -113,7 +116,7 @@ def print_changes(where: str, model: str, branch: str | None, found: list) -> No
                                                          last.magnitude_text, last.kind)
         rows.append((h.case_id, h.variant, h.metric, str(len(h.points)), *change))
     if not console.is_terminal:
-        for line in [title] + plain_lines(header, rows, right=(3, 5)):
+        for line in [title] + plain_lines(header, rows, right=(3, 5), widest=LOG_CASE_WIDTH):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     labels = id_labels(h.case_id for h in found)

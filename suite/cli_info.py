@@ -85,10 +85,8 @@ def env_(device: str, calibrate: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
-    out = make_console()
-    table = Table(box=None, show_header=False, padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
+    from gpubench.reports.terminal import print_rows
+
     gpu = info.get("gpu") or {}
     rows = [
         ("device", f"{info['device']} ({info['device_label']})"),
@@ -113,6 +111,4 @@ def env_(device: str, calibrate: bool, as_json: bool) -> None:
         for key in ("h2d", "d2h"):
             if key in c:
                 rows.append((key, f"{c[key]['peak_gbps']:.4g} GB/s pinned"))
-    for k, v in rows:
-        table.add_row(k, str(v))
-    out.print(table)
+    print_rows(make_console(), None, [(k, str(v)) for k, v in rows])

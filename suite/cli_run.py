@@ -12,7 +12,6 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gpubench import results, scenario as scenariomod, stopping, techniques
 from gpubench.atomic import DiskFull
@@ -430,7 +429,7 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
     report in a run directory."""
     from gpubench import run_options, supervisor
     from gpubench.reports import html as html_report
-    from gpubench.reports.profile_view import case_table
+    from gpubench.reports.profile_view import case_table, print_case
 
     stopping.sigint_restored()
 
@@ -443,27 +442,20 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
         table = case_table(case, number, link_base=f"{outcome.run_dir}/")
         if table is None:
             reason = (case.failure.message if case.failure is not None else "") or "no variant ran"
-            out.print(f"{case.id}: nothing profiled ({reason})", markup=False)
+            out.print(f"{case.id}: nothing profiled ({reason})", markup=False, soft_wrap=not out.is_terminal)
             continue
-        grid = Table(title=f"{case.id} ({table['calls']} calls per variant)" + (f": {table['why']}" if table["why"] else ""))
-        grid.add_column("per call")
-        for col in table["columns"]:
-            grid.add_column(f"{col['role']} {col['name']}")
-        for row in table["rows"]:
-            grid.add_row(row["label"], *row["cells"])
-        grid.add_row(table["top_title"], *["\n".join(c["top"]) or (c["error"] or "-") for c in table["columns"]])
-        out.print(grid)
+        print_case(table, out)
         for col in table["columns"]:
             out.print(f"trace {col['name']}: {col['trace'] or col['error']}", markup=False, soft_wrap=True)
         for note in table["notes"]:
-            out.print(f"note: {note}", markup=False)
+            out.print(f"note: {note}", markup=False, soft_wrap=not out.is_terminal)
         for col in table["columns"]:
             for note in col["notes"]:
-                out.print(f"note ({col['name']}): {note}", markup=False)
-        out.print(f"syncs counted: {table['sync_counting']}", markup=False)
+                out.print(f"note ({col['name']}): {note}", markup=False, soft_wrap=not out.is_terminal)
+        out.print(f"syncs counted: {table['sync_counting']}", markup=False, soft_wrap=not out.is_terminal)
     try:
         written = html_report.write_report(outcome.run_dir, registry=techniques)
-        out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False)
+        out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False, soft_wrap=not out.is_terminal)
     except Exception as exc:  # noqa: BLE001 - the traces are on disk already
         out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
     sys.exit(outcome.exit_code)

@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 import click
-from rich.table import Table
 
 from gpubench.cli_console import make_console
 from gpubench.errors import BadInput
@@ -156,15 +155,14 @@ def _list_presets(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="presets (published configs)", title_justify="left")
-    for col in ("preset", "type", "attention", "layers", "KV heads", "KV vector", "sliding layers",
-                "params (counted)", "published"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["preset"], r["model_type"], r["attention"], str(r["layers"]), str(r["kv_heads"] or "-"),
-                      str(r["head_dim"]), str(r["sliding_layers"]), f"{r['params'] / 1e9:.2f}B",
-                      f"{r['published_params'] / 1e9:.2f}B" if r["published_params"] else "-")
-    make_console().print(table)
+    from gpubench.reports.terminal import print_rows
+
+    print_rows(make_console(), ("preset", "type", "attention", "layers", "KV heads", "KV vector", "sliding layers",
+                                "params (counted)", "published"),
+               [(r["preset"], r["model_type"], r["attention"], str(r["layers"]), str(r["kv_heads"] or "-"),
+                 str(r["head_dim"]), str(r["sliding_layers"]), f"{r['params'] / 1e9:.2f}B",
+                 f"{r['published_params'] / 1e9:.2f}B" if r["published_params"] else "-") for r in rows],
+               right=(3, 4, 5, 6, 7, 8), title="presets (published configs)")
 
 
 @click.command(name="serve")
@@ -245,25 +243,25 @@ def serve(model, dtype, device, trace_file, requests, arrival, prompt_len, outpu
         click.echo(json.dumps({"model": model, "params": weights.config.num_params(), "device": str(dev),
                                "engines": results_by_engine}, indent=2))
         return
+    from gpubench.reports.terminal import print_rows
+
     out = make_console()
-    table = Table(title=f"{len(reqs)} requests, model {model} ({weights.config.num_params() / 1e6:.1f}M params, "
-                        f"{dtype}) on {envmod.device_label(dev)}, KV budget {budget / 2**20:.1f} MiB"
-                        + (", all at once" if no_wait else ""), title_justify="left")
-    table.add_column("metric")
-    for name in results_by_engine:
-        table.add_column(name, justify="right")
     rows = [("output tokens/s", "output_tokens_per_s", "{:.0f}"), ("requests/s", "request_throughput", "{:.2f}"),
             ("goodput requests/s", "goodput_requests_per_s", "{:.2f}")]
     rows += [(f"{stat} {name.upper()} ms", f"{stat}_{name}_ms", "{:.1f}")
              for name in ("ttft", "tpot", "itl", "e2e") for stat in ("median", "p99")]
     rows += [("KV utilization (live/reserved)", "kv_utilization", "{:.1%}"), ("max concurrency", "max_concurrency", "{}"),
              ("preemptions", "preemptions", "{}"), ("duration s", "duration_s", "{:.2f}")]
-    for label, key, fmt in rows:
-        table.add_row(label, *[("-" if m.get(key) is None else fmt.format(m[key])) for m in results_by_engine.values()])
-    out.print(table)
+    print_rows(out, ("metric", *results_by_engine),
+               [(label, *[("-" if m.get(key) is None else fmt.format(m[key])) for m in results_by_engine.values()])
+                for label, key, fmt in rows], right=range(1, len(results_by_engine) + 1),
+               title=f"{len(reqs)} requests, model {model} ({weights.config.num_params() / 1e6:.1f}M params, "
+                     f"{dtype}) on {envmod.device_label(dev)}, KV budget {budget / 2**20:.1f} MiB"
+                     + (", all at once" if no_wait else ""))
     for name, m in results_by_engine.items():
         if m["accounting_problems"]:
-            out.print(f"[bold red]{name}: KV accounting problems: {'; '.join(m['accounting_problems'][:3])}[/]")
+            out.print(f"{name}: KV accounting problems: {'; '.join(m['accounting_problems'][:3])}", style="bold red",
+                      markup=False, soft_wrap=not out.is_terminal)
 
 
 @click.command(name="prepare")

@@ -634,6 +634,19 @@ def elapsed_text(seconds: float) -> str:
     return f"{minutes} min" + (f" {secs} s" if secs else "")
 
 
+def _moment(iso: str | None) -> _dt.datetime | None:
+    """An ISO time as an aware datetime (one without an offset read as UTC); None if unreadable."""
+    try:
+        moment = _dt.datetime.fromisoformat(iso or "")
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=_dt.timezone.utc)
+
+
+def _seconds(start: _dt.datetime, end: _dt.datetime) -> float:
+    return (end - start).total_seconds()
+
+
 def need_text(cases: list[NotRunCase]) -> str:
     """What ``cases`` would have needed together: ``about 2 min`` where each one's figure is its
     own measured time, else ``at least 40 s, counted as 2 min`` (the budget's conservative count)."""
@@ -740,6 +753,20 @@ class RunRecord:
         return {"cases": len(statuses), "passed": statuses.count("passed"),
                 "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted"),
                 "not_run": len(self.not_run)}
+
+    def wall_time_text(self) -> str:
+        """The run's wall time as a person reads it (:func:`elapsed_text`), start to finish. A run
+        with no finish time (killed: ``kill -9``, a lost machine) says what is known, from its start
+        to the end of the last case it recorded: ``at least 31.4 s, to its last case recorded``;
+        "unknown" where it recorded no case, or no start."""
+        start, end = _moment(self.started_at), _moment(self.finished_at)
+        if start is not None and end is not None:
+            return elapsed_text(_seconds(start, end)) if end >= start else "unknown (it finished before it started)"
+        ends = [_seconds(start, at) + (c.elapsed_s or 0.0) for c in self.cases
+                for at in [_moment(c.started_at)] if start is not None and at is not None]
+        if not ends or max(ends) < 0:
+            return "unknown (no finish time" + (", no case recorded)" if not self.cases else ")")
+        return f"at least {elapsed_text(max(ends))}, to its last case recorded"
 
     # -- what the gate reads -----------------------------------------------------------------
     @property

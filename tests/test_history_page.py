@@ -243,32 +243,39 @@ def test_gpubench_run_reports_each_case_with_its_sparkline_from_the_store_it_add
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_a_page_of_many_long_named_cases_fits_the_browser_page_with_every_text_in_its_figure(tmp_path):
-    """Headless Chromium (tests/test_report_browser.py's probe), 1300 px wide, every <details> closed
-    then opened: no script error, nothing wider than the page, every SVG text inside its figure."""
-    from test_report_browser import WIDTH, needs_chromium, probe
+@pytest.mark.parametrize("phone", [False, True])
+def test_a_page_of_many_long_named_cases_fits_the_browser_page_with_every_text_in_its_figure(tmp_path, phone):
+    """Headless Chromium (tests/test_report_browser.py's probe), 1300 px wide and a phone's 390 px,
+    every <details> closed then opened: no script error, nothing wider than the page (a trend grid
+    of one column on a phone; the latest-change table and a case's table of six variants by run
+    scroll in their own box), every SVG text inside its figure."""
+    from test_report_browser import PHONE, WIDTH, needs_chromium, probe
 
     needs_chromium()
     rows = []
+    others = ("two_buffers_prefetch", "one_buffer_prefetch", "no_checkpoint", "checkpoint_every_layer")
     for c in range(12):
         technique = ("flash_attention", "paged_attention", "moe_grouping")[c % 3]
         params = {"batch": c, "dtype": "bf16", "head_dim": 128, "heads": 32, "kv_heads": 8, "seq_len": 4096}
         case_id = technique + "[" + ",".join(f"{k}={v}" for k, v in params.items()) + "]"
         fused = history_values(c, 12, step_at=6 if c % 4 == 0 else None)
-        rows += [dataclasses.replace(_row(i, variant, float(v) * (1 + c)), case_id=case_id, technique=technique,
+        variants = [("fused", fused), ("loop", history_values(50 + c, 12))] if c else \
+            [("fused", fused), ("loop", history_values(50, 12))] + [(v, history_values(60 + k, 12)) for k, v in enumerate(others)]
+        rows += [dataclasses.replace(_row(i, variant, float(v[i]) * (1 + c)), case_id=case_id, technique=technique,
                                      params_json=json.dumps(params), git_commit=sha(i))
-                 for i in range(12) for variant, v in (("fused", fused[i]), ("loop", history_values(50 + c, 12)[i]))]
+                 for i in range(12) for variant, v in variants]
     with open_store(tmp_path / "h.sqlite") as opened:
         opened.add(rows)
     code, output, _ = page(tmp_path, "--remote", "https://github.com/acme/bench")
     assert code == 0, output
-    result, console_errors = probe(tmp_path / "page.html", tmp_path)
+    width = PHONE if phone else WIDTH
+    result, console_errors = probe(tmp_path / "page.html", tmp_path, width)
     assert not result["errors"] and not console_errors, (result["errors"], console_errors)
     for state in ("closed", "opened"):
         seen = result[state]
         assert seen["svgs"] >= 12 and seen["bad_svgs"] == 0, (state, seen)
         assert seen["outside"] == [], (state, seen["outside"][:10])
-        assert seen["scroll_width"] <= seen["inner_width"] == WIDTH and seen["wide"] == [], (state, seen["wide"][:10])
+        assert seen["scroll_width"] <= seen["inner_width"] == width and seen["wide"] == [], (state, seen["wide"][:10])
 
 
 @pytest.mark.e2e

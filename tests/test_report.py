@@ -222,7 +222,7 @@ def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(re
     assert shown.keys() == lines.keys() and shown["kv_cache"] == lines["kv_cache"]  # the edits were speedups only
     header = page.split("<nav>")[0]
     for name, text in shown.items():
-        assert f'<a href="#tech-{name}">{name}</a>: {escape(text)}</li>' in header
+        assert f'<a href="#tech-{name}">{name}</a>: {html._arrows(text)}</li>' in header  # each "->" unbreakable
     assert f"- **kv_cache**: {markdown.cell(shown['kv_cache'])}" in md and "not kv_cache" in md
 
 
@@ -777,23 +777,71 @@ def test_a_wall_time_reads_as_a_duration_never_in_exponent_notation():
 
 
 @REAL_RUN
-def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_time_as_a_duration(real_dir, tmp_path):
-    """After kill -9 a run's record holds the cases that finished and says "running": the counts
-    say "8 of 13 planned not run" (red, beside passed and failed), and so does summary.md; a run
+def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_time_as_far_as_known(real_dir, tmp_path):
+    """After kill -9 a run directory holds results.json as the run began it ("running", no finish
+    time, no cases) and cases.jsonl with the cases that finished: the counts say "8 of 13 planned
+    not run" (red, beside passed and failed), and so does summary.md; the wall time is what is
+    known, from the start to the end of the last case recorded ("at least ..."), never "-"; a run
     that reached what it planned, or never recorded its plan, says nothing of it."""
     doc = json.loads((real_dir / "results.json").read_text())
-    doc.update(cases=doc["cases"][:5], status="running", planned_cases=13, not_run=[],
-               started_at="2026-01-01T10:00:00+00:00", finished_at="2026-01-01T10:38:32+00:00")
+    cases = doc.pop("cases")[:5]
+    for number, case in enumerate(cases):  # the last one ends 38 min 32 s after the run's start
+        case.update(started_at=f"2026-01-01T10:{10 * number:02d}:00+00:00", elapsed_s=92.0 if number == 4 else 5.0)
+    doc.update(cases=[], status="running", planned_cases=13, not_run=[], started_at="2026-01-01T10:00:00+00:00",
+               finished_at=None)
     doc.pop("summary", None)
-    written = html.write_report(report_runs.write_run(tmp_path / "killed", doc), read_history=False)
+    run_dir = report_runs.write_run(tmp_path / "killed", doc)
+    (run_dir / "cases.jsonl").write_text("".join(json.dumps({"index": i, **c}) + "\n" for i, c in enumerate(cases)))
+    written = html.write_report(run_dir, read_history=False)
     page, md = written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
     counts = page.split('<dd id="counts">')[1].split("</dd>")[0]
     assert ('<span class="fail" id="not-started">8 of 13 planned not run (the run never finished: killed, or '
             'still going)</span>') in counts
     assert "**5 cases: 5 passed, 0 failed, 8 of 13 planned not run (the run never finished: killed, or still going)**" in md
-    assert "(wall time 38 min 32 s)" in page
+    assert "(wall time at least 41 min 32 s, to its last case recorded)" in page
+    assert "(wall time -)" not in page
     for planned in (5, None):  # all it planned ran; an older record without a plan
-        assert html.headline({**doc, "planned_cases": planned})["not_started"] == 0
+        assert html.headline({**doc, "cases": cases, "planned_cases": planned})["not_started"] == 0
+    finished = {**doc, "cases": cases, "status": "complete", "finished_at": "2026-01-01T10:38:32+00:00"}
+    assert html.headline(finished)["duration"] == "38 min 32 s"  # a finish time is the figure itself
+
+
+def test_a_run_with_no_finish_time_reads_its_wall_time_from_its_last_case_or_says_it_is_unknown():
+    """A killed run's wall time runs from its start to the end of its last case recorded, whichever
+    case that is (cases finish out of order across workers; an old record without an offset is
+    read as UTC); with no case, or no start, it is unknown: never a guess, never "-"."""
+    from gpubench.results import RunRecord
+
+    run = RunRecord.from_dict({"run_id": "r", "device": "cpu", "device_label": "cpu", "scenario": {}, "env": {},
+                               "status": "running", "started_at": "2026-01-01T10:00:00+00:00", "cases": [
+                                   {"id": "t a=1", "technique": "t", "status": "passed",
+                                    "started_at": "2026-01-01T10:00:50", "elapsed_s": 20.0},
+                                   {"id": "t a=2", "technique": "t", "status": "passed",
+                                    "started_at": "2026-01-01T10:00:30+00:00", "elapsed_s": 4.0}]})
+    assert run.wall_time_text() == "at least 1 min 10 s, to its last case recorded"
+    assert RunRecord.from_dict({**run.to_dict(), "cases": []}).wall_time_text() == "unknown (no finish time, no case recorded)"
+    assert RunRecord.from_dict({**run.to_dict(), "started_at": ""}).wall_time_text() == "unknown (no finish time)"
+    done = RunRecord.from_dict({**run.to_dict(), "status": "complete", "finished_at": "2026-01-01T10:00:04.2+00:00"})
+    assert done.wall_time_text() == "4.2 s"
+
+
+@REAL_RUN
+def test_a_summary_cell_breaks_between_a_variant_and_its_time_never_inside_the_time(real_report):
+    """At 1300 px a squeezed summary table showed "eager 40.3 / ms": the baseline and optimized
+    cells may break only between the variant's name and its time, each kept whole."""
+    page = real_report[1]
+    table = page.split('<table id="summary-table">')[1].split("</table>")[0]
+    cells = re.findall(r'<td class="num named">(.*?)</td>', table)
+    assert cells
+    for cell in cells:
+        assert re.fullmatch(r'<span class="nw">[^<\s]+</span>( <span class="nw">[^<]+</span>)?', cell), cell
+
+
+def test_an_arrow_in_a_headline_never_breaks_between_its_two_characters():
+    """On a phone "max concurrent requests 8 -> 32" wrapped as "8 -" / "> 32": every "->" the page
+    prints from a headline is one unbreakable piece, and the text around it stays escaped."""
+    out = str(html._arrows("KV <b> 8 -> 32; 21% -> 92%"))
+    assert out == 'KV &lt;b&gt; 8 <span class="nw">-&gt;</span> 32; 21% <span class="nw">-&gt;</span> 92%'
 
 
 def test_summary_md_leaves_out_a_headline_column_no_case_fills():

@@ -1,7 +1,8 @@
 """What a person reads in a terminal at 80 and 100 columns, on a terminal and in a log: cases told
 apart by the params that vary among them, nothing that must be read cut (a label, a CI, a check,
 a failure's reason, a gate note), progress lines that break between fields, no bar left stale
-after a stop, and `gpubench history` that never prints two different cases the same."""
+after a stop, `gpubench history` that never prints two different cases the same, and the other
+tables (`gpubench kv-cache`, `env`, `serve`, `profile`) whole on any width, unpadded in a log."""
 from __future__ import annotations
 
 import io
@@ -14,7 +15,7 @@ from rich.console import Console
 
 from gpubench import catalog, cli_console, cli_history, cli_info, cli_run, compare as comparemod, results
 from gpubench.reports import gate
-from gpubench.reports.terminal import fit_fields, id_labels, print_summary, shorten_words
+from gpubench.reports.terminal import fit_fields, id_labels, print_rows, print_summary, shorten_words
 
 BOX = set("│┃━─┏┓┗┛┡┩╇╋┼")
 REASON = ("optimized paged: check failed (bytes_off_prediction 3.2e+05 > tolerance 0 on layer 7 of 32; the "
@@ -273,3 +274,193 @@ def test_list_on_a_wide_terminal_keeps_the_params_table(monkeypatch):
     out = _listed(monkeypatch, 250)
     assert sum("param" in line and "default" in line and "meaning" in line for line in out.splitlines()) == \
         len(catalog.declared())
+
+
+# -- the other tables a person reads: gpubench kv-cache, env, serve, profile --------------------------
+
+def _console(buffer, terminal: bool, width: int) -> Console:
+    return Console(file=buffer, force_terminal=terminal, width=width, color_system=None)
+
+
+def _kv_plan(name: str = "gpt-oss-20b"):
+    from gpubench import kvmath
+    from gpubench.models import config as model_config, params as model_params
+
+    cfg = model_config.load_preset(name)
+    return kvmath.plan(cfg, seq_len=4096, batch=None, gpu_memory_bytes=80 * 2**30,
+                       weight_bytes=model_params.weight_bytes(cfg).bytes)
+
+
+def _kv_rendered(terminal: bool, width: int) -> str:
+    from gpubench.reports import kv_table
+
+    buffer = io.StringIO()
+    kv_table.render(_kv_plan(), _console(buffer, terminal, width))
+    return buffer.getvalue()
+
+
+KV_ROWS = ["per token per layer", "free for KV per GPU", "vLLM's GPU KV cache size", "naive 2 x layers x hidden x bytes",
+           "vLLM start-up log's max concurrency"]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_kv_calculator_on_a_narrow_terminal_keeps_each_row_whole_and_apart(width):
+    """gpubench kv-cache at 80 and 100 columns: no line wider than the terminal, nothing cut (no
+    "…"), each figure's label whole at the start of its own line with its value, the allocators'
+    rows one line each with all four figures, each memory-bar label whole on one line."""
+    out = _kv_rendered(terminal=True, width=width)
+    lines = out.splitlines()
+    assert all(len(line) <= width for line in lines), max(lines, key=len)
+    assert "…" not in out
+    plan = _kv_plan()
+    for label in KV_ROWS:
+        assert any(line.startswith(label) for line in lines), (label, out)
+    assert any(line.startswith("vLLM's GPU KV cache size") and f"{plan.max_tokens:,} tokens" in line for line in lines)
+    for name, text in (("paged", "paged, window-aware"), ("contiguous", "contiguous, max_len")):
+        row = next(line for line in lines if line.lstrip("│ ").startswith(text))  # boxed at 100
+        assert f"{plan.policies[name].max_sequences:,}" in row and "%" in row, out  # the row's figures on its line
+    for label in ("▓ KV (paged) ", "░ free ", "· headroom "):
+        assert sum(label in line for line in lines) == 1, out
+
+
+def test_the_kv_calculator_in_a_log_prints_whole_unpadded_lines():
+    """In a log (not a terminal, 160 columns): a line per row with its note whole, columns aligned
+    by the text, never padded out to 160, no box drawing, the legend on one line."""
+    from gpubench.reports.kv_table import POLICY_LEGEND
+
+    out = _kv_rendered(terminal=False, width=160)
+    lines = out.splitlines()
+    assert all(line == line.rstrip() for line in lines)
+    assert not BOX & set(out)
+    assert POLICY_LEGEND in lines
+    row = next(line for line in lines if line.startswith("vLLM's GPU KV cache size"))
+    assert row.endswith("as its start-up log (blocks: free // (block of one layer x 12 layers))")
+    assert any(line.startswith("[") and line.endswith("· headroom 8 GiB") for line in lines)  # the bar whole
+
+
+HEADER = ("preset", "type", "attention", "layers", "KV heads", "KV vector", "sliding layers", "params (counted)",
+          "published")
+PRESETS = [("deepseek-v3", "deepseek_v3", "MLA", "61", "-", "576", "0", "671.03B", "671.00B"),
+           ("mistral-7b-v0.1", "mistral", "GQA", "32", "8", "128", "32", "7.24B", "7.30B")]
+
+
+def _rows_printed(header, rows, terminal: bool, width: int, title: str = "") -> str:
+    buffer = io.StringIO()
+    print_rows(_console(buffer, terminal, width), header, rows, right=range(3, 9) if header else (), title=title)
+    return buffer.getvalue()
+
+
+def test_a_table_that_fits_only_with_its_names_wrapped_keeps_every_column_and_cell():
+    """At 100 columns the presets table fits once its column names wrap between words: every
+    column is kept (rich, squeezed, drops or crops the last one), every cell whole on its row."""
+    out = _rows_printed(HEADER, PRESETS, terminal=True, width=100)
+    lines = out.splitlines()
+    assert all(len(line) <= 100 for line in lines) and "…" not in out
+    for row in PRESETS:
+        line = next(line for line in lines if line.startswith(row[0] + " "))
+        assert line.split() == list(row)  # each cell whole, in order, the last column too
+    assert any(line.split()[-1] == "published" for line in lines)
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_a_table_too_narrow_for_its_columns_prints_a_line_per_row_of_whole_fields(width):
+    out = _rows_printed(HEADER, PRESETS, terminal=True, width=width)
+    lines = out.splitlines()
+    assert all(len(line) <= width for line in lines) and "…" not in out
+    assert lines[0].startswith("deepseek-v3: type deepseek_v3")
+    assert "published 671.00B" in out and "params (counted) 7.24B" in out  # a name and its cell together
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_a_table_in_a_log_is_aligned_plain_lines_never_padded(width):
+    """gpubench env, kv-cache --list, serve in a log: aligned by their text, no box, no trailing
+    padding, nothing wrapped at the width."""
+    grid = [("device", "cpu (CPU: AMD EPYC (2 logical cores))"), ("harness overhead", "0.11 us per repetition " * 5)]
+    out = _rows_printed(None, grid, terminal=False, width=width)
+    assert out.splitlines() == ["device            cpu (CPU: AMD EPYC (2 logical cores))",
+                                "harness overhead  " + ("0.11 us per repetition " * 5).rstrip()]
+    table = _rows_printed(HEADER, PRESETS, terminal=False, width=width, title="presets (published configs)")
+    lines = table.splitlines()
+    assert lines[0] == "presets (published configs)" and lines[1].split()[-1] == "published"
+    assert not BOX & set(table) and all(line == line.rstrip() for line in lines)
+    assert [line.split() for line in lines[2:]] == [list(row) for row in PRESETS]
+
+
+def _profile_table() -> dict:
+    from gpubench.reports.profile_view import case_table
+
+    def profile(ops: int, syncs: int, top: list[tuple[str, float, float]]) -> dict:
+        return {"ops_per_call": ops, "syncs_per_call": syncs, "sync_ops": {"aten::nonzero": syncs},
+                "copies_per_call": {"h2h": {"count": 1}}, "peak_memory_bytes": 949 * 1024, "calls": 3,
+                "time_basis": "cpu", "trace": "t.json.gz", "notes": [],
+                "top_ops": [{"name": n, "share": s, "self_us_per_call": us, "count_per_call": 8} for n, s, us in top]}
+
+    long_op = "autograd::engine::evaluate_function: AddmmBackward0"
+    case = {"id": "moe_grouping[experts=8,top_k=2,tokens=64]", "technique": "moe_grouping", "status": "passed",
+            "params": {"experts": 8, "top_k": 2, "tokens": 64}, "variants": {
+                "where_loop": {"role": "baseline", "profile": profile(627, 9, [("aten::scatter_add_", 0.35, 1.6e6),
+                                                                              ("aten::mm", 0.5, 464e3)])},
+                "sort_group": {"role": "optimized", "profile": profile(211, 1, [(long_op, 0.01, 221.0)])},
+                "grouped_mm": {"role": "peer", "profile": profile(84, 0, [("aten::_local_scalar_dense", 0.2, 7e3)])}}}
+    return case_table(case, 1)
+
+
+OPS = ["aten::scatter_add_ 35% (1.6 s, x8)", "aten::mm 50% (464 ms, x8)",
+       "autograd::engine::evaluate_function: AddmmBackward0 1% (221 us, x8)", "aten::_local_scalar_dense 20% (7 ms, x8)"]
+
+
+@pytest.mark.parametrize("terminal,width", [(True, 80), (True, 100), (False, 80), (False, 160)])
+def test_gpubench_profile_names_every_op_whole_on_a_narrow_terminal_and_in_a_log(terminal, width):
+    """The profile's "what changed" table too wide for the terminal (and in a log): a block per
+    variant, its counts as whole fields and each top op whole on its own line (never
+    "aten::scatter_ad…"); the title keeps the case id's [params] (no rich markup); a log's lines
+    are whole and unpadded; a time reads 1.6 s, never 1.6e+03 ms."""
+    from gpubench.reports.profile_view import print_case
+
+    buffer = io.StringIO()
+    print_case(_profile_table(), _console(buffer, terminal, width))
+    out = buffer.getvalue()
+    lines = [line.strip() for line in out.splitlines()]
+    assert "…" not in out and "e+" not in out
+    assert out.startswith("moe_grouping[experts=8,top_k=2,tokens=64] (3 calls per variant)")
+    for op in OPS:
+        assert op in lines, (op, out)
+    for variant in ("baseline where_loop", "optimized sort_group", "peer grouped_mm"):
+        assert variant in lines
+    assert "ops per call 627" in out and "host syncs per call 9 (aten::nonzero 9)" in out
+    raw = out.splitlines()
+    assert all(line == line.rstrip() for line in raw) if not terminal else all(len(line) <= width for line in raw)
+
+
+def test_gpubench_profile_on_a_wide_terminal_keeps_the_variants_side_by_side():
+    from gpubench.reports.profile_view import print_case
+
+    buffer = io.StringIO()
+    print_case(_profile_table(), _console(buffer, True, 250))
+    out = buffer.getvalue()
+    assert BOX & set(out) and "…" not in out
+    header = next(line for line in out.splitlines() if "baseline where_loop" in line)
+    assert "optimized sort_group" in header and "peer grouped_mm" in header
+
+
+def test_history_in_a_log_pads_no_line_to_its_longest_case_id(capsys):
+    """One 300-character case id (a serving case's) does not pad every other line of the log to
+    300 characters: a short id's line stays short; the long one whole, its columns after it."""
+    huge = "continuous_batching[" + ",".join(f"param_{i}=value_{i}" for i in range(18)) + "]"
+    found = _histories() + [types.SimpleNamespace(case_id=huge, variant="paged", metric="time", points=[1, 2],
+                                                  latest=None)]
+    cli_history.print_changes("store.sqlite", "CPU: test", "main", found)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(huge) > 300 and any(line.startswith(huge + "  paged") for line in lines)
+    short = [line for line in lines if line.startswith(LONG.format("random"))]
+    assert short and all(len(line) < 200 for line in short)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_run_stopped_early_says_in_its_summary_how_many_planned_cases_never_ran(terminal):
+    """After SIGTERM or Ctrl-C the end-of-run summary counts the planned cases it never reached
+    (in red on a terminal), as the report does; a run that reached them all says nothing of it."""
+    doc = {**_doc(), "status": "interrupted", "planned_cases": 68}
+    out = _printed(doc, terminal=terminal, width=100)
+    assert "4 passed, 1 failed, 63 of 68 planned not run (interrupted)" in out
+    assert "planned not run" not in _printed({**_doc(), "planned_cases": 5}, terminal=terminal, width=100)
