@@ -36,8 +36,7 @@ from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, elapsed_text, has_interval,
-                              load_run as load_record, not_run_text)
+from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text)
 from gpubench.throttle import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
