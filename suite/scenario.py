@@ -232,6 +232,37 @@ def load(name_or_path: str | Path) -> Scenario:
 
 
 def parse(text: str, path: Path) -> Scenario:
+    """The scenario in YAML ``text`` (from ``path``, which every problem names), validated; raise
+    :class:`BadInput` listing every problem, or the one that stops reading (invalid YAML, an empty
+    file, a document that is no mapping)."""
+    doc = _compose(text, path)
+    problems = _key_problems(doc, path)
+
+    def bad(key_path: tuple, label: str, message: str) -> None:
+        problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
+
+    data = doc.value
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}:1: a scenario must be a mapping with keys {', '.join(TOP_KEYS)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            bad((key,), str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+    name, description, device, seed = _header(data, path, bad)
+    policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
+    entries = _entries(data.get("entries"), policy, doc, path, bad)
+    thresholds = _thresholds(data.get("thresholds", {}), bad)
+    order = _order(data.get("order", []), {e.technique for e in entries}, bad)
+
+    if problems:
+        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
+                       f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
+    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
+                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
+
+
+def _compose(text: str, path: Path) -> _Located:
+    """The YAML document of ``text`` with the line of every key; BadInput (its line) for invalid
+    YAML or an empty file."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -241,25 +272,23 @@ def parse(text: str, path: Path) -> Scenario:
         raise BadInput(f"{path}:{line}: invalid YAML: {problem}") from None
     if node is None:
         raise BadInput(f"{path}:1: the scenario file is empty; it needs at least 'name' and 'entries'.")
-    doc = _Located(node)
-    problems: list[str] = []
+    return _Located(node)
 
-    def bad(key_path: tuple, label: str, message: str) -> None:
-        problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
 
+def _key_problems(doc: _Located, path: Path) -> list[str]:
+    """Keys YAML allows and a scenario does not: a list or mapping as a key, a key given twice."""
+    problems = []
     for key_path, line in doc.bad_keys:
         problems.append(f"{path}:{line}: {'.'.join(map(str, key_path)) or '(top level)'}: "
                         f"a key must be a plain name, not a list or mapping")
     for dup_path, line in doc.duplicates:
         problems.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: key given twice")
+    return problems
 
-    data = doc.value
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}:1: a scenario must be a mapping with keys {', '.join(TOP_KEYS)}")
-    for key in data:
-        if key not in TOP_KEYS:
-            bad((key,), str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
 
+def _header(data: dict[Any, Any], path: Path, bad) -> tuple[str, str, str, int]:
+    """``name``, ``description``, ``device`` and ``seed``; each that is not valid is reported and
+    replaced by its default (the file's stem for the name), so validation goes on."""
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         bad(("name",), "name", "required, a non-empty string")
@@ -276,10 +305,12 @@ def parse(text: str, path: Path) -> Scenario:
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         bad(("seed",), "seed", f"{seed!r} is not valid; allowed: an integer >= 0")
         seed = 0
+    return name, description, device, seed
 
-    policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
 
-    raw_entries = data.get("entries")
+def _entries(raw_entries: Any, policy: Policy, doc: _Located, path: Path, bad) -> list[Entry]:
+    """``entries``: each valid one with the line it starts on (a technique given as a .py file is
+    looked up beside the scenario file)."""
     entries: list[Entry] = []
     if not isinstance(raw_entries, list) or not raw_entries:
         bad(("entries",), "entries", "required, a non-empty list of {technique, params} mappings")
@@ -289,15 +320,7 @@ def parse(text: str, path: Path) -> Scenario:
         if entry is not None:
             entry.line = doc.line(("entries", i))
             entries.append(entry)
-
-    thresholds = _thresholds(data.get("thresholds", {}), bad)
-    order = _order(data.get("order", []), {e.technique for e in entries}, bad)
-
-    if problems:
-        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
-                       f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
-    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
-                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
+    return entries
 
 
 def _thresholds(raw: Any, bad) -> dict[str, float]:
@@ -374,6 +397,18 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
         bad(where + ("technique",), f"entries[{i}].technique", str(exc))
         return None
     name = tech.name
+    grid, ok = _grid(tech, raw, where, bad)
+    policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
+    variants, variants_ok = _variants(tech, raw, where, bad)
+    ok = ok and variants_ok
+    if ok and tech.validate_fn is not None:
+        _check_combinations(tech, grid, where, bad)
+    return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+
+def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) -> tuple[dict[str, list[Any]], bool]:
+    """An entry's ``params``: each key's values (a list sweeps them), coerced; and whether all were valid."""
+    name = tech.name
     ok = True
 
     grid: dict[str, list[Any]] = {}
@@ -402,9 +437,14 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
             else:
                 coerced.append(spec.coerce(v))
         grid[key] = coerced
+    return grid, ok
 
-    policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
 
+def _variants(tech: techniques.Technique, raw: dict[Any, Any], where: tuple,
+              bad) -> tuple[tuple[str, ...] | None, bool]:
+    """An entry's ``variants`` (None: all), the baseline put first; and whether they were valid."""
+    name = tech.name
+    ok = True
     variants = raw.get("variants")
     allowed = ", ".join([*tech.variants, "baseline", "optimized"])
     if variants is not None:
@@ -420,17 +460,21 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
                     ok = False
             # The baseline is always measured: every other variant is checked and timed against it.
             variants = tuple(dict.fromkeys(["baseline", *variants]))
+    return variants, ok
 
-    if ok and tech.validate_fn is not None:
-        seen = set()
-        keys = list(grid)
-        for combo in itertools.product(*(grid[k] for k in keys)):
-            full = {**tech.defaults(), **dict(zip(keys, combo))}
-            for problem in tech.validate_fn(full):
-                if problem not in seen:
-                    seen.add(problem)
-                    bad(where + ("params",), f"{name}.params", problem)
-    return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+def _check_combinations(tech: techniques.Technique, grid: dict[str, list[Any]], where: tuple, bad) -> None:
+    """The technique's own rules across params (its ``validate_fn``) on every point of the grid,
+    each problem reported once."""
+    name = tech.name
+    seen = set()
+    keys = list(grid)
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        full = {**tech.defaults(), **dict(zip(keys, combo))}
+        for problem in tech.validate_fn(full):
+            if problem not in seen:
+                seen.add(problem)
+                bad(where + ("params",), f"{name}.params", problem)
 
 
 # --------------------------------------------------------------------------------------------
