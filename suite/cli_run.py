@@ -23,6 +23,7 @@ from gpubench.reports.terminal import case_params, fit_fields, format_speedup, p
 
 if TYPE_CHECKING:
     from gpubench.devicecache import CaseTimes
+    from gpubench.run_options import RunOptions
 
 # torch (through env, estimate and run_options) is imported inside the functions that need it, so
 # that `gpubench --help`, a bad option and `gpubench report` start at once (issue 35).
@@ -239,43 +240,74 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     budget_from = time.monotonic()  # the budget counts the whole command
     stopping.sigint_restored()  # `gpubench run &` from a script: SIGINT inherited ignored, Ctrl-C still stops it
     budget_s = parse_duration(budget_text) if budget_text is not None else None
+    _check_run_flags(repeat_scale, telemetry_interval, gpu_type, cluster)
+    scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    from gpubench import run_options  # torch: past the scenario's name and keys
 
+    device_list = _run_devices(devices, cluster, scen)
+    options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
+                                     max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
+                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from,
+                                     fill_budget=fill_budget)
+    only_list = _only_techniques(only, scen)
+    run_options.check_options(options)  # refused before anything is printed or created
+    out = make_console()
+    counts = scen.count(only_list)  # a huge sweep is counted, not built
+    total = sum(counts.values())
+    workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
+    _print_run_start(out, scen, device_list, only_list, total, cluster, isolation, dry_run)
+    if dry_run:
+        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
+                       fill_budget)
+        return
+    if total > LARGE_RUN_CASES and budget_s is None:
+        _warn_large_run(out, scen, total, device_list[0], Path(out_root), only_list, repeat_scale, workers)
+    sys.exit(_run_and_close(out, scen, options, Path(out_root), only_list, repeat_scale, telemetry_interval,
+                            not no_calibrate, None if no_history else history_store or ""))
+
+
+def _check_run_flags(repeat_scale: float, telemetry_interval: float, gpu_type: str | None, cluster: str | None) -> None:
+    """The flags refused on their own, before the scenario is read."""
     if repeat_scale <= 0:
         raise BadInput(f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy).")
     if telemetry_interval <= 0:
         raise BadInput(f"--telemetry-interval: {telemetry_interval} is not valid; allowed: seconds > 0.")
     if gpu_type and not cluster:
         raise BadInput("--gpu-type: only with --cluster (Ray's accelerator type); locally give --devices instead.")
-    scen = scenariomod.load(scenario_name or _default_scenario(devices))
-    from gpubench import run_options  # torch: past the scenario's name and keys
+
+
+def _run_devices(devices: str | None, cluster: str | None, scen: scenariomod.Scenario) -> list[str]:
+    """Where the cases run: --devices, else the kind of device a cluster's tasks ask for, else the
+    scenario's device."""
+    from gpubench import run_options
 
     if devices is not None:
-        device_list = run_options.resolve_devices(devices, "--devices")
-    elif cluster:
-        device_list = ["cuda" if scen.device.startswith("cuda") else "cpu"]
-    else:
-        device_list = run_options.resolve_devices(scen.device, f"{scen.path}: device")
-    options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
-                                     max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from,
-                                     fill_budget=fill_budget)
-    only_list = None
-    if only:
-        only_list = [t.strip() for t in only.split(",") if t.strip()]
-        in_scenario = sorted({e.technique for e in scen.entries})
-        for name in only_list:
-            if techniques.get(name) is None:
-                raise BadInput(f"--only: {name!r} is not a registered technique; allowed: "
-                               f"{', '.join(techniques.all_techniques())}.")
-            if name not in in_scenario:
-                raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
-                               f"its techniques: {', '.join(in_scenario)}.")
-    run_options.check_options(options)  # refused before anything is printed or created
-    out = make_console()
+        return run_options.resolve_devices(devices, "--devices")
+    if cluster:
+        return ["cuda" if scen.device.startswith("cuda") else "cpu"]
+    return run_options.resolve_devices(scen.device, f"{scen.path}: device")
+
+
+def _only_techniques(only: str | None, scen: scenariomod.Scenario) -> list[str] | None:
+    """--only's techniques (None: all of the scenario's); BadInput for one not registered or not in the scenario."""
+    if not only:
+        return None
+    only_list = [t.strip() for t in only.split(",") if t.strip()]
+    in_scenario = sorted({e.technique for e in scen.entries})
+    for name in only_list:
+        if techniques.get(name) is None:
+            raise BadInput(f"--only: {name!r} is not a registered technique; allowed: "
+                           f"{', '.join(techniques.all_techniques())}.")
+        if name not in in_scenario:
+            raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
+                           f"its techniques: {', '.join(in_scenario)}.")
+    return only_list
+
+
+def _print_run_start(out: Console, scen: scenariomod.Scenario, device_list: list[str], only_list: list[str] | None,
+                     total: int, cluster: str | None, isolation: str, dry_run: bool) -> None:
+    """The run's first line (scenario, where, how many cases) and, on a CPU, a memory cap it cannot apply."""
     where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
-    counts = scen.count(only_list)  # a huge sweep is counted, not built
-    total = sum(counts.values())
-    workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
     out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
               f"{where}" + ("" if isolation == "process" else ", in this process")
               + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
@@ -284,34 +316,42 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
                                 if not only_list or e.technique in only_list], "cpu")
         if note:
             out.print(f"warning: {note}", markup=False, soft_wrap=True)
-    if dry_run:
-        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
-                       fill_budget)
-        return
+
+
+def _warn_large_run(out: Console, scen: scenariomod.Scenario, total: int, device: str, out_root: Path,
+                    only_list: list[str] | None, repeat_scale: float, workers: int) -> None:
+    """A run of more than LARGE_RUN_CASES cases without a budget: its estimated time, and how to list or stop it."""
     import torch  # past the checks of the input: a bad option or scenario is refused without it
 
-    from gpubench import estimate, supervisor
+    from gpubench import estimate
 
-    if total > LARGE_RUN_CASES and budget_s is None:
-        guess = estimate.estimate(scen, None, torch.device(device_list[0].split("#")[0]), out_root=Path(out_root),
-                                  only=only_list, repeat_scale=repeat_scale, workers=workers,
-                                  history=_case_times(device_list[0]))
-        out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
-                  f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
-                  f"the run and keeps what finished.", soft_wrap=not out.is_terminal)
+    guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root,
+                              only=only_list, repeat_scale=repeat_scale, workers=workers,
+                              history=_case_times(device))
+    out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
+              f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
+              f"the run and keeps what finished.", soft_wrap=not out.is_terminal)
+
+
+def _run_and_close(out: Console, scen: scenariomod.Scenario, options: RunOptions, out_root: Path,
+                   only_list: list[str] | None, repeat_scale: float, telemetry_interval: float, calibrate: bool,
+                   history_store: str | None) -> int:
+    """The run through the supervisor, its progress shown, then its summary, history and report
+    (:func:`_close_run`); the exit code."""
+    from gpubench import supervisor
+
     progress = _CaseProgress(out, scen.varying(only_list))
     with stopping.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
         try:
-            outcome = supervisor.run_scenario(scen, options, Path(out_root), only=only_list,
+            outcome = supervisor.run_scenario(scen, options, out_root, only=only_list,
                                               repeat_scale=repeat_scale, progress=progress,
-                                              telemetry_interval_s=telemetry_interval, calibrate=not no_calibrate)
+                                              telemetry_interval_s=telemetry_interval, calibrate=calibrate)
         finally:  # whatever stopped the run, no bar is left drawn above what comes next
             progress.run_finished()
         try:
-            code = _close_run(out, outcome, None if no_history else history_store or "")
+            return _close_run(out, outcome, history_store)
         except KeyboardInterrupt as exc:  # stopped while the summary was printed: the run is saved
-            code = _interrupted_exit(exc, outcome)
-    sys.exit(code)
+            return _interrupted_exit(exc, outcome)
 
 
 def _interrupted_exit(exc: KeyboardInterrupt, outcome: RunOutcome) -> int:

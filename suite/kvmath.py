@@ -531,16 +531,10 @@ def _long_problems(cfg: ModelConfig, seq_len: int, max_len: int | None) -> list[
             for option, value in (("--seq-len", seq_len), ("--max-len", max_len)) if value is not None and value > limit]
 
 
-def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "bf16", block_size: int | None = None,
-         tp: int = 1, gpu_memory_bytes: int, utilization: float = 0.9, weight_bytes: int,
-         weight_note: str = "", max_len: int | None = None, overhead_bytes: int = 0, allow_long: bool = False,
-         max_num_batched_tokens: int | None = None, device_name: str = "", kv_scales_in_weights: bool = True,
-         hybrid: bool = True) -> KVPlan:
-    """A capacity plan for one GPU of ``tp``. ``weight_bytes`` is the whole model's weight memory;
-    ``kv_scales_in_weights``: whether it already holds the per-tensor K/V scale buffers (True for
-    a measured figure such as --weight-bytes; False for a count of parameters, to which they are
-    added). ``hybrid``: vLLM's hybrid KV-cache manager on (its default), else every layer keeps
-    every token (--disable-hybrid-kv-cache-manager)."""
+def _check_sizes(*, seq_len: int, batch: int | None, block_size: int | None, tp: int, gpu_memory_bytes: int,
+                 utilization: float, weight_bytes: int, max_len: int | None, overhead_bytes: int,
+                 max_num_batched_tokens: int | None) -> None:
+    """Every size of a plan that is out of range, in one :class:`BadInput` naming the options."""
     problems = []
     for name, value in (("--seq-len", seq_len), ("--block-size", block_size), ("--tp", tp),
                         ("--gpu-memory", gpu_memory_bytes), ("--max-len", max_len),
@@ -557,12 +551,82 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
         problems.append(f"--max-len: {max_len} is shorter than --seq-len {seq_len}")
     if problems:
         raise BadInput("invalid sizes: " + "; ".join(problems) + ".")
+
+
+def _long_note(cfg: ModelConfig, seq_len: int, max_len: int | None, allow_long: bool) -> str:
+    """Lengths beyond the model's positions: refused (BadInput) unless ``allow_long``, then the
+    plan's note saying so ("" when every length is within them)."""
     too_long = _long_problems(cfg, seq_len, max_len)
     if too_long and not allow_long:
         raise BadInput("; ".join(too_long) + ": the model was not trained on longer sequences, and vLLM refuses "
                        "such a --max-model-len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set; allowed: at most "
                        f"{cfg.max_position_embeddings:,} tokens, or pass --allow-long to plan it anyway.")
-    long_note = "; ".join(too_long) + " (allowed by --allow-long)" if too_long else ""
+    return "; ".join(too_long) + " (allowed by --allow-long)" if too_long else ""
+
+
+def _policy_plans(layout: KVLayout, pool: VLLMPool, full_pool: VLLMPool, *, usable: int, seq_len: int,
+                  batch: int | None, block_size: int, max_len: int) -> dict[str, PolicyPlan]:
+    """Each allocation policy's bytes per sequence and sequences that fit in ``usable`` bytes: vLLM's
+    block pool for ``paged`` (hybrid manager on) and ``paged_full`` (off), arithmetic for the others."""
+    live = token_bytes(layout, [seq_len])
+    policies = {}
+    for policy in POLICIES:
+        if policy in ("paged", "paged_full"):  # vLLM's block pool, hybrid manager on / off
+            p = pool if policy == "paged" else full_pool
+            per_seq, fit = p.sequence_blocks(seq_len) * p.block_bytes, p.max_sequences(seq_len)
+        else:
+            per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
+            fit = usable // per_seq if per_seq else 0
+        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch if batch else None, fit,
+                                      live / per_seq if per_seq else 0.0)
+    return policies
+
+
+def _fit_problem(model: str, paged: PolicyPlan, *, seq_len: int, batch: int | None, free: int, usable: int,
+                 per_gpu_weights: int, limit_bytes: int, gpu_memory_bytes: int, utilization: float,
+                 overhead_bytes: int) -> tuple[str, int]:
+    """Why the model, one sequence or the batch does not fit on a GPU ("" when they do), and the
+    sequences a larger tensor parallelism would have to hold."""
+    if free < 0:
+        other = f" + {human_bytes(overhead_bytes)} of --overhead" if overhead_bytes else ""
+        return (f"{model} does not fit: weights {human_bytes(per_gpu_weights)} per GPU{other} exceed the "
+                f"usable {human_bytes(limit_bytes)} ({human_bytes(gpu_memory_bytes)} x utilization "
+                f"{utilization:g})"), batch or 1
+    if paged.max_sequences == 0:
+        return (f"0 sequences of {seq_len:,} tokens fit: one needs {human_bytes(paged.bytes_per_sequence)} "
+                f"(paged, window-aware) and {human_bytes(usable)} is free for KV per GPU"), batch or 1
+    if batch and batch > paged.max_sequences:
+        return (f"the batch of {batch:,} does not fit: at most {paged.max_sequences:,} sequences of "
+                f"{seq_len:,} tokens with paged allocation ({human_bytes(paged.batch_bytes)} needed, "
+                f"{human_bytes(usable)} free for KV per GPU)"), batch
+    return "", 0
+
+
+def _what_to_try(suggested_tp: int | None, *, fits_weights: bool, batch: int | None, overhead_bytes: int) -> str:
+    """The options that would make a plan fit, as a sentence's list ("--tp 4, ... or a larger --gpu-memory")."""
+    tries = [f"--tp {suggested_tp}"] if suggested_tp else []
+    if fits_weights:
+        tries += ["a shorter --seq-len", "a smaller --kv-dtype"] + (["a smaller --batch"] if batch else [])
+    elif overhead_bytes:
+        tries.append("a smaller --overhead")
+    tries.append("a larger --gpu-memory")
+    return ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1]
+
+
+def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "bf16", block_size: int | None = None,
+         tp: int = 1, gpu_memory_bytes: int, utilization: float = 0.9, weight_bytes: int,
+         weight_note: str = "", max_len: int | None = None, overhead_bytes: int = 0, allow_long: bool = False,
+         max_num_batched_tokens: int | None = None, device_name: str = "", kv_scales_in_weights: bool = True,
+         hybrid: bool = True) -> KVPlan:
+    """A capacity plan for one GPU of ``tp``. ``weight_bytes`` is the whole model's weight memory;
+    ``kv_scales_in_weights``: whether it already holds the per-tensor K/V scale buffers (True for
+    a measured figure such as --weight-bytes; False for a count of parameters, to which they are
+    added). ``hybrid``: vLLM's hybrid KV-cache manager on (its default), else every layer keeps
+    every token (--disable-hybrid-kv-cache-manager)."""
+    _check_sizes(seq_len=seq_len, batch=batch, block_size=block_size, tp=tp, gpu_memory_bytes=gpu_memory_bytes,
+                 utilization=utilization, weight_bytes=weight_bytes, max_len=max_len, overhead_bytes=overhead_bytes,
+                 max_num_batched_tokens=max_num_batched_tokens)
+    long_note = _long_note(cfg, seq_len, max_len, allow_long)
     max_len = max_len if max_len is not None else max(seq_len, cfg.max_position_embeddings or seq_len)
     block_size, block_note = block_size_for(cfg, block_size)
     if max_num_batched_tokens is None:
@@ -580,50 +644,22 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
     free = limit_bytes - per_gpu_weights - overhead_bytes
     usable = max(0, free)
     pool = vllm_pool(layout, usable, block_size, hybrid)
-    full_pool = vllm_pool(layout, usable, block_size, hybrid=False)
-    live = token_bytes(layout, [seq_len])
-    policies = {}
-    for policy in POLICIES:
-        if policy in ("paged", "paged_full"):  # vLLM's block pool, hybrid manager on / off
-            p = pool if policy == "paged" else full_pool
-            per_seq, fit = p.sequence_blocks(seq_len) * p.block_bytes, p.max_sequences(seq_len)
-        else:
-            per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
-            fit = usable // per_seq if per_seq else 0
-        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch if batch else None, fit,
-                                      live / per_seq if per_seq else 0.0)
+    policies = _policy_plans(layout, pool, vllm_pool(layout, usable, block_size, hybrid=False), usable=usable,
+                             seq_len=seq_len, batch=batch, block_size=block_size, max_len=max_len)
     page_bytes = pool.page_bytes  # one block of one layer
     vllm_blocks = pool.request_blocks(max_len, max_num_batched_tokens) * pool.groups.group_size
 
-    paged = policies["paged"]
-    fit_problem, need = "", 0
-    if free < 0:
-        other = f" + {human_bytes(overhead_bytes)} of --overhead" if overhead_bytes else ""
-        fit_problem = (f"{cfg.name} does not fit: weights {human_bytes(per_gpu_weights)} per GPU{other} exceed the "
-                       f"usable {human_bytes(limit_bytes)} ({human_bytes(gpu_memory_bytes)} x utilization "
-                       f"{utilization:g})")
-        need = batch or 1
-    elif paged.max_sequences == 0:
-        fit_problem = (f"0 sequences of {seq_len:,} tokens fit: one needs {human_bytes(paged.bytes_per_sequence)} "
-                       f"(paged, window-aware) and {human_bytes(usable)} is free for KV per GPU")
-        need = batch or 1
-    elif batch and batch > paged.max_sequences:
-        fit_problem = (f"the batch of {batch:,} does not fit: at most {paged.max_sequences:,} sequences of "
-                       f"{seq_len:,} tokens with paged allocation ({human_bytes(paged.batch_bytes)} needed, "
-                       f"{human_bytes(usable)} free for KV per GPU)")
-        need = batch
+    fit_problem, need = _fit_problem(cfg.name, policies["paged"], seq_len=seq_len, batch=batch, free=free,
+                                     usable=usable, per_gpu_weights=per_gpu_weights, limit_bytes=limit_bytes,
+                                     gpu_memory_bytes=gpu_memory_bytes, utilization=utilization,
+                                     overhead_bytes=overhead_bytes)
     suggested = None
     if fit_problem:
         suggested = _fitting_tp(cfg, layout.fmt, tp=tp, need_sequences=need, seq_len=seq_len, block_size=block_size,
                                 limit_bytes=limit_bytes, weight_bytes=weight_bytes, overhead_bytes=overhead_bytes,
                                 kv_scales_in_weights=kv_scales_in_weights, hybrid=hybrid)
-        tries = [f"--tp {suggested}"] if suggested else []
-        if free >= 0:
-            tries += ["a shorter --seq-len", "a smaller --kv-dtype"] + (["a smaller --batch"] if batch else [])
-        elif overhead_bytes:
-            tries.append("a smaller --overhead")
-        tries.append("a larger --gpu-memory")
-        fit_problem += "; try " + ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1] + "."
+        fit_problem += "; try " + _what_to_try(suggested, fits_weights=free >= 0, batch=batch,
+                                               overhead_bytes=overhead_bytes) + "."
     return KVPlan(
         model=cfg.name, attention=layout.attention, kv_dtype=layout.fmt.name, kv_overhead=layout.fmt.overhead,
         seq_len=seq_len, max_len=max_len, max_position_embeddings=cfg.max_position_embeddings, long_note=long_note,

@@ -34,6 +34,7 @@ import re
 import shutil
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,6 +47,7 @@ TOP_OPS = 8
 CALL_RANGE = "gpubench::profile_call#"
 DRAIN_RANGE = "gpubench::drain"
 HOST_READ_RANGE = "gpubench::host_read"
+OUR_RANGES = (CALL_RANGE, DRAIN_RANGE, HOST_READ_RANGE)  # the ranges this module puts around calls and reads
 LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                           "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
                           "cudaGraphLaunch", "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel"})
@@ -229,77 +231,28 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     """The per-call summary of a profile's events (see the module docstring)."""
     events = list(events)
     host_windows, device_windows = _windows(events)
-    ours = (CALL_RANGE, DRAIN_RANGE, HOST_READ_RANGE)
-    host = [e for e in events if not _is_device(e) and e.name != "[memory]" and not e.name.startswith(ours)
+    host = [e for e in events if not _is_device(e) and e.name != "[memory]" and not e.name.startswith(OUR_RANGES)
             and _in_call(e, host_windows)]
     notes: list[str] = []
-
-    # Top ops: self device time of kernels (GPU) or self CPU time of host events (CPU).
-    self_us: Counter[str] = Counter()
-    counts: Counter[str] = Counter()
-    if cuda:
-        for e in events:
-            if _is_device(e) and not e.name.startswith(ours) and _inside(e.time_range.start, device_windows):
-                self_us[e.name] += e.time_range.elapsed_us()
-                counts[e.name] += 1
-    else:
-        for e in host:
-            self_us[e.name] += e.self_cpu_time_total
-            counts[e.name] += 1
-    total_us = sum(self_us.values()) or 1.0
-    top = [TopOp(name, round(us / calls, 3), round(us / total_us, 4), _per_call(counts[name], calls))
-           for name, us in self_us.most_common(TOP_OPS)]
-
+    top = _top_ops(events, host, device_windows, calls, cuda)
     aten = [e for e in host if e.name.startswith("aten::")]
     outermost = [e for e in aten if not any(p.name.startswith("aten::") for p in _ancestors(e))]
-
     if cuda:
-        launches = _per_call(sum(e.name in LAUNCH_CALLS for e in host), calls)
-        sync_ops: Counter[str] = Counter()
-        waits = 0
-        for e in host:
-            if e.name in EVENT_WAIT_CALLS:
-                waits += 1
-            elif e.name in SYNC_CALLS:
-                op = next((p.name for p in _ancestors(e) if p.name.startswith("aten::")), None)
-                sync_ops[f"{op} ({e.name})" if op else e.name] += 1
-        counting = ("host waits made by the CUDA runtime: " + ", ".join(sorted(SYNC_CALLS & {
-            "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"})) + " (each under the op that made it); "
-            "cudaEventSynchronize counted apart (event_waits_per_call)")
+        syncs = _gpu_syncs(host, calls)
     else:
-        launches = None
         notes.append("no kernel launches on a CPU")
-        sync_ops = Counter()
-        host_only: Counter[str] = Counter()
-        for e in events:  # tolist's range is one of ours, not among the host ops
-            read = e.name in WOULD_SYNC_OPS or e.name.startswith(HOST_READ_RANGE)
-            if not read or _is_device(e) or not _in_call(e, host_windows):
-                continue
-            chain = [p.name for p in _ancestors(e)]
-            if any(name in WOULD_SYNC_OPS for name in chain):
-                continue  # counted at the outermost op of the nest
-            where = next((prefix for prefix in HOST_ONLY_READS for name in chain if name.startswith(prefix)), None)
-            if where is not None:
-                host_only[where] += 1
-            else:
-                sync_ops["Tensor.tolist" if e.name.startswith(HOST_READ_RANGE) else e.name] += 1
-        waits = None
-        counting = ("a CPU does not wait: counted are the ops that would sync on a GPU (" + ", ".join(
-            sorted(WOULD_SYNC_OPS)) + ", the outermost of a nest) and Tensor.tolist()")
-        for prefix, n in sorted(host_only.items()):
-            notes.append(f"{_per_call(n, calls)} host read(s) per call inside {prefix} not counted as syncs: "
-                         f"{HOST_ONLY_READS[prefix]}")
+        syncs = _cpu_syncs(events, host_windows, calls, notes)
 
     summary = Profile(
         calls=calls,
         time_basis="device" if cuda else "cpu",
         top_ops=top,
         ops_per_call=_per_call(len(outermost), calls),
-        kernel_launches_per_call=launches,
-        syncs_per_call=_per_call(sum(sync_ops.values()), calls),
-        sync_ops={name: _per_call(n, calls) for name, n in sorted(sync_ops.items())},
-        sync_counting=counting,
-        event_waits_per_call=None if waits is None else _per_call(waits, calls),
+        kernel_launches_per_call=syncs.launches,
+        syncs_per_call=_per_call(sum(syncs.ops.values()), calls),
+        sync_ops={name: _per_call(n, calls) for name, n in sorted(syncs.ops.items())},
+        sync_counting=syncs.counting,
+        event_waits_per_call=None if syncs.waits is None else _per_call(syncs.waits, calls),
         copies_per_call=_gpu_copies(trace, calls) if cuda else _cpu_copies(outermost, calls),
         peak_memory_bytes=None if cuda else _cpu_peak(trace),
         peak_memory_basis=None if cuda else "the trace's CPU allocation records during each call, above "
@@ -309,6 +262,80 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     if not cuda:
         notes.append("copies on a CPU are host to host: aten::copy_ calls counted, bytes not recorded")
     return summary
+
+
+def _top_ops(events: list[Any], host: list[Any], device_windows: list[tuple[float, float]], calls: int,
+             cuda: bool) -> list[TopOp]:
+    """The :data:`TOP_OPS` ops of the most self time per call: the device time of kernels inside the
+    calls' device windows on a GPU, the self CPU time of the calls' host events on a CPU."""
+    self_us: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    if cuda:
+        for e in events:
+            if _is_device(e) and not e.name.startswith(OUR_RANGES) and _inside(e.time_range.start, device_windows):
+                self_us[e.name] += e.time_range.elapsed_us()
+                counts[e.name] += 1
+    else:
+        for e in host:
+            self_us[e.name] += e.self_cpu_time_total
+            counts[e.name] += 1
+    total_us = sum(self_us.values()) or 1.0
+    return [TopOp(name, round(us / calls, 3), round(us / total_us, 4), _per_call(counts[name], calls))
+            for name, us in self_us.most_common(TOP_OPS)]
+
+
+@dataclass
+class _Syncs:
+    """What a profile counted of launches and waits: kernel launches per call (None on a CPU), the
+    syncs by the op that made them, event waits (None on a CPU), and how they were counted."""
+
+    launches: float | int | None
+    ops: Counter[str]
+    waits: int | None
+    counting: str
+
+
+def _gpu_syncs(host: list[Any], calls: int) -> _Syncs:
+    """On a GPU: launch calls, the runtime calls that made the host wait (each under the op that
+    made it), and event synchronizations counted apart."""
+    launches = _per_call(sum(e.name in LAUNCH_CALLS for e in host), calls)
+    sync_ops: Counter[str] = Counter()
+    waits = 0
+    for e in host:
+        if e.name in EVENT_WAIT_CALLS:
+            waits += 1
+        elif e.name in SYNC_CALLS:
+            op = next((p.name for p in _ancestors(e) if p.name.startswith("aten::")), None)
+            sync_ops[f"{op} ({e.name})" if op else e.name] += 1
+    counting = ("host waits made by the CUDA runtime: " + ", ".join(sorted(SYNC_CALLS & {
+        "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"})) + " (each under the op that made it); "
+        "cudaEventSynchronize counted apart (event_waits_per_call)")
+    return _Syncs(launches, sync_ops, waits, counting)
+
+
+def _cpu_syncs(events: list[Any], host_windows: list[tuple[float, float]], calls: int, notes: list[str]) -> _Syncs:
+    """On a CPU, where nothing waits: the ops that would sync on a GPU (the outermost of a nest) and
+    ``Tensor.tolist()``; host reads that are no sync on a GPU either get a line in ``notes``."""
+    sync_ops: Counter[str] = Counter()
+    host_only: Counter[str] = Counter()
+    for e in events:  # tolist's range is one of ours, not among the host ops
+        read = e.name in WOULD_SYNC_OPS or e.name.startswith(HOST_READ_RANGE)
+        if not read or _is_device(e) or not _in_call(e, host_windows):
+            continue
+        chain = [p.name for p in _ancestors(e)]
+        if any(name in WOULD_SYNC_OPS for name in chain):
+            continue  # counted at the outermost op of the nest
+        where = next((prefix for prefix in HOST_ONLY_READS for name in chain if name.startswith(prefix)), None)
+        if where is not None:
+            host_only[where] += 1
+        else:
+            sync_ops["Tensor.tolist" if e.name.startswith(HOST_READ_RANGE) else e.name] += 1
+    counting = ("a CPU does not wait: counted are the ops that would sync on a GPU (" + ", ".join(
+        sorted(WOULD_SYNC_OPS)) + ", the outermost of a nest) and Tensor.tolist()")
+    for prefix, n in sorted(host_only.items()):
+        notes.append(f"{_per_call(n, calls)} host read(s) per call inside {prefix} not counted as syncs: "
+                     f"{HOST_ONLY_READS[prefix]}")
+    return _Syncs(None, sync_ops, None, counting)
 
 
 def _cpu_copies(outermost: list[Any], calls: int) -> dict[str, Any]:

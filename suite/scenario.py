@@ -35,9 +35,8 @@ from typing import Any, Iterator
 import yaml
 
 from gpubench import catalog, techniques
-from gpubench.policy import parse_threshold
 from gpubench.errors import BadInput
-from gpubench.policy import POLICY_PARAMS, Policy, policy_problems
+from gpubench.policy import POLICY_PARAMS, Policy, parse_threshold, policy_problems
 
 TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "order", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")
@@ -234,6 +233,46 @@ def load(name_or_path: str | Path, cross_checks: bool = True) -> Scenario:
 
 
 def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
+    """The scenario in YAML ``text`` (from ``path``, which every problem names), validated; raise
+    :class:`BadInput` listing every problem, or the one that stops reading (invalid YAML, an empty
+    file, a document that is no mapping). A technique's own rules across its params (its
+    ``validate_fn``: code, so torch) are checked last, and only when nothing else was wrong, so a
+    scenario refused for its keys or values is refused without importing any technique code."""
+    doc = _compose(text, path)
+    problems = _key_problems(doc, path)
+
+    def bad(key_path: tuple, label: str, message: str) -> None:
+        problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
+
+    data = doc.value
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}:1: a scenario must be a mapping with keys {', '.join(TOP_KEYS)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            bad((key,), str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+    name, description, device, seed = _header(data, path, bad)
+    policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
+    pending: list[tuple[Any, dict[str, list[Any]], tuple]] = []  # (technique, grid, where): rules to check
+    entries = _entries(data.get("entries"), policy, doc, path, bad, pending)
+    thresholds = _thresholds(data.get("thresholds", {}), bad)
+    order = _order(data.get("order", []), {e.technique for e in entries}, bad)
+
+    checked = cross_checks and not problems
+    if checked:
+        for tech, grid, where in pending:
+            _check_combinations(tech, grid, where, bad)
+    if problems:
+        deferred = (" (the techniques' own rules across params are checked once these are fixed)"
+                    if cross_checks and not checked and any(_has_rules(tech) for tech, _, _ in pending) else "")
+        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
+                       f"{'s' if len(problems) > 1 else ''}){deferred}; nothing was run:", problems)
+    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
+                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
+
+
+def _compose(text: str, path: Path) -> _Located:
+    """The YAML document of ``text`` with the line of every key; BadInput (its line) for invalid
+    YAML or an empty file."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -243,25 +282,23 @@ def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
         raise BadInput(f"{path}:{line}: invalid YAML: {problem}") from None
     if node is None:
         raise BadInput(f"{path}:1: the scenario file is empty; it needs at least 'name' and 'entries'.")
-    doc = _Located(node)
-    problems: list[str] = []
+    return _Located(node)
 
-    def bad(key_path: tuple, label: str, message: str) -> None:
-        problems.append(f"{path}:{doc.line(key_path)}: {label}: {message}")
 
+def _key_problems(doc: _Located, path: Path) -> list[str]:
+    """Keys YAML allows and a scenario does not: a list or mapping as a key, a key given twice."""
+    problems = []
     for key_path, line in doc.bad_keys:
         problems.append(f"{path}:{line}: {'.'.join(map(str, key_path)) or '(top level)'}: "
                         f"a key must be a plain name, not a list or mapping")
     for dup_path, line in doc.duplicates:
         problems.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: key given twice")
+    return problems
 
-    data = doc.value
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}:1: a scenario must be a mapping with keys {', '.join(TOP_KEYS)}")
-    for key in data:
-        if key not in TOP_KEYS:
-            bad((key,), str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
 
+def _header(data: dict[Any, Any], path: Path, bad) -> tuple[str, str, str, int]:
+    """``name``, ``description``, ``device`` and ``seed``; each that is not valid is reported and
+    replaced by its default (the file's stem for the name), so validation goes on."""
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         bad(("name",), "name", "required, a non-empty string")
@@ -278,28 +315,24 @@ def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         bad(("seed",), "seed", f"{seed!r} is not valid; allowed: an integer >= 0")
         seed = 0
+    return name, description, device, seed
 
-    policy = _policy(data.get("policy", {}), Policy(), ("policy",), "policy", bad)
 
-    raw_entries = data.get("entries")
+def _entries(raw_entries: Any, policy: Policy, doc: _Located, path: Path, bad,
+             pending: list[tuple[Any, dict[str, list[Any]], tuple]]) -> list[Entry]:
+    """``entries``: each valid one with the line it starts on (a technique given as a .py file is
+    looked up beside the scenario file); each valid entry's technique and grid go on ``pending``
+    for its cross-param rules."""
     entries: list[Entry] = []
     if not isinstance(raw_entries, list) or not raw_entries:
         bad(("entries",), "entries", "required, a non-empty list of {technique, params} mappings")
         raw_entries = []
     for i, raw in enumerate(raw_entries):
-        entry = _entry(raw, i, policy, bad, Path(path).resolve().parent, cross_checks)
+        entry = _entry(raw, i, policy, bad, Path(path).resolve().parent, pending)
         if entry is not None:
             entry.line = doc.line(("entries", i))
             entries.append(entry)
-
-    thresholds = _thresholds(data.get("thresholds", {}), bad)
-    order = _order(data.get("order", []), {e.technique for e in entries}, bad)
-
-    if problems:
-        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
-                       f"{'s' if len(problems) > 1 else ''}); nothing was run:", problems)
-    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
-                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
+    return entries
 
 
 def _thresholds(raw: Any, bad) -> dict[str, float]:
@@ -351,10 +384,10 @@ def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
 
 
 def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None,
-           cross_checks: bool = True) -> Entry | None:
+           pending: list[tuple[Any, dict[str, list[Any]], tuple]] | None = None) -> Entry | None:
     """One entry, checked against its technique's declarations: a built-in's from the catalogue
-    (no technique code), a plug-in's from its module; the technique's own cross-param rules
-    (``validate_fn``) from its code, once the entry's params are valid."""
+    (no technique code), a plug-in's from its module. A valid entry's technique and grid go on
+    ``pending``, for its cross-param rules (``validate_fn``), checked by :func:`parse` last."""
     where = ("entries", i)
     if not isinstance(raw, dict):
         bad(where, f"entries[{i}]", "must be a mapping with keys technique, params")
@@ -379,6 +412,18 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
     except BadInput as exc:
         bad(where + ("technique",), f"entries[{i}].technique", str(exc))
         return None
+    name = tech.name
+    grid, ok = _grid(tech, raw, where, bad)
+    policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
+    variants, variants_ok = _variants(tech, raw, where, bad)
+    ok = ok and variants_ok
+    if ok and pending is not None and _has_rules(tech):
+        pending.append((tech, grid, where))
+    return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+
+def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) -> tuple[dict[str, list[Any]], bool]:
+    """An entry's ``params``: each key's values (a list sweeps them), coerced; and whether all were valid."""
     name = tech.name
     ok = True
 
@@ -408,9 +453,14 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
             else:
                 coerced.append(spec.coerce(v))
         grid[key] = coerced
+    return grid, ok
 
-    policy = _policy(raw.get("policy", {}) or {}, scenario_policy, where + ("policy",), f"{name}.policy", bad)
 
+def _variants(tech: techniques.Technique, raw: dict[Any, Any], where: tuple,
+              bad) -> tuple[tuple[str, ...] | None, bool]:
+    """An entry's ``variants`` (None: all), the baseline put first; and whether they were valid."""
+    name = tech.name
+    ok = True
     variants = raw.get("variants")
     allowed = ", ".join([*tech.variants, "baseline", "optimized"])
     if variants is not None:
@@ -426,26 +476,37 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
                     ok = False
             # The baseline is always measured: every other variant is checked and timed against it.
             variants = tuple(dict.fromkeys(["baseline", *variants]))
+    return variants, ok
 
-    validate_fn = _validate_fn(tech) if ok and cross_checks else None
-    if validate_fn is not None:
-        seen = set()
-        keys = list(grid)
-        for combo in itertools.product(*(grid[k] for k in keys)):
-            full = {**tech.defaults(), **dict(zip(keys, combo))}
-            for problem in validate_fn(full):
-                if problem not in seen:
-                    seen.add(problem)
-                    bad(where + ("params",), f"{name}.params", problem)
-    return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
+
+def _has_rules(tech: Any) -> bool:
+    """Whether a technique (or a catalogued built-in's declarations) has cross-param rules."""
+    return tech.validates if isinstance(tech, catalog.Declared) else tech.validate_fn is not None
 
 
 def _validate_fn(tech: Any) -> Any:
     """A technique's cross-param rules: code, so a catalogued built-in's come from its module
-    (the registry imports it, and torch, here: only for an entry whose params are valid)."""
+    (the registry imports it, and torch, here: only once nothing else in the scenario is wrong)."""
     if isinstance(tech, catalog.Declared):
         return techniques.get(tech.name).validate_fn if tech.validates else None
     return tech.validate_fn
+
+
+def _check_combinations(tech: Any, grid: dict[str, list[Any]], where: tuple, bad) -> None:
+    """The technique's own rules across params (its ``validate_fn``) on every point of the grid,
+    each problem reported once."""
+    name = tech.name
+    validate_fn = _validate_fn(tech)
+    if validate_fn is None:
+        return
+    seen = set()
+    keys = list(grid)
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        full = {**tech.defaults(), **dict(zip(keys, combo))}
+        for problem in validate_fn(full):
+            if problem not in seen:
+                seen.add(problem)
+                bad(where + ("params",), f"{name}.params", problem)
 
 
 # --------------------------------------------------------------------------------------------

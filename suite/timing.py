@@ -292,121 +292,160 @@ def measure_interleaved(
     (``host``) and one call.
     """
     timings = {} if timings is None else timings
-    headline = clock.basis(basis)
-    other = OTHER_BASIS.get(headline) if other_clock else None
-    for name in calls:
-        timings.setdefault(name, VariantTiming(name, basis=headline))
-    device = clock.device
+    loop = _Interleaving(calls, clock, timings, basis, other_clock, reset, on_switch, nvtx_case, host_clock)
+    if phases is not None:
+        phases.enter("warmup")
+    if policy.cuda_graph and clock.device.type == "cuda":
+        loop.capture_graphs()
+    loop.warm_up(policy.warmup_s)
+    if phases is not None:
+        phases.enter("timing")
+    stopped_by = loop.time_rounds(policy, deadline)
+    loop.mark_under_sampled(policy.min_reps, stopped_by)
+    return timings
 
-    def tag(name: str | None) -> None:
-        if on_switch is not None:
-            on_switch(name)
 
-    def timed_once(name: str, rep: str, on: str, timed: bool) -> tuple[Any, Recorder, tuple[float, float]]:
-        """One call on clock ``on`` (``both``: :meth:`Clock.time_both`, a (device, wall) pair)."""
-        if reset is not None:
-            reset()
-            synchronize(device)
-        tag(name)
-        recorder = Recorder()
-        call = calls[name]
-        with nvtx_range(f"{nvtx_case}/{name}" if nvtx_case else name, device), nvtx_range(f"{name}#{rep}", device):
-            started = host_clock()
-            figure = (clock.time_both(lambda: call(recorder)) if on == "both"
-                      else clock.time_call(lambda: call(recorder), on))
-            ended = host_clock()
-        exposed = getattr(clock, "launch_outlasted_flush", None) if on in ("device", "both") else None
-        if timed and exposed is not None:
-            timings[name].launch_outlasted_flush = (timings[name].launch_outlasted_flush or 0) + exposed
-        return figure, recorder, (started, ended)
+class _Interleaving:
+    """The state of one :func:`measure_interleaved`: the calls (graph replays in place of eager calls
+    once captured), the variants still in the rotation, and the steps it takes in order: capture,
+    warm-up, timed rounds, under-sampled marks. A variant that raises leaves the rotation with its
+    exception kept in its :class:`VariantTiming`."""
 
-    def one(name: str, timed: bool) -> float:
-        t = timings[name]
-        rep = f"{t.n}" if timed else f"w{warmups[name]}"
-        warmups[name] += not timed
-        if timed and other is not None and t.samples_s and clock.shares_one_call(min(t.samples_s)):
+    def __init__(self, calls: dict[str, Callable[[Recorder], Any]], clock: Clock, timings: dict[str, VariantTiming],
+                 basis: str, other_clock: bool, reset: Callable[[], None] | None,
+                 on_switch: Callable[[str | None], None] | None, nvtx_case: str | None,
+                 host_clock: Callable[[], float]):
+        self.clock = clock
+        self.device = clock.device
+        self.timings = timings
+        self.headline = clock.basis(basis)
+        self.other = OTHER_BASIS.get(self.headline) if other_clock else None
+        for name in calls:
+            timings.setdefault(name, VariantTiming(name, basis=self.headline))
+        self.reset = reset
+        self.on_switch = on_switch
+        self.nvtx_case = nvtx_case
+        self.host_clock = host_clock
+        self.calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
+        self.active = list(self.calls)
+        self.warmups = dict.fromkeys(self.calls, 0)
+
+    def tag(self, name: str | None) -> None:
+        if self.on_switch is not None:
+            self.on_switch(name)
+
+    def drop(self, name: str, exc: Exception) -> None:
+        """``name`` raised: keep its exception (frames released) and take it out of the rotation."""
+        self.timings[name].error = release_frames(exc)
+        self.active.remove(name)
+
+    def capture_graphs(self) -> None:
+        """Each variant captured once in a CUDA graph (one memory pool), its replay timed in place of
+        the eager call; a variant that cannot be captured (or is reset before every call) is timed
+        eagerly, the reason kept in its ``cuda_graph``."""
+        pool = torch.cuda.graph_pool_handle()
+        for name in list(self.active):
+            if self.reset is not None:
+                self.timings[name].cuda_graph = "failed: stateful workload (reset before every call)"
+                continue
+            try:
+                replay = capture_cuda_graph(functools.partial(self.calls[name], Recorder()), self.device, pool)
+                self.calls[name] = lambda recorder, replay=replay: replay()
+                self.timings[name].cuda_graph = "on"
+            except Exception as exc:  # noqa: BLE001 - graph capture is best-effort: time eagerly
+                self.timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"
+                release_frames(exc)
+                synchronize(self.device)
+
+    def warm_up(self, warmup_s: float) -> None:
+        """Each variant on its own until ``warmup_s`` has passed (at least one call)."""
+        for name in list(self.active):
+            try:
+                t_end = time.perf_counter() + warmup_s
+                while True:
+                    self.one(name, timed=False)
+                    if time.perf_counter() >= t_end:
+                        break
+            except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
+                self.drop(name, exc)
+        self.tag(None)
+
+    def time_rounds(self, policy: Policy, deadline: float | None) -> str:
+        """Rounds of one timed repetition per active variant until the stopping rule
+        (:func:`measure_interleaved`) ends them; why the time cap or the deadline stopped them, or ""."""
+        timings = self.timings
+        t_start = time.perf_counter()
+        while self.active:
+            round_start = time.perf_counter()
+            for name in list(self.active):
+                try:
+                    self.one(name, timed=True)
+                except Exception as exc:  # noqa: BLE001
+                    self.drop(name, exc)
+            self.tag(None)
+            if not self.active:
+                break
+            reps = [timings[n].n for n in self.active]
+            if min(reps) >= policy.max_reps:
+                break
+            now = time.perf_counter()
+            if now - t_start >= policy.max_time_s:  # the time cap; past it only to reach min_reps, by the deadline
+                if deadline is None or min(reps) >= policy.min_reps:
+                    return f"time cap (max_time_s = {policy.max_time_s:g} s) reached at {now - t_start:.1f} s"
+                if now + (now - round_start) > deadline:
+                    return f"the case's time limit left no room for another round ({now - t_start:.1f} s of timing)"
+            if all(timings[n].settled(policy) for n in self.active):
+                break
+        return ""
+
+    def mark_under_sampled(self, min_reps: int, stopped_by: str) -> None:
+        """Variants still timed with fewer than ``min_reps`` samples, marked with why timing stopped."""
+        for name in self.active:
+            if self.timings[name].n < min_reps:
+                self.timings[name].under_sampled = (f"{self.timings[name].n} of min_reps {min_reps} timed calls: "
+                                                    f"{stopped_by or 'timing stopped'}")
+
+    def one(self, name: str, timed: bool) -> float:
+        """One repetition of ``name`` (a warm-up call unless ``timed``): on a GPU with the other clock,
+        a second call of its own, or one call giving both where the flush is a negligible share of it."""
+        t = self.timings[name]
+        rep = f"{t.n}" if timed else f"w{self.warmups[name]}"
+        self.warmups[name] += not timed
+        if timed and self.other is not None and t.samples_s and self.clock.shares_one_call(min(t.samples_s)):
             # A long call: the flush is a negligible part of it, so one call gives both clocks
             # (a second call per repetition would double a serving trace's time for nothing).
-            (device_s, wall_s), recorder, bounds = timed_once(name, rep, "both", timed)
-            seconds, other_s = (device_s, wall_s) if headline == "device" else (wall_s, device_s)
+            (device_s, wall_s), recorder, bounds = self.timed_once(name, rep, "both", timed)
+            seconds, other_s = (device_s, wall_s) if self.headline == "device" else (wall_s, device_s)
             t.other_s.append(other_s)
             t.shared_calls += 1
         else:
-            seconds, recorder, bounds = timed_once(name, rep, headline, timed)
-            if timed and other is not None:  # the other clock: a call of its own
-                t.other_s.append(timed_once(name, f"{rep}:{other}", other, timed)[0])
+            seconds, recorder, bounds = self.timed_once(name, rep, self.headline, timed)
+            if timed and self.other is not None:  # the other clock: a call of its own
+                t.other_s.append(self.timed_once(name, f"{rep}:{self.other}", self.other, timed)[0])
         if timed:
             t.samples_s.append(seconds)
             t.records.append(recorder.values)
             t.host_bounds.append(bounds)
         return seconds
 
-    if phases is not None:
-        phases.enter("warmup")
-    calls = dict(calls)  # graph replays replace eager calls here only, not in the caller's dict
-    active = list(calls)
-    warmups = dict.fromkeys(calls, 0)
-    if policy.cuda_graph and device.type == "cuda":
-        pool = torch.cuda.graph_pool_handle()
-        for name in list(active):
-            if reset is not None:
-                timings[name].cuda_graph = "failed: stateful workload (reset before every call)"
-                continue
-            try:
-                replay = capture_cuda_graph(functools.partial(calls[name], Recorder()), device, pool)
-                calls[name] = lambda recorder, replay=replay: replay()
-                timings[name].cuda_graph = "on"
-            except Exception as exc:  # noqa: BLE001 - graph capture is best-effort: time eagerly
-                timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"
-                release_frames(exc)
-                synchronize(device)
-
-    # Warm-up: each variant on its own until warmup_s has passed (at least one call).
-    for name in list(active):
-        try:
-            t_end = time.perf_counter() + policy.warmup_s
-            while True:
-                one(name, timed=False)
-                if time.perf_counter() >= t_end:
-                    break
-        except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
-            timings[name].error = release_frames(exc)
-            active.remove(name)
-    tag(None)
-
-    if phases is not None:
-        phases.enter("timing")
-    t_start = time.perf_counter()
-    stopped_by = ""
-    while active:
-        round_start = time.perf_counter()
-        for name in list(active):
-            try:
-                one(name, timed=True)
-            except Exception as exc:  # noqa: BLE001
-                timings[name].error = release_frames(exc)
-                active.remove(name)
-        tag(None)
-        if not active:
-            break
-        reps = [timings[n].n for n in active]
-        if min(reps) >= policy.max_reps:
-            break
-        now = time.perf_counter()
-        if now - t_start >= policy.max_time_s:  # the time cap; past it only to reach min_reps, by the deadline
-            if deadline is None or min(reps) >= policy.min_reps:
-                stopped_by = f"time cap (max_time_s = {policy.max_time_s:g} s) reached at {now - t_start:.1f} s"
-                break
-            if now + (now - round_start) > deadline:
-                stopped_by = f"the case's time limit left no room for another round ({now - t_start:.1f} s of timing)"
-                break
-        if all(timings[n].settled(policy) for n in active):
-            break
-    for name in active:
-        if timings[name].n < policy.min_reps:
-            timings[name].under_sampled = (f"{timings[name].n} of min_reps {policy.min_reps} timed calls: "
-                                           f"{stopped_by or 'timing stopped'}")
-    return timings
+    def timed_once(self, name: str, rep: str, on: str, timed: bool) -> tuple[Any, Recorder, tuple[float, float]]:
+        """One call on clock ``on`` (``both``: :meth:`Clock.time_both`, a (device, wall) pair)."""
+        if self.reset is not None:
+            self.reset()
+            synchronize(self.device)
+        self.tag(name)
+        recorder = Recorder()
+        call = self.calls[name]
+        label = f"{self.nvtx_case}/{name}" if self.nvtx_case else name
+        with nvtx_range(label, self.device), nvtx_range(f"{name}#{rep}", self.device):
+            started = self.host_clock()
+            figure = (self.clock.time_both(lambda: call(recorder)) if on == "both"
+                      else self.clock.time_call(lambda: call(recorder), on))
+            ended = self.host_clock()
+        exposed = getattr(self.clock, "launch_outlasted_flush", None) if on in ("device", "both") else None
+        if timed and exposed is not None:
+            self.timings[name].launch_outlasted_flush = (self.timings[name].launch_outlasted_flush or 0) + exposed
+        return figure, recorder, (started, ended)
 
 
 # The share of a case's time limit, from the case's start, that timing may run to when the time cap
