@@ -70,6 +70,9 @@ BAD_SCENARIOS = {
     "unknown param": "  - technique: kv_cache\n    params: {no_such: 1}\n",
     "bad value": "  - technique: flash_attention\n    params: {dtype: float8, seq_len: -4}\n",
     "unknown technique": "  - technique: flash_atention\n  - technique: nosuchthing\n",
+    # beside a valid entry of a technique with cross-param rules (code): those wait for the fix
+    "unknown param beside a valid moe entry": ("  - technique: moe_grouping\n    params: {experts: 8, top_k: 2}\n"
+                                               "  - technique: kv_cache\n    params: {no_such: 1}\n"),
 }
 
 
@@ -83,6 +86,19 @@ def test_a_scenario_refused_for_its_keys_or_values_imports_no_torch(tmp_path, wh
     assert result["code"] == 2, result["stderr"]
     assert f"{path}:" in result["stderr"] and "nothing was run" in result["stderr"], result["stderr"]
     assert result["heavy"] == [], f"a scenario with an {what} imported {result['heavy']}"
+    if "beside" in what:  # the rules not checked are said to wait, not silently passed
+        assert "own rules across params are checked once these are fixed" in result["stderr"], result["stderr"]
+
+
+def test_cross_param_rules_are_still_checked_once_nothing_else_is_wrong(tmp_path):
+    """A scenario whose keys and values are all valid is checked against each technique's own
+    rules across params (moe: top_k above experts), every problem named, exit 2."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nentries:\n  - technique: moe_grouping\n    params: {experts: 2, top_k: 4}\n")
+    result = _probe(tmp_path, "run", "--scenario", str(path))
+    assert result["code"] == 2, result["stderr"]
+    assert "moe_grouping.params" in result["stderr"] and "top_k" in result["stderr"], result["stderr"]
+    assert "checked once these are fixed" not in result["stderr"]
 
 
 def test_list_imports_no_torch(tmp_path):
