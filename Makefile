@@ -18,7 +18,7 @@ list:
 # The built-in techniques' declarations as data (suite/techniques/catalog.json), read by `list` and
 # a scenario's validation without torch; rebuild after editing suite/, optimizations/ or baselines/.
 catalog:
-	$(PY) -m gpubench.catalog --write
+	$(PY) -m gpubench.techniques.catalog --write
 
 env:
 	.venv/bin/gpubench env --calibrate

@@ -1,6 +1,6 @@
 """Offloaded activation checkpointing through one device staging buffer: reload, wait, recompute,
 in turn, so every reload sits on the critical path (what a straightforward offloading checkpoint
-does). The forward pass and copier are :mod:`gpubench.offload`'s."""
+does). The forward pass and copier are :mod:`gpubench.lib.offload`'s."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
+from gpubench.lib.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
 
 
 def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
@@ -16,7 +16,7 @@ def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tenso
                layer: Layer = llama_layer) -> tuple[torch.Tensor, OffloadStats]:
     """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
     what the copies moved and waited for. ``allocate`` makes the staging buffer; ``layer`` runs each
-    layer (gpubench.offload.Layer; the Llama decoder layer by default)."""
+    layer (gpubench.lib.offload.Layer; the Llama decoder layer by default)."""
     with Copier(tokens.device, copy_delay_s) as copier:
         step = offloaded_forward(weights, tokens, targets, positions, copier, layer)
         [buffer] = step.staging_buffers(1, allocate)

@@ -1,17 +1,17 @@
 """Eager attention: materialize the N x N scores, softmax them in float32, multiply by V (what
 Hugging Face's ``eager`` attention and most reference code do). Conventions (layouts, GQA, causal
-alignment, rows that see no key): :mod:`gpubench.attention`.
+alignment, rows that see no key): :mod:`gpubench.lib.attention`.
 """
 from __future__ import annotations
 
 import torch
 
-from gpubench.attention import causal_offset, check_shapes, softmax_with_empty_rows
+from gpubench.lib.attention import causal_offset, check_shapes, softmax_with_empty_rows
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
-    """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.attention`), differentiable."""
+    """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.lib.attention`), differentiable."""
     check_shapes(q, k, v)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.kvmath import KVLayout
-from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
+from gpubench.lib.kvmath import KVLayout
+from gpubench.lib.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
 
 
 class ContiguousKVCache:

@@ -1,6 +1,6 @@
 """Packed-sequence metadata rebuilt in every attention layer, as stacks that recover document
 boundaries inside the attention function do: each layer calls the builder of
-:mod:`gpubench.packing` (cu_seqlens, max_seqlen with its ``.item()``, position ids, mask) again."""
+:mod:`gpubench.lib.packing` (cu_seqlens, max_seqlen with its ``.item()``, position ids, mask) again."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from gpubench.models.llama import LlamaWeights, forward
-from gpubench.packing import (PackedBatch, StepOutput, StepStats, build_metadata, document_positions,
+from gpubench.lib.packing import (PackedBatch, StepOutput, StepStats, build_metadata, document_positions,
                               packed_attention, phase, training_step)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from gpubench.models.decode_cache import KVCache, pick
 from gpubench.models.llama import LlamaWeights
-from gpubench.phase_timer import PhaseTimer
+from gpubench.measure.phase_timer import PhaseTimer
 
 
 def generate(target: LlamaWeights, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0,

@@ -3,7 +3,7 @@
 One small flash_attention case and one paged_attention decode case (batch 8: a sub-100 us
 kernel, where launch work used to be most of a sample), each technique's optimized variant on
 this GPU, timed by ``do_bench`` (its median, L2 flushed before every call) and by the harness's
-:class:`gpubench.timing.Clock` through :func:`gpubench.timing.measure_interleaved` on device
+:class:`gpubench.measure.timing.Clock` through :func:`gpubench.measure.timing.measure_interleaved` on device
 time (the start event queued behind the flush, no host sync in between). The two are taken
 alternately, twice each, and compared by their means: within 5% passes. The harness's wall time
 (launch work and syncs included) is printed beside them. A few seconds a case.
@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from gpubench import techniques, timing
+from gpubench import techniques
+from gpubench.measure import timing
 from gpubench.contract import Recorder
 
 TOLERANCE = 0.05

@@ -14,7 +14,7 @@ import json
 import sys
 from collections import Counter
 
-from gpubench import compare
+from gpubench.gate import compare
 from gpubench.errors import BadInput
 
 JUDGED = ("regressed", "inconclusive", "improved", "unchanged")

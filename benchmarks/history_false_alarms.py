@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gpubench import compare
+from gpubench.gate import compare
 from gpubench.errors import BadInput
-from gpubench.history import open_store, rows_of_file, rows_of_run
-from gpubench.history.judge import judge_run
-from gpubench.results import SCHEMA_VERSION, RunRecord
+from gpubench.gate.history import open_store, rows_of_file, rows_of_run
+from gpubench.gate.history.judge import judge_run
+from gpubench.records.results import SCHEMA_VERSION, RunRecord
 
 POOL_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "cpu_noise.json"
 SAMPLES = 30  # calls a variant per run (the pool's run-to-run spread of medians: ~2.2%)
@@ -127,7 +127,7 @@ def p_rule_trials(trials: int, step: float, threshold: float, seed: int = 0,
     """compare.verdict_of on ``trials`` draws of SAMPLES calls a side (A/A, and ``step`` slower),
     with the bootstrap p of the CI (the gate's) and with the Mann-Whitney U p (before issue 34):
     per p, A/A regressed / improved and the step found."""
-    from gpubench import stats
+    from gpubench.records import stats
 
     pool = load_pool() if pool is None else pool
     counts = {name: Counter() for name in ("bootstrap", "mann_whitney")}

@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpubench import scenario, supervisor
+from gpubench.run import scenario
+from gpubench.run import supervisor
 
 POLICY = "{warmup_s: 0, min_reps: 1, max_reps: 1, min_time_s: 0, max_time_s: 1, target_iqr: 1.0, energy_s: 0}"
 

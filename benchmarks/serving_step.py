@@ -12,7 +12,7 @@
 2. ``graphs`` (CUDA): a graph-replayed decode step's host time (bookkeeping, staging, launch)
    against its GPU time (CUDA events).
 3. ``profile``: per decode step, the ops, kernel launches (CUDA) and host syncs torch.profiler
-   sees (:func:`gpubench.profiling.summarize`).
+   sees (:func:`gpubench.measure.profiling.summarize`).
 4. ``hf``: the whole trace served by the paged engine against one padded Hugging Face batch
    (left padding, ``generate``, greedy, every request generating O tokens), on a checkpoint
    written by transformers into a temporary directory (nothing is downloaded).
@@ -32,7 +32,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from gpubench import profiling
+from gpubench.measure import profiling
 from gpubench.models.llama import SIZES, LlamaWeights, forward, load_hf, random_weights
 from gpubench.serving import graphs, model_runner
 from gpubench.serving.config import EngineConfig

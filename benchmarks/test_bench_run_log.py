@@ -3,7 +3,7 @@ log takes the same time whether k is 100 or 10,000 (``benchmarks/run_scale.py`` 
 scenarios of 1,000 and 10,000 cases)."""
 import pytest
 
-from gpubench.results import CaseRecord, RunDirectory, VariantRecord
+from gpubench.records.results import CaseRecord, RunDirectory, VariantRecord
 
 
 def _record(i: int) -> CaseRecord:

@@ -2,7 +2,7 @@
 i - 1's input is reloaded into one while layer i recomputes from the other, so reloads hide
 behind recompute. Events guard both ways: a reload waits for the compute that last read its
 buffer, compute waits for its buffer's reload. The forward pass and copier are
-:mod:`gpubench.offload`'s."""
+:mod:`gpubench.lib.offload`'s."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
+from gpubench.lib.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
 
 
 def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,

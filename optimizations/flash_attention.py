@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.attention import causal_offset, check_shapes
-from gpubench.triton_support import dispatch
+from gpubench.lib.attention import causal_offset, check_shapes
+from gpubench.lib.triton_support import dispatch
 
 KERNEL = ("gpubench.optimizations.flash_attention_triton", "flash_attention_triton")
 # Tiles of the PyTorch loop: few enough Python iterations at long sequences to hide launch
@@ -23,7 +23,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """softmax(q k^T * scale) v in SDPA's layout: q (batch, heads, seq_q, head_dim), k (batch,
     kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple of
     kv_heads; causal aligned bottom-right by default (flash-attn's; "top_left" is SDPA's
-    ``is_causal``), conventions as :mod:`gpubench.attention`. The Triton kernel on
+    ``is_causal``), conventions as :mod:`gpubench.lib.attention`. The Triton kernel on
     CUDA, the tiled PyTorch loop elsewhere; ``out`` receives the result."""
     return dispatch(KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out,
                     causal_align=causal_align)
@@ -93,7 +93,7 @@ TRAINING_API = ("FlashAttentionFunction", "flash_attn_func", "flash_attn_varlen_
 
 
 def __getattr__(name: str):
-    from gpubench.triton_support import kernel_module
+    from gpubench.lib.triton_support import kernel_module
 
     if name in TRAINING_API:
         module = kernel_module("gpubench.optimizations.flash_attention_triton_bwd")

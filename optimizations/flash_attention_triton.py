@@ -8,7 +8,7 @@ fp32 in with fp32 accumulation, causal aligned bottom-right (flash-attn's defaul
 j <= i + seq_k - seq_q) or top-left (SDPA's ``is_causal``), the padded layout (SDPA's) and the packed
 variable-length one (flash-attn's ``cu_seqlens``), and optionally the log-sum-exp of each row that the
 backward pass (:mod:`.flash_attention_triton_bwd`) recomputes from. Conventions:
-:mod:`gpubench.attention`. Tiles are autotuned on a GPU; under Triton's interpreter
+:mod:`gpubench.lib.attention`. Tiles are autotuned on a GPU; under Triton's interpreter
 (``TRITON_INTERPRET=1`` before import) one small fixed tile is used instead.
 
 Two ways to move the tiles, one tile logic: on sm_90 and later (H100 / H200) a padded-layout call
@@ -28,13 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.attention import CAUSAL_ALIGNS, check_shapes
-from gpubench.autotune import PersistentAutotuner, length_bucket
+from gpubench.lib.attention import CAUSAL_ALIGNS, check_shapes
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 from gpubench.optimizations.flash_attention_triton_tiles import (AUTOTUNE_KEY, GPU_CONFIGS, GPU_CONFIGS_LARGE_HEAD,
                                                                  GPU_CONFIGS_TMA, GPU_CONFIGS_TMA_LARGE_HEAD,
                                                                  TensorDescriptor, descriptor_configs_fit,
                                                                  prune_forward)
-from gpubench.triton_support import interpreted
+from gpubench.lib.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 # Whether calls whose layout allows it take the descriptor path, on sm_90+ and in Triton's

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.attention import check_shapes
+from gpubench.lib.attention import check_shapes
 # The forward kernel's own argument checks, tile helpers and configs: these files are one
 # optimization (the forward and backward of one kernel), so sharing its private helpers crosses no layer.
 from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _descriptors,
@@ -31,8 +31,8 @@ from gpubench.optimizations.flash_attention_triton import (_check_call, _check_c
                                                            flash_attention_triton, flash_attention_varlen_triton,
                                                            uses_descriptors)
 from gpubench.optimizations.flash_attention_triton_tiles import descriptor_configs, pointer_configs
-from gpubench.autotune import PersistentAutotuner, length_bucket
-from gpubench.triton_support import interpreted
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
+from gpubench.lib.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 
@@ -66,7 +66,7 @@ DQ_SHAPES_WIDE = [(64, 32, 8, 2), (64, 64, 8, 1), (32, 32, 4, 2), (32, 64, 4, 2)
 # does not fit is skipped by the autotuner.
 DKDV_SHAPES_SM90 = [(32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 3), (64, 128, 8, 4)]
 DQ_SHAPES_SM90 = [(128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4)]
-# Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.autotune); USE_TMA
+# Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.measure.autotune); USE_TMA
 # selects the path (each its own tuner, as the forward's).
 AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN",
                 "USE_TMA"]  # + dtypes

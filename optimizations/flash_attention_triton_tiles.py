@@ -106,7 +106,7 @@ GPU_CONFIGS_TMA_LARGE_HEAD = descriptor_configs((
 ))
 # Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
 # length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
-# and Triton version (gpubench.autotune). USE_TMA selects the path (each has its own tuner and
+# and Triton version (gpubench.measure.autotune). USE_TMA selects the path (each has its own tuner and
 # candidates; in the key too, so a tuning never crosses paths). Triton adds the dtypes of the
 # tensor arguments; a descriptor's is not among them, so on the descriptor path fp16 and bf16 may
 # share a tuning (the same tiles suit both: same bytes, same tensor-core rate).

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.kvmath import KVLayout
-from gpubench.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
+from gpubench.lib.kvmath import KVLayout
+from gpubench.lib.kvstorage import SequenceKV, TokenRows, empty_rows, held_bytes, tensor_scales
 
 
 def held_blocks(length: int, window: int | None, block_size: int) -> tuple[int, int]:

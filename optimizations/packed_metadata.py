@@ -1,9 +1,9 @@
 """Packed-sequence metadata built once per batch and reused: a :class:`PackedMetadataCache` runs
-the builder of :mod:`gpubench.packing` on the batch's first request and hands that one record to
+the builder of :mod:`gpubench.lib.packing` on the batch's first request and hands that one record to
 RoPE, the loss and every layer; the next micro-batch's lengths miss it and rebuild, and the step
 releases it when its last backward pass is done.
 
-Attention is the step's backend (:func:`gpubench.packing.packed_attention`): on CUDA by default
+Attention is the step's backend (:func:`gpubench.lib.packing.packed_attention`): on CUDA by default
 gpubench's own Triton varlen kernels (``flash_attn_varlen_func``, forward and backward, fed the
 cached ``cu_seqlens`` and ``max_seqlen``), on a CPU SDPA with the block-causal mask. The per-layer
 baseline attends the same way, so the pair differs only in how often the metadata is built."""
@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import torch
 
 from gpubench.models.llama import LlamaWeights, forward
-from gpubench.packing import (PackedBatch, PackedMetadata, StepOutput, StepStats, build_metadata, packed_attention,
+from gpubench.lib.packing import (PackedBatch, PackedMetadata, StepOutput, StepStats, build_metadata, packed_attention,
                               training_step)
 
 

@@ -1,11 +1,11 @@
 """Paged decode attention read in place: one query token per sequence attends over a KV cache kept
 in blocks scattered through a pool, reading each key and value through the sequence's block table
 (no gather copy of the whole context) into an fp32 softmax. On CUDA that is the Triton kernel
-(:mod:`.paged_attention_triton`, run by :func:`gpubench.paged_decode.paged_decode_attention`);
+(:mod:`.paged_attention_triton`, run by :func:`gpubench.lib.paged_decode.paged_decode_attention`);
 :func:`paged_decode_attention_torch` is the kernel's logic as vectorized PyTorch (the
 paged_attention technique's CPU stand-in): the context in chunks of many blocks, each chunk's
 partial softmax for every sequence and query head at once, the chunks combined by log-sum-exp as
-the kernel's splits are. Shapes and conventions: :mod:`gpubench.paged_decode`.
+the kernel's splits are. Shapes and conventions: :mod:`gpubench.lib.paged_decode`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from gpubench.paged_decode import check_shapes
+from gpubench.lib.paged_decode import check_shapes
 
 # Elements of K one chunk gathers (as many of V): 2^22, 16 MiB in fp32, bounds the working set
 # whatever the batch and context, and a single chunk covers whole contexts at test and smoke sizes.
@@ -65,7 +65,7 @@ def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  block_tables: torch.Tensor, context_lens: torch.Tensor,
                                  scale: float | None = None, *, chunk_tokens: int | None = None,
                                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`gpubench.paged_decode.paged_decode_attention` as vectorized PyTorch on any device:
+    """:func:`gpubench.lib.paged_decode.paged_decode_attention` as vectorized PyTorch on any device:
     every sequence's keys in chunks of whole blocks (``chunk_tokens``, rounded down to blocks;
     default from :data:`CHUNK_ELEMENTS`), each chunk one gather, one masked grouped softmax for
     all query heads, merged by log-sum-exp; the result is written into ``out`` (allocated when

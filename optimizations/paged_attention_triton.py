@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.paged_decode import check_shapes
-from gpubench.triton_support import interpreted
+from gpubench.lib.paged_decode import check_shapes
+from gpubench.lib.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 
@@ -201,7 +201,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
                                   block_tables: torch.Tensor, context_lens: torch.Tensor,
                                   scale: float | None = None, *, tokens_per_step: int | None = None,
                                   num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`gpubench.paged_decode.paged_decode_attention` by the Triton kernels.
+    """:func:`gpubench.lib.paged_decode.paged_decode_attention` by the Triton kernels.
     ``tokens_per_step``: keys loaded per loop step, a power of two >= 16 (default 64, 32 above
     head_dim 128). ``num_splits``: context splits per (sequence, KV head), default
     :func:`choose_splits` over the table's width (the longest context it can hold, so no host

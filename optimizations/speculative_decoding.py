@@ -1,4 +1,4 @@
-"""Speculative decoding: a drafter (a small model, or prompt lookup: :mod:`gpubench.drafting`)
+"""Speculative decoding: a drafter (a small model, or prompt lookup: :mod:`gpubench.lib.drafting`)
 proposes k tokens, the target scores them all in one forward pass, and the acceptance rule
 (:func:`verify`) keeps exactly the target's distribution (greedy: its tokens); both KV caches are
 rolled back past rejected drafts.
@@ -10,10 +10,10 @@ from typing import Sequence
 
 import torch
 
-from gpubench.drafting import Drafter, Verification
+from gpubench.lib.drafting import Drafter, Verification
 from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaWeights
-from gpubench.phase_timer import PhaseTimer
+from gpubench.measure.phase_timer import PhaseTimer
 
 
 @dataclass
@@ -26,7 +26,7 @@ class SpecStats:
     target_forwards: int = 0  # verifications and the prefill
     emitted: int = 0  # tokens produced by verifications (accepted + one resampled or bonus each)
     draft_forwards: int = 0
-    draft_s: float = 0.0  # time spent drafting (gpubench.phase_timer: CUDA events on a GPU)
+    draft_s: float = 0.0  # time spent drafting (gpubench.measure.phase_timer: CUDA events on a GPU)
     verify_s: float = 0.0  # time spent in target passes and the acceptance rule
     k_used: list[int] = field(default_factory=list)  # the k asked of the drafter, per verification
     # accepted_at[i]: verifications that drafted at least i + 1 tokens and accepted the (i+1)-th

@@ -1,5 +1,5 @@
 """The report's "published claims on this device" table: every claim every technique declares
-(:class:`gpubench.claims.Claim`), read against this run's cases, one row per claim.
+(:class:`gpubench.records.claims.Claim`), read against this run's cases, one row per claim.
 
 :func:`claim_rows` turns a run into rows of plain strings (the HTML template and
 :func:`markdown_lines` format them); it reads the run only: the claims its techniques declared
@@ -13,10 +13,10 @@ import re
 from collections import Counter
 from typing import Any, Mapping
 
-from gpubench.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
+from gpubench.records.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
 from gpubench.reports.terminal import case_params, shown_by_technique
-from gpubench.declarations import Registry
-from gpubench.results import CaseRecord, RunRecord, as_run
+from gpubench.records.declarations import Registry
+from gpubench.records.results import CaseRecord, RunRecord, as_run
 
 TITLE = "Published claims on this device"
 NOT_IN_RUN = "not in this run"
@@ -127,7 +127,7 @@ def _row(name: str, claim: Claim, readings: list[Reading] | None,
 def claim_rows(doc: RunRecord | dict[str, Any], registry: Registry | None = None) -> list[dict[str, Any]]:
     """One row per declared claim of every technique in the run and of every technique it left
     out (as the run recorded them): claim, source, the claimed figure, this run's comparable
-    figure with its 95% CI, the verdict and why (:mod:`gpubench.claims`); the claims with a
+    figure with its 95% CI, the verdict and why (:mod:`gpubench.records.claims`); the claims with a
     verdict first."""
     run = as_run(doc, registry)
     grouped: dict[str, list[CaseRecord]] = {}

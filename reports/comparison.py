@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gpubench import compare as gate
+from gpubench.gate import compare as gate
 from gpubench.reports import charts
 from gpubench.reports.sections import Figure, Labels, figure
 from gpubench.reports.terminal import count_text, format_seconds, format_speedup, shown_params
-from gpubench.results import CaseRecord, RunRecord
+from gpubench.records.results import CaseRecord, RunRecord
 
 # The gate's verdicts, in the order the comparison lists them, and how the report words them.
 COMPARE_ORDER = ("regressed", "failed", "no_samples", "inconclusive", "unchanged", "improved")
@@ -33,7 +33,7 @@ def _median(case: CaseRecord, role: str) -> float | None:
 
 def compare_runs(current: RunRecord, other: RunRecord, headline: Callable[[RunRecord], dict[str, Any]]) -> dict[str, Any]:
     """Both runs side by side, per case the change with its CI, as the regression gate
-    (:func:`gpubench.compare.compare`) decides it: cases matched by id; the optimized variant's
+    (:func:`gpubench.gate.compare.compare`) decides it: cases matched by id; the optimized variant's
     median time now / in ``other`` with a bootstrap CI from both runs' raw samples, and the
     baseline variant's change beside it. Regressions first (largest slowdown first), then failed
     and not comparable cases, unchanged, improvements; cases of one run only listed apart. Runs of

@@ -1,5 +1,5 @@
 """Rendering of a regression-gate comparison: a terminal table and a Markdown summary
-(regressions first), both from a :class:`gpubench.compare.Comparison`."""
+(regressions first), both from a :class:`gpubench.gate.compare.Comparison`."""
 from __future__ import annotations
 
 from rich.console import Console
@@ -8,7 +8,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.compare import Comparison
+from gpubench.gate.compare import Comparison
 from gpubench.reports.terminal import (count_text, fit_fields, format_seconds, param_text, shorten_words,
                                        wrap_words)
 

@@ -2,7 +2,7 @@
 CSS, inline SVG figures) with a table of the cases and their latest change point, then a small
 trend chart per case (:mod:`~gpubench.reports.trend_chart`), cases grouped by technique, each with
 its runs in a collapsed table. Commits are links when the repository's remote is a GitHub or GitLab
-one (:mod:`gpubench.history.links`). Everything taken from the store is escaped by jinja2's
+one (:mod:`gpubench.gate.history.links`). Everything taken from the store is escaped by jinja2's
 autoescaping; only matplotlib's SVG is inserted as it is.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Callable, Sequence
 
-from gpubench.history import changepoints, links
-from gpubench.history.changepoints import CaseHistory
-from gpubench.history.trends import TechniqueHistories, points_by_run
+from gpubench.gate.history import changepoints, links
+from gpubench.gate.history.changepoints import CaseHistory
+from gpubench.gate.history.trends import TechniqueHistories, points_by_run
 from gpubench.reports import html as report_html
 from gpubench.reports.sections import figure
 from gpubench.reports.sparkline import figure_text

@@ -24,11 +24,11 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from gpubench.atomic import DiskFull, atomic_write_text
-from gpubench.declarations import Registry
-from gpubench.energy import METHOD_TIMED_CALLS
+from gpubench.records.atomic import DiskFull, atomic_write_text
+from gpubench.records.declarations import Registry
+from gpubench.measure.energy import METHOD_TIMED_CALLS
 from gpubench.errors import BadInput
-from gpubench.history.trends import RunTrends, run_trends
+from gpubench.gate.history.trends import RunTrends, run_trends
 from gpubench.reports import charts, claims, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
@@ -36,8 +36,8 @@ from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_speedup,
                                        headline_text, named_time)
-from gpubench.results import (CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text)
-from gpubench.throttle import BENIGN_REASONS
+from gpubench.records.results import (CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text)
+from gpubench.measure.throttle import BENIGN_REASONS
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
 
@@ -73,7 +73,7 @@ def load_run(path: str | Path, registry: Registry | None = None) -> Run:
     """Read a run directory (or its results.json); BadInput when results.json is missing,
     corrupt or of another schema version. A missing env.json or telemetry.csv is not an error:
     the report says so. ``registry``: the caller's (the CLI's), for an old run's declarations and
-    a technique's own figure function (:attr:`gpubench.results.RunRecord.registry`)."""
+    a technique's own figure function (:attr:`gpubench.records.results.RunRecord.registry`)."""
     path = Path(path)
     record = load_record(path, registry)
     root = path if path.is_dir() else path.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from gpubench.kvmath import KVPlan, human_bytes
+from gpubench.lib.kvmath import KVPlan, human_bytes
 from gpubench.reports.terminal import fit_fields, print_rows
 
 __all__ = ["human_bytes", "memory_bar", "render"]

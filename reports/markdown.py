@@ -12,7 +12,7 @@ from typing import Any
 from gpubench.reports.claims import markdown_lines
 
 MAX_BYTES = 60_000
-# An energy figure taken over the timed calls (gpubench.energy's timed_calls method) is marked in
+# An energy figure taken over the timed calls (gpubench.measure.energy's timed_calls method) is marked in
 # the summary (here and in report.html) with this, and the note under the table says what it means.
 TIMED_CALLS_MARK = "*"
 TIMED_CALLS_NOTE = (f"{TIMED_CALLS_MARK} energy per call taken over the timed calls themselves (calls lasting 4 or "
@@ -92,7 +92,7 @@ def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
         body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"]]
                     + [headline] * with_headline + [r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy
                     + [status])
-    # A figure marked as taken over the timed calls (gpubench.energy) says so under the table.
+    # A figure marked as taken over the timed calls (gpubench.measure.energy) says so under the table.
     note = [f"\n_{cell(TIMED_CALLS_NOTE)}_"] if any(r.get("energy_over_timed_calls") for r in rows) else []
     return _table(header, body, budget - _size(note)) + note
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from gpubench.results import CaseRecord, RunRecord, elapsed_text
+from gpubench.records.results import CaseRecord, RunRecord, elapsed_text
 
 # How the report names each phase, and what it stands for (a legend). "timed" (the timed calls'
 # own samples) is part of "timing": a breakdown splits "timing" into the timed calls and the rest

@@ -16,7 +16,7 @@ from gpubench.contract import Plot
 from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, ROW_LABEL_IN, SERIES, WIDTH_IN, error_bars, legend_below,
                                       log_axis, new_figure, reference, spread_pick, styled, text_lines, ticks_at, wrap)
 from gpubench.reports.terminal import param_text
-from gpubench.results import CaseRecord, Speedup
+from gpubench.records.results import CaseRecord, Speedup
 
 ROLE_STYLE = {"baseline": ("--", "s"), "optimized": ("-", "o"), "peer": (":", "^")}
 LINESTYLES = ("-", "--", ":", "-.")

@@ -2,7 +2,7 @@
 side, peers after them: ops, kernel launches, syncs, copies, peak memory, top ops with their
 share of the time, links to the traces) and a one-line "why" for the summary row where the
 profiles show a clear difference (``syncs 33 -> 1``). Reads only what
-:mod:`gpubench.profiling` recorded in results.json."""
+:mod:`gpubench.measure.profiling` recorded in results.json."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -12,9 +12,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.kvmath import human_bytes
+from gpubench.lib.kvmath import human_bytes
 from gpubench.reports.terminal import fit_fields, wrap_words
-from gpubench.results import CaseRecord, Profile, RunRecord
+from gpubench.records.results import CaseRecord, Profile, RunRecord
 
 TOP_SHOWN = 5
 CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from gpubench.machine_load import OVERLOAD_PER_CPU
-from gpubench.results import CaseRecord, RunRecord
+from gpubench.measure.machine_load import OVERLOAD_PER_CPU
+from gpubench.records.results import CaseRecord, RunRecord
 
 ROLE_ORDER = {"baseline": 0, "optimized": 1}
 
@@ -36,7 +36,7 @@ class Roof:
 
     @property
     def loaded(self) -> bool:
-        """A CPU calibrated under load (beyond :data:`gpubench.machine_load.OVERLOAD_PER_CPU` a core:
+        """A CPU calibrated under load (beyond :data:`gpubench.measure.machine_load.OVERLOAD_PER_CPU` a core:
         the calibration's own threads count about one): its ceilings are a share of it (a GPU's
         large calibration matmul and copy do not wait on the host's CPUs)."""
         return (self.on_cpu and self.load_1m is not None and self.cpus is not None
@@ -62,7 +62,7 @@ class Roof:
 
 
 def roof_of(ceilings: dict[str, Any] | None, device: str, on_cpu: bool) -> Roof:
-    """The roof a run's ``ceilings`` record gives (``gpubench.env.calibrate``'s dict)."""
+    """The roof a run's ``ceilings`` record gives (``gpubench.measure.env.calibrate``'s dict)."""
     if not ceilings:
         return Roof(device, on_cpu, None, None, missing="the run was not calibrated (--no-calibrate)")
     if "error" in ceilings:
@@ -179,7 +179,7 @@ def si(value: float | None, unit: str = "") -> str:
 # A share of a measured ceiling above this is not a rate the device can reach (the calibration's
 # own run-to-run spread is a few percent): flagged, never printed as if it were one.
 ABOVE_CEILING_PCT = 110.0
-GPU_PEAK_MATMUL_N = 8192  # gpubench.env.MATMUL_N_GPU (reports read records, never the harness)
+GPU_PEAK_MATMUL_N = 8192  # gpubench.measure.env.MATMUL_N_GPU (reports read records, never the harness)
 
 
 def _pct(value: float | None) -> str:

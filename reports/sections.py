@@ -3,9 +3,9 @@ figure, a CPU caveat where the win is GPU-specific, the clock its times are on, 
 they mean, the generic figures, the figures it declared, and every variant of every case.
 
 Everything a section says of a technique comes from the run's own record of it
-(:meth:`gpubench.results.RunRecord.technique`): a run is drawn by the declarations of its day,
+(:meth:`gpubench.records.results.RunRecord.technique`): a run is drawn by the declarations of its day,
 also where the technique's code is gone. The one exception is a technique's own figure function
-(deprecated ``figures_fn``: code, not data), called through :func:`gpubench.declarations.figures_hook`
+(deprecated ``figures_fn``: code, not data), called through :func:`gpubench.records.declarations.figures_hook`
 when it can be loaded here; when it cannot, the section says why its figures are missing.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from gpubench.declarations import Registry, TechniqueRecord, figures_hook
+from gpubench.records.declarations import Registry, TechniqueRecord, figures_hook
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
 from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
                                        named_time, other_clock_text, param_text, shown_by_technique)
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, elapsed_text, has_interval
+from gpubench.records.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, elapsed_text, has_interval
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)

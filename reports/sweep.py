@@ -3,7 +3,7 @@
 the technique, its best and worst cases and, once a sweep is large, the surface of that figure
 over the swept params (a heatmap) in place of one row per case.
 
-Pure: case records in (:class:`gpubench.results.CaseRecord`), strings, rows and matplotlib
+Pure: case records in (:class:`gpubench.records.results.CaseRecord`), strings, rows and matplotlib
 figures out.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gpubench.contract import Headline
-from gpubench.declarations import TechniqueRecord
+from gpubench.records.declarations import TechniqueRecord
 from gpubench.reports import drawing
 from gpubench.reports.plots import read_value
 from gpubench.reports.terminal import case_params, format_speedup
-from gpubench.results import CaseRecord, has_interval
-from gpubench.stats import MIN_CI_SAMPLES
+from gpubench.records.results import CaseRecord, has_interval
+from gpubench.records.stats import MIN_CI_SAMPLES
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -88,7 +88,7 @@ def readings(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> list[R
 
 def fewest_samples(case: CaseRecord) -> int | None:
     """The fewer timed calls of the case's baseline and optimized variants (None where neither was
-    timed): under :data:`gpubench.stats.MIN_CI_SAMPLES` no figure of the pair has a CI."""
+    timed): under :data:`gpubench.records.stats.MIN_CI_SAMPLES` no figure of the pair has a CI."""
     counts = [len(v.samples_s) for v in (case.variant(case.role_variant(r)) for r in ("baseline", "optimized"))
               if v is not None and v.samples_s]
     return min(counts) if counts else None

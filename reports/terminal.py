@@ -11,8 +11,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, VariantRecord, as_run
-from gpubench.stats import MIN_CI_SAMPLES
+from gpubench.records.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, VariantRecord, as_run
+from gpubench.records.stats import MIN_CI_SAMPLES
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -32,7 +32,7 @@ def count_text(n: Any) -> str:
 
 def format_speedup(speedup: Speedup | Mapping[str, Any] | None) -> str:
     """``1.23x [1.10, 1.35]``; ``0.37x (n=1)`` for a speedup from fewer than MIN_CI_SAMPLES samples
-    a side (no CI: :attr:`gpubench.results.Speedup.has_interval`); ``-`` for none. A dict (a
+    a side (no CI: :attr:`gpubench.records.results.Speedup.has_interval`); ``-`` for none. A dict (a
     results document's) is read as the :class:`Speedup` it holds."""
     if speedup is not None and not isinstance(speedup, Speedup):
         speedup = Speedup.from_dict(speedup)

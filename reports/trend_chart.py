@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence
 
 from matplotlib.figure import Figure
 
-from gpubench.history.changepoints import CaseHistory
-from gpubench.history.store import Point
+from gpubench.gate.history.changepoints import CaseHistory
+from gpubench.gate.history.store import Point
 from gpubench.reports.drawing import (COLORS, SERIES, error_bars, plain_number, reference, styled,
                                       time_unit)
 
@@ -72,7 +72,7 @@ def figure_width(runs: int) -> float:
 def trend_figure(histories: Sequence[CaseHistory], runs: Sequence[Point], roles: dict[str, str | None],
                  link: Callable[[str | None], str | None]) -> Figure | None:
     """The chart of one case: ``histories`` (its variants, same metric), ``runs`` (every run any
-    of them holds, in order: :func:`gpubench.history.trends.points_by_run`), ``roles`` (variant ->
+    of them holds, in order: :func:`gpubench.gate.history.trends.points_by_run`), ``roles`` (variant ->
     role), ``link`` (commit -> its URL or None). Several variants: a panel each, one above the
     other, x shared, each with its own y scale."""
     if not runs:

@@ -15,14 +15,14 @@ and decorates its pieces:
   as a lower share, on the report's roofline too);
 - optional ``@T.reference``, ``@T.validate``, declared plots (``Plot``), ``headline_figures``
   (``Headline``): the figures the report reads the technique by beside or instead of time,
-  ``claims`` (``Claim``, from ``gpubench.claims``): the published figures the report
+  ``claims`` (``Claim``, from ``gpubench.records.claims``): the published figures the report
   checks, and ``benchmarks`` (``Bench``): the small sizes benchmarks/ times it at.
 
 Shapes: a *kernel* (a pure call), a *training step* (``Workload.reset`` restores state before
 every call, untimed), a *serving run* and a *generation run* (their output carries what they
 measured), and *analytic* (a calculation checked against real allocations).
 
-Time on a GPU is taken on two clocks, each call timed on both (``gpubench.timing.Clock``):
+Time on a GPU is taken on two clocks, each call timed on both (``gpubench.measure.timing.Clock``):
 *device* time (CUDA events, the start event held behind the L2 flush: launch work excluded) and
 *wall* time (the host's, launch work and host syncs included). The shape picks the headline clock
 (``SHAPE_TIME_BASIS``: a kernel on device time, steps and runs on wall time); a technique may
@@ -39,7 +39,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar, cast
 
 # Part of the public contract, defined where they belong:
-from gpubench.claims import Claim as Claim
+from gpubench.records.claims import Claim as Claim
 
 if TYPE_CHECKING:  # for type checkers and documentation tools, which read these as re-exports
     import torch
@@ -386,7 +386,7 @@ class Technique:
     # empty: time alone, the speedup of optimized over baseline.
     headline_figures: Sequence[Headline] = ()
     # The published figures the pair is checked against (the report's "published claims on this
-    # device" table): see gpubench.claims.Claim. Optional: a technique without claims still runs.
+    # device" table): see gpubench.records.claims.Claim. Optional: a technique without claims still runs.
     claims: Sequence[Claim] = ()
     # The small sizes benchmarks/ times the technique at (see Bench); empty: not benchmarked there.
     benchmarks: Sequence[Bench] = ()

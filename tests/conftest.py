@@ -29,12 +29,12 @@ _SHARED_CACHE = None  # the cache directory the session started with (the user's
 
 @pytest.fixture(autouse=True)
 def device_cache(tmp_path_factory, monkeypatch):
-    """Tunings, case times (gpubench.devicecache) and the history store go to a directory of each test's own, never
+    """Tunings, case times (gpubench.measure.devicecache) and the history store go to a directory of each test's own, never
     the user's ~/.cache, and one test's runs never shape another's estimates; worker
     subprocesses inherit it. The speculative pair's trained weights (spec_pair/, ~25 s to train)
     stay shared: that directory links to the session's own cache."""
     global _SHARED_CACHE
-    from gpubench.devicecache import cache_root
+    from gpubench.measure.devicecache import cache_root
 
     if _SHARED_CACHE is None:
         _SHARED_CACHE = cache_root()
@@ -102,7 +102,7 @@ def write_scenario(tmp_path):
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """No test depends on the machine's load: case time limits stay the policy's, and a timeout is
-    a plain ``timeout`` (tests of :mod:`gpubench.machine_load` set the load they need)."""
-    from gpubench import machine_load
+    a plain ``timeout`` (tests of :mod:`gpubench.measure.machine_load` set the load they need)."""
+    from gpubench.measure import machine_load
 
     monkeypatch.setattr(machine_load, "read", lambda: None)

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from gpubench import supervisor
-from gpubench.outcome import RunOutcome
-from gpubench.scenario import Scenario
+from gpubench.run import supervisor
+from gpubench.run.outcome import RunOutcome
+from gpubench.run.scenario import Scenario
 
 
 def run_in_process(scenario: Scenario, device: torch.device | str, out_root: Path | str, **kw: Any) -> RunOutcome:

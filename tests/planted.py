@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
-from gpubench import runner, techniques, timing
-from gpubench.results import CaseRecord
-from gpubench.scenario import Case, case_seed
+from gpubench import techniques
+from gpubench.run import runner
+from gpubench.measure import timing
+from gpubench.records.results import CaseRecord
+from gpubench.run.scenario import Case, case_seed
 
 CPU = torch.device("cpu")
 QUICK = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=2, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0,

@@ -48,7 +48,8 @@ entries:
 
 def small_run(out_dir: Path) -> Path:
     """Run :data:`SCENARIO` on the CPU into ``out_dir``; the run directory."""
-    from gpubench import scenario, supervisor
+    from gpubench.run import scenario
+    from gpubench.run import supervisor
 
     path = out_dir / "report-test.yaml"
     path.write_text(SCENARIO)
@@ -109,7 +110,7 @@ def recorded_runs(root: Path, names: tuple[str, ...] = ("a", "b"), cases: int = 
     declarations recorded as a run records them), one folder per name under ``root``: what a
     report, compare or history reads without technique code."""
     from gpubench import techniques
-    from gpubench.declarations import Declarations, declare
+    from gpubench.records.declarations import Declarations, declare
 
     held = Declarations()
     declare(held, {"flash_attention": ""}, techniques)  # the registry, in this process

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpubench.runner import derive_rates
+from gpubench.run.runner import derive_rates
 
 PEAK_TFLOPS, PEAK_GBPS = 800.0, 4000.0  # ridge: 800e12 / 4000e9 = 200 FLOPs per byte
 CEILINGS = {"matmul": {"dtype": "bfloat16", "n": 8192, "peak_tflops": PEAK_TFLOPS, "median_tflops": 780.0},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import offload
+from gpubench.lib import offload
 from gpubench.baselines import activation_offload as baseline_mod
 from gpubench.contract import Measured, Recorder
 from gpubench.optimizations import activation_offload as optimized_mod

@@ -13,8 +13,9 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from gpubench import autotune, devicecache
-from gpubench.autotune import PersistentAutotuner, length_bucket
+from gpubench.measure import autotune
+from gpubench.measure import devicecache
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 
 triton = pytest.importorskip("triton")
 

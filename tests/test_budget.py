@@ -17,13 +17,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench import env as envmod
-from gpubench import estimate, results, scenario as scenariomod, supervisor
-from gpubench.budget import GRACE_S, Budget, breadth_first, parse_duration, plan
+from gpubench.measure import env as envmod
+from gpubench.run import estimate
+from gpubench.records import results
+from gpubench.run import scenario as scenariomod
+from gpubench.run import supervisor
+from gpubench.run.budget import GRACE_S, Budget, breadth_first, parse_duration, plan
 from gpubench.cli import main
-from gpubench.devicecache import CaseTimes
+from gpubench.measure.devicecache import CaseTimes
 from gpubench.errors import BadInput
-from gpubench.estimate import CaseCosts
+from gpubench.run.estimate import CaseCosts
 
 CPU = torch.device("cpu")
 POLICY = """policy: {warmup_s: 0.0, min_reps: 3, max_reps: 5, min_time_s: 0.0, max_time_s: 0.3, target_iqr: 1.0,
@@ -250,12 +253,12 @@ def test_a_case_in_flight_when_the_budget_runs_out_is_stopped_and_keeps_its_samp
     assert len(ran) == 3 and all(len(v.samples_s) >= 3 for v in ran), first.variants  # what it measured is kept
     assert len(outcome.record.not_run) == 4 and outcome.exit_code == 0
     # the gate does not pass a case the budget cut short
-    from gpubench.compare import compare
+    from gpubench.gate.compare import compare
 
     change = next(c for c in compare(outcome.record, outcome.record).changes if c.case_id == first.id)
     assert change.verdict == "missing" and change.reason.startswith("not run to the end: budget")
     # nor does the history store take its partial samples for a level
-    from gpubench.history.rows import rows_of_run
+    from gpubench.gate.history.rows import rows_of_run
 
     rows = rows_of_run(outcome.record, outcome.run_dir / "results.json")
     on_disk = results.load_run(outcome.run_dir).cases[0]

@@ -1,4 +1,4 @@
-"""The catalogue of the built-in techniques' declarations (gpubench.catalog, issue 35 point 5):
+"""The catalogue of the built-in techniques' declarations (gpubench.techniques.catalog, issue 35 point 5):
 what `list` and a scenario's checks read instead of the technique code. It must say what the
 modules declare (a stale one fails here, naming the command that rebuilds it), rebuild each Param
 so that a value is refused or accepted exactly as the technique's own Param does, and give way to
@@ -11,7 +11,9 @@ import textwrap
 
 import pytest
 
-from gpubench import catalog, scenario as scenariomod, techniques
+from gpubench import techniques
+from gpubench.techniques import catalog
+from gpubench.run import scenario as scenariomod
 from gpubench.errors import BadInput
 
 # Values that exercise every check of a Param: types, choices, bounds, the excluded minimum.
@@ -81,7 +83,7 @@ def test_edited_sources_fall_back_to_the_registry(fresh, monkeypatch, tmp_path):
     for name, folder in catalog.source_dirs().items():
         shutil.copytree(folder, copy[name], ignore=shutil.ignore_patterns("__pycache__"))
     assert catalog.source_hash(copy) == catalog.source_hash()  # the copy hashes as the original
-    (copy["gpubench"] / "kvmath.py").write_text((copy["gpubench"] / "kvmath.py").read_text() + "\n# edited\n")
+    (copy["gpubench"] / "lib" / "kvmath.py").write_text((copy["gpubench"] / "lib" / "kvmath.py").read_text() + "\n# edited\n")
     assert catalog.source_hash(copy) != catalog.source_hash()
     monkeypatch.setattr(catalog, "source_dirs", lambda: copy)
     assert catalog.built_ins() is None

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from gpubench.errors import BadInput
-from gpubench.history import changepoints as cp
-from gpubench.history import open_store
-from gpubench.history.rows import ResultRow
-from gpubench.history.store import Point
+from gpubench.gate.history import changepoints as cp
+from gpubench.gate.history import open_store
+from gpubench.gate.history.rows import ResultRow
+from gpubench.gate.history.store import Point
 
 POOL = np.array(json.loads((Path(__file__).parent / "data" / "cpu_noise.json").read_text())["samples_s"])
 
@@ -140,7 +140,7 @@ def test_gpubench_history_with_two_device_models_asks_which(tmp_path):
 
 
 def _current_run(tmp_path, figure: float) -> Path:
-    from gpubench.results import SCHEMA_VERSION
+    from gpubench.records.results import SCHEMA_VERSION
 
     doc = {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": "now", "device": "cuda:0",
            "device_label": "NVIDIA H100", "scenario": {"name": "s", "entries": []}, "status": "complete",
@@ -230,7 +230,7 @@ def test_a_count_is_judged_as_it_is_even_when_the_baseline_variant_moved_with_it
     """Machine noise moves times, never bytes reserved: both variants' counts doubling is a
     regression of the optimized one, not 'the machine changed' (it was called inconclusive); and
     a count of 0 is judged without taking its log (it raised ValueError, exit 1)."""
-    from gpubench.history import judge
+    from gpubench.gate.history import judge
 
     with open_store(tmp_path / "h.sqlite") as store:
         store.add([r for i in range(10) for r in _gate_rows(i, 1000.0, 4000.0)])
@@ -354,7 +354,7 @@ def test_a_run_whose_time_rests_on_too_few_samples_is_inconclusive_in_the_histor
     samples regresses."""
     import dataclasses
 
-    from gpubench.history import judge
+    from gpubench.gate.history import judge
 
     with open_store(tmp_path / "h.sqlite") as store:
         store.add([_row(i, "fused", 1.0 + 0.001 * (i % 3)) for i in range(10)])
@@ -365,7 +365,7 @@ def test_a_run_whose_time_rests_on_too_few_samples_is_inconclusive_in_the_histor
 
 
 def test_a_change_point_between_levels_of_few_runs_prints_no_interval():
-    """Segments of one or two runs give the change's magnitude no CI (gpubench.stats.MIN_CI_SAMPLES):
+    """Segments of one or two runs give the change's magnitude no CI (gpubench.records.stats.MIN_CI_SAMPLES):
     it prints as the magnitude alone, never as [x, x]."""
     import dataclasses
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from gpubench import runner, techniques, timing
+from gpubench import techniques
+from gpubench.run import runner
+from gpubench.measure import timing
 from gpubench.contract import CheckResult, Technique, Workload, relative_l2_check
-from gpubench.scenario import Case
-from gpubench.triton_support import INTERPRETER, INTERPRETER_NOTE
+from gpubench.run.scenario import Case
+from gpubench.lib.triton_support import INTERPRETER, INTERPRETER_NOTE
 from planted import QUICK, _NoTelemetry
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -64,7 +66,7 @@ def test_a_wrong_checked_only_variant_fails_the_case_by_its_check():
 
 PROBE = """
 import os, torch
-from gpubench import triton_support
+from gpubench.lib import triton_support
 from gpubench.optimizations.flash_attention import KERNEL
 print(os.environ.get("TRITON_INTERPRET"), triton_support.interpreted(),
       triton_support.kernel_problem(KERNEL[0], "cpu", interpreter_ok=True) is None)

@@ -1,4 +1,4 @@
-"""Published claims checked on the run's device (gpubench.claims, reports/claims.py): each verdict
+"""Published claims checked on the run's device (gpubench.records.claims, reports/claims.py): each verdict
 follows from the measured CI and the claimed band and nothing else (hand-made cases, no timing),
 a case that did not measure what the claim did is never given a verdict, device-independent
 claims get one on a CPU, every report and summary.md carry the table (after the summary, the claims
@@ -12,7 +12,7 @@ import pytest
 from markupsafe import escape
 
 from gpubench import techniques
-from gpubench.claims import Claim, read_case, verdict
+from gpubench.records.claims import Claim, read_case, verdict
 from gpubench.contract import Claim as ContractClaim
 from gpubench.contract import Technique
 from gpubench.reports import html
@@ -192,7 +192,7 @@ def test_gpu_quick_on_an_h200_reaches_every_claim_a_gpu_can_check():
     """The claims' size thresholds against the scenario made for them: each claim has a comparable
     gpu-quick case on an H200, except FA2's (an A100's figure), vLLM's prior-systems figure (a real
     trace) and paged_attention's (a kernel cannot show serving throughput)."""
-    from gpubench import scenario
+    from gpubench.run import scenario
 
     h200 = dict(H100, label="NVIDIA H200")
     comparable: dict[tuple[str, str], bool] = {}

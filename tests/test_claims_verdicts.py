@@ -1,4 +1,4 @@
-"""Every branch of the claims verdict (gpubench.claims, reports/claims.py) reached by a test that
+"""Every branch of the claims verdict (gpubench.records.claims, reports/claims.py) reached by a test that
 fails when the branch is wrong: each (verdict, reason) that ``verdict`` can return, at and just
 past every edge of the band widened by its tolerance, for the three bounds; every way a case's
 comparable figure is read (a speedup with or without a CI, a metric exact, per call or per time,
@@ -13,8 +13,10 @@ import textwrap
 
 import pytest
 
-from gpubench import claims, stats, techniques
-from gpubench.claims import Claim, Reading, read_case, verdict
+from gpubench import techniques
+from gpubench.records import claims
+from gpubench.records import stats
+from gpubench.records.claims import Claim, Reading, read_case, verdict
 from gpubench.reports import claims as report_claims
 
 from test_claims import CPU, STEP, speedup_case, utilization_case

@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench.results import role_variant
+from gpubench.records.results import role_variant
 from gpubench.cli import main
 
 
@@ -114,7 +114,7 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
 
 
 def test_calibration_measures_positive_ceilings_on_this_device():
-    from gpubench import env
+    from gpubench.measure import env
 
     c = env.calibrate(torch.device("cpu"), quick=True)
     assert c["matmul"]["dtype"] == "float32" and c["matmul"]["peak_tflops"] > 0

@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import cli_run, scenario as scenariomod
-from gpubench.results import duration_text
+from gpubench.cli import run as cli_run
+from gpubench.run import scenario as scenariomod
+from gpubench.records.results import duration_text
 from gpubench.cli import main
 from gpubench.reports.gate import case_labels
 from gpubench.reports.terminal import case_params, print_summary
@@ -32,7 +33,7 @@ def _note_pair() -> str:
     edits = {'Technique("tiny_pair"': 'Technique("note_pair"',
              "\n    return Workload(": "\n    notice(f\"note_pair: building case {params['i']} "
                                      "(a slow step, said out loud)\")\n    return Workload(",
-             "\nimport torch\n": "\nimport torch\n\nfrom gpubench.notices import notice\n"}
+             "\nimport torch\n": "\nimport torch\n\nfrom gpubench.records.notices import notice\n"}
     for old, new in edits.items():
         assert text.count(old) == 1, f"benchmarks/tiny_pair.py changed: {old!r} is not there once"
         text = text.replace(old, new)
@@ -163,7 +164,7 @@ def test_a_notice_from_a_case_in_a_worker_process_reaches_the_run_output(note_sc
 
 
 def test_the_speculative_pair_says_when_it_trains_its_models(tmp_path, monkeypatch):
-    from gpubench import notices
+    from gpubench.records import notices
     from gpubench.models import train_small
     from gpubench.models.llama import LlamaConfig
 
@@ -316,8 +317,8 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
     run's start-up and its report's time per case as measured, wherever the first run wrote its
     results (--out). The first run's cases run in this process (--isolation none): its case
     times and start-up are recorded the same way whichever runs them."""
-    from gpubench import env as envmod
-    from gpubench.devicecache import CaseTimes
+    from gpubench.measure import env as envmod
+    from gpubench.measure.devicecache import CaseTimes
 
     run = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate", "--isolation", "none")
     assert run.exit_code == 0, run.output

@@ -13,10 +13,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gpubench import stopping
+from gpubench.run import stopping
 from gpubench.cli import main
-from gpubench.policy import memory_cap_note
-from gpubench.outcome import EXIT_INTERRUPTED
+from gpubench.records.policy import memory_cap_note
+from gpubench.run.outcome import EXIT_INTERRUPTED
 from held import held_scenario, stop, wait_for_file
 from report_runs import recorded_runs
 
@@ -101,10 +101,10 @@ def test_a_memory_cap_on_a_cpu_or_above_the_card_is_told():
 
 
 def test_a_gpu_run_records_that_a_cap_above_the_card_capped_nothing():
-    from gpubench.closing import memory_cap_warning
-    from gpubench.results import RunRecord
-    from gpubench.scenario import Case
-    from gpubench.timing import Policy
+    from gpubench.run.closing import memory_cap_warning
+    from gpubench.records.results import RunRecord
+    from gpubench.run.scenario import Case
+    from gpubench.measure.timing import Policy
 
     cases = [Case("kv_cache", {}, Policy(gpu_memory_gib=gib), 0) for gib in (1_000_000, 24)]
     run = RunRecord(run_id="r", device="cuda", device_label="NVIDIA H200", scenario={},
@@ -128,7 +128,7 @@ def test_a_cpu_run_with_a_memory_cap_warns_before_it_starts(tmp_path):
 # -- SIGINT inherited ignored -----------------------------------------------------------------
 def test_sigint_ignored_at_start_is_given_a_handler():
     """A process that inherited SIGINT ignored gets Python's handler back (and only then)."""
-    code = ("import signal\nfrom gpubench import stopping\nassert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+    code = ("import signal\nfrom gpubench.run import stopping\nassert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
             "print(stopping.sigint_restored(), signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
             "stopping.sigint_restored())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

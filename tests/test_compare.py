@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpubench.results import RunRecord, role_variant
-from gpubench import compare, stats, timing
+from gpubench.records.results import RunRecord, role_variant
+from gpubench.gate import compare
+from gpubench.records import stats
+from gpubench.measure import timing
 from gpubench.errors import BadInput
 
 
@@ -260,7 +262,8 @@ def two_real_runs(tmp_path_factory):
     thread (on a 2-core machine two threads make run-to-run drift much larger). What this
     exercises is the gate end to end on real runs, not each technique's timing (each has its
     own tests), so the cases are small."""
-    from gpubench import scenario, supervisor
+    from gpubench.run import scenario
+    from gpubench.run import supervisor
 
     out = tmp_path_factory.mktemp("gate")
     (out / "gate-test.yaml").write_text(GATE_SCENARIO)
@@ -577,7 +580,7 @@ def test_a_baseline_that_never_completed_fails_the_gate_unless_forced():
 
 def test_the_cli_gate_says_a_killed_current_run_never_completed_with_allow_missing(tmp_path):
     # A run killed mid-way: results.json still 'running', the finished cases in cases.jsonl.
-    from gpubench import results
+    from gpubench.records import results
 
     base = tmp_path / "base.json"
     base.write_text(json.dumps({**_doc(cases=[_timed(x, SAMPLES) for x in "abc"]), "status": "complete"}))
@@ -766,7 +769,7 @@ def test_the_gate_table_shows_a_bracketed_case_id_as_text_not_markup():
 
     from rich.console import Console
 
-    from gpubench.compare import Change, Comparison
+    from gpubench.gate.compare import Change, Comparison
     from gpubench.reports import gate as gate_report
 
     changes = [Change("kv_cache[model=llama-3.1-8b]", "kv_cache", "unchanged", "paged", 1e-3, 1e-3, 1.0, 0.99, 1.01),
@@ -795,7 +798,7 @@ def test_pytest_benchmark_json_is_read_into_a_run_record_with_its_samples_device
     """pytest-benchmark JSON becomes the records a gpubench run is read into: each benchmark a passed
     case with its raw times as the optimized variant's samples, the machine's CPU as the device, the
     file's commit, host and time in the run."""
-    from gpubench.results import CaseRecord, VariantRecord
+    from gpubench.records.results import CaseRecord, VariantRecord
 
     data = list(np.random.default_rng(20).normal(1e-3, 1e-5, 12))
     run = compare.load_any(_bench_json(tmp_path / "0001_x.json", data))

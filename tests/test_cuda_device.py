@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import env as envmod
-from gpubench import in_process
+from gpubench.measure import env as envmod
+from gpubench.run import in_process
 
 
 class Reached(Exception):
@@ -94,7 +94,7 @@ def test_memory_cap_gives_the_allocator_what_a_smaller_card_would_and_lifts_it(f
     hand has free for it, and a cap is lifted when a case asks for none."""
     from types import SimpleNamespace
 
-    from gpubench import runner
+    from gpubench.run import runner
 
     GiB = 2**30
     fractions, free = [], {"bytes": 139 * GiB}
@@ -116,9 +116,9 @@ def test_memory_cap_gives_the_allocator_what_a_smaller_card_would_and_lifts_it(f
 
 
 def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
-    from gpubench.results import RunRecord
-    from gpubench.scenario import load as load_scenario
-    from gpubench.closing import memory_cap_warning
+    from gpubench.records.results import RunRecord
+    from gpubench.run.scenario import load as load_scenario
+    from gpubench.run.closing import memory_cap_warning
 
     scen = load_scenario("gpu-consumer")
     cases = scen.cases()

@@ -96,7 +96,7 @@ class Reached(Exception):
 def test_a_gpus_calibration_matmul_is_large_even_when_quick(monkeypatch, quick):
     """At n=4096 an H200 reaches well under its matmul peak, which inflates every share of it: a
     run's quick calibration measures at n=8192 on a GPU, as the full one does."""
-    from gpubench import env as envmod
+    from gpubench.measure import env as envmod
 
     shapes = []
 
@@ -129,7 +129,7 @@ class FakeNvmlAffinity:
 def pinning(monkeypatch):
     import sys
 
-    from gpubench import worker
+    from gpubench.run import worker
 
     pinned = []
     monkeypatch.setattr(worker.os, "cpu_count", lambda: 128)
@@ -162,7 +162,7 @@ def test_a_worker_stays_unpinned_where_the_mask_leaves_fewer_than_half_its_cores
 def test_a_worker_pins_only_to_cores_it_may_use(pinning, monkeypatch, capsys):
     """A container's cpuset (the process's current cores) bounds the mask: cores outside it are
     dropped, and a mask with none of them leaves the worker unpinned."""
-    from gpubench import worker
+    from gpubench.run import worker
 
     use, pinned = pinning
     monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(range(8, 16)))
@@ -173,14 +173,14 @@ def test_a_worker_pins_only_to_cores_it_may_use(pinning, monkeypatch, capsys):
 def test_a_worker_without_nvml_stays_unpinned_silently(monkeypatch, capsys):
     import sys
 
-    from gpubench import worker
+    from gpubench.run import worker
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert worker._pin_near(object()) is None and capsys.readouterr().out == ""
 
 
 def test_a_refused_pinning_leaves_the_worker_unpinned_and_says_so(pinning, monkeypatch, capsys):
-    from gpubench import worker
+    from gpubench.run import worker
 
     use, _ = pinning
 
@@ -194,10 +194,10 @@ def test_a_refused_pinning_leaves_the_worker_unpinned_and_says_so(pinning, monke
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.01])
 def test_an_offloaded_tensor_reloads_intact_however_slow_the_copies(fake, delay_s):
-    """The copier's CUDA path (gpubench.offload.Copier): the offload waits for the compute queued
+    """The copier's CUDA path (gpubench.lib.offload.Copier): the offload waits for the compute queued
     before it, the reload for the offload, and compute for the reload; in the fake a copy lands
     only when something waits for it, so a missing wait shows as a wrong reload."""
-    from gpubench.offload import Copier
+    from gpubench.lib.offload import Copier
 
     with Copier(CUDA0, delay_s=delay_s) as copier:
         activation = torch.arange(6.0).as_subclass(type(torch.empty(1, device=CUDA0)))
@@ -233,7 +233,8 @@ def h200(monkeypatch):
 def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
     """Tunings are kept per GPU model, the paged kernel splits for the GPU's SMs, grouped GEMM's
     path follows its compute capability, and kv_cache's serving figures use its memory."""
-    from gpubench import autotune, kv_server_memory
+    from gpubench.measure import autotune
+    from gpubench.techniques.kv_cache import server_memory as kv_server_memory
     from gpubench.optimizations import moe_grouping, paged_attention_triton
 
     assert autotune.gpu_model(CUDA0) == "NVIDIA H200"
@@ -252,7 +253,7 @@ def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
 
 def test_devices_all_means_every_gpu_here(h200, monkeypatch):
     from gpubench.errors import BadInput
-    from gpubench.run_options import resolve_devices
+    from gpubench.run.run_options import resolve_devices
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert resolve_devices("all") == ["cuda:0", "cuda:1"] and resolve_devices("auto") == ["cuda:0"]
@@ -276,7 +277,7 @@ def test_kv_cache_plans_for_the_gpu_in_this_machine(h200):
 def test_a_sticky_cuda_error_is_told_from_a_context_that_still_works(fake, monkeypatch):
     """After a failed case the worker asks whether its CUDA context still works; an illegal memory
     access is sticky (every later call fails alike), so the worker must be replaced."""
-    from gpubench import runner
+    from gpubench.run import runner
 
     assert runner.cuda_context_broken(CUDA0) is None and fake.log.count("synchronize") == 2
 
@@ -287,7 +288,7 @@ def test_a_sticky_cuda_error_is_told_from_a_context_that_still_works(fake, monke
 
 
 def test_nvtx_ranges_wrap_a_case_on_a_gpu_only(monkeypatch):
-    from gpubench import profiling
+    from gpubench.measure import profiling
 
     pushed = []
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(f"push {name}"))
@@ -304,7 +305,7 @@ def test_a_gpu_runs_environment_names_the_card(h200, monkeypatch):
     says so instead of failing."""
     import sys
 
-    from gpubench import env as envmod
+    from gpubench.measure import env as envmod
     from gpubench.errors import BadInput
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
@@ -321,7 +322,7 @@ def test_a_gpu_runs_environment_names_the_card(h200, monkeypatch):
 def test_a_variants_peak_memory_on_a_gpu_is_what_its_call_added(fake, monkeypatch):
     """runner._call_once on CUDA: the peak allocator bytes of the call above what was allocated
     before it, read between synchronizations."""
-    from gpubench import runner
+    from gpubench.run import runner
 
     memory = {"now": 100, "peak": 100}
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: memory.update(peak=memory["now"]))
@@ -368,7 +369,7 @@ def test_cudas_repeated_kv_heads_attend_as_sdpas_grouped_query_path(monkeypatch)
     """CUDA's mask-capable SDPA kernels take as many K/V heads as query heads, so a CUDA packed
     batch repeats them (packing.packed_attention's last branch); it must give what the GQA path a
     CPU takes gives."""
-    from gpubench import packing
+    from gpubench.lib import packing
 
     gen = torch.Generator().manual_seed(0)
     doc_lens = torch.tensor([5, 11, 3, 13], dtype=torch.int32)  # two rows of 16
@@ -432,7 +433,7 @@ def nvml_hygiene(monkeypatch):
     import os
     import sys
 
-    from gpubench import hygiene
+    from gpubench.measure import hygiene
 
     closed = []
     monkeypatch.setattr(hygiene, "_source", lambda d: SimpleNamespace(handle=d, close=lambda: closed.append(d)))
@@ -473,7 +474,7 @@ def _event(name, start, end, parent=None, device="CPU", self_cpu=0.0):
 def test_a_cuda_profile_counts_launches_syncs_and_kernel_time_per_call():
     """profiling.summarize on CUDA: kernels' device time inside each call through its drain, launches
     and runtime syncs of the host (each sync named by the op that made it), event waits apart."""
-    from gpubench import profiling
+    from gpubench.measure import profiling
 
     events = []
     for i, t0 in enumerate((0, 100)):
@@ -520,7 +521,7 @@ def test_a_variant_is_captured_after_a_warm_up_on_a_side_stream_and_replayed_whe
     current one, the current one waiting back, then capture), and the timing loop replays the
     graph instead of calling the variant; a stateful variant (reset before every call) is timed
     eagerly and says why."""
-    from gpubench import timing
+    from gpubench.measure import timing
 
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     monkeypatch.setattr(timing, "nvtx_range", lambda name, device: contextlib.nullcontext())  # NVTX: CUDA builds

@@ -99,7 +99,7 @@ def test_the_api_reference_is_generated_from_the_contracts_docstrings(built_site
     for anchor in ("gpubench.contract.Technique", "gpubench.contract.Technique.variant", "gpubench.contract.Param",
                    "gpubench.contract.Workload", "gpubench.contract.Plot", "gpubench.contract.Headline",
                    "gpubench.contract.Bench", "gpubench.contract.Measured", "gpubench.contract.Recorder",
-                   "gpubench.checks.CheckResult", "gpubench.claims.Claim"):
+                   "gpubench.checks.CheckResult", "gpubench.records.claims.Claim"):
         assert f'id="{anchor}"' in api, anchor
     assert "A registered technique. Build one at module level" in api
     assert ":class:" not in api and "&gt;&gt;&gt;" not in api  # Sphinx roles and doctest prompts render raw

@@ -11,11 +11,13 @@ import pytest
 import torch
 from test_telemetry import NOT_SUPPORTED, FakeClock, FakeNvml, FakeNVMLError
 
-from gpubench import energy, runner, timing
-from gpubench.energy import MIN_COUNTER_STEPS, TARGET_REL_UNCERTAINTY, measure_energy_per_call, power_limit_problem
-from gpubench.results import cases_frame, json_safe
-from gpubench.scenario import Case
-from gpubench.telemetry import NvmlSource, TelemetrySampler
+from gpubench.measure import energy
+from gpubench.run import runner
+from gpubench.measure import timing
+from gpubench.measure.energy import MIN_COUNTER_STEPS, TARGET_REL_UNCERTAINTY, measure_energy_per_call, power_limit_problem
+from gpubench.records.results import cases_frame, json_safe
+from gpubench.run.scenario import Case
+from gpubench.measure.telemetry import NvmlSource, TelemetrySampler
 
 
 class SteppedNvml(FakeNvml):
@@ -441,7 +443,7 @@ def test_a_workers_probe_reads_the_counter_throughout_on_a_thread_of_its_own():
     # from the first ask (before a case is timed) until closed, and has no log without a counter.
     import ctypes
 
-    from gpubench import worker
+    from gpubench.run import worker
 
     buffer = ctypes.create_string_buffer(worker.TAG_BYTES)
     assert worker.SharedTag(buffer, None).energy_log is None

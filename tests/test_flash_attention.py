@@ -202,7 +202,7 @@ def test_cuda_only_variants_say_why_on_cpu_and_the_tiled_loop_plays_optimized_th
     """On a CPU the kernels run only in Triton's interpreter (tests have it on): triton is a peer,
     checked and never timed, and the tiled loop plays optimized; compiled on CUDA, the kernel
     plays optimized with the loop timed beside it."""
-    from gpubench.triton_support import INTERPRETER_NOTE
+    from gpubench.lib.triton_support import INTERPRETER_NOTE
 
     for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flash_attn"):
         assert TECHNIQUE.variants[name].unavailable_reason(CPU)
@@ -308,9 +308,9 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 # -- train mode, varlen, causal alignment, head dims (issue 20) ---------------------------------
 
 import gpubench.techniques.flash_attention as flash  # noqa: E402
-import gpubench.attention as attention_module  # noqa: E402
-from gpubench.attention import attention_reference  # noqa: E402
-from gpubench.triton_support import kernel_module, kernel_problem  # noqa: E402
+import gpubench.lib.attention as attention_module  # noqa: E402
+from gpubench.lib.attention import attention_reference  # noqa: E402
+from gpubench.lib.triton_support import kernel_module, kernel_problem  # noqa: E402
 from planted import mutant  # noqa: E402
 
 TRAIN_CASES = [

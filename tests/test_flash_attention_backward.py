@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.attention import attention_reference, attention_reference_varlen
+from gpubench.lib.attention import attention_reference, attention_reference_varlen
 from gpubench.optimizations.flash_attention_triton_bwd import (flash_attention_backward_triton, flash_attn_func,
                                                                flash_attn_varlen_func)
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 import gpubench.optimizations.flash_attention_triton as fwd
 import gpubench.optimizations.flash_attention_triton_tiles as tiles
-from gpubench.attention import attention_reference
+from gpubench.lib.attention import attention_reference
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpubench.attention import attention_reference, attention_reference_varlen
+from gpubench.lib.attention import attention_reference, attention_reference_varlen
 from gpubench.baselines.flash_attention import attention
 from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
 from gpubench.optimizations.flash_attention_triton import flash_attention_triton, flash_attention_varlen_triton

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from gpubench import compare
+from gpubench.gate import compare
 from gpubench.cli import main
 from gpubench.reports import html
 

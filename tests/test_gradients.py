@@ -1,4 +1,4 @@
-"""gpubench.gradients: a step's parameters meant to learn must each get a gradient that is not all
+"""gpubench.lib.gradients: a step's parameters meant to learn must each get a gradient that is not all
 zero (what a comparison with a reference running the same code cannot see), and combined_training's
 check applies it and its independent float64 layer to every variant."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gpubench.contract import Recorder
-from gpubench.gradients import dead_parameters, learning_check
+from gpubench.lib.gradients import dead_parameters, learning_check
 from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.techniques import combined_training as ct
 

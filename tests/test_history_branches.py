@@ -18,8 +18,8 @@ from test_changepoints import _current_run, _row, history_values
 
 from gpubench.cli import main
 from gpubench.errors import BadInput
-from gpubench.history import open_store
-from gpubench.history import since as since_mod
+from gpubench.gate.history import open_store
+from gpubench.gate.history import since as since_mod
 
 MODEL = "NVIDIA H100"
 

@@ -7,8 +7,8 @@ import hashlib
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from gpubench.history.changepoints import CaseHistory, ChangePoint
-from gpubench.history.store import Point
+from gpubench.gate.history.changepoints import CaseHistory, ChangePoint
+from gpubench.gate.history.store import Point
 from gpubench.reports import history_page
 from gpubench.reports.trend_chart import trend_figure
 

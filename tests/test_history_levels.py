@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from test_changepoints import _current_run, _row, history_values
 from test_history_branches import add_runs
 
-from gpubench import stats
+from gpubench.records import stats
 from gpubench.cli import main
-from gpubench.history import judge, open_store
+from gpubench.gate.history import judge, open_store
 
 CASE = "t[model=x,n=1]"
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpubench.cli import main
-from gpubench.history import changepoints, links, open_store, trends
+from gpubench.gate.history import changepoints, links, open_store, trends
 from gpubench.reports import html
 from gpubench.reports.drawing import REFERENCE
 from gpubench.reports.sparkline import sparkline_svg

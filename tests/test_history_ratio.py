@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from gpubench.history import open_store, rows_of_file, rows_of_run
-from gpubench.compare import MIN_SAMPLES_FOR_RATIO
-from gpubench.history.judge import judge_run
-from gpubench.results import SCHEMA_VERSION, RunRecord
+from gpubench.gate.history import open_store, rows_of_file, rows_of_run
+from gpubench.gate.compare import MIN_SAMPLES_FOR_RATIO
+from gpubench.gate.history.judge import judge_run
+from gpubench.records.results import SCHEMA_VERSION, RunRecord
 
 START = _dt.datetime(2026, 12, 1, tzinfo=_dt.timezone.utc)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpubench import history
+from gpubench.gate import history
 from gpubench.cli import main
-from gpubench.cli_history import append_run
+from gpubench.cli.history import append_run
 from gpubench.errors import BadInput
-from gpubench.history import schema
-from gpubench.results import SCHEMA_VERSION, load_run
+from gpubench.gate.history import schema
+from gpubench.records.results import SCHEMA_VERSION, load_run
 
 
 def _variant(role, median, gate=None):

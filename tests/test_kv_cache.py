@@ -5,7 +5,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench import kvmath
+from gpubench.lib import kvmath
 from gpubench.cli import main
 from gpubench.errors import BadInput
 from gpubench.models import config as model_config
@@ -207,10 +207,10 @@ def test_cli_names_missing_config_fields(tmp_path):
 
 # -- the technique: real allocations against the prediction ----------------------------------
 
-from gpubench import kv_server_memory  # noqa: E402
+from gpubench.techniques.kv_cache import server_memory as kv_server_memory  # noqa: E402
 from gpubench.contract import Measured  # noqa: E402
-from gpubench.kv_allocation import KVCacheWorkload  # noqa: E402
-from gpubench.kvstorage import same_bytes  # noqa: E402
+from gpubench.techniques.kv_cache.allocation import KVCacheWorkload  # noqa: E402
+from gpubench.lib.kvstorage import same_bytes  # noqa: E402
 from gpubench.reports import figures  # noqa: E402
 from gpubench.techniques import kv_cache as technique  # noqa: E402
 

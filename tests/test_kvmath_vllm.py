@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import kvmath
+from gpubench.lib import kvmath
 from gpubench.cli import main
 from gpubench.errors import BadInput
 from gpubench.models import config as model_config

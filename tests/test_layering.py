@@ -21,8 +21,8 @@ PACKAGES = {"suite": "gpubench", "baselines": "gpubench.baselines",
             "optimizations": "gpubench.optimizations", "reports": "gpubench.reports"}
 # what a report may not read: the registry (technique code of today, not the run's) and the runner's
 # internals (a report reads a run directory, it never measures)
-RUNNER_INTERNALS = ("gpubench.runner", "gpubench.supervisor", "gpubench.worker", "gpubench.cluster",
-                    "gpubench.timing", "gpubench.profiling")
+RUNNER_INTERNALS = ("gpubench.run.runner", "gpubench.run.supervisor", "gpubench.run.worker", "gpubench.run.cluster",
+                    "gpubench.measure.timing", "gpubench.measure.profiling")
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,40 @@ def _under(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+# the registry's own modules: its __init__ and the catalogue of the built-ins' declarations
+REGISTRY = ("gpubench.techniques", "gpubench.techniques.catalog")
+
+
 def is_technique_module(name: str) -> bool:
-    """gpubench.techniques.<name>: one technique's glue (the registry, its __init__, is core)."""
-    return _under(name, "gpubench.techniques") and name.count(".") >= 2
+    """gpubench.techniques.<name>: one technique's package (the registry and its catalogue are core)."""
+    return (_under(name, "gpubench.techniques") and name.count(".") >= 2
+            and not any(name == r or name.startswith(r + ".") for r in REGISTRY[1:]))
+
+
+# ---- layers: suite/'s folders, each importing only the layers below it (issue 36) ----------------
+# (the base: the package itself and errors; the public contract and its checks share layer 1 with the
+# records: a record holds a technique's declared Plot/Headline/Param, the contract re-exports Claim)
+LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (0, "the base", ("gpubench.__init__", "gpubench.__version__", "gpubench.errors")),
+    (1, "the contract and the records", ("gpubench.contract", "gpubench.checks", "gpubench.records")),
+    (2, "measure", ("gpubench.measure",)),
+    (3, "the library", ("gpubench.lib", "gpubench.models", "gpubench.serving")),
+    (4, "techniques and pairs", ("gpubench.techniques", "gpubench.baselines", "gpubench.optimizations")),
+    (5, "run", ("gpubench.run",)),
+    (5, "gate", ("gpubench.gate",)),
+    (6, "reports", ("gpubench.reports",)),
+    (7, "cli", ("gpubench.cli",)),
+)
+
+
+def layer_of(name: str) -> tuple[int, str] | None:
+    """(level, layer) of a gpubench module, or None for a name outside gpubench."""
+    if name == "gpubench":
+        return 0, "the base"
+    for level, layer, roots in LAYERS:
+        if any(_under(name, root) for root in roots):
+            return level, layer
+    return None
 
 
 def technique_of(name: str) -> str:
@@ -105,6 +136,9 @@ def broken_rule(imp: Import) -> str | None:
     if _under(src, "gpubench.reports") and (_under(dst, "gpubench.techniques")
                                             or any(_under(dst, m) for m in RUNNER_INTERNALS)):
         return "a report imports the registry or the runner's internals"
+    here, there = layer_of(src), layer_of(dst)
+    if here is not None and there is not None and (there[0] > here[0] or (there[0] == here[0] and there != here)):
+        return "a layer imports a layer above it (or its sibling)"
     return None
 
 
@@ -131,15 +165,38 @@ def test_a_technique_module_never_imports_another_technique_module():
     assert broken(lambda rule: rule.startswith("a technique module")) == []
 
 
+def test_every_layer_imports_only_the_layers_under_it():
+    """suite/'s folders are layers (LAYERS, and each folder's __init__.py says the same): records
+    (with the contract) < measure < the library < techniques and pairs < run, gate < reports < cli.
+    run and gate do not import each other; records and the contract may import each other."""
+    assert broken(lambda rule: rule.startswith("a layer")) == []
+
+
+def test_suite_has_no_top_level_module_but_the_base():
+    """Every module of suite/ lives in its layer's folder; at the top only the base (the public
+    contract, its checks, errors), which every layer may import."""
+    top = sorted(p.stem for p in (ROOT / "suite").glob("*.py") if p.stem != "__init__")
+    assert top == ["checks", "contract", "errors"]
+    folders = sorted(p.name for p in (ROOT / "suite").iterdir() if (p / "__init__.py").is_file())
+    assert all(layer_of(f"gpubench.{name}") is not None for name in folders), folders
+
+
+def test_each_layer_folder_says_what_it_may_import():
+    """A folder's __init__ docstring names its layer, so a reader needs no map to know the rule."""
+    for name in ("records", "measure", "lib", "run", "gate", "cli"):
+        doc = ast.get_docstring(ast.parse((ROOT / "suite" / name / "__init__.py").read_text())) or ""
+        assert "layer" in doc.lower() and "import" in doc.lower(), name
+
+
 def test_reports_never_import_the_registry_or_runner_internals():
     assert broken(lambda rule: rule.startswith("a report")) == []
 
 
 # ---- what a module reaches, lazy imports followed ---------------------------------------------
-# A direct-import rule misses the back door: a report imports gpubench.results, whose function
+# A direct-import rule misses the back door: a report imports gpubench.records.results, whose function
 # imported the registry when called. The records and every report must not reach the registry or
 # the runner's internals through any chain of imports, function-local ones included.
-RECORDS = ("gpubench.results", "gpubench.declarations")
+RECORDS = ("gpubench.records.results", "gpubench.records.declarations")
 
 
 def module_files() -> dict[str, Path]:
@@ -147,7 +204,7 @@ def module_files() -> dict[str, Path]:
 
 
 def as_module(name: str, modules: dict[str, Path]) -> str | None:
-    """The module an imported name loads: itself, or the module it is a name in (``gpubench.results.load_run``)."""
+    """The module an imported name loads: itself, or the module it is a name in (``gpubench.records.results.load_run``)."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
@@ -165,7 +222,7 @@ def reached_from(start: str, modules: dict[str, Path], graph: dict[str, list[Imp
             if target is None:
                 continue
             parts = target.split(".")
-            for n in range(2, len(parts) + 1):  # gpubench.history.trends loads gpubench.history first
+            for n in range(2, len(parts) + 1):  # gpubench.gate.history.trends loads gpubench.gate.history first
                 name = ".".join(parts[:n])
                 if name in modules and name not in paths:
                     paths[name] = [*paths[here], imp.where]
@@ -202,15 +259,15 @@ def test_the_reach_follows_a_function_local_import_of_an_imported_module(tmp_pat
         "gpubench.reports.page reaches gpubench.techniques through reports/page.py:1 -> suite/rec.py:2"]
 
 
-# Kernels a core module finds by name (gpubench.triton_support's kernel-or-fallback dispatch), so that
+# Kernels a core module finds by name (gpubench.lib.triton_support's kernel-or-fallback dispatch), so that
 # a machine without Triton still runs the fallback: the only way core reaches into a pair, each named
 # here with why. A new string naming a pair's module in core fails below until it is listed.
 NAMED_KERNELS = {
-    ("suite/packing.py", "gpubench.optimizations.flash_attention_triton_bwd"): "packed attention's varlen kernel",
-    ("suite/paged_decode.py", "gpubench.optimizations.paged_attention_triton"): "the engine's paged decode kernel",
+    ("suite/lib/packing.py", "gpubench.optimizations.flash_attention_triton_bwd"): "packed attention's varlen kernel",
+    ("suite/lib/paged_decode.py", "gpubench.optimizations.paged_attention_triton"): "the engine's paged decode kernel",
     # not a reach: the catalogue hashes the source of both sides (finds their folders, imports neither)
-    ("suite/catalog.py", "gpubench.optimizations"): "the catalogue's source hash",
-    ("suite/catalog.py", "gpubench.baselines"): "the catalogue's source hash",
+    ("suite/techniques/catalog.py", "gpubench.optimizations"): "the catalogue's source hash",
+    ("suite/techniques/catalog.py", "gpubench.baselines"): "the catalogue's source hash",
 }
 
 
@@ -238,10 +295,16 @@ def test_core_reaches_a_pair_only_through_named_triton_kernels():
     ("gpubench.baselines.x", "gpubench.optimizations.x", "a baseline imports an optimization"),
     ("gpubench.optimizations.x", "gpubench.baselines.x.f", "an optimization imports a baseline"),
     ("gpubench.serving.kv", "gpubench.optimizations.paged_attention", "a core module imports one side of a pair"),
-    ("gpubench.packing", "gpubench.techniques.moe_grouping", "a core module imports a technique module"),
+    ("gpubench.lib.packing", "gpubench.techniques.moe_grouping", "a core module imports a technique module"),
     ("gpubench.techniques.a", "gpubench.techniques.b.f", "a technique module imports another technique module"),
     ("gpubench.reports.html", "gpubench.techniques", "a report imports the registry or the runner's internals"),
-    ("gpubench.reports.html", "gpubench.runner.f", "a report imports the registry or the runner's internals"),
+    ("gpubench.reports.html", "gpubench.run.runner.f", "a report imports the registry or the runner's internals"),
+    ("gpubench.measure.timing", "gpubench.lib.packing", "a layer imports a layer above it (or its sibling)"),
+    ("gpubench.records.results", "gpubench.measure.energy", "a layer imports a layer above it (or its sibling)"),
+    ("gpubench.gate.compare", "gpubench.run.runner", "a layer imports a layer above it (or its sibling)"),
+    ("gpubench.run.supervisor", "gpubench.gate.history", "a layer imports a layer above it (or its sibling)"),
+    ("gpubench.lib.packing", "gpubench.techniques", "a layer imports a layer above it (or its sibling)"),
+    ("gpubench.reports.html", "gpubench.cli.run", "a layer imports a layer above it (or its sibling)"),
 ])
 def test_each_rule_fires_on_the_import_it_forbids(importer, imported, rule):
     assert broken_rule(Import("x.py:1", importer, imported)) == rule
@@ -253,8 +316,12 @@ def test_each_rule_fires_on_the_import_it_forbids(importer, imported, rule):
     ("gpubench.techniques.a", "gpubench.techniques.a.f"),       # itself
     ("gpubench.techniques", "gpubench.contract"),               # the registry is core
     ("gpubench.optimizations.a_triton", "gpubench.optimizations.a"),
-    ("gpubench.baselines.a", "gpubench.packing"),               # both sides import core
-    ("gpubench.reports.html", "gpubench.results"),
+    ("gpubench.baselines.a", "gpubench.lib.packing"),               # both sides import core
+    ("gpubench.reports.html", "gpubench.records.results"),
+    ("gpubench.records.declarations", "gpubench.contract"),     # records and the contract: one layer
+    ("gpubench.contract", "gpubench.records.claims"),
+    ("gpubench.run.scenario", "gpubench.techniques.catalog"),   # the registry's catalogue is not a technique
+    ("gpubench.cli.run", "gpubench.gate.history"),
 ])
 def test_allowed_imports_pass(importer, imported):
     assert broken_rule(Import("x.py:1", importer, imported)) is None

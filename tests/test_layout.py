@@ -5,7 +5,7 @@ The block is read as a tree: a folder at column 0 (``suite/``), its entries at c
 ``models/``), an entry's description on its line and the deeper-indented lines after it. A folder
 whose section has entries must give every module and package an entry of its own; a folder
 without entries (baselines/) names them in its text. A package's entry names its modules.
-``<technique>`` stands for every module of suite/techniques/ that defines ``TECHNIQUE`` and ``*``
+``<technique>`` stands for every module or package of suite/techniques/ that defines ``TECHNIQUE`` and ``*``
 for any run of name characters, so a new technique needs no line of the map.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MAPPED = ("suite", "reports", "baselines", "optimizations")
 FILE_TOKEN = re.compile(r"(?<![\w/.<>*-])[\w<>*]+(?:/[\w<>*]+)*\.py\b")
-FOLDER_TOKEN = re.compile(r"(?<![\w/.<>*-])\w+/")
+FOLDER_TOKEN = re.compile(r"(?<![\w/.<>*-])[\w<>*]+/")
 
 
 def layout_block(page: str) -> list[str]:
@@ -49,14 +49,16 @@ def sections(block: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
 
 
 def technique_modules(repo: Path) -> list[str]:
-    """Stems of suite/techniques/*.py that define TECHNIQUE at module level."""
-    stems = []
-    for path in sorted((repo / "suite" / "techniques").glob("*.py")):
+    """Names of suite/techniques' modules (x.py) and packages (x/__init__.py) that define TECHNIQUE
+    at module level."""
+    names = []
+    folder = repo / "suite" / "techniques"
+    for path in sorted([*folder.glob("*.py"), *folder.glob("*/__init__.py")]):
         tree = ast.parse(path.read_text())
         if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TECHNIQUE" for t in node.targets)
                for node in tree.body):
-            stems.append(path.stem)
-    return stems
+            names.append(path.parent.name if path.name == "__init__.py" else path.stem)
+    return names
 
 
 def matcher(token: str, techniques: list[str]) -> re.Pattern:
@@ -106,7 +108,9 @@ def ghosts(block: list[str], repo: Path) -> list[str]:
                                  for name, text in entries.items()]
         for where, text in texts:
             for token in FILE_TOKEN.findall(text) + FOLDER_TOKEN.findall(text):
-                if not any(_exists(start, token, techniques) for start in (where, base, repo)):
+                # a package's entry may name its subpackages' modules (gate/'s history/ store.py)
+                inner = [d for d in where.iterdir() if d.is_dir()] if where.is_dir() else []
+                if not any(_exists(start, token, techniques) for start in (where, *inner, base, repo)):
                     out.append(f"{token} (in the {folder}/ section)")
     return out
 

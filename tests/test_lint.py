@@ -88,8 +88,8 @@ def test_the_layout_is_the_installed_package(tmp_path):
     package = installed_layout(tmp_path / "layout")
     assert (package / "contract.py").resolve() == ROOT / "suite" / "contract.py"
     assert (package / "reports" / "html.py").resolve() == ROOT / "reports" / "html.py"
-    assert (package / "history" / "judge.py").resolve() == ROOT / "suite" / "history" / "judge.py"
+    assert (package / "gate" / "history" / "judge.py").resolve() == ROOT / "suite" / "gate" / "history" / "judge.py"
     installed_layout(tmp_path / "layout")  # remade in place, the tree untouched
     assert (ROOT / "reports" / "html.py").is_file() and (ROOT / "suite" / "contract.py").is_file()
     assert _tree_path("gpubench/reports/html.py:3: error") == "reports/html.py:3: error"
-    assert _tree_path("gpubench/history/judge.py:3: error") == "suite/history/judge.py:3: error"
+    assert _tree_path("gpubench/gate/history/judge.py:3: error") == "suite/gate/history/judge.py:3: error"

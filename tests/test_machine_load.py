@@ -12,10 +12,12 @@ import pytest
 import torch
 from inprocess import run_in_process
 
-from gpubench import machine_load, runner, scenario
-from gpubench import outcome as outcomes
-from gpubench.machine_load import LIMIT_SCALE_CAP, Load, TimeLimit, scale_for
-from gpubench.results import CaseRecord, Failure, RunRecord
+from gpubench.measure import machine_load
+from gpubench.run import runner
+from gpubench.run import scenario
+from gpubench.run import outcome as outcomes
+from gpubench.measure.machine_load import LIMIT_SCALE_CAP, Load, TimeLimit, scale_for
+from gpubench.records.results import CaseRecord, Failure, RunRecord
 
 ONE_CASE = """\
 name: busy
@@ -107,8 +109,8 @@ def test_the_run_exits_75_only_when_every_failed_case_timed_out_on_an_overloaded
 def test_the_limit_the_supervisor_kills_at_is_the_scaled_one(toys):
     """The job a worker gets carries the scaled limit, so the supervisor's kill (limit + grace)
     waits for it, and a budget longer than the scaled limit does not count as the limit."""
-    from gpubench.executor import Sink, job_kill_grace_s
-    from gpubench.worker import Job
+    from gpubench.run.executor import Sink, job_kill_grace_s
+    from gpubench.run.worker import Job
 
     case = scenario.parse(ONE_CASE, Path("busy.yaml")).cases()[0]
     sink = Sink(SimpleNamespace(), SimpleNamespace(), load_probe=lambda: Load(6.0, 2))
@@ -126,8 +128,8 @@ def test_a_worker_killed_past_its_scaled_limit_names_the_limit_and_the_load(toys
     ``overloaded``; the record keeps the limit."""
     import time
 
-    from gpubench.local_workers import LocalWorkers
-    from gpubench.worker import DeviceInfo, Job
+    from gpubench.run.local_workers import LocalWorkers
+    from gpubench.run.worker import DeviceInfo, Job
 
     case = scenario.parse(ONE_CASE, Path("busy.yaml")).cases()[0]
     job = Job(0, case, "toys:KERNEL", None, time_limit=TimeLimit(300.0, 2.5, Load(5.0, 2)))

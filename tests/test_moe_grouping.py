@@ -12,7 +12,8 @@ import torch
 from inprocess import run_in_process
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpubench import moe_training, scenario
+from gpubench.techniques.moe_grouping import training as moe_training
+from gpubench.run import scenario
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import DTYPE_TOLERANCE, Measured, Recorder
 from gpubench.models.moe import MoEConfig, SyncLog, init_weights, route, swiglu
@@ -20,7 +21,7 @@ from gpubench.optimizations.moe_grouping import (group_by_expert, grouped_mm_pro
                                                  moe_forward_grouped_mm)
 from gpubench.reports import figures
 from gpubench.techniques import moe_grouping as module
-from gpubench.moe_training import OUTPUT_KEYS, TOLERANCE
+from gpubench.techniques.moe_grouping.training import OUTPUT_KEYS, TOLERANCE
 from gpubench.techniques.moe_grouping import TECHNIQUE, reference
 
 CPU = torch.device("cpu")

@@ -12,15 +12,15 @@ import matplotlib
 import pytest
 import torch
 
-from gpubench import packing
+from gpubench.lib import packing
 from gpubench.baselines import packed_metadata as per_layer
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
 from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
-from gpubench.packing import draw_doc_lens, resolve_backend
-from gpubench.packed_training import ALONE_METRIC, documents_alone
+from gpubench.lib.packing import draw_doc_lens, resolve_backend
+from gpubench.techniques.packed_metadata.training import ALONE_METRIC, documents_alone
 from gpubench.techniques.packed_metadata import TECHNIQUE
 
 CPU = torch.device("cpu")
@@ -77,7 +77,7 @@ def test_cached_step_is_bitwise_the_per_layer_step_and_matches_documents_alone(o
 
 def test_reference_reads_nothing_of_the_shared_builder(monkeypatch):
     """The documents-alone losses come from the drawn lengths and the model only: with every
-    piece of gpubench.packing that derives metadata, labels or the loss made to raise, the
+    piece of gpubench.lib.packing that derives metadata, labels or the loss made to raise, the
     reference is still computed, and equals the step's losses to float32 rounding; the loss is
     the mean of the token losses over the tokens that have a target."""
     w = make_workload(micro_batches=2)
@@ -439,7 +439,7 @@ def test_triton_varlen_backend_attends_as_sdpa_forward_and_backward():
     """The triton_varlen backend (gpubench's Triton varlen kernels through flash_attn_varlen_func,
     what a CUDA step runs by default; here in Triton's interpreter) gives SDPA's block-causal output
     and gradients on a packed batch with grouped-query heads."""
-    from gpubench.triton_support import kernel_problem
+    from gpubench.lib.triton_support import kernel_problem
 
     problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)
     if problem:
@@ -459,7 +459,7 @@ def test_a_step_on_the_triton_varlen_backend_passes_its_check_against_each_docum
     """The pair as a CUDA run has it by default (our varlen kernels; here in Triton's interpreter, a
     one-layer model, about 8 s): both variants' losses match each document run alone in float64
     and the cached step is bit-identical to the per-layer one (the kernels are deterministic)."""
-    from gpubench.triton_support import kernel_problem
+    from gpubench.lib.triton_support import kernel_problem
     from planted import passed, run_planted
 
     problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)

@@ -10,10 +10,10 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured, relative_l2_check
-from gpubench.kvmath import block_edge_lengths
+from gpubench.lib.kvmath import block_edge_lengths
 from gpubench.optimizations.paged_attention import paged_decode_attention_torch
 from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
-from gpubench.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
+from gpubench.lib.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
 from gpubench.reports import figures
 from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
 
@@ -300,8 +300,8 @@ def test_kernel_plays_optimized_on_cuda_and_torch_blocks_stands_in_on_cpu(monkey
     """On a CPU the kernel runs in Triton's interpreter (tests have it on): a peer, checked only,
     with torch_blocks playing optimized; compiled on CUDA, the kernel plays optimized."""
     from gpubench import techniques
-    from gpubench.paged_decode import KERNEL
-    from gpubench.triton_support import INTERPRETER_NOTE, kernel_module
+    from gpubench.lib.paged_decode import KERNEL
+    from gpubench.lib.triton_support import INTERPRETER_NOTE, kernel_module
 
     assert techniques.get("paged_attention") is TECHNIQUE
     assert TECHNIQUE.incomplete() == [] and TECHNIQUE.gpu_specific and TECHNIQUE.anchor

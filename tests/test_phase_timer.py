@@ -1,4 +1,4 @@
-"""gpubench.phase_timer: the one timer of every phase figure (a case's stages, a training step's
+"""gpubench.measure.phase_timer: the one timer of every phase figure (a case's stages, a training step's
 forward and backward, offload copies and waits, speculative decoding's draft and verify)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from gpubench.phase_timer import PhaseTimer
+from gpubench.measure.phase_timer import PhaseTimer
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import gpubench.techniques.flash_attention as flash
-from gpubench.triton_support import kernel_module, kernel_problem
+from gpubench.lib.triton_support import kernel_module, kernel_problem
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 

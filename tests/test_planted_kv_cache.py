@@ -8,7 +8,7 @@ from planted import caught, passed, run_planted
 from planted import mutant as _mutant
 
 import gpubench.optimizations.kv_cache as paged_allocator
-from gpubench import kvmath
+from gpubench.lib import kvmath
 
 # One sequence per length at and around block (and window) edges; gpt-oss-20b's layer 0 slides
 # over 128 tokens.

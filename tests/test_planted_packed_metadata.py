@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import packed_training, packing
+from gpubench.techniques.packed_metadata import training as packed_training
+from gpubench.lib import packing
 from gpubench.models.llama import causal_attention
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from planted import caught, mutant, passed, run_planted

@@ -7,7 +7,7 @@ from __future__ import annotations
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
-from gpubench import drafting
+from gpubench.lib import drafting
 from gpubench.optimizations import speculative_decoding as spec
 from gpubench.techniques import speculative_decoding as technique
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import scenario
+from gpubench.run import scenario
 from gpubench.errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Profiles (gpubench.profiling): the profiler's counts agree with what the techniques count
+"""Profiles (gpubench.measure.profiling): the profiler's counts agree with what the techniques count
 themselves, traces are written and load, profiling never touches the timed repetitions, NVTX
 ranges name case, variant and repetition, and the report shows the breakdown."""
 import gzip
@@ -9,7 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench import profiling, scenario, timing
+from gpubench.measure import profiling
+from gpubench.run import scenario
+from gpubench.measure import timing
 from gpubench.cli import main
 from gpubench.errors import BadInput
 from gpubench.reports import html as html_report

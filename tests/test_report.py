@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
-from gpubench.results import CaseRecord, RunRecord, elapsed_text, role_variant
+from gpubench.records.results import CaseRecord, RunRecord, elapsed_text, role_variant
 from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
 from gpubench.reports import figures, html, markdown, phases, plots, sweep
 from gpubench.reports.terminal import format_speedup
-from gpubench.telemetry import SAMPLE_COLUMNS
+from gpubench.measure.telemetry import SAMPLE_COLUMNS
 
 import report_runs
 
@@ -596,7 +596,7 @@ def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
 
 
 def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their_wall_time():
-    from gpubench.results import TimeUse
+    from gpubench.records.results import TimeUse
 
     cases = [{"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
              {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
@@ -687,7 +687,7 @@ def test_the_params_table_shows_the_values_this_run_took(real_report):
 def _timed_case(index: int, ratio: float, n: int) -> dict[str, Any]:
     """A passed case whose optimized variant is ``ratio`` times faster, ``n`` timed calls a variant,
     written as today's runner writes it (no interval under MIN_CI_SAMPLES)."""
-    from gpubench import stats
+    from gpubench.records import stats
 
     base, opt = [0.01 * (1 + 0.01 * i) for i in range(n)], [0.01 / ratio * (1 + 0.01 * i) for i in range(n)]
     return {"id": f"pair[i={index}]", "technique": "pair", "params": {"i": index}, "seed": 0,
@@ -768,7 +768,7 @@ def test_an_under_sampled_variant_is_named_with_its_reason():
 def test_a_wall_time_reads_as_a_duration_never_in_exponent_notation():
     assert [elapsed_text(s) for s in (0.35, 4.19, 59.9, 2312.0, 3725.0, 90000.0)] == [
         "350 ms", "4.2 s", "59.9 s", "38 min 32 s", "1 h 2 min", "1 day 1 h"]
-    from gpubench.results import TimeUse
+    from gpubench.records.results import TimeUse
 
     line = TimeUse(wall_s=2312.0, workers=1, cases_s=2300.0, phases_s={"timed": 1200.0, "build": 70.0},
                    timed_share=0.52).text()
@@ -810,7 +810,7 @@ def test_a_run_with_no_finish_time_reads_its_wall_time_from_its_last_case_or_say
     """A killed run's wall time runs from its start to the end of its last case recorded, whichever
     case that is (cases finish out of order across workers; an old record without an offset is
     read as UTC); with no case, or no start, it is unknown: never a guess, never "-"."""
-    from gpubench.results import RunRecord
+    from gpubench.records.results import RunRecord
 
     run = RunRecord.from_dict({"run_id": "r", "device": "cpu", "device_label": "cpu", "scenario": {}, "env": {},
                                "status": "running", "started_at": "2026-01-01T10:00:00+00:00", "cases": [

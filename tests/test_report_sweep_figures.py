@@ -14,7 +14,7 @@ from matplotlib.transforms import Bbox
 
 from gpubench.contract import Plot
 from gpubench.reports import charts, drawing, figures, plots, sections, sweep
-from gpubench.results import CaseRecord
+from gpubench.records.results import CaseRecord
 from gpubench.techniques import flash_attention, kv_cache
 from report_runs import KV_SWEEP_AXES, kv_sweep_doc
 from test_kv_cache import _real_case as kv_case  # a kv_cache record with the technique's own metrics

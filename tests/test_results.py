@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from gpubench import atomic, results
+from gpubench.records import atomic
+from gpubench.records import results
 from gpubench.errors import BadInput
 
 
@@ -113,7 +114,7 @@ def test_an_older_file_with_enough_samples_keeps_its_intervals(tmp_path):
 
 
 # -- the typed figures: one from_dict / to_dict, the file's schema unchanged ---------------------
-from gpubench.results import (Check, Device, Profile, Speedup, Stats, Telemetry, Timing,  # noqa: E402
+from gpubench.records.results import (Check, Device, Profile, Speedup, Stats, Telemetry, Timing,  # noqa: E402
                               TopOp, VariantTelemetry)
 
 

@@ -12,10 +12,10 @@ from html import unescape
 import pytest
 from roofline_runs import CEILINGS, PEAK_GBPS, PEAK_TFLOPS, roofline_doc
 
-from gpubench import runner
+from gpubench.run import runner
 from gpubench.reports import charts, drawing, html, roofline
 from gpubench.reports.sections import Labels
-from gpubench.results import RunRecord
+from gpubench.records.results import RunRecord
 
 TABLE = re.compile(r'<section id="tech-(\w+)".*?(?:<table class="roofline-table">(.*?)</table>|</section>)', re.S)
 ROW = re.compile(r"<tr[^>]*>(.*?)</tr>", re.S)
@@ -269,8 +269,8 @@ def test_a_rate_above_the_measured_ceilings_is_flagged_not_printed_as_a_rate():
 def test_a_gpu_peak_measured_at_a_small_matmul_says_its_shares_read_high(tmp_path):
     """Issue 33: a quick calibration at n=4096 leaves a large GPU well under its peak, so every share
     of that peak reads high. A run that recorded such an n says so; one at the size gpubench now
-    measures (gpubench.env.MATMUL_N_GPU) says nothing, and the header shows the n either way."""
-    from gpubench import env
+    measures (gpubench.measure.env.MATMUL_N_GPU) says nothing, and the header shows the n either way."""
+    from gpubench.measure import env
 
     assert roofline.GPU_PEAK_MATMUL_N == env.MATMUL_N_GPU
     old = roofline_doc({**CEILINGS, "matmul": {**CEILINGS["matmul"], "n": 4096}})
@@ -287,7 +287,8 @@ def test_a_calibration_records_the_load_it_ran_under(monkeypatch):
     load: 9.5 then 11.25 on 2 cores."""
     import torch
 
-    from gpubench import env, machine_load
+    from gpubench.measure import env
+    from gpubench.measure import machine_load
 
     loads = iter([machine_load.Load(9.5, 2), machine_load.Load(11.25, 2)])
     monkeypatch.setattr(machine_load, "read", lambda: next(loads))

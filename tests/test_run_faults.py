@@ -18,9 +18,13 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import atomic, results, scenario, stopping, supervisor
-from gpubench.atomic import DiskFull
-from gpubench.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
+from gpubench.records import atomic
+from gpubench.records import results
+from gpubench.run import scenario
+from gpubench.run import stopping
+from gpubench.run import supervisor
+from gpubench.records.atomic import DiskFull
+from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
 from gpubench.cli import main
 from held import group_members, held_scenario, stop, wait_for_file, wait_gone
 
@@ -308,7 +312,7 @@ def test_kv_cache_exits_1_when_vllm_would_refuse_to_start_even_with_allow_long()
 
 def test_progress_lines_in_a_log_are_never_wrapped():
     from gpubench.cli import _CaseProgress
-    from gpubench.results import CaseRecord, Failure
+    from gpubench.records.results import CaseRecord, Failure
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=False, width=60, color_system=None)

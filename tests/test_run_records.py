@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpubench import results, techniques
-from gpubench.declarations import TechniqueRecord
-from gpubench.energy import EnergyMeasurement
+from gpubench import techniques
+from gpubench.records import results
+from gpubench.records.declarations import TechniqueRecord
+from gpubench.measure.energy import EnergyMeasurement
 from gpubench.errors import BadInput
-from gpubench.results import CaseRecord, Failure, RunRecord, Speedup, Stats, TimeUse, VariantRecord
+from gpubench.records.results import CaseRecord, Failure, RunRecord, Speedup, Stats, TimeUse, VariantRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # declared plot and a claim read exactly (bytes moved is bookkeeping: any device gives a verdict).
 PAIR = '''
 import torch
-from gpubench.claims import Claim
+from gpubench.records.claims import Claim
 from gpubench.contract import CheckResult, Headline, Param, Plot, Technique, Workload
 
 TECHNIQUE = Technique(
@@ -80,7 +81,8 @@ def vanished_run(tmp_path_factory) -> Path:
     """A real run of the plug-in pair (in this process, isolation none, as `gpubench run
     --no-calibrate --isolation none` runs it), then the pair forgotten as if it had run in another
     process: unregistered, its modules dropped from sys.modules, its file deleted."""
-    from gpubench import scenario, techniques
+    from gpubench import techniques
+    from gpubench.run import scenario
     from inprocess import run_in_process
 
     work = tmp_path_factory.mktemp("vanishing")
@@ -138,7 +140,7 @@ def test_the_run_records_its_techniques_declarations_and_the_claims_of_those_it_
 
 def test_no_report_module_imports_the_technique_registry():
     """The report reads only the run: no module of reports/ imports gpubench.techniques (the
-    registry's code reaches it only through gpubench.declarations, for old runs and figure hooks)."""
+    registry's code reaches it only through gpubench.records.declarations, for old runs and figure hooks)."""
     offenders = []
     for path in sorted((ROOT / "reports").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -204,7 +206,7 @@ def test_a_version_1_run_is_upgraded_on_read():
 def test_a_record_reaches_technique_code_only_through_the_registry_its_caller_passed():
     """No back door: without a registry a record (and a report reading it) runs no technique code;
     an old run's declarations and a figure hook come only from the registry the caller gave."""
-    from gpubench.declarations import figures_hook
+    from gpubench.records.declarations import figures_hook
 
     asked = []
 

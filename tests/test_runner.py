@@ -4,8 +4,10 @@ import json
 import pytest
 import torch
 
-from gpubench import outcome as outcomes
-from gpubench import results, runner, scenario
+from gpubench.run import outcome as outcomes
+from gpubench.records import results
+from gpubench.run import runner
+from gpubench.run import scenario
 from inprocess import run_in_process
 
 
@@ -208,7 +210,7 @@ def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_
         toys, write_scenario, tmp_path, monkeypatch):
     # Call 1 of each variant is the checked call, call 2 the only warm-up call (warmup_s 0), calls
     # 3-6 are timed; a fake energy counter makes the runner add energy calls after the metrics.
-    from gpubench.telemetry import TelemetrySampler
+    from gpubench.measure.telemetry import TelemetrySampler
 
     ticks = iter(range(10**6))
     monkeypatch.setattr(TelemetrySampler, "energy_mj", lambda self: float(next(ticks)))
@@ -265,8 +267,8 @@ def test_a_time_cap_before_min_reps_keeps_timing_to_min_reps_within_the_case_lim
 
 
 def test_the_runner_passes_timing_a_deadline_within_the_case_limit(toys, monkeypatch):
-    from gpubench import timing
-    from gpubench.scenario import Case
+    from gpubench.measure import timing
+    from gpubench.run.scenario import Case
     from planted import _NoTelemetry
 
     seen = {}

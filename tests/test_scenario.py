@@ -1,7 +1,7 @@
 """Scenario files: every problem reported before anything runs, with file:line and key."""
 import pytest
 
-from gpubench import scenario
+from gpubench.run import scenario
 from gpubench.errors import BadInput
 
 GOOD = """\

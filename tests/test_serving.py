@@ -731,7 +731,7 @@ def test_the_reference_runs_on_one_thread_while_the_cpu_is_overloaded_and_restor
     """On an overloaded CPU (fake load 5 on 2 cores) the reference decodes on one torch thread
     (intra-op threads wait on descheduled siblings there) and puts the count back; on a quiet
     machine it leaves the count alone."""
-    from gpubench import machine_load
+    from gpubench.measure import machine_load
     from gpubench.serving import bench as serving_bench
 
     params = {p.name: p.default for p in continuous_batching.TECHNIQUE.params}

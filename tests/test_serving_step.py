@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import profiling
+from gpubench.measure import profiling
 from gpubench.models.llama import LlamaConfig, causal_attention, forward, random_weights
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine

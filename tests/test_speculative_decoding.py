@@ -21,16 +21,16 @@ from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaConfig, random_weights
 from gpubench.optimizations import speculative_decoding as spec
-from gpubench.drafting import ModelDrafter, NgramDrafter, Verification
+from gpubench.lib.drafting import ModelDrafter, NgramDrafter, Verification
 from gpubench.optimizations.speculative_decoding import speculative_generate
 from gpubench.reports import figures
-from gpubench import speculative_check
-from gpubench.speculative_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
+from gpubench.techniques.speculative_decoding import run_check as speculative_check
+from gpubench.techniques.speculative_decoding.run_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
                                         rule_steps)
 from gpubench.techniques import speculative_decoding as technique_module
 from gpubench.models.decode_pair import early_layers
-from gpubench.speculative_metrics import predicted_speedup
-from gpubench.speculative_run import SpecWorkload
+from gpubench.techniques.speculative_decoding.figures import predicted_speedup
+from gpubench.techniques.speculative_decoding.generation import SpecWorkload
 from gpubench.techniques.speculative_decoding import TECHNIQUE
 
 CPU = torch.device("cpu")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from gpubench import stats
+from gpubench.records import stats
 
 
 def test_summary_figures_match_numpy_on_known_samples():

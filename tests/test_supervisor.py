@@ -16,10 +16,16 @@ import torch
 
 from click.testing import CliRunner
 
-from gpubench import hygiene, local_workers, results, run_options, scenario, supervisor, techniques
+from gpubench import techniques
+from gpubench.measure import hygiene
+from gpubench.run import local_workers
+from gpubench.records import results
+from gpubench.run import run_options
+from gpubench.run import scenario
+from gpubench.run import supervisor
 from gpubench.cli import main
-from gpubench.executor import kill_grace_s
-from gpubench.outcome import EXIT_FAILED, EXIT_INTERRUPTED
+from gpubench.run.executor import kill_grace_s
+from gpubench.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from gpubench.errors import BadInput
 from held import held_scenario, stop, wait_for_file, wait_gone
 from inprocess import run_in_process

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from gpubench import telemetry_source
-from gpubench.telemetry import (
+from gpubench.measure import telemetry_source
+from gpubench.measure.telemetry import (
     BENIGN_REASONS,
     SAMPLE_COLUMNS,
     NvmlSource,
@@ -687,7 +687,7 @@ def test_for_device_out_of_range_is_unavailable_not_a_crash(monkeypatch):
 
 
 def test_the_sampler_keeps_each_energy_read_with_its_instants_while_its_thread_runs():
-    # Energy per call of long calls is taken from these reads (gpubench.energy.measure_over_calls):
+    # Energy per call of long calls is taken from these reads (gpubench.measure.energy.measure_over_calls):
     # each is the sample's own energy_mj, on the sampler's clock; offered only while the thread runs.
     clock = FakeClock()
     s = TelemetrySampler(FakeSource(), interval_s=0.05, clock=clock)

@@ -13,7 +13,13 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench import catalog, cli_console, cli_history, cli_info, cli_run, compare as comparemod, results
+from gpubench.techniques import catalog
+from gpubench.cli import console as cli_console
+from gpubench.cli import history as cli_history
+from gpubench.cli import info as cli_info
+from gpubench.cli import run as cli_run
+from gpubench.gate import compare as comparemod
+from gpubench.records import results
 from gpubench.reports import gate
 from gpubench.reports.terminal import fit_fields, id_labels, print_rows, print_summary, shorten_words
 
@@ -283,7 +289,7 @@ def _console(buffer, terminal: bool, width: int) -> Console:
 
 
 def _kv_plan(name: str = "gpt-oss-20b"):
-    from gpubench import kvmath
+    from gpubench.lib import kvmath
     from gpubench.models import config as model_config, params as model_params
 
     cfg = model_config.load_preset(name)

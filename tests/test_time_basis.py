@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench import compare, runner, timing
+from gpubench.gate import compare
+from gpubench.run import runner
+from gpubench.measure import timing
 from gpubench.contract import SHAPE_TIME_BASIS, Technique
 from gpubench.reports import sections, terminal
-from gpubench.results import CaseRecord, RunRecord, Timing, VariantRecord
-from gpubench.scenario import Case
+from gpubench.records.results import CaseRecord, RunRecord, Timing, VariantRecord
+from gpubench.run.scenario import Case
 
 CPU = torch.device("cpu")
 QUICK = timing.Policy(warmup_s=0.0, min_reps=4, max_reps=4, min_time_s=0.0, target_iqr=1.0, energy_s=0.0)

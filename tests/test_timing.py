@@ -7,7 +7,8 @@ import weakref
 import pytest
 import torch
 
-from gpubench import stats, timing
+from gpubench.records import stats
+from gpubench.measure import timing
 from gpubench.contract import Param
 
 CPU = torch.device("cpu")

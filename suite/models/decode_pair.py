@@ -15,7 +15,7 @@ from gpubench.errors import BadInput
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaWeights, load_hf
-from gpubench.optional import optional_import
+from gpubench.lib.optional import optional_import
 
 TRAINED = "trained"
 

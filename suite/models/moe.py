@@ -159,7 +159,7 @@ def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tenso
 class SyncLog:
     """The host reads a pass makes, as its code notes them: on a GPU each waits for the device to
     drain its queue (a device->host synchronization). On a CPU this is the count of syncs; on CUDA
-    ``gpubench.timing.count_cuda_syncs`` measures them too."""
+    ``gpubench.measure.timing.count_cuda_syncs`` measures them too."""
 
     events: list[str] = field(default_factory=list)
 

@@ -3,7 +3,7 @@
 SwiGLU, the gpt-oss mixture-of-experts MLP of :mod:`gpubench.models.moe`, run by whichever MoE
 path the caller passes (the per-expert loop, sort-and-group). Used by ``combined_training``.
 
-:class:`MoEDecoderWeights` has what :mod:`gpubench.offload` and :func:`gpubench.models.llama.head_loss`
+:class:`MoEDecoderWeights` has what :mod:`gpubench.lib.offload` and :func:`gpubench.models.llama.head_loss`
 read of a LlamaWeights (embed, config, final_norm, lm_head, dtype, the RoPE table cache), so the
 shared offload schedules run it unchanged with :func:`moe_decoder_layer` as their layer.
 """

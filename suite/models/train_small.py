@@ -12,7 +12,7 @@ nothing, so the default pair is trained, deterministically and in a few tens of 
 - **models**: Llama-shaped (:mod:`gpubench.models.llama`), a 6-layer target (~0.9M parameters)
   and a 1-layer draft (~0.2M), trained with AdamW on next-byte prediction from the same seed, one
   CPU thread, deterministic algorithms, fixed batch order.
-- **cache**: the trained weights are stored under :func:`gpubench.devicecache.cache_root` (``$GPUBENCH_CACHE_DIR``, default
+- **cache**: the trained weights are stored under :func:`gpubench.measure.devicecache.cache_root` (``$GPUBENCH_CACHE_DIR``, default
   ``~/.cache/gpubench``), in ``spec_pair/<key>.pt`` where the key hashes the corpus, the configs
   and the training recipe; a later run loads them in milliseconds. A file that cannot be read, or
   whose contents do not match the key, is rebuilt, never trusted.
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from gpubench.models.llama import (LayerWeights, LlamaConfig, LlamaWeights, batched_causal_attention, forward,
                                    random_weights)
-from gpubench.notices import notice
+from gpubench.records.notices import notice
 
 # Modules whose source makes the corpus (~300 KB of Python); any that cannot be read is skipped.
 CORPUS_MODULES = ("textwrap", "string", "difflib", "argparse", "json.decoder", "json.encoder", "shlex",
@@ -173,7 +173,7 @@ class TrainedPair:
 
 
 def cache_dir() -> Path:
-    from gpubench.devicecache import cache_root
+    from gpubench.measure.devicecache import cache_root
 
     return cache_root()
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpubench import machine_load
+from gpubench.measure import machine_load
 from gpubench.contract import Bench, CheckResult, Measured, Param, Plot, Recorder, Workload
 from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
 from gpubench.serving.config import EngineConfig

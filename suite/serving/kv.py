@@ -6,7 +6,7 @@ decoding token per sequence over its cache). Each layer writes a step's new K/V 
 index_copy_ per tensor.
 
 - :class:`PagedKV`: ``block_size``-token blocks from one pool, found through block tables;
-  decode attention (:mod:`gpubench.paged_decode`) is the paged_attention pair's Triton kernel on CUDA,
+  decode attention (:mod:`gpubench.lib.paged_decode`) is the paged_attention pair's Triton kernel on CUDA,
   elsewhere one gather of every sequence's blocks through its table, then SDPA.
 - :class:`ContiguousKV`: one ``max_len``-token slab per admitted request; decode attention is
   padded batch attention over the batch's slabs, as static caches do it.
@@ -22,7 +22,7 @@ from typing import Callable, ClassVar, Protocol
 import torch
 
 from gpubench.models.llama import LlamaWeights
-from gpubench.paged_decode import gathered_decode, grouped_decode_sdpa, paged_decode_attention
+from gpubench.lib.paged_decode import gathered_decode, grouped_decode_sdpa, paged_decode_attention
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import KV_LAYOUTS, EngineConfig
 from gpubench.serving.sequence import Sequence

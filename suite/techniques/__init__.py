@@ -1,4 +1,8 @@
-"""The technique registry. Techniques come from three places, all validated the same way:
+"""Layer 4, with baselines/ and optimizations/: may import the library, measure, records, the
+contract and errors; a technique package imports its own pair's baselines and optimizations, never
+another technique's package; never run, gate, reports or cli.
+
+The technique registry. Techniques come from three places, all validated the same way:
 
 - the modules of this package, each defining a :class:`Technique` named ``TECHNIQUE``;
 - installed packages, through the entry point group ``gpubench.techniques`` (the entry point
@@ -95,7 +99,7 @@ def loaded() -> bool:
 
 
 def registered() -> dict[str, Technique]:
-    """The techniques registered so far, nothing imported to find more (gpubench.catalog adds the
+    """The techniques registered so far, nothing imported to find more (gpubench.techniques.catalog adds the
     built-ins' declarations to them without their code)."""
     return dict(_REGISTRY)
 

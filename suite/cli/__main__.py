@@ -1,0 +1,4 @@
+"""``python -m gpubench.cli``: the same as the ``gpubench`` command."""
+from gpubench.cli import main
+
+main()
