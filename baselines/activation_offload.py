@@ -1,19 +1,27 @@
 """Offloaded activation checkpointing through one device staging buffer: reload, wait, recompute,
 in turn, so every reload sits on the critical path (what a straightforward offloading checkpoint
 does). The forward pass and copier are :mod:`gpubench.lib.offload`'s."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from gpubench.models.llama import LlamaWeights
 from gpubench.lib.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
+from gpubench.models.llama import LlamaWeights
 
 
-def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
-               *, copy_delay_s: float = 0.0, allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
-               layer: Layer = llama_layer) -> tuple[torch.Tensor, OffloadStats]:
+def train_step(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    copy_delay_s: float = 0.0,
+    allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
+    layer: Layer = llama_layer,
+) -> tuple[torch.Tensor, OffloadStats]:
     """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
     what the copies moved and waited for. ``allocate`` makes the staging buffer; ``layer`` runs each
     layer (gpubench.lib.offload.Layer; the Llama decoder layer by default)."""

@@ -2,6 +2,7 @@
 Hugging Face's ``eager`` attention and most reference code do). Conventions (layouts, GQA, causal
 alignment, rows that see no key): :mod:`gpubench.lib.attention`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -9,15 +10,22 @@ import torch
 from gpubench.lib.attention import causal_offset, check_shapes, softmax_with_empty_rows
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal_align: str = "bottom_right",
+) -> torch.Tensor:
     """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.lib.attention`), differentiable."""
     check_shapes(q, k, v)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     offset = causal_offset(seq_q, seq_k, causal_align)
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     group = heads // kv_heads
     if group > 1:  # GQA: each k/v head copied once per query head that shares it
         k = k[:, :, None].expand(batch, kv_heads, group, *k.shape[2:]).flatten(1, 2)

@@ -3,6 +3,7 @@ static caches do (FasterTransformer, Hugging Face's StaticCache). Token t of seq
 [i, t]; a sequence of 100 tokens in a 4096-slot row leaves 97.6% of its row empty, and
 sliding-window layers reserve the full length too.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,9 @@ class ContiguousKVCache:
 
     def read(self, index: int, layer: int, start: int, end: int) -> TokenRows:
         stored = self.layers[layer]
-        return TokenRows(stored.values[index, start:end],
-                         None if stored.scales is None else stored.scales[index, start:end])
+        return TokenRows(
+            stored.values[index, start:end], None if stored.scales is None else stored.scales[index, start:end]
+        )
 
     def storage_bytes(self) -> int:
         return held_bytes(self.layers, self.scales)
@@ -37,8 +39,15 @@ class ContiguousKVCache:
         return 0  # addressing is implicit
 
 
-def build_cache(layout: KVLayout, sequences: list[SequenceKV], *, max_len: int, block_size: int,
-                device: torch.device, generator: torch.Generator | None = None) -> ContiguousKVCache:
+def build_cache(
+    layout: KVLayout,
+    sequences: list[SequenceKV],
+    *,
+    max_len: int,
+    block_size: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> ContiguousKVCache:
     """Reserve ``max_len`` slots per sequence in every layer, then write each sequence's tokens.
     (``block_size`` and ``generator`` are unused: the signature is the paged allocator's.)"""
     too_long = [s.length for s in sequences if s.length > max_len]

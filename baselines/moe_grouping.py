@@ -2,6 +2,7 @@
 training path): one-hot mask, ``torch.where`` per expert for its tokens, gather, MLP, scale,
 ``index_add_``. Host reads (noted in ``syncs``): the experts hit, then one per expert hit.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,14 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, syncs: 
             syncs.note(f"expert {e}: torch.where")
         # Weights indexed by a Python int as Hugging Face does (it uses 0-d device tensors, a further
         # sync each): autograd builds a full-size gradient per index and sums them.
-        y = expert_mlp(x[token_idx], weights.gate_up[e], weights.gate_up_bias[e], weights.down[e],
-                       weights.down_bias[e], config.alpha, config.limit)
+        y = expert_mlp(
+            x[token_idx],
+            weights.gate_up[e],
+            weights.gate_up_bias[e],
+            weights.down[e],
+            weights.down_bias[e],
+            config.alpha,
+            config.limit,
+        )
         out.index_add_(0, token_idx, y * scores[token_idx, e, None])
     return out

@@ -3,14 +3,20 @@ contiguous tensor through its block table (padded to the longest context, the pa
 then run ordinary attention on the copy. Every KV byte is read from the pool, written into the
 copy and read again, and the scores are materialized before the softmax.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """softmax(q k^T * scale) v for one query token per sequence, K and V first gathered out of the
     paged cache. q (batch, heads, head_dim); k_cache, v_cache (num_blocks, block_size, kv_heads,
     head_dim), heads a multiple of kv_heads; block_tables (batch, max_blocks) int32; context_lens
@@ -21,7 +27,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if heads % kv_heads != 0:
         raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     group = heads // kv_heads
     max_blocks = block_tables.shape[1]  # the table is as wide as the longest sequence needs
     lens = context_lens.to(device=q.device, dtype=torch.long)

@@ -1,19 +1,26 @@
 """Plain autoregressive decoding: the target produces one token per forward pass, reading its past
 from a KV cache (:class:`gpubench.models.decode_cache.KVCache`)."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from gpubench.measure.phase_timer import PhaseTimer
 from gpubench.models.decode_cache import KVCache, pick
 from gpubench.models.llama import LlamaWeights
-from gpubench.measure.phase_timer import PhaseTimer
 
 
-def generate(target: LlamaWeights, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
-             generator: torch.Generator | None = None, timer: PhaseTimer | None = None) -> tuple[list[int], int]:
+def generate(
+    target: LlamaWeights,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    timer: PhaseTimer | None = None,
+) -> tuple[list[int], int]:
     """``max_new_tokens`` tokens after ``prompt`` and the target forward passes they took (one
     each; the first token comes from the prompt's prefill). ``timer`` gets the phases ``prefill``
     and ``decode`` (the one-token steps after it)."""

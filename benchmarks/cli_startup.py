@@ -9,6 +9,7 @@ alone) and `python -c "import torch"` (what every command paid before).
 Prints the median and the range of the wall time of each, the machine's load average before and
 after (a busy machine's start-up is several times a quiet one's: say which), and whether each
 command imported torch. Writes nothing outside a temporary directory."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROBE = ("import json, sys\nfrom gpubench.cli import main\nsys.argv = ['gpubench', *json.loads(sys.argv[1])]\n"
-         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-         "sys.stderr.write('\\nTORCH=%d\\n' % ('torch' in sys.modules))\n")
+PROBE = (
+    "import json, sys\nfrom gpubench.cli import main\nsys.argv = ['gpubench', *json.loads(sys.argv[1])]\n"
+    "try:\n    main()\nexcept SystemExit:\n    pass\n"
+    "sys.stderr.write('\\nTORCH=%d\\n' % ('torch' in sys.modules))\n"
+)
 
 
 def _runs(root: Path) -> list[Path]:
@@ -53,21 +56,32 @@ def main() -> None:
         bad = root / "bad.yaml"  # refused for an unknown param: read from the catalogue, no torch
         bad.write_text("name: bad\nentries:\n  - technique: kv_cache\n    params: {no_such: 1}\n")
         env = {**os.environ, "GPUBENCH_HISTORY": str(root / "history.sqlite")}
-        subprocess.run([sys.executable, "-m", "gpubench.cli", "history", "add", str(a), str(b)], env=env,
-                       cwd=root, capture_output=True, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "gpubench.cli", "history", "add", str(a), str(b)],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            check=True,
+        )
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "python -c 'import torch'": [sys.executable, "-c", "import torch"],
         }
-        for label, cli in (("--help", ["--help"]), ("run --no-such-option", ["run", "--no-such-option"]),
-                           ("run --scenario smokee", ["run", "--scenario", "smokee"]),
-                           ("history", ["history"]), ("compare A B", ["compare", str(a), str(b)]),
-                           ("report A --no-history", ["report", str(a), "--no-history"]),
-                           ("list", ["list"]),
-                           ("run --scenario bad.yaml (param)", ["run", "--scenario", str(bad)])):
+        for label, cli in (
+            ("--help", ["--help"]),
+            ("run --no-such-option", ["run", "--no-such-option"]),
+            ("run --scenario smokee", ["run", "--scenario", "smokee"]),
+            ("history", ["history"]),
+            ("compare A B", ["compare", str(a), str(b)]),
+            ("report A --no-history", ["report", str(a), "--no-history"]),
+            ("list", ["list"]),
+            ("run --scenario bad.yaml (param)", ["run", "--scenario", str(bad)]),
+        ):
             commands[f"gpubench {label}"] = [sys.executable, "-c", PROBE, json.dumps(cli)]
         load0 = os.getloadavg()
-        print(f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)")
+        print(
+            f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)"
+        )
         print(f"{'command':<40} {'median s':>9} {'min s':>7} {'max s':>7}  torch")
         for label, argv in commands.items():
             times, torch_seen = [], None
@@ -75,8 +89,10 @@ def main() -> None:
                 seconds, torch_seen = _time(argv, env, root)
                 times.append(seconds)
             seen = "-" if torch_seen is None else ("imported" if torch_seen else "no")
-            print(f"{label:<40} {statistics.median(times):>9.2f} {min(times):>7.2f} {max(times):>7.2f}  {seen}",
-                  flush=True)
+            print(
+                f"{label:<40} {statistics.median(times):>9.2f} {min(times):>7.2f} {max(times):>7.2f}  {seen}",
+                flush=True,
+            )
         load1 = os.getloadavg()
         print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
 

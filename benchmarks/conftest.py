@@ -3,6 +3,7 @@ sizes it declares (``Technique(benchmarks=[Bench(...)])``), over the same varian
 time, each output checked; test_bench_run_log.py times the harness's own cost per case.
 `pytest benchmarks/ --benchmark-json out.json --benchmark-save-data` writes a file that
 `gpubench compare` reads (raw times included), and `--benchmark-compare` works as usual."""
+
 import pytest
 import torch
 

@@ -13,6 +13,7 @@ alternately, twice each, and compared by their means: within 5% passes. The harn
 Exit 0 when every case agrees within 5% (or there is no GPU: then it says so, times nothing and
 writes a record saying it skipped), 1 when a case does not, 2 on bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,24 +21,39 @@ import functools
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gpubench import techniques
-from gpubench.measure import timing
 from gpubench.contract import Recorder
+from gpubench.measure import timing
 
 TOLERANCE = 0.05
 CASES: dict[str, dict[str, Any]] = {
-    "flash_attention": {"batch": 4, "seq_len": 1024, "heads": 16, "head_dim": 128, "dtype": "bfloat16",
-                        "causal": False},
-    "paged_attention": {"batch": 8, "heads": 32, "kv_heads": 8, "head_dim": 128, "context_len": 1024,
-                        "block_size": 16, "dtype": "bfloat16"},
+    "flash_attention": {
+        "batch": 4,
+        "seq_len": 1024,
+        "heads": 16,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "causal": False,
+    },
+    "paged_attention": {
+        "batch": 8,
+        "heads": 32,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "context_len": 1024,
+        "block_size": 16,
+        "dtype": "bfloat16",
+    },
 }
-POLICY = timing.Policy(warmup_s=0.1, min_reps=20, max_reps=300, min_time_s=0.3, max_time_s=3.0, target_iqr=0.02,
-                       flush_l2=True)
+POLICY = timing.Policy(
+    warmup_s=0.1, min_reps=20, max_reps=300, min_time_s=0.3, max_time_s=3.0, target_iqr=0.02, flush_l2=True
+)
 ROUNDS = 2  # do_bench, harness, do_bench, harness: drift of the clocks hits both alike
 
 Call = Callable[[], Any]
@@ -66,9 +82,12 @@ def harness_times(call: Call, clock: timing.Clock, policy: timing.Policy = POLIC
     timed = timing.measure_interleaved({"x": lambda _: call()}, clock, policy, basis="device")["x"]
     if timed.error is not None:
         raise timed.error
-    return {"device_s": statistics.median(timed.samples_s), "n": timed.n,
-            "wall_s": statistics.median(timed.other_s) if timed.other_s else None,
-            "launch_outlasted_flush": timed.launch_outlasted_flush}
+    return {
+        "device_s": statistics.median(timed.samples_s),
+        "n": timed.n,
+        "wall_s": statistics.median(timed.other_s) if timed.other_s else None,
+        "launch_outlasted_flush": timed.launch_outlasted_flush,
+    }
 
 
 def do_bench_s(call: Call) -> float:
@@ -78,10 +97,15 @@ def do_bench_s(call: Call) -> float:
     return do_bench(call, warmup=25, rep=200, return_mode="median") * 1e-3
 
 
-def check_case(name: str, params: dict[str, Any], device: torch.device, *,
-               build: Callable[..., tuple[str, Call]] = optimized_call,
-               harness: Callable[[Call], dict[str, Any]] | None = None,
-               bench: Callable[[Call], float] = do_bench_s) -> dict[str, Any]:
+def check_case(
+    name: str,
+    params: dict[str, Any],
+    device: torch.device,
+    *,
+    build: Callable[..., tuple[str, Call]] = optimized_call,
+    harness: Callable[[Call], dict[str, Any]] | None = None,
+    bench: Callable[[Call], float] = do_bench_s,
+) -> dict[str, Any]:
     """One case: both timers, alternately (:data:`ROUNDS` each), and whether their means agree."""
     variant, call = build(name, params, device)
     if harness is None:
@@ -95,27 +119,42 @@ def check_case(name: str, params: dict[str, Any], device: torch.device, *,
     device_mean = statistics.fmean(h["device_s"] for h in harnessed)
     walls = [h["wall_s"] for h in harnessed if h.get("wall_s") is not None]
     ratio = device_mean / do_bench_mean
-    return {"case": name, "params": params, "variant": variant, "do_bench_s": benched,
-            "harness_device_s": [h["device_s"] for h in harnessed], "harness_n": [h["n"] for h in harnessed],
-            "harness_launch_outlasted_flush": [h.get("launch_outlasted_flush") for h in harnessed],
-            "harness_wall_s": walls, "ratio": ratio, "within": abs(ratio - 1.0) <= TOLERANCE}
+    return {
+        "case": name,
+        "params": params,
+        "variant": variant,
+        "do_bench_s": benched,
+        "harness_device_s": [h["device_s"] for h in harnessed],
+        "harness_n": [h["n"] for h in harnessed],
+        "harness_launch_outlasted_flush": [h.get("launch_outlasted_flush") for h in harnessed],
+        "harness_wall_s": walls,
+        "ratio": ratio,
+        "within": abs(ratio - 1.0) <= TOLERANCE,
+    }
 
 
 def line(result: dict[str, Any]) -> str:
-    wall = (f"; harness wall {statistics.fmean(result['harness_wall_s']) * 1e6:.1f} us"
-            if result["harness_wall_s"] else "")
+    wall = (
+        f"; harness wall {statistics.fmean(result['harness_wall_s']) * 1e6:.1f} us" if result["harness_wall_s"] else ""
+    )
     counts = [c for c in result.get("harness_launch_outlasted_flush", []) if c is not None]
     if counts:
         wall += f"; launch outlasted the flush in {sum(counts)} of {sum(result['harness_n'])} harness samples"
-    return (f"{result['case']} ({result['variant']}): do_bench {statistics.fmean(result['do_bench_s']) * 1e6:.1f} us, "
-            f"harness device {statistics.fmean(result['harness_device_s']) * 1e6:.1f} us "
-            f"(ratio {result['ratio']:.3f}: {'within' if result['within'] else 'NOT within'} "
-            f"{TOLERANCE:.0%}){wall}")
+    return (
+        f"{result['case']} ({result['variant']}): do_bench {statistics.fmean(result['do_bench_s']) * 1e6:.1f} us, "
+        f"harness device {statistics.fmean(result['harness_device_s']) * 1e6:.1f} us "
+        f"(ratio {result['ratio']:.3f}: {'within' if result['within'] else 'NOT within'} "
+        f"{TOLERANCE:.0%}){wall}"
+    )
 
 
-def main(argv: list[str] | None = None, *, check: Callable[..., dict[str, Any]] = check_case,
-         cuda_available: Callable[[], bool] = torch.cuda.is_available,
-         device_name: Callable[[torch.device], str] = torch.cuda.get_device_name) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    check: Callable[..., dict[str, Any]] = check_case,
+    cuda_available: Callable[[], bool] = torch.cuda.is_available,
+    device_name: Callable[[torch.device], str] = torch.cuda.get_device_name,
+) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda or cuda:N (anything else: nothing is timed)")
     parser.add_argument("--out", type=Path, help="the JSON record to write")
@@ -125,8 +164,11 @@ def main(argv: list[str] | None = None, *, check: Callable[..., dict[str, Any]] 
     except RuntimeError:
         parser.error(f"--device {args.device!r} is not a device; allowed: cuda or cuda:N")
     if device.type != "cuda" or not cuda_available():
-        reason = (f"--device {args.device} is not a GPU" if device.type != "cuda"
-                  else "no CUDA device here (torch.cuda.is_available() is False)")
+        reason = (
+            f"--device {args.device} is not a GPU"
+            if device.type != "cuda"
+            else "no CUDA device here (torch.cuda.is_available() is False)"
+        )
         print(f"do_bench_check: {reason}: do_bench times CUDA kernels only; nothing was timed")
         record: dict[str, Any] = {"status": "skipped", "reason": reason, "cases": []}
     else:
@@ -135,8 +177,12 @@ def main(argv: list[str] | None = None, *, check: Callable[..., dict[str, Any]] 
         results = [check(name, params, device) for name, params in CASES.items()]
         for result in results:
             print(line(result))
-        record = {"status": "passed" if all(r["within"] for r in results) else "failed",
-                  "device": device_name(device), "tolerance": TOLERANCE, "cases": results}
+        record = {
+            "status": "passed" if all(r["within"] for r in results) else "failed",
+            "device": device_name(device),
+            "tolerance": TOLERANCE,
+            "cases": results,
+        }
         print(f"do_bench_check: {record['status']}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

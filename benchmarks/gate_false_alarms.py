@@ -7,6 +7,7 @@ there, inconclusive passes but says the machine moved. Prints the verdicts per p
         --no-calibrate --out /tmp/aa_runs; done
     python benchmarks/gate_false_alarms.py /tmp/aa_runs/*-smoke [--threshold 5%] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import json
 import sys
 from collections import Counter
 
-from gpubench.gate import compare
 from gpubench.errors import BadInput
+from gpubench.gate import compare
 
 JUDGED = ("regressed", "inconclusive", "improved", "unchanged")
 
@@ -26,10 +27,19 @@ def count_pairs(runs: list[str], threshold: float) -> list[dict]:
     rows = []
     for (before, after), (doc_a, doc_b) in zip(zip(runs, runs[1:]), zip(docs, docs[1:])):
         comp = compare.compare(doc_a, doc_b, threshold=threshold)
-        rows.append({"baseline": before, "current": after, "passed": comp.passed,
-                     "counts": {v: n for v, n in comp.counts().items() if n},
-                     "flagged": [f"{c.verdict}: {c.case_id} {(c.ratio - 1) * 100:+.1f}%"
-                                 for c in comp.changes if c.verdict in ("regressed", "improved")]})
+        rows.append(
+            {
+                "baseline": before,
+                "current": after,
+                "passed": comp.passed,
+                "counts": {v: n for v, n in comp.counts().items() if n},
+                "flagged": [
+                    f"{c.verdict}: {c.case_id} {(c.ratio - 1) * 100:+.1f}%"
+                    for c in comp.changes
+                    if c.verdict in ("regressed", "improved")
+                ],
+            }
+        )
     return rows
 
 
@@ -41,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if len(args.runs) < 2:
-            raise BadInput(f"runs: {len(args.runs)} given; allowed: two or more run directories or results.json "
-                           f"files of one scenario on one device, in the order they ran.")
+            raise BadInput(
+                f"runs: {len(args.runs)} given; allowed: two or more run directories or results.json "
+                f"files of one scenario on one device, in the order they ran."
+            )
         rows = count_pairs(args.runs, compare.parse_threshold(args.threshold))
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
@@ -50,19 +62,26 @@ def main(argv: list[str] | None = None) -> int:
     total = Counter()
     for row in rows:
         total.update(row["counts"])
-        print(f"{'PASS' if row['passed'] else 'FAIL'} {row['current']} vs {row['baseline']}: "
-              + ", ".join(f"{n} {v}" for v, n in row["counts"].items()))
+        print(
+            f"{'PASS' if row['passed'] else 'FAIL'} {row['current']} vs {row['baseline']}: "
+            + ", ".join(f"{n} {v}" for v, n in row["counts"].items())
+        )
         for line in row["flagged"]:
             print(f"    {line}")
     judged = sum(total[v] for v in JUDGED)
     failed = sum(not row["passed"] for row in rows)
-    print(f"\n{len(rows)} pairs, {judged} case comparisons: " + ", ".join(
-        f"{total[v]} {v} ({total[v] / judged:.1%})" for v in JUDGED if judged)
-        + f"; the gate failed {failed} of {len(rows)} pairs")
+    print(
+        f"\n{len(rows)} pairs, {judged} case comparisons: "
+        + ", ".join(f"{total[v]} {v} ({total[v] / judged:.1%})" for v in JUDGED if judged)
+        + f"; the gate failed {failed} of {len(rows)} pairs"
+    )
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as out:
-            json.dump({"threshold": args.threshold, "pairs": rows, "totals": dict(total),
-                       "pairs_failed": failed}, out, indent=1)
+            json.dump(
+                {"threshold": args.threshold, "pairs": rows, "totals": dict(total), "pairs_failed": failed},
+                out,
+                indent=1,
+            )
     return 0
 
 

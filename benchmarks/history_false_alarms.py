@@ -25,6 +25,7 @@ takes them); each run from the --min-history + 1-th on is judged by both gates, 
 
     python benchmarks/history_false_alarms.py --runs /tmp/aa_runs/*-smoke [--min-history 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpubench.gate import compare
 from gpubench.errors import BadInput
+from gpubench.gate import compare
 from gpubench.gate.history import open_store, rows_of_file, rows_of_run
 from gpubench.gate.history.judge import judge_run
 from gpubench.records.results import SCHEMA_VERSION, RunRecord
@@ -56,8 +57,10 @@ def load_pool(path: Path = POOL_PATH) -> np.ndarray:
     try:
         samples = json.loads(Path(path).read_text(encoding="utf-8"))["samples_s"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BadInput(f"{path}: cannot be read as a noise file ({exc}); allowed: a JSON file with "
-                       f"samples_s, a list of timed calls in seconds (tests/data/cpu_noise.json).") from None
+        raise BadInput(
+            f"{path}: cannot be read as a noise file ({exc}); allowed: a JSON file with "
+            f"samples_s, a list of timed calls in seconds (tests/data/cpu_noise.json)."
+        ) from None
     return np.asarray(samples, dtype=np.float64)
 
 
@@ -65,21 +68,41 @@ FASTER_MACHINE = 0.90  # issue 34: from run 9 on, the baseline variant x0.90 ...
 FASTER_OPTIMIZED = 0.99  # ... and the optimized variant x0.99 (its ratio to the baseline variant +10%)
 
 
-def synthetic_run(rng: np.random.Generator, pool: np.ndarray, index: int, slowdown: float = 1.0,
-                  machine: float = 1.0) -> dict:
+def synthetic_run(
+    rng: np.random.Generator, pool: np.ndarray, index: int, slowdown: float = 1.0, machine: float = 1.0
+) -> dict:
     """A results document of one case whose variants are SAMPLES calls drawn from ``pool``; both
     variants' times multiplied by ``machine`` (the machine's speed), the optimized variant's also
     by ``slowdown`` (the code's)."""
     variants = {}
-    for name, role, scale in (("loop", "baseline", machine), ("fused", "optimized", OPTIMIZED_SCALE * slowdown * machine)):
+    for name, role, scale in (
+        ("loop", "baseline", machine),
+        ("fused", "optimized", OPTIMIZED_SCALE * slowdown * machine),
+    ):
         variants[name] = {"role": role, "status": "ok", "samples_s": (rng.choice(pool, SAMPLES) * scale).tolist()}
-    return {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": f"aa{index:03d}",
-            "device": "cpu", "device_label": "CPU: cpu_noise.json", "status": "complete",
-            "scenario": {"name": "aa", "entries": [{"technique": "aa"}]},
-            "started_at": (START + _dt.timedelta(minutes=index)).isoformat(),
-            "env": {"host": "aa", "git": {"commit": f"c{index:03d}", "branch": "main", "dirty": False}},
-            "cases": [{"id": CASE_ID, "technique": "aa", "params": {}, "seed": 0, "policy": {}, "status": "passed",
-                       "gate_metric": "", "variants": variants}]}
+    return {
+        "kind": "gpubench.results",
+        "schema_version": SCHEMA_VERSION,
+        "run_id": f"aa{index:03d}",
+        "device": "cpu",
+        "device_label": "CPU: cpu_noise.json",
+        "status": "complete",
+        "scenario": {"name": "aa", "entries": [{"technique": "aa"}]},
+        "started_at": (START + _dt.timedelta(minutes=index)).isoformat(),
+        "env": {"host": "aa", "git": {"commit": f"c{index:03d}", "branch": "main", "dirty": False}},
+        "cases": [
+            {
+                "id": CASE_ID,
+                "technique": "aa",
+                "params": {},
+                "seed": 0,
+                "policy": {},
+                "status": "passed",
+                "gate_metric": "",
+                "variants": variants,
+            }
+        ],
+    }
 
 
 def _rows(doc: dict) -> list:
@@ -90,16 +113,19 @@ def history_verdicts(store_path: Path, history: list[dict], current: list[dict],
     """Each of ``current``'s runs judged against ``history`` (stored in a new store): its cases' verdicts."""
     with open_store(store_path) as store:
         store.add([row for doc in history for row in _rows(doc)])
-        return [[v.verdict for v in judge_run(store, _rows(doc), threshold, run=RunRecord.from_dict(doc))]
-                for doc in current]
+        return [
+            [v.verdict for v in judge_run(store, _rows(doc), threshold, run=RunRecord.from_dict(doc))]
+            for doc in current
+        ]
 
 
 def pairwise_verdicts(before: dict, current: dict, threshold: float) -> list[str]:
     return [c.verdict for c in compare.compare(before, current, threshold=threshold).changes]
 
 
-def synthetic_trials(trials: int, history: int, step: float, threshold: float, seed: int = 0,
-                     pool: np.ndarray | None = None) -> list[dict]:
+def synthetic_trials(
+    trials: int, history: int, step: float, threshold: float, seed: int = 0, pool: np.ndarray | None = None
+) -> list[dict]:
     """Per seeded trial: each gate's verdict on a further run (the same draws each time) as it is
     (``aa``), with its optimized variant ``step`` slower (``step``), on a machine that got faster
     with unchanged code (``faster_aa``: both variants x0.90) and with a regression it hides
@@ -112,18 +138,28 @@ def synthetic_trials(trials: int, history: int, step: float, threshold: float, s
             runs = [synthetic_run(rng, pool, i) for i in range(history)]
             state = rng.bit_generator.state  # every judged run: the same draws
             judged = {}
-            for kind, slowdown, machine in (("aa", 1.0, 1.0), ("step", 1.0 + step, 1.0), ("faster_aa", 1.0, FASTER_MACHINE),
-                                            ("faster", FASTER_OPTIMIZED / FASTER_MACHINE, FASTER_MACHINE)):
+            for kind, slowdown, machine in (
+                ("aa", 1.0, 1.0),
+                ("step", 1.0 + step, 1.0),
+                ("faster_aa", 1.0, FASTER_MACHINE),
+                ("faster", FASTER_OPTIMIZED / FASTER_MACHINE, FASTER_MACHINE),
+            ):
                 rng.bit_generator.state = state
                 judged[kind] = synthetic_run(rng, pool, history, slowdown=slowdown, machine=machine)
             by_history = history_verdicts(Path(tmp) / f"t{trial}.sqlite", runs, list(judged.values()), threshold)
-            out.append({"seed": seed + trial, **{kind: {"history": h, "pairwise": pairwise_verdicts(runs[-1], doc, threshold)[0]}
-                                                  for (kind, doc), (h,) in zip(judged.items(), by_history)}})
+            out.append(
+                {
+                    "seed": seed + trial,
+                    **{
+                        kind: {"history": h, "pairwise": pairwise_verdicts(runs[-1], doc, threshold)[0]}
+                        for (kind, doc), (h,) in zip(judged.items(), by_history)
+                    },
+                }
+            )
     return out
 
 
-def p_rule_trials(trials: int, step: float, threshold: float, seed: int = 0,
-                  pool: np.ndarray | None = None) -> dict:
+def p_rule_trials(trials: int, step: float, threshold: float, seed: int = 0, pool: np.ndarray | None = None) -> dict:
     """compare.verdict_of on ``trials`` draws of SAMPLES calls a side (A/A, and ``step`` slower),
     with the bootstrap p of the CI (the gate's) and with the Mann-Whitney U p (before issue 34):
     per p, A/A regressed / improved and the step found."""
@@ -139,8 +175,10 @@ def p_rule_trials(trials: int, step: float, threshold: float, seed: int = 0,
             for name, value in (("bootstrap", p), ("mann_whitney", stats.mann_whitney_u(sample, base))):
                 counts[name][f"{kind}_{compare.verdict_of(ci, value, threshold)}"] += 1
     for name, found in counts.items():
-        print(f"{name:>12} p: A/A regressed {_rate(found['aa_regressed'], trials)}, improved "
-              f"{_rate(found['aa_improved'], trials)}; a {step:.0%} step found {_rate(found['step_regressed'], trials)}")
+        print(
+            f"{name:>12} p: A/A regressed {_rate(found['aa_regressed'], trials)}, improved "
+            f"{_rate(found['aa_improved'], trials)}; a {step:.0%} step found {_rate(found['step_regressed'], trials)}"
+        )
     return {name: dict(found) for name, found in counts.items()}
 
 
@@ -158,13 +196,22 @@ def real_runs(paths: list[str], min_history: int, threshold: float) -> list[dict
     pairs = {row["current"]: row for row in _gate_false_alarms().count_pairs(paths, threshold)}
     rows = [rows_of_file(path) for path in paths]  # every file read before any judging
     out = []
-    with tempfile.TemporaryDirectory(prefix="history-false-alarms-") as tmp, \
-            open_store(Path(tmp) / "h.sqlite") as store:
+    with (
+        tempfile.TemporaryDirectory(prefix="history-false-alarms-") as tmp,
+        open_store(Path(tmp) / "h.sqlite") as store,
+    ):
         for k, path in enumerate(paths):
             if k >= min_history:
                 verdicts = Counter(v.verdict for v in judge_run(store, rows[k], threshold))
-                out.append({"run": path, "history_runs": k, "history": dict(verdicts),
-                            "pairwise": pairs[path]["counts"], "pairwise_passed": pairs[path]["passed"]})
+                out.append(
+                    {
+                        "run": path,
+                        "history_runs": k,
+                        "history": dict(verdicts),
+                        "pairwise": pairs[path]["counts"],
+                        "pairwise_passed": pairs[path]["passed"],
+                    }
+                )
             store.add(rows[k])
     return out
 
@@ -183,14 +230,21 @@ def report_synthetic(trials: list[dict], step: float) -> dict:
         faster_aa = Counter(t["faster_aa"][gate] for t in trials)
         found = sum(t["step"][gate] == "regressed" for t in trials)
         hidden = sum(t["faster"][gate] == "regressed" for t in trials)
-        totals[gate] = {"aa": dict(aa), "step_found": found, "faster_aa": dict(faster_aa), "faster_found": hidden,
-                        "trials": len(trials)}
-        print(f"{gate:>8} gate: A/A regressed {_rate(aa['regressed'], len(trials))}, improved "
-              f"{_rate(aa['improved'], len(trials))}, inconclusive {aa['inconclusive']}; a {step:.0%} step found "
-              f"{_rate(found, len(trials))}; machine {1 - FASTER_MACHINE:.0%} faster, A/A regressed "
-              f"{_rate(faster_aa['regressed'], len(trials))}, improved {_rate(faster_aa['improved'], len(trials))}, "
-              f"inconclusive {faster_aa['inconclusive']}; the regression it hides (optimized x{FASTER_OPTIMIZED:g}, "
-              f"ratio {FASTER_OPTIMIZED / FASTER_MACHINE - 1:+.0%}) found {_rate(hidden, len(trials))}")
+        totals[gate] = {
+            "aa": dict(aa),
+            "step_found": found,
+            "faster_aa": dict(faster_aa),
+            "faster_found": hidden,
+            "trials": len(trials),
+        }
+        print(
+            f"{gate:>8} gate: A/A regressed {_rate(aa['regressed'], len(trials))}, improved "
+            f"{_rate(aa['improved'], len(trials))}, inconclusive {aa['inconclusive']}; a {step:.0%} step found "
+            f"{_rate(found, len(trials))}; machine {1 - FASTER_MACHINE:.0%} faster, A/A regressed "
+            f"{_rate(faster_aa['regressed'], len(trials))}, improved {_rate(faster_aa['improved'], len(trials))}, "
+            f"inconclusive {faster_aa['inconclusive']}; the regression it hides (optimized x{FASTER_OPTIMIZED:g}, "
+            f"ratio {FASTER_OPTIMIZED / FASTER_MACHINE - 1:+.0%}) found {_rate(hidden, len(trials))}"
+        )
     return totals
 
 
@@ -200,11 +254,16 @@ def report_real(judged: list[dict]) -> dict:
         counts = Counter()
         for row in judged:
             counts.update(row[gate])
-        failed = sum((row["history"].get("regressed", 0) > 0) if gate == "history" else not row["pairwise_passed"]
-                     for row in judged)
+        failed = sum(
+            (row["history"].get("regressed", 0) > 0) if gate == "history" else not row["pairwise_passed"]
+            for row in judged
+        )
         totals[gate] = {"counts": dict(counts), "runs_failed": failed, "runs": len(judged)}
-        print(f"{gate:>8} gate: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-              + f"; failed {_rate(failed, len(judged))} runs")
+        print(
+            f"{gate:>8} gate: "
+            + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+            + f"; failed {_rate(failed, len(judged))} runs"
+        )
     return totals
 
 
@@ -217,18 +276,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", default=str(compare.DEFAULT_THRESHOLD))
     parser.add_argument("--runs", nargs="+", help="real run directories of unchanged code, in order (not synthetic)")
     parser.add_argument("--min-history", type=int, default=5, help="runs before the first judged one (--runs)")
-    parser.add_argument("--p-rule", type=int, metavar="N", help="only the pairwise rule's p, bootstrap vs "
-                        "Mann-Whitney, on N draws (synthetic)")
+    parser.add_argument(
+        "--p-rule",
+        type=int,
+        metavar="N",
+        help="only the pairwise rule's p, bootstrap vs Mann-Whitney, on N draws (synthetic)",
+    )
     parser.add_argument("--json", dest="json_path", help="also write the rows and totals to this file")
     args = parser.parse_args(argv)
     try:
         threshold, step = compare.parse_threshold(args.threshold), compare.parse_threshold(args.step)
         if args.runs is not None and len(args.runs) <= args.min_history:
-            raise BadInput(f"--runs: {len(args.runs)} given; allowed: more than --min-history "
-                           f"({args.min_history}) run directories of one scenario on one device, in run order.")
+            raise BadInput(
+                f"--runs: {len(args.runs)} given; allowed: more than --min-history "
+                f"({args.min_history}) run directories of one scenario on one device, in run order."
+            )
         if args.runs is None and (args.trials < 1 or args.history < 2):
-            raise BadInput(f"--trials {args.trials}, --history {args.history}: allowed: at least 1 trial and a "
-                           f"history of at least 2 runs.")
+            raise BadInput(
+                f"--trials {args.trials}, --history {args.history}: allowed: at least 1 trial and a "
+                f"history of at least 2 runs."
+            )
         if args.p_rule is not None and args.p_rule < 1:
             raise BadInput(f"--p-rule {args.p_rule}: allowed: at least 1 draw.")
         if args.p_rule is not None:

@@ -20,6 +20,7 @@
     python benchmarks/serving_step.py [--device cpu|cuda] [--model tiny] [--batch 64] [--threads N]
                                       [--what step,graphs,profile,hf]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ def requests(batch: int, prompt: int, output: int, vocab: int, seed: int = 1, va
 
 def engine_config(reqs: list[Request], kv: str = "paged", graphs: bool | None = None) -> EngineConfig:
     longest = max(r.prompt_len + r.output_len for r in reqs)
-    return EngineConfig(kv=kv, kv_budget_bytes=1 << 40, max_len=longest, max_batch=len(reqs), wait=False,
-                        cuda_graphs=graphs)
+    return EngineConfig(
+        kv=kv, kv_budget_bytes=1 << 40, max_len=longest, max_batch=len(reqs), wait=False, cuda_graphs=graphs
+    )
 
 
 def kv_budget(weights: LlamaWeights, reqs: list[Request], config: EngineConfig) -> EngineConfig:
@@ -77,10 +79,15 @@ class PlainDecoder:
         n = tokens.shape[1]
 
         def attend(i, q, k, v):  # q (batch, n, heads, d), k/v (batch, n, kv_heads, d)
-            self.k[i, :, :, start:start + n] = k.transpose(1, 2)
-            self.v[i, :, :, start:start + n] = v.transpose(1, 2)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), self.k[i, :, :, :start + n],
-                                                 self.v[i, :, :, :start + n], is_causal=n > 1, enable_gqa=self.gqa)
+            self.k[i, :, :, start : start + n] = k.transpose(1, 2)
+            self.v[i, :, :, start : start + n] = v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                self.k[i, :, :, : start + n],
+                self.v[i, :, :, : start + n],
+                is_causal=n > 1,
+                enable_gqa=self.gqa,
+            )
             return out.transpose(1, 2)
 
         positions = torch.arange(start, start + n, device=tokens.device).expand(self.batch, n)
@@ -101,8 +108,9 @@ class PlainDecoder:
         return (time.perf_counter() - t0) * 1e3
 
 
-def interleaved_steps_ms(weights: LlamaWeights, reqs: list[Request], config: EngineConfig,
-                         stub: bool = False) -> tuple[list[float], list[float]]:
+def interleaved_steps_ms(
+    weights: LlamaWeights, reqs: list[Request], config: EngineConfig, stub: bool = False
+) -> tuple[list[float], list[float]]:
     """Engine steps while every request decodes, each followed (inside it, its time then
     subtracted) by one plain step, so both see the same machine: (engine ms, plain ms) per step."""
     plain = PlainDecoder(weights, reqs)
@@ -114,7 +122,7 @@ def interleaved_steps_ms(weights: LlamaWeights, reqs: list[Request], config: Eng
         inserted.append(0.0 if prefills or stub else plain.decode())
         return out
 
-    with mock.patch.object(model_runner.ModelRunner, "run", run), (stubbed_forward(weights) if stub else nullcontext()):
+    with mock.patch.object(model_runner.ModelRunner, "run", run), stubbed_forward(weights) if stub else nullcontext():
         served = Engine(weights, config).run(reqs)
     t, running = served.timeline.t_s, served.timeline.running
     steps = [i for i in range(2, len(t)) if running[i] == len(reqs) and (stub or inserted[i] > 0)]
@@ -175,7 +183,8 @@ def profile_steps(weights: LlamaWeights, reqs: list[Request], graphs: bool | Non
             Engine(weights, config).run(reqs)
     summary = profiling.summarize(prof.events(), calls[0], cuda)
     return {k: summary[k] for k in ("ops_per_call", "kernel_launches_per_call", "syncs_per_call", "sync_ops")} | {
-        "top_ops": [(t["name"], t["self_us_per_call"], t["count_per_call"]) for t in summary["top_ops"][:8]]}
+        "top_ops": [(t["name"], t["self_us_per_call"], t["count_per_call"]) for t in summary["top_ops"][:8]]
+    }
 
 
 def graph_step_times(weights: LlamaWeights, reqs: list[Request]) -> dict[str, float]:
@@ -205,8 +214,7 @@ def graph_step_times(weights: LlamaWeights, reqs: list[Request]) -> dict[str, fl
     gpu = [a.elapsed_time(b) for a, b in events]
     with stubbed_forward(weights):
         bookkeeping = statistics.median(interleaved_steps_ms(weights, reqs, config, stub=True)[0])
-    return {"launch_ms": statistics.median(launch_ms), "bookkeeping_ms": bookkeeping,
-            "gpu_ms": statistics.median(gpu)}
+    return {"launch_ms": statistics.median(launch_ms), "bookkeeping_ms": bookkeeping, "gpu_ms": statistics.median(gpu)}
 
 
 def hf_comparison(size: str, reqs: list[Request], device: torch.device, repeats: int) -> dict[str, float]:
@@ -214,12 +222,22 @@ def hf_comparison(size: str, reqs: list[Request], device: torch.device, repeats:
     import transformers
 
     c = SIZES[size]
-    cfg = transformers.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                                   intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers,
-                                   num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-                                   head_dim=c.head_dim, max_position_embeddings=c.max_position,
-                                   rms_norm_eps=c.rms_eps, rope_theta=c.rope_theta, tie_word_embeddings=False,
-                                   eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position,
+        rms_norm_eps=c.rms_eps,
+        rope_theta=c.rope_theta,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval().to(device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,16 +248,22 @@ def hf_comparison(size: str, reqs: list[Request], device: torch.device, repeats:
     ids = torch.zeros(len(reqs), longest, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(reqs):  # left padding, as batched generation needs
-        ids[i, longest - r.prompt_len:] = torch.tensor(r.prompt)
-        mask[i, longest - r.prompt_len:] = 1
+        ids[i, longest - r.prompt_len :] = torch.tensor(r.prompt)
+        mask[i, longest - r.prompt_len :] = 1
     ids, mask = ids.to(device), mask.to(device)
     config = kv_budget(weights, reqs, engine_config(reqs))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def hf():
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output, min_new_tokens=output,
-                                 do_sample=False, pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=output,
+                min_new_tokens=output,
+                do_sample=False,
+                pad_token_id=0,
+            )
         sync()
         return out[:, longest:].tolist()
 
@@ -284,26 +308,34 @@ def main() -> None:
     weights = random_weights(SIZES[args.model], 0, getattr(torch, args.dtype), device)
     reqs = requests(args.batch, args.prompt, args.output, weights.config.vocab_size)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"# {args.model} {args.dtype} on {device.type} ({hardware}), torch {torch.__version__}; batch "
-          f"{args.batch}, prompts {args.prompt}, outputs {args.output}, graphs {args.graphs}")
+    print(
+        f"# {args.model} {args.dtype} on {device.type} ({hardware}), torch {torch.__version__}; batch "
+        f"{args.batch}, prompts {args.prompt}, outputs {args.output}, graphs {args.graphs}"
+    )
     if "step" in what:
         m = measure_steps(weights, reqs, args.repeats, graphs)
-        print(f"step ms (median of {args.repeats} runs' medians): engine paged {m['engine']:.3f}, engine "
-              f"contiguous {m['engine_contiguous']:.3f}, plain contiguous {m['plain']:.3f}, engine with the "
-              f"forward stubbed {m['engine_stubbed']:.3f}; paged / plain {m['engine'] / m['plain']:.2f}")
+        print(
+            f"step ms (median of {args.repeats} runs' medians): engine paged {m['engine']:.3f}, engine "
+            f"contiguous {m['engine_contiguous']:.3f}, plain contiguous {m['plain']:.3f}, engine with the "
+            f"forward stubbed {m['engine_stubbed']:.3f}; paged / plain {m['engine'] / m['plain']:.2f}"
+        )
     if "graphs" in what and device.type == "cuda":
         m = graph_step_times(weights, reqs)
-        print(f"graph decode step: host {m['bookkeeping_ms'] + m['launch_ms']:.3f} ms (bookkeeping "
-              f"{m['bookkeeping_ms']:.3f} + staging and replay launch {m['launch_ms']:.3f}), GPU {m['gpu_ms']:.3f} ms")
+        print(
+            f"graph decode step: host {m['bookkeeping_ms'] + m['launch_ms']:.3f} ms (bookkeeping "
+            f"{m['bookkeeping_ms']:.3f} + staging and replay launch {m['launch_ms']:.3f}), GPU {m['gpu_ms']:.3f} ms"
+        )
     if "profile" in what:
         print("per full-batch decode step:", profile_steps(weights, reqs, graphs))
     if "hf" in what:
         varied = requests(args.batch, args.prompt, args.output, SIZES[args.model].vocab_size, varied=True)
         m = hf_comparison(args.model, varied, device, max(1, args.repeats // 2))
-        print(f"whole trace ({args.batch} requests, prompts {args.prompt // 2}-{args.prompt * 2}, {args.output} "
-              f"output tokens each): HF padded batch {m['hf_padded_s']:.3f} s, paged engine "
-              f"{m['engine_paged_s']:.3f} s, HF / engine {m['hf_over_engine']:.2f}x; "
-              f"{m['requests_with_identical_tokens']}/{args.batch} requests with identical tokens")
+        print(
+            f"whole trace ({args.batch} requests, prompts {args.prompt // 2}-{args.prompt * 2}, {args.output} "
+            f"output tokens each): HF padded batch {m['hf_padded_s']:.3f} s, paged engine "
+            f"{m['engine_paged_s']:.3f} s, HF / engine {m['hf_over_engine']:.2f}x; "
+            f"{m['requests_with_identical_tokens']}/{args.batch} requests with identical tokens"
+        )
 
 
 if __name__ == "__main__":

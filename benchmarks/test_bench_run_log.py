@@ -1,6 +1,7 @@
 """The cost of recording one finished case does not grow with the run: appending case k to the run
 log takes the same time whether k is 100 or 10,000 (``benchmarks/run_scale.py`` runs whole
 scenarios of 1,000 and 10,000 cases)."""
+
 import pytest
 
 from gpubench.records.results import CaseRecord, RunDirectory, VariantRecord
@@ -8,9 +9,18 @@ from gpubench.records.results import CaseRecord, RunDirectory, VariantRecord
 
 def _record(i: int) -> CaseRecord:
     samples = [1e-3 + 1e-6 * k for k in range(30)]
-    return CaseRecord(id=f"tiny[i={i}]", technique="tiny", params={"i": i}, seed=i, policy={}, status="passed",
-                      variants={name: VariantRecord(role=role, status="ok", samples_s=samples, metrics={"x": 1.0})
-                                for name, role in (("a", "baseline"), ("b", "optimized"))})
+    return CaseRecord(
+        id=f"tiny[i={i}]",
+        technique="tiny",
+        params={"i": i},
+        seed=i,
+        policy={},
+        status="passed",
+        variants={
+            name: VariantRecord(role=role, status="ok", samples_s=samples, metrics={"x": 1.0})
+            for name, role in (("a", "baseline"), ("b", "optimized"))
+        },
+    )
 
 
 @pytest.mark.benchmark(group="run_log")

@@ -7,9 +7,11 @@ listed as skipped, never timed at its defaults (they may be a GPU's sizes).
 
 Tests are named ``test_technique[<technique>-<size>-<variant>]`` and grouped by technique, which
 ``gpubench compare`` reads as the case's technique."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -31,8 +33,10 @@ def bench_params(registry: Mapping[str, Technique]) -> list[Any]:
             why = f"{name} declares no benchmark sizes (Technique(benchmarks=[Bench(name, params)]))"
             out.append(pytest.param(name, None, None, id=name, marks=pytest.mark.skip(reason=why)))
         for bench in tech.benchmarks:
-            out += [pytest.param(name, bench.name, variant, id=f"{name}-{bench.name}-{variant}")
-                    for variant in tech.variants]
+            out += [
+                pytest.param(name, bench.name, variant, id=f"{name}-{bench.name}-{variant}")
+                for variant in tech.variants
+            ]
     return out
 
 
@@ -97,7 +101,8 @@ def time_and_check(benchmark: Any, current_case: CurrentCase, tech: Technique, s
     if workload.reset is None:
         out = benchmark(chosen.call, workload)
     else:
-        out = benchmark.pedantic(chosen.call, args=(workload,), setup=workload.reset, rounds=RESET_ROUNDS,
-                                 warmup_rounds=RESET_WARMUP_ROUNDS)
+        out = benchmark.pedantic(
+            chosen.call, args=(workload,), setup=workload.reset, rounds=RESET_ROUNDS, warmup_rounds=RESET_WARMUP_ROUNDS
+        )
     result = tech.check_fn(expected, out)
     assert result.passed, f"{tech.name} {variant} at {size}: {result.detail} (error {result.error})"

@@ -1,11 +1,16 @@
 """The smallest technique pair there is (a sum of 16 numbers two ways): what a run of thousands of
 cases costs the harness itself, per case, when the cases cost nothing."""
+
 import torch
 
 from gpubench.contract import CheckResult, Param, Technique, Workload
 
-TECHNIQUE = Technique("tiny_pair", summary="a sum of 16 numbers, two ways", shape="kernel",
-                      params=[Param("i", int, 0, "which case", min=0)])
+TECHNIQUE = Technique(
+    "tiny_pair",
+    summary="a sum of 16 numbers, two ways",
+    shape="kernel",
+    params=[Param("i", int, 0, "which case", min=0)],
+)
 
 
 @TECHNIQUE.build

@@ -3,15 +3,21 @@ of four eager ops (what a model written by hand does) vs torch's fused ``rms_nor
 
 Run it: ``gpubench run --scenario examples/rmsnorm.yaml`` (the scenario names this file).
 """
+
 import torch
 import torch.nn.functional as F
 
 from gpubench.contract import Bench, CheckResult, Param, Technique, Workload
 
 TECHNIQUE = Technique(
-    "rmsnorm", summary="RMSNorm: four eager ops vs torch's fused rms_norm", shape="kernel",
-    params=[Param("rows", int, 4096, "tokens", min=1), Param("hidden", int, 1024, "model width", min=1),
-            Param("dtype", str, "float32", choices=["float32", "bfloat16"])],
+    "rmsnorm",
+    summary="RMSNorm: four eager ops vs torch's fused rms_norm",
+    shape="kernel",
+    params=[
+        Param("rows", int, 4096, "tokens", min=1),
+        Param("hidden", int, 1024, "model width", min=1),
+        Param("dtype", str, "float32", choices=["float32", "bfloat16"]),
+    ],
     benchmarks=[Bench("small", {"rows": 256, "hidden": 256})],  # what benchmarks/ times, once installed
 )
 

@@ -3,19 +3,27 @@ i - 1's input is reloaded into one while layer i recomputes from the other, so r
 behind recompute. Events guard both ways: a reload waits for the compute that last read its
 buffer, compute waits for its buffer's reload. The forward pass and copier are
 :mod:`gpubench.lib.offload`'s."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from gpubench.models.llama import LlamaWeights
 from gpubench.lib.offload import Copier, Layer, OffloadStats, llama_layer, offloaded_forward
+from gpubench.models.llama import LlamaWeights
 
 
-def train_step(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor,
-               *, copy_delay_s: float = 0.0, allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
-               layer: Layer = llama_layer) -> tuple[torch.Tensor, OffloadStats]:
+def train_step(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    copy_delay_s: float = 0.0,
+    allocate: Callable[[torch.Tensor], torch.Tensor] = torch.empty_like,
+    layer: Layer = llama_layer,
+) -> tuple[torch.Tensor, OffloadStats]:
     """The loss of one batch, gradients accumulated into the weights (leaves requiring grad), and
     what the copies moved and waited for. ``allocate`` makes the staging buffers; when the second
     cannot be had, the step runs on one and says why in ``fallback``."""

@@ -3,6 +3,7 @@ scores. :func:`flash_attention` runs the Triton kernel (:mod:`.flash_attention_t
 and :func:`flash_attention_torch`, the same algorithm as a loop of PyTorch tile operations,
 elsewhere (checkable anywhere; each tile goes through memory, so it does not realise the saving).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,21 +18,38 @@ BLOCK_M = 1024
 BLOCK_N = 512
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, *, out: torch.Tensor | None = None,
-                    causal_align: str = "bottom_right") -> torch.Tensor:
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    causal_align: str = "bottom_right",
+) -> torch.Tensor:
     """softmax(q k^T * scale) v in SDPA's layout: q (batch, heads, seq_q, head_dim), k (batch,
     kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple of
     kv_heads; causal aligned bottom-right by default (flash-attn's; "top_left" is SDPA's
     ``is_causal``), conventions as :mod:`gpubench.lib.attention`. The Triton kernel on
     CUDA, the tiled PyTorch loop elsewhere; ``out`` receives the result."""
-    return dispatch(KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out,
-                    causal_align=causal_align)
+    return dispatch(
+        KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out, causal_align=causal_align
+    )
 
 
-def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                          scale: float | None = None, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-                          out: torch.Tensor | None = None, causal_align: str = "bottom_right") -> torch.Tensor:
+def flash_attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    out: torch.Tensor | None = None,
+    causal_align: str = "bottom_right",
+) -> torch.Tensor:
     """:func:`flash_attention` as a loop of PyTorch tile operations, on any device; each tile's
     rows are written into ``out`` (allocated when not given). Differentiable: with gradients
     wanted, autograd runs backward through the tiles (each tile's weights are kept for it, so
@@ -43,7 +61,7 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     if block_m < 1 or block_n < 1:
         raise ValueError(f"block sizes must be >= 1 (got block_m={block_m}, block_n={block_n})")
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     group = heads // kv_heads
     # GQA without copying K/V: the `group` query heads that share a kv head are stacked into one
     # taller query tile against the same K/V tile.
@@ -89,7 +107,12 @@ def flash_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
 # The differentiable entry points (forward kernel + backward kernels, gpubench.optimizations.
 # flash_attention_triton_bwd), imported on first use: that module imports Triton, this one must not.
-TRAINING_API = ("FlashAttentionFunction", "flash_attn_func", "flash_attn_varlen_func", "flash_attention_backward_triton")
+TRAINING_API = (
+    "FlashAttentionFunction",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attention_backward_triton",
+)
 
 
 def __getattr__(name: str):

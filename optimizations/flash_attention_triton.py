@@ -19,6 +19,7 @@ memory, pipelined over more stages and bigger tiles than the pointer path can af
 pointers and strides. Only the loads and the final store differ (:func:`_load_rows`); the
 interpreter runs both.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,18 @@ import triton
 import triton.language as tl
 
 from gpubench.lib.attention import CAUSAL_ALIGNS, check_shapes
-from gpubench.measure.autotune import PersistentAutotuner, length_bucket
-from gpubench.optimizations.flash_attention_triton_tiles import (AUTOTUNE_KEY, GPU_CONFIGS, GPU_CONFIGS_LARGE_HEAD,
-                                                                 GPU_CONFIGS_TMA, GPU_CONFIGS_TMA_LARGE_HEAD,
-                                                                 TensorDescriptor, descriptor_configs_fit,
-                                                                 prune_forward)
 from gpubench.lib.triton_support import interpreted
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
+from gpubench.optimizations.flash_attention_triton_tiles import (
+    AUTOTUNE_KEY,
+    GPU_CONFIGS,
+    GPU_CONFIGS_LARGE_HEAD,
+    GPU_CONFIGS_TMA,
+    GPU_CONFIGS_TMA_LARGE_HEAD,
+    TensorDescriptor,
+    descriptor_configs_fit,
+    prune_forward,
+)
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 # Whether calls whose layout allows it take the descriptor path, on sm_90+ and in Triton's
@@ -55,9 +62,23 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _load_rows(src, desc_b, desc_h, row0, offs_r, offs_c, c_mask, n_rows, stride_r, stride_c,
-               MASKED: tl.constexpr, TRANSPOSED: tl.constexpr, USE_TMA: tl.constexpr,
-               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _load_rows(
+    src,
+    desc_b,
+    desc_h,
+    row0,
+    offs_r,
+    offs_c,
+    c_mask,
+    n_rows,
+    stride_r,
+    stride_c,
+    MASKED: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """Rows row0.. (offs_r) of one (batch, head) of q, k, v or do as a (BLOCK_R, BLOCK_C) tile, or
     (BLOCK_C, BLOCK_R) TRANSPOSED; rows past n_rows (MASKED tiles only reach them) and channels
     past the head dim read as zero.
@@ -90,11 +111,39 @@ def _load_rows(src, desc_b, desc_h, row0, offs_r, offs_c, c_mask, n_rows, stride
 
 
 @triton.jit
-def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, stride_kn, stride_kd, stride_vn,
-                      stride_vd, offs_m, offs_d, d_mask, offs_dv, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-                      CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+def _attend_key_tiles(
+    acc,
+    row_max,
+    row_sum,
+    q,
+    k_src,
+    v_src,
+    desc_b,
+    desc_h,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    offs_m,
+    offs_d,
+    d_mask,
+    offs_dv,
+    dv_mask,
+    n_lo,
+    n_hi,
+    seq_k,
+    diagonal,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
     """Fold the key tiles starting in [n_lo, n_hi) into one query tile's running state.
 
     MASKED is a compile-time flag: the caller runs the tiles that every query of the tile can
@@ -109,8 +158,23 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, st
         # K transposed, (head_dim, keys), so q @ k is a plain tile matmul. Positions past seq_k
         # (ragged edge) and channels past head_dim (96 padded to 128) read as zero: a zero channel
         # adds nothing to a dot product, and the ragged keys are masked to -inf below.
-        k = _load_rows(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
-                       MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
+        k = _load_rows(
+            k_src,
+            desc_b,
+            desc_h,
+            n_start,
+            offs_n,
+            offs_d,
+            d_mask,
+            seq_k,
+            stride_kn,
+            stride_kd,
+            MASKED=MASKED,
+            TRANSPOSED=True,
+            USE_TMA=USE_TMA,
+            BLOCK_R=BLOCK_N,
+            BLOCK_C=BLOCK_D,
+        )
         if DOT_IN_FP32:
             k = k.to(tl.float32)
 
@@ -158,8 +222,23 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, st
 
         # The weights go back to V's dtype for the second matmul (16-bit tensor-core inputs),
         # accumulated into the fp32 output. V has its own head dim (MLA: 128 against q/k's 192).
-        v = _load_rows(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
-                       MASKED=MASKED, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
+        v = _load_rows(
+            v_src,
+            desc_b,
+            desc_h,
+            n_start,
+            offs_n,
+            offs_dv,
+            dv_mask,
+            seq_k,
+            stride_vn,
+            stride_vd,
+            MASKED=MASKED,
+            TRANSPOSED=False,
+            USE_TMA=USE_TMA,
+            BLOCK_R=BLOCK_N,
+            BLOCK_C=BLOCK_DV,
+        )
         weights = weights.to(v.dtype)
         if DOT_IN_FP32:
             weights = weights.to(tl.float32)
@@ -171,8 +250,15 @@ def _attend_key_tiles(acc, row_max, row_sum, q, k_src, v_src, desc_b, desc_h, st
 
 
 @triton.jit
-def _key_ranges(m_start, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_ranges(
+    m_start,
+    seq_q,
+    seq_k,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """(diagonal, full_end, masked_end) of the query tile starting at m_start: key tiles starting in
     [0, full_end) are seen whole by every row of the tile (no mask), those in [full_end,
     masked_end) cross the causal diagonal or the ragged end of the keys (masked), and nothing from
@@ -213,18 +299,55 @@ def _heavy_first(CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-                         stride_qb, stride_qh, stride_qm, stride_qd,
-                         stride_kb, stride_kh, stride_kn, stride_kd,
-                         stride_vb, stride_vh, stride_vn, stride_vd,
-                         stride_ob, stride_oh, stride_om, stride_od,
-                         stride_lb, stride_lh, stride_lm,
-                         heads, group, seq_q, seq_k, qk_scale_log2, seq_q_bucket, seq_k_bucket,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                         VARLEN: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr,
-                         SCALE_POSITIVE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _flash_attention_fwd(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_lb,
+    stride_lh,
+    stride_lm,
+    heads,
+    group,
+    seq_q,
+    seq_k,
+    qk_scale_log2,
+    seq_q_bucket,
+    seq_k_bucket,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One (query tile, batch x head) program. USE_TMA: q, k, v and out arrive as tensor
     descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
     m_block = _heavy_first(CAUSAL)
@@ -269,8 +392,11 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
         q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
         k_src = k_ptr + b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh + k_start * stride_kn
         v_src = v_ptr + b.to(tl.int64) * stride_vb + kv_h.to(tl.int64) * stride_vh + k_start * stride_vn
-        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        q = tl.load(
+            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+            mask=m_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
     in_dtype = q.dtype  # the inputs' and the output's
     if DOT_IN_FP32:
         q = q.to(tl.float32)
@@ -285,15 +411,71 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
     # ragged end, masked (_key_ranges).
     diagonal, full_end, masked_end = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, d_mask, offs_dv, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        acc,
+        row_max,
+        row_sum,
+        q,
+        k_src,
+        v_src,
+        b,
+        kv_h,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_mask,
+        offs_dv,
+        dv_mask,
+        0,
+        full_end,
+        seq_k,
+        diagonal,
+        qk_scale_log2,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+        BLOCK_DV=BLOCK_DV,
+        MASKED=False,
+        CAUSAL=CAUSAL,
+        USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE,
+        DOT_PRECISION=DOT_PRECISION,
+        DOT_IN_FP32=DOT_IN_FP32,
+    )
     acc, row_max, row_sum = _attend_key_tiles(
-        acc, row_max, row_sum, q, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, d_mask, offs_dv, dv_mask, full_end, masked_end, seq_k, diagonal, qk_scale_log2,
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-        SCALE_POSITIVE=SCALE_POSITIVE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        acc,
+        row_max,
+        row_sum,
+        q,
+        k_src,
+        v_src,
+        b,
+        kv_h,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        d_mask,
+        offs_dv,
+        dv_mask,
+        full_end,
+        masked_end,
+        seq_k,
+        diagonal,
+        qk_scale_log2,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+        BLOCK_DV=BLOCK_DV,
+        MASKED=True,
+        CAUSAL=CAUSAL,
+        USE_TMA=USE_TMA,
+        SCALE_POSITIVE=SCALE_POSITIVE,
+        DOT_PRECISION=DOT_PRECISION,
+        DOT_IN_FP32=DOT_IN_FP32,
+    )
 
     # Normalise once at the end, by the complete denominator, rather than on every tile; then
     # store in the output's dtype, leaving out padded rows and channels. A row that saw no key
@@ -307,8 +489,11 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
         out_ptr.store([b, h, m_start, 0], acc.to(in_dtype).reshape([1, 1, BLOCK_M, BLOCK_DV]))
     else:
         o_base = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_om
-        tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
-                 acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & dv_mask[None, :])
+        tl.store(
+            o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=m_mask[:, None] & dv_mask[None, :],
+        )
     if STORE_LSE:
         lse_base = lse_ptr + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start * stride_lm
         lse = tl.where(nothing_seen, float("-inf"), (row_max + tl.log2(tl.where(nothing_seen, 1.0, row_sum))) * LN2)
@@ -316,9 +501,16 @@ def _flash_attention_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr
 
 
 def _tuned(configs, name):
-    return None if INTERPRETED else PersistentAutotuner(
-        triton.autotune(configs=configs, key=AUTOTUNE_KEY,
-                        prune_configs_by={"early_config_prune": prune_forward})(_flash_attention_fwd), name)
+    return (
+        None
+        if INTERPRETED
+        else PersistentAutotuner(
+            triton.autotune(configs=configs, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune_forward})(
+                _flash_attention_fwd
+            ),
+            name,
+        )
+    )
 
 
 _flash_attention_fwd_tuned = _tuned(GPU_CONFIGS + GPU_CONFIGS_LARGE_HEAD, "flash_attention_fwd")
@@ -337,8 +529,9 @@ def check_blocks(block_m: int | None, block_n: int | None) -> None:
             raise ValueError(f"{name} must be a power of two >= 16 (got {block})")
 
 
-def _check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int | None, block_n: int | None,
-                causal_align: str) -> None:
+def _check_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int | None, block_n: int | None, causal_align: str
+) -> None:
     """ValueError (or RuntimeError: no way to run here) for what the kernel cannot run."""
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q, k, v must share one dtype of {SUPPORTED_DTYPES} (got {q.dtype}, {k.dtype}, {v.dtype})")
@@ -346,16 +539,20 @@ def _check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int 
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS} (got {causal_align!r})")
     check_blocks(block_m, block_n)
     if not q.is_cuda and not INTERPRETED:
-        raise RuntimeError("the Triton flash-attention kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
-                           "before gpubench.optimizations.flash_attention_triton is imported")
+        raise RuntimeError(
+            "the Triton flash-attention kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
+            "before gpubench.optimizations.flash_attention_triton is imported"
+        )
 
 
 def _output(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=q.dtype, device=q.device)
     if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q's dtype and device and be {shape} (q's sizes with v's head_dim): "
-                         f"{q.dtype} on {q.device} (got {tuple(out.shape)} {out.dtype} on {out.device})")
+        raise ValueError(
+            f"out must match q's dtype and device and be {shape} (q's sizes with v's head_dim): "
+            f"{q.dtype} on {q.device} (got {tuple(out.shape)} {out.dtype} on {out.device})"
+        )
     return out
 
 
@@ -365,9 +562,15 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
     size = t.element_size()
     # An expanded axis (stride 0, e.g. k broadcast over the batch) is left to the pointer path: a
     # tensor map's strides must be positive.
-    return (t.dtype in (torch.float16, torch.bfloat16) and t.dim() == 4 and t.numel() > 0 and t.stride(-1) == 1
-            and t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
-            and all(stride > 0 for stride, n in zip(t.stride(), t.shape) if n > 1))
+    return (
+        t.dtype in (torch.float16, torch.bfloat16)
+        and t.dim() == 4
+        and t.numel() > 0
+        and t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
+        and all(stride > 0 for stride, n in zip(t.stride(), t.shape) if n > 1)
+    )
 
 
 def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
@@ -378,8 +581,11 @@ def uses_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     if TensorDescriptor is None or not DESCRIPTORS:
         return False
     # GPU-only (docs/cuda-paths.md): a CPU runs the interpreter, which takes descriptors everywhere
-    if not INTERPRETED and not (q.is_cuda and torch.version.hip is None  # ROCm's (9, 4) is no Hopper
-                                and torch.cuda.get_device_capability(q.device)[0] >= 9):
+    if not INTERPRETED and not (
+        q.is_cuda
+        and torch.version.hip is None  # ROCm's (9, 4) is no Hopper
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+    ):
         return False
     blocks = (max(16, triton.next_power_of_2(q.shape[-1])), max(16, triton.next_power_of_2(v.shape[-1])))
     return all(_descriptor_ready(t) for t in (q, k, v, out)) and descriptor_configs_fit(q, *blocks)
@@ -391,13 +597,34 @@ def _descriptors(q, k, v, out, block_d, block_dv, block_m, block_n):
     boxes = ((q, block_m, block_d), (k, block_n, block_d), (v, block_n, block_dv), (out, block_m, block_dv))
     return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows or 16, cols]) for t, rows, cols in boxes]
 
-def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, seq_q, seq_k, grid_m, scale,
-            causal, causal_align, varlen, block_m, block_n):
+
+def _launch(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens,
+    strides,
+    *,
+    batch,
+    heads,
+    kv_heads,
+    seq_q,
+    seq_k,
+    grid_m,
+    scale,
+    causal,
+    causal_align,
+    varlen,
+    block_m,
+    block_n,
+):
     """One launch of the kernel; ``strides`` are q, k, v, out (each batch, head, row, channel) and
     lse (batch, head, row), 0 where a layout has no such axis."""
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     # tl.dot needs power-of-two tiles of at least 16; head_dim 96 runs as 128, 192 as 256,
     # masked; v's tile has its own width (MLA: 256 for q/k, 128 for v).
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -410,9 +637,20 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     else:
         tensors = [q, k, v, out]
     cu_q, cu_k = cu_seqlens if varlen else (q, q)  # unread placeholders when not varlen
-    args = (*tensors, q if lse is None else lse, cu_q, cu_k, *strides,
-            heads, heads // kv_heads, seq_q, seq_k, scale * math.log2(math.e), length_bucket(seq_q),
-            length_bucket(seq_k))
+    args = (
+        *tensors,
+        q if lse is None else lse,
+        cu_q,
+        cu_k,
+        *strides,
+        heads,
+        heads // kv_heads,
+        seq_q,
+        seq_k,
+        scale * math.log2(math.e),
+        length_bucket(seq_q),
+        length_bucket(seq_k),
+    )
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584; its debugging guide says to cast bf16 to fp32 there),
     # so under the interpreter the bf16 operands are widened to fp32 first. The products are the
@@ -420,9 +658,16 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
     # rounded to bf16 before the second matmul; only the interpreter takes this path.
     dot_in_fp32 = INTERPRETED and q.dtype == torch.bfloat16
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen,
-        STORE_LSE=lse is not None, USE_TMA=use_tma, SCALE_POSITIVE=scale > 0,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        CAUSAL=bool(causal),
+        BOTTOM_RIGHT=causal_align == "bottom_right",
+        VARLEN=varlen,
+        STORE_LSE=lse is not None,
+        USE_TMA=use_tma,
+        SCALE_POSITIVE=scale > 0,
         # fp32 inputs: full-precision products ("ieee"), not the default TF32 tensor-core
         # path, whose 10-bit mantissa would miss fp32's tolerance by orders of magnitude.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
@@ -436,15 +681,22 @@ def _launch(q, k, v, out, lse, cu_seqlens, strides, *, batch, heads, kv_heads, s
         block_m = block_m or INTERPRETER_BLOCK_M
         block_n = block_n or INTERPRETER_BLOCK_N
         grid = (triton.cdiv(grid_m, block_m), batch * heads)
-        _flash_attention_fwd[grid](*args, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
-                                   num_warps=4, num_stages=2)
+        _flash_attention_fwd[grid](*args, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, num_stages=2)
 
 
-def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                           scale: float | None = None, *, block_m: int | None = None,
-                           block_n: int | None = None, out: torch.Tensor | None = None,
-                           causal_align: str = "bottom_right", return_lse: bool = False
-                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+    causal_align: str = "bottom_right",
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale) v by the Triton kernel. q (batch, heads, seq_q, head_dim), k
     (batch, kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple
     of kv_heads; any strides. Returns out (batch, heads, seq_q, head_dim_v), with ``return_lse``
@@ -465,38 +717,80 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() > 0:
         strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *(lse.stride() if return_lse else (0, 0, 0)))
-        _launch(q, k, v, out, lse, None, strides, batch=batch, heads=heads, kv_heads=kv_heads, seq_q=seq_q,
-                seq_k=seq_k, grid_m=seq_q, scale=scale, causal=causal, causal_align=causal_align, varlen=False,
-                block_m=block_m, block_n=block_n)
+        _launch(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            None,
+            strides,
+            batch=batch,
+            heads=heads,
+            kv_heads=kv_heads,
+            seq_q=seq_q,
+            seq_k=seq_k,
+            grid_m=seq_q,
+            scale=scale,
+            causal=causal,
+            causal_align=causal_align,
+            varlen=False,
+            block_m=block_m,
+            block_n=block_n,
+        )
     return (out, lse) if return_lse else out
 
 
-def _check_cu_seqlens(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                      max_seqlen_q: int, max_seqlen_k: int) -> None:
+def _check_cu_seqlens(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+) -> None:
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1 or cu.device != q.device:
-            raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets on q's device ({q.device}); "
-                             f"got {cu.dtype} {tuple(cu.shape)} on {cu.device}")
+            raise ValueError(
+                f"{name} must be a 1-D int32 tensor of batch + 1 offsets on q's device ({q.device}); "
+                f"got {cu.dtype} {tuple(cu.shape)} on {cu.device}"
+            )
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length, batch + 1 "
-                         f"(got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()})")
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must have the same length, batch + 1 "
+            f"(got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()})"
+        )
     if q.is_cuda:  # reading the offsets would synchronize; as flash-attn, they are trusted there
         return  # GPU-only: a CPU (interpreter) checks them below
-    for name, cu, total, most in (("q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-                                  ("k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+    for name, cu, total, most in (
+        ("q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+        ("k", cu_seqlens_k, k.shape[0], max_seqlen_k),
+    ):
         lengths = cu.diff()
         if cu[0] != 0 or (lengths < 0).any() or cu[-1] > total or (lengths > most).any():
-            raise ValueError(f"cu_seqlens_{name} must rise from 0 to at most {total} (the packed rows) in steps of "
-                             f"at most max_seqlen_{name}={most} (got {cu.tolist()})")
+            raise ValueError(
+                f"cu_seqlens_{name} must rise from 0 to at most {total} (the packed rows) in steps of "
+                f"at most max_seqlen_{name}={most} (got {cu.tolist()})"
+            )
 
 
-def flash_attention_varlen_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                                  causal: bool = False, scale: float | None = None, *,
-                                  causal_align: str = "bottom_right", return_lse: bool = False,
-                                  block_m: int | None = None, block_n: int | None = None,
-                                  out: torch.Tensor | None = None
-                                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_varlen_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal_align: str = "bottom_right",
+    return_lse: bool = False,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed documents, flash-attn's varlen layout: q (total_q, heads, head_dim), k (total_k,
     kv_heads, head_dim), v (total_k, kv_heads, head_dim_v); document b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] against k/v rows cu_seqlens_k[b]:cu_seqlens_k[b + 1]
@@ -520,8 +814,25 @@ def flash_attention_varlen_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if batch > 0 and max_seqlen_q > 0 and out.numel() > 0:
         strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0), t.stride(2)))
         strides += (0, *lse.stride()) if return_lse else (0, 0, 0)
-        _launch(q, k, v, out, lse, (cu_seqlens_q, cu_seqlens_k), strides, batch=batch, heads=heads,
-                kv_heads=kv_heads, seq_q=triton.next_power_of_2(max_seqlen_q),
-                seq_k=triton.next_power_of_2(max(max_seqlen_k, 1)), grid_m=max_seqlen_q, scale=scale, causal=causal,
-                causal_align=causal_align, varlen=True, block_m=block_m, block_n=block_n)
+        _launch(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            (cu_seqlens_q, cu_seqlens_k),
+            strides,
+            batch=batch,
+            heads=heads,
+            kv_heads=kv_heads,
+            seq_q=triton.next_power_of_2(max_seqlen_q),
+            seq_k=triton.next_power_of_2(max(max_seqlen_k, 1)),
+            grid_m=max_seqlen_q,
+            scale=scale,
+            causal=causal,
+            causal_align=causal_align,
+            varlen=True,
+            block_m=block_m,
+            block_n=block_n,
+        )
     return (out, lse) if return_lse else out

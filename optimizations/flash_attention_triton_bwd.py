@@ -15,6 +15,7 @@ by tensor-descriptor (TMA) copies where their layout allows (never varlen), else
 gradients are stored by pointers. Checked in Triton's interpreter against float64 autograd on both
 paths; the GPU tiles below are reasoned, not yet measured.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,23 @@ import triton
 import triton.language as tl
 
 from gpubench.lib.attention import check_shapes
+from gpubench.lib.triton_support import interpreted
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
+
 # The forward kernel's own argument checks, tile helpers and configs: these files are one
 # optimization (the forward and backward of one kernel), so sharing its private helpers crosses no layer.
-from gpubench.optimizations.flash_attention_triton import (_check_call, _check_cu_seqlens, _descriptors,
-                                                           _heavy_first, _key_ranges, _load_rows,
-                                                           flash_attention_triton, flash_attention_varlen_triton,
-                                                           uses_descriptors)
+from gpubench.optimizations.flash_attention_triton import (
+    _check_call,
+    _check_cu_seqlens,
+    _descriptors,
+    _heavy_first,
+    _key_ranges,
+    _load_rows,
+    flash_attention_triton,
+    flash_attention_varlen_triton,
+    uses_descriptors,
+)
 from gpubench.optimizations.flash_attention_triton_tiles import descriptor_configs, pointer_configs
-from gpubench.measure.autotune import PersistentAutotuner, length_bucket
-from gpubench.lib.triton_support import interpreted
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 
@@ -68,8 +77,16 @@ DKDV_SHAPES_SM90 = [(32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 3), (64, 128,
 DQ_SHAPES_SM90 = [(128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4)]
 # Lengths as power-of-two buckets, tunings kept on disk: as the forward (gpubench.measure.autotune); USE_TMA
 # selects the path (each its own tuner, as the forward's).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "BOTTOM_RIGHT", "VARLEN",
-                "USE_TMA"]  # + dtypes
+AUTOTUNE_KEY = [
+    "seq_q_bucket",
+    "seq_k_bucket",
+    "HEAD_DIM",
+    "HEAD_DIM_V",
+    "CAUSAL",
+    "BOTTOM_RIGHT",
+    "VARLEN",
+    "USE_TMA",
+]  # + dtypes
 
 
 def _compute_capability(t: torch.Tensor) -> int:
@@ -88,12 +105,20 @@ def _autotuned(kernel, shapes, wide_shapes, sm90_shapes, name, descriptors=False
     def prune(candidates, named_args, **kwargs):
         large = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"]) > 128
         hopper = _compute_capability(named_args["lse_ptr"]) >= 9  # lse: a tensor on either path
-        return [c for c in candidates if any(c is w for w in wide) == large
-                and (hopper or not any(c is h for h in sm90))]
+        return [
+            c for c in candidates if any(c is w for w in wide) == large and (hopper or not any(c is h for h in sm90))
+        ]
 
-    return None if INTERPRETED else PersistentAutotuner(
-        triton.autotune(configs=narrow + sm90 + wide, key=AUTOTUNE_KEY,
-                        prune_configs_by={"early_config_prune": prune})(kernel), name)
+    return (
+        None
+        if INTERPRETED
+        else PersistentAutotuner(
+            triton.autotune(
+                configs=narrow + sm90 + wide, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": prune}
+            )(kernel),
+            name,
+        )
+    )
 
 
 @triton.jit
@@ -121,13 +146,13 @@ def _documents(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, VARLEN: tl.constexpr, BOTTOM
 @triton.jit
 def _base(ptr, b, h, start, stride_b, stride_h, stride_m):
     # int64: batch * heads * seq * head_dim can pass 2^31 elements. Varlen passes stride_b = 0.
-    return (ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-            + start.to(tl.int64) * stride_m)
+    return ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + start.to(tl.int64) * stride_m
 
 
 @triton.jit
-def _sources(a_ptr, c_ptr, b, h, start, stride_ab, stride_ah, stride_am, stride_cb, stride_ch, stride_cm,
-             USE_TMA: tl.constexpr):
+def _sources(
+    a_ptr, c_ptr, b, h, start, stride_ab, stride_ah, stride_am, stride_cb, stride_ch, stride_cm, USE_TMA: tl.constexpr
+):
     """What _load_rows reads two tensors' rows of sequence b, head h from: their descriptors
     (USE_TMA: the whole tensors, indexed at (b, h) by the load) or their base pointers."""
     if USE_TMA:
@@ -140,33 +165,100 @@ def _sources(a_ptr, c_ptr, b, h, start, stride_ab, stride_ah, stride_am, stride_
 
 
 @triton.jit
-def _load_pair(a_src, c_src, b, h, row0, offs_r, offs_d, d_mask, offs_dv, dv_mask, n_rows, stride_ar, stride_ad,
-               stride_cr, stride_cd, USE_TMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr):
+def _load_pair(
+    a_src,
+    c_src,
+    b,
+    h,
+    row0,
+    offs_r,
+    offs_d,
+    d_mask,
+    offs_dv,
+    dv_mask,
+    n_rows,
+    stride_ar,
+    stride_ad,
+    stride_cr,
+    stride_cd,
+    USE_TMA: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Rows row0.. of two tensors of sequence b, head h, the first with head_dim channels and the
     second with head_dim_v (q and dO, or k and v), from _sources; rows past n_rows read as zero."""
-    a = _load_rows(a_src, b, h, row0, offs_r, offs_d, d_mask, n_rows, stride_ar, stride_ad,
-                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_D)
-    c = _load_rows(c_src, b, h, row0, offs_r, offs_dv, dv_mask, n_rows, stride_cr, stride_cd,
-                   MASKED=True, TRANSPOSED=False, USE_TMA=USE_TMA, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_DV)
+    a = _load_rows(
+        a_src,
+        b,
+        h,
+        row0,
+        offs_r,
+        offs_d,
+        d_mask,
+        n_rows,
+        stride_ar,
+        stride_ad,
+        MASKED=True,
+        TRANSPOSED=False,
+        USE_TMA=USE_TMA,
+        BLOCK_R=BLOCK_R,
+        BLOCK_C=BLOCK_D,
+    )
+    c = _load_rows(
+        c_src,
+        b,
+        h,
+        row0,
+        offs_r,
+        offs_dv,
+        dv_mask,
+        n_rows,
+        stride_cr,
+        stride_cd,
+        MASKED=True,
+        TRANSPOSED=False,
+        USE_TMA=USE_TMA,
+        BLOCK_R=BLOCK_R,
+        BLOCK_C=BLOCK_DV,
+    )
     return a, c
 
 
 @triton.jit
 def _load_tile(base, rows, cols, stride_r, stride_c, row_mask, col_mask):
     """The (rows, cols) tile at ``base`` by strides; elements outside the masks read as 0."""
-    return tl.load(base + rows[:, None] * stride_r + cols[None, :] * stride_c,
-                   mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+    return tl.load(
+        base + rows[:, None] * stride_r + cols[None, :] * stride_c,
+        mask=row_mask[:, None] & col_mask[None, :],
+        other=0.0,
+    )
 
 
 @triton.jit
-def _bwd_preprocess(out_ptr, do_ptr, delta_ptr, cu_q_ptr,
-                    stride_ob, stride_oh, stride_om, stride_od,
-                    stride_dob, stride_doh, stride_dom, stride_dod,
-                    stride_lb, stride_lh, stride_lm,
-                    heads, seq_q,
-                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, VARLEN: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+def _bwd_preprocess(
+    out_ptr,
+    do_ptr,
+    delta_ptr,
+    cu_q_ptr,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_od,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_lb,
+    stride_lh,
+    stride_lm,
+    heads,
+    seq_q,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """delta_i = sum_d dO_id O_id = sum_j P_ij dP_ij, the term softmax's gradient subtracts."""
     m_block = tl.program_id(0)
     b = tl.program_id(1) // heads
@@ -178,13 +270,26 @@ def _bwd_preprocess(out_ptr, do_ptr, delta_ptr, cu_q_ptr,
     offs_dv = tl.arange(0, BLOCK_DV)
     m_mask = offs_m < seq_q
     dv_mask = offs_dv < HEAD_DIM_V
-    o = _load_tile(_base(out_ptr, b, h, start, stride_ob, stride_oh, stride_om), offs_m, offs_dv,
-                   stride_om, stride_od, m_mask, dv_mask)
-    do = _load_tile(_base(do_ptr, b, h, start, stride_dob, stride_doh, stride_dom), offs_m, offs_dv,
-                    stride_dom, stride_dod, m_mask, dv_mask)
+    o = _load_tile(
+        _base(out_ptr, b, h, start, stride_ob, stride_oh, stride_om),
+        offs_m,
+        offs_dv,
+        stride_om,
+        stride_od,
+        m_mask,
+        dv_mask,
+    )
+    do = _load_tile(
+        _base(do_ptr, b, h, start, stride_dob, stride_doh, stride_dom),
+        offs_m,
+        offs_dv,
+        stride_dom,
+        stride_dod,
+        m_mask,
+        dv_mask,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(_base(delta_ptr, b, h, start, stride_lb, stride_lh, stride_lm) + offs_m * stride_lm, delta,
-             mask=m_mask)
+    tl.store(_base(delta_ptr, b, h, start, stride_lb, stride_lh, stride_lm) + offs_m * stride_lm, delta, mask=m_mask)
 
 
 @triton.jit
@@ -199,11 +304,39 @@ def _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm):
 
 
 @triton.jit
-def _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, desc_b, desc_h, stride_kn, stride_kd, stride_vn, stride_vd,
-                  offs_m, offs_d, offs_dv, d_mask, dv_mask, n_lo, n_hi, seq_k, diagonal, qk_scale_log2,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  DOT_IN_FP32: tl.constexpr):
+def _dq_key_tiles(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_src,
+    v_src,
+    desc_b,
+    desc_h,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    offs_m,
+    offs_d,
+    offs_dv,
+    d_mask,
+    dv_mask,
+    n_lo,
+    n_hi,
+    seq_k,
+    diagonal,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
     """dQ += dS K over the key tiles starting in [n_lo, n_hi); dS = P * (dP - delta), dP = dO V^T.
     K and V by pointers from this (batch, kv head)'s bases, or by descriptors (USE_TMA), as the forward."""
     for n_start in range(n_lo, n_hi, BLOCK_N):
@@ -212,10 +345,40 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, desc_b, desc_h, stride_k
         # zero and their probabilities are forced to 0 below (a zero key row alone would not do:
         # exp2(0 - lse) can overflow and 0 * inf is NaN).
         n_mask = offs_n < seq_k
-        kt = _load_rows(k_src, desc_b, desc_h, n_start, offs_n, offs_d, d_mask, seq_k, stride_kn, stride_kd,
-                        MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_D)
-        vt = _load_rows(v_src, desc_b, desc_h, n_start, offs_n, offs_dv, dv_mask, seq_k, stride_vn, stride_vd,
-                        MASKED=MASKED, TRANSPOSED=True, USE_TMA=USE_TMA, BLOCK_R=BLOCK_N, BLOCK_C=BLOCK_DV)
+        kt = _load_rows(
+            k_src,
+            desc_b,
+            desc_h,
+            n_start,
+            offs_n,
+            offs_d,
+            d_mask,
+            seq_k,
+            stride_kn,
+            stride_kd,
+            MASKED=MASKED,
+            TRANSPOSED=True,
+            USE_TMA=USE_TMA,
+            BLOCK_R=BLOCK_N,
+            BLOCK_C=BLOCK_D,
+        )
+        vt = _load_rows(
+            v_src,
+            desc_b,
+            desc_h,
+            n_start,
+            offs_n,
+            offs_dv,
+            dv_mask,
+            seq_k,
+            stride_vn,
+            stride_vd,
+            MASKED=MASKED,
+            TRANSPOSED=True,
+            USE_TMA=USE_TMA,
+            BLOCK_R=BLOCK_N,
+            BLOCK_C=BLOCK_DV,
+        )
         in_dtype = kt.dtype
         if DOT_IN_FP32:
             kt = kt.to(tl.float32)
@@ -238,11 +401,40 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, desc_b, desc_h, stride_k
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, desc_b, desc_h, lse_base, delta_base, stride_qm, stride_qd,
-                      stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-                      m_lo, m_hi, seq_q, diagonal, qk_scale_log2,
-                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-                      USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+def _dkdv_query_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_src,
+    do_src,
+    desc_b,
+    desc_h,
+    lse_base,
+    delta_base,
+    stride_qm,
+    stride_qd,
+    stride_dom,
+    stride_dod,
+    stride_lm,
+    offs_n,
+    offs_d,
+    offs_dv,
+    d_mask,
+    dv_mask,
+    m_lo,
+    m_hi,
+    seq_q,
+    diagonal,
+    qk_scale_log2,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
     """dV += P^T dO and dK += dS^T Q over the query tiles starting in [m_lo, m_hi), transposed
     (keys are this program's rows). Query rows past seq_q read as zero with lse +inf: P^T is 0 there,
     so the ragged last tile needs no mask. Key rows past seq_k are computed and never stored.
@@ -250,8 +442,27 @@ def _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, desc_b, desc_h, lse_base, del
     for m_start in range(m_lo, m_hi, BLOCK_M):
         offs_m = m_start + tl.arange(0, BLOCK_M)
         m_mask = offs_m < seq_q
-        q, do = _load_pair(q_src, do_src, desc_b, desc_h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q,
-                           stride_qm, stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
+        q, do = _load_pair(
+            q_src,
+            do_src,
+            desc_b,
+            desc_h,
+            m_start,
+            offs_m,
+            offs_d,
+            d_mask,
+            offs_dv,
+            dv_mask,
+            seq_q,
+            stride_qm,
+            stride_qd,
+            stride_dom,
+            stride_dod,
+            USE_TMA,
+            BLOCK_M,
+            BLOCK_D,
+            BLOCK_DV,
+        )
         lse2, delta = _load_row_stats(lse_base, delta_base, offs_m, m_mask, stride_lm)
         in_dtype = q.dtype
         if DOT_IN_FP32:
@@ -274,18 +485,60 @@ def _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, desc_b, desc_h, lse_base, del
 
 
 @triton.jit
-def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
-            stride_qb, stride_qh, stride_qm, stride_qd,
-            stride_kb, stride_kh, stride_kn, stride_kd,
-            stride_vb, stride_vh, stride_vn, stride_vd,
-            stride_dob, stride_doh, stride_dom, stride_dod,
-            stride_lb, stride_lh, stride_lm,
-            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-            heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
-            HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr, USE_TMA: tl.constexpr,
-            DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dq(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_lb,
+    stride_lh,
+    stride_lm,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dqd,
+    heads,
+    group,
+    seq_q,
+    seq_k,
+    sm_scale,
+    qk_scale_log2,
+    seq_q_bucket,
+    seq_k_bucket,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dQ of one query tile of one (batch, head). USE_TMA: q, k, v and do arrive as tensor
     descriptors of the padded 4-D tensors (never varlen), else as pointers with their strides."""
     m_block = _heavy_first(CAUSAL)  # the longest query tiles first, as the forward
@@ -303,15 +556,40 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
     m_mask = offs_m < seq_q
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
-    q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
-                             stride_dob, stride_doh, stride_dom, USE_TMA)
-    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
-                            stride_vb, stride_vh, stride_vn, USE_TMA)
-    q, do = _load_pair(q_src, do_src, b, h, m_start, offs_m, offs_d, d_mask, offs_dv, dv_mask, seq_q, stride_qm,
-                       stride_qd, stride_dom, stride_dod, USE_TMA, BLOCK_M, BLOCK_D, BLOCK_DV)
-    lse2, delta = _load_row_stats(_base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
-                                  _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
-                                  offs_m, m_mask, stride_lm)
+    q_src, do_src = _sources(
+        q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh, stride_dom, USE_TMA
+    )
+    k_src, v_src = _sources(
+        k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, USE_TMA
+    )
+    q, do = _load_pair(
+        q_src,
+        do_src,
+        b,
+        h,
+        m_start,
+        offs_m,
+        offs_d,
+        d_mask,
+        offs_dv,
+        dv_mask,
+        seq_q,
+        stride_qm,
+        stride_qd,
+        stride_dom,
+        stride_dod,
+        USE_TMA,
+        BLOCK_M,
+        BLOCK_D,
+        BLOCK_DV,
+    )
+    lse2, delta = _load_row_stats(
+        _base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
+        _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm),
+        offs_m,
+        m_mask,
+        stride_lm,
+    )
     if DOT_IN_FP32:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -321,34 +599,142 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, c
     # row are skipped: the forward's split (_key_ranges).
     diagonal, full_end, n_hi = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, offs_dv, d_mask, dv_mask, 0, full_end, seq_k, diagonal, qk_scale_log2,
-                       BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=False, CAUSAL=CAUSAL,
-                       USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_src, v_src, b, kv_h, stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, offs_dv, d_mask, dv_mask, full_end, n_hi, seq_k, diagonal, qk_scale_log2,
-                       BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV, MASKED=True, CAUSAL=CAUSAL,
-                       USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    dq = _dq_key_tiles(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_src,
+        v_src,
+        b,
+        kv_h,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        offs_dv,
+        d_mask,
+        dv_mask,
+        0,
+        full_end,
+        seq_k,
+        diagonal,
+        qk_scale_log2,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+        BLOCK_DV=BLOCK_DV,
+        MASKED=False,
+        CAUSAL=CAUSAL,
+        USE_TMA=USE_TMA,
+        DOT_PRECISION=DOT_PRECISION,
+        DOT_IN_FP32=DOT_IN_FP32,
+    )
+    dq = _dq_key_tiles(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_src,
+        v_src,
+        b,
+        kv_h,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_m,
+        offs_d,
+        offs_dv,
+        d_mask,
+        dv_mask,
+        full_end,
+        n_hi,
+        seq_k,
+        diagonal,
+        qk_scale_log2,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+        BLOCK_DV=BLOCK_DV,
+        MASKED=True,
+        CAUSAL=CAUSAL,
+        USE_TMA=USE_TMA,
+        DOT_PRECISION=DOT_PRECISION,
+        DOT_IN_FP32=DOT_IN_FP32,
+    )
     # Every row is stored, a row that sees no key as 0.
-    tl.store(_base(dq_ptr, b, h, q_start, stride_dqb, stride_dqh, stride_dqm)
-             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(
+        _base(dq_ptr, b, h, q_start, stride_dqb, stride_dqh, stride_dqm)
+        + offs_m[:, None] * stride_dqm
+        + offs_d[None, :] * stride_dqd,
+        (dq * sm_scale).to(dq_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
 
 
 @triton.jit
-def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr,
-              stride_qb, stride_qh, stride_qm, stride_qd,
-              stride_kb, stride_kh, stride_kn, stride_kd,
-              stride_vb, stride_vh, stride_vn, stride_vd,
-              stride_dob, stride_doh, stride_dom, stride_dod,
-              stride_lb, stride_lh, stride_lm,
-              stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-              stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-              kv_heads, group, seq_q, seq_k, sm_scale, qk_scale_log2, seq_q_bucket, seq_k_bucket,
-              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, VARLEN: tl.constexpr, USE_TMA: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dkdv(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dod,
+    stride_lb,
+    stride_lh,
+    stride_lm,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dvd,
+    kv_heads,
+    group,
+    seq_q,
+    seq_k,
+    sm_scale,
+    qk_scale_log2,
+    seq_q_bucket,
+    seq_k_bucket,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dK and dV of one key tile of one (batch, kv head); q, k, v and do by descriptors or pointers
     as :func:`_bwd_dq`."""
     n_block = tl.program_id(0)
@@ -366,10 +752,30 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     d_mask = offs_d < HEAD_DIM
     dv_mask = offs_dv < HEAD_DIM_V
     # This program's K and V tiles stay on chip while every query tile that sees them streams past.
-    k_src, v_src = _sources(k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn,
-                            stride_vb, stride_vh, stride_vn, USE_TMA)
-    k, v = _load_pair(k_src, v_src, b, kv_h, n_start, offs_n, offs_d, d_mask, offs_dv, dv_mask, seq_k, stride_kn,
-                      stride_kd, stride_vn, stride_vd, USE_TMA, BLOCK_N, BLOCK_D, BLOCK_DV)
+    k_src, v_src = _sources(
+        k_ptr, v_ptr, b, kv_h, k_start, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, USE_TMA
+    )
+    k, v = _load_pair(
+        k_src,
+        v_src,
+        b,
+        kv_h,
+        n_start,
+        offs_n,
+        offs_d,
+        d_mask,
+        offs_dv,
+        dv_mask,
+        seq_k,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        USE_TMA,
+        BLOCK_N,
+        BLOCK_D,
+        BLOCK_DV,
+    )
     if DOT_IN_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -391,36 +797,106 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, c
     # programs write the same dK/dV rows.
     for g in range(group):
         h = kv_h * group + g
-        q_src, do_src = _sources(q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm,
-                                 stride_dob, stride_doh, stride_dom, USE_TMA)
+        q_src, do_src = _sources(
+            q_ptr, do_ptr, b, h, q_start, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh, stride_dom, USE_TMA
+        )
         lse_base = _base(lse_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
         delta_base = _base(delta_ptr, b, h, q_start, stride_lb, stride_lh, stride_lm)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, b, h, lse_base, delta_base, stride_qm, stride_qd,
-                                   stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-                                   m_lo, m_full, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
-                                   BLOCK_DV=BLOCK_DV, MASKED=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-                                   DOT_IN_FP32=DOT_IN_FP32)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_src, do_src, b, h, lse_base, delta_base, stride_qm, stride_qd,
-                                   stride_dom, stride_dod, stride_lm, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-                                   m_full, seq_q, seq_q, diagonal, qk_scale_log2, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D,
-                                   BLOCK_DV=BLOCK_DV, MASKED=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-                                   DOT_IN_FP32=DOT_IN_FP32)
-    tl.store(_base(dk_ptr, b, kv_h, k_start, stride_dkb, stride_dkh, stride_dkn)
-             + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=n_mask[:, None] & d_mask[None, :])
-    tl.store(_base(dv_ptr, b, kv_h, k_start, stride_dvb, stride_dvh, stride_dvn)
-             + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
-             dv.to(dv_ptr.dtype.element_ty), mask=n_mask[:, None] & dv_mask[None, :])
+        dk, dv = _dkdv_query_tiles(
+            dk,
+            dv,
+            k,
+            v,
+            q_src,
+            do_src,
+            b,
+            h,
+            lse_base,
+            delta_base,
+            stride_qm,
+            stride_qd,
+            stride_dom,
+            stride_dod,
+            stride_lm,
+            offs_n,
+            offs_d,
+            offs_dv,
+            d_mask,
+            dv_mask,
+            m_lo,
+            m_full,
+            seq_q,
+            diagonal,
+            qk_scale_log2,
+            BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
+            BLOCK_DV=BLOCK_DV,
+            MASKED=CAUSAL,
+            USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_IN_FP32=DOT_IN_FP32,
+        )
+        dk, dv = _dkdv_query_tiles(
+            dk,
+            dv,
+            k,
+            v,
+            q_src,
+            do_src,
+            b,
+            h,
+            lse_base,
+            delta_base,
+            stride_qm,
+            stride_qd,
+            stride_dom,
+            stride_dod,
+            stride_lm,
+            offs_n,
+            offs_d,
+            offs_dv,
+            d_mask,
+            dv_mask,
+            m_full,
+            seq_q,
+            seq_q,
+            diagonal,
+            qk_scale_log2,
+            BLOCK_M=BLOCK_M,
+            BLOCK_D=BLOCK_D,
+            BLOCK_DV=BLOCK_DV,
+            MASKED=False,
+            USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_IN_FP32=DOT_IN_FP32,
+        )
+    tl.store(
+        _base(dk_ptr, b, kv_h, k_start, stride_dkb, stride_dkh, stride_dkn)
+        + offs_n[:, None] * stride_dkn
+        + offs_d[None, :] * stride_dkd,
+        (dk * sm_scale).to(dk_ptr.dtype.element_ty),
+        mask=n_mask[:, None] & d_mask[None, :],
+    )
+    tl.store(
+        _base(dv_ptr, b, kv_h, k_start, stride_dvb, stride_dvh, stride_dvn)
+        + offs_n[:, None] * stride_dvn
+        + offs_dv[None, :] * stride_dvd,
+        dv.to(dv_ptr.dtype.element_ty),
+        mask=n_mask[:, None] & dv_mask[None, :],
+    )
 
 
 TUNED = {  # (kernel, descriptors?) -> its tuner
     (_bwd_dq, False): _autotuned(_bwd_dq, DQ_SHAPES, DQ_SHAPES_WIDE, DQ_SHAPES_SM90, "flash_attention_bwd_dq"),
-    (_bwd_dkdv, False): _autotuned(_bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90,
-                                   "flash_attention_bwd_dkdv"),
-    (_bwd_dq, True): _autotuned(_bwd_dq, DQ_SHAPES, DQ_SHAPES_WIDE, DQ_SHAPES_SM90, "flash_attention_bwd_dq_tma",
-                                descriptors=True),
-    (_bwd_dkdv, True): _autotuned(_bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90,
-                                  "flash_attention_bwd_dkdv_tma", descriptors=True),
+    (_bwd_dkdv, False): _autotuned(
+        _bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90, "flash_attention_bwd_dkdv"
+    ),
+    (_bwd_dq, True): _autotuned(
+        _bwd_dq, DQ_SHAPES, DQ_SHAPES_WIDE, DQ_SHAPES_SM90, "flash_attention_bwd_dq_tma", descriptors=True
+    ),
+    (_bwd_dkdv, True): _autotuned(
+        _bwd_dkdv, DKDV_SHAPES, DKDV_SHAPES_WIDE, DKDV_SHAPES_SM90, "flash_attention_bwd_dkdv_tma", descriptors=True
+    ),
 }
 
 
@@ -434,8 +910,22 @@ def _layout_strides(t: torch.Tensor, varlen: bool) -> tuple[int, ...]:
     return (0, t.stride(1), t.stride(0), t.stride(2))
 
 
-def _check_backward_inputs(do, q, k, v, out, lse, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                           max_seqlen_k, block_m, block_n, causal_align):
+def _check_backward_inputs(
+    do,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    varlen,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    block_m,
+    block_n,
+    causal_align,
+):
     """ValueError (RuntimeError: no way to run here) for what the backward cannot run; q, k, v, the
     tiles, causal_align and the varlen offsets as the forward checks them."""
     check_shapes(q, k, v, seq_dim=0 if varlen else 2)
@@ -451,22 +941,36 @@ def _check_backward_inputs(do, q, k, v, out, lse, varlen, cu_seqlens_q, cu_seqle
         lse_shape = tuple(q.shape[:3])
     out_shape = (*q.shape[:-1], v.shape[-1])
     if tuple(out.shape) != out_shape or tuple(do.shape) != out_shape:
-        raise ValueError(f"out {tuple(out.shape)} and do {tuple(do.shape)} must both be {out_shape} (q's sizes "
-                         "with v's head_dim)")
+        raise ValueError(
+            f"out {tuple(out.shape)} and do {tuple(do.shape)} must both be {out_shape} (q's sizes with v's head_dim)"
+        )
     if out.dtype != q.dtype or do.dtype != q.dtype:
         raise ValueError(f"out and do must have q's dtype {q.dtype} (got {out.dtype}, {do.dtype})")
     if tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != q.device:
-        raise ValueError(f"lse must be float32 {lse_shape} on {q.device}, as the forward returns it (got "
-                         f"{lse.dtype} {tuple(lse.shape)} on {lse.device})")
+        raise ValueError(
+            f"lse must be float32 {lse_shape} on {q.device}, as the forward returns it (got "
+            f"{lse.dtype} {tuple(lse.shape)} on {lse.device})"
+        )
 
 
-def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                    out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
-                                    scale: float | None = None, *, causal_align: str = "bottom_right",
-                                    cu_seqlens_q: torch.Tensor | None = None,
-                                    cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
-                                    max_seqlen_k: int | None = None, block_m: int | None = None,
-                                    block_n: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_attention_backward_triton(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal_align: str = "bottom_right",
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of out = softmax(q k^T * scale) v given do = dL/d(out), from the forward's out
     and lse (natural-log log-sum-exp of the scaled scores over visible keys, float32).
 
@@ -478,12 +982,26 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
     the tiles of both kernels (powers of two >= 16) instead of the autotuned / interpreter ones.
     """
     varlen = cu_seqlens_q is not None
-    _check_backward_inputs(do, q, k, v, out, lse, varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                           max_seqlen_k, block_m, block_n, causal_align)
+    _check_backward_inputs(
+        do,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        varlen,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        block_m,
+        block_n,
+        causal_align,
+    )
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     heads, kv_heads = q.shape[1], k.shape[1]
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         grid_q, grid_k = max_seqlen_q, max_seqlen_k
@@ -505,9 +1023,20 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
     block_dv = max(16, triton.next_power_of_2(head_dim_v))
 
     _bwd_preprocess[(triton.cdiv(grid_q, PREPROCESS_BLOCK_M), batch * heads)](
-        out, do, delta, cu_q, *_layout_strides(out, varlen), *_layout_strides(do, varlen),
-        *_layout_strides(lse, varlen), heads, grid_q,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, VARLEN=varlen, BLOCK_M=PREPROCESS_BLOCK_M)
+        out,
+        do,
+        delta,
+        cu_q,
+        *_layout_strides(out, varlen),
+        *_layout_strides(do, varlen),
+        *_layout_strides(lse, varlen),
+        heads,
+        grid_q,
+        HEAD_DIM_V=head_dim_v,
+        BLOCK_DV=block_dv,
+        VARLEN=varlen,
+        BLOCK_M=PREPROCESS_BLOCK_M,
+    )
 
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584), so there bf16 operands are widened to fp32 first, as in
@@ -523,20 +1052,59 @@ def flash_attention_backward_triton(do: torch.Tensor, q: torch.Tensor, k: torch.
     if use_tma:  # do's box is the forward's out's: query rows by v's channels
         inputs = _descriptors(q, k, v, do, block_d, block_dv, *((None, None) if autotuned else tiles.values()))
     constants = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        CAUSAL=bool(causal), BOTTOM_RIGHT=causal_align == "bottom_right", VARLEN=varlen, USE_TMA=use_tma,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        CAUSAL=bool(causal),
+        BOTTOM_RIGHT=causal_align == "bottom_right",
+        VARLEN=varlen,
+        USE_TMA=use_tma,
         # fp32 inputs: full-precision products, not TF32 (10-bit mantissa), as the forward.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
         DOT_IN_FP32=dot_in_fp32,
     )
-    common = (*_layout_strides(q, varlen), *_layout_strides(k, varlen), *_layout_strides(v, varlen),
-              *_layout_strides(do, varlen), *_layout_strides(lse, varlen))
+    common = (
+        *_layout_strides(q, varlen),
+        *_layout_strides(k, varlen),
+        *_layout_strides(v, varlen),
+        *_layout_strides(do, varlen),
+        *_layout_strides(lse, varlen),
+    )
     # the scales, then the lengths' autotuning buckets
     scales = (scale, scale * LOG2E, length_bucket(seq_q), length_bucket(seq_k))
-    dq_args = (*inputs, lse, delta, dq, cu_q, cu_k, *common, *_layout_strides(dq, varlen),
-               heads, heads // kv_heads, seq_q, seq_k, *scales)
-    dkdv_args = (*inputs, lse, delta, dk, dv, cu_q, cu_k, *common, *_layout_strides(dk, varlen),
-                 *_layout_strides(dv, varlen), kv_heads, heads // kv_heads, seq_q, seq_k, *scales)
+    dq_args = (
+        *inputs,
+        lse,
+        delta,
+        dq,
+        cu_q,
+        cu_k,
+        *common,
+        *_layout_strides(dq, varlen),
+        heads,
+        heads // kv_heads,
+        seq_q,
+        seq_k,
+        *scales,
+    )
+    dkdv_args = (
+        *inputs,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_q,
+        cu_k,
+        *common,
+        *_layout_strides(dk, varlen),
+        *_layout_strides(dv, varlen),
+        kv_heads,
+        heads // kv_heads,
+        seq_q,
+        seq_k,
+        *scales,
+    )
     dq_grid = lambda meta: (triton.cdiv(grid_q, meta["BLOCK_M"]), batch * heads)
     dkdv_grid = lambda meta: (triton.cdiv(grid_k, meta["BLOCK_N"]), batch * kv_heads)
     for kernel, grid, args in ((_bwd_dq, dq_grid, dq_args), (_bwd_dkdv, dkdv_grid, dkdv_args)):
@@ -552,40 +1120,69 @@ class FlashAttentionFunction(torch.autograd.Function):
     out and lse (O(seq) extra, never the N x N probabilities), and the backward kernels above."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k):
+    def forward(ctx, q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         if cu_seqlens_q is None:
             out, lse = flash_attention_triton(q, k, v, causal, scale, causal_align=causal_align, return_lse=True)
         else:
             out, lse = flash_attention_varlen_triton(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                causal_align=causal_align, return_lse=True)
+                q,
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                causal,
+                scale,
+                causal_align=causal_align,
+                return_lse=True,
+            )
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.options = dict(causal=causal, scale=scale, causal_align=causal_align, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_k=max_seqlen_k)
+        ctx.options = dict(
+            causal=causal, scale=scale, causal_align=causal_align, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k
+        )
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels' gradients have no graph: say so, not 0
     def backward(ctx, do):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward_triton(do, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q,
-                                                     cu_seqlens_k=cu_seqlens_k, **ctx.options)
+        dq, dk, dv = flash_attention_backward_triton(
+            do, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **ctx.options
+        )
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal_align: str = "bottom_right",
+) -> torch.Tensor:
     """softmax(q k^T * scale) v, differentiable, by the Triton kernels: q (B, H, Sq, D), k (B, Hkv, Sk, D),
     v (B, Hkv, Sk, Dv) -> (B, H, Sq, Dv). Causal aligned bottom-right by default (flash-attn >= 2.1)."""
     return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, None, None, None, None)
 
 
-def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                           scale: float | None = None, *, causal_align: str = "bottom_right") -> torch.Tensor:
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    causal_align: str = "bottom_right",
+) -> torch.Tensor:
     """:func:`flash_attn_func` over packed documents, flash-attn's varlen layout: q (Tq, H, D), k (Tk, Hkv, D),
     v (Tk, Hkv, Dv) -> (Tq, H, Dv); document b is rows cu_seqlens_*[b]:cu_seqlens_*[b + 1] and attends
     only to itself, with causal alignment per document."""
-    return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k,
-                                        max_seqlen_q, max_seqlen_k)
+    return FlashAttentionFunction.apply(
+        q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    )

@@ -4,6 +4,7 @@ dim, how a descriptor's box follows the tile being tried, and the shared-memory 
 descriptor config before it is tried. The kernels: :mod:`.flash_attention_triton` (forward) and
 :mod:`.flash_attention_triton_bwd` (backward, whose own tiles live beside its kernels).
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,10 @@ except ImportError:  # a Triton without them: the pointer path only
 
 def pointer_configs(shapes):
     """Autotuning configs of the pointer path from (BLOCK_M, BLOCK_N, warps, stages) tuples."""
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
-            for bm, bn, warps, stages in shapes]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+        for bm, bn, warps, stages in shapes
+    ]
 
 
 # The pointer path's autotuning candidates (GPUs before sm_90; on sm_90 and later, varlen, fp32
@@ -27,15 +30,17 @@ def pointer_configs(shapes):
 # for short sequences (more programs to fill the SMs) and for fp32 at head_dim 128, whose tiles
 # are twice the bytes and may not fit shared memory at the bigger sizes (the autotuner skips
 # configs that fail to fit).
-GPU_CONFIGS = pointer_configs((
-    (128, 128, 8, 3),
-    (128, 64, 8, 3),
-    (128, 64, 4, 3),
-    (128, 32, 4, 4),
-    (64, 64, 4, 4),
-    (64, 32, 4, 3),
-    (64, 32, 4, 2),
-))
+GPU_CONFIGS = pointer_configs(
+    (
+        (128, 128, 8, 3),
+        (128, 64, 8, 3),
+        (128, 64, 4, 3),
+        (128, 32, 4, 4),
+        (64, 64, 4, 4),
+        (64, 32, 4, 3),
+        (64, 32, 4, 2),
+    )
+)
 # Head dims above 128 (Gemma's 256, MLA's 192 / 128, padded to 256 / 128 tiles): the query
 # tile, the K/V tiles and the fp32 BLOCK_M x BLOCK_DV accumulator are up to twice as wide, so at
 # most 2 stages and never the 128-key tiles. Shared memory per config, from compiling this kernel
@@ -46,19 +51,20 @@ GPU_CONFIGS = pointer_configs((
 # 128 x 64 with 8 warps is FlashAttention-2's own head_dim-256 tile. Configs that do not fit are
 # skipped by the autotuner. (The same compile of head_dim 128, bf16, 128 x 64 / 8 warps / 3
 # stages gives 48 KiB and 255 registers, as the kernel before issue 20's changes did.)
-GPU_CONFIGS_LARGE_HEAD = pointer_configs((
-    (128, 64, 8, 2),
-    (64, 64, 8, 2),
-    (64, 64, 4, 2),
-    (64, 32, 4, 2),
-    (32, 32, 4, 2),
-))
+GPU_CONFIGS_LARGE_HEAD = pointer_configs(
+    ((128, 64, 8, 2), (64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2))
+)
 
 
 # Which rows and channels a descriptor's box spans, by kernel argument: the forward's and the
 # backward's kernels share the names (q, k, v; out in the forward, do in the backward).
-DESCRIPTOR_BOXES = {"q_ptr": ("BLOCK_M", "BLOCK_D"), "k_ptr": ("BLOCK_N", "BLOCK_D"), "v_ptr": ("BLOCK_N", "BLOCK_DV"),
-                    "out_ptr": ("BLOCK_M", "BLOCK_DV"), "do_ptr": ("BLOCK_M", "BLOCK_DV")}
+DESCRIPTOR_BOXES = {
+    "q_ptr": ("BLOCK_M", "BLOCK_D"),
+    "k_ptr": ("BLOCK_N", "BLOCK_D"),
+    "v_ptr": ("BLOCK_N", "BLOCK_DV"),
+    "out_ptr": ("BLOCK_M", "BLOCK_DV"),
+    "do_ptr": ("BLOCK_M", "BLOCK_DV"),
+}
 
 
 def set_descriptor_boxes(nargs):
@@ -72,9 +78,10 @@ def set_descriptor_boxes(nargs):
 def descriptor_configs(shapes):
     """Autotuning configs of the descriptor path: as :func:`pointer_configs`, each setting the
     descriptors' boxes to its tile before it runs."""
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages,
-                          pre_hook=set_descriptor_boxes)
-            for bm, bn, warps, stages in shapes]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages, pre_hook=set_descriptor_boxes)
+        for bm, bn, warps, stages in shapes
+    ]
 
 
 # The descriptor (TMA) path's candidates, sm_90 and later, 16-bit only. The copies are asynchronous
@@ -87,23 +94,21 @@ def descriptor_configs(shapes):
 # which the sm_90 compile test checks against the compiler's figure): 128 x 128 at head_dim 128
 # takes 161 KiB at 2 stages and 225 KiB at 3, so 4 would not fit; configs that do not fit the
 # device are pruned before tuning (prune_forward).
-GPU_CONFIGS_TMA = descriptor_configs((
-    (128, 128, 8, 2),
-    (128, 128, 8, 3),
-    (256, 64, 8, 2),
-    (256, 64, 8, 3),
-    (128, 64, 4, 3),
-    (128, 64, 4, 4),
-    (128, 64, 4, 5),
-    (64, 64, 4, 4),
-))
-GPU_CONFIGS_TMA_LARGE_HEAD = descriptor_configs((
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (64, 64, 4, 2),
-    (64, 64, 4, 3),
-    (64, 32, 4, 2),
-))
+GPU_CONFIGS_TMA = descriptor_configs(
+    (
+        (128, 128, 8, 2),
+        (128, 128, 8, 3),
+        (256, 64, 8, 2),
+        (256, 64, 8, 3),
+        (128, 64, 4, 3),
+        (128, 64, 4, 4),
+        (128, 64, 4, 5),
+        (64, 64, 4, 4),
+    )
+)
+GPU_CONFIGS_TMA_LARGE_HEAD = descriptor_configs(
+    ((128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2))
+)
 # Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
 # length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
 # and Triton version (gpubench.measure.autotune). USE_TMA selects the path (each has its own tuner and
@@ -113,8 +118,9 @@ GPU_CONFIGS_TMA_LARGE_HEAD = descriptor_configs((
 AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN", "USE_TMA"]
 
 
-def descriptor_shared_bytes(block_m: int, block_n: int, block_d: int, block_dv: int, stages: int,
-                            elem_bytes: int = 2) -> int:
+def descriptor_shared_bytes(
+    block_m: int, block_n: int, block_d: int, block_dv: int, stages: int, elem_bytes: int = 2
+) -> int:
     """Shared memory of one descriptor-path program, an upper bound: the query tile and
     ``stages`` buffers of a K and a V tile, plus 1 KiB for the pipeline's barriers (what compiling
     for sm_90 with Triton 3.9 gives, within those 1,024 bytes)."""
@@ -137,8 +143,10 @@ def descriptor_configs_fit(t: torch.Tensor, block_d: int, block_dv: int) -> bool
         return True
     wide = max(block_d, block_dv) > 128
     configs = GPU_CONFIGS_TMA_LARGE_HEAD if wide else GPU_CONFIGS_TMA
-    return any(descriptor_shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], block_d, block_dv, c.num_stages)
-               <= limit for c in configs)
+    return any(
+        descriptor_shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], block_d, block_dv, c.num_stages) <= limit
+        for c in configs
+    )
 
 
 def prune_forward(configs, named_args, **kwargs):
@@ -149,6 +157,12 @@ def prune_forward(configs, named_args, **kwargs):
     kept = [c for c in configs if any(c is w for w in wide) == large]
     limit = shared_memory_limit(named_args["lse_ptr"])  # a tensor on either path
     if kwargs["USE_TMA"] and limit is not None:
-        kept = [c for c in kept if descriptor_shared_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], kwargs["BLOCK_D"],
-                                                           kwargs["BLOCK_DV"], c.num_stages) <= limit]
+        kept = [
+            c
+            for c in kept
+            if descriptor_shared_bytes(
+                c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], kwargs["BLOCK_D"], kwargs["BLOCK_DV"], c.num_stages
+            )
+            <= limit
+        ]
     return kept

@@ -8,6 +8,7 @@ reshape_and_cache does; a token outside the blocks its sequence holds has no slo
 is not stored. Blocks come from a shuffled free list, scattered through the pool as in a
 long-running engine.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,14 @@ def held_blocks(length: int, window: int | None, block_size: int) -> tuple[int, 
 class PagedKVCache:
     allocator = "paged"
 
-    def __init__(self, layout: KVLayout, lengths: list[int], block_size: int, device: torch.device,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        layout: KVLayout,
+        lengths: list[int],
+        block_size: int,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+    ):
         self.layout, self.block_size, self.lengths = layout, block_size, list(lengths)
         self.pools: list[TokenRows] = []
         self.first_block: list[list[int]] = []  # per layer, per sequence: first logical block kept
@@ -42,7 +49,7 @@ class PagedKVCache:
             free_list = torch.randperm(sum(counts), generator=generator).to(torch.int32)
             tables, start = [], 0
             for count in counts:
-                tables.append(free_list[start:start + count].to(device).clone())
+                tables.append(free_list[start : start + count].to(device).clone())
                 start += count
             self.pools.append(empty_rows(layout, (sum(counts), block_size), device))
             self.first_block.append([first for first, _ in held])
@@ -92,8 +99,15 @@ class PagedKVCache:
         return sum(t.untyped_storage().nbytes() for tables in self.block_tables for t in tables)
 
 
-def build_cache(layout: KVLayout, sequences: list[SequenceKV], *, max_len: int, block_size: int,
-                device: torch.device, generator: torch.Generator | None = None) -> PagedKVCache:
+def build_cache(
+    layout: KVLayout,
+    sequences: list[SequenceKV],
+    *,
+    max_len: int,
+    block_size: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> PagedKVCache:
     """Take the blocks each sequence needs (window-aware), then write each sequence's tokens
     through its block table. (``max_len`` is unused: nothing is reserved ahead.)"""
     cache = PagedKVCache(layout, [s.length for s in sequences], block_size, device, generator)
@@ -101,6 +115,10 @@ def build_cache(layout: KVLayout, sequences: list[SequenceKV], *, max_len: int, 
         for layer, rows in enumerate(seq.layers):
             # Tokens in blocks the window already left are not kept; the rest is written.
             first_token = cache.first_block[layer][i] * block_size
-            cache.write(i, layer, TokenRows(rows.values[first_token:],
-                                            None if rows.scales is None else rows.scales[first_token:]), first_token)
+            cache.write(
+                i,
+                layer,
+                TokenRows(rows.values[first_token:], None if rows.scales is None else rows.scales[first_token:]),
+                first_token,
+            )
     return cache

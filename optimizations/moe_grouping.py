@@ -3,11 +3,12 @@ per-expert counts once, run each expert on its contiguous slice, and restore tok
 one ``index_add_`` (:func:`moe_forward`); :func:`moe_forward_grouped_mm` runs both projections as
 torch grouped GEMMs with the offsets left on the device. Host reads (noted in ``syncs``): one and none.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -33,11 +34,14 @@ def group_by_expert(experts: torch.Tensor, num_experts: int) -> Grouping:
     on CUDA it reads its input's maximum to the host to size its output (an extra sync)."""
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    return Grouping(order=order, token=torch.div(order, experts.shape[1], rounding_mode="floor"),
-                    expert=flat.index_select(0, order), counts=counts,
-                    offsets=counts.cumsum(0).to(torch.int32))
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    return Grouping(
+        order=order,
+        token=torch.div(order, experts.shape[1], rounding_mode="floor"),
+        expert=flat.index_select(0, order),
+        counts=counts,
+        offsets=counts.cumsum(0).to(torch.int32),
+    )
 
 
 def _gather_rows(x: torch.Tensor, routing: torch.Tensor, g: Grouping) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +63,9 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, syncs: 
     rows, scale = _gather_rows(x, routing, g)
     # split and unbind each have one backward node (a cat, a stack), where slicing or indexing per
     # expert would build a full-size gradient per expert and sum them.
-    gate_up, gate_up_bias, down, down_bias = (t.unbind(0) for t in (
-        weights.gate_up, weights.gate_up_bias, weights.down, weights.down_bias))
+    gate_up, gate_up_bias, down, down_bias = (
+        t.unbind(0) for t in (weights.gate_up, weights.gate_up_bias, weights.down, weights.down_bias)
+    )
     hit = [e for e, n in enumerate(counts) if n]
     parts = rows.split(counts)
     h = torch.cat([torch.addmm(gate_up_bias[e], parts[e], gate_up[e]) for e in hit])
@@ -70,6 +75,7 @@ def moe_forward(x: torch.Tensor, weights: MoEWeights, config: MoEConfig, syncs: 
 
 
 # -- grouped GEMM ------------------------------------------------------------------------------
+
 
 @functools.cache
 def grouped_mm_function() -> Callable[..., torch.Tensor] | None:
@@ -87,15 +93,21 @@ def grouped_gemm_path(device: torch.device, dtype: torch.dtype) -> str:
     fn = grouped_mm_function()
     if fn is None:
         return f"none: torch {torch.__version__} has no grouped_mm"
-    name = "torch.nn.functional.grouped_mm" if fn is getattr(torch.nn.functional, "grouped_mm", None) else "torch._grouped_mm"
+    name = (
+        "torch.nn.functional.grouped_mm"
+        if fn is getattr(torch.nn.functional, "grouped_mm", None)
+        else "torch._grouped_mm"
+    )
     device = torch.device(device)
     if device.type != "cuda":
         return f"{name}, {device.type} implementation (a loop of matmuls over the groups inside torch)"
     major, _ = torch.cuda.get_device_capability(device)
     if dtype == torch.bfloat16 and major in (9, 10):
         return f"{name}, CUTLASS grouped-GEMM kernel (bf16, sm{major}x): one launch per projection"
-    return (f"{name}, torch's fallback for {str(dtype).removeprefix('torch.')} on sm{major}x: a loop of "
-            "matmuls over the groups, offsets copied to the host")
+    return (
+        f"{name}, torch's fallback for {str(dtype).removeprefix('torch.')} on sm{major}x: a loop of "
+        "matmuls over the groups, offsets copied to the host"
+    )
 
 
 def grouped_mm_problem(config: MoEConfig, dtype: torch.dtype) -> str | None:
@@ -104,15 +116,19 @@ def grouped_mm_problem(config: MoEConfig, dtype: torch.dtype) -> str | None:
     if grouped_mm_function() is None:
         return f"torch {torch.__version__} has no grouped_mm"
     size = torch.empty((), dtype=dtype).element_size()
-    bad = [f"{name} {n} x {size} bytes" for name, n in (("hidden", config.hidden), ("expert_dim", config.expert_dim))
-           if (n * size) % 16]
+    bad = [
+        f"{name} {n} x {size} bytes"
+        for name, n in (("hidden", config.hidden), ("expert_dim", config.expert_dim))
+        if (n * size) % 16
+    ]
     if bad:
         return f"torch's grouped_mm needs rows of a multiple of 16 bytes; here {', '.join(bad)}"
     return None
 
 
-def moe_forward_grouped_mm(x: torch.Tensor, weights: MoEWeights, config: MoEConfig,
-                           syncs: SyncLog | None = None) -> torch.Tensor:
+def moe_forward_grouped_mm(
+    x: torch.Tensor, weights: MoEWeights, config: MoEConfig, syncs: SyncLog | None = None
+) -> torch.Tensor:
     """gpt-oss MoE layer on ``x`` (tokens, hidden) -> (tokens, hidden): sort-and-group with one
     grouped GEMM per projection; the group offsets never leave the device."""
     problem = grouped_mm_problem(config, x.dtype)

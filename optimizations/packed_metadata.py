@@ -7,16 +7,24 @@ Attention is the step's backend (:func:`gpubench.lib.packing.packed_attention`):
 gpubench's own Triton varlen kernels (``flash_attn_varlen_func``, forward and backward, fed the
 cached ``cu_seqlens`` and ``max_seqlen``), on a CPU SDPA with the block-causal mask. The per-layer
 baseline attends the same way, so the pair differs only in how often the metadata is built."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
+from gpubench.lib.packing import (
+    PackedBatch,
+    PackedMetadata,
+    StepOutput,
+    StepStats,
+    build_metadata,
+    packed_attention,
+    training_step,
+)
 from gpubench.models.llama import LlamaWeights, forward
-from gpubench.lib.packing import (PackedBatch, PackedMetadata, StepOutput, StepStats, build_metadata, packed_attention,
-                              training_step)
 
 
 class PackedMetadataCache:
@@ -34,11 +42,27 @@ class PackedMetadataCache:
 
     @staticmethod
     def _key_of(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype) -> tuple:
-        return (id(doc_lens), doc_lens._version, tuple(doc_lens.shape), doc_lens.dtype, doc_lens.device,
-                rows, seq, backend, dtype)
+        return (
+            id(doc_lens),
+            doc_lens._version,
+            tuple(doc_lens.shape),
+            doc_lens.dtype,
+            doc_lens.device,
+            rows,
+            seq,
+            backend,
+            dtype,
+        )
 
-    def get(self, doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype,
-            stats: StepStats | None = None) -> PackedMetadata:
+    def get(
+        self,
+        doc_lens: torch.Tensor,
+        rows: int,
+        seq: int,
+        backend: str,
+        dtype: torch.dtype,
+        stats: StepStats | None = None,
+    ) -> PackedMetadata:
         """The cached record when it was built from this very lengths tensor, unmodified, for the
         same shape, backend and dtype; else a fresh build."""
         key = self._key_of(doc_lens, rows, seq, backend, dtype)
@@ -64,7 +88,7 @@ class PackedMetadataCache:
         return self._meta
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator["PackedMetadataCache"]:
+    def batch(self) -> Iterator[PackedMetadataCache]:
         """Scope the cache (to a step): whatever it holds is released on exit."""
         try:
             yield self
@@ -72,9 +96,15 @@ class PackedMetadataCache:
             self.release()
 
 
-def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.Tensor, *, backend: str = "sdpa",
-                   stats: StepStats | None = None,
-                   cache: PackedMetadataCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_forward(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    doc_lens: torch.Tensor,
+    *,
+    backend: str = "sdpa",
+    stats: StepStats | None = None,
+    cache: PackedMetadataCache | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (rows, seq, vocab) of a packed batch and its position ids; the metadata comes from
     ``cache`` for the RoPE positions and every layer alike. The caller releases the cache."""
     cache = PackedMetadataCache() if cache is None else cache
@@ -87,14 +117,24 @@ def packed_forward(weights: LlamaWeights, tokens: torch.Tensor, doc_lens: torch.
     return forward(weights, tokens, positions, attend), positions
 
 
-def train_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch], *,
-               backend: str = "sdpa", stats: StepStats | None = None,
-               cache: PackedMetadataCache | None = None) -> StepOutput:
+def train_step(
+    weights: LlamaWeights,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[PackedBatch],
+    *,
+    backend: str = "sdpa",
+    stats: StepStats | None = None,
+    cache: PackedMetadataCache | None = None,
+) -> StepOutput:
     """One training step over packed micro-batches (forward, loss, backward each; one optimizer
     step) with the metadata built once per micro-batch: every forward and backward pass inside one
     cache scope, the optimizer step after its release."""
     cache = PackedMetadataCache() if cache is None else cache
-    return training_step(weights, optimizer, batches,
-                         lambda b: packed_forward(weights, b.tokens, b.doc_lens, backend=backend, stats=stats,
-                                                  cache=cache),
-                         stats, metadata_scope=cache.batch())
+    return training_step(
+        weights,
+        optimizer,
+        batches,
+        lambda b: packed_forward(weights, b.tokens, b.doc_lens, backend=backend, stats=stats, cache=cache),
+        stats,
+        metadata_scope=cache.batch(),
+    )

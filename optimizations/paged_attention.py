@@ -7,6 +7,7 @@ paged_attention technique's CPU stand-in): the context in chunks of many blocks,
 partial softmax for every sequence and query head at once, the chunks combined by log-sum-exp as
 the kernel's splits are. Shapes and conventions: :mod:`gpubench.lib.paged_decode`.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ def merge_partials(a: Partial, b: Partial) -> Partial:
     return Partial(m, a.l * wa + b.l * wb, a.acc * wa[..., None] + b.acc * wb[..., None])
 
 
-def attend_chunk(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
-                 live: torch.Tensor) -> Partial:
+def attend_chunk(
+    qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, live: torch.Tensor
+) -> Partial:
     """The partial softmax of the grouped queries ``qg`` (batch, kv_heads, group, d), already
     scaled, over the keys of ``blocks`` (batch, n) of the pool; ``live`` (batch, n * block_size)
     marks the keys inside each context."""
@@ -61,10 +63,17 @@ def attend_chunk(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return Partial(m, p.sum(dim=-1), torch.einsum("bkgt,btkd->bkgd", p, v))
 
 
-def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                 block_tables: torch.Tensor, context_lens: torch.Tensor,
-                                 scale: float | None = None, *, chunk_tokens: int | None = None,
-                                 out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode_attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    chunk_tokens: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`gpubench.lib.paged_decode.paged_decode_attention` as vectorized PyTorch on any device:
     every sequence's keys in chunks of whole blocks (``chunk_tokens``, rounded down to blocks;
     default from :data:`CHUNK_ELEMENTS`), each chunk one gather, one masked grouped softmax for
@@ -72,7 +81,7 @@ def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     not given). Walks the table's width, so no host sync."""
     batch, heads, head_dim, block_size, kv_heads = check_shapes(q, k_cache, v_cache, block_tables, context_lens)
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     device = q.device
     lens = context_lens.to(device=device, dtype=torch.long)
     tables = block_tables.to(device=device, dtype=torch.long)
@@ -83,17 +92,21 @@ def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     # fp32 accumulation (fp64 when the inputs are fp64, so a float64 engine stays float64 throughout).
     acc_dtype = torch.promote_types(q.dtype, torch.float32)
     qg = q.reshape(batch, kv_heads, heads // kv_heads, head_dim).to(acc_dtype) * scale
-    state = Partial(torch.full(qg.shape[:3], -math.inf, device=device, dtype=acc_dtype),
-                    torch.zeros(qg.shape[:3], device=device, dtype=acc_dtype), torch.zeros_like(qg))
+    state = Partial(
+        torch.full(qg.shape[:3], -math.inf, device=device, dtype=acc_dtype),
+        torch.zeros(qg.shape[:3], device=device, dtype=acc_dtype),
+        torch.zeros_like(qg),
+    )
     offsets = torch.arange(chunk_blocks * block_size, device=device)
     for first in range(0, tables.shape[1], chunk_blocks):
-        blocks = tables[:, first:first + chunk_blocks]
-        token = first * block_size + offsets[:blocks.shape[1] * block_size]  # logical positions
+        blocks = tables[:, first : first + chunk_blocks]
+        token = first * block_size + offsets[: blocks.shape[1] * block_size]  # logical positions
         live = token[None, :] < lens[:, None]  # (batch, tokens): keys inside each context
         state = merge_partials(state, attend_chunk(qg, k_cache, v_cache, blocks, live))
 
     # A context of 0 tokens leaves l = 0: zeros rather than 0 / 0.
-    result = torch.where(state.l[..., None] > 0, state.acc / state.l.clamp_min(1e-30)[..., None],
-                         torch.zeros_like(state.acc))
+    result = torch.where(
+        state.l[..., None] > 0, state.acc / state.l.clamp_min(1e-30)[..., None], torch.zeros_like(state.acc)
+    )
     out = torch.empty_like(q) if out is None else out
     return out.copy_(result.reshape(batch, heads, head_dim))

@@ -15,6 +15,7 @@ programs to fill the SMs at small batch x long context); its speed is unmeasured
 far. Runs under Triton's interpreter (``TRITON_INTERPRET=1`` before import) on CPU tensors, for
 tests.
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,17 +57,45 @@ REDUCE_NUM_WARPS = 4
 
 @triton.jit
 def _paged_decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-    scale_log2e, split_tokens,
-    stride_qb, stride_qh, stride_qd,
-    stride_kn, stride_ks, stride_kh, stride_kd,
-    stride_vn, stride_vs, stride_vh, stride_vd,
-    stride_tb, stride_tj,
-    stride_ob, stride_oh, stride_od,
-    stride_pb, stride_ph, stride_ps,  # the partials' (batch, head, split); acc adds a dense dim
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, TOKENS: tl.constexpr, ONE_SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tables_ptr,
+    lens_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    scale_log2e,
+    split_tokens,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kn,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vn,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_tb,
+    stride_tj,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    stride_pb,
+    stride_ph,
+    stride_ps,  # the partials' (batch, head, split); acc adds a dense dim
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    TOKENS: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -80,8 +109,11 @@ def _paged_decode_split_kernel(
     heads = kv_head * GROUP + rows  # the query heads of this KV head's group
     dims = tl.arange(0, DIM_PAD)
     dim_ok = dims < HEAD_DIM
-    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
@@ -128,8 +160,11 @@ def _paged_decode_split_kernel(
     if ONE_SPLIT:
         # A context of 0 tokens leaves l = 0: zeros rather than 0 / 0.
         out = tl.where(l[:, None] > 0, acc / tl.maximum(l, 1e-30)[:, None], 0.0)
-        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+        tl.store(
+            out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
     else:
         # An empty split stores (-inf, 0, 0): the reduce gives it weight 0.
         part = seq * stride_pb + heads * stride_ph + split * stride_ps
@@ -140,10 +175,21 @@ def _paged_decode_split_kernel(
 
 @triton.jit
 def _paged_decode_reduce_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_ob, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, SPLITS_PER_STEP: tl.constexpr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLITS_PER_STEP: tl.constexpr,
 ):
     """One program per (sequence, query head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M),
     M the largest split max."""
@@ -169,8 +215,11 @@ def _paged_decode_reduce_kernel(
         total += tl.sum(acc * weight[:, None], 0)
 
     out = tl.where(denom > 0, total / tl.maximum(denom, 1e-30), 0.0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    tl.store(
+        out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
 
 
 @functools.cache
@@ -197,18 +246,28 @@ def _scratch(device: torch.device, batch: int, heads: int, splits: int, dim_pad:
     return m, torch.empty_like(m), torch.empty(batch, heads, splits, dim_pad, device=device, dtype=torch.float32)
 
 
-def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  block_tables: torch.Tensor, context_lens: torch.Tensor,
-                                  scale: float | None = None, *, tokens_per_step: int | None = None,
-                                  num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    tokens_per_step: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`gpubench.lib.paged_decode.paged_decode_attention` by the Triton kernels.
     ``tokens_per_step``: keys loaded per loop step, a power of two >= 16 (default 64, 32 above
     head_dim 128). ``num_splits``: context splits per (sequence, KV head), default
     :func:`choose_splits` over the table's width (the longest context it can hold, so no host
     sync). ``out``: written in place (shaped, typed and placed like q), else allocated."""
     if not q.is_cuda and not INTERPRETED:
-        raise RuntimeError("the Triton paged-decode kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
-                           "before gpubench.optimizations.paged_attention_triton is imported")
+        raise RuntimeError(
+            "the Triton paged-decode kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
+            "before gpubench.optimizations.paged_attention_triton is imported"
+        )
     batch, heads, head_dim, block_size, kv_heads = check_shapes(q, k_cache, v_cache, block_tables, context_lens)
     if tokens_per_step is None:
         tokens_per_step = TOKENS_PER_STEP if head_dim <= 128 else TOKENS_PER_STEP_WIDE
@@ -217,7 +276,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be at least 1 (got {num_splits})")
     if scale is None:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
@@ -238,15 +297,40 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     # bf16 x bf16 product is exact in fp32, as on tensor cores. Other dtypes than the three the
     # kernel is built for (a float64 serving engine's) are computed in fp32 too, as before the split.
     # q over a cache of another dtype (fp32 queries over a bf16 cache) too: tl.dot takes one dtype.
-    dot_in_fp32 = (INTERPRETED and q.dtype == torch.bfloat16 or q.dtype not in DOT_DTYPES
-                   or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype)
+    dot_in_fp32 = (
+        INTERPRETED
+        and q.dtype == torch.bfloat16
+        or q.dtype not in DOT_DTYPES
+        or k_cache.dtype != q.dtype
+        or v_cache.dtype != q.dtype
+    )
     _paged_decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, tables, lens, out, m, l, acc,
-        scale * math.log2(math.e), split_tokens,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *tables.stride(), *out.stride(), *m.stride()[:3],
-        GROUP=group, GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, DIM_PAD=dim_pad, TOKENS=tokens_per_step, ONE_SPLIT=splits == 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32", DOT_IN_FP32=dot_in_fp32,
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        lens,
+        out,
+        m,
+        l,
+        acc,
+        scale * math.log2(math.e),
+        split_tokens,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *tables.stride(),
+        *out.stride(),
+        *m.stride()[:3],
+        GROUP=group,
+        GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        DIM_PAD=dim_pad,
+        TOKENS=tokens_per_step,
+        ONE_SPLIT=splits == 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or dot_in_fp32 else "tf32",
+        DOT_IN_FP32=dot_in_fp32,
         num_warps=NUM_WARPS,
     )
     if splits > 1:
@@ -254,18 +338,34 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     return out
 
 
-def reduce_partials(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, out: torch.Tensor,
-                    head_dim: int) -> torch.Tensor:
+def reduce_partials(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, out: torch.Tensor, head_dim: int
+) -> torch.Tensor:
     """Combine the splits' partials into ``out`` (batch, heads, head_dim): m, l (batch, heads,
     splits) fp32 in log2 units, acc (batch, heads, splits, dim_pad) fp32, all contiguous (the
     kernel addresses acc through m's index); a split with m = -inf and l = 0 contributes nothing."""
     batch, heads, splits = m.shape
-    if not (m.is_contiguous() and l.is_contiguous() and acc.is_contiguous() and l.shape == m.shape
-            and acc.shape[:3] == m.shape and m.dtype == l.dtype == acc.dtype == torch.float32):
+    if not (
+        m.is_contiguous()
+        and l.is_contiguous()
+        and acc.is_contiguous()
+        and l.shape == m.shape
+        and acc.shape[:3] == m.shape
+        and m.dtype == l.dtype == acc.dtype == torch.float32
+    ):
         raise ValueError("m, l (batch, heads, splits) and acc (batch, heads, splits, dim_pad): fp32, contiguous")
     _paged_decode_reduce_kernel[(batch, heads)](
-        m, l, acc, out, splits, *m.stride(), *out.stride(),
-        HEAD_DIM=head_dim, DIM_PAD=acc.shape[-1], SPLITS_PAD=triton.next_power_of_2(splits),
-        SPLITS_PER_STEP=REDUCE_SPLITS_PER_STEP, num_warps=REDUCE_NUM_WARPS,
+        m,
+        l,
+        acc,
+        out,
+        splits,
+        *m.stride(),
+        *out.stride(),
+        HEAD_DIM=head_dim,
+        DIM_PAD=acc.shape[-1],
+        SPLITS_PAD=triton.next_power_of_2(splits),
+        SPLITS_PER_STEP=REDUCE_SPLITS_PER_STEP,
+        num_warps=REDUCE_NUM_WARPS,
     )
     return out

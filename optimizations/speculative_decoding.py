@@ -3,17 +3,18 @@ proposes k tokens, the target scores them all in one forward pass, and the accep
 (:func:`verify`) keeps exactly the target's distribution (greedy: its tokens); both KV caches are
 rolled back past rejected drafts.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
 from gpubench.lib.drafting import Drafter, Verification
+from gpubench.measure.phase_timer import PhaseTimer
 from gpubench.models.decode_cache import KVCache, probabilities
 from gpubench.models.llama import LlamaWeights
-from gpubench.measure.phase_timer import PhaseTimer
 
 
 @dataclass
@@ -48,8 +49,16 @@ class SpecStats:
 
     def add(self, other: SpecStats) -> None:
         """Add another generation's counts and times to these."""
-        for name in ("drafted", "accepted", "verifications", "target_forwards", "emitted", "draft_forwards",
-                     "draft_s", "verify_s"):
+        for name in (
+            "drafted",
+            "accepted",
+            "verifications",
+            "target_forwards",
+            "emitted",
+            "draft_forwards",
+            "draft_s",
+            "verify_s",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.k_used += other.k_used
         for mine, theirs in ((self.accepted_at, other.accepted_at), (self.drafted_at, other.drafted_at)):
@@ -69,8 +78,13 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tenso
     return out if float(out.sum()) > 0 else p
 
 
-def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temperature: float,
-           generator: torch.Generator | None) -> tuple[int, int]:
+def verify(
+    logits: torch.Tensor,
+    drafts: list[int],
+    q: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
     """The acceptance rule. ``logits``: the target's ``(len(drafts) + 1, vocab)`` logits, row i
     scoring the token after the context plus drafts[:i]. Returns (accepted drafts, the token that
     follows them: the target's correction at the first rejection, or the bonus token)."""
@@ -98,10 +112,17 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, temp
     return n, int(torch.multinomial(rest, 1, generator=generator))
 
 
-def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequence[int], max_new_tokens: int,
-                         k: int, adaptive: bool = False, temperature: float = 0.0,
-                         generator: torch.Generator | None = None,
-                         trace: list[Verification] | None = None) -> tuple[list[int], SpecStats]:
+def speculative_generate(
+    target: LlamaWeights,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    k: int,
+    adaptive: bool = False,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    trace: list[Verification] | None = None,
+) -> tuple[list[int], SpecStats]:
     """``max_new_tokens`` tokens after ``prompt``, distributed exactly as the target's own
     decoding (token for token equal to it when greedy). Returns the tokens and what it took;
     each verification is appended to ``trace`` when given."""
@@ -144,4 +165,4 @@ def speculative_generate(target: LlamaWeights, drafter: Drafter, prompt: Sequenc
     phases = timer.seconds
     stats.draft_s, stats.verify_s = phases.get("draft", 0.0), phases.get("verify", 0.0)
     stats.draft_forwards = getattr(drafter, "forwards", 0)
-    return tokens[len(prompt):], stats
+    return tokens[len(prompt) :], stats

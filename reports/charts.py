@@ -2,19 +2,39 @@
 against a swept param, ratios with their CI per row, raw-sample boxes, shares of the device peak,
 telemetry over time. Each returns a Figure, or None when there is nothing to draw, so the report
 says so in words instead of showing empty axes."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, SERIES, WIDTH_IN, error_bars, label_rows, legend_below,
-                                      legend_height_in, log_axis, log_x_if_spread, new_figure, reference, row_labels,
-                                      rows_that_fit, spread_pick, styled, text_lines, ticks_at, time_unit, wrap)
-
+from gpubench.reports.drawing import (
+    COLORS,
+    MAX_HEIGHT_IN,
+    SERIES,
+    WIDTH_IN,
+    error_bars,
+    label_rows,
+    legend_below,
+    legend_height_in,
+    log_axis,
+    log_x_if_spread,
+    new_figure,
+    reference,
+    row_labels,
+    rows_that_fit,
+    spread_pick,
+    styled,
+    text_lines,
+    ticks_at,
+    time_unit,
+    wrap,
+)
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # with the colours: 56 variants told apart
 
@@ -64,12 +84,20 @@ def split_series(keys: Sequence[tuple[str, ...]], limit: int = MAX_SERIES) -> li
     candidates = [(name, groups(name)) for name in names]
     candidates = [(n, g) for n, g in candidates if len(g) > 1]
     if candidates:
-        _, best = min(candidates, key=lambda c: (max(len(v) for v in c[1].values()) > limit, len(c[1]),
-                                                 max(len(v) for v in c[1].values())))
+        _, best = min(
+            candidates,
+            key=lambda c: (max(len(v) for v in c[1].values()) > limit, len(c[1]), max(len(v) for v in c[1].values())),
+        )
     else:
         best = {"": list(range(len(keys)))}
-    return [(title + (f" (part {j // limit + 1} of {-(-len(members) // limit)})" if len(members) > limit else ""),
-             members[j:j + limit]) for title, members in best.items() for j in range(0, len(members), limit)]
+    return [
+        (
+            title + (f" (part {j // limit + 1} of {-(-len(members) // limit)})" if len(members) > limit else ""),
+            members[j : j + limit],
+        )
+        for title, members in best.items()
+        for j in range(0, len(members), limit)
+    ]
 
 
 def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_label: str) -> Figure | None:
@@ -113,7 +141,7 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
             cols = 2
             fig = new_figure(PANEL_IN * -(-len(panels) // cols) + 0.4)
             axes = list(fig.subplots(-(-len(panels) // cols), cols, sharex=True, sharey=True, squeeze=False).flat)
-            for ax in axes[len(panels):]:
+            for ax in axes[len(panels) :]:
                 ax.set_visible(False)
         handles = {}
         for ax, (title, members) in zip(axes, panels):
@@ -121,9 +149,16 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
                 label = series_label([p for p in keys[i] if p != title])
                 k = labels[label]
                 x, y, lo, hi = zip(*points[i])
-                handles[label] = ax.errorbar(x, y, yerr=error_bars(y, lo, hi), ms=4, capsize=3, label=label,
-                                             color=SERIES[k % len(SERIES)],
-                                             marker=MARKERS[k // len(SERIES) % len(MARKERS)])
+                handles[label] = ax.errorbar(
+                    x,
+                    y,
+                    yerr=error_bars(y, lo, hi),
+                    ms=4,
+                    capsize=3,
+                    label=label,
+                    color=SERIES[k % len(SERIES)],
+                    marker=MARKERS[k // len(SERIES) % len(MARKERS)],
+                )
             reference(ax.axhline(1.0, color="black", lw=0.8, ls="--"))
             log_x_if_spread(ax, xs)
             ticks_at(ax, xs)
@@ -131,7 +166,7 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
             ax.set_ylabel("speedup over baseline (x)")
             if title:
                 ax.set_title(title, fontsize=8)
-        for ax in axes[:len(panels)]:
+        for ax in axes[: len(panels)]:
             if len(panels) > 1:
                 ax.tick_params(labelbottom=True)  # shared x: each panel still reads its own values
                 if not ax.get_subplotspec().is_first_col():
@@ -145,8 +180,14 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
     return fig
 
 
-def ratio_points(labels: Sequence[str], ratios: Sequence[float], lows: Sequence[float],
-                 highs: Sequence[float], x_label: str, colors: Sequence[str] | None = None) -> Figure | None:
+def ratio_points(
+    labels: Sequence[str],
+    ratios: Sequence[float],
+    lows: Sequence[float],
+    highs: Sequence[float],
+    x_label: str,
+    colors: Sequence[str] | None = None,
+) -> Figure | None:
     """One row per label: a ratio with its CI as a horizontal bar, a dashed line at 1 (no change).
     Used where there is no numeric sweep (a single case, categorical params) and for comparisons."""
     if not labels:
@@ -165,8 +206,15 @@ def ratio_points(labels: Sequence[str], ratios: Sequence[float], lows: Sequence[
         ax = fig.add_subplot()
         ys = list(range(n))[::-1]
         for i, (y, r, lo, hi) in enumerate(zip(ys, ratios, lows, highs)):
-            ax.errorbar([r], [y], xerr=error_bars([r], [lo], [hi]), fmt="o", ms=4, capsize=3,
-                        color=(colors[i] if colors else SERIES[0]))
+            ax.errorbar(
+                [r],
+                [y],
+                xerr=error_bars([r], [lo], [hi]),
+                fmt="o",
+                ms=4,
+                capsize=3,
+                color=(colors[i] if colors else SERIES[0]),
+            )
         reference(ax.axvline(1.0, color="black", lw=0.8, ls="--"))
         label_rows(ax, ys, rows, note)
         ax.set_ylim(-0.7, n - 0.3)
@@ -200,9 +248,15 @@ def latency_boxes(rows: Sequence[tuple[str, dict[str, Sequence[float]]]]) -> Fig
             data = [[x / scale for x in groups[variant]] for _, groups in rows if variant in groups]
             pos = [-(i * step + k) for i, (_, groups) in enumerate(rows) if variant in groups]
             color = variant_color(variant, k)
-            style = dict(positions=pos, widths=0.7, patch_artist=True, manage_ticks=False,
-                         boxprops={"facecolor": color, "alpha": 0.6},
-                         flierprops={"markersize": 2, "markeredgecolor": color}, medianprops={"color": "black"})
+            style = dict(
+                positions=pos,
+                widths=0.7,
+                patch_artist=True,
+                manage_ticks=False,
+                boxprops={"facecolor": color, "alpha": 0.6},
+                flierprops={"markersize": 2, "markeredgecolor": color},
+                medianprops={"color": "black"},
+            )
             _horizontal_boxplot(ax, data, style)
             handles[variant] = Patch(facecolor=color, alpha=0.6)
         label_rows(ax, [-(i * step + (len(variants) - 1) / 2) for i in range(len(rows))], shown, note)
@@ -221,13 +275,16 @@ def _horizontal_boxplot(ax: Any, data: list[list[float]], style: dict[str, Any])
         return ax.boxplot(data, vert=False, **style)
 
 
-def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]],
-              colors: dict[str, str] | None = None) -> Figure | None:
+def peak_bars(
+    labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]], colors: dict[str, str] | None = None
+) -> Figure | None:
     """Grouped horizontal bars, one panel per metric (e.g. % of peak FLOP/s, % of peak
     bandwidth): per label, one bar per variant (``colors``: each variant's, else by its place);
     None values are left out."""
-    panels = {title: {v: vals for v, vals in by_variant.items() if any(x is not None for x in vals)}
-              for title, by_variant in panels.items()}
+    panels = {
+        title: {v: vals for v, vals in by_variant.items() if any(x is not None for x in vals)}
+        for title, by_variant in panels.items()
+    }
     panels = {title: by_variant for title, by_variant in panels.items() if by_variant}
     if not labels or not panels:
         return None
@@ -238,8 +295,10 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
     keep, left_out = fitting_rows(len(labels), row_in, 1.3 + 0.14 * text_lines(note) * bool(note))
     if left_out:
         labels = [labels[i] for i in keep]
-        panels = {title: {v: [vals[i] for i in keep] for v, vals in by_variant.items()}
-                  for title, by_variant in panels.items()}
+        panels = {
+            title: {v: [vals[i] for i in keep] for v, vals in by_variant.items()}
+            for title, by_variant in panels.items()
+        }
         shown, note = row_labels(labels)
         note = f"{note}; {left_out}" if note else left_out
     with styled():
@@ -251,9 +310,14 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
                     continue
                 offset = ((len(variants) - 1) / 2 - k) * height
                 points = [(-i + offset, x) for i, x in enumerate(by_variant[variant]) if x is not None]
-                ax.barh([p[0] for p in points], [p[1] for p in points], height=height, label=variant,
-                        color=(colors or {}).get(variant) or variant_color(variant, k),
-                        hatch="///" if k >= len(SERIES) else None)  # past the colours: a second look
+                ax.barh(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    height=height,
+                    label=variant,
+                    color=(colors or {}).get(variant) or variant_color(variant, k),
+                    hatch="///" if k >= len(SERIES) else None,
+                )  # past the colours: a second look
             ax.set_xlabel(title)
             ax.grid(axis="y", visible=False)
         label_rows(axes[0], [-i for i in range(len(labels))], shown, "")
@@ -267,9 +331,14 @@ def peak_bars(labels: Sequence[str], panels: dict[str, dict[str, Sequence[float 
     return fig
 
 
-def roofline(series: dict[str, list[tuple[float, float, str]]], peak_tflops: float | None,
-             peak_gbps: float | None, peak_label: str = "matmul peak", note: str = "",
-             colors: dict[str, str] | None = None) -> Figure | None:
+def roofline(
+    series: dict[str, list[tuple[float, float, str]]],
+    peak_tflops: float | None,
+    peak_gbps: float | None,
+    peak_label: str = "matmul peak",
+    note: str = "",
+    colors: dict[str, str] | None = None,
+) -> Figure | None:
     """Achieved TFLOP/s against arithmetic intensity (FLOPs per byte), both log: per variant
     (``series``: its points ``(intensity, tflops, tag)``; ``colors``: each variant's, else by its
     place), under the roof min(``peak_tflops``, intensity x ``peak_gbps``) when both ceilings are
@@ -290,10 +359,15 @@ def roofline(series: dict[str, list[tuple[float, float, str]]], peak_tflops: flo
         order = list(colors or {}) + [v for v in series if v not in (colors or {})]
         for variant, pts in series.items():
             k = order.index(variant)  # the variant's place among the technique's: its colour and marker
-            handles[variant] = ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, zorder=3,
-                                          marker=MARKERS[k % len(MARKERS)],
-                                          color=(colors or {}).get(variant) or variant_color(variant, k),
-                                          label=variant)
+            handles[variant] = ax.scatter(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                s=18,
+                zorder=3,
+                marker=MARKERS[k % len(MARKERS)],
+                color=(colors or {}).get(variant) or variant_color(variant, k),
+                label=variant,
+            )
         tagged = {tag: (x, y) for x, y, tag in sorted(points, key=lambda p: p[1])}  # each tag at its highest point
         if len(tagged) <= 24:
             for tag, (x, y) in tagged.items():
@@ -311,26 +385,51 @@ def roofline(series: dict[str, list[tuple[float, float, str]]], peak_tflops: flo
     return fig
 
 
-def _draw_roof(ax: Any, lo: float, hi: float, ridge: float, peak_tflops: float, peak_gbps: float,
-               peak_label: str) -> None:
+def _draw_roof(
+    ax: Any, lo: float, hi: float, ridge: float, peak_tflops: float, peak_gbps: float, peak_label: str
+) -> None:
     """The roof (orientation, not data): the bandwidth slope up to the ridge point, the flat peak
     after it, each labelled with its measured figure."""
     reference(ax.plot([lo, ridge, hi], [lo * peak_gbps / 1e3, peak_tflops, peak_tflops], color="black", lw=1.2)[0])
     reference(ax.axvline(ridge, color="black", lw=0.6, ls=":"))
-    ax.annotate(f"{peak_label} {peak_tflops:.3g} TFLOP/s",
-                (hi, peak_tflops), xytext=(-2, 3), textcoords="offset points", ha="right", va="bottom", fontsize=7)
-    ax.annotate(f"copy {peak_gbps:.4g} GB/s", (lo, lo * peak_gbps / 1e3), xytext=(4, 4), textcoords="offset points",
-                ha="left", va="bottom", fontsize=7)
-    ax.annotate(f"ridge {ridge:.3g} FLOPs/byte", (ridge, peak_tflops), xytext=(3, -10), textcoords="offset points",
-                ha="left", va="top", fontsize=6)
+    ax.annotate(
+        f"{peak_label} {peak_tflops:.3g} TFLOP/s",
+        (hi, peak_tflops),
+        xytext=(-2, 3),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=7,
+    )
+    ax.annotate(
+        f"copy {peak_gbps:.4g} GB/s",
+        (lo, lo * peak_gbps / 1e3),
+        xytext=(4, 4),
+        textcoords="offset points",
+        ha="left",
+        va="bottom",
+        fontsize=7,
+    )
+    ax.annotate(
+        f"ridge {ridge:.3g} FLOPs/byte",
+        (ridge, peak_tflops),
+        xytext=(3, -10),
+        textcoords="offset points",
+        ha="left",
+        va="top",
+        fontsize=6,
+    )
 
 
-def telemetry_timeline(t_s: Sequence[float], panels: Sequence[tuple[str, Sequence[float]]],
-                       spans: Sequence[tuple[float, float, str]], throttled_t: Sequence[float]) -> Figure | None:
+def telemetry_timeline(
+    t_s: Sequence[float],
+    panels: Sequence[tuple[str, Sequence[float]]],
+    spans: Sequence[tuple[float, float, str]],
+    throttled_t: Sequence[float],
+) -> Figure | None:
     """Stacked time series (power, clocks, temperature, memory) sharing the time axis; each case's
     time span shaded and numbered; samples with a harmful throttle reason marked in red."""
-    panels = [(label, values) for label, values in panels
-              if any(v is not None and not math.isnan(v) for v in values)]
+    panels = [(label, values) for label, values in panels if any(v is not None and not math.isnan(v) for v in values)]
     if not t_s or not panels:
         return None
     with styled():
@@ -343,14 +442,13 @@ def telemetry_timeline(t_s: Sequence[float], panels: Sequence[tuple[str, Sequenc
                 reference(ax.axvspan(t0, t1, color=("#f3c98b" if i % 2 else "#a9cce3"), alpha=0.35, lw=0))
             if throttled_t:
                 low = min(v for v in values if v is not None and not math.isnan(v))
-                ax.plot(throttled_t, [low] * len(throttled_t), "|", color="#c0392b", ms=8,
-                        label="throttled")
+                ax.plot(throttled_t, [low] * len(throttled_t), "|", color="#c0392b", ms=8, label="throttled")
         if len(spans) <= 40:
             for t0, t1, name in spans:
-                axes[0].annotate(name, ((t0 + t1) / 2, 1.0), xycoords=("data", "axes fraction"),
-                                 ha="center", va="bottom", fontsize=6)
+                axes[0].annotate(
+                    name, ((t0 + t1) / 2, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=6
+                )
         axes[-1].set_xlabel("time since the first sample (s)")
         if throttled_t:
             legend_below(fig, {"throttled": Line2D([], [], color="#c0392b", marker="|", ls="none", ms=8)})
     return fig
-

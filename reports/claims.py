@@ -7,23 +7,31 @@ when it ran, and those of the techniques it left out, as the run recorded them. 
 their rows ("not in this run"), so every report lists every claim; :func:`split` sets them apart,
 and :func:`not_in_run_line` folds them into one line.
 """
+
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpubench.records.claims import FALLBACK_CLAIMS, Claim, Reading, format_value, read_cases
-from gpubench.reports.terminal import case_params, shown_by_technique
 from gpubench.records.declarations import Registry
 from gpubench.records.results import CaseRecord, RunRecord, as_run
+from gpubench.reports.terminal import case_params, shown_by_technique
 
 TITLE = "Published claims on this device"
 NOT_IN_RUN = "not in this run"
 # The CSS class of each verdict (the report's pass / fail colours).
-VERDICT_CLASS = {"holds": "pass", "falls short": "fail", "exceeds": "improved", "mixed": "",
-                 "inconclusive": "not-comparable", "not comparable": "not-comparable",
-                 "unverified": "not-comparable"}
+VERDICT_CLASS = {
+    "holds": "pass",
+    "falls short": "fail",
+    "exceeds": "improved",
+    "mixed": "",
+    "inconclusive": "not-comparable",
+    "not comparable": "not-comparable",
+    "unverified": "not-comparable",
+}
 _MAX_REASONS = 2
 _MAX_NAMED = 5  # cases named in a "2 of 10 cases failed: ..." why
 _SHARED_WHY = re.compile(r"(.*?) \((.*)\)")
@@ -65,7 +73,7 @@ def _joined(whats: list[str]) -> str:
     """'other sizes: a=1', 'other sizes: a=2' -> 'other sizes: a=1, a=2'."""
     head = whats[0].split(": ", 1)[0] + ": "
     if len(whats) > 1 and all(w.startswith(head) for w in whats):
-        return head + ", ".join(w[len(head):] for w in whats)
+        return head + ", ".join(w[len(head) :] for w in whats)
     return "; ".join(whats)
 
 
@@ -83,17 +91,27 @@ def _did_not_pass(readings: list[Reading], unpassed: Mapping[str, tuple[str, str
     n = len(readings)
     texts = []
     for status, labels in by_status.items():
-        named = ", ".join(labels[:_MAX_NAMED]) + (f" and {len(labels) - _MAX_NAMED} more" if len(labels) > _MAX_NAMED else "")
-        texts.append(f"its case {status}: {named}" if n == 1
-                     else f"{len(labels)} of {n} cases {status}: {named}")
+        named = ", ".join(labels[:_MAX_NAMED]) + (
+            f" and {len(labels) - _MAX_NAMED} more" if len(labels) > _MAX_NAMED else ""
+        )
+        texts.append(f"its case {status}: {named}" if n == 1 else f"{len(labels)} of {n} cases {status}: {named}")
     return "; ".join(texts), [r for r in readings if r.case_id not in unpassed]
 
 
-def _row(name: str, claim: Claim, readings: list[Reading] | None,
-         unpassed: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
-    row = {"technique": name, "claim": claim.text, "source": claim.source, "url": claim.url,
-           "claimed": claim.figure_text, "conditions": claim.conditions, "measures": claim.measures,
-           "measured": "-", "cases": 0}
+def _row(
+    name: str, claim: Claim, readings: list[Reading] | None, unpassed: Mapping[str, tuple[str, str]] | None = None
+) -> dict[str, Any]:
+    row = {
+        "technique": name,
+        "claim": claim.text,
+        "source": claim.source,
+        "url": claim.url,
+        "claimed": claim.figure_text,
+        "conditions": claim.conditions,
+        "measures": claim.measures,
+        "measured": "-",
+        "cases": 0,
+    }
     if readings is None:
         return {**row, "verdict": "not comparable", "reason": NOT_IN_RUN}
     stopped, readings_left = _did_not_pass(readings, unpassed or {})
@@ -134,14 +152,18 @@ def claim_rows(doc: RunRecord | dict[str, Any], registry: Registry | None = None
     for case in run.cases:
         grouped.setdefault(case.technique, []).append(case)
     shown = shown_by_technique(run)
-    unpassed = {c.id: (c.status or "did not pass", f"#{number} ({params})" if params else f"#{number}")
-                for number, c in enumerate(run.cases, 1) if c.status != "passed"
-                for params in [case_params(c, shown.get(c.technique))]}
+    unpassed = {
+        c.id: (c.status or "did not pass", f"#{number} ({params})" if params else f"#{number}")
+        for number, c in enumerate(run.cases, 1)
+        if c.status != "passed"
+        for params in [case_params(c, shown.get(c.technique))]
+    }
     rows = []
     for name, cases in grouped.items():
         as_written = [c.to_dict() for c in cases]  # the verdict's rule reads case records as results.json holds them
-        rows += [_row(name, claim, read_cases(claim, as_written, run.device), unpassed)
-                 for claim in _claims_of(run, name)]
+        rows += [
+            _row(name, claim, read_cases(claim, as_written, run.device), unpassed) for claim in _claims_of(run, name)
+        ]
     for name, claims in run.claims_elsewhere().items():
         rows += [_row(name, claim, None) for claim in claims if name not in grouped]
     for row in rows:
@@ -164,8 +186,10 @@ def not_in_run_line(rows: list[dict[str, Any]]) -> str:
         return ""
     n = sum(left_out.values())
     names = ", ".join(name + (f" ({k})" if k > 1 else "") for name, k in sorted(left_out.items()))
-    return (f"{n} published claim{'s' if n > 1 else ''} not judged by this run "
-            f"({'their techniques' if len(left_out) > 1 else 'its technique'} did not run): {names}")
+    return (
+        f"{n} published claim{'s' if n > 1 else ''} not judged by this run "
+        f"({'their techniques' if len(left_out) > 1 else 'its technique'} did not run): {names}"
+    )
 
 
 def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:
@@ -177,10 +201,27 @@ def markdown_lines(rows: list[dict[str, Any]], cell: Any) -> list[str]:
     folded = [f"_{cell(not_in_run_line(rows))}._", ""] if len(judged) < len(rows) else []
     if not judged:
         return [f"**{TITLE}**", ""] + folded
-    lines = [f"**{TITLE}**", "", "| technique | claim | source | claimed | this run [95% CI] | verdict | why |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"**{TITLE}**",
+        "",
+        "| technique | claim | source | claimed | this run [95% CI] | verdict | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in judged:
-        lines.append("| " + " | ".join(cell(v) for v in (
-            r["technique"], r["claim"], f"{r['source']} ({r['url']})", r["claimed"], r["measured"],
-            f"**{r['verdict']}**", r["reason"])) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                cell(v)
+                for v in (
+                    r["technique"],
+                    r["claim"],
+                    f"{r['source']} ({r['url']})",
+                    r["claimed"],
+                    r["measured"],
+                    f"**{r['verdict']}**",
+                    r["reason"],
+                )
+            )
+            + " |"
+        )
     return lines + [""] + folded

@@ -17,6 +17,7 @@ not the frame, ticks, grid or reference lines) an SVG id starting with ``data-``
 its count to refuse empty axes (a technique's own figures included), and a reader or a test can
 find the data in the SVG.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,8 @@ import math
 import re
 import sys
 import textwrap
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import matplotlib
 from matplotlib.collections import PathCollection
@@ -75,11 +77,15 @@ def to_svg(fig: Any) -> str:
                 log_ticks(axis)
     with styled():
         # No metadata block: no date (the same run gives the same SVG), nothing but the drawing.
-        fig.savefig(buf, format="svg", bbox_inches="tight",
-                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        fig.savefig(
+            buf,
+            format="svg",
+            bbox_inches="tight",
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
     close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def close(fig: Any) -> None:
@@ -205,12 +211,12 @@ class PlainLogLocator(Locator):
         lo = max(lo, hi * 1e-12)
         inside = lambda vs: sorted({v for v in vs if lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9)})
         first, last = math.floor(math.log(lo, self.base)) - 1, math.ceil(math.log(hi, self.base)) + 1
-        powers = inside(self.base ** k for k in range(first, last + 1))
+        powers = inside(self.base**k for k in range(first, last + 1))
         if len(powers) >= 2:
             step = -(-len(powers) // 8)
             return powers[::step]
         decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
-        steps = inside(m * 10.0 ** k for k in decades for m in (1, 2, 5))
+        steps = inside(m * 10.0**k for k in decades for m in (1, 2, 5))
         if len(steps) >= 2:
             return steps
         even = inside(v for v in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if v > 0)
@@ -283,8 +289,9 @@ def legend_below(fig: Figure, handles: dict[str, Any]) -> None:
     if not handles:
         return
     ncol = legend_columns(handles)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7,
-               bbox_to_anchor=(0.5, 0.0))
+    fig.legend(
+        list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7, bbox_to_anchor=(0.5, 0.0)
+    )
     legend_in = legend_height_in(handles)
     fig.set_figheight(fig.get_figheight() + legend_in)
     fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
@@ -329,4 +336,3 @@ def text_lines(text: str) -> int:
 def error_bars(values: Sequence[float], lows: Sequence[float], highs: Sequence[float]) -> list[list[float]]:
     """Distances below and above each value (never negative: a CI may not contain its point)."""
     return [[max(0.0, v - lo) for v, lo in zip(values, lows)], [max(0.0, hi - v) for v, hi in zip(values, highs)]]
-

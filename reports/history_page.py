@@ -5,14 +5,16 @@ its runs in a collapsed table. Commits are links when the repository's remote is
 one (:mod:`gpubench.gate.history.links`). Everything taken from the store is escaped by jinja2's
 autoescaping; only matplotlib's SVG is inserted as it is.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import itertools
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gpubench.gate.history import changepoints, links
 from gpubench.gate.history.changepoints import CaseHistory
@@ -72,9 +74,14 @@ def _change_cells(h: CaseHistory, link: Callable[[str | None], str | None]) -> d
     last = h.latest
     if last is None:
         return {"change": None}
-    return {"change": {"commit": _commit(last.commit, link), "run": last.run_id,
-                       "magnitude": last.magnitude_text,
-                       "kind": last.kind}}
+    return {
+        "change": {
+            "commit": _commit(last.commit, link),
+            "run": last.run_id,
+            "magnitude": last.magnitude_text,
+            "kind": last.kind,
+        }
+    }
 
 
 def _runs_table(histories: Sequence[CaseHistory], link: Callable[[str | None], str | None]) -> dict[str, Any]:
@@ -87,8 +94,16 @@ def _runs_table(histories: Sequence[CaseHistory], link: Callable[[str | None], s
         for h in histories:
             p = by_variant[h.variant].get(run_key(run))
             cells.append("-" if p is None else _figure_ci(p.median, p.ci_low, p.ci_high, h.metric))
-        rows.append({"number": number, "run": run.run_id, "commit": _commit(run.commit, link),
-                     "branch": run.branch or "-", "started": run.started_at, "cells": cells})
+        rows.append(
+            {
+                "number": number,
+                "run": run.run_id,
+                "commit": _commit(run.commit, link),
+                "branch": run.branch or "-",
+                "started": run.started_at,
+                "cells": cells,
+            }
+        )
     return {"variants": [h.variant for h in histories], "rows": rows}
 
 
@@ -99,18 +114,30 @@ def _figure_ci(median: float, low: float | None, high: float | None, metric: str
     return f"{text} [{figure_text(low, metric)}, {figure_text(high, metric)}]"
 
 
-def _case_entry(number: int, case_id: str, histories: Sequence[CaseHistory], group: TechniqueHistories,
-                link: Callable[[str | None], str | None]) -> dict[str, Any]:
+def _case_entry(
+    number: int,
+    case_id: str,
+    histories: Sequence[CaseHistory],
+    group: TechniqueHistories,
+    link: Callable[[str | None], str | None],
+) -> dict[str, Any]:
     runs = points_by_run(histories)
     roles = {h.variant: group.roles.get((case_id, h.variant)) for h in histories}
     params = group.params.get(case_id) or {}
-    chart = figure(" ".join(f"{k}={v}" for k, v in params.items()) or case_id,
-                   trend_figure(histories, runs, roles, link))
+    chart = figure(
+        " ".join(f"{k}={v}" for k, v in params.items()) or case_id, trend_figure(histories, runs, roles, link)
+    )
     one_run = len(runs) == 1
-    return {"anchor": f"case-{number}", "case_id": case_id, "figure": chart, "runs": len(runs),
-            "note": "one run so far: its point is shown; a trend needs more runs." if one_run else "",
-            "table": _runs_table(histories, link), "metric": histories[0].metric,
-            "changes": sum(len(h.changes) for h in histories)}
+    return {
+        "anchor": f"case-{number}",
+        "case_id": case_id,
+        "figure": chart,
+        "runs": len(runs),
+        "note": "one run so far: its point is shown; a trend needs more runs." if one_run else "",
+        "table": _runs_table(histories, link),
+        "metric": histories[0].metric,
+        "changes": sum(len(h.changes) for h in histories),
+    }
 
 
 def _change_first(row: dict[str, Any]) -> int:
@@ -128,17 +155,36 @@ def page_context(page: PageInput) -> dict[str, Any]:
     for group in page.techniques:
         entries = [_case_entry(next(numbers), case_id, histories, group, link) for case_id, histories in group.cases]
         sections.append({"technique": group.technique, "cases": entries})
-        table += [{"anchor": entry["anchor"], "case_id": case_id, "variant": h.variant, "metric": h.metric,
-                   "runs": len(h.points), **_change_cells(h, link)}
-                  for entry, (case_id, histories) in zip(entries, group.cases) for h in histories]
+        table += [
+            {
+                "anchor": entry["anchor"],
+                "case_id": case_id,
+                "variant": h.variant,
+                "metric": h.metric,
+                "runs": len(h.points),
+                **_change_cells(h, link),
+            }
+            for entry, (case_id, histories) in zip(entries, group.cases)
+            for h in histories
+        ]
     table.sort(key=_change_first)
-    runs = {run_key(p) for group in page.techniques for _, histories in group.cases for h in histories
-            for p in h.points}
-    return {"model": page.device_model, "where": page.where, "rows": table, "techniques": sections,
-            "changed": [r for r in table if r["change"]], "unchanged": [r for r in table if not r["change"]],
-            "runs": len(runs), "remote": remote_text(page.remote) if page.remote else None, "linked": base is not None, "css": report_css(),
-            "method": changepoints.METHOD,
-            "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    runs = {
+        run_key(p) for group in page.techniques for _, histories in group.cases for h in histories for p in h.points
+    }
+    return {
+        "model": page.device_model,
+        "where": page.where,
+        "rows": table,
+        "techniques": sections,
+        "changed": [r for r in table if r["change"]],
+        "unchanged": [r for r in table if not r["change"]],
+        "runs": len(runs),
+        "remote": remote_text(page.remote) if page.remote else None,
+        "linked": base is not None,
+        "css": report_css(),
+        "method": changepoints.METHOD,
+        "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def render_page(page: PageInput) -> str:

@@ -10,43 +10,52 @@ strings and numbers out; :mod:`~gpubench.reports.sections` makes the technique s
 ``summary.md``. Everything taken from results (params, descriptions, failure messages) is escaped
 by jinja2's autoescaping; only matplotlib's SVG markup is inserted as it is.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import itertools
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import markupsafe
 import pandas as pd
 
-from gpubench.records.atomic import DiskFull, atomic_write_text
-from gpubench.records.declarations import Registry
-from gpubench.measure.energy import METHOD_TIMED_CALLS
 from gpubench.errors import BadInput
 from gpubench.gate.history.trends import RunTrends, run_trends
+from gpubench.measure.energy import METHOD_TIMED_CALLS
+from gpubench.measure.throttle import BENIGN_REASONS
+from gpubench.records.atomic import DiskFull, atomic_write_text
+from gpubench.records.declarations import Registry
+from gpubench.records.results import CaseRecord, RunRecord, as_run, duration_text, not_run_text
+from gpubench.records.results import load_run as load_record
 from gpubench.reports import charts, claims, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
-from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
-from gpubench.reports.terminal import (case_params, check_text, clock_lines, format_speedup,
-                                       headline_text, named_time)
-from gpubench.records.results import (CaseRecord, RunRecord, as_run, duration_text, load_run as load_record, not_run_text)
-from gpubench.measure.throttle import BENIGN_REASONS
+from gpubench.reports.sparkline import sparkline_svg
+from gpubench.reports.terminal import case_params, check_text, clock_lines, format_speedup, headline_text, named_time
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
 
-TELEMETRY_PANELS = (("power_w", "power (W)"), ("sm_clock_mhz", "SM clock (MHz)"),
-                    ("temp_c", "temperature (C)"), ("mem_used_mb", "memory used (MiB)"))
+TELEMETRY_PANELS = (
+    ("power_w", "power (W)"),
+    ("sm_clock_mhz", "SM clock (MHz)"),
+    ("temp_c", "temperature (C)"),
+    ("mem_used_mb", "memory used (MiB)"),
+)
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
-    autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
 )
 
 
@@ -123,20 +132,27 @@ def _warnings(run: RunRecord) -> list[str]:
     throttled."""
     warnings = []
     if run.status != "complete":
-        why = run.abort_reason or {"running": "still writing, or the process died",
-                                   "interrupted": "stopped by Ctrl-C"}.get(run.status, "")
+        why = run.abort_reason or {
+            "running": "still writing, or the process died",
+            "interrupted": "stopped by Ctrl-C",
+        }.get(run.status, "")
         warnings.append(f"run {run.status}" + (f": {why}" if why else "") + "; not every case may have run.")
     warnings += [str(w) for w in run.warnings]
     if run.not_run:
-        warnings.append(f"{not_run_text(run.not_run)}: the run's --budget of {duration_text(run.budget_s or 0.0)} "
-                        "could not hold them, so they were never started (listed under the counts; neither passed "
-                        "nor failed, and missing to the gate).")
+        warnings.append(
+            f"{not_run_text(run.not_run)}: the run's --budget of {duration_text(run.budget_s or 0.0)} "
+            "could not hold them, so they were never started (listed under the counts; neither passed "
+            "nor failed, and missing to the gate)."
+        )
     tele = run.telemetry or {}
     if tele.get("throttled"):
         share = tele.get("throttled_fraction")
-        warnings.append("the GPU throttled during the run (" + ", ".join(tele.get("throttle_reasons", []))
-                        + (f", {share:.0%} of samples" if isinstance(share, (int, float)) else "")
-                        + "): timings may be slower than the hardware allows.")
+        warnings.append(
+            "the GPU throttled during the run ("
+            + ", ".join(tele.get("throttle_reasons", []))
+            + (f", {share:.0%} of samples" if isinstance(share, (int, float)) else "")
+            + "): timings may be slower than the hardware allows."
+        )
     return warnings
 
 
@@ -150,29 +166,52 @@ def headline(doc: RunRecord | Mapping[str, Any]) -> dict[str, Any]:
     counts = run.summary
     grouped = _by_technique(run.cases)
     read_by = {name: sweep.headline_figures(run.technique(name)) for name in grouped}
-    lines = [{"name": name, "text": sweep.technique_line(group, read_by[name]), "by_time": not read_by[name]}
-             for name, group in grouped.items()]
-    timed = [(r, labels.label(c)) for c in run.cases if c.passed and not read_by[c.technique]
-             for r in [c.speedup(c.role_variant("optimized"))] if r]
+    lines = [
+        {"name": name, "text": sweep.technique_line(group, read_by[name]), "by_time": not read_by[name]}
+        for name, group in grouped.items()
+    ]
+    timed = [
+        (r, labels.label(c))
+        for c in run.cases
+        if c.passed and not read_by[c.technique]
+        for r in [c.speedup(c.role_variant("optimized"))]
+        if r
+    ]
     # Best and worst only over speedups with a CI: one timed call a variant is no headline.
     measured = [(float(r.ratio or 0.0), label) for r, label in timed if r.has_interval]
     few = [r.n for r, _ in timed if not r.has_interval]
     claim_rows = claims.claim_rows(run)
     judged, not_in_run = claims.split(claim_rows)
     return {
-        "scenario": run.scenario.get("name", "?"), "description": run.scenario.get("description") or "",
-        "device": run.device_label or run.device or "?", "date": _date(run.started_at),
-        "duration": run.wall_time_text(), "run_id": run.run_id, "status": run.status or "unknown",
-        "cases": counts["cases"], "passed": counts["passed"], "failed": counts["failed"],
-        "interrupted": counts["interrupted"], "not_run": counts["not_run"], **_never_reached(run),
-        "not_run_cases": [{"label": f"{c.technique} {c.id[len(c.technique):]}", "reason": c.reason,
-                           "need": c.need_text()} for c in run.not_run],
-        "best": _extreme(max, measured), "worst": _extreme(min, measured), "techniques": lines,
+        "scenario": run.scenario.get("name", "?"),
+        "description": run.scenario.get("description") or "",
+        "device": run.device_label or run.device or "?",
+        "date": _date(run.started_at),
+        "duration": run.wall_time_text(),
+        "run_id": run.run_id,
+        "status": run.status or "unknown",
+        "cases": counts["cases"],
+        "passed": counts["passed"],
+        "failed": counts["failed"],
+        "interrupted": counts["interrupted"],
+        "not_run": counts["not_run"],
+        **_never_reached(run),
+        "not_run_cases": [
+            {"label": f"{c.technique} {c.id[len(c.technique) :]}", "reason": c.reason, "need": c.need_text()}
+            for c in run.not_run
+        ],
+        "best": _extreme(max, measured),
+        "worst": _extreme(min, measured),
+        "techniques": lines,
         "too_few_samples": sweep.too_few_text(few) if few else "",
         "not_by_time": [line["name"] for line in lines if not line["by_time"]],
-        "ceilings": _ceilings_text(run.ceilings), "warnings": _warnings(run),
-        "on_cpu": run.device == "cpu", "claims": claim_rows, "claims_judged": judged,
-        "claims_not_in_run": not_in_run, "claims_folded": claims.not_in_run_line(claim_rows),
+        "ceilings": _ceilings_text(run.ceilings),
+        "warnings": _warnings(run),
+        "on_cpu": run.device == "cpu",
+        "claims": claim_rows,
+        "claims_judged": judged,
+        "claims_not_in_run": not_in_run,
+        "claims_folded": claims.not_in_run_line(claim_rows),
         "timed_share": phases.run_text(run),
         "clocks": [line.removeprefix("time: ") for line in clock_lines(run)],
     }
@@ -186,8 +225,10 @@ def _never_reached(run: RunRecord) -> dict[str, Any]:
     missing = planned - len(run.cases) - len(run.not_run) if isinstance(planned, int) else 0
     if missing <= 0:
         return {"planned": planned, "not_started": 0, "not_started_why": ""}
-    why = run.abort_reason or {"running": "the run never finished: killed, or still going",
-                               "interrupted": "stopped by Ctrl-C"}.get(run.status or "", f"run {run.status}")
+    why = run.abort_reason or {
+        "running": "the run never finished: killed, or still going",
+        "interrupted": "stopped by Ctrl-C",
+    }.get(run.status or "", f"run {run.status}")
     return {"planned": planned, "not_started": missing, "not_started_why": why}
 
 
@@ -216,8 +257,10 @@ def _ceilings_text(ceilings: dict[str, Any] | None) -> str:
 def _pair(case: CaseRecord, read: Callable[[Any], Any], fmt: Callable[[float], str]) -> list[str]:
     """The baseline's and the optimized variant's figure (``read`` of its record), formatted;
     empty when neither has it."""
-    values = [read(v) if v is not None else None
-              for v in (case.variant(case.role_variant("baseline")), case.variant(case.role_variant("optimized")))]
+    values = [
+        read(v) if v is not None else None
+        for v in (case.variant(case.role_variant("baseline")), case.variant(case.role_variant("optimized")))
+    ]
     if all(v is None for v in values):
         return []
     return ["-" if v is None else fmt(v) for v in values]
@@ -249,20 +292,31 @@ def summary_rows(doc: RunRecord | Mapping[str, Any], labels: Labels | None = Non
         memory = _pair(case, lambda v: v.peak_memory_bytes, human_bytes)
         energy = _pair(case, _energy_cell, str)
         optimized = case.variant(opt)
-        rows.append({
-            "number": number, "id": case.id, "technique": case.technique, "params": labels.params(case),
-            "baseline": named_time(case, base), "optimized": named_time(case, opt),
-            "speedup": speedup, "speedup_parts": speedup.split(" ", 1), "headline": headline_text(case, base, opt),
-            "check": check_text(case, opt).plain if opt else "-",
-            "check_passed": optimized.passed_check if optimized is not None else None,
-            "memory": " / ".join(memory) or "-", "memory_parts": memory,
-            "energy": " / ".join(energy) or "-", "energy_parts": energy,
-            "energy_over_timed_calls": any(e.endswith(markdown.TIMED_CALLS_MARK) for e in energy),
-            "status": case.status or "?", "failed": not case.passed,
-            "device": case.device_label or run.device_label or "?",
-            "reason": "" if case.passed or case.failure is None else case.failure.message,
-            "why": profile_view.why(case),
-        })
+        rows.append(
+            {
+                "number": number,
+                "id": case.id,
+                "technique": case.technique,
+                "params": labels.params(case),
+                "baseline": named_time(case, base),
+                "optimized": named_time(case, opt),
+                "speedup": speedup,
+                "speedup_parts": speedup.split(" ", 1),
+                "headline": headline_text(case, base, opt),
+                "check": check_text(case, opt).plain if opt else "-",
+                "check_passed": optimized.passed_check if optimized is not None else None,
+                "memory": " / ".join(memory) or "-",
+                "memory_parts": memory,
+                "energy": " / ".join(energy) or "-",
+                "energy_parts": energy,
+                "energy_over_timed_calls": any(e.endswith(markdown.TIMED_CALLS_MARK) for e in energy),
+                "status": case.status or "?",
+                "failed": not case.passed,
+                "device": case.device_label or run.device_label or "?",
+                "reason": "" if case.passed or case.failure is None else case.failure.message,
+                "why": profile_view.why(case),
+            }
+        )
     return rows
 
 
@@ -274,18 +328,29 @@ def telemetry_section(run: Run) -> dict[str, Any]:
     summary = record.telemetry or {}
     numbers = {c.id: n for n, c in enumerate(record.cases, 1)}
     labels = Labels(record)
-    throttled_cases = [f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.throttle_reasons)
-                       for c in record.cases if c.telemetry is not None and c.telemetry.throttled]
-    section = {"available": run.telemetry is not None, "note": f"telemetry unavailable: {run.telemetry_note}",
-               "figure": None, "reasons": summary.get("throttle_reasons") or [],
-               "benign": summary.get("benign_reasons") or [], "throttled_cases": throttled_cases,
-               "samples": summary.get("n_samples"), "interval": summary.get("interval_s")}
+    throttled_cases = [
+        f"#{numbers[c.id]} {labels.label(c)}: " + ", ".join(c.telemetry.throttle_reasons)
+        for c in record.cases
+        if c.telemetry is not None and c.telemetry.throttled
+    ]
+    section = {
+        "available": run.telemetry is not None,
+        "note": f"telemetry unavailable: {run.telemetry_note}",
+        "figure": None,
+        "reasons": summary.get("throttle_reasons") or [],
+        "benign": summary.get("benign_reasons") or [],
+        "throttled_cases": throttled_cases,
+        "samples": summary.get("n_samples"),
+        "interval": summary.get("interval_s"),
+    }
     if run.telemetry is None:
         return section
     section["figure"] = _telemetry_figure(run.telemetry, numbers, (summary.get("interval_s") or 0.0) / 2)
     if section["figure"] is None:
-        section.update(available=False, note="telemetry unavailable: the samples hold no power, clock, temperature "
-                                             "or memory readings.")
+        section.update(
+            available=False,
+            note="telemetry unavailable: the samples hold no power, clock, temperature or memory readings.",
+        )
     return section
 
 
@@ -300,10 +365,13 @@ def _telemetry_figure(frame: pd.DataFrame, numbers: dict[str, int], half: float)
             spans.append((times[0] - half, times[-1] + half, f"#{numbers[case_id]}"))
     reasons = frame["throttle_reasons"].fillna("") if "throttle_reasons" in frame else pd.Series([""] * len(frame))
     throttled_t = [ts for ts, r in zip(t, reasons) if set(str(r).split("|")) - BENIGN_REASONS - {""}]
-    panels = [(label, pd.to_numeric(frame[col], errors="coerce").tolist()) for col, label in TELEMETRY_PANELS
-              if col in frame]
-    return figure("telemetry over the run (shaded: cases, numbered as in the summary table)",
-                  charts.telemetry_timeline(t, panels, spans, throttled_t))
+    panels = [
+        (label, pd.to_numeric(frame[col], errors="coerce").tolist()) for col, label in TELEMETRY_PANELS if col in frame
+    ]
+    return figure(
+        "telemetry over the run (shaded: cases, numbered as in the summary table)",
+        charts.telemetry_timeline(t, panels, spans, throttled_t),
+    )
 
 
 # -- the document ------------------------------------------------------------------------------
@@ -317,8 +385,14 @@ def fleet_matrix(docs: Sequence[RunRecord | Mapping[str, Any]]) -> dict[str, Any
     return side_by_side.fleet_matrix([as_run(d) for d in docs])
 
 
-def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None = None,
-           more: Sequence[Run] = (), output_dir: Path | None = None, trends: RunTrends | None = None) -> str:
+def render(
+    run: Run,
+    other: Run | None = None,
+    comparison: dict[str, Any] | None = None,
+    more: Sequence[Run] = (),
+    output_dir: Path | None = None,
+    trends: RunTrends | None = None,
+) -> str:
     """The report as one HTML string: with a comparison section when ``other`` is given, a
     technique x device matrix when the cases span several device models (``more``: further runs),
     and a sparkline per case from ``trends`` (the history store's, read by :func:`write_report`)."""
@@ -333,23 +407,41 @@ def render(run: Run, other: Run | None = None, comparison: dict[str, Any] | None
     sections = technique_sections(record, rows, labels)
     lines = {line["name"]: line["text"] for line in head["techniques"]}
     # A large sweep's cases fold into one row of the summary table; its section holds them all.
-    collapsed = {t["name"]: {"first": t["rows"][0]["number"], "last": t["rows"][-1]["number"], "count": t["count"],
-                             "text": lines[t["name"]]} for t in sections if t["large"]}
+    collapsed = {
+        t["name"]: {
+            "first": t["rows"][0]["number"],
+            "last": t["rows"][-1]["number"],
+            "count": t["count"],
+            "text": lines[t["name"]],
+        }
+        for t in sections
+        if t["large"]
+    }
     # Columns no case fills are left out, so the table fits the page with the ones that say something.
-    show = {"show_device": len({r["device"] for r in rows}) > 1, "show_headline": any(r["headline"] or r["why"] for r in rows),
-            "show_memory": any(r["memory"] != "-" for r in rows), "show_energy": any(r["energy"] != "-" for r in rows),
-            "show_history": any(r["sparkline"] for r in rows)}
+    show = {
+        "show_device": len({r["device"] for r in rows}) > 1,
+        "show_headline": any(r["headline"] or r["why"] for r in rows),
+        "show_memory": any(r["memory"] != "-" for r in rows),
+        "show_energy": any(r["energy"] != "-" for r in rows),
+        "show_history": any(r["sparkline"] for r in rows),
+    }
     energy_note = markdown.TIMED_CALLS_NOTE if any(r["energy_over_timed_calls"] for r in rows) else None
     context = {
-        "head": head, "rows": rows, "fleet": side_by_side.fleet_matrix([record, *others]), **show,
-        "columns": 6 + sum(show.values()), "collapsed": collapsed,
-        "techniques": sections, "telemetry": telemetry_section(run),
+        "head": head,
+        "rows": rows,
+        "fleet": side_by_side.fleet_matrix([record, *others]),
+        **show,
+        "columns": 6 + sum(show.values()),
+        "collapsed": collapsed,
+        "techniques": sections,
+        "telemetry": telemetry_section(run),
         "profiles": profile_view.tables_by_technique(record, _link_base(run.path, output_dir)),
         "env": json.dumps(run.env, indent=2, default=str) if run.env else None,
         "scenario": json.dumps(record.scenario or None, indent=2, default=str),
         "comparison": comparison,
         "comparison_figure": side_by_side.comparison_figure(comparison) if comparison else None,
-        "other_run": str(other.path) if other else "", "history_note": trends.note if trends else None,
+        "other_run": str(other.path) if other else "",
+        "history_note": trends.note if trends else None,
         "energy_note": energy_note,
         "generated": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
@@ -378,9 +470,15 @@ class Written:
     markdown: Path
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None,
-                 compare: str | Path | Sequence[str | Path] | None = None, *, history_store: str | None = None,
-                 read_history: bool = True, registry: Registry | None = None) -> Written:
+def write_report(
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    compare: str | Path | Sequence[str | Path] | None = None,
+    *,
+    history_store: str | None = None,
+    read_history: bool = True,
+    registry: Registry | None = None,
+) -> Written:
     """Write the report (default ``RUN_DIR/report.html``) and ``summary.md`` beside it. With one
     other run, a comparison; with several, the technique x device matrix over all of them. Each
     case's sparkline comes from the history store ``history_store`` (None: the default one; not
@@ -394,8 +492,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None,
     compared = compare_runs(run.record, other.record) if other else None
     html_path = Path(output) if output is not None else run.path / "report.html"
     md_path = html_path.with_name("summary.md")
-    text = render(run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent,
-                  trends=trends)
+    text = render(
+        run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent, trends=trends
+    )
     summary = markdown.render_summary(headline(run.record), summary_rows(run.record), compared)
     write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--out")
     return Written(html_path, md_path)
@@ -410,5 +509,6 @@ def write_pages(pages: Sequence[tuple[Path, str]], what: str, option: str) -> No
         except DiskFull:
             raise  # not bad input: the CLI says so, exit 74
         except OSError as exc:
-            raise BadInput(f"{path}: cannot write {what} there ({exc.strerror or exc}); give a writable file "
-                           f"with {option}.") from None
+            raise BadInput(
+                f"{path}: cannot write {what} there ({exc.strerror or exc}); give a writable file with {option}."
+            ) from None

@@ -5,6 +5,7 @@ It formats what :mod:`gpubench.reports.html` has already read out of the results
 and summary rows), escapes every cell, and stays under :data:`MAX_BYTES`: rows past the budget
 are left out with a note pointing to the HTML report.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,9 +16,11 @@ MAX_BYTES = 60_000
 # An energy figure taken over the timed calls (gpubench.measure.energy's timed_calls method) is marked in
 # the summary (here and in report.html) with this, and the note under the table says what it means.
 TIMED_CALLS_MARK = "*"
-TIMED_CALLS_NOTE = (f"{TIMED_CALLS_MARK} energy per call taken over the timed calls themselves (calls lasting 4 or "
-                    "more refreshes of NVML's energy counter); the others from a window of the variant's own calls "
-                    "after timing.")
+TIMED_CALLS_NOTE = (
+    f"{TIMED_CALLS_MARK} energy per call taken over the timed calls themselves (calls lasting 4 or "
+    "more refreshes of NVML's energy counter); the others from a window of the variant's own calls "
+    "after timing."
+)
 _NOTE_RESERVE = 300  # room kept for a "rows left out" note
 
 
@@ -40,8 +43,10 @@ def _table(header: list[str], rows: list[list[Any]], budget: int) -> list[str]:
     for i, row in enumerate(rows):
         line = _row(row)
         if _size(lines) + len(line.encode("utf-8")) + _NOTE_RESERVE > budget:
-            lines.append(f"\n_{len(rows) - i} more cases left out to keep this summary under "
-                         f"{MAX_BYTES // 1000} KB; report.html has them all._")
+            lines.append(
+                f"\n_{len(rows) - i} more cases left out to keep this summary under "
+                f"{MAX_BYTES // 1000} KB; report.html has them all._"
+            )
             break
         lines.append(line)
     return lines
@@ -52,7 +57,9 @@ def _sentence_case(text: str) -> str:
 
 
 def _headline(head: dict[str, Any]) -> list[str]:
-    counts = f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
+    counts = (
+        f"{head['cases']} case{'s' if head['cases'] != 1 else ''}: {head['passed']} passed, {head['failed']} failed"
+    )
     if head.get("interrupted"):
         counts += f", {head['interrupted']} interrupted"
     if head.get("not_run"):
@@ -64,9 +71,12 @@ def _headline(head: dict[str, Any]) -> list[str]:
         extremes += f" (over the techniques read by time; not {cell(', '.join(head['not_by_time']))})"
     if head.get("too_few_samples"):
         extremes += f" (not counted: {cell(head['too_few_samples'])}; no CI)"
-    lines = [f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}", "",
-             f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."
-             + (f" {_sentence_case(cell(head['timed_share']))}." if head.get("timed_share") else "")]
+    lines = [
+        f"### gpubench: {cell(head['scenario'])} on {cell(head['device'])}",
+        "",
+        f"{cell(head['date'])}, run {cell(head['run_id'])}: **{counts}**. {extremes}."
+        + (f" {_sentence_case(cell(head['timed_share']))}." if head.get("timed_share") else ""),
+    ]
     if head.get("techniques"):  # each technique by its own headline figure
         lines += [""] + [f"- **{cell(t['name'])}**: {cell(t['text'])}" for t in head["techniques"]]
     if head.get("clocks"):  # which clock the times are on
@@ -89,9 +99,14 @@ def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
     for r in rows:
         status = "passed" if not r["failed"] else f"**{r['status'].upper()}**: {r['reason'][:300]}"
         headline = (r["headline"] or "-") + (f" (why: {r['why']})" if r.get("why") else "")
-        body.append([r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"]]
-                    + [headline] * with_headline + [r["check"]] + [r["memory"]] * memory + [r["energy"]] * energy
-                    + [status])
+        body.append(
+            [r["number"], r["technique"], r["params"], r["baseline"], r["optimized"], r["speedup"]]
+            + [headline] * with_headline
+            + [r["check"]]
+            + [r["memory"]] * memory
+            + [r["energy"]] * energy
+            + [status]
+        )
     # A figure marked as taken over the timed calls (gpubench.measure.energy) says so under the table.
     note = [f"\n_{cell(TIMED_CALLS_NOTE)}_"] if any(r.get("energy_over_timed_calls") for r in rows) else []
     return _table(header, body, budget - _size(note)) + note
@@ -100,14 +115,20 @@ def _summary(rows: list[dict[str, Any]], budget: int) -> list[str]:
 def _comparison(comparison: dict[str, Any]) -> list[str]:
     """One line: the per-case table is in report.html (and ``gpubench compare`` writes the gate's)."""
     counts = ", ".join(f"{n} {v}" for v, n in comparison["counts"].items() if n) or "no case in common"
-    lines = [f"Compared with run {cell(comparison['other']['run_id'])} ({cell(comparison['other']['date'])}): "
-             f"**{counts}**; per case in report.html."]
+    lines = [
+        f"Compared with run {cell(comparison['other']['run_id'])} ({cell(comparison['other']['date'])}): "
+        f"**{counts}**; per case in report.html."
+    ]
     lines += [f"\n> **Warning:** {cell(w)}" for w in comparison["warnings"]]
     return lines + [""]
 
 
-def render_summary(head: dict[str, Any], rows: list[dict[str, Any]],
-                   comparison: dict[str, Any] | None = None, max_bytes: int = MAX_BYTES) -> str:
+def render_summary(
+    head: dict[str, Any],
+    rows: list[dict[str, Any]],
+    comparison: dict[str, Any] | None = None,
+    max_bytes: int = MAX_BYTES,
+) -> str:
     """The headline, the comparison's counts (if any), the summary table, then the published claims
     (the table gets what the rest leaves of ``max_bytes``)."""
     lines = _headline(head)

@@ -7,11 +7,13 @@ the run's own closing line when results.json has its ``time_use``, else the time
 of the cases' wall time. A record without ``phases_s`` (runs written before it existed) has no
 breakdown, and every reader here then says nothing.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from gpubench.records.results import CaseRecord, RunRecord, elapsed_text
 
@@ -19,15 +21,31 @@ from gpubench.records.results import CaseRecord, RunRecord, elapsed_text
 # own samples) is part of "timing": a breakdown splits "timing" into the timed calls and the rest
 # of the loop ("loop"), so the parts add up to the case's wall time. A phase the runner records
 # that is not named here is shown under its own key.
-PHASES = (("build", "build"), ("check", "check"), ("warmup", "warm-up"), ("timed", "timed calls"),
-          ("loop", "timing loop"), ("metrics", "metrics"), ("energy", "energy"), ("profile", "profile"),
-          ("stats", "statistics"), ("other", "other"))
+PHASES = (
+    ("build", "build"),
+    ("check", "check"),
+    ("warmup", "warm-up"),
+    ("timed", "timed calls"),
+    ("loop", "timing loop"),
+    ("metrics", "metrics"),
+    ("energy", "energy"),
+    ("profile", "profile"),
+    ("stats", "statistics"),
+    ("other", "other"),
+)
 LABELS = dict(PHASES)
-MEANING = {"build": "building inputs", "check": "the first checked call of each variant, the reference and the checks",
-           "warmup": "warm-up calls", "timed": "the timed calls' own samples",
-           "loop": "the rest of the timing loop (between and around the timed calls)", "metrics": "derived metrics",
-           "energy": "measuring energy per call", "profile": "profiling", "stats": "statistics over the samples",
-           "other": "the rest of the case's wall time"}
+MEANING = {
+    "build": "building inputs",
+    "check": "the first checked call of each variant, the reference and the checks",
+    "warmup": "warm-up calls",
+    "timed": "the timed calls' own samples",
+    "loop": "the rest of the timing loop (between and around the timed calls)",
+    "metrics": "derived metrics",
+    "energy": "measuring energy per call",
+    "profile": "profiling",
+    "stats": "statistics over the samples",
+    "other": "the rest of the case's wall time",
+}
 
 
 @dataclass(frozen=True)
@@ -81,14 +99,16 @@ def percent(share: float) -> str:
 
 
 def cases_text(cases: Iterable[CaseRecord]) -> str | None:
-    """"timed calls were 41% of the cases' wall time (52.1 s of 127 s)"; None when no case
+    """ "timed calls were 41% of the cases' wall time (52.1 s of 127 s)"; None when no case
     recorded its phases."""
     found = cases_timed_share(cases)
     if found is None or found[1] <= 0:
         return None
     timed, wall = found
-    return (f"timed calls were {percent(timed / wall)} of the cases' wall time "
-            f"({elapsed_text(timed)} of {elapsed_text(wall)})")
+    return (
+        f"timed calls were {percent(timed / wall)} of the cases' wall time "
+        f"({elapsed_text(timed)} of {elapsed_text(wall)})"
+    )
 
 
 def run_text(run: RunRecord) -> str | None:
@@ -104,9 +124,12 @@ def run_text(run: RunRecord) -> str | None:
 
 
 def breakdown_text(found: Breakdown) -> str:
-    """"1.2 s: build 0.3 s, ..., timed calls 0.5 s (41%), ..." leaving out the phases that took no
+    """ "1.2 s: build 0.3 s, ..., timed calls 0.5 s (41%), ..." leaving out the phases that took no
     time."""
-    parts = [f"{LABELS.get(key, key)} {elapsed_text(seconds)}"
-             + (f" ({percent(found.share(key))})" if key == "timed" else "")
-             for key, seconds in found.parts if seconds > 0]
+    parts = [
+        f"{LABELS.get(key, key)} {elapsed_text(seconds)}"
+        + (f" ({percent(found.share(key))})" if key == "timed" else "")
+        for key, seconds in found.parts
+        if seconds > 0
+    ]
     return f"{elapsed_text(found.elapsed_s)}: " + ", ".join(parts)

@@ -1,22 +1,39 @@
 """The figures a technique declares (:class:`gpubench.contract.Plot`), drawn from the run's case
 records: line, stacked, bars, series and cdf (see the Plot docstring for what each draws). The
 declaration comes from the run (what the technique declared when it ran), never from its code."""
+
 from __future__ import annotations
 
 import itertools
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from gpubench.contract import Plot
-from gpubench.reports.drawing import (COLORS, MAX_HEIGHT_IN, ROW_LABEL_IN, SERIES, WIDTH_IN, error_bars, legend_below,
-                                      log_axis, new_figure, reference, spread_pick, styled, text_lines, ticks_at, wrap)
-from gpubench.reports.terminal import param_text
 from gpubench.records.results import CaseRecord, Speedup
+from gpubench.reports.drawing import (
+    COLORS,
+    MAX_HEIGHT_IN,
+    ROW_LABEL_IN,
+    SERIES,
+    WIDTH_IN,
+    error_bars,
+    legend_below,
+    log_axis,
+    new_figure,
+    reference,
+    spread_pick,
+    styled,
+    text_lines,
+    ticks_at,
+    wrap,
+)
+from gpubench.reports.terminal import param_text
 
 ROLE_STYLE = {"baseline": ("--", "s"), "optimized": ("-", "o"), "peer": (":", "^")}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -98,8 +115,10 @@ def _splitting(cases: list[CaseRecord], x: str, exclude: Sequence[str]) -> list[
         if any(len(v) > 1 for v in at_x.values()):
             out.append(k)
             continue
-        along = [next(iter(c.params.get(k) for c in cases if c.params.get(x) == xv))
-                 for xv in sorted(at_x, key=lambda v: _sort_key((v,)))]
+        along = [
+            next(iter(c.params.get(k) for c in cases if c.params.get(x) == xv))
+            for xv in sorted(at_x, key=lambda v: _sort_key((v,)))
+        ]
         numeric = all(_number(v) is not None for v in along)
         steps = [b - a for a, b in zip(along, along[1:])] if numeric else []
         if not numeric or not (all(d >= 0 for d in steps) or all(d <= 0 for d in steps)):
@@ -120,9 +139,9 @@ def human(key: str) -> str:
     if key in SPECIAL_NAMES:
         return SPECIAL_NAMES[key]
     if key.endswith("_per_s"):
-        key = key[:-len("_per_s")] + "/s"
+        key = key[: -len("_per_s")] + "/s"
     else:
-        key = next((key[:-len(u)] for u in UNIT_SUFFIXES if key.endswith(u) and len(key) > len(u)), key)
+        key = next((key[: -len(u)] for u in UNIT_SUFFIXES if key.endswith(u) and len(key) > len(u)), key)
     return " ".join(ACRONYMS.get(word, word) for word in key.split("_"))
 
 
@@ -158,18 +177,25 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
                 for y in plot.ys:
                     point = _scalar(c, name, y, plot)
                     if x is not None and point is not None:
-                        lines.setdefault((name, role, y, _params_label(c.params, split, defaults)), []).append((x, *point))
+                        lines.setdefault((name, role, y, _params_label(c.params, split, defaults)), []).append(
+                            (x, *point)
+                        )
         if any(len(points) > 1 for points in lines.values()):
             drawn.append((key, lines))
     if not drawn:
         return None
     fits = 2 * max(1, int((MAX_HEIGHT_IN - 2.0) / 2.75))  # two a row, beside titles and the legend
-    left_out = "" if len(drawn) <= fits else (f"{fits} of {len(drawn)} panels drawn, evenly spread "
-                                              f"(every case: the tables below)")
+    left_out = (
+        ""
+        if len(drawn) <= fits
+        else (f"{fits} of {len(drawn)} panels drawn, evenly spread (every case: the tables below)")
+    )
     drawn = [drawn[i] for i in spread_pick(len(drawn), fits)]
     cols = min(2, len(drawn))
-    titles = [wrap(_params_label(dict(zip(plot.panels, key)), plot.panels), WIDTH_IN / cols - 0.6, 9)
-              if plot.panels else "" for key, _ in drawn]
+    titles = [
+        wrap(_params_label(dict(zip(plot.panels, key)), plot.panels), WIDTH_IN / cols - 0.6, 9) if plot.panels else ""
+        for key, _ in drawn
+    ]
     with styled():
         fig, axes = _grid(len(drawn), 2.6 + 0.15 * (max(text_lines(t) for t in titles) - 1))
         handles: dict[str, Any] = {}
@@ -194,8 +220,16 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
                 else:
                     color, style = SERIES[labels.index(label) % len(SERIES)], "-"
                 text = name + (f" {y}" if len(plot.ys) > 1 else "") + (f" ({label})" if label else "")
-                container = ax.errorbar(xs, vs, yerr=error_bars(vs, lo, hi) if lo != vs or hi != vs else None,
-                                        color=color, linestyle=style, marker=marker, ms=3.5, capsize=2)
+                container = ax.errorbar(
+                    xs,
+                    vs,
+                    yerr=error_bars(vs, lo, hi) if lo != vs or hi != vs else None,
+                    color=color,
+                    linestyle=style,
+                    marker=marker,
+                    ms=3.5,
+                    capsize=2,
+                )
                 container.lines[0].set_label(text)
                 if len(plot.ys) == 1:
                     handles.setdefault(text, container.lines[0])
@@ -223,8 +257,9 @@ def _case_label(case: CaseRecord, keys: Sequence[str]) -> str:
     return _params_label(case.params, keys) or case.technique
 
 
-def _fit_screen(bars: dict[str, list[tuple[str, str, str, list[float]]]], row_in: float
-                ) -> tuple[dict[str, list[tuple[str, str, str, list[float]]]], str]:
+def _fit_screen(
+    bars: dict[str, list[tuple[str, str, str, list[float]]]], row_in: float
+) -> tuple[dict[str, list[tuple[str, str, str, list[float]]]], str]:
     """Of a stacked figure's panels and their bar groups, as many as fit a screen
     (:data:`MAX_HEIGHT_IN`), evenly spread in run order, and a sentence saying what was left out
     ("" when nothing was): an 864-case sweep draws a readable sample, not a 41,000 px column."""
@@ -241,8 +276,10 @@ def _fit_screen(bars: dict[str, list[tuple[str, str, str, list[float]]]], row_in
     drawn = sum(len({r[0] for r in rows}) for rows in kept.values())
     if drawn == total:
         return kept, ""
-    return kept, (f"{drawn} of {total} bar groups drawn, evenly spread in run order, so the figure fits a "
-                  f"screen; every case's figures are in the tables below")
+    return kept, (
+        f"{drawn} of {total} bar groups drawn, evenly spread in run order, so the figure fits a "
+        f"screen; every case's figures are in the tables below"
+    )
 
 
 def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) -> Figure | None:
@@ -278,8 +315,16 @@ def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any
                 pos = ticks.index(tick) + (names.index(name) - (len(names) - 1) / 2) * width
                 left = 0.0
                 for y, value, color in zip(plot.ys, parts, itertools.cycle(SERIES)):
-                    ax.barh(-pos, value, left=left, height=width * 0.9, color=color,
-                            hatch="//" if role == "baseline" else None, edgecolor="white", label=y)
+                    ax.barh(
+                        -pos,
+                        value,
+                        left=left,
+                        height=width * 0.9,
+                        color=color,
+                        hatch="//" if role == "baseline" else None,
+                        edgecolor="white",
+                        label=y,
+                    )
                     handles.setdefault(human(y), Patch(facecolor=color))
                     left += value
                 ax.annotate(name, (left, -pos), xytext=(3, 0), textcoords="offset points", va="center", fontsize=6)
@@ -300,7 +345,7 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
     the params that vary (all of them: a panel's title names its case alone)."""
     label_keys = _varying(cases, ())
     panels = []
-    for c in cases[:plot.max_cases]:
+    for c in cases[: plot.max_cases]:
         content = []
         for name, role in _chosen(c, plot):
             if plot.kind == "bars":
@@ -332,18 +377,28 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
                 elif plot.kind == "series":
                     xs, ys = data
                     vals = [math.nan if v is None else v * plot.scale for v in ys]
-                    (artist,) = ax.plot(xs[:len(vals)], vals, color=color, linestyle=style, lw=1,
-                                        drawstyle="steps-post", label=name)
+                    (artist,) = ax.plot(
+                        xs[: len(vals)], vals, color=color, linestyle=style, lw=1, drawstyle="steps-post", label=name
+                    )
                 else:
                     values = sorted(v * plot.scale for v in data[1] if _number(v) is not None)
-                    (artist,) = ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], color=color,
-                                        linestyle=style, drawstyle="steps-post", label=name)
+                    (artist,) = ax.plot(
+                        values,
+                        [(i + 1) / len(values) for i in range(len(values))],
+                        color=color,
+                        linestyle=style,
+                        drawstyle="steps-post",
+                        label=name,
+                    )
                 handles.setdefault(name, artist)
             if plot.kind == "bars":  # a name per bar group: one line, else a word a line (median as
                 # p50), else upright
                 slot_pt = (WIDTH_IN / cols - 0.8) / len(plot.ys) * 72
-                fits = lambda names: all(len(line) * 6 * 0.67 <= slot_pt  # noqa: B023 - called in this iteration only
-                                         for n in names for line in n.split("\n"))
+                fits = lambda names: all(
+                    len(line) * 6 * 0.67 <= slot_pt  # noqa: B023 - called in this iteration only
+                    for n in names
+                    for line in n.split("\n")
+                )
                 names = [human(y) for y in plot.ys]
                 for shorter in (lambda n: n.replace(" ", "\n"), lambda n: re.sub(r"\bmedian\b", "p50", n)):
                     if not fits(names):
@@ -366,8 +421,9 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
     return fig
 
 
-def declared(plot: Plot, cases: Sequence[CaseRecord | Mapping[str, Any]],
-             defaults: dict[str, Any] | None = None) -> Figure | None:
+def declared(
+    plot: Plot, cases: Sequence[CaseRecord | Mapping[str, Any]], defaults: dict[str, Any] | None = None
+) -> Figure | None:
     """The figure a technique declared (:class:`gpubench.contract.Plot`) drawn from its case
     records (as a results document holds them, or read back), or None when the run holds nothing
     to draw. ``defaults``: the technique's param defaults, left out of line labels."""
@@ -377,4 +433,3 @@ def declared(plot: Plot, cases: Sequence[CaseRecord | Mapping[str, Any]],
     if plot.kind == "stacked":
         return _stacked_figure(plot, cases, defaults or {})
     return _per_case_figure(plot, cases)
-

@@ -3,9 +3,11 @@ side, peers after them: ops, kernel launches, syncs, copies, peak memory, top op
 share of the time, links to the traces) and a one-line "why" for the summary row where the
 profiles show a clear difference (``syncs 33 -> 1``). Reads only what
 :mod:`gpubench.measure.profiling` recorded in results.json."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -13,15 +15,17 @@ from rich.table import Table
 from rich.text import Text
 
 from gpubench.lib.kvmath import human_bytes
-from gpubench.reports.terminal import fit_fields, wrap_words
 from gpubench.records.results import CaseRecord, Profile, RunRecord
+from gpubench.reports.terminal import fit_fields, wrap_words
 
 TOP_SHOWN = 5
 CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason
 # (label in the "why" line, the profile's count), in the order a reason is looked for
 WHY_COUNTS: tuple[tuple[str, Callable[[Profile], float | None]], ...] = (
-    ("syncs", lambda p: p.syncs_per_call), ("launches", lambda p: p.kernel_launches_per_call),
-    ("ops", lambda p: p.ops_per_call))
+    ("syncs", lambda p: p.syncs_per_call),
+    ("launches", lambda p: p.kernel_launches_per_call),
+    ("ops", lambda p: p.ops_per_call),
+)
 
 
 def _number(value: Any) -> str:
@@ -36,8 +40,13 @@ def _profiled(case: CaseRecord) -> list[tuple[str, Profile]]:
     """The case's profiled variants, baseline first, then optimized, then peers."""
     order = [case.role_variant("baseline"), case.role_variant("optimized")]
     names = [n for n in order if n] + [n for n in case.variants if n not in order]
-    return [(n, profile) for n in names if n in case.variants
-            for profile in (case.variants[n].profile,) if profile is not None]
+    return [
+        (n, profile)
+        for n in names
+        if n in case.variants
+        for profile in (case.variants[n].profile,)
+        if profile is not None
+    ]
 
 
 def _profile(case: CaseRecord, role: str) -> Profile | None:
@@ -83,8 +92,10 @@ def _time(us: float) -> str:
 
 
 def _top(profile: Profile) -> list[str]:
-    return [f"{op.name} {100 * (op.share or 0.0):.0f}% ({_time(op.self_us_per_call or 0.0)}, x{_number(op.count_per_call)})"
-            for op in profile.top_ops[:TOP_SHOWN]]
+    return [
+        f"{op.name} {100 * (op.share or 0.0):.0f}% ({_time(op.self_us_per_call or 0.0)}, x{_number(op.count_per_call)})"
+        for op in profile.top_ops[:TOP_SHOWN]
+    ]
 
 
 def case_table(case: CaseRecord | Mapping[str, Any], number: int, link_base: str = "") -> dict[str, Any] | None:
@@ -101,20 +112,37 @@ def case_table(case: CaseRecord | Mapping[str, Any], number: int, link_base: str
     if any(p.event_waits_per_call for p in ok):
         rows.append(("event waits per call", [_number(p.event_waits_per_call) for _, p in profiled]))
     rows.append(("copies per call", [_copies(p) for _, p in profiled]))
-    rows.append(("peak memory", [human_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None
-                                 else "-" for _, p in profiled]))
+    rows.append(
+        (
+            "peak memory",
+            [human_bytes(p.peak_memory_bytes) if p.peak_memory_bytes is not None else "-" for _, p in profiled],
+        )
+    )
     basis = (ok[0].time_basis or "cpu") if ok else "cpu"
     common = set.intersection(*(set(p.notes) for _, p in profiled))
     columns = []
     for name, p in profiled:
-        columns.append({"name": name, "role": case.variants[name].role, "error": p.error,
-                        "top": _top(p), "trace": f"{link_base}{p.trace}" if p.trace else None,
-                        "notes": [n for n in p.notes if n not in common]})
-    return {"number": number, "id": case.id, "why": why(case), "columns": columns,
-            "rows": [{"label": label, "cells": cells} for label, cells in rows],
-            "top_title": f"top ops by self {'device' if basis == 'device' else 'CPU'} time (share, per call)",
-            "calls": ok[0].calls if ok else None, "sync_counting": ok[0].sync_counting if ok else "",
-            "notes": [n for n in ok[0].notes if n in common] if ok else []}
+        columns.append(
+            {
+                "name": name,
+                "role": case.variants[name].role,
+                "error": p.error,
+                "top": _top(p),
+                "trace": f"{link_base}{p.trace}" if p.trace else None,
+                "notes": [n for n in p.notes if n not in common],
+            }
+        )
+    return {
+        "number": number,
+        "id": case.id,
+        "why": why(case),
+        "columns": columns,
+        "rows": [{"label": label, "cells": cells} for label, cells in rows],
+        "top_title": f"top ops by self {'device' if basis == 'device' else 'CPU'} time (share, per call)",
+        "calls": ok[0].calls if ok else None,
+        "sync_counting": ok[0].sync_counting if ok else "",
+        "notes": [n for n in ok[0].notes if n in common] if ok else [],
+    }
 
 
 def tables_by_technique(run: RunRecord, link_base: str = "") -> dict[str, list[dict[str, Any]]]:
@@ -126,7 +154,6 @@ def tables_by_technique(run: RunRecord, link_base: str = "") -> dict[str, list[d
         if table is not None:
             out.setdefault(case.technique, []).append(table)
     return out
-
 
 
 def print_case(table: Mapping[str, Any], console: Console) -> None:

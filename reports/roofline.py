@@ -7,11 +7,13 @@ The roof is min(matmul peak, intensity x copy bandwidth), both measured at the s
 (``ceilings``, of the device the case ran on). Pure: records in, numbers and strings out; the
 figure is drawn by :func:`gpubench.reports.charts.roofline`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gpubench.measure.machine_load import OVERLOAD_PER_CPU
 from gpubench.records.results import CaseRecord, RunRecord
@@ -39,8 +41,12 @@ class Roof:
         """A CPU calibrated under load (beyond :data:`gpubench.measure.machine_load.OVERLOAD_PER_CPU` a core:
         the calibration's own threads count about one): its ceilings are a share of it (a GPU's
         large calibration matmul and copy do not wait on the host's CPUs)."""
-        return (self.on_cpu and self.load_1m is not None and self.cpus is not None
-                and self.load_1m > OVERLOAD_PER_CPU * self.cpus)
+        return (
+            self.on_cpu
+            and self.load_1m is not None
+            and self.cpus is not None
+            and self.load_1m > OVERLOAD_PER_CPU * self.cpus
+        )
 
     def load_words(self) -> str:
         return f"load {self.load_1m:.1f} on {self.cpus} cores"
@@ -73,10 +79,17 @@ def roof_of(ceilings: dict[str, Any] | None, device: str, on_cpu: bool) -> Roof:
     n = matmul.get("n")
     load = ceilings.get("load") if isinstance(ceilings.get("load"), dict) else {}
     cpus = load.get("cpus")
-    return Roof(device, on_cpu, peak, bandwidth, str(matmul.get("dtype") or ""),
-                f"the run's calibration recorded no {' or '.join(gaps)}" if gaps else "",
-                n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None,
-                _positive(load.get("load_1m")), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None)
+    return Roof(
+        device,
+        on_cpu,
+        peak,
+        bandwidth,
+        str(matmul.get("dtype") or ""),
+        f"the run's calibration recorded no {' or '.join(gaps)}" if gaps else "",
+        n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None,
+        _positive(load.get("load_1m")),
+        cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
+    )
 
 
 def _positive(value: Any) -> float | None:
@@ -151,8 +164,9 @@ def variant_order(cases: Sequence[CaseRecord]) -> list[str]:
     return sorted(seen, key=lambda n: ROLE_ORDER.get(seen[n], 2))
 
 
-def readings(run: RunRecord, group: Sequence[tuple[int, CaseRecord]],
-             params_of: Callable[[CaseRecord], str]) -> list[Reading]:
+def readings(
+    run: RunRecord, group: Sequence[tuple[int, CaseRecord]], params_of: Callable[[CaseRecord], str]
+) -> list[Reading]:
     """Every timed variant with a FLOP or byte count, of every case of ``group`` (number, case)."""
     out = []
     for number, case in group:
@@ -237,27 +251,41 @@ def _above_ceilings(found: Sequence[Reading]) -> list[str]:
     """Readings above what the device was measured to do: impossible as rates of its memory or
     matmul units, so something else is being measured (a working set that stayed in cache, which
     the calibration's large copy does not; a count larger than the work done)."""
-    over = [(r, f"#{r.number} {r.variant} ({', '.join(f'{name} {value:.0f}%' for name, value in shares)})")
-            for r in found
-            for shares in [[(name, value) for name, value in (("of copy bandwidth", r.pct_bandwidth),
-                                                               ("of matmul peak", r.pct_peak_flops),
-                                                               ("of the roof", r.pct_roof))
-                            if value is not None and value > ABOVE_CEILING_PCT]] if shares]
+    over = [
+        (r, f"#{r.number} {r.variant} ({', '.join(f'{name} {value:.0f}%' for name, value in shares)})")
+        for r in found
+        for shares in [
+            [
+                (name, value)
+                for name, value in (
+                    ("of copy bandwidth", r.pct_bandwidth),
+                    ("of matmul peak", r.pct_peak_flops),
+                    ("of the roof", r.pct_roof),
+                )
+                if value is not None and value > ABOVE_CEILING_PCT
+            ]
+        ]
+        if shares
+    ]
     out = []
     busy = [text for r, text in over if r.roof.loaded]
     if busy:  # a ceiling measured on a busy machine is a share of it: the variant beat a low roof
         roofs = {r.roof.device: r.roof for r, _ in over if r.roof.loaded}
         under = "; ".join(f"{roof.device} at {roof.load_words()}" + _peak_words(roof) for roof in roofs.values())
-        out.append(f"Above the measured ceilings, marked (!): {'; '.join(busy)}. The ceilings were measured while "
-                   f"the machine was under load ({under}): the calibration got a share of the machine, so the roof "
-                   "is too low and these shares read high; the readings are not evidence of caching. Calibrate "
-                   "on a quieter machine for a roof to read them against.")
+        out.append(
+            f"Above the measured ceilings, marked (!): {'; '.join(busy)}. The ceilings were measured while "
+            f"the machine was under load ({under}): the calibration got a share of the machine, so the roof "
+            "is too low and these shares read high; the readings are not evidence of caching. Calibrate "
+            "on a quieter machine for a roof to read them against."
+        )
     quiet = [text for r, text in over if not r.roof.loaded]
     if quiet:
-        out.append(f"Above the measured ceilings, marked (!): {'; '.join(quiet)}. No device beats its own measured "
-                   "peak: these are not its memory or matmul rates. Likely the data stayed in cache between calls "
-                   "(a small working set: the calibration copies buffers far larger than any cache), or the "
-                   "technique counts more FLOPs or bytes than the call does.")
+        out.append(
+            f"Above the measured ceilings, marked (!): {'; '.join(quiet)}. No device beats its own measured "
+            "peak: these are not its memory or matmul rates. Likely the data stayed in cache between calls "
+            "(a small working set: the calibration copies buffers far larger than any cache), or the "
+            "technique counts more FLOPs or bytes than the call does."
+        )
     return out
 
 
@@ -269,20 +297,29 @@ def _roof_notes(found: Sequence[Reading]) -> list[str]:
     out = []
     for roof in device_roofs(found).values():
         if roof.missing:
-            absolute = "" if roof.peak_tflops or roof.peak_gbps else ("; the rates are absolute (TFLOP/s, GB/s), "
-                                                                      "with no share of a peak")
+            absolute = (
+                ""
+                if roof.peak_tflops or roof.peak_gbps
+                else ("; the rates are absolute (TFLOP/s, GB/s), with no share of a peak")
+            )
             out.append(f"No roof for {roof.device}: {roof.missing}{absolute}.")
         elif roof.on_cpu:
             at = f" (n={roof.matmul_n})" if roof.matmul_n else ""
-            out.append(f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul{at} and a "
-                       f"memory copy measured when the run started, on {roof.device}.")
+            out.append(
+                f"The ceilings are this CPU's, not a GPU's: a {roof.dtype or 'float32'} matmul{at} and a "
+                f"memory copy measured when the run started, on {roof.device}."
+            )
         elif roof.matmul_n and roof.matmul_n < GPU_PEAK_MATMUL_N:
-            out.append(f"The matmul peak of {roof.device} was measured at n={roof.matmul_n} (a quick calibration "
-                       f"before gpubench measured at n={GPU_PEAK_MATMUL_N}), where a large GPU reaches well under "
-                       "its peak: every share of that peak reads high.")
+            out.append(
+                f"The matmul peak of {roof.device} was measured at n={roof.matmul_n} (a quick calibration "
+                f"before gpubench measured at n={GPU_PEAK_MATMUL_N}), where a large GPU reaches well under "
+                "its peak: every share of that peak reads high."
+            )
         if not roof.missing and roof.loaded:
-            out.append(f"The ceilings of {roof.device} were measured under {roof.load_words()} (more runnable work "
-                       "than cores): they are a share of the machine, and every share of them reads high.")
+            out.append(
+                f"The ceilings of {roof.device} were measured under {roof.load_words()} (more runnable work "
+                "than cores): they are a share of the machine, and every share of them reads high."
+            )
     return out
 
 
@@ -293,23 +330,32 @@ def _uneven_counts(found: Sequence[Reading]) -> list[str]:
     uneven = [f"#{n}" for n, seen in counts.items() if len(seen) > 1]
     if not uneven:
         return []
-    return [f"Case{'s' if len(uneven) > 1 else ''} {', '.join(uneven)}: the variants recorded different FLOP or byte "
-            "counts, so they are not read against one problem (the technique counts what each variant does, not "
-            "what the case needs)."]
+    return [
+        f"Case{'s' if len(uneven) > 1 else ''} {', '.join(uneven)}: the variants recorded different FLOP or byte "
+        "counts, so they are not read against one problem (the technique counts what each variant does, not "
+        "what the case needs)."
+    ]
 
 
 def _no_roofline(found: Sequence[Reading]) -> list[str]:
     if any(r.intensity for r in found):
         return []
     if not any(r.flops for r in found):
-        read = ("each variant's share of the measured copy bandwidth" if any(r.pct_bandwidth for r in found)
-                else "each variant's GB/s")
-        return ["No roofline: this technique counts the bytes a step must move but no FLOPs (a memory-bound "
-                f"step); read {read}."]
+        read = (
+            "each variant's share of the measured copy bandwidth"
+            if any(r.pct_bandwidth for r in found)
+            else "each variant's GB/s"
+        )
+        return [
+            "No roofline: this technique counts the bytes a step must move but no FLOPs (a memory-bound "
+            f"step); read {read}."
+        ]
     if not any(r.bytes_moved for r in found):
         read = "each variant's share of the matmul peak" if any(r.pct_peak_flops for r in found) else "its TFLOP/s"
-        return ["No roofline: this technique counts FLOPs but not the bytes moved, so its arithmetic intensity is "
-                f"unknown; read {read}."]
+        return [
+            "No roofline: this technique counts FLOPs but not the bytes moved, so its arithmetic intensity is "
+            f"unknown; read {read}."
+        ]
     return []
 
 

@@ -8,16 +8,35 @@ also where the technique's code is gone. The one exception is a technique's own 
 (deprecated ``figures_fn``: code, not data), called through :func:`gpubench.records.declarations.figures_hook`
 when it can be loaded here; when it cannot, the section says why its figures are missing.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gpubench.records.declarations import Registry, TechniqueRecord, figures_hook
+from gpubench.records.results import (
+    BASIS_TEXT,
+    MATERIAL_SHARE,
+    CaseRecord,
+    RunRecord,
+    Speedup,
+    elapsed_text,
+    has_interval,
+)
 from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
-from gpubench.reports.terminal import (case_params, check_text, count_text, format_seconds, format_speedup,
-                                       named_time, other_clock_text, param_text, shown_by_technique)
-from gpubench.records.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, elapsed_text, has_interval
+from gpubench.reports.terminal import (
+    case_params,
+    check_text,
+    count_text,
+    format_seconds,
+    format_speedup,
+    named_time,
+    other_clock_text,
+    param_text,
+    shown_by_technique,
+)
 
 Figure = dict[str, Any]  # a figure as the template takes it: title, svg, note
 _OFF = (0, False, None, "")  # defaults that mean "off" or "as the others say" (seq_len_q=0: seq_len)
@@ -27,8 +46,11 @@ def params_label(case: CaseRecord, shown: set[str] | None, defaults: dict[str, A
     """The case's params as the report labels it: those that tell the technique's cases apart
     (``shown``), less those left at a default that means off or "the same as" (causal=False,
     block_m=0); two cases still differ in a param at least one of them sets."""
-    keep = {k for k in (case.params if shown is None else shown)
-            if not (k in defaults and case.params.get(k) == defaults[k] and defaults[k] in _OFF)}
+    keep = {
+        k
+        for k in (case.params if shown is None else shown)
+        if not (k in defaults and case.params.get(k) == defaults[k] and defaults[k] in _OFF)
+    }
     return case_params(case, keep)
 
 
@@ -78,14 +100,22 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str], defaults: dict[st
         return None
     keys = list(dict.fromkeys(k for c, _, _ in points for k in c.params))
     varying = [k for k in keys if len({repr(c.params.get(k)) for c, _, _ in points}) > 1]
-    numeric = [k for k in varying if all(isinstance(c.params.get(k), (int, float))
-                                         and not isinstance(c.params.get(k), bool) for c, _, _ in points)]
+    numeric = [
+        k
+        for k in varying
+        if all(
+            isinstance(c.params.get(k), (int, float)) and not isinstance(c.params.get(k), bool) for c, _, _ in points
+        )
+    ]
     if numeric:
         x = max(numeric, key=lambda k: len({c.params[k] for c, _, _ in points}))
         series: dict[tuple[str, ...], list[tuple[float, float, float, float]]] = {}
         for c, r, _ in points:
-            key = tuple(param_text(c.params, k) for k in varying
-                        if k != x and not (k in (defaults or {}) and c.params.get(k) == defaults[k]))
+            key = tuple(
+                param_text(c.params, k)
+                for k in varying
+                if k != x and not (k in (defaults or {}) and c.params.get(k) == defaults[k])
+            )
             series.setdefault(key, []).append((c.params[x], *_with_ends(r)))
         return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
     ratios = [_with_ends(r) for _, r, _ in points]
@@ -106,8 +136,10 @@ def _samples(case: CaseRecord, name: str) -> list[float]:
 
 
 def latency_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
-    rows = [(label, {n: _samples(c, n) for n in (c.role_variant("baseline"), c.role_variant("optimized")) if n})
-            for c, label in zip(cases, labels)]
+    rows = [
+        (label, {n: _samples(c, n) for n in (c.role_variant("baseline"), c.role_variant("optimized")) if n})
+        for c, label in zip(cases, labels)
+    ]
     return figure("time per call, raw samples (box: quartiles, line: median)", charts.latency_boxes(rows))
 
 
@@ -119,14 +151,19 @@ def variant_colors(cases: list[CaseRecord]) -> dict[str, str]:
 def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
     """Every timed variant's share of the measured peak, peers included: each read against the
     case's once-counted FLOPs and bytes."""
+
     def metric(case: CaseRecord, name: str, key: str) -> Any:
         variant = case.variant(name)
         return variant.metric(key) if variant is not None else None
 
     variants = roofline.variant_order(cases)
-    panels = {title: {name: [metric(c, name, key) for c in cases] for name in variants}
-              for key, title in (("pct_peak_flops", "% of measured peak FLOP/s"),
-                                 ("pct_peak_bandwidth", "% of measured peak bandwidth"))}
+    panels = {
+        title: {name: [metric(c, name, key) for c in cases] for name in variants}
+        for key, title in (
+            ("pct_peak_flops", "% of measured peak FLOP/s"),
+            ("pct_peak_bandwidth", "% of measured peak bandwidth"),
+        )
+    }
     return figure("share of the measured device peak", charts.peak_bars(labels, panels, variant_colors(cases)))
 
 
@@ -143,17 +180,26 @@ def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: 
     for roof, series in roofline.chart_groups(found):
         note = "" if roof.complete else f"no roof: {roof.missing}"
         peak = f"{roof.dtype} matmul peak".strip()
-        title = ("roofline: each variant of each case under the measured ceilings" if roof.complete
-                 else "achieved TFLOP/s against arithmetic intensity (no measured ceilings)")
+        title = (
+            "roofline: each variant of each case under the measured ceilings"
+            if roof.complete
+            else "achieved TFLOP/s against arithmetic intensity (no measured ceilings)"
+        )
         title += f" of {roof.device}" if several else ""
         figures.append(figure(title, charts.roofline(series, roof.peak_tflops, roof.peak_gbps, peak, note, colors)))
     ridges = [f"{roof.ridge:.3g}" for roof in roofline.device_roofs(found).values() if roof.ridge]
-    return {"figures": [f for f in figures if f], "notes": roofline.notes(found), "ridge": " / ".join(ridges),
-            "folded": len(group) > sweep.LARGE, **roofline.case_tables(found)}
+    return {
+        "figures": [f for f in figures if f],
+        "notes": roofline.notes(found),
+        "ridge": " / ".join(ridges),
+        "folded": len(group) > sweep.LARGE,
+        **roofline.case_tables(found),
+    }
 
 
-def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord],
-                      registry: Registry | None = None) -> list[Figure]:
+def technique_figures(
+    tech: TechniqueRecord | None, cases: list[CaseRecord], registry: Registry | None = None
+) -> list[Figure]:
     """The figures the technique declared (``plots``, as the run recorded them), then those of
     its own figure function where its code can be found through ``registry`` (the caller's: the
     report never imports the registry; else a note says why they are missing), each left out when the run holds no data for it. A figure that fails to draw
@@ -175,7 +221,9 @@ def technique_figures(tech: TechniqueRecord | None, cases: list[CaseRecord],
                 made = list(hook([c.to_dict() for c in cases]))  # the hook's contract: case dicts
             out += [figure(str(title), fig) for title, fig in made]
         except Exception as exc:  # noqa: BLE001 - a technique's hook never takes the report down
-            out.append(_missing(f"{tech.name} figures", f"the technique's figure hook failed: {type(exc).__name__}: {exc}"))
+            out.append(
+                _missing(f"{tech.name} figures", f"the technique's figure hook failed: {type(exc).__name__}: {exc}")
+            )
     return [fig for fig in out if fig is not None]
 
 
@@ -184,14 +232,27 @@ def variant_rows(case: CaseRecord, number: int) -> list[dict[str, Any]]:
     rows = []
     for name, v in case.variants.items():
         s = v.stats
-        rows.append({"case": number, "variant": name, "role": v.role, "status": v.status,
-                     "reason": "; ".join(filter(None, (v.reason,
-                                                       v.under_sampled and f"under-sampled: {v.under_sampled}"))),
-                     "median": format_seconds(v.median_s),
-                     "ci": ("" if s is None else f"[{format_seconds(s.ci_low)}, {format_seconds(s.ci_high)}]"
-                            if has_interval(s) else f"none {count_text(s.n)}"),
-                     "n": s.n if s is not None and s.n is not None else 0, "speedup": format_speedup(case.speedup(name)),
-                     "check": check_text(case, name).plain, "other_clock": other_clock_text(v, always=True)})
+        rows.append(
+            {
+                "case": number,
+                "variant": name,
+                "role": v.role,
+                "status": v.status,
+                "reason": "; ".join(filter(None, (v.reason, v.under_sampled and f"under-sampled: {v.under_sampled}"))),
+                "median": format_seconds(v.median_s),
+                "ci": (
+                    ""
+                    if s is None
+                    else f"[{format_seconds(s.ci_low)}, {format_seconds(s.ci_high)}]"
+                    if has_interval(s)
+                    else f"none {count_text(s.n)}"
+                ),
+                "n": s.n if s is not None and s.n is not None else 0,
+                "speedup": format_speedup(case.speedup(name)),
+                "check": check_text(case, name).plain,
+                "other_clock": other_clock_text(v, always=True),
+            }
+        )
     return rows
 
 
@@ -204,16 +265,27 @@ def clock_note(cases: list[CaseRecord]) -> str:
     said = "; ".join(BASIS_TEXT.get(b, "the records do not say which clock") for b in bases)
     note = f"Times here are {said}."
     if any(v.other_samples_s for c in cases for v in c.variants.values()):
-        material = sum(1 for c in cases for v in c.variants.values()
-                       if v.launch_share is not None and abs(v.launch_share) >= MATERIAL_SHARE)
-        shared = sum(1 for c in cases for v in c.variants.values() if v.timing is not None and v.timing.both_clocks_one_call)
-        note += (" The other clock was recorded beside it, a call of its own in the same rounds"
-                 + (f" (in {shared} variant{'s' if shared != 1 else ''}, whose calls are long beside the L2 flush, "
-                    "the same call: its wall time may hold up to the flush's duration, at most 1% of the call)"
-                    if shared else "")
-                 + ": its median and the share of wall time outside device time (launch work, host syncs) are in "
-                 f"the table of every variant ({material} variant{'s' if material != 1 else ''} at "
-                 f"{MATERIAL_SHARE:.0%} or more).")
+        material = sum(
+            1
+            for c in cases
+            for v in c.variants.values()
+            if v.launch_share is not None and abs(v.launch_share) >= MATERIAL_SHARE
+        )
+        shared = sum(
+            1 for c in cases for v in c.variants.values() if v.timing is not None and v.timing.both_clocks_one_call
+        )
+        note += (
+            " The other clock was recorded beside it, a call of its own in the same rounds"
+            + (
+                f" (in {shared} variant{'s' if shared != 1 else ''}, whose calls are long beside the L2 flush, "
+                "the same call: its wall time may hold up to the flush's duration, at most 1% of the call)"
+                if shared
+                else ""
+            )
+            + ": its median and the share of wall time outside device time (launch work, host syncs) are in "
+            f"the table of every variant ({material} variant{'s' if material != 1 else ''} at "
+            f"{MATERIAL_SHARE:.0%} or more)."
+        )
     exposed, device_samples = 0, 0
     for c in cases:
         for v in c.variants.values():
@@ -221,8 +293,10 @@ def clock_note(cases: list[CaseRecord]) -> str:
             if isinstance(count, int) and v.samples_on("device"):
                 exposed, device_samples = exposed + count, device_samples + len(v.samples_on("device") or [])
     if exposed:
-        note += (f" In {exposed} of {device_samples} device-time samples the call's launch took longer than the L2 "
-                 f"flush ran, so those may hold some launch work.")
+        note += (
+            f" In {exposed} of {device_samples} device-time samples the call's launch took longer than the L2 "
+            f"flush ran, so those may hold some launch work."
+        )
     return note
 
 
@@ -252,15 +326,29 @@ def param_rows(tech: TechniqueRecord | None, cases: list[CaseRecord]) -> list[di
     rows = []
     for p in tech.params:
         values = list(dict.fromkeys(repr(c.params[p.name]) for c in cases if p.name in c.params))
-        rows.append({"name": p.name, "help": p.help, "allowed": p.allowed, "default": repr(p.default),
-                     "values": ", ".join(v.strip("'") for v in values) or "-"})
+        rows.append(
+            {
+                "name": p.name,
+                "help": p.help,
+                "allowed": p.allowed,
+                "default": repr(p.default),
+                "values": ", ".join(v.strip("'") for v in values) or "-",
+            }
+        )
     return rows
 
 
 def _extreme_rows(found: list[sweep.Reading], numbers: dict[int, int], labels: Labels) -> list[dict[str, Any]]:
-    return [{"number": numbers[id(r.case)], "params": labels.params(r.case), "figure": r.text,
-             "baseline": named_time(r.case, r.case.role_variant("baseline")),
-             "optimized": named_time(r.case, r.case.role_variant("optimized"))} for r in found]
+    return [
+        {
+            "number": numbers[id(r.case)],
+            "params": labels.params(r.case),
+            "figure": r.text,
+            "baseline": named_time(r.case, r.case.role_variant("baseline")),
+            "optimized": named_time(r.case, r.case.role_variant("optimized")),
+        }
+        for r in found
+    ]
 
 
 def _unplotted(cases: list[CaseRecord]) -> str:
@@ -278,22 +366,40 @@ def phase_rows(group: list[tuple[int, CaseRecord]], labels: Labels) -> list[dict
     for number, case in group:
         found = phases.breakdown(case)
         if found is not None:
-            rows.append({"number": number, "params": labels.params(case), "text": phases.breakdown_text(found),
-                         "elapsed": elapsed_text(found.elapsed_s),
-                         "segments": [{"key": key, "label": phases.LABELS.get(key, key), "pct": 100 * found.share(key),
-                                       "seconds": elapsed_text(seconds)} for key, seconds in found.parts if seconds > 0]})
+            rows.append(
+                {
+                    "number": number,
+                    "params": labels.params(case),
+                    "text": phases.breakdown_text(found),
+                    "elapsed": elapsed_text(found.elapsed_s),
+                    "segments": [
+                        {
+                            "key": key,
+                            "label": phases.LABELS.get(key, key),
+                            "pct": 100 * found.share(key),
+                            "seconds": elapsed_text(seconds),
+                        }
+                        for key, seconds in found.parts
+                        if seconds > 0
+                    ],
+                }
+            )
     return rows
 
 
 def _phase_legend(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     shown_keys = {seg["key"] for row in rows for seg in row["segments"]}
-    return [(key, phases.LABELS.get(key, key), phases.MEANING.get(key, key))
-            for key in dict.fromkeys([k for k, _ in phases.PHASES] + sorted(shown_keys)) if key in shown_keys]
+    return [
+        (key, phases.LABELS.get(key, key), phases.MEANING.get(key, key))
+        for key in dict.fromkeys([k for k, _ in phases.PHASES] + sorted(shown_keys))
+        if key in shown_keys
+    ]
 
 
 # -- the sections --------------------------------------------------------------------------------
-def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseRecord]], labels: Labels,
-                      rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def technique_section(
+    run: RunRecord, name: str, group: list[tuple[int, CaseRecord]], labels: Labels, rows: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
     """One technique's section (see the module's docstring). A technique with more than
     :data:`sweep.LARGE` cases reads as a sweep: the surface of its headline figure over the swept
     params and its best and worst cases come first; its per-case rows (``rows``: the summary
@@ -309,30 +415,41 @@ def technique_section(run: RunRecord, name: str, group: list[tuple[int, CaseReco
     phase_table = phase_rows(group, labels)
     declared = technique_figures(tech, cases, run.registry)
     section = {
-        "name": name, "registered": tech is not None, "count": len(cases), "large": large,
-        "summary": _sentence(tech.summary) if tech else "", "variant_notes": variant_descriptions(cases),
-        "anchor": tech.anchor if tech else "", "params": param_rows(tech, cases),
+        "name": name,
+        "registered": tech is not None,
+        "count": len(cases),
+        "large": large,
+        "summary": _sentence(tech.summary) if tech else "",
+        "variant_notes": variant_descriptions(cases),
+        "anchor": tech.anchor if tech else "",
+        "params": param_rows(tech, cases),
         "cpu_note": tech.gpu_specific if tech and run.device == "cpu" else "",
         "clock_note": clock_note(cases),
         "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
         "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
-        "best": _extreme_rows(best, numbers, labels), "worst": _extreme_rows(worst, numbers, labels),
+        "best": _extreme_rows(best, numbers, labels),
+        "worst": _extreme_rows(worst, numbers, labels),
         "figures": [f for f in [speedup_figure(cases, case_labels, labels.defaults(name))] if f]
-                   + ([] if large else per_case) + declared,
+        + ([] if large else per_case)
+        + declared,
         "per_case_figures": per_case if large else [],
         "rows": [r for r in rows if r["technique"] == name] if large else [],
         "variants": [row for n, c in group for row in variant_rows(c, n)],
-        "phases": phase_table, "phase_legend": _phase_legend(phase_table), "timed_share": phases.cases_text(cases),
+        "phases": phase_table,
+        "phase_legend": _phase_legend(phase_table),
+        "timed_share": phases.cases_text(cases),
         "roofline": roofline_block(run, group, labels),
     }
-    section["unplotted"] = ("" if section["figures"] or section["surface"] or section["per_case_figures"]
-                            else _unplotted(cases))
+    section["unplotted"] = (
+        "" if section["figures"] or section["surface"] or section["per_case_figures"] else _unplotted(cases)
+    )
     section.update(answer(section, declared, read_by, rows))
     return section
 
 
-def answer(section: dict[str, Any], declared: list[Figure], read_by: Sequence[Any],
-           rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def answer(
+    section: dict[str, Any], declared: list[Figure], read_by: Sequence[Any], rows: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
     """What a technique's section opens with: one figure (a sweep's surface; else the figure it
     is read by: its first declared figure (``declared``) where it is read by its own figure, the
     first of its figures otherwise, the speedup's where it has one) and a compact table of its
@@ -346,12 +463,17 @@ def answer(section: dict[str, Any], declared: list[Figure], read_by: Sequence[An
         first = drawn[0] if drawn else next((f for f in figures if f["svg"]), None)
     mine = [r for r in rows if r["technique"] == section["name"]]
     with_headline = any(r["headline"] for r in mine)
-    compact = {"rows": [] if section["large"] else mine, "speedup": not (read_by and with_headline),
-               "headline": with_headline}
+    compact = {
+        "rows": [] if section["large"] else mine,
+        "speedup": not (read_by and with_headline),
+        "headline": with_headline,
+    }
     return {"answer": first, "more_figures": [f for f in figures if f is not first], "compact": compact}
 
 
-def technique_sections(run: RunRecord, rows: Sequence[dict[str, Any]], labels: Labels | None = None) -> list[dict[str, Any]]:
+def technique_sections(
+    run: RunRecord, rows: Sequence[dict[str, Any]], labels: Labels | None = None
+) -> list[dict[str, Any]]:
     """A section per technique, in the order the run first ran each."""
     labels = labels or Labels(run)
     by_technique: dict[str, list[tuple[int, CaseRecord]]] = {}

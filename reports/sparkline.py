@@ -4,10 +4,11 @@
 Only numbers go into the SVG's geometry; the one text, its tooltip, goes through
 :func:`html.escape`, so nothing a results file holds reaches the markup unescaped.
 """
+
 from __future__ import annotations
 
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpubench.reports.drawing import COLORS, plain_number
 from gpubench.reports.terminal import format_seconds
@@ -27,8 +28,10 @@ def coordinates(values: Sequence[float]) -> list[tuple[float, float]]:
     low, high = min(values), max(values)
     span_x = (WIDTH_PX - 2 * PAD_PX) / max(1, len(values) - 1)
     span_y = HEIGHT_PX - 2 * PAD_PX
-    return [(PAD_PX + i * span_x, HEIGHT_PX / 2 if high == low else PAD_PX + (high - v) / (high - low) * span_y)
-            for i, v in enumerate(values)]
+    return [
+        (PAD_PX + i * span_x, HEIGHT_PX / 2 if high == low else PAD_PX + (high - v) / (high - low) * span_y)
+        for i, v in enumerate(values)
+    ]
 
 
 def sparkline_svg(values: Sequence[float], current: int, metric: str) -> str:
@@ -36,9 +39,13 @@ def sparkline_svg(values: Sequence[float], current: int, metric: str) -> str:
     xy = coordinates(values)
     points = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
     cx, cy = xy[current]
-    tooltip = (f"{len(values)} runs on this device model: this run {figure_text(values[current], metric)}; "
-               f"lowest {figure_text(min(values), metric)}, highest {figure_text(max(values), metric)}")
-    return (f'<svg class="sparkline" width="{WIDTH_PX}" height="{HEIGHT_PX}" viewBox="0 0 {WIDTH_PX} {HEIGHT_PX}" '
-            f'role="img" aria-label="{html.escape(tooltip)}"><title>{html.escape(tooltip)}</title>'
-            f'<polyline points="{points}" fill="none" stroke="{COLORS["optimized"]}" stroke-width="1.2"/>'
-            f'<circle class="current" cx="{cx:.1f}" cy="{cy:.1f}" r="2.6" fill="{CURRENT}"/></svg>')
+    tooltip = (
+        f"{len(values)} runs on this device model: this run {figure_text(values[current], metric)}; "
+        f"lowest {figure_text(min(values), metric)}, highest {figure_text(max(values), metric)}"
+    )
+    return (
+        f'<svg class="sparkline" width="{WIDTH_PX}" height="{HEIGHT_PX}" viewBox="0 0 {WIDTH_PX} {HEIGHT_PX}" '
+        f'role="img" aria-label="{html.escape(tooltip)}"><title>{html.escape(tooltip)}</title>'
+        f'<polyline points="{points}" fill="none" stroke="{COLORS["optimized"]}" stroke-width="1.2"/>'
+        f'<circle class="current" cx="{cx:.1f}" cy="{cy:.1f}" r="2.6" fill="{CURRENT}"/></svg>'
+    )

@@ -6,12 +6,14 @@ over the swept params (a heatmap) in place of one row per case.
 Pure: case records in (:class:`gpubench.records.results.CaseRecord`), strings, rows and matplotlib
 figures out.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -19,11 +21,11 @@ from matplotlib.figure import Figure
 
 from gpubench.contract import Headline
 from gpubench.records.declarations import TechniqueRecord
+from gpubench.records.results import CaseRecord, has_interval
+from gpubench.records.stats import MIN_CI_SAMPLES
 from gpubench.reports import drawing
 from gpubench.reports.plots import read_value
 from gpubench.reports.terminal import case_params, format_speedup
-from gpubench.records.results import CaseRecord, has_interval
-from gpubench.records.stats import MIN_CI_SAMPLES
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -81,16 +83,20 @@ def readings(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> list[R
         pair = _pair(case, figure)
         factor = _factor(*pair, figure) if pair else None
         if pair and factor is not None:
-            out.append(Reading(case, factor, f"{figure.name} {value_text(pair[0], figure)} -> "
-                                             f"{value_text(pair[1], figure)}"))
+            out.append(
+                Reading(case, factor, f"{figure.name} {value_text(pair[0], figure)} -> {value_text(pair[1], figure)}")
+            )
     return out
 
 
 def fewest_samples(case: CaseRecord) -> int | None:
     """The fewer timed calls of the case's baseline and optimized variants (None where neither was
     timed): under :data:`gpubench.records.stats.MIN_CI_SAMPLES` no figure of the pair has a CI."""
-    counts = [len(v.samples_s) for v in (case.variant(case.role_variant(r)) for r in ("baseline", "optimized"))
-              if v is not None and v.samples_s]
+    counts = [
+        len(v.samples_s)
+        for v in (case.variant(case.role_variant(r)) for r in ("baseline", "optimized"))
+        if v is not None and v.samples_s
+    ]
     return min(counts) if counts else None
 
 
@@ -129,8 +135,10 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
         if len(sure) == 1:
             return f"speedup {sure[0].text}" + (f"; {apart}" if apart else "")
         factors = sorted(r.factor for r in sure)
-        return (f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(sure)} cases "
-                f"(median {statistics.median(factors):.2f}x)" + (f"; {apart}" if apart else ""))
+        return (
+            f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(sure)} cases "
+            f"(median {statistics.median(factors):.2f}x)" + (f"; {apart}" if apart else "")
+        )
     parts = []
     for figure in read_by:
         pairs = [p for c in passed for p in [_pair(c, figure)] if p]
@@ -208,24 +216,29 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
     if len(found) < 2:
         return None
     keys = list(dict.fromkeys(k for c in cases for k in c.params))
-    distinct = {k: sorted({repr(c.params.get(k)): c.params.get(k) for c in cases}.values(), key=_order)
-                for k in keys}
+    distinct = {k: sorted({repr(c.params.get(k)): c.params.get(k) for c in cases}.values(), key=_order) for k in keys}
     varying = [k for k in keys if len(distinct[k]) > 1]
     if not varying:
         return None
     across, down = _layout(varying, distinct)
 
     def combos(of: list[str]) -> list[tuple]:
-        return sorted({tuple(repr(c.params.get(k)) for k in of): tuple(c.params.get(k) for k in of)
-                       for c in cases}.values(), key=lambda row: tuple(_order(v) for v in row))
+        return sorted(
+            {tuple(repr(c.params.get(k)) for k in of): tuple(c.params.get(k) for k in of) for c in cases}.values(),
+            key=lambda row: tuple(_order(v) for v in row),
+        )
 
     rows, cols = combos(down), combos(across)
     row_of = {tuple(repr(v) for v in row): i for i, row in enumerate(rows)}
     col_of = {tuple(repr(v) for v in col): j for j, col in enumerate(cols)}
     # Labels as the rest of the report writes params (case_params), from a case of each row / column.
     row_labels = {row_of[tuple(repr(c.params.get(k)) for k in down)]: case_params(c, set(down)) for c in cases}
-    col_labels = {col_of[tuple(repr(c.params.get(k)) for k in across)]:
-                  " ".join(case_params(c, {k}).split("=", 1)[-1] for k in across) for c in cases}
+    col_labels = {
+        col_of[tuple(repr(c.params.get(k)) for k in across)]: " ".join(
+            case_params(c, {k}).split("=", 1)[-1] for k in across
+        )
+        for c in cases
+    }
 
     def cell(case: CaseRecord) -> tuple[int, int]:
         params = case.params
@@ -237,8 +250,11 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
     failed = [cell(c) for c in cases if c.status not in ("passed", None)]
     bound = max(float(np.nanmax(np.abs(grid))), math.log2(1.25))
     shown_rows = drawing.spread_pick(len(rows), ROWS_FIT)
-    note = (f"{len(shown_rows)} of {len(rows)} rows drawn, evenly spread (every case: the tables below)"
-            if len(shown_rows) < len(rows) else "")
+    note = (
+        f"{len(shown_rows)} of {len(rows)} rows drawn, evenly spread (every case: the tables below)"
+        if len(shown_rows) < len(rows)
+        else ""
+    )
     new_row = {old: new for new, old in enumerate(shown_rows)}
     grid = grid[shown_rows]
     n_rows, n_cols = grid.shape
@@ -252,11 +268,16 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
         fig = Figure(figsize=(drawing.WIDTH_IN, fixed_in + row_in * n_rows))
         ax = fig.add_subplot()
         # Vector cells (a mesh, not an embedded bitmap) centred on integer positions, first row on top.
-        image = ax.pcolormesh(np.arange(n_cols + 1) - 0.5, np.arange(n_rows + 1) - 0.5, np.ma.masked_invalid(grid),
-                              cmap=matplotlib.colormaps["RdBu"].with_extremes(bad="#e8e8e8"), vmin=-bound, vmax=bound)
+        image = ax.pcolormesh(
+            np.arange(n_cols + 1) - 0.5,
+            np.arange(n_rows + 1) - 0.5,
+            np.ma.masked_invalid(grid),
+            cmap=matplotlib.colormaps["RdBu"].with_extremes(bad="#e8e8e8"),
+            vmin=-bound,
+            vmax=bound,
+        )
         ax.invert_yaxis()
-        ax.set_xticks(range(n_cols), [col_labels[j] for j in range(n_cols)], rotation=90 if rotate else 0,
-                      fontsize=6.5)
+        ax.set_xticks(range(n_cols), [col_labels[j] for j in range(n_cols)], rotation=90 if rotate else 0, fontsize=6.5)
         ax.set_yticks(range(n_rows), [row_labels[i] for i in shown_rows], fontsize=6.5)
         ax.set_xlabel(" ".join(across))
         ax.grid(False)
@@ -264,18 +285,24 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
         for r in found:
             i, j = cell(r.case)
             if annotate and i in new_row:
-                ax.text(j, new_row[i], f"{r.factor:.2g}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(grid[new_row[i], j]) > 0.6 * bound else "black")
+                ax.text(
+                    j,
+                    new_row[i],
+                    f"{r.factor:.2g}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if abs(grid[new_row[i], j]) > 0.6 * bound else "black",
+                )
         for i, j in failed:
             if i in new_row:
-                ax.text(j, new_row[i], "fail", ha="center", va="center", fontsize=6 if annotate else 5,
-                        color="#a61b1b")
+                ax.text(j, new_row[i], "fail", ha="center", va="center", fontsize=6 if annotate else 5, color="#a61b1b")
         if note:
             ax.set_title(note, loc="left", fontsize=7)
         bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
         steps = (0.8, 1.0, 1.25) if bound < 1 else (1.0,)
         ticks = [t for t in sorted(math.log2(f) + e for f in steps for e in range(-6, 7)) if abs(t) <= bound + 1e-9]
-        bar.set_ticks(ticks, labels=[f"{2.0 ** t:.3g}x" for t in ticks])
+        bar.set_ticks(ticks, labels=[f"{2.0**t:.3g}x" for t in ticks])
         bar.set_label("optimized / baseline" if not read_by else f"{read_by[0].name}: optimized vs baseline")
         fig.tight_layout()
         drawing.thin_ticks(ax, "x", 6.5, rotated=rotate)

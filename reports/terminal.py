@@ -1,9 +1,11 @@
 """The end-of-run summary: one row per case, baseline vs optimized; a table on a terminal, one
 plain line per case in a log."""
+
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -52,20 +54,26 @@ def few_samples_lines(run: RunRecord) -> list[str]:
         return []
     counts = sorted({s.n for s in few if isinstance(s.n, int)})
     shown = f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]} to {counts[-1]}" if counts else "n not recorded"
-    lines = [f"samples: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
-             f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
-             f"and no verdict rests on {'them' if len(few) != 1 else 'it'}"]
+    lines = [
+        f"samples: {len(few)} speedup{'s' if len(few) != 1 else ''} rest{'s' if len(few) == 1 else ''} on fewer "
+        f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
+        f"and no verdict rests on {'them' if len(few) != 1 else 'it'}"
+    ]
     min_reps = {c.policy.get("min_reps") for c in run.cases if isinstance(c.policy.get("min_reps"), int)}
     low = sorted(m for m in min_reps if m < MIN_CI_SAMPLES)
     if low:
-        lines.append(f"samples: min_reps is {', '.join(map(str, low))} in this run"
-                     + (f" (--repeat-scale {run.repeat_scale:g})" if run.repeat_scale != 1 else "")
-                     + f"; a CI needs {MIN_CI_SAMPLES} timed calls a variant")
+        lines.append(
+            f"samples: min_reps is {', '.join(map(str, low))} in this run"
+            + (f" (--repeat-scale {run.repeat_scale:g})" if run.repeat_scale != 1 else "")
+            + f"; a CI needs {MIN_CI_SAMPLES} timed calls a variant"
+        )
     capped = [c for c in run.cases if any(v.under_sampled for v in c.variants.values())]
     if capped:
         example = next(v.under_sampled for v in capped[0].variants.values() if v.under_sampled)
-        lines.append(f"samples: timing stopped before min_reps in {len(capped)} case{'s' if len(capped) != 1 else ''} "
-                     f"(a loaded or slow machine), e.g. {capped[0].id}: {example}")
+        lines.append(
+            f"samples: timing stopped before min_reps in {len(capped)} case{'s' if len(capped) != 1 else ''} "
+            f"(a loaded or slow machine), e.g. {capped[0].id}: {example}"
+        )
     return lines
 
 
@@ -111,8 +119,10 @@ def clock_lines(run: RunRecord) -> list[str]:
         line = f"time: {name} on {said}"
         material = [x for x in shares.get(name, []) if abs(x) >= MATERIAL_SHARE]
         if material:
-            line += (f" (launch and syncs are {MATERIAL_SHARE:.0%} or more of wall time in {len(material)} of "
-                     f"{len(shares[name])} cases, up to {max(material, key=abs):.0%}: both clocks in the results)")
+            line += (
+                f" (launch and syncs are {MATERIAL_SHARE:.0%} or more of wall time in {len(material)} of "
+                f"{len(shares[name])} cases, up to {max(material, key=abs):.0%}: both clocks in the results)"
+            )
         lines.append(line)
     return lines
 
@@ -149,16 +159,22 @@ def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     return labels
 
 
-def plain_lines(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
-                widest: int | None = None) -> list[str]:
+def plain_lines(
+    header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (), widest: int | None = None
+) -> list[str]:
     """Rows as a log shows them: columns two spaces apart, aligned by padding to the widest
     cell (the last column is not padded; none past ``widest`` characters, so one long case id
     does not pad every line to its length), no box drawing, nothing cut and nothing wrapped."""
     table = [list(header)] + [list(r) for r in rows]
     widths = [min(widest or 10**9, max(len(r[j]) for r in table)) for j in range(len(header))]
     last = len(header) - 1
-    return ["  ".join(cell if j == last and j not in right else cell.rjust(w) if j in right else cell.ljust(w)
-                      for j, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in table]
+    return [
+        "  ".join(
+            cell if j == last and j not in right else cell.rjust(w) if j in right else cell.ljust(w)
+            for j, (cell, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in table
+    ]
 
 
 def row_fields(header: Sequence[str] | None, row: Sequence[str]) -> list[str]:
@@ -174,12 +190,18 @@ GRID_NOTE_MIN = 40  # a grid's last column narrower than this reads worse than a
 
 
 def _aligned(cells: Sequence[str], widths: Sequence[int], right: Sequence[int]) -> str:
-    return "  ".join(cell.rjust(w) if j in right else cell.ljust(w)
-                     for j, (cell, w) in enumerate(zip(cells, widths))).rstrip()
+    return "  ".join(
+        cell.rjust(w) if j in right else cell.ljust(w) for j, (cell, w) in enumerate(zip(cells, widths))
+    ).rstrip()
 
 
-def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Sequence[str]],
-               right: Sequence[int] = (), title: str = "") -> None:
+def print_rows(
+    console: Console,
+    header: Sequence[str] | None,
+    rows: Sequence[Sequence[str]],
+    right: Sequence[int] = (),
+    title: str = "",
+) -> None:
     """A table as a person reads it on any screen. On a terminal wide enough for it unfolded: a
     rich table (box lines where it has a ``header``; a borderless label/value grid where it has
     none; a grid's last column wrapped at spaces where the others fit whole beside
@@ -200,7 +222,9 @@ def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Se
         return
     table = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False) if header is None else Table()
     for j, name in enumerate(header or [""] * len(rows[0])):
-        table.add_column(name, justify="right" if j in right else "left", style="bold" if header is None and j == 0 else None)
+        table.add_column(
+            name, justify="right" if j in right else "left", style="bold" if header is None and j == 0 else None
+        )
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # Text: a cell such as "[1, 2]" is no rich markup
     if Measurement.get(console, console.options.update_width(10**6), table).maximum <= console.width:
@@ -211,8 +235,12 @@ def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Se
         if sum(fixed) + 4 * len(fixed) + GRID_NOTE_MIN <= console.width:
             grid = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
             for j, w in enumerate(fixed):
-                grid.add_column(justify="right" if j in right else "left", style="bold" if j == 0 else None,
-                                no_wrap=True, min_width=w)
+                grid.add_column(
+                    justify="right" if j in right else "left",
+                    style="bold" if j == 0 else None,
+                    no_wrap=True,
+                    min_width=w,
+                )
             grid.add_column(ratio=1)
             for row in rows:
                 grid.add_row(*(Text(cell) for cell in row))
@@ -224,15 +252,17 @@ def print_rows(console: Console, header: Sequence[str] | None, rows: Sequence[Se
             console.print(line, markup=False, highlight=False)
         return
     if header:  # column names wrapped between their words, every cell whole on its line
-        widths = [max([len(row[j]) for row in rows] + [len(word) for word in name.split()])
-                  for j, name in enumerate(header)]
+        widths = [
+            max([len(row[j]) for row in rows] + [len(word) for word in name.split()]) for j, name in enumerate(header)
+        ]
         if sum(widths) + 2 * (len(widths) - 1) <= console.width:
             names = [wrap_words(name, w) for name, w in zip(header, widths)]
             depth = max(map(len, names))
             names = [[""] * (depth - len(n)) + n for n in names]  # the names' last lines on one line
             for k in range(depth):
-                console.print(_aligned([n[k] for n in names], widths, right), style="bold", markup=False,
-                              highlight=False)
+                console.print(
+                    _aligned([n[k] for n in names], widths, right), style="bold", markup=False, highlight=False
+                )
             for row in rows:
                 console.print(_aligned(row, widths, right), markup=False, highlight=False)
             return
@@ -257,15 +287,15 @@ def shown_by_technique(run: RunRecord) -> dict[str, set[str]]:
     for case in run.cases:
         if case.technique not in swept:
             swept[case.technique] = {k for c in run.cases if c.technique == case.technique for k in c.params}
-    return {t: shown_params([c.params for c in run.cases if c.technique == t], keys)
-            for t, keys in swept.items()}
+    return {t: shown_params([c.params for c in run.cases if c.technique == t], keys) for t, keys in swept.items()}
 
 
 def wrap_words(text: str, width: int, indent: str = "") -> list[str]:
     """``text`` wrapped at spaces to ``width`` columns, continuation lines after ``indent``: a
     word is never cut (one longer than the line stands alone on its own)."""
-    return textwrap.wrap(text, max(1, width), subsequent_indent=indent, break_long_words=False,
-                         break_on_hyphens=False) or [""]
+    return textwrap.wrap(
+        text, max(1, width), subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    ) or [""]
 
 
 def fit_fields(fields: Iterable[str], width: int, indent: str = "    ", sep: str = "  ") -> list[str]:
@@ -322,8 +352,15 @@ def headline_text(case: CaseRecord, base: str | None, opt: str | None) -> str:
     return f"{key} {_figure(before.metric(key), key)} -> {_figure(after.metric(key), key)}"
 
 
-SUMMARY_COLUMNS = (("case", "left"), ("baseline", "right"), ("optimized", "right"), ("speedup [95% CI]", "right"),
-                   ("headline", "left"), ("check", "left"), ("status", "left"))
+SUMMARY_COLUMNS = (
+    ("case", "left"),
+    ("baseline", "right"),
+    ("optimized", "right"),
+    ("speedup [95% CI]", "right"),
+    ("headline", "left"),
+    ("check", "left"),
+    ("status", "left"),
+)
 
 
 def summary_rows(run: RunRecord) -> list[tuple[str | Text, ...]]:
@@ -335,11 +372,17 @@ def summary_rows(run: RunRecord) -> list[tuple[str | Text, ...]]:
         status = Text(case.status, style="green" if case.passed else "bold red")
         if not case.passed and case.failure:
             status.append(f": {case.failure.message}", style="red")
-        rows.append((
-            f"{case.technique} {case_params(case, shown.get(case.technique))}".strip(),
-            named_time(case, base), named_time(case, opt), format_speedup(case.speedups.get(opt) if opt else None),
-            headline_text(case, base, opt), check_text(case, opt) if opt else Text("-"), status,
-        ))
+        rows.append(
+            (
+                f"{case.technique} {case_params(case, shown.get(case.technique))}".strip(),
+                named_time(case, base),
+                named_time(case, opt),
+                format_speedup(case.speedups.get(opt) if opt else None),
+                headline_text(case, base, opt),
+                check_text(case, opt) if opt else Text("-"),
+                status,
+            )
+        )
     return rows
 
 
@@ -384,14 +427,18 @@ def summary_blocks(run: RunRecord, width: int) -> list[Text]:
         label, base, opt, speedup, headline, check, status = row
         verdict = status.plain.split(":", 1)[0]
         head = fit_fields([str(label), verdict], width, indent="  ")
-        block = Text("\n".join(head[:-1] + [head[-1][:len(head[-1]) - len(verdict)]]))
+        block = Text("\n".join(head[:-1] + [head[-1][: len(head[-1]) - len(verdict)]]))
         block.append(verdict, style=status.style)
         opt_text = f"{opt}" + (f"  speedup {speedup}" if speedup != "-" else "")
-        fields = [f"baseline {base}" if base != "-" else "", f"optimized {opt_text}" if opt != "-" else "",
-                  headline, f"check {check.plain}" if check.plain != "-" else ""]
+        fields = [
+            f"baseline {base}" if base != "-" else "",
+            f"optimized {opt_text}" if opt != "-" else "",
+            headline,
+            f"check {check.plain}" if check.plain != "-" else "",
+        ]
         for line in fit_fields(fields, width - 2, indent=""):
             block.append("\n  " + line)
-        reason = status.plain[len(verdict) + 2:] if ":" in status.plain else ""
+        reason = status.plain[len(verdict) + 2 :] if ":" in status.plain else ""
         for line in wrap_words(reason, width - 4) if reason else []:
             block.append("\n    " + line, style="red")
         out.append(block)
@@ -408,13 +455,17 @@ def summary_lines(run: RunRecord, widest: int = 60) -> list[str]:
     widths = [min(widest, max(len(r[j]) for r in table)) for j in range(len(keep))]
     lines = []
     for r in table:
-        cells = [cell.rjust(w) if SUMMARY_COLUMNS[keep[j]][1] == "right" else cell.ljust(w)
-                 for j, (cell, w) in enumerate(zip(r, widths))]
+        cells = [
+            cell.rjust(w) if SUMMARY_COLUMNS[keep[j]][1] == "right" else cell.ljust(w)
+            for j, (cell, w) in enumerate(zip(r, widths))
+        ]
         lines.append("  ".join(cells).rstrip())
     return [f"{summary_title(run)}: {len(rows)} case{'s' if len(rows) != 1 else ''}"] + lines
 
 
-def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_notes: dict[str, str] | None = None) -> None:
+def print_summary(
+    doc: RunRecord | Mapping[str, Any], console: Console, gpu_notes: dict[str, str] | None = None
+) -> None:
     run = as_run(doc)
     if not run.cases:
         console.print(f"{summary_title(run)}: no case finished", markup=False, highlight=False)
@@ -431,9 +482,11 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
         for line in summary_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     s = run.summary
-    counts = Text(f"{s['passed']} passed, {s['failed']} failed"
-                  + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
-                  + (f", {s['not_run']} not run: budget" if s.get("not_run") else ""))
+    counts = Text(
+        f"{s['passed']} passed, {s['failed']} failed"
+        + (f", {s['interrupted']} interrupted" if s["interrupted"] else "")
+        + (f", {s['not_run']} not run: budget" if s.get("not_run") else "")
+    )
     planned = run.planned_cases
     never = planned - len(run.cases) - len(run.not_run) if isinstance(planned, int) else 0
     if never > 0:  # stopped before it reached them (Ctrl-C, SIGTERM, an abort): as the report's counts say
@@ -442,8 +495,9 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
     for line in clock_lines(run) + few_samples_lines(run):
         console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:
-        console.print(f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True,
-                      soft_wrap=not console.is_terminal)
+        console.print(
+            f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True, soft_wrap=not console.is_terminal
+        )
     if run.device == "cpu" and gpu_notes:
         ran = {c.technique for c in run.cases}
         for name, note in sorted(gpu_notes.items()):
@@ -453,4 +507,6 @@ def print_summary(doc: RunRecord | Mapping[str, Any], console: Console, gpu_note
     if tele.get("status") == "unavailable":
         console.print(f"telemetry: unavailable: {tele.get('reason')}")
     elif tele.get("throttled"):
-        console.print(f"[bold yellow]warning[/]: the GPU throttled during the run: {', '.join(tele.get('throttle_reasons', []))}")
+        console.print(
+            f"[bold yellow]warning[/]: the GPU throttled during the run: {', '.join(tele.get('throttle_reasons', []))}"
+        )

@@ -5,17 +5,18 @@ by its number among its commit's runs where a commit has several, each label lin
 commit's page when the remote is known), and each change point as a vertical line where the new
 level starts, labelled with its magnitude (labels close together stacked, never on each other),
 red for a regression and green for an improvement."""
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 
 from gpubench.gate.history.changepoints import CaseHistory
 from gpubench.gate.history.store import Point
-from gpubench.reports.drawing import (COLORS, SERIES, error_bars, plain_number, reference, styled,
-                                      time_unit)
+from gpubench.reports.drawing import COLORS, SERIES, error_bars, plain_number, reference, styled, time_unit
 
 WIDTH_IN, HEIGHT_IN = 4.6, 2.3
 PANEL_IN = 1.5  # the height of each variant's panel where a case has several
@@ -69,8 +70,12 @@ def figure_width(runs: int) -> float:
     return min(MAX_WIDTH_IN, max(WIDTH_IN, 1.0 + runs * LABEL_PT / 72))
 
 
-def trend_figure(histories: Sequence[CaseHistory], runs: Sequence[Point], roles: dict[str, str | None],
-                 link: Callable[[str | None], str | None]) -> Figure | None:
+def trend_figure(
+    histories: Sequence[CaseHistory],
+    runs: Sequence[Point],
+    roles: dict[str, str | None],
+    link: Callable[[str | None], str | None],
+) -> Figure | None:
     """The chart of one case: ``histories`` (its variants, same metric), ``runs`` (every run any
     of them holds, in order: :func:`gpubench.gate.history.trends.points_by_run`), ``roles`` (variant ->
     role), ``link`` (commit -> its URL or None). Several variants: a panel each, one above the
@@ -100,14 +105,23 @@ def trend_figure(histories: Sequence[CaseHistory], runs: Sequence[Point], roles:
     return fig
 
 
-def _draw_variant(ax, h: CaseHistory, x_of: dict[tuple[str, str], int], scale: float, color: str,
-                  several: bool, width_in: float = WIDTH_IN, runs: int = 1) -> Any:
+def _draw_variant(
+    ax,
+    h: CaseHistory,
+    x_of: dict[tuple[str, str], int],
+    scale: float,
+    color: str,
+    several: bool,
+    width_in: float = WIDTH_IN,
+    runs: int = 1,
+) -> Any:
     xs = [x_of[run_key(p)] for p in h.points]
     ys = [p.median / scale for p in h.points]
     lows = [(p.ci_low if p.ci_low is not None else p.median) / scale for p in h.points]
     highs = [(p.ci_high if p.ci_high is not None else p.median) / scale for p in h.points]
-    drawn = ax.errorbar(xs, ys, yerr=error_bars(ys, lows, highs), marker="o", ms=3, capsize=2, lw=1, color=color,
-                        label=h.variant)
+    drawn = ax.errorbar(
+        xs, ys, yerr=error_bars(ys, lows, highs), marker="o", ms=3, capsize=2, lw=1, color=color, label=h.variant
+    )
     run_pt = max(1e-9, (width_in - 1.0) * 72 / max(1, runs))  # x room a run has on the axis, roughly
     rows: list[list[tuple[float, float]]] = []  # per row of labels: (x, right end) of each, in runs
     for change in h.changes:
@@ -120,9 +134,18 @@ def _draw_variant(ax, h: CaseHistory, x_of: dict[tuple[str, str], int], scale: f
         if row == len(rows):
             rows.append([])
         rows[row].append((x, end))
-        ax.annotate(text, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2 - row * (LABEL_FONT_PT + 2)),
-                    textcoords="offset points", ha="left", va="top", fontsize=LABEL_FONT_PT, color=kind_color,
-                    fontweight="bold")
+        ax.annotate(
+            text,
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -2 - row * (LABEL_FONT_PT + 2)),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize=LABEL_FONT_PT,
+            color=kind_color,
+            fontweight="bold",
+        )
     if rows:  # room above the data for the rows of labels, so they sit over no point
         low, high = ax.get_ylim()
         ax.set_ylim(low, high + (high - low) * 0.14 * len(rows))

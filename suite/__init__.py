@@ -1,4 +1,5 @@
 """gpubench: what LLM training and inference optimizations are worth on your hardware."""
+
 from importlib import metadata as _metadata
 
 try:

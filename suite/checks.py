@@ -1,11 +1,13 @@
 """The checks techniques share: a variant's output against its reference, with the error figure
 kept (:class:`CheckResult`), and the one table of tolerances by dtype. Part of the public contract:
 ``gpubench.contract`` re-exports every name here, and plug-ins import them from there."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -49,9 +51,14 @@ def _tensor_problem(name: str, reference: Any, output: Any) -> str | None:
     return None
 
 
-def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, torch.Tensor] | Any,
-                  tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE, *, exact: bool = False,
-                  dtype: torch.dtype | None = None) -> CheckResult:
+def tensors_check(
+    reference: Mapping[str, torch.Tensor],
+    output: Mapping[str, torch.Tensor] | Any,
+    tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE,
+    *,
+    exact: bool = False,
+    dtype: torch.dtype | None = None,
+) -> CheckResult:
     """Named tensors (an output and its gradients, say) against the reference's: the worst
     relative L2 error, within the tolerance of ``dtype`` (default: the first output tensor's);
     ``exact``: the largest absolute difference must be 0. A missing tensor, a wrong shape or any
@@ -84,8 +91,9 @@ def tensors_check(reference: Mapping[str, torch.Tensor], output: Mapping[str, to
     return CheckResult(True, errors[worst], tolerance, metric, f"worst: {worst}" if len(errors) > 1 else "")
 
 
-def relative_l2_check(reference: torch.Tensor, output: torch.Tensor,
-                      tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE) -> CheckResult:
+def relative_l2_check(
+    reference: torch.Tensor, output: torch.Tensor, tolerances: Mapping[torch.dtype, float] = DTYPE_TOLERANCE
+) -> CheckResult:
     """One tensor against its reference: relative L2 error in float64 within the tolerance of the
     output's dtype (see ``tensors_check``)."""
     dtype = output.dtype if isinstance(output, torch.Tensor) else None

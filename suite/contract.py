@@ -28,6 +28,7 @@ Time on a GPU is taken on two clocks, each call timed on both (``gpubench.measur
 (``SHAPE_TIME_BASIS``: a kernel on device time, steps and runs on wall time); a technique may
 pick the other with ``time_basis="device"`` or ``"wall"``. On a CPU they are one clock.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -35,8 +36,9 @@ import math
 import re
 import statistics
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 # Part of the public contract, defined where they belong:
 from gpubench.records.claims import Claim as Claim
@@ -61,6 +63,7 @@ _FROM_CHECKS = ("DTYPE_TOLERANCE", "CheckResult", "rel_l2", "relative_l2_check",
 def __getattr__(name: str) -> Any:
     if name in _FROM_CHECKS:
         from gpubench import checks
+
         return getattr(checks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -75,8 +78,13 @@ ROLES = ("baseline", "optimized", "peer")
 # kernel by the device's own time, launch work excluded; a step or a run by wall time, its launch
 # work and host syncs included (they are what it costs). On a CPU both are one clock.
 TIME_BASES = ("device", "wall")
-SHAPE_TIME_BASIS = {"kernel": "device", "training_step": "wall", "serving_run": "wall", "generation_run": "wall",
-                    "analytic": "wall"}
+SHAPE_TIME_BASIS = {
+    "kernel": "device",
+    "training_step": "wall",
+    "serving_run": "wall",
+    "generation_run": "wall",
+    "analytic": "wall",
+}
 
 _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
@@ -177,6 +185,7 @@ class Workload:
         """A CPU generator seeded from this case's seed (draw on CPU, then move: same values on
         every device)."""
         import torch
+
         g = torch.Generator(device="cpu")
         g.manual_seed(self.seed + offset)
         return g
@@ -401,8 +410,10 @@ class Technique:
         if self.shape not in SHAPES:
             raise ValueError(f"technique {self.name}: shape must be one of {SHAPES}")
         if self.time_basis not in ("", *TIME_BASES):
-            raise ValueError(f"technique {self.name}: time_basis must be one of {TIME_BASES} (or empty: the "
-                             f"shape's, {SHAPE_TIME_BASIS[self.shape]!r} for {self.shape})")
+            raise ValueError(
+                f"technique {self.name}: time_basis must be one of {TIME_BASES} (or empty: the "
+                f"shape's, {SHAPE_TIME_BASIS[self.shape]!r} for {self.shape})"
+            )
         self.time_basis = self.time_basis or SHAPE_TIME_BASIS[self.shape]
         names = [p.name for p in self.params]
         if len(names) != len(set(names)):
@@ -422,9 +433,12 @@ class Technique:
     def _take_legacy_headline(self, metric: str) -> None:
         """``headline="x"``, the older spelling: a figure shown beside the speedup, put first so
         that ``headline`` reads back as it was given; a metric already declared stays as declared."""
-        warnings.warn(f"Technique(headline={metric!r}) is deprecated: use "
-                      f"headline_figures=(Headline({metric!r}, replaces_time=False),)",
-                      DeprecationWarning, stacklevel=4)
+        warnings.warn(
+            f"Technique(headline={metric!r}) is deprecated: use "
+            f"headline_figures=(Headline({metric!r}, replaces_time=False),)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
         if all(h.metric != metric for h in self.headline_figures):
             self.headline_figures = (Headline(metric, replaces_time=False), *self.headline_figures)
 
@@ -434,9 +448,14 @@ class Technique:
         self.build_fn = fn
         return fn
 
-    def variant(self, name: str, role: str = "peer", description: str = "",
-                unavailable: Callable[..., str | None] | None = None,
-                checked_only: Callable[[torch.device], str | None] | None = None) -> Callable[[_Fn], _Fn]:
+    def variant(
+        self,
+        name: str,
+        role: str = "peer",
+        description: str = "",
+        unavailable: Callable[..., str | None] | None = None,
+        checked_only: Callable[[torch.device], str | None] | None = None,
+    ) -> Callable[[_Fn], _Fn]:
         """Decorator: ``fn(workload)`` or ``fn(workload, recorder)`` is variant ``name`` (named by what it
         runs: ``eager``, ``triton``) playing ``role`` (baseline / optimized / peer). Its description
         in the report is ``description`` or its docstring's first paragraph. ``unavailable(device)``
@@ -509,8 +528,11 @@ class Technique:
         for bench in self.benchmarks:
             for key, value in bench.params.items():
                 param = self.param(key)
-                problem = f"unknown param; allowed: {', '.join(p.name for p in self.params)}" if param is None \
+                problem = (
+                    f"unknown param; allowed: {', '.join(p.name for p in self.params)}"
+                    if param is None
                     else param.problem(value)
+                )
                 if problem is not None:
                     out.append(f"benchmark {bench.name!r}: {key}: {problem}")
         return out
@@ -537,19 +559,21 @@ class Technique:
         out = {name: ("peer", reason) for name, reason in reasons.items()}
         for role in ("baseline", "optimized"):
             declared = self.declared(role)
-            player = next((v for v in declared if reasons[v.name] is None and v.checked_only_reason(device) is None),
-                          declared[0] if declared else None)
+            player = next(
+                (v for v in declared if reasons[v.name] is None and v.checked_only_reason(device) is None),
+                declared[0] if declared else None,
+            )
             if player is not None:
                 out[player.name] = (role, reasons[player.name])
         return out
 
     def playing(self, role: str, device: torch.device) -> Variant | None:
         """The variant that plays ``role`` (baseline, optimized) on ``device``, if any can."""
-        return next((self.variants[n] for n, (r, reason) in self.cast(device).items()
-                     if r == role and reason is None), None)
+        return next(
+            (self.variants[n] for n, (r, reason) in self.cast(device).items() if r == role and reason is None), None
+        )
 
-    def resolve(self, names: Sequence[str], device: torch.device,
-                params: Mapping[str, Any] | None = None) -> list[str]:
+    def resolve(self, names: Sequence[str], device: torch.device, params: Mapping[str, Any] | None = None) -> list[str]:
         """Variant names for a scenario's ``variants`` list, where a role name (baseline,
         optimized) stands for the variant playing that role on ``device`` (in a case of ``params``)."""
         cast = self.cast(device, params)
@@ -583,8 +607,10 @@ def _headline_metric(self: Technique) -> str:
 # Set after the class: a property in its body would become the default of the ``headline`` InitVar.
 Technique.headline = property(_headline_metric)  # type: ignore[attr-defined]  # an InitVar to mypy
 
-_FIGURES_DEPRECATED = ("Technique.figures / figures_fn is deprecated: declare Plot(...)s (Technique(plots=...) or "
-                       "@T.plot), which a run records and its report draws without the technique's code")
+_FIGURES_DEPRECATED = (
+    "Technique.figures / figures_fn is deprecated: declare Plot(...)s (Technique(plots=...) or "
+    "@T.plot), which a run records and its report draws without the technique's code"
+)
 
 
 def _declared(technique: str, what: str, values: Sequence[Any], kind: type) -> tuple[Any, ...]:

@@ -1,4 +1,5 @@
 """Errors the CLI turns into a one-paragraph message and exit code 2 (bad input)."""
+
 from __future__ import annotations
 
 

@@ -9,10 +9,12 @@ the queued copy then reads, as on a GPU.
 ``torch.zeros`` with a CUDA device (always with an index: the code under test must name one)
 make them, and ``pin_memory=True`` is accepted and ignored.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -20,7 +22,7 @@ import torch
 class DeviceTensor(torch.Tensor):
     """A CPU tensor playing a CUDA one: its ``non_blocking`` copies are queued on the fake."""
 
-    fake: "FakeCuda | None" = None
+    fake: FakeCuda | None = None
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -33,19 +35,19 @@ class DeviceTensor(torch.Tensor):
             return True
         return super().__torch_function__(func, types, args, kwargs)
 
-    def record_stream(self, stream: "FakeStream") -> None:  # torch's own rejects a fake stream before dispatch
+    def record_stream(self, stream: FakeStream) -> None:  # torch's own rejects a fake stream before dispatch
         stream.fake.log.append(f"tensor kept for {stream.name}")
 
 
 class FakeStream:
-    def __init__(self, fake: "FakeCuda", name: str):
+    def __init__(self, fake: FakeCuda, name: str):
         self.fake, self.name = fake, name
 
-    def wait_stream(self, other: "FakeStream") -> None:
+    def wait_stream(self, other: FakeStream) -> None:
         self.fake.log.append(f"{self.name} waits for {other.name}")
         self.fake.flush()  # the waiting stream's later work sees everything queued before
 
-    def wait_event(self, event: "FakeEvent") -> None:
+    def wait_event(self, event: FakeEvent) -> None:
         self.fake.log.append(f"{self.name} waits for an event")
         self.fake.flush(event.upto)
 
@@ -54,7 +56,7 @@ class FakeStream:
 
 
 class FakeEvent:
-    def __init__(self, fake: "FakeCuda"):
+    def __init__(self, fake: FakeCuda):
         self.fake = fake
         self.upto = 0  # the copies queued when it was last recorded
 
@@ -66,13 +68,13 @@ class FakeEvent:
         self.fake.log.append("event synchronized")
         self.fake.flush(self.upto)
 
-    def elapsed_time(self, end: "FakeEvent") -> float:
+    def elapsed_time(self, end: FakeEvent) -> float:
         """Milliseconds: one per copy queued between the two records."""
         return float(end.upto - self.upto)
 
 
 class FakeGraph:
-    def __init__(self, fake: "FakeCuda"):
+    def __init__(self, fake: FakeCuda):
         self.fake = fake
         self.pool_id = object()
 
@@ -139,9 +141,10 @@ class FakeCuda:
             if dev.index is None:
                 raise AssertionError(f"a CUDA tensor made without a device index ({device})")
             return real(*shape, **kwargs).as_subclass(DeviceTensor)
+
         return make
 
-    def install(self, monkeypatch: Any) -> "FakeCuda":
+    def install(self, monkeypatch: Any) -> FakeCuda:
         monkeypatch.setattr(DeviceTensor, "fake", self)
         monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: FakeEvent(self))
         monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, **k: FakeStream(self, "side"))

@@ -1,6 +1,7 @@
 """Runs stopped at a moment the test chooses: scenarios of tests/plugins/held_pair.py, whose held
 cases wait until the test lets them go, and the waits a test makes on what it can see (a file
 appearing, a process gone) with limits far from their normal times."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,9 @@ FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_
 def held_scenario(tmp_path: Path, holds: list[bool], name: str = "held") -> Path:
     """A case per entry of ``holds`` (n = 8, 9, ...), held where it says True. The gate is
     HELD_PAIR_DIR, which the run's processes must inherit; without it nothing is held."""
-    entries = "".join(f"  - technique: {PLUGIN}\n    params: {{n: {8 + i}, held: {str(h).lower()}}}\n"
-                      for i, h in enumerate(holds))
+    entries = "".join(
+        f"  - technique: {PLUGIN}\n    params: {{n: {8 + i}, held: {str(h).lower()}}}\n" for i, h in enumerate(holds)
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"name: {name}\n{FAST}\nentries:\n{entries}")
     return path

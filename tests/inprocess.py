@@ -1,5 +1,6 @@
 """A scenario run in the test's own process, through the supervisor as ``gpubench run --isolation
 none`` runs it: for tests that read a run's results and need no worker processes."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Run one case of a technique in this process, as the harness runs it (checked call, reference,
 check, a short timing), so a test can plant a bug with monkeypatch and see whether the
 technique's own check catches it."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,14 +11,22 @@ from typing import Any
 import torch
 
 from gpubench import techniques
-from gpubench.run import runner
 from gpubench.measure import timing
 from gpubench.records.results import CaseRecord
+from gpubench.run import runner
 from gpubench.run.scenario import Case, case_seed
 
 CPU = torch.device("cpu")
-QUICK = timing.Policy(warmup_s=0.0, min_reps=1, max_reps=2, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0,
-                      case_timeout_s=600.0, energy_s=0.0)
+QUICK = timing.Policy(
+    warmup_s=0.0,
+    min_reps=1,
+    max_reps=2,
+    min_time_s=0.0,
+    max_time_s=1.0,
+    target_iqr=1.0,
+    case_timeout_s=600.0,
+    energy_s=0.0,
+)
 
 
 class _NoTelemetry:
@@ -63,8 +72,12 @@ def caught(record: CaseRecord, variant: str | None = None) -> bool:
     """The case failed because a check failed (on ``variant``, the optimized one by default)."""
     name = variant or record.role_variant("optimized")
     check = record.variants[name].check or {}
-    return record.status == "failed" and record.failure is not None and record.failure.kind == "check" \
+    return (
+        record.status == "failed"
+        and record.failure is not None
+        and record.failure.kind == "check"
         and check.get("passed") is False
+    )
 
 
 def passed(record: CaseRecord) -> bool:

@@ -2,14 +2,15 @@
 any depth, with one buffer or two, however slow the copies; its guards are what make that true;
 it falls back to one buffer when a second cannot be had; its byte counts are exact; its metrics
 come from the timed calls' records."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpubench.lib import offload
 from gpubench.baselines import activation_offload as baseline_mod
 from gpubench.contract import Measured, Recorder
+from gpubench.lib import offload
 from gpubench.optimizations import activation_offload as optimized_mod
 from gpubench.reports import figures
 from gpubench.techniques.activation_offload import TECHNIQUE, reference
@@ -33,7 +34,11 @@ def test_variants_play_their_roles():
     """one_buffer is the baseline, two_buffers the optimized, the plain steps are peers."""
     assert TECHNIQUE.incomplete() == []
     assert {n: role for n, (role, _) in TECHNIQUE.cast(CPU).items()} == {
-        "one_buffer": "baseline", "two_buffers": "optimized", "no_checkpoint": "peer", "checkpoint": "peer"}
+        "one_buffer": "baseline",
+        "two_buffers": "optimized",
+        "no_checkpoint": "peer",
+        "checkpoint": "peer",
+    }
 
 
 @pytest.mark.parametrize("layers", [1, 2, 4, 5])
@@ -110,15 +115,28 @@ def test_metrics_are_medians_of_the_timed_calls_records():
     """Copy waits and rates come from the records of the timed calls, not from the checked output."""
     w = make(layers=2)
     out = run(w, "two_buffers")
-    records = [{"buffers": 2, "fallback": "", "bytes_d2h": 1000, "bytes_h2d": 1000, "extra_buffer_bytes": 10,
-                "d2h_ms": d, "h2d_ms": 2 * d, "wait_ms": wait} for d, wait in ((1.0, 5.0), (2.0, 1.0), (4.0, 3.0))]
+    records = [
+        {
+            "buffers": 2,
+            "fallback": "",
+            "bytes_d2h": 1000,
+            "bytes_h2d": 1000,
+            "extra_buffer_bytes": 10,
+            "d2h_ms": d,
+            "h2d_ms": 2 * d,
+            "wait_ms": wait,
+        }
+        for d, wait in ((1.0, 5.0), (2.0, 1.0), (4.0, 3.0))
+    ]
     m = TECHNIQUE.metrics_fn(w, Measured("two_buffers", [0.01] * 3, 0.01, out, CPU, records=records))
     assert m["wait_ms"] == 3.0
     assert m["d2h_gbps"] == pytest.approx(1000 / 2e-3 / 1e9) and m["h2d_gbps"] == pytest.approx(1000 / 4e-3 / 1e9)
     assert (m["buffers"], m["bytes_d2h"], m["extra_buffer_bytes"]) == (2, 1000, 10)
     fell_back = [*records[:2], {**records[2], "buffers": 1, "fallback": "no room"}]
-    assert TECHNIQUE.metrics_fn(w, Measured("two_buffers", [0.01] * 3, 0.01, out, CPU,
-                                            records=fell_back))["fallback"] == "no room"
+    assert (
+        TECHNIQUE.metrics_fn(w, Measured("two_buffers", [0.01] * 3, 0.01, out, CPU, records=fell_back))["fallback"]
+        == "no room"
+    )
     peer = TECHNIQUE.metrics_fn(w, Measured("checkpoint", [0.01], 0.01, run(w, "checkpoint"), CPU))
     assert "wait_ms" not in peer and peer["ms_per_step"] == pytest.approx(10.0)
 
@@ -163,15 +181,25 @@ def _case(layers):
     roles = {"one_buffer": "baseline", "two_buffers": "optimized", "no_checkpoint": "peer", "checkpoint": "peer"}
     time = {"one_buffer": 0.010, "two_buffers": 0.008, "no_checkpoint": 0.006, "checkpoint": 0.007}
     wait = {"one_buffer": 1.0, "two_buffers": 0.2}
-    return {"technique": "activation_offload", "params": {**TECHNIQUE.defaults(), "layers": layers}, "variants": {
-        name: {"role": role, "stats": {"median": time[name] * layers}, "peak_memory_bytes": None,
-               "metrics": {"wait_ms": wait[name] * layers} if name in wait else {}}
-        for name, role in roles.items()}}
+    return {
+        "technique": "activation_offload",
+        "params": {**TECHNIQUE.defaults(), "layers": layers},
+        "variants": {
+            name: {
+                "role": role,
+                "stats": {"median": time[name] * layers},
+                "peak_memory_bytes": None,
+                "metrics": {"wait_ms": wait[name] * layers} if name in wait else {},
+            }
+            for name, role in roles.items()
+        },
+    }
 
 
 def _lines(fig):
-    return {line.get_label(): list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()
-            if len(line.get_xdata())}
+    return {
+        line.get_label(): list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())
+    }
 
 
 def test_figures_draw_step_time_of_all_four_and_wait_of_the_pair_against_layers():

@@ -5,6 +5,7 @@ No GPU here: a stand-in autotuner follows Triton's protocol (``tuner[grid](*args
 from ``tuner.cache`` is benchmarked over ``tuner.configs`` and the winner stored there), and one
 test uses a real ``triton.autotune`` object for the load/save round trip.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from gpubench.measure import autotune
-from gpubench.measure import devicecache
+from gpubench.measure import autotune, devicecache
 from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 
 triton = pytest.importorskip("triton")
@@ -24,8 +24,9 @@ class FakeAutotuner:
     """Triton's Autotuner as PersistentAutotuner sees it; counts its benchmarks."""
 
     def __init__(self, key_args=(1,)):
-        self.configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": 32}, num_warps=4, num_stages=s)
-                        for bm, s in ((64, 2), (128, 3))]
+        self.configs = [
+            triton.Config({"BLOCK_M": bm, "BLOCK_N": 32}, num_warps=4, num_stages=s) for bm, s in ((64, 2), (128, 3))
+        ]
         self.cache: dict[tuple, object] = {}
         self.benchmarks = 0
         self.key_args = key_args
@@ -38,6 +39,7 @@ class FakeAutotuner:
                 self.benchmarks += 1
                 self.cache[key] = self.configs[seq_bucket % 2]  # "the fastest"
             self.launched.append(self.cache[key])
+
         return run
 
 
@@ -85,10 +87,18 @@ def test_tunings_are_kept_per_gpu_model_and_triton_version(cache_dir):
     assert path == cache_dir / "autotune" / "cpu" / f"triton-{triton.__version__}" / "kern.json"
     doc = json.loads(path.read_text())
     assert doc["kernel"] == "kern" and doc["triton"] == triton.__version__
-    assert doc["entries"] == [{"key": [512, True, "torch.float32"],
-                               "config": {"kwargs": {"BLOCK_M": 64, "BLOCK_N": 32}, "num_warps": 4, "num_stages": 2,
-                                          "num_ctas": getattr(tuner.tuner.configs[0], "num_ctas", 1),
-                                          "maxnreg": getattr(tuner.tuner.configs[0], "maxnreg", None)}}]
+    assert doc["entries"] == [
+        {
+            "key": [512, True, "torch.float32"],
+            "config": {
+                "kwargs": {"BLOCK_M": 64, "BLOCK_N": 32},
+                "num_warps": 4,
+                "num_stages": 2,
+                "num_ctas": getattr(tuner.tuner.configs[0], "num_ctas", 1),
+                "maxnreg": getattr(tuner.tuner.configs[0], "maxnreg", None),
+            },
+        }
+    ]
     assert devicecache.slug("NVIDIA H200") == "NVIDIA-H200"
 
 

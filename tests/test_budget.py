@@ -6,6 +6,7 @@ samples kept, and estimates with no history that never claim less than a real ru
 No test depends on the machine's speed: case times come from fake histories, budgets are far
 from what the cases take, and the one case cut by the budget runs a timing loop that would go on
 for minutes."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench.measure import env as envmod
-from gpubench.run import estimate
-from gpubench.records import results
-from gpubench.run import scenario as scenariomod
-from gpubench.run import supervisor
-from gpubench.run.budget import GRACE_S, Budget, breadth_first, parse_duration, plan
 from gpubench.cli import main
-from gpubench.measure.devicecache import CaseTimes
 from gpubench.errors import BadInput
+from gpubench.measure import env as envmod
+from gpubench.measure.devicecache import CaseTimes
+from gpubench.records import results
+from gpubench.run import estimate, supervisor
+from gpubench.run import scenario as scenariomod
+from gpubench.run.budget import GRACE_S, Budget, breadth_first, parse_duration, plan
 from gpubench.run.estimate import CaseCosts
 
 CPU = torch.device("cpu")
@@ -41,9 +41,11 @@ def invoke(*args):
 def _write(tmp_path: Path, order: str = "", policy: str = POLICY) -> Path:
     """toy_kernel at three sizes, toy_train_step at two: five cases of two techniques."""
     path = tmp_path / "budget.yaml"
-    path.write_text(f"name: budget\n{policy}{order}entries:\n"
-                    "  - technique: toy_kernel\n    params: {n: [64, 128, 256]}\n"
-                    "  - technique: toy_train_step\n    params: {dim: [4, 8]}\n")
+    path.write_text(
+        f"name: budget\n{policy}{order}entries:\n"
+        "  - technique: toy_kernel\n    params: {n: [64, 128, 256]}\n"
+        "  - technique: toy_train_step\n    params: {dim: [4, 8]}\n"
+    )
     return path
 
 
@@ -52,9 +54,20 @@ def _cpu_history(seconds: dict[str, float], overhead_s: float = 1.0, report_s: f
     the report's time per case."""
     history = CaseTimes(envmod.device_label(CPU))
     history.path.parent.mkdir(parents=True, exist_ok=True)
-    history.path.write_text(json.dumps({
-        "schema": 1, "device": history.device_label, "run_overheads_s": [overhead_s], "report_s_per_case": [report_s],
-        "cases": {CaseTimes.key(case_id, 1.0): {"s": s, "at": "2026-01-01T00:00:00+00:00"} for case_id, s in seconds.items()}}))
+    history.path.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "device": history.device_label,
+                "run_overheads_s": [overhead_s],
+                "report_s_per_case": [report_s],
+                "cases": {
+                    CaseTimes.key(case_id, 1.0): {"s": s, "at": "2026-01-01T00:00:00+00:00"}
+                    for case_id, s in seconds.items()
+                },
+            }
+        )
+    )
     return history
 
 
@@ -65,8 +78,21 @@ def _ids(scen: scenariomod.Scenario) -> dict[str, str]:
 
 # -- DURATION -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, seconds", [("540", 540), ("540s", 540), ("9m", 540), ("1h30m", 5400), ("1h", 3600),
-                                           ("2m30s", 150), ("1.5h", 5400), (" 90S ", 90), ("0.5m", 30)])
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("540", 540),
+        ("540s", 540),
+        ("9m", 540),
+        ("1h30m", 5400),
+        ("1h", 3600),
+        ("2m30s", 150),
+        ("1.5h", 5400),
+        (" 90S ", 90),
+        ("0.5m", 30),
+    ],
+)
 def test_a_duration_reads_in_seconds_minutes_hours_and_their_combinations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
@@ -86,33 +112,44 @@ def test_a_bad_budget_on_the_command_line_is_exit_2_with_the_forms(toys, tmp_pat
 
 # -- order ------------------------------------------------------------------------------------------
 
+
 def test_breadth_first_takes_each_techniques_first_case_before_any_second(toys, tmp_path):
     scen = scenariomod.load(_write(tmp_path))
     names = {v: k for k, v in _ids(scen).items()}
     assert [names[c.id] for c in breadth_first(scen.cases())] == ["k64", "t4", "k128", "t8", "k256"]
     # the scenario's order puts its techniques first in every round; each keeps its own case order
-    assert [names[c.id] for c in breadth_first(scen.cases(), ("toy_train_step",))] == ["t4", "k64", "t8", "k128", "k256"]
+    assert [names[c.id] for c in breadth_first(scen.cases(), ("toy_train_step",))] == [
+        "t4",
+        "k64",
+        "t8",
+        "k128",
+        "k256",
+    ]
 
 
 def test_a_scenario_sets_the_order_and_a_bad_order_is_exit_2(toys, tmp_path):
     scen = scenariomod.load(_write(tmp_path, "order: [toy_train_step]\n"))
     assert scen.order == ("toy_train_step",) and scen.to_dict()["order"] == ["toy_train_step"]
-    for bad, message in (("order: toy_train_step\n", "order: must be a list of technique names"),
-                         ("order: [flash_attention]\n", "'flash_attention' is not a technique of this scenario's entries"),
-                         ("order: [toy_kernel, toy_kernel]\n", "'toy_kernel' is given twice")):
+    for bad, message in (
+        ("order: toy_train_step\n", "order: must be a list of technique names"),
+        ("order: [flash_attention]\n", "'flash_attention' is not a technique of this scenario's entries"),
+        ("order: [toy_kernel, toy_kernel]\n", "'toy_kernel' is given twice"),
+    ):
         result = invoke("run", "--scenario", _write(tmp_path, bad), "--dry-run")
         assert result.exit_code == 2 and message in result.output, (bad, result.output)
 
 
 def test_without_a_budget_the_run_keeps_the_scenarios_order(toys, tmp_path):
-    outcome = supervisor.run_scenario(scenariomod.load(_write(tmp_path)), supervisor.RunOptions(isolation="none"),
-                                      tmp_path / "runs", calibrate=False)
+    outcome = supervisor.run_scenario(
+        scenariomod.load(_write(tmp_path)), supervisor.RunOptions(isolation="none"), tmp_path / "runs", calibrate=False
+    )
     names = {v: k for k, v in _ids(scenariomod.load(_write(tmp_path))).items()}
     assert [names[c.id] for c in outcome.record.cases] == ["k64", "k128", "k256", "t4", "t8"]
     assert outcome.record.not_run == [] and outcome.record.budget_s is None and "budget_s" not in outcome.doc
 
 
 # -- the plan and the admission ---------------------------------------------------------------------
+
 
 def test_the_plan_passes_over_a_case_the_budget_cannot_hold_and_runs_smaller_later_ones(toys, tmp_path):
     scen = scenariomod.load(_write(tmp_path))
@@ -123,8 +160,12 @@ def test_the_plan_passes_over_a_case_the_budget_cannot_hold_and_runs_smaller_lat
     by_name = {k: next(s for s in steps if s.case.id == v) for k, v in ids.items()}
     assert by_name["k128"].start_s is None  # 5000 s x 1.25 cannot fit 100 s
     margin = estimate.HISTORY_MARGIN * 10
-    assert [round(by_name[k].start_s, 6) for k in ("k64", "t4", "t8", "k256")] == [1.0, 1 + margin, 1 + 2 * margin,
-                                                                                   1 + 3 * margin]
+    assert [round(by_name[k].start_s, 6) for k in ("k64", "t4", "t8", "k256")] == [
+        1.0,
+        1 + margin,
+        1 + 2 * margin,
+        1 + 3 * margin,
+    ]
     # two workers: two cases at a time
     two = plan(breadth_first(scen.cases()), CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))), 100, workers=2)
     assert [s.start_s for s in two[:2]] == [1.0, 1.0]
@@ -137,8 +178,9 @@ def test_admission_counts_the_time_left_and_caps_a_case_at_it_plus_the_grace(toy
     ids = _ids(scen)
     _cpu_history({ids["k64"]: 10, ids["t4"]: 10})
     now = [1000.0]
-    budget = Budget(100, CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))), started_at=1000.0,
-                    clock=lambda: now[0])
+    budget = Budget(
+        100, CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))), started_at=1000.0, clock=lambda: now[0]
+    )
     cases = {c.id: c for c in scen.cases()}
     closing = estimate.CLOSE_S + 0.001
     assert budget.admit(cases[ids["k64"]]) == pytest.approx(100 - closing + GRACE_S)
@@ -164,8 +206,13 @@ def test_fill_budget_admits_on_the_lower_figure_so_the_budget_is_used_to_its_end
     now = [1000.0]
 
     def budget(fill: bool) -> Budget:
-        return Budget(100, CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))), started_at=1000.0,
-                      clock=lambda: now[0], fill=fill)
+        return Budget(
+            100,
+            CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU))),
+            started_at=1000.0,
+            clock=lambda: now[0],
+            fill=fill,
+        )
 
     conservative, filling = budget(False), budget(True)
     now[0] = 1100.0 - estimate.CLOSE_S - 5.0  # 5 s left beside closing the run
@@ -174,11 +221,13 @@ def test_fill_budget_admits_on_the_lower_figure_so_the_budget_is_used_to_its_end
     assert conservative.admit(unknown) is None
     assert filling.admit(unknown) == pytest.approx(5.0 - 0.001 + GRACE_S, abs=1e-3)  # capped at the time left
     assert filling.admit(cases[ids["k64"]]) is None  # its own 10 s cannot fit, fill or not
+
     # the plan says the same: 3 s after start-up and closing hold no conservative figure
     def started(fill: bool) -> list[str]:
         costs = CaseCosts(CPU, history=CaseTimes(envmod.device_label(CPU)))
         steps = plan(breadth_first(scen.cases()), costs, budget_s=1.0 + estimate.CLOSE_S + 3.0, fill=fill)
         return [s.case.id for s in steps if s.start_s is not None]
+
     assert started(False) == [] and ids["t4"] in started(True) and ids["k64"] not in started(True)
 
 
@@ -188,6 +237,7 @@ def test_fill_budget_without_a_budget_is_exit_2(toys, tmp_path):
 
 
 # -- a real run under a budget ----------------------------------------------------------------------
+
 
 def test_a_budget_run_records_what_it_passed_over_and_every_reader_says_so(toys, tmp_path):
     path = _write(tmp_path)
@@ -202,8 +252,12 @@ def test_a_budget_run_records_what_it_passed_over_and_every_reader_says_so(toys,
     assert [c["id"] for c in doc["cases"]] == [ids[k] for k in ("k64", "t4", "t8", "k256")]  # breadth-first
     assert doc["summary"] == {"cases": 4, "passed": 4, "failed": 0, "interrupted": 0, "not_run": 1}
     (skipped,) = doc["not_run"]
-    assert (skipped["id"], skipped["reason"], skipped["status"], skipped["estimate_s"]) == (ids["k128"], "budget",
-                                                                                           "not_run", 6250.0)
+    assert (skipped["id"], skipped["reason"], skipped["status"], skipped["estimate_s"]) == (
+        ids["k128"],
+        "budget",
+        "not_run",
+        6250.0,
+    )
     assert "not run toy_kernel n=128  budget: would need about 1.7 h" in result.output
     assert "4 passed, 0 failed, 1 not run: budget (complete)" in result.output
     assert "1 case not run: budget (would have needed about 1.7 h); the budget was 60 min (--budget)" in result.output
@@ -246,7 +300,7 @@ def test_a_case_in_flight_when_the_budget_runs_out_is_stopped_and_keeps_its_samp
     t0 = time.monotonic()
     outcome = supervisor.run_scenario(scen, options, tmp_path / "runs", calibrate=False)
     assert time.monotonic() - t0 < 60  # stopped at the budget, not at the loop's 200 s or the case's 300 s
-    first, = outcome.record.cases
+    (first,) = outcome.record.cases
     assert first.status == "interrupted" and first.failure.kind == "budget"
     assert "the run's --budget ran out" in first.failure.message
     ran = [v for v in first.variants.values() if v.status != "skipped"]
@@ -262,16 +316,20 @@ def test_a_case_in_flight_when_the_budget_runs_out_is_stopped_and_keeps_its_samp
 
     rows = rows_of_run(outcome.record, outcome.run_dir / "results.json")
     on_disk = results.load_run(outcome.run_dir).cases[0]
-    assert rows == [] and [v.samples_s for v in on_disk.variants.values()] == [v.samples_s for v in first.variants.values()]
+    assert rows == [] and [v.samples_s for v in on_disk.variants.values()] == [
+        v.samples_s for v in first.variants.values()
+    ]
 
 
 def test_a_worker_process_stops_its_case_at_the_budget_and_sends_its_samples(toys, tmp_path, monkeypatch):
     """The time limit the supervisor computes travels with the job to the worker, whose alarm stops
     the case there (the budget's time left is fixed at 3 s here, whenever the worker starts)."""
     path = tmp_path / "one.yaml"
-    path.write_text("name: one\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 100000000, min_time_s: 100, "
-                    "max_time_s: 200, target_iqr: 0.0001, case_timeout_s: 300, energy_s: 0}\n"
-                    "entries:\n  - technique: toy_kernel\n    params: {n: 20000}\n")  # ms a call: a few hundred samples
+    path.write_text(
+        "name: one\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 100000000, min_time_s: 100, "
+        "max_time_s: 200, target_iqr: 0.0001, case_timeout_s: 300, energy_s: 0}\n"
+        "entries:\n  - technique: toy_kernel\n    params: {n: 20000}\n"
+    )  # ms a call: a few hundred samples
     scen = scenariomod.load(path)
     _cpu_history({c.id: 0.1 for c in scen.cases()}, report_s=0.0)
     monkeypatch.setattr(estimate, "CLOSE_S", 0.0)
@@ -300,7 +358,8 @@ def test_dry_run_with_a_budget_shows_the_plan_in_run_order(toys, tmp_path):
         "2. at 14 s toy_train_step dim=4 (about 10 s, counted as 12 s)",
         "3. not run: budget toy_kernel n=128 (about 83 min, counted as 1.7 h; 69 s left then)",
         "4. at 26 s toy_train_step dim=8 (about 10 s, counted as 12 s)",
-        "5. at 38 s toy_kernel n=256 (about 10 s, counted as 12 s)"], plan_lines
+        "5. at 38 s toy_kernel n=256 (about 10 s, counted as 12 s)",
+    ], plan_lines
     assert "would run 4 of 5 cases; 1 case not run: budget (would have needed about 1.7 h)" in result.output
     assert not out.exists()
 
@@ -311,6 +370,7 @@ def test_an_older_results_file_reads_with_no_case_left_out():
 
 
 # -- estimates with no history ----------------------------------------------------------------------
+
 
 def test_with_no_history_an_estimate_is_a_lower_bound_below_what_each_case_took(small_run_dir):
     """Every technique at a small case, run for real: no case took less than the estimate's
@@ -342,6 +402,10 @@ def test_with_no_history_a_budget_counts_no_less_than_a_small_real_run_took(toys
         planned[case.id] = costs.of(case).plan_s
         costs.started(case)
     for case in outcome.record.cases:
-        assert case.status == "passed" and case.elapsed_s <= planned[case.id], (case.id, case.elapsed_s, planned[case.id])
+        assert case.status == "passed" and case.elapsed_s <= planned[case.id], (
+            case.id,
+            case.elapsed_s,
+            planned[case.id],
+        )
     use = outcome.record.time_use
     assert use.wall_s - use.cases_s <= costs.startup_s() + costs.closing_s(len(outcome.record.cases))

@@ -3,6 +3,7 @@ Otava) finds a 10% step where it starts and stays quiet on unchanged code, each 
 with its run, commit, magnitude [CI] and direction. Synthetic histories only: each run's figure is
 the median of 30 calls drawn from 300 real timed calls on this 2-core AMD EPYC machine
 (tests/data/cpu_noise.json; run-to-run spread of those medians ~2.2%)."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,24 @@ def history_values(seed: int, runs: int, step_at: int | None = None, step: float
 
 
 def points_of(values, commits=None) -> list[Point]:
-    return [Point(f"run{i:02d}", "ci-1", (commits or {}).get(i, f"c{i:02d}"), "main", False,
-                  f"2026-12-01T00:{i:02d}:00+00:00", float(v), None, None, 30, "/r.json", "fused", "complete")
-            for i, v in enumerate(values)]
+    return [
+        Point(
+            f"run{i:02d}",
+            "ci-1",
+            (commits or {}).get(i, f"c{i:02d}"),
+            "main",
+            False,
+            f"2026-12-01T00:{i:02d}:00+00:00",
+            float(v),
+            None,
+            None,
+            30,
+            "/r.json",
+            "fused",
+            "complete",
+        )
+        for i, v in enumerate(values)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -83,14 +99,38 @@ def test_without_otava_or_scipy_the_error_names_the_install_command(monkeypatch,
 
 
 def _row(i: int, variant: str, median: float, *, device="NVIDIA H100", gate=None) -> ResultRow:
-    return ResultRow(run_id=f"run{i:02d}", host="ci-1", device_model=device, case_id="t[model=x,n=1]", variant=variant,
-                     started_at=f"2026-12-01T00:{i:02d}:00+00:00", source="gpubench", run_status="complete",
-                     git_commit=f"c{i:02d}", branch="main", dirty=0, driver_version=None, torch_version=None,
-                     triton_version=None, gpubench_version=None, scenario="s", technique="t",
-                     params_json="{}", role="optimized" if variant == "fused" else "baseline",
-                     case_status="passed", variant_status="ok", median_s=median, ci_low_s=median,
-                     ci_high_s=median, iqr_s=0.0, n=30, gate_metric=gate,
-                     gate_value=None, metrics_json=json.dumps({gate: median} if gate else {}), results_path="/r.json")
+    return ResultRow(
+        run_id=f"run{i:02d}",
+        host="ci-1",
+        device_model=device,
+        case_id="t[model=x,n=1]",
+        variant=variant,
+        started_at=f"2026-12-01T00:{i:02d}:00+00:00",
+        source="gpubench",
+        run_status="complete",
+        git_commit=f"c{i:02d}",
+        branch="main",
+        dirty=0,
+        driver_version=None,
+        torch_version=None,
+        triton_version=None,
+        gpubench_version=None,
+        scenario="s",
+        technique="t",
+        params_json="{}",
+        role="optimized" if variant == "fused" else "baseline",
+        case_status="passed",
+        variant_status="ok",
+        median_s=median,
+        ci_low_s=median,
+        ci_high_s=median,
+        iqr_s=0.0,
+        n=30,
+        gate_metric=gate,
+        gate_value=None,
+        metrics_json=json.dumps({gate: median} if gate else {}),
+        results_path="/r.json",
+    )
 
 
 def write_history(store_path, fused, loop=None, device="NVIDIA H100") -> None:
@@ -142,12 +182,29 @@ def test_gpubench_history_with_two_device_models_asks_which(tmp_path):
 def _current_run(tmp_path, figure: float) -> Path:
     from gpubench.records.results import SCHEMA_VERSION
 
-    doc = {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": "now", "device": "cuda:0",
-           "device_label": "NVIDIA H100", "scenario": {"name": "s", "entries": []}, "status": "complete",
-           "started_at": "2026-12-02T00:00:00+00:00", "env": {"host": "ci-1", "git": {"commit": "pr1"}},
-           "cases": [{"id": "t[model=x,n=1]", "technique": "t", "params": {}, "seed": 0, "policy": {}, "status": "passed",
-                      "gate_metric": "", "variants": {"fused": {"role": "optimized", "status": "ok",
-                                                                "stats": {"median": figure, "n": 30}}}}]}
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": SCHEMA_VERSION,
+        "run_id": "now",
+        "device": "cuda:0",
+        "device_label": "NVIDIA H100",
+        "scenario": {"name": "s", "entries": []},
+        "status": "complete",
+        "started_at": "2026-12-02T00:00:00+00:00",
+        "env": {"host": "ci-1", "git": {"commit": "pr1"}},
+        "cases": [
+            {
+                "id": "t[model=x,n=1]",
+                "technique": "t",
+                "params": {},
+                "seed": 0,
+                "policy": {},
+                "status": "passed",
+                "gate_metric": "",
+                "variants": {"fused": {"role": "optimized", "status": "ok", "stats": {"median": figure, "n": 30}}},
+            }
+        ],
+    }
     (tmp_path / "now").mkdir()
     (tmp_path / "now" / "results.json").write_text(json.dumps(doc))
     return tmp_path / "now"
@@ -162,8 +219,19 @@ def test_compare_history_fails_a_run_beyond_the_level_since_the_last_change(tmp_
     values = history_values(5, 14, step_at=6)
     write_history(tmp_path / "h.sqlite", values)
     level = float(np.median(values[6:]))  # the level after the step, not the whole history's
-    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"), "--since", "c03",
-                                    "--json", str(_current_run(tmp_path, level * factor))])
+    out = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--history",
+            "--store",
+            str(tmp_path / "h.sqlite"),
+            "--since",
+            "c03",
+            "--json",
+            str(_current_run(tmp_path, level * factor)),
+        ],
+    )
     assert out.exit_code == exit_code, out.output
     doc = json.loads(out.output)
     (case,) = doc["cases"]
@@ -178,8 +246,16 @@ def test_compare_history_with_too_few_runs_in_the_level_is_inconclusive_not_a_fa
 
     values = history_values(5, 3)
     write_history(tmp_path / "h.sqlite", values)
-    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"),
-                                    str(_current_run(tmp_path, float(np.median(values)) * 1.5))])
+    out = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--history",
+            "--store",
+            str(tmp_path / "h.sqlite"),
+            str(_current_run(tmp_path, float(np.median(values)) * 1.5)),
+        ],
+    )
     assert out.exit_code == 0 and "inconclusive" in out.output, out.output
 
 
@@ -192,13 +268,16 @@ def _current_pair(tmp_path, fused: float, loop: float) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fused,loop,verdict", [
-    (1.30, 1.30, "inconclusive"),  # both variants 30% slower: the machine moved, not the code
-    (1.30, 1.03, "regressed"),  # the baseline variant stayed: the optimized one regressed
-    (1.50, 1.30, "regressed"),  # the ratio got 15% worse, beyond half the machine's 30% (log terms)
-    (1.25, 1.20, "inconclusive"),  # the ratio 4% worse: within the machine's move
-    (0.70, 0.70, "inconclusive"),  # both faster: no improvement is claimed either
-])
+@pytest.mark.parametrize(
+    "fused,loop,verdict",
+    [
+        (1.30, 1.30, "inconclusive"),  # both variants 30% slower: the machine moved, not the code
+        (1.30, 1.03, "regressed"),  # the baseline variant stayed: the optimized one regressed
+        (1.50, 1.30, "regressed"),  # the ratio got 15% worse, beyond half the machine's 30% (log terms)
+        (1.25, 1.20, "inconclusive"),  # the ratio 4% worse: within the machine's move
+        (0.70, 0.70, "inconclusive"),  # both faster: no improvement is claimed either
+    ],
+)
 def test_compare_history_judges_by_the_ratio_when_the_baseline_variant_moved_too(tmp_path, fused, loop, verdict):
     """As the pairwise gate does: a run on a machine that slowed both variants is not a regression
     of the optimized one (on this VM unchanged code's A/A runs moved +35% to +80% beside their history)."""
@@ -209,8 +288,9 @@ def test_compare_history_judges_by_the_ratio_when_the_baseline_variant_moved_too
     fused_history, loop_history = history_values(5, 12), history_values(6, 12) * 2.0
     write_history(tmp_path / "h.sqlite", fused_history, loop=loop_history)
     current = _current_pair(tmp_path, float(np.median(fused_history)) * fused, float(np.median(loop_history)) * loop)
-    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"), "--json",
-                                    str(current)])
+    out = CliRunner().invoke(
+        main, ["compare", "--history", "--store", str(tmp_path / "h.sqlite"), "--json", str(current)]
+    )
     (case,) = json.loads(out.output)["cases"]
     assert case["verdict"] == verdict, case
     assert out.exit_code == (1 if verdict == "regressed" else 0)
@@ -221,8 +301,10 @@ def test_compare_history_judges_by_the_ratio_when_the_baseline_variant_moved_too
 def _gate_rows(i: int, fused: float, loop: float) -> list:
     import dataclasses
 
-    return [dataclasses.replace(_row(i, name, value, gate="bytes_reserved"), gate_value=value)
-            for name, value in (("fused", fused), ("loop", loop))]
+    return [
+        dataclasses.replace(_row(i, name, value, gate="bytes_reserved"), gate_value=value)
+        for name, value in (("fused", fused), ("loop", loop))
+    ]
 
 
 @pytest.mark.parametrize("fused,verdict", [(2000.0, "regressed"), (0.0, "improved")])
@@ -239,6 +321,7 @@ def test_a_count_is_judged_as_it_is_even_when_the_baseline_variant_moved_with_it
 
 
 # -- histories grown one run at a time (issue 34.4) ------------------------------------------------
+
 
 def noisy_values(seed: int, runs: int, noise: float = 0.05) -> np.ndarray:
     """:func:`history_values` times a heavy-tailed machine factor per run (Student's t with 3
@@ -360,7 +443,9 @@ def test_a_run_whose_time_rests_on_too_few_samples_is_inconclusive_in_the_histor
         store.add([_row(i, "fused", 1.0 + 0.001 * (i % 3)) for i in range(10)])
         (one,) = judge.judge_run(store, [dataclasses.replace(_row(99, "fused", 1.5), n=1)], 0.05)
         (many,) = judge.judge_run(store, [_row(99, "fused", 1.5)], 0.05)
-    assert one.verdict == "inconclusive" and one.reason == "the run's figure rests on too few samples (n=1; a CI needs 5)"
+    assert (
+        one.verdict == "inconclusive" and one.reason == "the run's figure rests on too few samples (n=1; a CI needs 5)"
+    )
     assert many.verdict == "regressed"
 
 

@@ -1,17 +1,18 @@
 """Variants that run on a device only to be checked (a Triton kernel in Triton's interpreter on a
 CPU): checked like any other, so a wrong one fails the case; never timed, so none of their figures
 is compared with anything (no samples, no speedup, no role); the record says why."""
+
 from __future__ import annotations
 
 import torch
+from planted import QUICK, _NoTelemetry
 
 from gpubench import techniques
-from gpubench.run import runner
-from gpubench.measure import timing
 from gpubench.contract import CheckResult, Technique, Workload, relative_l2_check
-from gpubench.run.scenario import Case
 from gpubench.lib.triton_support import INTERPRETER, INTERPRETER_NOTE
-from planted import QUICK, _NoTelemetry
+from gpubench.measure import timing
+from gpubench.run import runner
+from gpubench.run.scenario import Case
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -27,8 +28,13 @@ def toy(kernel_output: float) -> Technique:
     t.variant("eager", role="baseline")(lambda w: w.x * 2)
     t.variant("kernel", role="optimized", checked_only=interpreted_on_cpu)(lambda w: w.x * kernel_output)
     t.variant("loop", role="optimized")(lambda w: w.x * 2)
-    t.check(lambda ref, out: relative_l2_check(ref, out) if isinstance(out, torch.Tensor) else
-            CheckResult(False, None, None, "type", "not a tensor"))
+    t.check(
+        lambda ref, out: (
+            relative_l2_check(ref, out)
+            if isinstance(out, torch.Tensor)
+            else CheckResult(False, None, None, "type", "not a tensor")
+        )
+    )
     return t
 
 
@@ -54,7 +60,11 @@ def test_a_checked_only_variant_is_checked_and_never_timed_and_says_so():
     assert kernel.status == "ok" and kernel.check is not None and kernel.check.passed
     assert kernel.samples_s == [] and kernel.stats is None and kernel.metrics == {}
     assert "kernel" not in record.speedups and "loop" in record.speedups
-    assert INTERPRETER in kernel.reason and kernel.timing is not None and kernel.timing.to_dict() == {"method": "none", "not_timed": INTERPRETER_NOTE}
+    assert (
+        INTERPRETER in kernel.reason
+        and kernel.timing is not None
+        and kernel.timing.to_dict() == {"method": "none", "not_timed": INTERPRETER_NOTE}
+    )
     assert record.variants["loop"].samples_s  # the variant playing optimized is timed as ever
 
 
@@ -80,8 +90,9 @@ def _start_probe(**env_changes: str | None):
     import sys
 
     env = {k: v for k, v in {**os.environ, **env_changes}.items() if v is not None}
-    return subprocess.Popen([sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _words(probe) -> list[str]:

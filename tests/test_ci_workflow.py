@@ -1,5 +1,6 @@
 """The GPU regression workflow: a self-hosted GPU runner must never run a fork's pull request, and a
 first run on a GPU with no stored baseline says how to store one instead of failing on a missing file."""
+
 import json
 import re
 import sys
@@ -37,9 +38,19 @@ def test_a_missing_baseline_is_a_warning_with_instructions_and_the_gate_is_skipp
     code = re.search(r"python -c '([^']+)'", look["run"]).group(1)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "results.json").write_text(json.dumps({
-        "kind": "gpubench.results", "schema_version": 2, "status": "complete", "device_label": "NVIDIA H200",
-        "scenario": {"name": "gpu-quick"}, "cases": [], "summary": {"passed": 0, "failed": 0}}))
+    (run_dir / "results.json").write_text(
+        json.dumps(
+            {
+                "kind": "gpubench.results",
+                "schema_version": 2,
+                "status": "complete",
+                "device_label": "NVIDIA H200",
+                "scenario": {"name": "gpu-quick"},
+                "cases": [],
+                "summary": {"passed": 0, "failed": 0},
+            }
+        )
+    )
     monkeypatch.setattr(sys, "argv", ["-c", str(tmp_path / "store"), str(run_dir)])
     exec(compile(code, "<workflow step 'stored'>", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out.strip() == str(tmp_path / "store" / "NVIDIA-H200" / "gpu-quick.json")
@@ -47,8 +58,10 @@ def test_a_missing_baseline_is_a_warning_with_instructions_and_the_gate_is_skipp
 
 # -- the commands the job runs parse with gpubench's CLI ------------------------------------------
 
-SHIM = ("#!{python}\nimport json, os, sys\n"
-        "with open(os.environ['ARGV_LOG'], 'a') as log:\n    log.write(json.dumps(sys.argv[1:]) + '\\n')\n")
+SHIM = (
+    "#!{python}\nimport json, os, sys\n"
+    "with open(os.environ['ARGV_LOG'], 'a') as log:\n    log.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+)
 
 
 def parse_only(argv: list[str]):
@@ -78,10 +91,21 @@ def run_step(step: dict, workspace: Path, expressions: dict[str, str], env: dict
     script = re.sub(r"\$\{\{\s*(.*?)\s*\}\}", expression, step["run"])
     log = workspace / "argv.log"
     log.unlink(missing_ok=True)
-    proc = subprocess.run(["bash", "-e", "-c", script], cwd=workspace, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(workspace), "ARGV_LOG": str(log),
-                               "GITHUB_OUTPUT": str(workspace / "out"), "GITHUB_STEP_SUMMARY": str(workspace / "sum"),
-                               **env})
+    proc = subprocess.run(
+        ["bash", "-e", "-c", script],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(workspace),
+            "ARGV_LOG": str(log),
+            "GITHUB_OUTPUT": str(workspace / "out"),
+            "GITHUB_STEP_SUMMARY": str(workspace / "sum"),
+            **env,
+        },
+    )
     assert proc.returncode == 0, (step["name"], proc.stderr)
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
@@ -93,9 +117,20 @@ def workspace(tmp_path):
     import subprocess
 
     def git(*args):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
-                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t",
-                            "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+        subprocess.run(
+            ["git", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "GIT_AUTHOR_NAME": "t",
+                "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@t",
+            },
+        )
 
     git("init", "-q", "-b", "main")
     for i in range(3):
@@ -114,19 +149,33 @@ def workspace(tmp_path):
     (bin_dir / "python").chmod(0o755)
     run_dir = tmp_path / "runs" / "20261205-000000-gpu-quick"
     run_dir.mkdir(parents=True)
-    (run_dir / "results.json").write_text(json.dumps({  # read by the step that looks for a stored baseline
-        "kind": "gpubench.results", "schema_version": 2, "status": "complete", "device_label": "NVIDIA H200",
-        "scenario": {"name": "gpu-quick"}, "cases": [], "summary": {"passed": 0, "failed": 0}}))
+    (run_dir / "results.json").write_text(
+        json.dumps(
+            {  # read by the step that looks for a stored baseline
+                "kind": "gpubench.results",
+                "schema_version": 2,
+                "status": "complete",
+                "device_label": "NVIDIA H200",
+                "scenario": {"name": "gpu-quick"},
+                "cases": [],
+                "summary": {"passed": 0, "failed": 0},
+            }
+        )
+    )
     return tmp_path
 
 
-EXPRESSIONS = {"steps.run.outputs.dir": "runs/20261205-000000-gpu-quick", "steps.run.outputs.exit": "0",
-               "github.event.repository.default_branch": "main"}
+EXPRESSIONS = {
+    "steps.run.outputs.dir": "runs/20261205-000000-gpu-quick",
+    "steps.run.outputs.exit": "0",
+    "github.event.repository.default_branch": "main",
+}
 
 
 @pytest.mark.parametrize("event,base", [("pull_request", "main"), ("push", "")])
 def test_every_gpubench_command_of_the_job_parses_and_the_history_gate_reads_main_since_the_release(
-        workspace, event, base):
+    workspace, event, base
+):
     """Each step that runs gpubench, run by bash as the runner would (a pull request, whose base is
     GITHUB_BASE_REF, and a push to main): every command it runs parses with gpubench's CLI, and
     compare --history judges the run against main since the last v* tag reachable from main."""

@@ -4,57 +4,95 @@ a case that did not measure what the claim did is never given a verdict, device-
 claims get one on a CPU, every report and summary.md carry the table (after the summary, the claims
 of techniques the run left out folded into one line), every built-in technique declares a claim,
 and a technique without claims still works."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 from markupsafe import escape
+from test_report import make_run
 
 from gpubench import techniques
-from gpubench.records.claims import Claim, read_case, verdict
 from gpubench.contract import Claim as ContractClaim
 from gpubench.contract import Technique
+from gpubench.records.claims import Claim, read_case, verdict
 from gpubench.reports import html
 from gpubench.reports.claims import TITLE, claim_rows, not_in_run_line
 
-from test_report import make_run
-
 H100 = {"key": "cuda:0", "type": "cuda", "index": 0, "label": "NVIDIA H100 80GB HBM3"}
 CPU = {"key": "cpu", "type": "cpu", "index": None, "label": "CPU: AMD EPYC (2 logical cores)"}
-STEP = Claim("Lab (2026)", "https://example.org/paper", text="+14.3% per step", figure=(1.143, 1.143),
-             when={"layers": (">=", 4)}, device_reason="the win is host syncs")
+STEP = Claim(
+    "Lab (2026)",
+    "https://example.org/paper",
+    text="+14.3% per step",
+    figure=(1.143, 1.143),
+    when={"layers": (">=", 4)},
+    device_reason="the win is host syncs",
+)
 
 
-def speedup_case(ratio: float, low: float, high: float, device: dict = H100, layers: int = 12,
-                 status: str = "passed", technique: str = "packed_metadata") -> dict:
+def speedup_case(
+    ratio: float,
+    low: float,
+    high: float,
+    device: dict = H100,
+    layers: int = 12,
+    status: str = "passed",
+    technique: str = "packed_metadata",
+) -> dict:
     """A timed case: baseline and optimized variants and the optimized speedup with its CI."""
     stats = {"median": 0.01, "ci_low": 0.0099, "ci_high": 0.0101, "n": 10}
-    return {"id": f"{technique}[layers={layers}]", "technique": technique, "status": status,
-            "params": {"layers": layers, "model": "100m"}, "device": device, "seed": 0, "source": "",
-            "variants": {"per_layer": {"role": "baseline", "status": "ok", "stats": stats, "samples_s": [0.01] * 10,
-                                       "metrics": {}},
-                         "cached": {"role": "optimized", "status": "ok", "stats": stats, "samples_s": [0.01] * 10,
-                                    "metrics": {"tflops": 500.0}}},
-            "speedups": {"cached": {"ratio": ratio, "ci_low": low, "ci_high": high}}}
+    return {
+        "id": f"{technique}[layers={layers}]",
+        "technique": technique,
+        "status": status,
+        "params": {"layers": layers, "model": "100m"},
+        "device": device,
+        "seed": 0,
+        "source": "",
+        "variants": {
+            "per_layer": {"role": "baseline", "status": "ok", "stats": stats, "samples_s": [0.01] * 10, "metrics": {}},
+            "cached": {
+                "role": "optimized",
+                "status": "ok",
+                "stats": stats,
+                "samples_s": [0.01] * 10,
+                "metrics": {"tflops": 500.0},
+            },
+        },
+        "speedups": {"cached": {"ratio": ratio, "ci_low": low, "ci_high": high}},
+    }
 
 
 def utilization_case(base: float, paged: float, device: dict = CPU, max_len: int = 1024) -> dict:
-    return {"id": f"kv_cache[max_len={max_len}]", "technique": "kv_cache", "status": "passed", "device": device,
-            "params": {"block_size": 16, "max_len": max_len}, "seed": 0, "source": "",
-            "variants": {"contiguous": {"role": "baseline", "status": "ok", "metrics": {"utilization": base}},
-                         "paged": {"role": "optimized", "status": "ok", "metrics": {"utilization": paged}}},
-            "speedups": {}}
+    return {
+        "id": f"kv_cache[max_len={max_len}]",
+        "technique": "kv_cache",
+        "status": "passed",
+        "device": device,
+        "params": {"block_size": 16, "max_len": max_len},
+        "seed": 0,
+        "source": "",
+        "variants": {
+            "contiguous": {"role": "baseline", "status": "ok", "metrics": {"utilization": base}},
+            "paged": {"role": "optimized", "status": "ok", "metrics": {"utilization": paged}},
+        },
+        "speedups": {},
+    }
 
 
 # -- the verdict rule --------------------------------------------------------------------------
-@pytest.mark.parametrize("ratio, low, high, expected", [
-    (1.15, 1.12, 1.18, "holds"),          # the median within 1.143 +- 5%
-    (1.00, 0.97, 1.03, "falls short"),    # the CI's upper end below the band
-    (1.50, 1.40, 1.60, "exceeds"),        # the CI's lower end above the band
-    (1.00, 0.60, 1.90, "inconclusive"),   # a CI wider than the band on both sides supports nothing
-    (1.05, 1.00, 1.10, "inconclusive"),   # the CI reaches the band, the median does not
-])
+@pytest.mark.parametrize(
+    "ratio, low, high, expected",
+    [
+        (1.15, 1.12, 1.18, "holds"),  # the median within 1.143 +- 5%
+        (1.00, 0.97, 1.03, "falls short"),  # the CI's upper end below the band
+        (1.50, 1.40, 1.60, "exceeds"),  # the CI's lower end above the band
+        (1.00, 0.60, 1.90, "inconclusive"),  # a CI wider than the band on both sides supports nothing
+        (1.05, 1.00, 1.10, "inconclusive"),  # the CI reaches the band, the median does not
+    ],
+)
 def test_each_verdict_follows_from_the_ci_and_the_claimed_band(ratio, low, high, expected):
     reading = read_case(STEP, speedup_case(ratio, low, high))
     assert reading.verdict == expected, reading
@@ -102,8 +140,13 @@ def test_a_throughput_metric_carries_the_timing_ci_and_a_predicted_figure_comes_
 
 
 def test_a_malformed_claim_is_refused_when_declared():
-    for bad in ({"unit": "furlongs"}, {"bound": "around"}, {"figure": (4.0, 2.0)},
-                {"figure_metric": "x"}, {"when": {"n": ("~", 1)}}):
+    for bad in (
+        {"unit": "furlongs"},
+        {"bound": "around"},
+        {"figure": (4.0, 2.0)},
+        {"figure_metric": "x"},
+        {"when": {"n": ("~", 1)}},
+    ):
         with pytest.raises(ValueError):
             Claim("Lab", "u", **{"text": "t", "figure": (1.0, 1.0), **bad})
 
@@ -129,7 +172,9 @@ def test_a_technique_without_claims_still_works_and_claim_is_part_of_the_contrac
     plain.build(lambda p, d, s: None)
     techniques.register(plain, "tests")
     try:
-        rows = claim_rows({"cases": [dict(speedup_case(1.2, 1.1, 1.3), technique="no_claims", id="no_claims[]")]}, techniques)
+        rows = claim_rows(
+            {"cases": [dict(speedup_case(1.2, 1.1, 1.3), technique="no_claims", id="no_claims[]")]}, techniques
+        )
     finally:
         techniques.unregister("no_claims")
     assert all(r["technique"] != "no_claims" for r in rows)
@@ -137,11 +182,21 @@ def test_a_technique_without_claims_still_works_and_claim_is_part_of_the_contrac
 
 # -- the table in the report -------------------------------------------------------------------
 def results_doc(cases: list[dict]) -> dict:
-    return {"kind": "gpubench.results", "schema_version": 2, "run_id": "claims-test", "status": "complete",
-            "device": "cuda:0", "device_label": "NVIDIA H100 80GB HBM3", "scenario": {"name": "claims-test"},
-            "started_at": "2026-12-04T10:00:00+00:00", "finished_at": "2026-12-04T10:01:00+00:00",
-            "cases": cases, "summary": {"cases": len(cases), "passed": len(cases), "failed": 0},
-            "telemetry": {"status": "unavailable", "reason": "hand-made"}, "env": {}}
+    return {
+        "kind": "gpubench.results",
+        "schema_version": 2,
+        "run_id": "claims-test",
+        "status": "complete",
+        "device": "cuda:0",
+        "device_label": "NVIDIA H100 80GB HBM3",
+        "scenario": {"name": "claims-test"},
+        "started_at": "2026-12-04T10:00:00+00:00",
+        "finished_at": "2026-12-04T10:01:00+00:00",
+        "cases": cases,
+        "summary": {"cases": len(cases), "passed": len(cases), "failed": 0},
+        "telemetry": {"status": "unavailable", "reason": "hand-made"},
+        "env": {},
+    }
 
 
 def test_every_report_and_summary_md_carry_the_claims_table(tmp_path):
@@ -241,8 +296,9 @@ def test_a_figure_carried_from_a_time_of_too_few_samples_is_unverified():
 def test_a_per_call_figure_recorded_by_one_timed_call_verifies_no_claim():
     """Review of issue 34: a figure each call records, read from one call, was taken as exact (a CI
     of no width) and judged; one call cannot say whether it varies, so the claim is unverified."""
-    waste = Claim("Lab", "u", text="t", figure=(0.204, 0.382), unit="fraction", reads="kv_utilization",
-                  variant="optimized")
+    waste = Claim(
+        "Lab", "u", text="t", figure=(0.204, 0.382), unit="fraction", reads="kv_utilization", variant="optimized"
+    )
     case = speedup_case(1.0, 1.0, 1.0)
     case["variants"]["cached"]["metrics"]["kv_utilization"] = 0.30
     case["variants"]["cached"]["recorded"] = [{"kv_utilization": 0.30}]

@@ -5,6 +5,7 @@ comparable figure is read (a speedup with or without a CI, a metric exact, per c
 complemented with its CI's ends swapped); every reason a case is not comparable; and how the
 report's row folds several cases (one verdict, mixed, cases left out, a predicted figure).
 The list of verdict branches is read from the source: a new branch without a row here fails."""
+
 from __future__ import annotations
 
 import ast
@@ -12,14 +13,12 @@ import inspect
 import textwrap
 
 import pytest
+from test_claims import CPU, STEP, speedup_case, utilization_case
 
 from gpubench import techniques
-from gpubench.records import claims
-from gpubench.records import stats
+from gpubench.records import claims, stats
 from gpubench.records.claims import Claim, Reading, read_case, verdict
 from gpubench.reports import claims as report_claims
-
-from test_claims import CPU, STEP, speedup_case, utilization_case
 
 BAND = (1.0, 2.0)  # widened by 10%: 0.9 to 2.2
 TOL = 0.1
@@ -65,8 +64,11 @@ def test_each_verdict_branch_at_the_edges_of_the_widened_band(args, expected):
 
 def _returned_pairs(fn) -> set[tuple[str, str]]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    return {(node.value.elts[0].value, node.value.elts[1].value) for node in ast.walk(tree)
-            if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple)}
+    return {
+        (node.value.elts[0].value, node.value.elts[1].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple)
+    }
 
 
 def test_every_verdict_the_rule_can_return_is_tested_above():
@@ -81,7 +83,9 @@ def test_every_verdict_the_rule_can_return_is_tested_above():
 
 def test_a_zero_tolerance_judges_against_the_band_itself():
     assert verdict(1.0, 1.0, 1.0, (1.0, 1.0), "value", 0.0) == ("holds", "the median is within the claim")
-    assert verdict(0.99, 1.0, 1.01, (1.0, 1.0), "value", 0.0)[1] == "the CI is wider than the claim's band on both sides"
+    assert (
+        verdict(0.99, 1.0, 1.01, (1.0, 1.0), "value", 0.0)[1] == "the CI is wider than the claim's band on both sides"
+    )
     assert verdict(1.0, 1.001, 1.01, (1.0, 1.0), "value", 0.0)[0] == "inconclusive"
     assert verdict(0.03, 0.04, 0.04, (0.04, 0.04), "at_most", 0.0)[0] == "holds"
     assert verdict(0.03, 0.04, 0.0401, (0.04, 0.04), "at_most", 0.0)[0] == "inconclusive"
@@ -113,8 +117,17 @@ def test_a_complemented_figure_swaps_its_ci_ends():
 
 
 def test_a_complemented_figure_carried_from_the_timing_ci_swaps_its_ends_too():
-    fraction = Claim("Lab", "u", text="t", figure=(0.4, 0.4), unit="fraction", reads="tflops", per_time=True,
-                     complement=True, tolerance=0.0)
+    fraction = Claim(
+        "Lab",
+        "u",
+        text="t",
+        figure=(0.4, 0.4),
+        unit="fraction",
+        reads="tflops",
+        per_time=True,
+        complement=True,
+        tolerance=0.0,
+    )
     reading = read_case(fraction, speedup_case(1.0, 1.0, 1.0))  # 500 "tflops" at 10 ms, time CI 9.9-10.1 ms
     assert reading.low == pytest.approx(1 - 500 * 0.01 / 0.0099)
     assert reading.high == pytest.approx(1 - 500 * 0.01 / 0.0101) and reading.low < reading.value < reading.high
@@ -123,8 +136,10 @@ def test_a_complemented_figure_carried_from_the_timing_ci_swaps_its_ends_too():
 def test_each_way_of_reading_the_figure():
     # a speedup with its bootstrap CI; without one, unverified (never judged as exact: issue 34); none
     # recorded: not comparable
-    assert (read_case(STEP, speedup_case(1.15, 1.1, 1.2)).low, read_case(STEP, speedup_case(1.15, 1.1, 1.2)).high) \
-        == (1.1, 1.2)
+    assert (read_case(STEP, speedup_case(1.15, 1.1, 1.2)).low, read_case(STEP, speedup_case(1.15, 1.1, 1.2)).high) == (
+        1.1,
+        1.2,
+    )
     no_ci = speedup_case(1.15, 1.1, 1.2)
     no_ci["speedups"]["cached"] = {"ratio": 1.15}
     unjudged = read_case(STEP, no_ci)
@@ -143,8 +158,11 @@ def test_each_way_of_reading_the_figure():
     assert spread.low < 500.0 < spread.high and spread.value == 500.0  # the metric, its CI from the calls
     one_call = speedup_case(1.0, 1.0, 1.0)
     one_call["variants"]["cached"]["recorded"] = [{"tflops": 400.0}]  # one call is no CI, and no verdict
-    assert (read_case(metric, one_call).low, read_case(metric, one_call).high, read_case(metric, one_call).verdict) \
-        == (None, None, "unverified")
+    assert (read_case(metric, one_call).low, read_case(metric, one_call).high, read_case(metric, one_call).verdict) == (
+        None,
+        None,
+        "unverified",
+    )
     missing = Claim("Lab", "u", text="t", figure=(1.0, 1.0), reads="nothing", device_type="")
     assert read_case(missing, speedup_case(1.0, 1.0, 1.0)).reason == "optimized recorded no nothing"
     baseline = Claim("Lab", "u", text="t", figure=(1.0, 1.0), reads="tflops", variant="baseline", device_type="")
@@ -161,25 +179,33 @@ def test_every_reason_a_case_is_not_comparable():
     unknown = dict(speedup_case(1.15, 1.1, 1.2), device={})
     assert read_case(STEP, unknown).reason == "measured on an unknown device: the win is host syncs"
     assert read_case(STEP, unknown, run_device="cuda:0").verdict == "holds"  # the run's device names it
-    mps = read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0)), dict(speedup_case(1.0, 1.0, 1.0), device={"type": "mps"}))
+    mps = read_case(
+        Claim("Lab", "u", text="t", figure=(1.0, 1.0)), dict(speedup_case(1.0, 1.0, 1.0), device={"type": "mps"})
+    )
     assert mps.reason == "measured on mps"  # no device_reason: the kind alone
     any_device = Claim("Lab", "u", text="t", figure=(1.0, 1.0), device_type="")
     assert read_case(any_device, speedup_case(1.0, 1.0, 1.0, device=CPU)).verdict == "holds"
     case = speedup_case(1.0, 1.0, 1.0, layers=12)
     for op, ok, bad in ((">=", 12, 13), ("<=", 12, 11), ("==", 12, 11), ("!=", 11, 12), ("in", (12, 16), (11,))):
         assert read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"layers": (op, ok)}), case).comparable, op
-        assert not read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"layers": (op, bad)}), case).comparable
-    shown = read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"layers": ("in", (4, 8))}),
-                      speedup_case(1.0, 1.0, 1.0))
+        assert not read_case(
+            Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"layers": (op, bad)}), case
+        ).comparable
+    shown = read_case(
+        Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"layers": ("in", (4, 8))}), speedup_case(1.0, 1.0, 1.0)
+    )
     assert shown.reason == "other sizes: layers=12 (the claim: layers 4 or 8)"
-    typed = read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"model": (">=", 3)}),
-                      speedup_case(1.0, 1.0, 1.0))  # a str against an int: not comparable, not a TypeError
+    typed = read_case(
+        Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"model": (">=", 3)}), speedup_case(1.0, 1.0, 1.0)
+    )  # a str against an int: not comparable, not a TypeError
     assert typed.reason == "other model: model='100m' (the claim: model >= 3)"
-    absent = read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"rows": (">=", 1, "why")}),
-                       speedup_case(1.0, 1.0, 1.0))
+    absent = read_case(
+        Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"rows": (">=", 1, "why")}), speedup_case(1.0, 1.0, 1.0)
+    )
     assert absent.reason == "other sizes: rows=None (why)"
-    unset = read_case(Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"rows": ("!=", 0)}),
-                      speedup_case(1.0, 1.0, 1.0))  # a param the case lacks is never "!= 0"
+    unset = read_case(
+        Claim("Lab", "u", text="t", figure=(1.0, 1.0), when={"rows": ("!=", 0)}), speedup_case(1.0, 1.0, 1.0)
+    )  # a param the case lacks is never "!= 0"
     assert unset.reason == "other sizes: rows=None (the claim: rows != 0)"
 
 
@@ -193,15 +219,34 @@ def test_a_row_folds_its_cases_one_verdict_mixed_left_out_and_predicted():
     one = _row(band, [Reading("a", "holds", "the median is within the claim", 1.02, 1.0, 1.04, (1.0, 1.0))])
     assert (one["verdict"], one["measured"], one["cases"]) == ("holds", "1.02x [1x, 1.04x]", 1)
     assert one["reason"] == "the median is within the claim. Still differs: a small model"
-    two = _row(band, [Reading("a", "holds", "the median is within the claim", 1.03, 1.0, 1.04),
-                      Reading("b", "holds", "the median is within the claim", 0.98, 0.98, 0.98)])
+    two = _row(
+        band,
+        [
+            Reading("a", "holds", "the median is within the claim", 1.03, 1.0, 1.04),
+            Reading("b", "holds", "the median is within the claim", 0.98, 0.98, 0.98),
+        ],
+    )
     assert two["measured"] == "0.98x (no CI) to 1.03x [1x, 1.04x] over 2 cases" and two["verdict"] == "holds"
-    mixed = _row(band, [Reading("a", "holds", "x", 1.0), Reading("b", "falls short", "y", 0.5),
-                        Reading("c", "falls short", "y", 0.6), Reading("d", "not comparable", "measured on a CPU")])
+    mixed = _row(
+        band,
+        [
+            Reading("a", "holds", "x", 1.0),
+            Reading("b", "falls short", "y", 0.5),
+            Reading("c", "falls short", "y", 0.6),
+            Reading("d", "not comparable", "measured on a CPU"),
+        ],
+    )
     assert mixed["verdict"] == "mixed" and mixed["cases"] == 3
-    assert mixed["reason"].startswith("falls short in 2, holds in 1 of 3 cases; 1 case not comparable (measured on a CPU)")
-    none = _row(band, [Reading("a", "not comparable", "other sizes: n=1 (why)"),
-                       Reading("b", "not comparable", "other sizes: n=2 (why)")])
+    assert mixed["reason"].startswith(
+        "falls short in 2, holds in 1 of 3 cases; 1 case not comparable (measured on a CPU)"
+    )
+    none = _row(
+        band,
+        [
+            Reading("a", "not comparable", "other sizes: n=1 (why)"),
+            Reading("b", "not comparable", "other sizes: n=2 (why)"),
+        ],
+    )
     assert (none["verdict"], none["reason"], none["measured"]) == ("not comparable", "other sizes: n=1, n=2 (why)", "-")
     assert _row(band, None)["reason"] == report_claims.NOT_IN_RUN
     waste = _row(WASTE, [Reading("a", "holds", "r", 0.02, 0.02, 0.02)])
@@ -232,7 +277,6 @@ def test_a_ci_that_is_one_point_at_the_widened_edge_is_inside(bound):
     assert verdict(edge, edge, edge, BAND, bound, TOL)[0] == "holds"
 
 
-
 def test_a_why_names_the_cases_that_did_not_pass_and_how_many_of_all():
     """9 of 10 cases passed: the why says "1 of 10 cases failed: #4 (...)" beside the verdict of
     the nine, never "the case failed" as if the claim's only case had; with none comparable, the
@@ -240,14 +284,24 @@ def test_a_why_names_the_cases_that_did_not_pass_and_how_many_of_all():
     band = Claim("Lab", "u", text="t", figure=(1.0, 1.0))
     failed = {"d": ("failed", "#4 (layers=7)"), "e": ("interrupted", "#5 (layers=8)")}
     nine = [Reading(k, "holds", "the median is within the claim", 1.0, 1.0, 1.0) for k in "abcfghij"]
-    row = report_claims._row("t", band, nine + [Reading("d", "not comparable", "the case failed"),
-                                                Reading("e", "not comparable", "the case interrupted")], failed)
+    row = report_claims._row(
+        "t",
+        band,
+        nine
+        + [Reading("d", "not comparable", "the case failed"), Reading("e", "not comparable", "the case interrupted")],
+        failed,
+    )
     assert row["verdict"] == "holds" and row["cases"] == 8
-    assert row["reason"] == ("the median is within the claim; 1 of 10 cases failed: #4 (layers=7); "
-                             "1 of 10 cases interrupted: #5 (layers=8)")
+    assert row["reason"] == (
+        "the median is within the claim; 1 of 10 cases failed: #4 (layers=7); 1 of 10 cases interrupted: #5 (layers=8)"
+    )
     assert "the case failed" not in row["reason"] and "not comparable" not in row["reason"]
-    none = report_claims._row("t", band, [Reading("d", "not comparable", "the case failed"),
-                                          Reading("x", "not comparable", "other sizes: n=1 (why)")], failed)
+    none = report_claims._row(
+        "t",
+        band,
+        [Reading("d", "not comparable", "the case failed"), Reading("x", "not comparable", "other sizes: n=1 (why)")],
+        failed,
+    )
     assert none["reason"] == "1 of 2 cases failed: #4 (layers=7); other sizes: n=1 (why)"
     one = report_claims._row("t", band, [Reading("d", "not comparable", "the case failed")], failed)
     assert one["reason"] == "its case failed: #4 (layers=7)"
@@ -256,14 +310,23 @@ def test_a_why_names_the_cases_that_did_not_pass_and_how_many_of_all():
 def test_the_claims_table_counts_failed_cases_of_a_real_record():
     """Through claim_rows: the run's own cases, numbered as in the summary table, by the params
     that tell them apart; more than five named are counted."""
-    cases = [speedup_case(1.15, 1.12, 1.18, layers=n, status="failed" if n in (6, 10) else "passed")
-             for n in range(4, 14)]
-    rows = report_claims.claim_rows({"cases": cases, "device": "cuda:0",
-                                     "scenario": {"entries": [{"technique": "packed_metadata",
-                                                               "params": {"layers": [], "model": "100m"}}]}}, techniques)
-    whys = [r["reason"] for r in rows if r["technique"] == "packed_metadata" and r["reason"] != report_claims.NOT_IN_RUN]
+    cases = [
+        speedup_case(1.15, 1.12, 1.18, layers=n, status="failed" if n in (6, 10) else "passed") for n in range(4, 14)
+    ]
+    rows = report_claims.claim_rows(
+        {
+            "cases": cases,
+            "device": "cuda:0",
+            "scenario": {"entries": [{"technique": "packed_metadata", "params": {"layers": [], "model": "100m"}}]},
+        },
+        techniques,
+    )
+    whys = [
+        r["reason"] for r in rows if r["technique"] == "packed_metadata" and r["reason"] != report_claims.NOT_IN_RUN
+    ]
     assert whys and all("2 of 10 cases failed: #3 (layers=6), #7 (layers=10)" in why for why in whys), whys
     assert not any("the case failed" in why for why in whys)
-    many = report_claims._did_not_pass([Reading(str(k), "not comparable") for k in range(7)],
-                                       {str(k): ("failed", f"#{k}") for k in range(7)})[0]
+    many = report_claims._did_not_pass(
+        [Reading(str(k), "not comparable") for k in range(7)], {str(k): ("failed", f"#{k}") for k in range(7)}
+    )[0]
     assert many == "7 of 7 cases failed: #0, #1, #2, #3, #4 and 2 more"

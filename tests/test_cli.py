@@ -1,4 +1,5 @@
 """The command line: exit codes (0 pass, 1 failure, 2 bad input) and one-paragraph errors."""
+
 import json
 import os
 import subprocess
@@ -9,8 +10,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench.records.results import role_variant
 from gpubench.cli import main
+from gpubench.records.results import role_variant
 
 
 def invoke(*args, cwd=None):
@@ -40,8 +41,10 @@ def test_malformed_scenario_exits_2_with_file_line_and_key(write_scenario):
 
 
 def test_unknown_technique_in_only_exits_2():
-    assert_bad_input(invoke("run", "--scenario", "smoke", "--only", "warp_drive"),
-                     "--only: 'warp_drive' is not a registered technique; allowed: ")
+    assert_bad_input(
+        invoke("run", "--scenario", "smoke", "--only", "warp_drive"),
+        "--only: 'warp_drive' is not a registered technique; allowed: ",
+    )
 
 
 def test_missing_scenario_exits_2():
@@ -50,16 +53,21 @@ def test_missing_scenario_exits_2():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_cuda_asked_on_a_machine_without_it_exits_2():
-    assert_bad_input(invoke("run", "--scenario", "smoke", "--device", "cuda"),
-                     "device 'cuda' was asked for, but no CUDA GPU is usable here", "Allowed: all, auto, cpu, cuda, cuda:N")
+    assert_bad_input(
+        invoke("run", "--scenario", "smoke", "--device", "cuda"),
+        "device 'cuda' was asked for, but no CUDA GPU is usable here",
+        "Allowed: all, auto, cpu, cuda, cuda:N",
+    )
     assert_bad_input(invoke("run", "--scenario", "gpu-quick"), "gpu-quick.yaml: device")
 
 
 def test_unwritable_out_directory_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    assert_bad_input(invoke("run", "--scenario", "smoke", "--out", str(blocker / "runs")),
-                     f"--out {blocker / 'runs'}: cannot create the run directory there")
+    assert_bad_input(
+        invoke("run", "--scenario", "smoke", "--out", str(blocker / "runs")),
+        f"--out {blocker / 'runs'}: cannot create the run directory there",
+    )
 
 
 def test_bad_repeat_scale_exits_2():
@@ -70,13 +78,17 @@ def test_run_exit_codes_follow_case_outcomes(toys, write_scenario, tmp_path):
     # In this process (--isolation none): the exit code follows the outcomes whichever runs the
     # cases; worker processes have their own tests (test_supervisor.py, test_run_faults.py).
     ok = write_scenario("name: ok\nentries:\n  - technique: toy_kernel\n", name="ok.yaml")
-    result = invoke("run", "--scenario", str(ok), "--out", str(tmp_path / "runs"), "--no-calibrate",
-                    "--isolation", "none")
+    result = invoke(
+        "run", "--scenario", str(ok), "--out", str(tmp_path / "runs"), "--no-calibrate", "--isolation", "none"
+    )
     assert result.exit_code == 0, result.output
     assert "1 passed, 0 failed" in result.output and "run directory:" in result.output
-    bad = write_scenario("name: bad\nentries:\n  - technique: toy_kernel\n    params: {mode: [ok, optimized_wrong]}\n", name="bad.yaml")
-    result = invoke("run", "--scenario", str(bad), "--out", str(tmp_path / "runs"), "--no-calibrate",
-                    "--isolation", "none")
+    bad = write_scenario(
+        "name: bad\nentries:\n  - technique: toy_kernel\n    params: {mode: [ok, optimized_wrong]}\n", name="bad.yaml"
+    )
+    result = invoke(
+        "run", "--scenario", str(bad), "--out", str(tmp_path / "runs"), "--no-calibrate", "--isolation", "none"
+    )
     assert result.exit_code == 1, result.output
     assert "1 passed, 1 failed" in result.output and "check failed" in result.output
 
@@ -98,10 +110,14 @@ def test_smoke_scenario_runs_from_any_directory_with_the_installed_command(tmp_p
     # speed; the limit is ~50x its normal 10 s so a loaded machine cannot fail it.
     exe = Path(sys.executable).with_name("gpubench")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpubench.cli"]
-    proc = subprocess.run(cmd + ["run", "--scenario", "smoke", "--device", "cpu", "--only", "kv_cache",
-                                 "--repeat-scale", "0.2"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        cmd + ["run", "--scenario", "smoke", "--device", "cpu", "--only", "kv_cache", "--repeat-scale", "0.2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = next((tmp_path / "runs").iterdir())
     doc = json.loads((run_dir / "results.json").read_text())

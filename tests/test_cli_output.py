@@ -1,6 +1,7 @@
 """What the command line prints: a log-friendly summary, notices from inside a worker, a gate hint
 that leads to a command that works, exit codes a closed pipe cannot change, a dry run that builds
 nothing, and error messages the docs quote as the tool prints them."""
+
 import io
 import json
 import os
@@ -14,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench.cli import run as cli_run
-from gpubench.run import scenario as scenariomod
-from gpubench.records.results import duration_text
 from gpubench.cli import main
+from gpubench.cli import run as cli_run
+from gpubench.records.results import duration_text
 from gpubench.reports.gate import case_labels
 from gpubench.reports.terminal import case_params, print_summary
+from gpubench.run import scenario as scenariomod
 
 ROOT = Path(__file__).resolve().parents[1]
 BOX = set("│┃━─┏┓┗┛┡┩╇╋┼")
@@ -30,10 +31,12 @@ def _note_pair() -> str:
     speculative pair does before it trains its draft model: the notice must reach the user from a
     worker process."""
     text = (ROOT / "benchmarks" / "tiny_pair.py").read_text()
-    edits = {'Technique("tiny_pair"': 'Technique("note_pair"',
-             "\n    return Workload(": "\n    notice(f\"note_pair: building case {params['i']} "
-                                     "(a slow step, said out loud)\")\n    return Workload(",
-             "\nimport torch\n": "\nimport torch\n\nfrom gpubench.records.notices import notice\n"}
+    edits = {
+        'Technique("tiny_pair"': 'Technique("note_pair"',
+        "\n    return Workload(": "\n    notice(f\"note_pair: building case {params['i']} "
+        "(a slow step, said out loud)\")\n    return Workload(",
+        "\nimport torch\n": "\nimport torch\n\nfrom gpubench.records.notices import notice\n",
+    }
     for old, new in edits.items():
         assert text.count(old) == 1, f"benchmarks/tiny_pair.py changed: {old!r} is not there once"
         text = text.replace(old, new)
@@ -64,8 +67,9 @@ def note_pair_file(tmp_path_factory):
 def note_scenario(tmp_path, note_pair_file):
     def write(cases: int, name: str = "notes") -> Path:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(f"name: {name}\n{FAST}entries:\n  - technique: {note_pair_file}\n"
-                        f"    params: {{i: {list(range(cases))}}}\n")
+        path.write_text(
+            f"name: {name}\n{FAST}entries:\n  - technique: {note_pair_file}\n    params: {{i: {list(range(cases))}}}\n"
+        )
         return path
 
     return write
@@ -73,27 +77,46 @@ def note_scenario(tmp_path, note_pair_file):
 
 # -- the end-of-run summary -------------------------------------------------------------------------
 
+
 def _variant(role, name_median, check=None):
-    return {"role": role, "status": "ok", "stats": {"median": name_median},
-            "check": check or {"passed": True, "error": 0.0, "metric": "reference"}}
+    return {
+        "role": role,
+        "status": "ok",
+        "stats": {"median": name_median},
+        "check": check or {"passed": True, "error": 0.0, "metric": "reference"},
+    }
 
 
 def _results_doc(n_cases: int = 6) -> dict:
     cases = []
     for i in range(n_cases):
         failed = i == n_cases - 1
-        cases.append({
-            "id": f"pair[seq_len={128 * (i + 1)},heads=8,kv_heads=0]", "technique": "pair",
-            "params": {"seq_len": 128 * (i + 1), "heads": 8, "kv_heads": 0},
-            "status": "failed" if failed else "passed",
-            "failure": {"message": "optimized fast: check failed (max_abs 0.5 > tolerance 0.001)"} if failed else None,
-            "speedups": {"fast": {"ratio": 2.0 + i, "ci_low": 1.9 + i, "ci_high": 2.1 + i}},
-            "variants": {"slow": _variant("baseline", 1e-3 * (i + 1)),
-                         "fast": _variant("optimized", 5e-4, {"passed": not failed, "error": 0.5 if failed else 1e-7,
-                                                              "metric": "max_abs"})}})
-    return {"scenario": {"name": "sweep", "entries": [{"technique": "pair", "params": {"seq_len": [128]}}]},
-            "device": "cpu", "device_label": "CPU: test", "cases": cases, "status": "complete",
-            "summary": {"passed": n_cases - 1, "failed": 1}}
+        cases.append(
+            {
+                "id": f"pair[seq_len={128 * (i + 1)},heads=8,kv_heads=0]",
+                "technique": "pair",
+                "params": {"seq_len": 128 * (i + 1), "heads": 8, "kv_heads": 0},
+                "status": "failed" if failed else "passed",
+                "failure": {"message": "optimized fast: check failed (max_abs 0.5 > tolerance 0.001)"}
+                if failed
+                else None,
+                "speedups": {"fast": {"ratio": 2.0 + i, "ci_low": 1.9 + i, "ci_high": 2.1 + i}},
+                "variants": {
+                    "slow": _variant("baseline", 1e-3 * (i + 1)),
+                    "fast": _variant(
+                        "optimized", 5e-4, {"passed": not failed, "error": 0.5 if failed else 1e-7, "metric": "max_abs"}
+                    ),
+                },
+            }
+        )
+    return {
+        "scenario": {"name": "sweep", "entries": [{"technique": "pair", "params": {"seq_len": [128]}}]},
+        "device": "cpu",
+        "device_label": "CPU: test",
+        "cases": cases,
+        "status": "complete",
+        "summary": {"passed": n_cases - 1, "failed": 1},
+    }
 
 
 def _printed(doc, terminal: bool, width: int = 100) -> str:
@@ -129,13 +152,14 @@ def test_a_run_into_a_log_ends_with_one_summary_line_per_case(note_scenario, tmp
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("notes on "))  # the summary's title
-    summary = lines[start + 2:start + 5]
+    summary = lines[start + 2 : start + 5]
     assert [line.split()[:2] for line in summary] == [["note_pair", f"i={i}"] for i in range(3)]
     assert all(line.rstrip().endswith("passed") for line in summary)
     assert lines[start + 5].startswith("3 passed, 0 failed")
 
 
 # -- labels -----------------------------------------------------------------------------------------
+
 
 def test_labels_show_the_kv_heads_a_zero_stands_for():
     assert case_params({"params": {"heads": 8, "kv_heads": 0}}) == "heads=8 kv_heads=8"
@@ -152,6 +176,7 @@ def test_labels_show_the_kv_heads_a_zero_stands_for():
 
 # -- notices from inside a case ---------------------------------------------------------------------
 
+
 @pytest.mark.e2e
 def test_a_notice_from_a_case_in_a_worker_process_reaches_the_run_output(note_scenario, tmp_path):
     result = invoke("run", "--scenario", note_scenario(2), "--out", tmp_path / "runs", "--no-calibrate")
@@ -164,17 +189,21 @@ def test_a_notice_from_a_case_in_a_worker_process_reaches_the_run_output(note_sc
 
 
 def test_the_speculative_pair_says_when_it_trains_its_models(tmp_path, monkeypatch):
-    from gpubench.records import notices
     from gpubench.models import train_small
     from gpubench.models.llama import LlamaConfig
+    from gpubench.records import notices
 
     # A pair a few steps small (the real one takes ~25 s); the notice is the same.
-    tiny = dict(target_config=LlamaConfig(vocab_size=256, hidden_size=16, num_layers=2, num_heads=1, num_kv_heads=1,
-                                          head_dim=16, intermediate_size=32),
-                draft_config=LlamaConfig(vocab_size=256, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
-                                         head_dim=16, intermediate_size=32),
-                target_recipe=train_small.Recipe(steps=2, batch=2, seq_len=16),
-                draft_recipe=train_small.Recipe(steps=2, batch=2, seq_len=16, seed=3))
+    tiny = dict(
+        target_config=LlamaConfig(
+            vocab_size=256, hidden_size=16, num_layers=2, num_heads=1, num_kv_heads=1, head_dim=16, intermediate_size=32
+        ),
+        draft_config=LlamaConfig(
+            vocab_size=256, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=16, intermediate_size=32
+        ),
+        target_recipe=train_small.Recipe(steps=2, batch=2, seq_len=16),
+        draft_recipe=train_small.Recipe(steps=2, batch=2, seq_len=16, seed=3),
+    )
     monkeypatch.setattr(train_small, "_MEMO", {})
     heard = []
     with notices.listening(heard.append):
@@ -188,14 +217,31 @@ def test_the_speculative_pair_says_when_it_trains_its_models(tmp_path, monkeypat
 
 # -- the regression gate's hint, and closed pipes -------------------------------------------------
 
+
 def _gate_doc(scenario: str, ids, scale: float = 1.0) -> dict:
     samples = list(np.random.default_rng(0).normal(1e-3, 1e-6, 20))
-    return {"kind": "gpubench.results", "schema_version": 1, "run_id": scenario, "device_label": "CPU: test",
-            "status": "complete", "scenario": {"name": scenario, "entries": [{"technique": "t", "name": scenario}]},
-            "cases": [{"id": i, "technique": "t", "status": "passed", "failure": None, "params": {},
-                       "variants": {"b": {"role": "baseline", "samples_s": samples},
-                                    "o": {"role": "optimized", "samples_s": [x * scale for x in samples]}}}
-                      for i in ids]}
+    return {
+        "kind": "gpubench.results",
+        "schema_version": 1,
+        "run_id": scenario,
+        "device_label": "CPU: test",
+        "status": "complete",
+        "scenario": {"name": scenario, "entries": [{"technique": "t", "name": scenario}]},
+        "cases": [
+            {
+                "id": i,
+                "technique": "t",
+                "status": "passed",
+                "failure": None,
+                "params": {},
+                "variants": {
+                    "b": {"role": "baseline", "samples_s": samples},
+                    "o": {"role": "optimized", "samples_s": [x * scale for x in samples]},
+                },
+            }
+            for i in ids
+        ],
+    }
 
 
 def _write(path: Path, doc: dict) -> Path:
@@ -220,9 +266,15 @@ def _with_closed_stdout(*args, cwd=None) -> subprocess.CompletedProcess:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte, as after `| head -0`
     try:
-        return subprocess.run([sys.executable, "-m", "gpubench.cli", *map(str, args)], stdout=write,
-                              stderr=subprocess.PIPE, text=True, timeout=600, cwd=cwd,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return subprocess.run(
+            [sys.executable, "-m", "gpubench.cli", *map(str, args)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+            cwd=cwd,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     finally:
         os.close(write)
 
@@ -240,8 +292,9 @@ def test_a_closed_pipe_does_not_change_the_gates_exit_code(tmp_path):
 
 @pytest.mark.e2e
 def test_a_closed_pipe_does_not_stop_a_run(note_scenario, tmp_path):
-    result = _with_closed_stdout("run", "--scenario", note_scenario(2), "--out", tmp_path / "runs",
-                                 "--no-calibrate", "--isolation", "none")
+    result = _with_closed_stdout(
+        "run", "--scenario", note_scenario(2), "--out", tmp_path / "runs", "--no-calibrate", "--isolation", "none"
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     doc = json.loads(next((tmp_path / "runs").glob("*/results.json")).read_text())
@@ -249,6 +302,7 @@ def test_a_closed_pipe_does_not_stop_a_run(note_scenario, tmp_path):
 
 
 # -- dry runs and large runs ----------------------------------------------------------------------
+
 
 def test_dry_run_lists_and_estimates_without_running_or_writing(note_scenario, tmp_path):
     out = tmp_path / "runs"
@@ -271,9 +325,11 @@ def test_a_huge_sweep_is_counted_not_built(tmp_path, monkeypatch):
     # 50 x 50 x 50 x 2 = 250,000 cases; the dry run may build only the few it shows.
     lengths = list(range(16, 816, 16))
     path = tmp_path / "huge.yaml"
-    path.write_text("name: huge\nentries:\n  - technique: flash_attention\n    params:\n"
-                    f"      seq_len: {lengths}\n      batch: {list(range(1, 51))}\n"
-                    f"      heads: {list(range(1, 51))}\n      causal: [false, true]\n")
+    path.write_text(
+        "name: huge\nentries:\n  - technique: flash_attention\n    params:\n"
+        f"      seq_len: {lengths}\n      batch: {list(range(1, 51))}\n"
+        f"      heads: {list(range(1, 51))}\n      causal: [false, true]\n"
+    )
     built = []
     real = scenariomod.Scenario.entry_cases
 
@@ -309,7 +365,9 @@ def test_a_large_run_is_announced_with_its_count_and_measured_estimate(note_scen
     assert "3 of 4 cases from what they took on this device" in dry.output
     assert "1 of 4 cases from earlier runs" in dry.output and "measurement policy" not in dry.output
     dry = invoke("run", "--scenario", note_scenario(4), "--out", tmp_path / "elsewhere", "--dry-run")
-    assert "earlier runs in" not in dry.output and "the other cases from its measurement policy" in dry.output, dry.output
+    assert "earlier runs in" not in dry.output and "the other cases from its measurement policy" in dry.output, (
+        dry.output
+    )
 
 
 def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path, device_cache):
@@ -320,7 +378,9 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
     from gpubench.measure import env as envmod
     from gpubench.measure.devicecache import CaseTimes
 
-    run = invoke("run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate", "--isolation", "none")
+    run = invoke(
+        "run", "--scenario", note_scenario(3), "--out", tmp_path / "a", "--no-calibrate", "--isolation", "none"
+    )
     assert run.exit_code == 0, run.output
     history = CaseTimes(envmod.device_label(envmod.resolve_device("cpu")))
     assert history.path.parent.parent == device_cache
@@ -341,6 +401,7 @@ def test_dry_run_estimates_from_this_devices_case_times(note_scenario, tmp_path,
 
 # -- wording the docs and `gpubench list` show ---------------------------------------------------
 
+
 def test_the_docs_scenario_error_is_what_the_tool_prints(tmp_path, monkeypatch):
     readme = (ROOT / "docs" / "scenarios.md").read_text()
     block = re.search(r"```\n(error: scenarios/x\.yaml: the scenario is not valid.*?)```", readme, re.S).group(1)
@@ -349,9 +410,20 @@ def test_the_docs_scenario_error_is_what_the_tool_prints(tmp_path, monkeypatch):
         number, rest = re.match(r"  scenarios/x\.yaml:(\d+): (.*)", line).groups()
         lines[int(number)] = rest
     # Rebuild the file docs/scenarios.md describes: each named line holds the mistake it names.
-    text = ["name: x", "description: an example", "", "policy: {min_reps: 5}", "entries:",
-            "  - technique: flash_attention", "    params:", "      batch: 1", "      heads: 4", "",
-            "      seq_len: [128, 512]", ""]
+    text = [
+        "name: x",
+        "description: an example",
+        "",
+        "policy: {min_reps: 5}",
+        "entries:",
+        "  - technique: flash_attention",
+        "    params:",
+        "      batch: 1",
+        "      heads: 4",
+        "",
+        "      seq_len: [128, 512]",
+        "",
+    ]
     text[2] = "devise: cpu"
     text[11] = "      head_dim: " + re.search(r"head_dim: (\d+)", lines[12]).group(1)
     (tmp_path / "scenarios").mkdir()
@@ -373,8 +445,10 @@ def test_a_trace_line_without_output_len_names_the_line_file_and_what_each_line_
     trace.write_text('{"arrival_s": 0, "prompt_len": 4, "output_len": 2}\n{"arrival_s": 0.1, "prompt_len": 4}\n')
     result = invoke("serve", "--trace", trace, "--engine", "continuous+paged", "--max-len", "64")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert (f"line 2 of {trace}: 'output_len' is missing; each line needs arrival_s (seconds >= 0), "
-            "prompt_len (tokens >= 1) or prompt (text), and output_len (tokens >= 1)") in result.output
+    assert (
+        f"line 2 of {trace}: 'output_len' is missing; each line needs arrival_s (seconds >= 0), "
+        "prompt_len (tokens >= 1) or prompt (text), and output_len (tokens >= 1)"
+    ) in result.output
 
 
 def test_labels_name_the_params_that_vary_counted_from_the_grids_as_from_the_built_cases():

@@ -2,6 +2,7 @@
 option or scenario name refused, a scenario refused for its keys or values, `list`, `history`,
 `compare` and `report` of a run that recorded its declarations. Each runs in a fresh interpreter, which then says whether torch or triton was
 imported; no timing here (benchmarks/cli_startup.py measures it)."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from report_runs import recorded_runs
 
 # Runs the CLI as the console script does, then writes what it imported and its exit code.
@@ -32,8 +32,14 @@ with open(OUT, "w") as f:
 def _probe(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "probe.json"
     env = {**os.environ, "GPUBENCH_HISTORY": str(tmp_path / "history.sqlite"), "COLUMNS": "100"}
-    proc = subprocess.run([sys.executable, "-c", PROBE.replace("OUT", repr(str(out))), json.dumps(list(args))],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.replace("OUT", repr(str(out))), json.dumps(list(args))],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.exists(), proc.stderr
     result = json.loads(out.read_text())
     result["stderr"] = proc.stderr
@@ -47,17 +53,20 @@ def runs(tmp_path_factory) -> list[Path]:
     return recorded_runs(tmp_path_factory.mktemp("runs"))
 
 
-@pytest.mark.parametrize("args, code", [
-    (["--help"], 0),
-    (["run", "--help"], 0),
-    (["report", "--help"], 0),
-    (["run", "--no-such-option"], 2),
-    (["run", "--scenario", "smokee"], 2),  # a misspelt scenario name
-    (["run", "--budget", "soon"], 2),
-    (["compare", "--help"], 0),
-    (["history"], 2),  # no store yet: refused
-    (["history", "html", "--help"], 0),
-])
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["--help"], 0),
+        (["run", "--help"], 0),
+        (["report", "--help"], 0),
+        (["run", "--no-such-option"], 2),
+        (["run", "--scenario", "smokee"], 2),  # a misspelt scenario name
+        (["run", "--budget", "soon"], 2),
+        (["compare", "--help"], 0),
+        (["history"], 2),  # no store yet: refused
+        (["history", "html", "--help"], 0),
+    ],
+)
 def test_help_and_refusals_import_no_torch(tmp_path, args, code):
     """`gpubench --help`, a bad option and a misspelt scenario name are answered before torch is
     imported (it took 11-21 s on a busy machine)."""
@@ -71,8 +80,10 @@ BAD_SCENARIOS = {
     "bad value": "  - technique: flash_attention\n    params: {dtype: float8, seq_len: -4}\n",
     "unknown technique": "  - technique: flash_atention\n  - technique: nosuchthing\n",
     # beside a valid entry of a technique with cross-param rules (code): those wait for the fix
-    "unknown param beside a valid moe entry": ("  - technique: moe_grouping\n    params: {experts: 8, top_k: 2}\n"
-                                               "  - technique: kv_cache\n    params: {no_such: 1}\n"),
+    "unknown param beside a valid moe entry": (
+        "  - technique: moe_grouping\n    params: {experts: 8, top_k: 2}\n"
+        "  - technique: kv_cache\n    params: {no_such: 1}\n"
+    ),
 }
 
 
@@ -111,8 +122,13 @@ def test_list_imports_no_torch(tmp_path):
 def test_reading_commands_import_no_torch(tmp_path, runs):
     """history add, history, compare and report read files only: no torch, no triton."""
     a, b = runs
-    for args in (["history", "add", str(a), str(b)], ["history"], ["compare", str(a), str(b)],
-                 ["report", str(a), "--no-history"], ["report", str(a), "--compare", str(b)]):
+    for args in (
+        ["history", "add", str(a), str(b)],
+        ["history"],
+        ["compare", str(a), str(b)],
+        ["report", str(a), "--no-history"],
+        ["report", str(a), "--compare", str(b)],
+    ):
         result = _probe(tmp_path, *args)
         assert result["code"] in (0, 1), (args, result["stderr"])
         assert result["heavy"] == [], f"gpubench {' '.join(args)} imported {result['heavy']}"
@@ -128,10 +144,12 @@ def test_a_command_that_measures_still_imports_torch(tmp_path):
 def test_the_contract_imports_without_torch_and_still_names_the_checks():
     """gpubench.contract (which results, and so every reading command, imports) needs no torch; its
     names from gpubench.checks are still there for plug-ins, torch imported on their first use."""
-    code = ("import sys\nimport gpubench.contract as c\nbefore = 'torch' in sys.modules\n"
-            "from gpubench.contract import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check\n"
-            "from gpubench import checks\n"
-            "print(before, 'DTYPE_TOLERANCE' in dir(c), DTYPE_TOLERANCE is checks.DTYPE_TOLERANCE, "
-            "CheckResult is checks.CheckResult)")
+    code = (
+        "import sys\nimport gpubench.contract as c\nbefore = 'torch' in sys.modules\n"
+        "from gpubench.contract import DTYPE_TOLERANCE, CheckResult, rel_l2, relative_l2_check, tensors_check\n"
+        "from gpubench import checks\n"
+        "print(before, 'DTYPE_TOLERANCE' in dir(c), DTYPE_TOLERANCE is checks.DTYPE_TOLERANCE, "
+        "CheckResult is checks.CheckResult)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["False", "True", "True", "True"], out.stderr

@@ -1,6 +1,7 @@
 """The small things a user trips on (issue 35 point 6): one spelling of the output option, a type
 name for --threshold, `history add runs/`, a memory cap that does nothing or exceeds the card, a
 run started with SIGINT ignored, and a rehearsal that keeps out of the history store."""
+
 from __future__ import annotations
 
 import json
@@ -12,13 +13,13 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-
-from gpubench.run import stopping
-from gpubench.cli import main
-from gpubench.records.policy import memory_cap_note
-from gpubench.run.outcome import EXIT_INTERRUPTED
 from held import held_scenario, stop, wait_for_file
 from report_runs import recorded_runs
+
+from gpubench.cli import main
+from gpubench.records.policy import memory_cap_note
+from gpubench.run import stopping
+from gpubench.run.outcome import EXIT_INTERRUPTED
 
 
 def _invoke(*args: str, env: dict[str, str] | None = None):
@@ -84,7 +85,9 @@ def test_history_add_takes_a_folder_of_runs_as_the_runs_inside(tmp_path):
 
 def test_history_add_of_a_folder_with_no_runs_says_what_to_give(tmp_path):
     (tmp_path / "empty").mkdir()
-    result = CliRunner().invoke(main, ["history", "add", str(tmp_path / "empty"), "--store", str(tmp_path / "h.sqlite")])
+    result = CliRunner().invoke(
+        main, ["history", "add", str(tmp_path / "empty"), "--store", str(tmp_path / "h.sqlite")]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "empty" in result.output and "runs/*" in result.output
 
@@ -101,14 +104,20 @@ def test_a_memory_cap_on_a_cpu_or_above_the_card_is_told():
 
 
 def test_a_gpu_run_records_that_a_cap_above_the_card_capped_nothing():
-    from gpubench.run.closing import memory_cap_warning
-    from gpubench.records.results import RunRecord
-    from gpubench.run.scenario import Case
     from gpubench.measure.timing import Policy
+    from gpubench.records.results import RunRecord
+    from gpubench.run.closing import memory_cap_warning
+    from gpubench.run.scenario import Case
 
     cases = [Case("kv_cache", {}, Policy(gpu_memory_gib=gib), 0) for gib in (1_000_000, 24)]
-    run = RunRecord(run_id="r", device="cuda", device_label="NVIDIA H200", scenario={},
-                    env={"gpu": {"total_memory_bytes": 150_000_000_000}}, devices={"cuda:0": {"type": "cuda"}})
+    run = RunRecord(
+        run_id="r",
+        device="cuda",
+        device_label="NVIDIA H200",
+        scenario={},
+        env={"gpu": {"total_memory_bytes": 150_000_000_000}},
+        devices={"cuda:0": {"type": "cuda"}},
+    )
     text = memory_cap_warning(run, cases)
     assert "capped as on a 24 GiB card" in text  # the cap that applies is still described
     assert "1,000,000 GiB exceeds NVIDIA H200's 140 GiB: nothing was capped" in text
@@ -118,8 +127,10 @@ def test_a_gpu_run_records_that_a_cap_above_the_card_capped_nothing():
 
 def test_a_cpu_run_with_a_memory_cap_warns_before_it_starts(tmp_path):
     path = tmp_path / "cap.yaml"
-    path.write_text("name: cap\ndevice: cpu\npolicy: {gpu_memory_gib: 1000000}\nentries:\n"
-                    "  - technique: kv_cache\n    params: {layers: 1}\n")
+    path.write_text(
+        "name: cap\ndevice: cpu\npolicy: {gpu_memory_gib: 1000000}\nentries:\n"
+        "  - technique: kv_cache\n    params: {layers: 1}\n"
+    )
     result = _invoke("run", "--scenario", str(path), "--dry-run")
     assert result.exit_code == 0, result.output
     assert "warning: policy gpu_memory_gib 1,000,000 GiB does nothing on a cpu device" in result.output
@@ -128,11 +139,18 @@ def test_a_cpu_run_with_a_memory_cap_warns_before_it_starts(tmp_path):
 # -- SIGINT inherited ignored -----------------------------------------------------------------
 def test_sigint_ignored_at_start_is_given_a_handler():
     """A process that inherited SIGINT ignored gets Python's handler back (and only then)."""
-    code = ("import signal\nfrom gpubench.run import stopping\nassert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
-            "print(stopping.sigint_restored(), signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
-            "stopping.sigint_restored())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    code = (
+        "import signal\nfrom gpubench.run import stopping\nassert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+        "print(stopping.sigint_restored(), signal.getsignal(signal.SIGINT) is signal.default_int_handler, "
+        "stopping.sigint_restored())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     assert out.stdout.split() == ["True", "True", "False"], out.stderr
     assert stopping.sigint_restored() is False  # pytest's own handler is left alone
 
@@ -150,10 +168,26 @@ def test_a_run_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
     gate = tmp_path / "gate"
     gate.mkdir()
     path = held_scenario(tmp_path, [False, True, True])
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench.cli", "run", "--scenario", str(path), "-o", "runs",
-                             "--no-calibrate", "--no-history"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_background_job,
-                            env={**os.environ, "HELD_PAIR_DIR": str(gate)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpubench.cli",
+            "run",
+            "--scenario",
+            str(path),
+            "-o",
+            "runs",
+            "--no-calibrate",
+            "--no-history",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_background_job,
+        env={**os.environ, "HELD_PAIR_DIR": str(gate)},
+    )
     try:
         wait_for_file(gate / "started-9", proc)  # the second case is held
         os.kill(proc.pid, signal.SIGINT)  # kill -INT PID

@@ -2,18 +2,30 @@
 step's loss and gradients in float32 and bf16; each peer changes only its own optimization (the
 builds, the MoE host reads and the staging buffers it records); the host-sync counts are what the
 three optimizations promise; build / validate / metrics behave as the harness relies on."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from gpubench.contract import Measured, Recorder
-from gpubench.techniques import combined_training as ct
 from gpubench.models.moe import route
+from gpubench.techniques import combined_training as ct
 
 CPU = torch.device("cpu")
-SMALL = dict(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_dim=16, rows=1,
-             seq_len=64, mean_doc_len=12)
+SMALL = dict(
+    layers=2,
+    hidden=32,
+    heads=4,
+    kv_heads=2,
+    vocab=64,
+    experts=4,
+    top_k=2,
+    expert_dim=16,
+    rows=1,
+    seq_len=64,
+    mean_doc_len=12,
+)
 
 
 def make_workload(seed: int = 0, **overrides):
@@ -59,8 +71,9 @@ def test_every_variant_agrees_with_the_plain_step(dtype, seed):
 def test_plain_steps_of_the_two_moe_paths_agree_in_float32():
     """The cross-path comparison the check makes in float32 is a real agreement, not a tautology."""
     ref = ct.reference(make_workload(1))
-    errors = ct.tensors_check(ct._flat(ref["where_loop"]), ct._flat(ref["sort_group"]), ct.CROSS_PATH_TOLERANCE,
-                              dtype=torch.float32)
+    errors = ct.tensors_check(
+        ct._flat(ref["where_loop"]), ct._flat(ref["sort_group"]), ct.CROSS_PATH_TOLERANCE, dtype=torch.float32
+    )
     assert errors.passed and errors.error > 0, errors
 
 
@@ -74,17 +87,20 @@ def _moe_reads_where_loop(w) -> int:
 def _experts_hit_per_layer(w) -> list[int]:
     hits = []
     with torch.no_grad():
+
         def spy(x, experts, config, log):
             _, chosen = route(x, experts.router_weight, experts.router_bias, config.top_k)
             hits.append(int(chosen.unique().numel()))
             return ct.FORWARDS["sort_group"](x, experts, config, None)
+
         rows, seq = w.tokens.shape
         meta = ct.build_metadata(w.doc_lens, rows, seq, ct.BACKEND, w.weights.dtype)
         cos, sin = ct.rope_cos_sin(w.weights, meta.position_ids)
         x = torch.nn.functional.embedding(w.tokens, w.weights.embed)
         for i in range(w.weights.config.num_layers):
-            x = ct.moe_decoder_layer(w.weights, i, x, cos, sin, lambda _, q, k, v: ct.packed_attention(meta, q, k, v),
-                                     spy)
+            x = ct.moe_decoder_layer(
+                w.weights, i, x, cos, sin, lambda _, q, k, v: ct.packed_attention(meta, q, k, v), spy
+            )
     return hits
 
 
@@ -136,13 +152,16 @@ def test_a_wrong_output_fails_the_check():
     assert not ct.check(ref, {**out, "moe": "dense"}).passed
 
 
-@pytest.mark.parametrize("bad, words", [
-    (dict(hidden=30, heads=4), "not a multiple of heads"),
-    (dict(hidden=36, heads=4, kv_heads=2), "must be even"),
-    (dict(heads=4, kv_heads=3), "kv_heads"),
-    (dict(experts=2, top_k=3), "top_k"),
-    (dict(seq_len=16, mean_doc_len=16), "mean_doc_len"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (dict(hidden=30, heads=4), "not a multiple of heads"),
+        (dict(hidden=36, heads=4, kv_heads=2), "must be even"),
+        (dict(heads=4, kv_heads=3), "kv_heads"),
+        (dict(experts=2, top_k=3), "top_k"),
+        (dict(seq_len=16, mean_doc_len=16), "mean_doc_len"),
+    ],
+)
 def test_validate_names_the_param(bad, words):
     problems = ct.validate({**ct.TECHNIQUE.defaults(), **SMALL, **bad})
     assert any(words in p for p in problems), problems

@@ -1,5 +1,6 @@
 """The regression gate: passes unchanged builds on a noisy machine, catches real slowdowns,
 fails on wrong results, refuses apples-to-oranges comparisons."""
+
 import copy
 import json
 from pathlib import Path
@@ -8,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpubench.records.results import RunRecord, role_variant
-from gpubench.gate import compare
-from gpubench.records import stats
-from gpubench.measure import timing
 from gpubench.errors import BadInput
+from gpubench.gate import compare
+from gpubench.measure import timing
+from gpubench.records import stats
+from gpubench.records.results import RunRecord, role_variant
 
 
 def test_mann_whitney_matches_the_textbook_value():
@@ -35,8 +36,9 @@ def machine_noise():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        samples = timing.measure_interleaved({"x": lambda _: fa.eager(w)}, timing.Clock(torch.device("cpu")),
-                                             policy)["x"].samples_s
+        samples = timing.measure_interleaved({"x": lambda _: fa.eager(w)}, timing.Clock(torch.device("cpu")), policy)[
+            "x"
+        ].samples_s
     finally:
         torch.set_num_threads(threads)
     assert len(samples) == 300
@@ -51,8 +53,9 @@ def _gate_trials(pool: np.ndarray, slowdown: float) -> tuple[int, int]:
     for trial in range(100):
         base, same, slow = (rng.choice(pool, 100) for _ in range(3))
         a_a_passes += compare.classify(list(base), list(same), compare.DEFAULT_THRESHOLD, seed=trial)[0] != "regressed"
-        slowdowns_caught += compare.classify(list(base), list(slow * slowdown), compare.DEFAULT_THRESHOLD,
-                                             seed=trial)[0] == "regressed"
+        slowdowns_caught += (
+            compare.classify(list(base), list(slow * slowdown), compare.DEFAULT_THRESHOLD, seed=trial)[0] == "regressed"
+        )
     return a_a_passes, slowdowns_caught
 
 
@@ -79,7 +82,9 @@ def test_a_slowdown_within_the_threshold_or_within_the_noise_is_not_a_regression
     base = list(rng.normal(1.0, 0.002, 40))
     assert compare.classify(base, [x * 1.03 for x in base], 0.05)[0] == "unchanged"  # real but small
     noisy = list(rng.lognormal(0, 0.5, 6))
-    assert compare.classify(noisy, [x * 1.2 for x in rng.permutation(noisy)], 0.05)[0] == "unchanged"  # too noisy to tell
+    assert (
+        compare.classify(noisy, [x * 1.2 for x in rng.permutation(noisy)], 0.05)[0] == "unchanged"
+    )  # too noisy to tell
     assert compare.classify(base, [x * 0.8 for x in base], 0.05)[0] == "improved"
 
 
@@ -87,7 +92,9 @@ def test_the_gate_s_p_and_its_ci_never_contradict_each_other():
     # issue 34: "-36.5% [-37.5, -35.5], p 0.2 -> improved" and "+20.8% [-18.2, +22.1], p 1": a
     # bootstrap CI beside a Mann-Whitney p. Now both come from one bootstrap: the 95% CI excludes no
     # change exactly when p < 0.05, in every comparison the gate prints.
-    verdict, ratio, low, high, p = compare.classify([1.0, 1.01, 1.0, 1.02, 1.01], [0.635, 0.64, 0.64, 0.636, 0.64], 0.05)
+    verdict, ratio, low, high, p = compare.classify(
+        [1.0, 1.01, 1.0, 1.02, 1.01], [0.635, 0.64, 0.64, 0.636, 0.64], 0.05
+    )
     assert (verdict, high < 1.0, p < 0.05) == ("improved", True, True), (ratio, low, high, p)
     rng = np.random.default_rng(8)
     for seed in range(200):
@@ -116,17 +123,28 @@ def test_a_verdict_on_p_alone_rests_on_the_same_bootstrap_s_99_8_percent_ci():
 def _doc(device="CPU: test", scenario="s", entries=None, cases=None, thresholds=None):
     # A whole run says so: a document without a status is read as the record's default, a run
     # still "running", which the gate does not pass.
-    return {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "status": "complete",
-            "device_label": device,
-            "scenario": {"name": scenario, "entries": entries or [{"technique": "t"}], "thresholds": thresholds or {}},
-            "cases": cases or []}
+    return {
+        "kind": "gpubench.results",
+        "schema_version": 1,
+        "run_id": "r",
+        "status": "complete",
+        "device_label": device,
+        "scenario": {"name": scenario, "entries": entries or [{"technique": "t"}], "thresholds": thresholds or {}},
+        "cases": cases or [],
+    }
 
 
 def _case(case_id, samples, status="passed", technique="t", optimized_scale=1.0):
-    return {"id": case_id, "technique": technique, "status": status,
-            "failure": None if status == "passed" else {"message": "optimized optimized: check failed"},
-            "variants": {"baseline": {"role": "baseline", "samples_s": list(samples)},
-                         "optimized": {"role": "optimized", "samples_s": [x * optimized_scale for x in samples]}}}
+    return {
+        "id": case_id,
+        "technique": technique,
+        "status": status,
+        "failure": None if status == "passed" else {"message": "optimized optimized: check failed"},
+        "variants": {
+            "baseline": {"role": "baseline", "samples_s": list(samples)},
+            "optimized": {"role": "optimized", "samples_s": [x * optimized_scale for x in samples]},
+        },
+    }
 
 
 def test_failed_missing_and_new_cases():
@@ -185,9 +203,22 @@ def test_pytest_benchmark_json_is_accepted(tmp_path):
 
     def bench_file(name, scale):
         path = tmp_path / name
-        path.write_text(json.dumps({"machine_info": {"cpu": {"brand_raw": "Test CPU"}}, "benchmarks": [
-            {"name": "test_x", "fullname": "benchmarks/test_b.py::test_x", "group": "flash_attention",
-             "params": None, "stats": {"median": 1e-3, "rounds": 20, "data": [d * scale for d in data]}}]}))
+        path.write_text(
+            json.dumps(
+                {
+                    "machine_info": {"cpu": {"brand_raw": "Test CPU"}},
+                    "benchmarks": [
+                        {
+                            "name": "test_x",
+                            "fullname": "benchmarks/test_b.py::test_x",
+                            "group": "flash_attention",
+                            "params": None,
+                            "stats": {"median": 1e-3, "rounds": 20, "data": [d * scale for d in data]},
+                        }
+                    ],
+                }
+            )
+        )
         return path
 
     result = compare.compare(compare.load_any(bench_file("a.json", 1.0)), compare.load_any(bench_file("b.json", 1.4)))
@@ -222,10 +253,30 @@ def test_benchmarks_run_and_their_json_feeds_the_gate(tmp_path):
     # Under pytest-xdist this process is a worker: a nested pytest that sees its PYTEST_XDIST_*
     # variables turns pytest-benchmark off and writes no JSON.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(root / "benchmarks"), "-q", "-p", "no:cacheprovider",
-                           "-k", BENCH_SUBSET, "--benchmark-min-rounds=3", "--benchmark-max-time=0.01",
-                           "--benchmark-save-data", f"--benchmark-json={out}", "-o", "timeout=900"],
-                          capture_output=True, text=True, timeout=1000, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(root / "benchmarks"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            BENCH_SUBSET,
+            "--benchmark-min-rounds=3",
+            "--benchmark-max-time=0.01",
+            "--benchmark-save-data",
+            f"--benchmark-json={out}",
+            "-o",
+            "timeout=900",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1000,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     run = compare.load_any(out)
     assert {c.technique for c in run.cases} == {"flash_attention", "kv_cache"}
@@ -262,8 +313,7 @@ def two_real_runs(tmp_path_factory):
     thread (on a 2-core machine two threads make run-to-run drift much larger). What this
     exercises is the gate end to end on real runs, not each technique's timing (each has its
     own tests), so the cases are small."""
-    from gpubench.run import scenario
-    from gpubench.run import supervisor
+    from gpubench.run import scenario, supervisor
 
     out = tmp_path_factory.mktemp("gate")
     (out / "gate-test.yaml").write_text(GATE_SCENARIO)
@@ -271,9 +321,12 @@ def two_real_runs(tmp_path_factory):
     torch.set_num_threads(1)
     try:
         options = supervisor.RunOptions(devices=["cpu"], isolation="none")
-        dirs = [supervisor.run_scenario(scenario.load(str(out / "gate-test.yaml")), options, out / "runs",
-                                        calibrate=False).run_dir
-                for _ in range(2)]
+        dirs = [
+            supervisor.run_scenario(
+                scenario.load(str(out / "gate-test.yaml")), options, out / "runs", calibrate=False
+            ).run_dir
+            for _ in range(2)
+        ]
     finally:
         torch.set_num_threads(threads)
     return dirs
@@ -303,7 +356,7 @@ def test_two_real_runs_go_through_the_gate_end_to_end(two_real_runs, tmp_path):
     # against itself passes.
     md = tmp_path / "gate.md"
     result = _gate(*two_real_runs, "--threshold", CPU_THRESHOLD, "--markdown", md, "--json")
-    doc = json.loads(result.output[result.output.index("{"):])
+    doc = json.loads(result.output[result.output.index("{") :])
     cases = json.loads((two_real_runs[1] / "results.json").read_text())["cases"]
     verdicts = {c["case_id"]: c["verdict"] for c in doc["changes"]}
     assert set(verdicts) == {c["id"] for c in cases}
@@ -337,7 +390,9 @@ def test_kv_cache_is_gated_on_bytes_not_time(two_real_runs, tmp_path):
     doc = json.loads((two_real_runs[0] / "results.json").read_text())
     grown = copy.deepcopy(doc)
     case = next(c for c in grown["cases"] if c["technique"] == "kv_cache")
-    case["variants"][role_variant(case, "optimized")]["samples_s"] = [x * 10 for x in case["variants"][role_variant(case, "optimized")]["samples_s"]]
+    case["variants"][role_variant(case, "optimized")]["samples_s"] = [
+        x * 10 for x in case["variants"][role_variant(case, "optimized")]["samples_s"]
+    ]
     result = compare.compare(doc, grown)
     change = next(c for c in result.changes if c.case_id == case["id"])
     assert change.verdict == "unchanged" and "bytes_reserved" in change.reason  # time is not its figure
@@ -372,11 +427,14 @@ def test_baseline_store_round_trip(two_real_runs, tmp_path):
     assert str(files[0]) in result.output  # it said which stored baseline it used
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["/no/such/run"], "compare: give BASELINE and CURRENT"),
-    (["/no/such/a", "/no/such/b"], "no such file"),
-    (["--threshold", "fast", "x", "y"], None),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["/no/such/run"], "compare: give BASELINE and CURRENT"),
+        (["/no/such/a", "/no/such/b"], "no such file"),
+        (["--threshold", "fast", "x", "y"], None),
+    ],
+)
 def test_gate_bad_input_exits_2(args, fragment, tmp_path):
     result = _gate(*args)
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -402,9 +460,16 @@ def test_a_stored_schema_1_baseline_is_compared_by_role_with_a_run_whose_variant
     rng = np.random.default_rng(5)
     s = list(rng.normal(1.0, 0.005, 25))
     old = _doc(cases=[_case("a", s)])
-    renamed = {"id": "a", "technique": "t", "status": "passed", "failure": None,
-               "variants": {"eager": {"role": "baseline", "samples_s": list(s)},
-                            "triton": {"role": "optimized", "samples_s": [x * 1.5 for x in s]}}}
+    renamed = {
+        "id": "a",
+        "technique": "t",
+        "status": "passed",
+        "failure": None,
+        "variants": {
+            "eager": {"role": "baseline", "samples_s": list(s)},
+            "triton": {"role": "optimized", "samples_s": [x * 1.5 for x in s]},
+        },
+    }
     new = {**_doc(cases=[renamed]), "schema_version": 2}
     change = compare.compare(old, new).changes[0]
     assert change.verdict == "regressed" and change.ratio == pytest.approx(1.5, rel=0.01)
@@ -418,16 +483,22 @@ from gpubench.reports import gate as gate_report  # noqa: E402
 # What each verdict does to the gate: fails by default, with --allow-missing, with --strict. A new
 # verdict must be added here (the test below checks the table covers compare.ORDER).
 FAILS = {  # verdict: (default, --allow-missing, --strict)
-    "regressed": (True, True, True), "failed": (True, True, True), "missing": (True, False, True),
-    "no_samples": (True, True, True), "inconclusive": (False, False, True), "improved": (False, False, False),
-    "unchanged": (False, False, False), "new": (False, False, False),
+    "regressed": (True, True, True),
+    "failed": (True, True, True),
+    "missing": (True, False, True),
+    "no_samples": (True, True, True),
+    "inconclusive": (False, False, True),
+    "improved": (False, False, False),
+    "unchanged": (False, False, False),
+    "new": (False, False, False),
 }
 
 
 def _comparison(verdict, **kw):
     meta = compare.Side(run_id="r", device_label="CPU: test")
-    return compare.Comparison(meta, meta, [compare.Change("a", "t", verdict)], kw.get("allow_missing", False), [],
-                              kw.get("strict", False))
+    return compare.Comparison(
+        meta, meta, [compare.Change("a", "t", verdict)], kw.get("allow_missing", False), [], kw.get("strict", False)
+    )
 
 
 @pytest.mark.parametrize("verdict", compare.ORDER)
@@ -445,16 +516,19 @@ def _ci(ratio, low, high):
     return stats.RatioCI(ratio, low, high)
 
 
-@pytest.mark.parametrize("ci,p,expected", [
-    (_ci(1.20, 1.10, 1.30), 0.5, "regressed"),  # the whole CI beyond +5%
-    (_ci(1.20, 1.01, 1.40), 0.001, "regressed"),  # CI reaches in, but p < 0.002 and the median beyond
-    (_ci(1.20, 1.01, 1.40), 0.01, "unchanged"),  # beyond, but not shown to be real
-    (_ci(1.04, 1.03, 1.05), 1e-9, "unchanged"),  # real, but within the threshold
-    (_ci(0.80, 0.75, 0.85), 0.5, "improved"),
-    (_ci(0.80, 0.70, 0.97), 0.001, "improved"),
-    (_ci(0.80, 0.70, 0.97), 0.01, "unchanged"),
-    (_ci(0.96, 0.955, 0.965), 1e-9, "unchanged"),  # 1/1.05 = 0.952: within the threshold
-])
+@pytest.mark.parametrize(
+    "ci,p,expected",
+    [
+        (_ci(1.20, 1.10, 1.30), 0.5, "regressed"),  # the whole CI beyond +5%
+        (_ci(1.20, 1.01, 1.40), 0.001, "regressed"),  # CI reaches in, but p < 0.002 and the median beyond
+        (_ci(1.20, 1.01, 1.40), 0.01, "unchanged"),  # beyond, but not shown to be real
+        (_ci(1.04, 1.03, 1.05), 1e-9, "unchanged"),  # real, but within the threshold
+        (_ci(0.80, 0.75, 0.85), 0.5, "improved"),
+        (_ci(0.80, 0.70, 0.97), 0.001, "improved"),
+        (_ci(0.80, 0.70, 0.97), 0.01, "unchanged"),
+        (_ci(0.96, 0.955, 0.965), 1e-9, "unchanged"),  # 1/1.05 = 0.952: within the threshold
+    ],
+)
 def test_verdict_of_each_branch(ci, p, expected):
     assert compare.verdict_of(ci, p, 0.05) == expected
 
@@ -470,17 +544,23 @@ def _timed(case_id, samples, status="passed", failure=None, opt_samples=None):
 SAMPLES = list(np.random.default_rng(7).normal(1.0, 0.005, 25))
 
 
-@pytest.mark.parametrize("status,message,fragment", [
-    ("interrupted", "stopped by Ctrl-C", "case interrupted (stopped by Ctrl-C)"),
-    ("interrupted", "stopped by SIGTERM", "case interrupted (stopped by SIGTERM)"),
-    ("failed", "optimized fails: check failed", "optimized fails: check failed"),
-    ("running", None, "case running"),
-])
+@pytest.mark.parametrize(
+    "status,message,fragment",
+    [
+        ("interrupted", "stopped by Ctrl-C", "case interrupted (stopped by Ctrl-C)"),
+        ("interrupted", "stopped by SIGTERM", "case interrupted (stopped by SIGTERM)"),
+        ("failed", "optimized fails: check failed", "optimized fails: check failed"),
+        ("running", None, "case running"),
+    ],
+)
 def test_a_current_case_that_did_not_pass_fails_the_gate_even_with_every_sample(status, message, fragment):
     # An interrupted case keeps the samples it took: they must not make it a pass.
     failure = {"kind": status, "message": message} if message else None
-    comp = compare.compare(_doc(cases=[_timed("a", SAMPLES)]),
-                           _doc(cases=[_timed("a", SAMPLES, status=status, failure=failure)]), allow_missing=True)
+    comp = compare.compare(
+        _doc(cases=[_timed("a", SAMPLES)]),
+        _doc(cases=[_timed("a", SAMPLES, status=status, failure=failure)]),
+        allow_missing=True,
+    )
     assert [(c.verdict, c.reason) for c in comp.changes] == [("failed", fragment)]
     assert comp.exit_code == 1 and gate_report.headline(comp).startswith("FAIL: 1 failed")
 
@@ -501,15 +581,25 @@ def test_a_case_without_samples_on_either_side_fails_the_gate(side):
     empty = _timed("a", SAMPLES, opt_samples=[])
     base, cur = (empty, _timed("a", SAMPLES)) if side == "baseline" else (_timed("a", SAMPLES), empty)
     comp = compare.compare(_doc(cases=[base]), _doc(cases=[cur]), allow_missing=True)
-    assert comp.changes[0].verdict == "no_samples" and f"in the {side if side == 'baseline' else 'current run'}" \
-        in comp.changes[0].reason
+    assert (
+        comp.changes[0].verdict == "no_samples"
+        and f"in the {side if side == 'baseline' else 'current run'}" in comp.changes[0].reason
+    )
     assert not comp.passed
 
 
 def test_a_pytest_benchmark_file_saved_without_its_raw_times_fails_rather_than_passing_ungated(tmp_path):
     path = tmp_path / "b.json"
-    path.write_text(json.dumps({"machine_info": {"cpu": {"brand_raw": "Test CPU"}}, "benchmarks": [
-        {"name": "t", "fullname": "b.py::t", "group": "g", "stats": {"median": 1e-3, "rounds": 20}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "machine_info": {"cpu": {"brand_raw": "Test CPU"}},
+                "benchmarks": [
+                    {"name": "t", "fullname": "b.py::t", "group": "g", "stats": {"median": 1e-3, "rounds": 20}}
+                ],
+            }
+        )
+    )
     doc = compare.load_any(path)
     comp = compare.compare(doc, doc)
     assert comp.changes[0].verdict == "no_samples" and comp.exit_code == 1
@@ -523,11 +613,18 @@ def _gated(value):
     return case
 
 
-@pytest.mark.parametrize("before,after,verdict", [
-    (1000, 1000, "unchanged"), (1000, 1200, "regressed"), (1000, 800, "improved"),
-    (1000, 1040, "unchanged"),  # exact, but within the 5% threshold
-    (None, 1000, "no_samples"), (1000, None, "no_samples"), (0, 1000, "no_samples"),
-])
+@pytest.mark.parametrize(
+    "before,after,verdict",
+    [
+        (1000, 1000, "unchanged"),
+        (1000, 1200, "regressed"),
+        (1000, 800, "improved"),
+        (1000, 1040, "unchanged"),  # exact, but within the 5% threshold
+        (None, 1000, "no_samples"),
+        (1000, None, "no_samples"),
+        (0, 1000, "no_samples"),
+    ],
+)
 def test_a_technique_gated_on_its_own_figure_takes_each_branch(before, after, verdict):
     comp = compare.compare(_doc(cases=[_gated(before)]), _doc(cases=[_gated(after)]))
     assert comp.changes[0].verdict == verdict
@@ -547,11 +644,14 @@ def _unfinished(doc, status, planned=53, reason=None):
     return doc
 
 
-@pytest.mark.parametrize("status,fragment", [
-    ("interrupted", "status interrupted (stopped by SIGTERM)"),
-    ("running", "still 'running': the process was killed"),
-    ("aborted", "status aborted (the disk is full"),
-])
+@pytest.mark.parametrize(
+    "status,fragment",
+    [
+        ("interrupted", "status interrupted (stopped by SIGTERM)"),
+        ("running", "still 'running': the process was killed"),
+        ("aborted", "status aborted (the disk is full"),
+    ],
+)
 def test_a_current_run_that_never_completed_fails_the_gate_even_with_allow_missing_or_force(status, fragment):
     reason = {"interrupted": "stopped by SIGTERM", "aborted": "the disk is full"}.get(status)
     base = _doc(cases=[_timed(x, SAMPLES) for x in "abc"])
@@ -595,10 +695,18 @@ def test_the_cli_gate_says_a_killed_current_run_never_completed_with_allow_missi
 
 # -- a case whose baseline variant moved is judged by its optimized/baseline ratio (issue 27)
 
+
 def _pair_case(base_variant, optimized):
-    return {"id": "a", "technique": "t", "status": "passed", "failure": None,
-            "variants": {"baseline": {"role": "baseline", "samples_s": list(base_variant)},
-                         "optimized": {"role": "optimized", "samples_s": list(optimized)}}}
+    return {
+        "id": "a",
+        "technique": "t",
+        "status": "passed",
+        "failure": None,
+        "variants": {
+            "baseline": {"role": "baseline", "samples_s": list(base_variant)},
+            "optimized": {"role": "optimized", "samples_s": list(optimized)},
+        },
+    }
 
 
 def _rounds(rng, n, tail=0.25):
@@ -636,11 +744,18 @@ def test_a_regression_of_the_optimized_variant_alone_is_regressed_while_the_base
     assert change.verdict == "regressed" and change.context.relative_ratio is None  # judged on its own
 
 
-@pytest.mark.parametrize("machine,ratio_change,verdict", [
-    (1.25, 1.3, "regressed"), (0.8, 1 / 1.3, "improved"), (1.25, 1.02, "inconclusive"), (0.8, 0.98, "inconclusive"),
-    # measured A/A on this machine: the baseline variant +35%, the ratio +11% with a clear CI; a
-    # machine change moves the ratio too, so it must go beyond half the machine's move to count
-    (1.35, 1.113, "inconclusive")])
+@pytest.mark.parametrize(
+    "machine,ratio_change,verdict",
+    [
+        (1.25, 1.3, "regressed"),
+        (0.8, 1 / 1.3, "improved"),
+        (1.25, 1.02, "inconclusive"),
+        (0.8, 0.98, "inconclusive"),
+        # measured A/A on this machine: the baseline variant +35%, the ratio +11% with a clear CI; a
+        # machine change moves the ratio too, so it must go beyond half the machine's move to count
+        (1.35, 1.113, "inconclusive"),
+    ],
+)
 def test_when_the_baseline_variant_moved_too_the_optimized_baseline_ratio_decides(machine, ratio_change, verdict):
     # The machine ran 25% slower (or faster) in the current run, both variants; on top of that the
     # optimized variant lost or gained ground on the baseline variant by ratio_change. Each round's
@@ -701,7 +816,10 @@ def test_a_regression_a_faster_machine_hides_is_regressed_by_its_ratio():
     assert change.ratio == pytest.approx(0.99, abs=0.03)  # its own time did not move beyond 5%
     assert change.verdict == "regressed", change.reason
     assert change.context.relative_ratio == pytest.approx(1.10, rel=0.03) and change.context.relative_ci_low > 1.05
-    assert "optimized/baseline ratio moved +" in change.reason and "the ratio decides, not the optimized variant's own" in change.reason
+    assert (
+        "optimized/baseline ratio moved +" in change.reason
+        and "the ratio decides, not the optimized variant's own" in change.reason
+    )
     assert compare.Comparison(compare.Side(), compare.Side(), [change], False, []).exit_code == 1
 
 
@@ -738,6 +856,7 @@ def test_a_ratio_read_from_too_few_samples_raises_nothing():
 
 def _load_script(name):
     import importlib.util
+
     path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
     module = importlib.util.module_from_spec(spec)
@@ -772,25 +891,52 @@ def test_the_gate_table_shows_a_bracketed_case_id_as_text_not_markup():
     from gpubench.gate.compare import Change, Comparison
     from gpubench.reports import gate as gate_report
 
-    changes = [Change("kv_cache[model=llama-3.1-8b]", "kv_cache", "unchanged", "paged", 1e-3, 1e-3, 1.0, 0.99, 1.01),
-               Change("test_bench_techniques.py::test_technique[flash_attention-full-eager]", "flash_attention",
-                      "unchanged", None, 1e-3, 1e-3, 1.0, 0.99, 1.01)]
+    changes = [
+        Change("kv_cache[model=llama-3.1-8b]", "kv_cache", "unchanged", "paged", 1e-3, 1e-3, 1.0, 0.99, 1.01),
+        Change(
+            "test_bench_techniques.py::test_technique[flash_attention-full-eager]",
+            "flash_attention",
+            "unchanged",
+            None,
+            1e-3,
+            1e-3,
+            1.0,
+            0.99,
+            1.01,
+        ),
+    ]
     out = io.StringIO()
     side = compare.Side(run_id="r", scenario="s", device_label="CPU")
-    gate_report.print_table(Comparison(side, side, changes, allow_missing=False, forced=[]), Console(file=out, width=300))
+    gate_report.print_table(
+        Comparison(side, side, changes, allow_missing=False, forced=[]), Console(file=out, width=300)
+    )
     assert "kv_cache[model=llama-3.1-8b]" in out.getvalue()
     assert "test_technique[flash_attention-full-eager]" in out.getvalue()
 
 
 # -- the gate reads typed records, from either source (issue 26, point 2)
 
+
 def _bench_json(path, data, **extra):
-    path.write_text(json.dumps({
-        "machine_info": {"node": "bench-host", "cpu": {"brand_raw": "Test CPU"}},
-        "commit_info": {"id": "abc123", "branch": "main", "dirty": False}, "datetime": "2026-12-05T01:00:00",
-        "benchmarks": [{"name": "test_x[k=2]", "fullname": "b.py::test_x[k=2]", "group": "g", "params": {"k": 2},
-                        "stats": {"median": float(np.median(data)), "rounds": len(data), "data": list(data)}}],
-        **extra}))
+    path.write_text(
+        json.dumps(
+            {
+                "machine_info": {"node": "bench-host", "cpu": {"brand_raw": "Test CPU"}},
+                "commit_info": {"id": "abc123", "branch": "main", "dirty": False},
+                "datetime": "2026-12-05T01:00:00",
+                "benchmarks": [
+                    {
+                        "name": "test_x[k=2]",
+                        "fullname": "b.py::test_x[k=2]",
+                        "group": "g",
+                        "params": {"k": 2},
+                        "stats": {"median": float(np.median(data)), "rounds": len(data), "data": list(data)},
+                    }
+                ],
+                **extra,
+            }
+        )
+    )
     return path
 
 
@@ -803,12 +949,20 @@ def test_pytest_benchmark_json_is_read_into_a_run_record_with_its_samples_device
     data = list(np.random.default_rng(20).normal(1e-3, 1e-5, 12))
     run = compare.load_any(_bench_json(tmp_path / "0001_x.json", data))
     assert isinstance(run, RunRecord) and run.source == "pytest-benchmark" and run.status == "complete"
-    assert run.device_label == "CPU: Test CPU" and run.run_id.startswith("0001_x-") and run.path == str(tmp_path / "0001_x.json")
+    assert (
+        run.device_label == "CPU: Test CPU"
+        and run.run_id.startswith("0001_x-")
+        and run.path == str(tmp_path / "0001_x.json")
+    )
     assert run.env["host"] == "bench-host" and run.env["git"] == {"commit": "abc123", "branch": "main", "dirty": False}
     assert run.started_at == "2026-12-05T01:00:00"
     (case,) = run.cases
     assert isinstance(case, CaseRecord) and (case.id, case.technique, case.params, case.passed) == (
-        "b.py::test_x[k=2]", "g", {"k": 2}, True)
+        "b.py::test_x[k=2]",
+        "g",
+        {"k": 2},
+        True,
+    )
     variant = case.variant(case.role_variant("optimized"))
     assert isinstance(variant, VariantRecord) and variant.samples_s == data and variant.median_s == np.median(data)
 
@@ -828,21 +982,59 @@ def test_the_gate_compares_records_of_either_source_as_it_compares_their_documen
     typed, documents = compare.compare(base, cur), compare.compare(base_doc, cur_doc)
     assert [c.to_dict() for c in typed.changes] == [c.to_dict() for c in documents.changes]
     assert {c.case_id: c.verdict for c in typed.changes} == {"a": "regressed", "b": "unchanged"}
-    assert set(typed.to_dict()) == {"passed", "baseline", "current", "counts", "forced", "strict", "problems",
-                                    "unfinished", "changes"}
-    assert typed.to_dict()["current"] == {"run_id": "r", "scenario": "s", "device_label": "CPU: test",
-                                          "source": "gpubench", "path": None}
+    assert set(typed.to_dict()) == {
+        "passed",
+        "baseline",
+        "current",
+        "counts",
+        "forced",
+        "strict",
+        "problems",
+        "unfinished",
+        "changes",
+    }
+    assert typed.to_dict()["current"] == {
+        "run_id": "r",
+        "scenario": "s",
+        "device_label": "CPU: test",
+        "source": "gpubench",
+        "path": None,
+    }
     change = typed.to_dict()["changes"][0]
-    assert set(change) == {"case_id", "technique", "verdict", "variant", "baseline_median_s", "current_median_s",
-                           "ratio", "ci_low", "ci_high", "p_value", "threshold", "reason", "context", "device",
-                           "time_basis", "n"}  # the clock, the fewer samples (keys are added, never taken away)
+    assert set(change) == {
+        "case_id",
+        "technique",
+        "verdict",
+        "variant",
+        "baseline_median_s",
+        "current_median_s",
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "threshold",
+        "reason",
+        "context",
+        "device",
+        "time_basis",
+        "n",
+    }  # the clock, the fewer samples (keys are added, never taken away)
     assert set(change["context"]) == {"variant", "ratio", "ci_low", "ci_high"}  # not judged by the ratio
     both_slow = compare.compare(base, _doc(cases=[_case("a", [x * 1.4 for x in s]), _case("b", s)]))
     assert set(both_slow.to_dict()["changes"][0]["context"]) == {
-        "variant", "ratio", "ci_low", "ci_high", "relative_ratio", "relative_ci_low", "relative_ci_high"}
+        "variant",
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "relative_ratio",
+        "relative_ci_low",
+        "relative_ci_high",
+    }
     data = list(rng.normal(1e-3, 1e-5, 20))
-    bench = compare.compare(compare.load_any(_bench_json(tmp_path / "a.json", data)),
-                            compare.load_any(_bench_json(tmp_path / "b.json", [x * 1.4 for x in data])))
+    bench = compare.compare(
+        compare.load_any(_bench_json(tmp_path / "a.json", data)),
+        compare.load_any(_bench_json(tmp_path / "b.json", [x * 1.4 for x in data])),
+    )
     assert [(c.case_id, c.verdict) for c in bench.changes] == [("b.py::test_x[k=2]", "regressed")]
     assert bench.to_dict()["baseline"]["source"] == "pytest-benchmark"
 
@@ -860,8 +1052,11 @@ def test_a_results_file_of_another_schema_version_is_refused_with_exit_2_naming_
     future = tmp_path / "future" / "results.json"
     future.parent.mkdir()
     future.write_text(json.dumps({**_doc(cases=[_case("a", SAMPLES)]), "schema_version": 99}))
-    args = (["compare", str(good), str(future.parent)] if command == "compare"
-            else ["baseline", "save", str(future.parent), "--baseline-dir", str(tmp_path / "store")])
+    args = (
+        ["compare", str(good), str(future.parent)]
+        if command == "compare"
+        else ["baseline", "save", str(future.parent), "--baseline-dir", str(tmp_path / "store")]
+    )
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert str(future) in result.output and "schema_version is 99" in result.output
@@ -896,8 +1091,17 @@ def test_a_results_file_with_a_value_of_the_wrong_type_is_exit_2_not_a_regressio
 
     from gpubench.cli import main
 
-    good = _doc(cases=[{"id": "t[n=1]", "technique": "t", "status": "passed", "params": {},
-                        "variants": {"fused": {"role": "optimized", "status": "ok", "samples_s": [1.0, 1.1, 0.9]}}}])
+    good = _doc(
+        cases=[
+            {
+                "id": "t[n=1]",
+                "technique": "t",
+                "status": "passed",
+                "params": {},
+                "variants": {"fused": {"role": "optimized", "status": "ok", "samples_s": [1.0, 1.1, 0.9]}},
+            }
+        ]
+    )
     bad = json.loads(json.dumps(good))
     if breaks == "scenario as text":
         bad["scenario"] = "s"
@@ -933,6 +1137,7 @@ def test_the_gate_prints_the_count_where_it_has_no_ci():
     from gpubench.reports import gate
 
     rng = np.random.default_rng(3)
-    comp = compare.compare(_doc(cases=[_case("a", list(rng.normal(1.0, 0.01, 20)))]),
-                           _doc(cases=[_case("a", [1.0], optimized_scale=3.0)]))
+    comp = compare.compare(
+        _doc(cases=[_case("a", list(rng.normal(1.0, 0.01, 20)))]), _doc(cases=[_case("a", [1.0], optimized_scale=3.0)])
+    )
     assert re.search(r"\| \+200\.\d% \(n=1\) \|", gate.to_markdown(comp))

@@ -1,6 +1,7 @@
 """The public contract: roles cast per device, the shared checks, the recorder hand-off, one
 declaration per idea (headline figures, plots, benchmark sizes) with the older spellings still
 working behind a DeprecationWarning."""
+
 from __future__ import annotations
 
 import warnings
@@ -8,8 +9,18 @@ import warnings
 import pytest
 import torch
 
-from gpubench.contract import (DTYPE_TOLERANCE, Bench, Headline, Param, Plot, Recorder, Technique, Workload,
-                               relative_l2_check, tensors_check)
+from gpubench.contract import (
+    DTYPE_TOLERANCE,
+    Bench,
+    Headline,
+    Param,
+    Plot,
+    Recorder,
+    Technique,
+    Workload,
+    relative_l2_check,
+    tensors_check,
+)
 from gpubench.reports import sweep
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -26,8 +37,12 @@ def pair() -> Technique:
 
 def test_the_first_runnable_variant_plays_each_role_and_the_rest_are_peers():
     t = pair()
-    assert t.cast(CPU) == {"eager": ("baseline", None), "kernel": ("peer", "needs CUDA"),
-                           "loop": ("optimized", None), "other": ("peer", None)}
+    assert t.cast(CPU) == {
+        "eager": ("baseline", None),
+        "kernel": ("peer", "needs CUDA"),
+        "loop": ("optimized", None),
+        "other": ("peer", None),
+    }
     assert t.cast(CUDA)["kernel"] == ("optimized", None) and t.cast(CUDA)["loop"] == ("peer", None)
     assert t.playing("optimized", CPU).name == "loop" and t.playing("optimized", CUDA).name == "kernel"
     assert t.optimized.name == "kernel"  # the declared first, as before
@@ -82,11 +97,14 @@ def test_tensors_check_reports_the_worst_named_tensor_against_the_dtype_toleranc
     assert not result.passed and "grad" in result.detail and result.error == pytest.approx(0.25)
 
 
-@pytest.mark.parametrize("output,expected", [
-    ({"out": torch.ones(4)}, "grad is missing"),
-    ({"out": torch.ones(5), "grad": torch.ones(3)}, "out: shape (5,) != reference (4,)"),
-    ({"out": torch.tensor([1.0, float("nan"), 1.0, float("inf")]), "grad": torch.ones(3)}, "1 NaN and 1 Inf"),
-])
+@pytest.mark.parametrize(
+    "output,expected",
+    [
+        ({"out": torch.ones(4)}, "grad is missing"),
+        ({"out": torch.ones(5), "grad": torch.ones(3)}, "out: shape (5,) != reference (4,)"),
+        ({"out": torch.tensor([1.0, float("nan"), 1.0, float("inf")]), "grad": torch.ones(3)}, "1 NaN and 1 Inf"),
+    ],
+)
 def test_tensors_check_fails_missing_misshapen_and_non_finite_tensors(output, expected):
     result = tensors_check({"out": torch.ones(4), "grad": torch.ones(3)}, output)
     assert not result.passed and expected in result.detail
@@ -95,8 +113,8 @@ def test_tensors_check_fails_missing_misshapen_and_non_finite_tensors(output, ex
 def test_a_zero_reference_is_compared_by_absolute_error_everywhere():
     zero = torch.zeros(3)
     assert tensors_check({"g": zero}, {"g": zero}).error == 0.0
-    assert tensors_check({"g": zero}, {"g": torch.full((3,), 1e-3)}).error == pytest.approx(3 ** 0.5 * 1e-3)
-    assert relative_l2_check(zero, torch.full((3,), 1e-3)).error == pytest.approx(3 ** 0.5 * 1e-3)
+    assert tensors_check({"g": zero}, {"g": torch.full((3,), 1e-3)}).error == pytest.approx(3**0.5 * 1e-3)
+    assert relative_l2_check(zero, torch.full((3,), 1e-3)).error == pytest.approx(3**0.5 * 1e-3)
 
 
 def test_exact_checks_demand_bit_equality():
@@ -138,16 +156,18 @@ def test_a_headline_string_beside_declared_figures_reads_back_first_and_keeps_th
         t = Technique("t", summary="s", shape="serving_run", params=[], headline="syncs", headline_figures=(tokens,))
     assert t.headline == "syncs" and sweep.headline_figures(t) == (tokens,)
     with pytest.warns(DeprecationWarning):  # a metric already declared stays as declared, read by
-        same = Technique("t", summary="s", shape="serving_run", params=[], headline="tokens_per_s",
-                         headline_figures=(tokens,))
+        same = Technique(
+            "t", summary="s", shape="serving_run", params=[], headline="tokens_per_s", headline_figures=(tokens,)
+        )
     assert same.headline_figures == (tokens,) and same.headline == "tokens_per_s"
 
 
 def test_headline_figures_alone_raise_no_warning_and_the_first_is_the_headline_metric():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        beside = Technique("t", summary="s", shape="kernel", params=[],
-                           headline_figures=(Headline("syncs", replaces_time=False),))
+        beside = Technique(
+            "t", summary="s", shape="kernel", params=[], headline_figures=(Headline("syncs", replaces_time=False),)
+        )
         plain = Technique("t", summary="s", shape="kernel", params=[])
     assert beside.headline == "syncs" and plain.headline == "" and sweep.headline_figures(beside) == ()
 
@@ -185,8 +205,13 @@ def test_benchmark_sizes_are_checked_against_the_params_when_declared():
     t = Technique("t", summary="s", shape="kernel", params=params, benchmarks=[Bench("small", {"n": 2})])
     assert t.bench_params(t.benchmarks[0]) == {"n": 2, "mode": "a"}
     with pytest.raises(ValueError) as err:
-        Technique("t", summary="s", shape="kernel", params=params,
-                  benchmarks=[Bench("x", {"n": 0}), Bench("x", {"size": 3, "mode": "c"})])
+        Technique(
+            "t",
+            summary="s",
+            shape="kernel",
+            params=params,
+            benchmarks=[Bench("x", {"n": 0}), Bench("x", {"size": 3, "mode": "c"})],
+        )
     text = str(err.value)
     assert "'x' declared twice" in text and "n: 0 is below the minimum 1" in text
     assert "size: unknown param; allowed: n, mode" in text and "mode: 'c' is not one of ['a', 'b']" in text

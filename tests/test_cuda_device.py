@@ -5,6 +5,7 @@ rejects a CUDA device without an index there. These tests stand a strict fake in
 ``torch.cuda`` (it rejects what the real one rejects) and drive each entry point up to the
 first line after it selects the device, on a machine without a GPU.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -49,6 +50,7 @@ EXPECTED = [1, 0, 1, 1, 0]  # "cuda" alone is the current device (1 in the fake)
 def test_calibrate_selects_the_device_in_every_form(fake_cuda, monkeypatch, form, index):
     def stop(*args, **kwargs):
         raise Reached
+
     monkeypatch.setattr(envmod.timing, "Clock", stop)  # the line after selecting the device
     with pytest.raises(Reached):
         envmod.calibrate(form, quick=True)
@@ -74,6 +76,7 @@ def test_resolve_device_always_names_an_index(fake_cuda, requested, index):
 def test_in_process_device_selects_cuda_without_index(fake_cuda, monkeypatch):
     def stop(*args, **kwargs):
         raise Reached
+
     monkeypatch.setattr(envmod, "capture_env", stop)  # the line after selecting the device
     dev = in_process.InProcess("cuda", calibrate=False, telemetry_interval_s=0.1)
     with pytest.raises(Reached):
@@ -87,6 +90,7 @@ def test_cuda_device_refuses_a_cpu():
 
 
 # -- a smaller card's memory on a bigger GPU (policy gpu_memory_gib) -----------------------------
+
 
 def test_memory_cap_gives_the_allocator_what_a_smaller_card_would_and_lifts_it(fake_cuda, monkeypatch):
     """A "24" scenario on an H200 gets what a 24 GB card's caching allocator gets (about 22.5 GiB
@@ -117,15 +121,20 @@ def test_memory_cap_gives_the_allocator_what_a_smaller_card_would_and_lifts_it(f
 
 def test_a_capped_run_says_its_compute_is_still_the_big_gpus():
     from gpubench.records.results import RunRecord
-    from gpubench.run.scenario import load as load_scenario
     from gpubench.run.closing import memory_cap_warning
+    from gpubench.run.scenario import load as load_scenario
 
     scen = load_scenario("gpu-consumer")
     cases = scen.cases()
     assert cases and all(c.policy.gpu_memory_gib == 24 for c in cases)
-    run = RunRecord(run_id="r", device="cuda", device_label="NVIDIA H200", scenario={},
-                    env={"gpu": {"total_memory_bytes": 150_000_000_000}},
-                    devices={"cuda:0": {"type": "cuda"}})
+    run = RunRecord(
+        run_id="r",
+        device="cuda",
+        device_label="NVIDIA H200",
+        scenario={},
+        env={"gpu": {"total_memory_bytes": 150_000_000_000}},
+        devices={"cuda:0": {"type": "cuda"}},
+    )
     text = memory_cap_warning(run, cases)
     assert "capped as on a 24 GiB card" in text and "about 22.0 GiB of its 140 GiB" in text
     assert "approximate" in text and "caching allocator only" in text and "still the NVIDIA H200's" in text

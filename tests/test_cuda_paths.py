@@ -3,6 +3,7 @@ fake ``torch.cuda`` memory queries): the order of stream, event and graph operat
 staging buffer's reuse, the memory cap's arithmetic, the worker's CPU pinning. docs/cuda-paths.md
 lists every CUDA-only line and the test that reaches it (or why none can).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from fake_cuda import FakeCuda
 
 from gpubench.serving.graphs import DecodeGraphs
@@ -25,6 +25,7 @@ def fake(monkeypatch):
 
 
 # -- the staging buffer: pinned host memory, copied without blocking, reused ----------------------
+
 
 def test_staging_never_overwrites_host_memory_a_copy_may_still_read(fake):
     staging = Staging(CUDA0, capacity=8)
@@ -51,11 +52,18 @@ VOCAB = 5
 
 
 def fake_kv():
-    rows = lambda decodes: SimpleNamespace(rows=[[1] for _ in decodes], slots=[10 + i for i in range(len(decodes))],
-                                           lens=[s.cached + 1 for s in decodes])
-    return SimpleNamespace(spare_unit=3, device=CUDA0, max_len=8, decode_width=lambda: 1,
-                           padding_row=lambda columns: (99, [3] * columns), decode_rows=rows,
-                           decode_batch=lambda lens, table, width: SimpleNamespace(lens=lens))
+    rows = lambda decodes: SimpleNamespace(
+        rows=[[1] for _ in decodes], slots=[10 + i for i in range(len(decodes))], lens=[s.cached + 1 for s in decodes]
+    )
+    return SimpleNamespace(
+        spare_unit=3,
+        device=CUDA0,
+        max_len=8,
+        decode_width=lambda: 1,
+        padding_row=lambda columns: (99, [3] * columns),
+        decode_rows=rows,
+        decode_batch=lambda lens, table, width: SimpleNamespace(lens=lens),
+    )
 
 
 def test_decode_graphs_warm_up_on_a_side_stream_then_capture(fake):
@@ -68,12 +76,22 @@ def test_decode_graphs_warm_up_on_a_side_stream_then_capture(fake):
         return torch.full((inputs.tokens.shape[0], VOCAB), float(len(calls)))
 
     graphs = DecodeGraphs(fake_kv(), Staging(CUDA0), 2, forward, capture=True)
-    per_bucket = ["event synchronized", "copy queued on current", "event recorded",
-                  "side waits for current", "forward on side", "forward on side", "forward on side",
-                  "current waits for side"]
-    assert fake.log == (per_bucket + ["capture begins", "forward on capture", "capture ends"]
-                        + per_bucket + ["capture begins (shared pool)", "forward on capture", "capture ends",
-                                        "synchronize"])
+    per_bucket = [
+        "event synchronized",
+        "copy queued on current",
+        "event recorded",
+        "side waits for current",
+        "forward on side",
+        "forward on side",
+        "forward on side",
+        "current waits for side",
+    ]
+    assert fake.log == (
+        per_bucket
+        + ["capture begins", "forward on capture", "capture ends"]
+        + per_bucket
+        + ["capture begins (shared pool)", "forward on capture", "capture ends", "synchronize"]
+    )
     # every warm-up call read the staged padding rows: the copy was done before the side stream ran
     assert all(slots == [99] * bucket for _, bucket, slots in calls)
     assert sorted(graphs.graphs) == [1, 2]
@@ -87,6 +105,7 @@ def test_decode_graphs_warm_up_on_a_side_stream_then_capture(fake):
 
 
 # -- calibration ------------------------------------------------------------------------------------
+
 
 class Reached(Exception):
     pass
@@ -115,6 +134,7 @@ def test_a_gpus_calibration_matmul_is_large_even_when_quick(monkeypatch, quick):
 
 # -- the worker's CPU pinning near its GPU (NVML) -------------------------------------------------
 
+
 class FakeNvmlAffinity:
     """pynvml's CPU affinity of a GPU: 64-bit words of a core mask."""
 
@@ -139,6 +159,7 @@ def pinning(monkeypatch):
     def use(cores):
         monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlAffinity(cores))
         return worker._pin_near(handle=object())
+
     return use, pinned
 
 
@@ -146,8 +167,10 @@ def test_a_worker_pins_to_its_gpus_cores_and_logs_the_mask(pinning, capsys):
     use, pinned = pinning
     near = list(range(0, 32)) + list(range(64, 96))  # NVML's mask spans two 64-bit words
     assert use(near) == tuple(near) and pinned == [tuple(near)]
-    assert "pinned to CPU cores 0-31,64-95 (NVML's affinity for this GPU; 64 of the process's 128 cores)" \
+    assert (
+        "pinned to CPU cores 0-31,64-95 (NVML's affinity for this GPU; 64 of the process's 128 cores)"
         in capsys.readouterr().out
+    )
 
 
 def test_a_worker_stays_unpinned_where_the_mask_leaves_fewer_than_half_its_cores(pinning, capsys):
@@ -155,8 +178,10 @@ def test_a_worker_stays_unpinned_where_the_mask_leaves_fewer_than_half_its_cores
     use, pinned = pinning
     assert use(range(16)) is None and pinned == []
     out = capsys.readouterr().out
-    assert "not pinned to CPU cores: NVML's affinity for this GPU (0-15) leaves 16 of the process's 128 cores, " \
-           "fewer than half" in out
+    assert (
+        "not pinned to CPU cores: NVML's affinity for this GPU (0-15) leaves 16 of the process's 128 cores, "
+        "fewer than half" in out
+    )
 
 
 def test_a_worker_pins_only_to_cores_it_may_use(pinning, monkeypatch, capsys):
@@ -186,11 +211,13 @@ def test_a_refused_pinning_leaves_the_worker_unpinned_and_says_so(pinning, monke
 
     def refuse(pid, cores):
         raise OSError(22, "Invalid argument")
+
     monkeypatch.setattr(worker.os, "sched_setaffinity", refuse)
     assert use(range(128)) is None and "pinning failed" in capsys.readouterr().out
 
 
 # -- activation offload's copier: a copy stream guarded by events -----------------------------------
+
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.01])
 def test_an_offloaded_tensor_reloads_intact_however_slow_the_copies(fake, delay_s):
@@ -216,11 +243,18 @@ def test_an_offloaded_tensor_reloads_intact_however_slow_the_copies(fake, delay_
 
 # -- what the harness asks a GPU about itself (torch.cuda's device queries, faked) --------------------
 
+
 @pytest.fixture
 def h200(monkeypatch):
     """torch.cuda's device queries as one H200 answers them."""
-    props = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30, multi_processor_count=132,
-                            shared_memory_per_block_optin=227 * 1024, major=9, minor=0)
+    props = SimpleNamespace(
+        name="NVIDIA H200",
+        total_memory=141 * 2**30,
+        multi_processor_count=132,
+        shared_memory_per_block_optin=227 * 1024,
+        major=9,
+        minor=0,
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -234,8 +268,8 @@ def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
     """Tunings are kept per GPU model, the paged kernel splits for the GPU's SMs, grouped GEMM's
     path follows its compute capability, and kv_cache's serving figures use its memory."""
     from gpubench.measure import autotune
-    from gpubench.techniques.kv_cache import server_memory as kv_server_memory
     from gpubench.optimizations import moe_grouping, paged_attention_triton
+    from gpubench.techniques.kv_cache import server_memory as kv_server_memory
 
     assert autotune.gpu_model(CUDA0) == "NVIDIA H200"
     paged_attention_triton.sm_count.cache_clear()
@@ -274,6 +308,7 @@ def test_kv_cache_plans_for_the_gpu_in_this_machine(h200):
 
 # -- after a failure: is the CUDA context still usable? -----------------------------------------
 
+
 def test_a_sticky_cuda_error_is_told_from_a_context_that_still_works(fake, monkeypatch):
     """After a failed case the worker asks whether its CUDA context still works; an illegal memory
     access is sticky (every later call fails alike), so the worker must be replaced."""
@@ -283,6 +318,7 @@ def test_a_sticky_cuda_error_is_told_from_a_context_that_still_works(fake, monke
 
     def broken(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
     monkeypatch.setattr(torch.cuda, "synchronize", broken)
     assert runner.cuda_context_broken(CUDA0) == "RuntimeError: CUDA error: an illegal memory access was encountered"
 
@@ -305,15 +341,20 @@ def test_a_gpu_runs_environment_names_the_card(h200, monkeypatch):
     says so instead of failing."""
     import sys
 
-    from gpubench.measure import env as envmod
     from gpubench.errors import BadInput
+    from gpubench.measure import env as envmod
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     env = envmod.capture_env(CUDA0)
     assert env["device_label"] == "NVIDIA H200"
     gpu = env["gpu"]
-    assert (gpu["name"], gpu["index"], gpu["total_memory_bytes"], gpu["multiprocessors"], gpu["compute_capability"]) \
-        == ("NVIDIA H200", 0, 141 * 2**30, 132, "9.0")
+    assert (
+        gpu["name"],
+        gpu["index"],
+        gpu["total_memory_bytes"],
+        gpu["multiprocessors"],
+        gpu["compute_capability"],
+    ) == ("NVIDIA H200", 0, 141 * 2**30, 132, "9.0")
     assert gpu["nvml"].startswith("unavailable")
     with pytest.raises(BadInput, match="does not exist; this machine has 1 CUDA device"):
         envmod.resolve_device("cuda:3")
@@ -333,6 +374,7 @@ def test_a_variants_peak_memory_on_a_gpu_is_what_its_call_added(fake, monkeypatc
         memory["peak"] = memory["now"] + 4096  # a temporary of 4 KiB, freed before the call returns
         fake.log.append("call")
         return "out"
+
     variant = SimpleNamespace(call=call)
     assert runner._call_once(variant, SimpleNamespace(reset=None), CUDA0) == ("out", 4096)
     assert fake.log == ["synchronize", "call", "synchronize"]
@@ -394,6 +436,7 @@ def test_the_flash_kernels_plan_for_the_gpus_capability_and_shared_memory(h200):
 
 # -- measurement hygiene through NVML: other processes on the GPU, locked clocks ---------------------
 
+
 class FakeNvmlHygiene:
     """pynvml as a GPU shared with one other process answers, locking allowed or refused."""
 
@@ -442,6 +485,7 @@ def nvml_hygiene(monkeypatch):
         fake = FakeNvmlHygiene(os.getpid(), **kwargs)
         monkeypatch.setitem(sys.modules, "pynvml", fake)
         return fake
+
     return hygiene, use, closed
 
 
@@ -466,9 +510,15 @@ def test_locked_clocks_are_restored_when_the_run_ends(nvml_hygiene):
 
 # -- a CUDA profile's summary (the events' shapes as torch's FunctionEvent gives them) ---------------
 
+
 def _event(name, start, end, parent=None, device="CPU", self_cpu=0.0):
-    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start),
-                           cpu_parent=parent, device_type=SimpleNamespace(name=device), self_cpu_time_total=self_cpu)
+    return SimpleNamespace(
+        name=name,
+        time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start),
+        cpu_parent=parent,
+        device_type=SimpleNamespace(name=device),
+        self_cpu_time_total=self_cpu,
+    )
 
 
 def test_a_cuda_profile_counts_launches_syncs_and_kernel_time_per_call():
@@ -482,22 +532,32 @@ def test_a_cuda_profile_counts_launches_syncs_and_kernel_time_per_call():
         drain = _event(profiling.DRAIN_RANGE, t0 + 50, t0 + 90)
         mm = _event("aten::mm", t0 + 1, t0 + 10, call)
         item = _event("aten::item", t0 + 11, t0 + 20, call)
-        events += [call, drain, mm, item,
-                   _event("cudaLaunchKernel", t0 + 2, t0 + 3, mm), _event("cudaLaunchKernel", t0 + 4, t0 + 5, mm),
-                   _event("cudaStreamSynchronize", t0 + 12, t0 + 19, item),
-                   _event("cudaEventSynchronize", t0 + 21, t0 + 22, call),
-                   _event("gemm_kernel", t0 + 30, t0 + 60, device="CUDA"),  # ends after the call: drain's window
-                   _event("copy_kernel", t0 + 61, t0 + 65, device="CUDA")]
+        events += [
+            call,
+            drain,
+            mm,
+            item,
+            _event("cudaLaunchKernel", t0 + 2, t0 + 3, mm),
+            _event("cudaLaunchKernel", t0 + 4, t0 + 5, mm),
+            _event("cudaStreamSynchronize", t0 + 12, t0 + 19, item),
+            _event("cudaEventSynchronize", t0 + 21, t0 + 22, call),
+            _event("gemm_kernel", t0 + 30, t0 + 60, device="CUDA"),  # ends after the call: drain's window
+            _event("copy_kernel", t0 + 61, t0 + 65, device="CUDA"),
+        ]
     events.append(_event("gemm_kernel", 300, 400, device="CUDA"))  # outside every call: not counted
     s = profiling.summarize(events, calls=2, cuda=True, trace=None)
     assert s["time_basis"] == "device" and s["kernel_launches_per_call"] == 2
     assert s["sync_ops"] == {"aten::item (cudaStreamSynchronize)": 1} and s["syncs_per_call"] == 1
     assert s["event_waits_per_call"] == 1 and s["ops_per_call"] == 2
-    assert [(op["name"], op["self_us_per_call"]) for op in s["top_ops"]] == [("gemm_kernel", 30.0), ("copy_kernel", 4.0)]
+    assert [(op["name"], op["self_us_per_call"]) for op in s["top_ops"]] == [
+        ("gemm_kernel", 30.0),
+        ("copy_kernel", 4.0),
+    ]
     assert s["peak_memory_bytes"] is None and "no kernel launches on a CPU" not in s["notes"]
 
 
 # -- the timing loop's CUDA graphs (policy cuda_graph) ------------------------------------------------
+
 
 class LoggingClock:
     """A GPU clock that times nothing: it runs the call and logs it (the graph path is the point)."""
@@ -532,17 +592,23 @@ def test_a_variant_is_captured_after_a_warm_up_on_a_side_stream_and_replayed_whe
         calls.append(stream)
         fake.log.append(f"variant on {stream}")
 
-    policy = timing.Policy(warmup_s=0.0, min_reps=2, max_reps=2, min_time_s=0.0, target_iqr=1.0, cuda_graph=True,
-                           energy_s=0.0)
+    policy = timing.Policy(
+        warmup_s=0.0, min_reps=2, max_reps=2, min_time_s=0.0, target_iqr=1.0, cuda_graph=True, energy_s=0.0
+    )
     out = timing.measure_interleaved({"a": variant}, LoggingClock(fake), policy, basis="device", other_clock=False)["a"]
-    capture = fake.log[:fake.log.index("capture ends") + 1]
+    capture = fake.log[: fake.log.index("capture ends") + 1]
     assert capture == ["side waits for current"] + ["variant on side"] * 3 + [
-        "current waits for side", "capture begins (shared pool)", "variant on capture", "capture ends"]
+        "current waits for side",
+        "capture begins (shared pool)",
+        "variant on capture",
+        "capture ends",
+    ]
     assert out.cuda_graph == "on" and out.n == 2
-    assert fake.log[fake.log.index("capture ends") + 1:] == ["synchronize"] + ["replay"] * 3  # warm-up + 2 timed
+    assert fake.log[fake.log.index("capture ends") + 1 :] == ["synchronize"] + ["replay"] * 3  # warm-up + 2 timed
     assert calls == ["side"] * 3 + ["capture"]  # never called eagerly once captured
 
     fake.log.clear()
-    stateful = timing.measure_interleaved({"b": variant}, LoggingClock(fake), policy, reset=lambda: None,
-                                          basis="device", other_clock=False)["b"]
+    stateful = timing.measure_interleaved(
+        {"b": variant}, LoggingClock(fake), policy, reset=lambda: None, basis="device", other_clock=False
+    )["b"]
     assert stateful.cuda_graph.startswith("failed: stateful") and "replay" not in fake.log

@@ -7,6 +7,7 @@ API reference generated from `gpubench.contract`'s docstrings link to. The mkdoc
 with the `test` extra (and the `docs` one); without them this fails rather than skips, so CI
 cannot pass without building the site.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,13 +74,29 @@ def built_site(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         import mkdocs  # noqa: F401
         import mkdocstrings  # noqa: F401
     except ImportError:
-        pytest.fail("the docs packages are missing: install the test extra (pip install -e '.[test]') "
-                    "or the docs extra")
+        pytest.fail(
+            "the docs packages are missing: install the test extra (pip install -e '.[test]') or the docs extra"
+        )
     site = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # no end-of-life banner in the log
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                           str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return site, done
 
 
@@ -96,10 +113,19 @@ def test_the_api_reference_is_generated_from_the_contracts_docstrings(built_site
     assert done.returncode == 0, done.stdout + done.stderr
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     # A name of each public piece, and a sentence only its docstring holds.
-    for anchor in ("gpubench.contract.Technique", "gpubench.contract.Technique.variant", "gpubench.contract.Param",
-                   "gpubench.contract.Workload", "gpubench.contract.Plot", "gpubench.contract.Headline",
-                   "gpubench.contract.Bench", "gpubench.contract.Measured", "gpubench.contract.Recorder",
-                   "gpubench.checks.CheckResult", "gpubench.records.claims.Claim"):
+    for anchor in (
+        "gpubench.contract.Technique",
+        "gpubench.contract.Technique.variant",
+        "gpubench.contract.Param",
+        "gpubench.contract.Workload",
+        "gpubench.contract.Plot",
+        "gpubench.contract.Headline",
+        "gpubench.contract.Bench",
+        "gpubench.contract.Measured",
+        "gpubench.contract.Recorder",
+        "gpubench.checks.CheckResult",
+        "gpubench.records.claims.Claim",
+    ):
         assert f'id="{anchor}"' in api, anchor
     assert "A registered technique. Build one at module level" in api
     assert ":class:" not in api and "&gt;&gt;&gt;" not in api  # Sphinx roles and doctest prompts render raw
@@ -130,18 +156,25 @@ def unrendered_blocks(page: str) -> list[str]:
 def test_no_list_table_or_fence_renders_as_plain_text(built_site):
     site, done = built_site
     assert done.returncode == 0, done.stdout + done.stderr
-    found = {str(path.relative_to(site)): unrendered_blocks(path.read_text(encoding="utf-8"))
-             for path in site.rglob("*.html")}
+    found = {
+        str(path.relative_to(site)): unrendered_blocks(path.read_text(encoding="utf-8"))
+        for path in site.rglob("*.html")
+    }
     assert {k: v for k, v in found.items() if v} == {}
     assert unrendered_blocks("<p>The fakes:\n- one\n- two</p>") and unrendered_blocks("<p>end.\n3. Add</p>")
 
 
 def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "index.html").write_text('<h2 id="here">x</h2><a href="#here">ok</a>'
-                                               '<a href="../b/">ok</a><a href="https://example.org/x">out</a>')
+    (tmp_path / "a" / "index.html").write_text(
+        '<h2 id="here">x</h2><a href="#here">ok</a><a href="../b/">ok</a><a href="https://example.org/x">out</a>'
+    )
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "index.html").write_text('<a href="../a/#here">ok</a><a href="../a/#gone">bad</a>'
-                                               '<a href="../c/">bad</a><img src="../p.png">')
-    assert broken_links(tmp_path) == ["b/index.html: ../a/#gone (no such anchor)", "b/index.html: ../c/",
-                                      "b/index.html: ../p.png"]
+    (tmp_path / "b" / "index.html").write_text(
+        '<a href="../a/#here">ok</a><a href="../a/#gone">bad</a><a href="../c/">bad</a><img src="../p.png">'
+    )
+    assert broken_links(tmp_path) == [
+        "b/index.html: ../a/#gone (no such anchor)",
+        "b/index.html: ../c/",
+        "b/index.html: ../p.png",
+    ]

@@ -1,6 +1,7 @@
 """Energy per call against an NVML energy counter that refreshes only every 100 ms (issue 24):
 windows span several counter steps, the figure carries its uncertainty, and a mean power above
 the board's limit, or a counter that does not move, gives a reason instead of a number."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,17 @@ import pytest
 import torch
 from test_telemetry import NOT_SUPPORTED, FakeClock, FakeNvml, FakeNVMLError
 
-from gpubench.measure import energy
-from gpubench.run import runner
-from gpubench.measure import timing
-from gpubench.measure.energy import MIN_COUNTER_STEPS, TARGET_REL_UNCERTAINTY, measure_energy_per_call, power_limit_problem
-from gpubench.records.results import cases_frame, json_safe
-from gpubench.run.scenario import Case
+from gpubench.measure import energy, timing
+from gpubench.measure.energy import (
+    MIN_COUNTER_STEPS,
+    TARGET_REL_UNCERTAINTY,
+    measure_energy_per_call,
+    power_limit_problem,
+)
 from gpubench.measure.telemetry import NvmlSource, TelemetrySampler
+from gpubench.records.results import cases_frame, json_safe
+from gpubench.run import runner
+from gpubench.run.scenario import Case
 
 
 class SteppedNvml(FakeNvml):
@@ -26,8 +31,9 @@ class SteppedNvml(FakeNvml):
     whole mJ; between refreshes it returns the last value. The board's enforced limit is
     ``limit_w`` (None: NVML does not report one)."""
 
-    def __init__(self, clock, power_w: float, period_s: float = 0.1, phase_s: float = 0.0,
-                 limit_w: float | None = 700.0):
+    def __init__(
+        self, clock, power_w: float, period_s: float = 0.1, phase_s: float = 0.0, limit_w: float | None = 700.0
+    ):
         super().__init__()
         self.clock, self.power_w, self.period_s, self.phase_s = clock, power_w, period_s, phase_s
         self.limit_w = limit_w
@@ -48,19 +54,27 @@ class SteppedNvml(FakeNvml):
         raise FakeNVMLError(NOT_SUPPORTED)
 
 
-def measure(power_w: float, call_s: float, min_window_s: float, *, phase_s: float = 0.0, period_s: float = 0.1,
-            limit_w: float | None = 700.0, start_s: float = 10.0):
+def measure(
+    power_w: float,
+    call_s: float,
+    min_window_s: float,
+    *,
+    phase_s: float = 0.0,
+    period_s: float = 0.1,
+    limit_w: float | None = 700.0,
+    start_s: float = 10.0,
+):
     """Measure a call that takes ``call_s`` of a fake clock, through NvmlSource and the sampler,
     as the runner does."""
     clock = FakeClock(start_s)
-    sampler = TelemetrySampler(NvmlSource(0, nvml=SteppedNvml(clock, power_w, period_s, phase_s, limit_w)),
-                               clock=clock)
+    sampler = TelemetrySampler(NvmlSource(0, nvml=SteppedNvml(clock, power_w, period_s, phase_s, limit_w)), clock=clock)
 
     def call():
         clock.t += call_s
 
-    return measure_energy_per_call(call, sampler.energy_mj, clock, min_window_s=min_window_s,
-                                   power_limit_w=sampler.power_limit_w())
+    return measure_energy_per_call(
+        call, sampler.energy_mj, clock, min_window_s=min_window_s, power_limit_w=sampler.power_limit_w()
+    )
 
 
 def test_a_window_shorter_than_the_counters_step_is_widened_until_it_has_advanced_several_times():
@@ -144,6 +158,7 @@ def test_the_issue_24_figure_is_rejected_and_its_window_now_measures_right():
 
 # -- in the runner ------------------------------------------------------------------------------
 
+
 class SteppedProbe:
     """What a worker gives run_case: tags, and a counter refreshed every ``period_s`` of real time
     at ``power_w`` (the runner reads time.perf_counter; the counter is a function of it)."""
@@ -163,8 +178,9 @@ class SteppedProbe:
 
 
 def run_toy(probe):
-    policy = timing.Policy(warmup_s=0.0, min_reps=2, max_reps=3, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0,
-                           energy_s=0.01)
+    policy = timing.Policy(
+        warmup_s=0.0, min_reps=2, max_reps=3, min_time_s=0.0, max_time_s=1.0, target_iqr=1.0, energy_s=0.01
+    )
     case = Case("toy_kernel", {"n": 64, "mode": "ok"}, policy, 1)
     cpu = torch.device("cpu")
     return runner.run_case(case, cpu, timing.Clock(cpu, flush_l2=False), probe, None)
@@ -196,17 +212,32 @@ def test_the_runner_flags_an_impossible_energy_figure_and_the_case_still_passes(
 
 
 def test_results_without_energy_windows_still_tabulate():
-    old = {"id": "c", "technique": "t", "status": "passed", "params": {},
-           "variants": {"baseline": {"role": "baseline", "energy_mj_per_call": 12.0, "energy_error": None}}}
+    old = {
+        "id": "c",
+        "technique": "t",
+        "status": "passed",
+        "params": {},
+        "variants": {"baseline": {"role": "baseline", "energy_mj_per_call": 12.0, "energy_error": None}},
+    }
     row = cases_frame({"cases": [old]}).iloc[0]
     assert row["energy_mj_per_call"] == 12.0 and row["energy_uncertainty_mj"] is None
 
 
 # -- long calls: measured over the timed calls themselves (issue 33) -------------------------------
 
-def over_timed_calls(power_w: float, call_s: float, calls: int = 5, *, read_s: float = 0.05, gap_s: float = 0.013,
-                     phase_s: float = 0.0, period_s: float = 0.1, limit_w: float | None = 700.0,
-                     counter=None):
+
+def over_timed_calls(
+    power_w: float,
+    call_s: float,
+    calls: int = 5,
+    *,
+    read_s: float = 0.05,
+    gap_s: float = 0.013,
+    phase_s: float = 0.0,
+    period_s: float = 0.1,
+    limit_w: float | None = 700.0,
+    counter=None,
+):
     """``calls`` calls of ``call_s`` each on a fake clock, ``gap_s`` apart (the other variants'
     calls, resets), while a reader takes the counter every ``read_s`` into a CounterLog, as the
     sampler's thread does; then energy over those calls. ``counter``: a function of the time
@@ -240,8 +271,9 @@ def over_timed_calls(power_w: float, call_s: float, calls: int = 5, *, read_s: f
 @pytest.mark.parametrize("call_s", [0.45, 0.8, 1.7, 5.0])
 @pytest.mark.parametrize("phase_s", [0.0, 0.033, 0.071])
 @pytest.mark.parametrize("read_s", [0.05, 0.02])
-def test_long_calls_get_the_true_energy_within_the_stated_bounds_from_their_own_counter_changes(call_s, phase_s,
-                                                                                                 read_s):
+def test_long_calls_get_the_true_energy_within_the_stated_bounds_from_their_own_counter_changes(
+    call_s, phase_s, read_s
+):
     m, _ = over_timed_calls(power_w=450.0, call_s=call_s, phase_s=phase_s, read_s=read_s)
     true_mj = 450.0 * call_s * 1000.0
     assert m.error is None and m.method == energy.METHOD_TIMED_CALLS
@@ -289,8 +321,11 @@ def test_a_counter_that_does_not_move_during_long_calls_gives_a_reason_not_a_num
 
 
 def test_a_counter_that_goes_backwards_inside_a_long_call_gives_a_reason():
-    m, _ = over_timed_calls(power_w=300.0, call_s=1.0,
-                            counter=lambda t: 1_000.0 if 12.0 <= t < 12.3 else 9_000_000 + math.floor(300 * t) * 1000)
+    m, _ = over_timed_calls(
+        power_w=300.0,
+        call_s=1.0,
+        counter=lambda t: 1_000.0 if 12.0 <= t < 12.3 else 9_000_000 + math.floor(300 * t) * 1000,
+    )
     assert m.mj_per_call is None and "went backwards during a timed call" in m.error
 
 
@@ -323,8 +358,16 @@ def test_the_counters_cadence_is_read_from_its_changes_and_a_stall_does_not_stre
 
 
 def test_older_results_read_as_windows():
-    old = {"mj_per_call": 12.0, "uncertainty_mj": 1.0, "mean_power_w": 300.0, "power_limit_w": 700.0,
-           "window_s": 0.4, "calls": 40, "counter_steps": 4, "counter_period_s": 0.1}
+    old = {
+        "mj_per_call": 12.0,
+        "uncertainty_mj": 1.0,
+        "mean_power_w": 300.0,
+        "power_limit_w": 700.0,
+        "window_s": 0.4,
+        "calls": 40,
+        "counter_steps": 4,
+        "counter_period_s": 0.1,
+    }
     m = energy.EnergyMeasurement.from_dict(old)
     assert m.method == energy.METHOD_WINDOW and m.covered_s is None and m.mj_per_call == 12.0
     assert measure(power_w=300.0, call_s=0.01, min_window_s=0.3).method == energy.METHOD_WINDOW
@@ -345,6 +388,7 @@ def test_a_counter_reader_thread_logs_reads_until_stopped():
 
 
 # -- long calls in the runner --------------------------------------------------------------------
+
 
 class FakeBoard:
     """A board on a fake clock: NVML's counter refreshed every 100 ms at ``power_w``, read by the
@@ -398,11 +442,13 @@ def long_and_short(monkeypatch):
 
 def test_the_runner_measures_long_calls_over_their_timed_calls_with_no_call_of_their_own(long_and_short):
     board = long_and_short
-    policy = timing.Policy(warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, max_time_s=60.0, target_iqr=1.0,
-                           energy_s=0.3)
+    policy = timing.Policy(
+        warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, max_time_s=60.0, target_iqr=1.0, energy_s=0.3
+    )
     cpu = torch.device("cpu")
-    record = runner.run_case(Case("energy_long_short", {}, policy, 1), cpu, timing.Clock(cpu, flush_l2=False),
-                             board.sampler, None)
+    record = runner.run_case(
+        Case("energy_long_short", {}, policy, 1), cpu, timing.Clock(cpu, flush_l2=False), board.sampler, None
+    )
     assert record.status == "passed", record.failure
     long, short = record.variants["baseline"], record.variants["optimized"]
     # The long variant: its checked call, one warm-up call and its 3 timed calls, nothing more.
@@ -427,11 +473,13 @@ def test_the_runner_measures_long_calls_over_their_timed_calls_with_no_call_of_t
 def test_the_runner_gives_long_calls_too_few_counter_changes_an_error_without_extra_calls(long_and_short):
     board = long_and_short
     board.nvml.period_s = 2.0  # a counter refreshed every 2 s: at most one change in a 1.5 s call
-    policy = timing.Policy(warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, max_time_s=60.0, target_iqr=1.0,
-                           energy_s=0.3)
+    policy = timing.Policy(
+        warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, max_time_s=60.0, target_iqr=1.0, energy_s=0.3
+    )
     cpu = torch.device("cpu")
-    record = runner.run_case(Case("energy_long_short", {}, policy, 1), cpu, timing.Clock(cpu, flush_l2=False),
-                             board.sampler, None)
+    record = runner.run_case(
+        Case("energy_long_short", {}, policy, 1), cpu, timing.Clock(cpu, flush_l2=False), board.sampler, None
+    )
     long = record.variants["baseline"]
     assert record.status == "passed" and board.calls["baseline"] == 5
     assert long.energy.method == energy.METHOD_TIMED_CALLS and long.energy_mj_per_call is None
@@ -476,17 +524,46 @@ def test_the_report_marks_energy_taken_over_the_timed_calls_and_says_what_the_ma
     from gpubench.reports import html, markdown
 
     def variant(role, mj, method):
-        measured = {"mj_per_call": mj, "uncertainty_mj": 1.0, "mean_power_w": 300.0, "power_limit_w": 700.0,
-                    "window_s": 3.3, "calls": 3, "counter_steps": 30, "counter_period_s": 0.1}
-        return {"role": role, "status": "ok", "samples_s": [1.0, 1.1, 1.2], "stats": {"median": 1.1, "n": 3},
-                "energy_mj_per_call": mj, "energy": dict(measured, method=method) if method else measured}
+        measured = {
+            "mj_per_call": mj,
+            "uncertainty_mj": 1.0,
+            "mean_power_w": 300.0,
+            "power_limit_w": 700.0,
+            "window_s": 3.3,
+            "calls": 3,
+            "counter_steps": 30,
+            "counter_period_s": 0.1,
+        }
+        return {
+            "role": role,
+            "status": "ok",
+            "samples_s": [1.0, 1.1, 1.2],
+            "stats": {"median": 1.1, "n": 3},
+            "energy_mj_per_call": mj,
+            "energy": dict(measured, method=method) if method else measured,
+        }
 
     def doc(base_method):
-        return {"kind": "gpubench.results", "schema_version": 3, "run_id": "r", "scenario": {"name": "s"},
-                "device": "cuda:0", "cases": [
-                    {"id": "t[a=1]", "technique": "t", "status": "passed", "params": {"a": 1}, "speedups": {},
-                     "variants": {"base": variant("baseline", 330_000.0, base_method),
-                                  "opt": variant("optimized", 3.0, "window")}}]}
+        return {
+            "kind": "gpubench.results",
+            "schema_version": 3,
+            "run_id": "r",
+            "scenario": {"name": "s"},
+            "device": "cuda:0",
+            "cases": [
+                {
+                    "id": "t[a=1]",
+                    "technique": "t",
+                    "status": "passed",
+                    "params": {"a": 1},
+                    "speedups": {},
+                    "variants": {
+                        "base": variant("baseline", 330_000.0, base_method),
+                        "opt": variant("optimized", 3.0, "window"),
+                    },
+                }
+            ],
+        }
 
     def report(base_method):
         run_dir = tmp_path / str(base_method)

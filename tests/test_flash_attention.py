@@ -1,5 +1,6 @@
 """flash_attention: the tiled online-softmax PyTorch path (what runs on a CPU) is exact attention,
 never stores N x N, and the technique's build / check / validate / peers behave as the harness relies on."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,9 @@ CASES = [
 @pytest.mark.parametrize("seq_len,heads,kv_heads,head_dim,dtype", CASES)
 def test_optimized_matches_float64_reference_and_baseline(seq_len, heads, kv_heads, head_dim, dtype, causal):
     # Small blocks so even short sequences span several query and key tiles, with ragged edges.
-    w = make_workload(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                      dtype=dtype, causal=causal, batch=2)
+    w = make_workload(
+        seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, causal=causal, batch=2
+    )
     out = flash_attention_torch(w.q, w.k, w.v, causal=causal, block_m=32, block_n=16)
     assert out.dtype == w.q.dtype and out.shape == w.q.shape
     assert rel_err(out, reference(w)) <= TOL[dtype]
@@ -90,11 +92,14 @@ class LargestTensor(TorchDispatchMode):
         return result
 
 
-@pytest.mark.parametrize("seq_len,causal,kv_heads,blocks", [
-    (512, False, 0, {"block_m": 128, "block_n": 64}),
-    (512, True, 1, {"block_m": 128, "block_n": 64}),
-    (2048, True, 0, {}),  # the default blocks
-])
+@pytest.mark.parametrize(
+    "seq_len,causal,kv_heads,blocks",
+    [
+        (512, False, 0, {"block_m": 128, "block_n": 64}),
+        (512, True, 1, {"block_m": 128, "block_n": 64}),
+        (2048, True, 0, {}),  # the default blocks
+    ],
+)
 def test_optimized_never_allocates_n_by_n(seq_len, causal, kv_heads, blocks):
     w = make_workload(seq_len=seq_len, heads=2, kv_heads=kv_heads, batch=1, head_dim=32, causal=causal)
     n_by_n = 1 * 2 * seq_len * seq_len
@@ -143,10 +148,11 @@ def test_validate_rejects_heads_not_divisible_by_kv_heads():
 def test_validate_wants_both_tiles_or_neither_as_powers_of_two_of_at_least_16():
     params = TECHNIQUE.defaults()
     assert TECHNIQUE.validate_fn(dict(params, block_m=64, block_n=32)) == []
-    assert TECHNIQUE.validate_fn(dict(params, block_m=64)) == [
-        "give both block_m and block_n, or neither (got 64, 0)"]
+    assert TECHNIQUE.validate_fn(dict(params, block_m=64)) == ["give both block_m and block_n, or neither (got 64, 0)"]
     assert TECHNIQUE.validate_fn(dict(params, block_m=48, block_n=8)) == [
-        "block_m must be a power of two >= 16, or 0 (got 48)", "block_n must be a power of two >= 16, or 0 (got 8)"]
+        "block_m must be a power of two >= 16, or 0 (got 48)",
+        "block_n must be a power of two >= 16, or 0 (got 8)",
+    ]
 
 
 @pytest.mark.parametrize("name", ["torch_tiled", "triton"])
@@ -224,9 +230,10 @@ def test_metrics_count_flops_bytes_and_tokens():
     # read q (2x4 heads), k and v (2x2 heads each), write out (like q); 2 bytes each
     assert m["bytes_moved"] == 2 * (2 * 4 * 64 * 32 * 2 + 2 * 2 * 2 * 64 * 32)
     assert m["tokens_per_s"] == 2 * 64 / 0.5
-    causal = TECHNIQUE.metrics_fn(make_workload(batch=2, heads=4, kv_heads=2, seq_len=64, head_dim=32,
-                                                dtype="bfloat16", causal=True),
-                                  Measured("optimized", [0.5], 0.5, None, CPU))
+    causal = TECHNIQUE.metrics_fn(
+        make_workload(batch=2, heads=4, kv_heads=2, seq_len=64, head_dim=32, dtype="bfloat16", causal=True),
+        Measured("optimized", [0.5], 0.5, None, CPU),
+    )
     assert causal["flops"] == m["flops"] // 2
 
 
@@ -240,22 +247,40 @@ def test_technique_registered_and_complete():
 
 def _case(seq_len, head_dim, causal, tflops, peak_bytes, dtype="bfloat16"):
     # As gpu-quick sweeps: 16k tokens per call (batch moves with seq_len), model dim 2048.
-    params = dict(TECHNIQUE.defaults(), seq_len=seq_len, head_dim=head_dim, causal=causal, dtype=dtype,
-                  batch=16384 // seq_len, heads=2048 // head_dim)
-    return {"technique": "flash_attention", "params": params, "variants": {
-        name: {"role": role, "metrics": {"tflops": tflops * (2 if role == "optimized" else 1)},
-               "peak_memory_bytes": None if peak_bytes is None else peak_bytes * (1 if role == "optimized" else 4)}
-        for name, role in (("eager", "baseline"), ("triton", "optimized"))}}
+    params = dict(
+        TECHNIQUE.defaults(),
+        seq_len=seq_len,
+        head_dim=head_dim,
+        causal=causal,
+        dtype=dtype,
+        batch=16384 // seq_len,
+        heads=2048 // head_dim,
+    )
+    return {
+        "technique": "flash_attention",
+        "params": params,
+        "variants": {
+            name: {
+                "role": role,
+                "metrics": {"tflops": tflops * (2 if role == "optimized" else 1)},
+                "peak_memory_bytes": None if peak_bytes is None else peak_bytes * (1 if role == "optimized" else 4),
+            }
+            for name, role in (("eager", "baseline"), ("triton", "optimized"))
+        },
+    }
 
 
 def _drawn(cases):
-    return [(plot.title, fig) for plot in TECHNIQUE.plots
-            for fig in [figures.declared(plot, cases)] if fig is not None]
+    return [(plot.title, fig) for plot in TECHNIQUE.plots for fig in [figures.declared(plot, cases)] if fig is not None]
 
 
 def test_report_figures_draw_tflops_and_peak_memory_per_head_dim_and_causal():
-    cases = [_case(s, d, c, tflops=s / 100, peak_bytes=s * 2**20)
-             for s in (512, 1024, 2048) for d in (64, 128) for c in (False, True)]
+    cases = [
+        _case(s, d, c, tflops=s / 100, peak_bytes=s * 2**20)
+        for s in (512, 1024, 2048)
+        for d in (64, 128)
+        for c in (False, True)
+    ]
     figs = _drawn(cases)
     assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput", "Peak memory of one call"]
     for _, fig in figs:
@@ -273,8 +298,9 @@ def test_report_figures_draw_tflops_and_peak_memory_per_head_dim_and_causal():
 
 def test_report_figures_leave_out_what_has_no_data():
     # On a CPU peak memory is null: only the TFLOP/s figure, and a dtype sweep labels its lines.
-    cases = [_case(s, 64, False, tflops=1.0, peak_bytes=None, dtype=d)
-             for s in (256, 512) for d in ("float32", "bfloat16")]
+    cases = [
+        _case(s, 64, False, tflops=1.0, peak_bytes=None, dtype=d) for s in (256, 512) for d in ("float32", "bfloat16")
+    ]
     figs = _drawn(cases)
     assert [title.split(" (")[0] for title, _ in figs] == ["Attention throughput"]
     labels = {line.get_label() for line in figs[0][1].axes[0].get_lines() if len(line.get_xdata())}
@@ -307,11 +333,12 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 
 # -- train mode, varlen, causal alignment, head dims (issue 20) ---------------------------------
 
-import gpubench.techniques.flash_attention as flash  # noqa: E402
+from planted import mutant  # noqa: E402
+
 import gpubench.lib.attention as attention_module  # noqa: E402
+import gpubench.techniques.flash_attention as flash  # noqa: E402
 from gpubench.lib.attention import attention_reference  # noqa: E402
 from gpubench.lib.triton_support import kernel_module, kernel_problem  # noqa: E402
-from planted import mutant  # noqa: E402
 
 TRAIN_CASES = [
     # small sizes, tiles of 32 x 16 so each crosses several query and key tiles
@@ -350,8 +377,11 @@ def test_train_mode_output_and_gradients_match_float64_for_the_cpu_variants(para
         assert result.tolerance == flash.TRAIN_TOLERANCE[w.q.dtype]
 
 
-@pytest.mark.parametrize("params", [dict(TRAIN_CASES[0], seq_len_q=29), TRAIN_CASES[2], TRAIN_CASES[4],
-                                    TRAIN_CASES[7]], ids=["gqa-chunk", "more-queries", "mla", "varlen"])
+@pytest.mark.parametrize(
+    "params",
+    [dict(TRAIN_CASES[0], seq_len_q=29), TRAIN_CASES[2], TRAIN_CASES[4], TRAIN_CASES[7]],
+    ids=["gqa-chunk", "more-queries", "mla", "varlen"],
+)
 def test_reference_backward_equals_float64_autograd_in_several_row_chunks(monkeypatch, params):
     """The technique's chunked float64 backward (what checks every train case, at any length) gives
     autograd's gradients of the float64 reference attention, with chunks of 7 query rows."""
@@ -363,10 +393,16 @@ def test_reference_backward_equals_float64_autograd_in_several_row_chunks(monkey
     if w.docs is None:
         out = attention_reference(*leaves, causal=True, causal_align=w.causal_align)
     else:
-        out = torch.cat([attention_reference(*(t[rows].transpose(0, 1)[None] for t, rows in
-                                               zip(leaves, (rows_q, rows_k, rows_k))),
-                                             causal=True, causal_align=w.causal_align)[0].transpose(0, 1)
-                         for rows_q, rows_k in w.docs.spans()])
+        out = torch.cat(
+            [
+                attention_reference(
+                    *(t[rows].transpose(0, 1)[None] for t, rows in zip(leaves, (rows_q, rows_k, rows_k))),
+                    causal=True,
+                    causal_align=w.causal_align,
+                )[0].transpose(0, 1)
+                for rows_q, rows_k in w.docs.spans()
+            ]
+        )
     grads = torch.autograd.grad(out, leaves, w.grad_out.double())
     torch.testing.assert_close(ref["out"], out.detach(), rtol=1e-12, atol=1e-12)
     for name, grad in zip(("dq", "dk", "dv"), grads):
@@ -377,8 +413,10 @@ WRONG_GRADIENTS = {
     # FlashAttention-2's dS = P * (dP - rowsum(dO * O)) without the row term: dq and dk wrong
     "delta-dropped": (".sub_(delta[..., at, None])", ""),
     # dk and dv of a kv head from its first query head only, not summed over the group
-    "gqa-not-summed": ('dk += torch.einsum("bkgqn,bkgqd->bknd", dscores, qg[:, :, :, at])',
-                       'dk += torch.einsum("bkqn,bkqd->bknd", dscores[:, :, 0], qg[:, :, 0, at])'),
+    "gqa-not-summed": (
+        'dk += torch.einsum("bkgqn,bkgqd->bknd", dscores, qg[:, :, :, at])',
+        'dk += torch.einsum("bkqn,bkqd->bknd", dscores[:, :, 0], qg[:, :, 0, at])',
+    ),
     # the causal mask forgotten when recomputing P: future keys get gradient
     "mask-forgotten": ("if causal:  # also zeroes", "if False:  # also zeroes"),
     # dq without the softmax scale
@@ -405,8 +443,9 @@ def test_train_check_fails_a_wrong_dq_dk_or_dv(bug, dtype):
 
 
 def reference_lse(w):
-    return attention_reference(w.q.detach(), w.k.detach(), w.v.detach(), causal=w.causal,
-                               causal_align=w.causal_align, return_lse=True)[1]
+    return attention_reference(
+        w.q.detach(), w.k.detach(), w.v.detach(), causal=w.causal, causal_align=w.causal_align, return_lse=True
+    )[1]
 
 
 def test_train_check_fails_a_missing_gradient_and_nan():
@@ -425,8 +464,9 @@ def test_train_check_fails_a_missing_gradient_and_nan():
 def test_varlen_documents_never_see_each_other_and_each_equals_itself_alone(name, causal):
     """Changing one packed document's keys and values leaves every other document's output
     bit-identical; each document's rows equal that document run alone through the padded path."""
-    w = make_workload(varlen=True, batch=4, seq_len=37, heads=4, kv_heads=2, head_dim=32, causal=causal,
-                      block_m=16, block_n=16)
+    w = make_workload(
+        varlen=True, batch=4, seq_len=37, heads=4, kv_heads=2, head_dim=32, causal=causal, block_m=16, block_n=16
+    )
     out = TECHNIQUE.variants[name].fn(w).clone()
     spans = w.docs.spans()
     rows_q, rows_k = spans[1]
@@ -437,8 +477,9 @@ def test_varlen_documents_never_see_each_other_and_each_equals_itself_alone(name
         same = torch.equal(out[other_q], changed[other_q])
         assert same == (d != 1), d
     for rows_q, rows_k in spans:
-        alone = attention(*(t[rows].transpose(0, 1)[None] for t, rows in ((w.q, rows_q), (w.k, rows_k), (w.v, rows_k))),
-                          causal=causal)
+        alone = attention(
+            *(t[rows].transpose(0, 1)[None] for t, rows in ((w.q, rows_q), (w.k, rows_k), (w.v, rows_k))), causal=causal
+        )
         assert rel_err(changed[rows_q], alone[0].transpose(0, 1)) <= 1e-5
 
 
@@ -461,8 +502,7 @@ def test_default_alignment_is_bottom_right_a_query_chunk_at_the_end_of_the_keys(
 
 def test_new_params_validate_and_build_the_shapes_they_name():
     assert TECHNIQUE.param("head_dim").choices == [32, 64, 96, 128, 192, 256]
-    w = make_workload(batch=2, heads=4, kv_heads=1, seq_len=12, seq_len_q=5, head_dim=192, head_dim_v=128,
-                      mode="train")
+    w = make_workload(batch=2, heads=4, kv_heads=1, seq_len=12, seq_len_q=5, head_dim=192, head_dim_v=128, mode="train")
     assert w.q.shape == (2, 4, 5, 192) and w.k.shape == (2, 1, 12, 192) and w.v.shape == (2, 1, 12, 128)
     assert w.grad_out.shape == (2, 4, 5, 128) and w.tiled_out.shape == (2, 4, 5, 128)
     assert w.q.requires_grad and not make_workload().q.requires_grad
@@ -486,11 +526,13 @@ def test_metrics_count_train_flops_as_3_5_forward_and_the_causal_area_of_unequal
     mla = TECHNIQUE.metrics_fn(make_workload(batch=1, heads=2, seq_len=64, head_dim=192, head_dim_v=128), measured)
     assert mla["flops"] == 2 * 2 * 64 * 64 * (192 + 128)
     # a causal chunk of 16 queries at the end of 64 keys computes 64 * 16 - 16^2 / 2 scores
-    chunk = TECHNIQUE.metrics_fn(make_workload(batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32,
-                                               causal=True), measured)
+    chunk = TECHNIQUE.metrics_fn(
+        make_workload(batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32, causal=True), measured
+    )
     assert chunk["flops"] == 2 * 64 * (64 * 16 - 16 * 16 // 2) and chunk["tokens_per_s"] == 16 / 0.5
-    top_left = make_workload(batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32, causal=True,
-                             causal_align="top_left")
+    top_left = make_workload(
+        batch=1, heads=1, seq_len=64, seq_len_q=16, head_dim=32, causal=True, causal_align="top_left"
+    )
     assert TECHNIQUE.metrics_fn(top_left, measured)["flops"] == 2 * 64 * 16 * 16 // 2
     # varlen: each document's own square
     v = make_workload(varlen=True, batch=3, seq_len=20, heads=2, head_dim=32)
@@ -498,12 +540,16 @@ def test_metrics_count_train_flops_as_3_5_forward_and_the_causal_area_of_unequal
 
 
 def _interpreter_problem():
-    return kernel_problem(flash.KERNEL[0], "cpu", interpreter_ok=True) or \
-        kernel_problem(flash.TRAIN_KERNELS, "cpu", interpreter_ok=True)
+    return kernel_problem(flash.KERNEL[0], "cpu", interpreter_ok=True) or kernel_problem(
+        flash.TRAIN_KERNELS, "cpu", interpreter_ok=True
+    )
 
 
-@pytest.mark.parametrize("params", [TRAIN_CASES[1], TRAIN_CASES[4], TRAIN_CASES[6], TRAIN_CASES[7]],
-                         ids=["chunk", "mla", "varlen", "varlen-chunk"])
+@pytest.mark.parametrize(
+    "params",
+    [TRAIN_CASES[1], TRAIN_CASES[4], TRAIN_CASES[6], TRAIN_CASES[7]],
+    ids=["chunk", "mla", "varlen", "varlen-chunk"],
+)
 @pytest.mark.parametrize("mode", ["forward", "train"])
 def test_triton_variant_in_the_interpreter_matches_float64(params, mode):
     """The triton variant (forward kernels, or flash_attn_func / flash_attn_varlen_func's forward
@@ -523,8 +569,19 @@ def test_varlen_gradients_of_the_rows_after_the_last_document_are_exactly_zero(n
     the output is compared on the documents' rows only."""
     if name == "triton" and _interpreter_problem():
         pytest.skip(_interpreter_problem())
-    w = make_workload(varlen=True, batch=3, seq_len=20, seq_len_q=0, heads=4, kv_heads=2, head_dim=32, causal=True,
-                      mode="train", block_m=16, block_n=16)
+    w = make_workload(
+        varlen=True,
+        batch=3,
+        seq_len=20,
+        seq_len_q=0,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        causal=True,
+        mode="train",
+        block_m=16,
+        block_n=16,
+    )
     tail = flash.PACKED_TAIL_ROWS
     assert w.q.shape[0] == w.docs.total_q + tail and w.k.shape[0] == w.docs.total_k + tail
     ref, got = reference(w), TECHNIQUE.variants[name].fn(w)

@@ -3,14 +3,18 @@ float64 autograd of the reference gives, for every mask alignment, length pair, 
 dim pair, packing and dtype the kernels accept; it writes every gradient element (rows that see no
 key, keys no query sees: exactly 0) and is deterministic. Each case is tiny: the interpreter runs
 the kernels in numpy."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from gpubench.lib.attention import attention_reference, attention_reference_varlen
-from gpubench.optimizations.flash_attention_triton_bwd import (flash_attention_backward_triton, flash_attn_func,
-                                                               flash_attn_varlen_func)
+from gpubench.optimizations.flash_attention_triton_bwd import (
+    flash_attention_backward_triton,
+    flash_attn_func,
+    flash_attn_varlen_func,
+)
 
 # Relative L2 error against float64 autograd (relative_error). Worst measured here (AMD EPYC,
 # torch 2.13.0+cpu, Triton 3.9 interpreter) over this file's cases: fp32 7.6e-7, bf16 3.6e-3,
@@ -19,14 +23,19 @@ from gpubench.optimizations.flash_attention_triton_bwd import (flash_attention_b
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
-def random_problem(batch=1, heads=2, kv_heads=1, seq_q=37, seq_k=53, head_dim=32, head_dim_v=None,
-                   dtype=torch.float32, seed=0):
+def random_problem(
+    batch=1, heads=2, kv_heads=1, seq_q=37, seq_k=53, head_dim=32, head_dim_v=None, dtype=torch.float32, seed=0
+):
     """q, k, v and an upstream gradient, drawn in float32 and rounded to ``dtype`` (so the float64
     reference sees exactly the kernel's inputs)."""
     gen = torch.Generator().manual_seed(seed)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    shapes = ((batch, heads, seq_q, head_dim), (batch, kv_heads, seq_k, head_dim),
-              (batch, kv_heads, seq_k, head_dim_v), (batch, heads, seq_q, head_dim_v))
+    shapes = (
+        (batch, heads, seq_q, head_dim),
+        (batch, kv_heads, seq_k, head_dim),
+        (batch, kv_heads, seq_k, head_dim_v),
+        (batch, heads, seq_q, head_dim_v),
+    )
     return [torch.randn(*shape, generator=gen).to(dtype) for shape in shapes]
 
 
@@ -58,16 +67,23 @@ def assert_gradients_close(got, want, inputs):
 def assert_gradients_match(q, k, v, do, causal=False, causal_align="bottom_right", **kernel_options):
     """The kernel's (dq, dk, dv) from the reference's out and lse against float64 autograd."""
     out, lse, want = reference_gradients(q, k, v, do, causal=causal, causal_align=causal_align)
-    got = flash_attention_backward_triton(do, q, k, v, out.to(q.dtype), lse.float(), causal,
-                                          causal_align=causal_align, **kernel_options)
+    got = flash_attention_backward_triton(
+        do, q, k, v, out.to(q.dtype), lse.float(), causal, causal_align=causal_align, **kernel_options
+    )
     assert_gradients_close(got, want, (q, k, v))
     return got
 
 
-@pytest.mark.parametrize("seq_q,seq_k", [(40, 40), (37, 53), (53, 37), (1, 45), (45, 1)],
-                         ids=["equal", "fewer_queries", "more_queries", "one_query", "one_key"])
-@pytest.mark.parametrize("causal,causal_align", [(False, "bottom_right"), (True, "bottom_right"), (True, "top_left")],
-                         ids=["full", "causal_bottom_right", "causal_top_left"])
+@pytest.mark.parametrize(
+    "seq_q,seq_k",
+    [(40, 40), (37, 53), (53, 37), (1, 45), (45, 1)],
+    ids=["equal", "fewer_queries", "more_queries", "one_query", "one_key"],
+)
+@pytest.mark.parametrize(
+    "causal,causal_align",
+    [(False, "bottom_right"), (True, "bottom_right"), (True, "top_left")],
+    ids=["full", "causal_bottom_right", "causal_top_left"],
+)
 def test_gradients_match_float64_autograd_for_both_alignments_and_length_pairs(seq_q, seq_k, causal, causal_align):
     # None of these lengths is a multiple of the interpreter's tiles (16 x 32); with seq_q != seq_k
     # the two alignments put the diagonal in different places, and bottom-right with more queries
@@ -83,14 +99,15 @@ def test_gqa_sums_each_kv_heads_gradient_over_its_query_heads(heads, kv_heads, c
     # An upstream gradient on the last kv head's query heads only reaches that kv head.
     group = heads // kv_heads
     do_last = torch.zeros_like(do)
-    do_last[:, heads - group:] = do[:, heads - group:]
+    do_last[:, heads - group :] = do[:, heads - group :]
     _, dk_last, dv_last = assert_gradients_match(q, k, v, do_last, causal)
     assert not dk_last[:, -1].eq(0).all() and not dv_last[:, -1].eq(0).all()
     assert dk_last[:, :-1].eq(0).all() and dv_last[:, :-1].eq(0).all()
 
 
-@pytest.mark.parametrize("head_dim,head_dim_v", [(16, 16), (64, 64), (96, 96), (128, 128), (256, 256), (192, 128),
-                                                 (32, 80), (8, 24)])
+@pytest.mark.parametrize(
+    "head_dim,head_dim_v", [(16, 16), (64, 64), (96, 96), (128, 128), (256, 256), (192, 128), (32, 80), (8, 24)]
+)
 def test_every_head_dim_pair_up_to_256_including_mla_192_128(head_dim, head_dim_v):
     # 96, 192, 80, 8 and 24 are not powers of two: their channels are padded, masked, on chip.
     problem = random_problem(seq_q=21, seq_k=35, head_dim=head_dim, head_dim_v=head_dim_v)
@@ -156,22 +173,34 @@ def test_gradients_are_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def packed_problem(doc_lengths_q, doc_lengths_k, heads=4, kv_heads=2, head_dim=32, head_dim_v=None,
-                   dtype=torch.float32):
+def packed_problem(
+    doc_lengths_q, doc_lengths_k, heads=4, kv_heads=2, head_dim=32, head_dim_v=None, dtype=torch.float32
+):
     """Packed q, k, v, do (tokens, heads, dim) and int32 cu_seqlens from per-document lengths."""
     gen = torch.Generator().manual_seed(1)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     total_q, total_k = sum(doc_lengths_q), sum(doc_lengths_k)
-    tensors = [torch.randn(*shape, generator=gen).to(dtype) for shape in (
-        (total_q, heads, head_dim), (total_k, kv_heads, head_dim), (total_k, kv_heads, head_dim_v),
-        (total_q, heads, head_dim_v))]
-    cu = [torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-          for lengths in (doc_lengths_q, doc_lengths_k)]
+    tensors = [
+        torch.randn(*shape, generator=gen).to(dtype)
+        for shape in (
+            (total_q, heads, head_dim),
+            (total_k, kv_heads, head_dim),
+            (total_k, kv_heads, head_dim_v),
+            (total_q, heads, head_dim_v),
+        )
+    ]
+    cu = [
+        torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        for lengths in (doc_lengths_q, doc_lengths_k)
+    ]
     return tensors, cu
 
 
-@pytest.mark.parametrize("causal,causal_align", [(False, "bottom_right"), (True, "bottom_right"), (True, "top_left")],
-                         ids=["full", "causal_bottom_right", "causal_top_left"])
+@pytest.mark.parametrize(
+    "causal,causal_align",
+    [(False, "bottom_right"), (True, "bottom_right"), (True, "top_left")],
+    ids=["full", "causal_bottom_right", "causal_top_left"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_varlen_gradients_match_each_document_run_alone(causal, causal_align, dtype):
     # Ragged documents: one spans several tiles, one is a single token, one has no queries (its keys
@@ -179,11 +208,31 @@ def test_varlen_gradients_match_each_document_run_alone(causal, causal_align, dt
     lengths_q = [37, 1, 0, 20, 9]
     lengths_k = [37, 5, 7, 44, 3]
     (q, k, v, do), (cu_q, cu_k) = packed_problem(lengths_q, lengths_k, head_dim_v=48, dtype=dtype)
-    out, lse, want = reference_gradients(q, k, v, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q,
-                                         cu_seqlens_k=cu_k, causal=causal, causal_align=causal_align)
-    got = flash_attention_backward_triton(do, q, k, v, out.to(dtype), lse.float(), causal, causal_align=causal_align,
-                                          cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
-                                          max_seqlen_k=max(lengths_k))
+    out, lse, want = reference_gradients(
+        q,
+        k,
+        v,
+        do,
+        reference=attention_reference_varlen,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        causal=causal,
+        causal_align=causal_align,
+    )
+    got = flash_attention_backward_triton(
+        do,
+        q,
+        k,
+        v,
+        out.to(dtype),
+        lse.float(),
+        causal,
+        causal_align=causal_align,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_k=max(lengths_k),
+    )
     assert_gradients_close(got, want, (q, k, v))
     empty_doc_keys = slice(cu_k[2].item(), cu_k[3].item())
     assert got[1][empty_doc_keys].eq(0).all() and got[2][empty_doc_keys].eq(0).all()
@@ -194,26 +243,31 @@ def test_varlen_documents_do_not_attend_across_each_other():
     # document's dk / dv.
     (q, k, v, do), (cu_q, cu_k) = packed_problem([17, 23], [17, 23])
     options = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=23, max_seqlen_k=23)
-    out, lse, _ = reference_gradients(q, k, v, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q,
-                                      cu_seqlens_k=cu_k, causal=True)
+    out, lse, _ = reference_gradients(
+        q, k, v, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True
+    )
     before = flash_attention_backward_triton(do, q, k, v, out.float(), lse.float(), True, **options)
     k2, v2 = k.clone(), v.clone()
     k2[17:] += 1.0
     v2[17:] -= 1.0
-    out2, lse2, _ = reference_gradients(q, k2, v2, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q,
-                                        cu_seqlens_k=cu_k, causal=True)
+    out2, lse2, _ = reference_gradients(
+        q, k2, v2, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True
+    )
     after = flash_attention_backward_triton(do, q, k2, v2, out2.float(), lse2.float(), True, **options)
     for b, a in zip(before, after):
         assert torch.equal(b[:17], a[:17]) and not torch.equal(b[17:], a[17:])
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(causal_align="middle"), "causal_align"),
-    (dict(lse_shape=(1, 2, 5)), "lse must be float32"),
-    (dict(head_dim=320), "head_dim 320 is not supported"),
-    (dict(cu_only_k=True), "need cu_seqlens_q"),
-    (dict(block_m=24, block_n=16), "block_m must be a power of two"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(causal_align="middle"), "causal_align"),
+        (dict(lse_shape=(1, 2, 5)), "lse must be float32"),
+        (dict(head_dim=320), "head_dim 320 is not supported"),
+        (dict(cu_only_k=True), "need cu_seqlens_q"),
+        (dict(block_m=24, block_n=16), "block_m must be a power of two"),
+    ],
+)
 def test_bad_arguments_are_refused_with_what_is_allowed(change, message):
     q, k, v, do = random_problem(seq_q=8, seq_k=8, head_dim=change.get("head_dim", 32))
     lse = torch.zeros(change.get("lse_shape", q.shape[:3]))
@@ -232,13 +286,17 @@ def autograd_gradients(function, q, k, v, do, *args, **kwargs):
     return out, tuple(t.grad for t in leaves)
 
 
-@pytest.mark.parametrize("problem,causal_align", [
-    (dict(seq_q=29, seq_k=45), "bottom_right"),
-    (dict(seq_q=45, seq_k=29), "bottom_right"),
-    (dict(seq_q=29, seq_k=45), "top_left"),
-    (dict(heads=4, kv_heads=1, seq_q=33, seq_k=33, head_dim=192, head_dim_v=128), "bottom_right"),
-    (dict(heads=4, kv_heads=2, seq_q=40, seq_k=52, head_dim=64, dtype=torch.bfloat16), "bottom_right"),
-], ids=["chunk_of_queries", "more_queries", "top_left", "mqa_mla_192_128", "gqa_bf16"])
+@pytest.mark.parametrize(
+    "problem,causal_align",
+    [
+        (dict(seq_q=29, seq_k=45), "bottom_right"),
+        (dict(seq_q=45, seq_k=29), "bottom_right"),
+        (dict(seq_q=29, seq_k=45), "top_left"),
+        (dict(heads=4, kv_heads=1, seq_q=33, seq_k=33, head_dim=192, head_dim_v=128), "bottom_right"),
+        (dict(heads=4, kv_heads=2, seq_q=40, seq_k=52, head_dim=64, dtype=torch.bfloat16), "bottom_right"),
+    ],
+    ids=["chunk_of_queries", "more_queries", "top_left", "mqa_mla_192_128", "gqa_bf16"],
+)
 def test_flash_attn_func_trains_like_float64_attention(problem, causal_align):
     # The autograd function end to end: the forward kernel's own out and lse feed the backward.
     q, k, v, do = random_problem(**problem)
@@ -260,10 +318,12 @@ def test_flash_attn_func_default_alignment_is_bottom_right():
 def test_flash_attn_varlen_func_trains_like_each_document_alone():
     lengths_q, lengths_k = [30, 1, 12], [30, 9, 40]
     (q, k, v, do), (cu_q, cu_k) = packed_problem(lengths_q, lengths_k, head_dim=64, head_dim_v=32)
-    out, got = autograd_gradients(flash_attn_varlen_func, q, k, v, do, cu_q, cu_k, max(lengths_q), max(lengths_k),
-                                  causal=True)
-    want_out, _, want = reference_gradients(q, k, v, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q,
-                                            cu_seqlens_k=cu_k, causal=True)
+    out, got = autograd_gradients(
+        flash_attn_varlen_func, q, k, v, do, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True
+    )
+    want_out, _, want = reference_gradients(
+        q, k, v, do, reference=attention_reference_varlen, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True
+    )
     assert relative_error(out, want_out) < TOLERANCE[q.dtype]
     assert_gradients_close(got, want, (q, k, v))
 

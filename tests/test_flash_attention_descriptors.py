@@ -6,6 +6,7 @@ alignments, odd lengths, seq_q != seq_k and tiles with BLOCK_M below, equal to a
 Whether the copies are real TMA on sm_90 is the compile test's (test_flash_attention_sm90_compile).
 The causal split (_key_ranges: whole tiles unmasked, exactly the tiles crossing the diagonal
 masked) is checked tile by tile against brute force. Sizes are tiny: the interpreter runs numpy."""
+
 from __future__ import annotations
 
 import pytest
@@ -102,8 +103,11 @@ def test_layouts_tma_cannot_address_take_the_pointer_path_and_stay_exact(monkeyp
     assert fwd.uses_descriptors(q, k, v, out)
     odd_rows = torch.randn(2, 2, 24, 33, dtype=torch.float16)[..., :32]  # rows 66 bytes apart
     strided_channels = q.transpose(2, 3).contiguous().transpose(2, 3)
-    for name, case in (("odd row stride", (odd_rows, k, v)), ("channels strided", (strided_channels, k, v)),
-                       ("fp32", tuple(t.float() for t in (q, k, v)))):
+    for name, case in (
+        ("odd row stride", (odd_rows, k, v)),
+        ("channels strided", (strided_channels, k, v)),
+        ("fp32", tuple(t.float() for t in (q, k, v))),
+    ):
         assert not fwd.uses_descriptors(*case, torch.empty_like(case[0])), name
         got = fwd.flash_attention_triton(*case, causal=True)
         assert rel_err(got, attention_reference(*case, causal=True)) <= 1e-2, name
@@ -150,9 +154,17 @@ def test_varlen_never_builds_descriptors(monkeypatch):
 
 # -- the causal split, tile by tile -------------------------------------------------------------------
 
+
 @triton.jit
-def _ranges_kernel(out_ptr, seq_q, seq_k, CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _ranges_kernel(
+    out_ptr,
+    seq_q,
+    seq_k,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     m_block = tl.program_id(0)
     _, full_end, masked_end = fwd._key_ranges(m_block * BLOCK_M, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
     tl.store(out_ptr + 2 * m_block, full_end)
@@ -182,15 +194,15 @@ def test_masked_tiles_are_exactly_those_crossing_the_diagonal(causal, align, seq
     diagonal = seq_k - seq_q if (causal and align == "bottom_right") else 0
     blocks = triton.cdiv(seq_q, block_m)
     got = torch.zeros(2 * blocks, dtype=torch.int32)
-    _ranges_kernel[(blocks,)](got, seq_q, seq_k, CAUSAL=causal, BOTTOM_RIGHT=align == "bottom_right",
-                              BLOCK_M=block_m, BLOCK_N=block_n)
+    _ranges_kernel[(blocks,)](
+        got, seq_q, seq_k, CAUSAL=causal, BOTTOM_RIGHT=align == "bottom_right", BLOCK_M=block_m, BLOCK_N=block_n
+    )
     for b in range(blocks):
         full_end, masked_end = brute_force_ranges(b * block_m, seq_q, seq_k, causal, diagonal, block_m, block_n)
         got_full, got_masked = got[2 * b].item(), got[2 * b + 1].item()
         assert got_full == full_end, (b, got_full, full_end)
         # masked_end is an exclusive key bound: the tiles starting below it run
         assert triton.cdiv(max(got_masked, got_full), block_n) * block_n == masked_end, (b, got_masked, masked_end)
-
 
 
 @triton.jit
@@ -206,7 +218,9 @@ def test_causal_query_tiles_start_longest_first(causal):
     _order_kernel[(7,)](got, CAUSAL=causal)
     assert got.tolist() == (list(range(6, -1, -1)) if causal else list(range(7)))
 
+
 # -- the autotuner's side of the descriptor path -----------------------------------------------------
+
 
 def candidates(configs):
     return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs}
@@ -242,11 +256,25 @@ def test_the_pre_hook_sets_each_descriptors_box_to_its_configs_tile():
     q, k, v = qkv(2, 1, 40, 40, 64, 32, torch.float16)
     out = torch.empty(2, 2, 40, 32, dtype=torch.float16)
     q_d, k_d, v_d, o_d = fwd._descriptors(q, k, v, out, 64, 32, None, None)
-    nargs = {"q_ptr": q_d, "k_ptr": k_d, "v_ptr": v_d, "out_ptr": o_d, "do_ptr": o_d, "lse_ptr": q,
-             "BLOCK_M": 128, "BLOCK_N": 32, "BLOCK_D": 64, "BLOCK_DV": 32}
+    nargs = {
+        "q_ptr": q_d,
+        "k_ptr": k_d,
+        "v_ptr": v_d,
+        "out_ptr": o_d,
+        "do_ptr": o_d,
+        "lse_ptr": q,
+        "BLOCK_M": 128,
+        "BLOCK_N": 32,
+        "BLOCK_D": 64,
+        "BLOCK_DV": 32,
+    }
     tiles.set_descriptor_boxes(nargs)
     assert (q_d.block_shape, k_d.block_shape, v_d.block_shape, o_d.block_shape) == (
-        [1, 1, 128, 64], [1, 1, 32, 64], [1, 1, 32, 32], [1, 1, 128, 32])
+        [1, 1, 128, 64],
+        [1, 1, 32, 64],
+        [1, 1, 32, 32],
+        [1, 1, 128, 32],
+    )
 
 
 def test_the_path_is_part_of_every_autotuning_key():
@@ -263,8 +291,10 @@ def test_the_environment_can_turn_the_descriptor_path_off():
     import subprocess
     import sys
 
-    script = ("import torch, gpubench.optimizations.flash_attention_triton as m; q = torch.randn(1, 1, 16, 16)"
-              ".half(); print(m.DESCRIPTORS, m.uses_descriptors(q, q, q, q))")
+    script = (
+        "import torch, gpubench.optimizations.flash_attention_triton as m; q = torch.randn(1, 1, 16, 16)"
+        ".half(); print(m.DESCRIPTORS, m.uses_descriptors(q, q, q, q))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "GPUBENCH_FLASH_DESCRIPTORS"}
     env["TRITON_INTERPRET"] = "1"
     for value, expected in ((None, "True True"), ("0", "False False")):

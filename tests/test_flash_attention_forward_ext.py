@@ -6,14 +6,15 @@ documents that never attend across each other; the eager baseline and the tiled 
 the same conventions. Everything is checked against the float64 references of
 gpubench/attention.py, which are themselves checked against SDPA with an explicit mask.
 Sizes are tiny: the interpreter runs the kernel in numpy."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpubench.lib.attention import attention_reference, attention_reference_varlen
 from gpubench.baselines.flash_attention import attention
+from gpubench.lib.attention import attention_reference, attention_reference_varlen
 from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
 from gpubench.optimizations.flash_attention_triton import flash_attention_triton, flash_attention_varlen_triton
 
@@ -30,11 +31,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def qkv(batch=2, heads=4, kv_heads=2, seq_q=33, seq_k=33, head_dim=32, head_dim_v=None, dtype=torch.float32,
-        seed=0):
+def qkv(batch=2, heads=4, kv_heads=2, seq_q=33, seq_k=33, head_dim=32, head_dim_v=None, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    shapes = ((batch, heads, seq_q, head_dim), (batch, kv_heads, seq_k, head_dim),
-              (batch, kv_heads, seq_k, head_dim_v or head_dim))
+    shapes = (
+        (batch, heads, seq_q, head_dim),
+        (batch, kv_heads, seq_k, head_dim),
+        (batch, kv_heads, seq_k, head_dim_v or head_dim),
+    )
     return [torch.randn(s, generator=gen).to(dtype) for s in shapes]
 
 
@@ -58,11 +61,13 @@ def sdpa_masked(q, k, v, causal, offset):
 
 # -- the references ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seq_q,seq_k", [(20, 50), (50, 50), (37, 16)])
 def test_reference_aligns_causal_as_documented(seq_q, seq_k):
     q, k, v = qkv(seq_q=seq_q, seq_k=seq_k, head_dim=32, head_dim_v=16, dtype=torch.float64)
-    assert torch.allclose(attention_reference(q, k, v, causal=True, causal_align="top_left"),
-                          sdpa_masked(q, k, v, True, 0), atol=1e-12)
+    assert torch.allclose(
+        attention_reference(q, k, v, causal=True, causal_align="top_left"), sdpa_masked(q, k, v, True, 0), atol=1e-12
+    )
     out = attention_reference(q, k, v, causal=True)  # the default: bottom-right
     offset = seq_k - seq_q
     visible = torch.arange(seq_q) + offset >= 0
@@ -81,6 +86,7 @@ def test_reference_varlen_is_each_document_alone():
 
 
 # -- log-sum-exp ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -103,6 +109,7 @@ def test_kernel_lse_follows_an_explicit_scale_and_gqa_heads():
 
 # -- head dims -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("head_dim,head_dim_v", [(256, 256), (192, 128), (160, 256), (64, 24), (8, 200)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_kernel_handles_head_dims_to_256_and_a_separate_v_head_dim(head_dim, head_dim_v, causal):
@@ -123,6 +130,7 @@ def test_kernel_mla_dims_in_bf16_and_every_output_element_written():
 
 
 # -- causal alignment with seq_q != seq_k ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])
 @pytest.mark.parametrize("seq_q,seq_k", [(16, 77), (1, 40), (45, 45), (77, 20), (33, 1)])
@@ -163,6 +171,7 @@ def test_kernel_bottom_right_split_is_exact_for_any_tile_shape(block_m, block_n)
 
 # -- variable length -----------------------------------------------------------------------------
 
+
 def packed(lengths_q, lengths_k, heads=4, kv_heads=2, head_dim=32, head_dim_v=None, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
     total_q, total_k = sum(lengths_q), sum(lengths_k)
@@ -186,10 +195,12 @@ VARLEN_CASES = {
 @pytest.mark.parametrize("case", VARLEN_CASES)
 def test_varlen_kernel_is_each_document_alone(case, causal, align):
     q, k, v, cu_q, cu_k, max_q, max_k = packed(*VARLEN_CASES[case])
-    out, lse = flash_attention_varlen_triton(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, causal_align=align,
-                                             return_lse=True)
-    ref_out, ref_lse = attention_reference_varlen(q, k, v, cu_q, cu_k, causal=causal, causal_align=align,
-                                                  return_lse=True)
+    out, lse = flash_attention_varlen_triton(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, causal_align=align, return_lse=True
+    )
+    ref_out, ref_lse = attention_reference_varlen(
+        q, k, v, cu_q, cu_k, causal=causal, causal_align=align, return_lse=True
+    )
     assert out.shape == (q.shape[0], 4, 32) and lse.shape == (4, q.shape[0])
     assert rel_err(out, ref_out) <= 1e-5
     assert_lse_matches(lse, ref_lse, 1e-5)
@@ -207,8 +218,9 @@ def test_varlen_documents_do_not_see_each_other():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_varlen_kernel_mla_dims_in_16_bits(dtype):
-    q, k, v, cu_q, cu_k, max_q, max_k = packed([23, 40], [23, 40], heads=2, kv_heads=1, head_dim=192,
-                                               head_dim_v=128, dtype=dtype)
+    q, k, v, cu_q, cu_k, max_q, max_k = packed(
+        [23, 40], [23, 40], heads=2, kv_heads=1, head_dim=192, head_dim_v=128, dtype=dtype
+    )
     out = flash_attention_varlen_triton(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
     assert rel_err(out, attention_reference_varlen(q, k, v, cu_q, cu_k, causal=True)) <= 1e-2
 
@@ -271,8 +283,9 @@ def test_eager_and_tiled_loop_follow_the_same_conventions(seq_q, seq_k, head_dim
     assert torch.isfinite(tiled).all()
 
 
-@pytest.mark.parametrize("seq_q,seq_k,align", [(40, 40, "bottom_right"), (40, 23, "bottom_right"),
-                                               (17, 40, "top_left")])
+@pytest.mark.parametrize(
+    "seq_q,seq_k,align", [(40, 40, "bottom_right"), (40, 23, "bottom_right"), (17, 40, "top_left")]
+)
 def test_tiled_loop_and_eager_are_differentiable_to_float64_gradients(seq_q, seq_k, align):
     # The training mode's stand-ins off CUDA: autograd through the loop's in-place tile updates
     # (and through rows that see no key: gradient 0, not NaN) must give the exact gradients.
@@ -280,8 +293,10 @@ def test_tiled_loop_and_eager_are_differentiable_to_float64_gradients(seq_q, seq
     grad = torch.randn(2, 4, seq_q, 16, generator=torch.Generator().manual_seed(1))
     inputs64 = [t.double().requires_grad_() for t in (q, k, v)]
     attention_reference(*inputs64, causal=True, causal_align=align).backward(grad.double())
-    for fn in (lambda *t: flash_attention_torch(*t, causal=True, causal_align=align, block_m=16, block_n=8),
-               lambda *t: attention(*t, causal=True, causal_align=align)):
+    for fn in (
+        lambda *t: flash_attention_torch(*t, causal=True, causal_align=align, block_m=16, block_n=8),
+        lambda *t: attention(*t, causal=True, causal_align=align),
+    ):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         fn(*inputs).backward(grad)
         for got, want in zip(inputs, inputs64):

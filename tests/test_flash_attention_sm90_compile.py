@@ -5,6 +5,7 @@ interpreter runs Python the compiler rejects (a kernel reading a plain global fl
 it cannot say whether a tile fits the chip, so this is where both are caught. Each form's shared
 memory and registers (from the compiled cubin) are printed (``pytest -s`` shows them) for the GPU
 session that will time them. Skipped where Triton has no CUDA backend."""
+
 from __future__ import annotations
 
 import json
@@ -117,18 +118,27 @@ SM90_SHARED_BYTES = 232448  # shared memory a block may opt into on an H100 / H2
 
 @pytest.fixture(scope="module")
 def sm90_forms(tmp_path_factory):
-    env = {**os.environ, "TRITON_INTERPRET": "0",  # compiled, not interpreted
-           "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("triton-cache"))}  # compile afresh
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
-                            timeout=600)
-    if result.returncode != 0 and ("No module named 'triton.backends.nvidia'" in result.stderr
-                                   or "ptxas" in result.stderr and "not found" in result.stderr):
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",  # compiled, not interpreted
+        "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("triton-cache")),
+    }  # compile afresh
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True, timeout=600
+    )
+    if result.returncode != 0 and (
+        "No module named 'triton.backends.nvidia'" in result.stderr
+        or "ptxas" in result.stderr
+        and "not found" in result.stderr
+    ):
         pytest.skip(f"Triton cannot compile for CUDA here: {result.stderr.strip().splitlines()[-1]}")
     assert result.returncode == 0, result.stderr[-3000:]
     forms = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     for form in forms:
-        print(f"sm_90 {form['name']}: {form['consts']} stages {form['stages']}: shared {form['shared']} bytes, "
-              f"{form['registers']} registers a thread, {form['local']} bytes local (spills)")
+        print(
+            f"sm_90 {form['name']}: {form['consts']} stages {form['stages']}: shared {form['shared']} bytes, "
+            f"{form['registers']} registers a thread, {form['local']} bytes local (spills)"
+        )
     return forms
 
 
@@ -157,6 +167,7 @@ def test_descriptor_shared_memory_estimate_bounds_the_compilers_figure(sm90_form
 
     for form in (f for f in sm90_forms if f["tma"] and f["name"].startswith("fwd")):
         blocks = form["consts"]
-        estimate = descriptor_shared_bytes(blocks["BLOCK_M"], blocks["BLOCK_N"], blocks["BLOCK_D"],
-                                           blocks["BLOCK_DV"], form["stages"])
+        estimate = descriptor_shared_bytes(
+            blocks["BLOCK_M"], blocks["BLOCK_N"], blocks["BLOCK_D"], blocks["BLOCK_DV"], form["stages"]
+        )
         assert estimate - 2048 <= form["shared"] <= estimate, (form["name"], form["shared"], estimate)

@@ -1,6 +1,7 @@
 """flash_attention's Triton kernel (run by Triton's interpreter without a GPU) is exact attention
 for every dtype, length, head_dim, GQA grouping and layout the technique can ask for, and writes
 every element of its output. Each case is tiny: the interpreter runs the kernel in numpy."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,7 +64,7 @@ def test_kernel_reads_the_right_kv_head_under_gqa(kv_heads, causal):
     before = flash_attention_triton(w.q, w.k, w.v, causal=causal)
     after = flash_attention_triton(w.q, k, w.v, causal=causal)
     assert torch.equal(before[:, : 4 - group], after[:, : 4 - group])
-    assert not torch.equal(before[:, 4 - group:], after[:, 4 - group:])
+    assert not torch.equal(before[:, 4 - group :], after[:, 4 - group :])
 
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (16, 16), (64, 16)])
@@ -91,8 +92,7 @@ def test_kernel_writes_every_output_element():
     # the ragged last tile) and every channel (head_dim 96 in a 128-wide tile) is stored, also
     # through a non-contiguous output.
     w = make_workload(seq_len=77, head_dim=96, heads=4, kv_heads=2, causal=True)
-    for out in (torch.full_like(w.q, float("nan")),
-                torch.full((1, 77, 4, 96), float("nan")).transpose(1, 2)):
+    for out in (torch.full_like(w.q, float("nan")), torch.full((1, 77, 4, 96), float("nan")).transpose(1, 2)):
         returned = flash_attention_triton(w.q, w.k, w.v, causal=True, out=out)
         assert returned is out and not out.isnan().any()
         assert_matches_reference(w, out)

@@ -1,4 +1,5 @@
 """Several device models: the report's technique x device matrix and the gate, model by model."""
+
 from __future__ import annotations
 
 import copy
@@ -8,26 +9,45 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from gpubench.gate import compare
 from gpubench.cli import main
+from gpubench.gate import compare
 from gpubench.reports import html
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
 def _case(case_id: str, device: str | None, base: list[float], scale: float) -> dict:
-    return {"id": case_id, "technique": "t", "params": {"n": case_id}, "status": "passed", "failure": None,
-            "device": None if device is None else {"label": device},
-            "variants": {"eager": {"role": "baseline", "samples_s": base, "stats": {"median": float(np.median(base))}},
-                         "triton": {"role": "optimized", "samples_s": [x * scale for x in base],
-                                    "stats": {"median": float(np.median(base)) * scale}}},
-            "speedups": {"triton": {"ratio": 1 / scale, "ci_low": 0.95 / scale, "ci_high": 1.05 / scale}}}
+    return {
+        "id": case_id,
+        "technique": "t",
+        "params": {"n": case_id},
+        "status": "passed",
+        "failure": None,
+        "device": None if device is None else {"label": device},
+        "variants": {
+            "eager": {"role": "baseline", "samples_s": base, "stats": {"median": float(np.median(base))}},
+            "triton": {
+                "role": "optimized",
+                "samples_s": [x * scale for x in base],
+                "stats": {"median": float(np.median(base)) * scale},
+            },
+        },
+        "speedups": {"triton": {"ratio": 1 / scale, "ci_low": 0.95 / scale, "ci_high": 1.05 / scale}},
+    }
 
 
 def _run(tmp_path, name: str, cases: list[dict], label: str) -> str:
-    doc = {"kind": "gpubench.results", "schema_version": 2, "run_id": name, "status": "complete", "device": "cuda",
-           "device_label": label, "scenario": {"name": "s", "entries": [{"technique": "t"}]}, "cases": cases,
-           "summary": {"cases": len(cases), "passed": len(cases), "failed": 0}}
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": 2,
+        "run_id": name,
+        "status": "complete",
+        "device": "cuda",
+        "device_label": label,
+        "scenario": {"name": "s", "entries": [{"technique": "t"}]},
+        "cases": cases,
+        "summary": {"cases": len(cases), "passed": len(cases), "failed": 0},
+    }
     path = tmp_path / name
     path.mkdir()
     (path / "results.json").write_text(json.dumps(doc))
@@ -38,14 +58,20 @@ SAMPLES = list(np.random.default_rng(0).normal(1e-3, 1e-6, 30))
 
 
 def test_a_run_over_two_device_models_reports_a_matrix_with_a_cell_per_case_and_model(tmp_path):
-    cases = [_case("a", H100, SAMPLES, 0.5), _case("a", H200, SAMPLES, 0.25),
-             _case("b", H100, SAMPLES, 2.0), _case("b", H200, SAMPLES, 1.0)]
+    cases = [
+        _case("a", H100, SAMPLES, 0.5),
+        _case("a", H200, SAMPLES, 0.25),
+        _case("b", H100, SAMPLES, 2.0),
+        _case("b", H200, SAMPLES, 1.0),
+    ]
     run = html.load_run(_run(tmp_path, "mixed", cases, f"{H100} + {H200}"))
     matrix = html.fleet_matrix([run.record])
     assert matrix["columns"] == [H100, H200]
     cells = {r["label"].split()[-1]: [c["text"] for c in r["cells"]] for r in matrix["rows"]}
-    assert cells == {"n=a": ["2.00x [1.90, 2.10]", "4.00x [3.80, 4.20]"],
-                     "n=b": ["0.50x [0.47, 0.53]", "1.00x [0.95, 1.05]"]}
+    assert cells == {
+        "n=a": ["2.00x [1.90, 2.10]", "4.00x [3.80, 4.20]"],
+        "n=b": ["0.50x [0.47, 0.53]", "1.00x [0.95, 1.05]"],
+    }
     assert [c["class"] for c in matrix["rows"][1]["cells"]] == ["slower", ""]  # only where the CI says so
     page = html.render(run)
     assert 'id="fleet-table"' in page and "<th>device</th>" in page

@@ -6,6 +6,7 @@ is planned with `--budget` to fit what the part has left.
 Most tests run the script with a stand-in for Python (it records its argv, writes into the run's
 --out folder and sleeps as told, and answers SIGINT as gpubench does: it keeps what it wrote); the
 last one rehearses it with the real gpubench on the CPU and kills it mid-part."""
+
 from __future__ import annotations
 
 import json
@@ -74,13 +75,27 @@ def no_stand_in_left(tmp_path):
 
 
 def start(tmp_path: Path, out: Path, **env: str) -> subprocess.Popen:
-    environ = {**os.environ, "OUT": str(out), "PY": str(fake_python(tmp_path)), "FAKE_PIDS": str(tmp_path / "pids"),
-               "FAKE_ARGV_LOG": str(tmp_path / "argv.jsonl"), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"),
-               "TMPDIR": str(tmp_path), **env}
+    environ = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": str(fake_python(tmp_path)),
+        "FAKE_PIDS": str(tmp_path / "pids"),
+        "FAKE_ARGV_LOG": str(tmp_path / "argv.jsonl"),
+        "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"),
+        "TMPDIR": str(tmp_path),
+        **env,
+    }
     (tmp_path / "cache").mkdir(exist_ok=True)
     (tmp_path / "cache" / "tuning.json").write_text("{}")
-    return subprocess.Popen(["bash", str(SCRIPT)], cwd=ROOT, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def calls(tmp_path: Path) -> list[list[str]]:
@@ -116,29 +131,38 @@ def test_parts_run_in_order_within_one_deadline_and_each_run_gets_a_budget(tmp_p
     assert "pip install failed" in log and "Could not find a version" in log  # logged, not lost
     pip = [c for c in calls(tmp_path) if c[:2] == ["-m", "pip"]]
     assert pip and "--no-index" in pip[0] and "--disable-pip-version-check" in pip[0]
-    starts = [(int(line[1:].split()[0]), int(line.split("limit ")[1].split()[0]))
-              for line in log.splitlines() if ": started, limit" in line]
+    starts = [
+        (int(line[1:].split()[0]), int(line.split("limit ")[1].split()[0]))
+        for line in log.splitlines()
+        if ": started, limit" in line
+    ]
     limits = [limit for _, limit in starts]
     for at, limit in starts:  # every part's limit is cut from what is left of the one deadline
         assert at + limit <= 300 - 20, (at, limit)
     runs = [c for c in calls(tmp_path) if c[:3] == ["-m", "gpubench.cli", "run"]]
-    assert {c[c.index("--scenario") + 1] for c in runs} == {"gpu-first", "kernels-h200", "kernels-h200-flash",
-                                                           "gpu-quick"}
+    assert {c[c.index("--scenario") + 1] for c in runs} == {
+        "gpu-first",
+        "kernels-h200",
+        "kernels-h200-flash",
+        "gpu-quick",
+    }
     for c in runs:
         budget = c[c.index("--budget") + 1]
         assert budget.endswith("s") and 0 < int(budget[:-1]) <= max(limits), c
         assert "--fill-budget" in c  # the session uses its time to the end
     files = sorted(p.name for p in out.iterdir())
-    assert files == sorted(["session.log", "cache.tar.gz", "env.tar.gz", "first.tar.gz", "dobench.tar.gz",
-                            "kernels.tar.gz", "rest.tar.gz"])
+    assert files == sorted(
+        ["session.log", "cache.tar.gz", "env.tar.gz", "first.tar.gz", "dobench.tar.gz", "kernels.tar.gz", "rest.tar.gz"]
+    )
     assert len(files) <= MAX_FILES_BACK
     assert "./tuning.json" in members(out / "cache.tar.gz")  # the next session starts warm
 
 
 def test_a_part_that_would_pass_the_deadline_is_cut_to_it_and_the_rest_are_not_started(tmp_path):
     out = tmp_path / "out"
-    proc = start(tmp_path, out, DEADLINE_S="25", STOP_S="3", KILL_S="2", MIN_PART_S="8", FAKE_RUN_S="1000",
-                 PARTS="first dobench")
+    proc = start(
+        tmp_path, out, DEADLINE_S="25", STOP_S="3", KILL_S="2", MIN_PART_S="8", FAKE_RUN_S="1000", PARTS="first dobench"
+    )
     assert proc.wait(timeout=240) == 0, proc.stdout.read()
     log = (out / "session.log").read_text()
     assert started_parts(log) == ["first"]
@@ -188,11 +212,27 @@ def test_a_rehearsal_on_the_cpu_killed_mid_part_keeps_every_started_part(tmp_pat
     SIGTERM while its second part's run is measuring: both parts' tarballs come back, the first's
     run complete, the second's closed as interrupted (what it measured kept), with the cache."""
     out = tmp_path / "out"
-    environ = {**os.environ, "OUT": str(out), "REHEARSE": "1", "PY": sys.executable, "PARTS": "first kernels",
-               "TMPDIR": str(tmp_path), "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"), "KILL_S": "60",
-               "SNAPSHOT_S": "1", "HOME": str(tmp_path)}
-    proc = subprocess.Popen(["bash", str(SCRIPT)], cwd=ROOT, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    environ = {
+        **os.environ,
+        "OUT": str(out),
+        "REHEARSE": "1",
+        "PY": sys.executable,
+        "PARTS": "first kernels",
+        "TMPDIR": str(tmp_path),
+        "GPUBENCH_CACHE_DIR": str(tmp_path / "cache"),
+        "KILL_S": "60",
+        "SNAPSHOT_S": "1",
+        "HOME": str(tmp_path),
+    }
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(out / "session.log", "kernels: started", timeout_s=600)
         t_end = time.monotonic() + 300
@@ -218,8 +258,13 @@ def test_a_rehearsal_keeps_its_runs_out_of_the_history_store(tmp_path, rehearse)
     (removed at the end): its small CPU runs never land in the caller's store or the default one
     (they did). A real session leaves the store as the caller set it."""
     out, mine = tmp_path / "out", tmp_path / "mine.sqlite"
-    env = {"PARTS": "first", "DEADLINE_S": "300", "GPUBENCH_HISTORY": str(mine),
-           "FAKE_ENV_LOG": str(tmp_path / "env.jsonl"), **({"REHEARSE": "1"} if rehearse else {})}
+    env = {
+        "PARTS": "first",
+        "DEADLINE_S": "300",
+        "GPUBENCH_HISTORY": str(mine),
+        "FAKE_ENV_LOG": str(tmp_path / "env.jsonl"),
+        **({"REHEARSE": "1"} if rehearse else {}),
+    }
     proc = start(tmp_path, out, **env)
     assert proc.wait(timeout=240) == 0, proc.stdout.read()
     seen = [json.loads(line) for line in (tmp_path / "env.jsonl").read_text().splitlines()]
@@ -236,9 +281,12 @@ def test_a_rehearsal_keeps_its_runs_out_of_the_history_store(tmp_path, rehearse)
 def test_make_gpu_session_writes_into_the_callers_out_folder():
     """The device machine returns only what lands in its $OUT: `make gpu-session` must write there
     (it used to write into gpu-session-out whatever $OUT said), and elsewhere into gpu-session-out."""
+
     def dry(env: dict[str, str]) -> str:
         environ = {k: v for k, v in os.environ.items() if k != "OUT"}
-        return subprocess.run(["make", "-n", "gpu-session"], cwd=ROOT, env={**environ, **env}, capture_output=True,
-                              text=True, check=True).stdout
+        return subprocess.run(
+            ["make", "-n", "gpu-session"], cwd=ROOT, env={**environ, **env}, capture_output=True, text=True, check=True
+        ).stdout
+
     assert "OUT=/device/out bash benchmarks/gpu_session.sh" in dry({"OUT": "/device/out"})
     assert "OUT=gpu-session-out bash benchmarks/gpu_session.sh" in dry({})

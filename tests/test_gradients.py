@@ -1,6 +1,7 @@
 """gpubench.lib.gradients: a step's parameters meant to learn must each get a gradient that is not all
 zero (what a comparison with a reference running the same code cannot see), and combined_training's
 check applies it and its independent float64 layer to every variant."""
+
 from __future__ import annotations
 
 import torch
@@ -10,8 +11,19 @@ from gpubench.lib.gradients import dead_parameters, learning_check
 from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.techniques import combined_training as ct
 
-SMALL = dict(layers=2, hidden=32, heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_dim=16, rows=1,
-             seq_len=64, mean_doc_len=12)
+SMALL = dict(
+    layers=2,
+    hidden=32,
+    heads=4,
+    kv_heads=2,
+    vocab=64,
+    experts=4,
+    top_k=2,
+    expert_dim=16,
+    rows=1,
+    seq_len=64,
+    mean_doc_len=12,
+)
 
 
 def test_a_missing_or_all_zero_gradient_is_dead_one_nonzero_element_learns_and_frozen_ones_are_exempt():
@@ -55,8 +67,9 @@ def test_the_independent_layer_reads_documents_and_routing_as_the_model_defines_
     assert len(lens) >= 2 and sum(lens) == 64
     layer = ct._layer_in_float64(w.weights.layers[0])
     params = ct._layer_params(layer)
-    model = ct.MoEDecoderWeights(w.weights.config, w.weights.moe, torch.empty(0, dtype=torch.float64), [layer],
-                                 torch.empty(0), torch.empty(0))
+    model = ct.MoEDecoderWeights(
+        w.weights.config, w.weights.moe, torch.empty(0, dtype=torch.float64), [layer], torch.empty(0), torch.empty(0)
+    )
     positions = torch.cat([torch.arange(n) for n in lens])[None]
     cos, sin = ct.rope_cos_sin(model, positions)
     x = torch.randn(64, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

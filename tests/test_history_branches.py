@@ -3,6 +3,7 @@ branch's level, `compare --history` judges a run against its base branch (main b
 that recorded no branch count as the default branch's, and `--since` takes a release tag of the
 repository (resolved by git, in a temporary repository here). Synthetic histories of real CPU
 noise (tests/data/cpu_noise.json, as in test_changepoints)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,16 +27,31 @@ MODEL = "NVIDIA H100"
 
 def add_runs(store_path, values, *, branch="main", first=0, commits=None):
     """Runs ``first``, ``first + 1``, ... of the optimized variant "fused" with these figures."""
-    rows = [dataclasses.replace(_row(first + i, "fused", float(v)), branch=branch,
-                                git_commit=(commits[i] if commits else f"c{first + i:02d}"))
-            for i, v in enumerate(values)]
+    rows = [
+        dataclasses.replace(
+            _row(first + i, "fused", float(v)),
+            branch=branch,
+            git_commit=(commits[i] if commits else f"c{first + i:02d}"),
+        )
+        for i, v in enumerate(values)
+    ]
     with open_store(store_path) as store:
         store.add(rows)
 
 
 def compare_history(tmp_path, store, figure, *extra):
-    out = CliRunner().invoke(main, ["compare", "--history", "--store", str(store), "--json", *extra,
-                                    str(_current_run(Path(tempfile.mkdtemp(dir=tmp_path)), figure))])
+    out = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--history",
+            "--store",
+            str(store),
+            "--json",
+            *extra,
+            str(_current_run(Path(tempfile.mkdtemp(dir=tmp_path)), figure)),
+        ],
+    )
     return out.exit_code, (json.loads(out.output) if out.exit_code in (0, 1) else out.output)
 
 
@@ -68,10 +84,15 @@ def test_a_regression_on_main_fails_a_run_even_when_a_pr_branch_is_slower_still(
     assert code == 1 and doc["cases"][0]["verdict"] == "regressed" and doc["cases"][0]["level_runs"] == 10
 
 
-@pytest.mark.parametrize("held,default", [({"feature": 3, "main": 1, "master": 5}, "main"),
-                                          ({"feature": 3, "master": 1}, "master"),
-                                          ({"feature": 2, "dev": 3, "zeta": 3}, "dev"),
-                                          ({None: 4}, None)])
+@pytest.mark.parametrize(
+    "held,default",
+    [
+        ({"feature": 3, "main": 1, "master": 5}, "main"),
+        ({"feature": 3, "master": 1}, "master"),
+        ({"feature": 2, "dev": 3, "zeta": 3}, "dev"),
+        ({None: 4}, None),
+    ],
+)
 def test_the_default_branch_is_main_else_master_else_the_one_with_most_runs(tmp_path, held, default):
     store = tmp_path / "h.sqlite"
     first = 0
@@ -124,10 +145,22 @@ def test_store_since_and_branch_options_belong_to_compare_history(tmp_path):
 
 # -- --since: run ids, commits and release tags --------------------------------------------------
 
+
 def git(repo, *args) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo), "PATH": "/usr/bin:/bin"}).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "HOME": str(repo),
+            "PATH": "/usr/bin:/bin",
+        },
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -175,8 +208,15 @@ def test_since_that_matches_nothing_is_exit_2_saying_what_was_tried(tmp_path, re
     monkeypatch.chdir(path)
     code, output = compare_history(tmp_path, store, 1.0, "--since", "v7.7")
     assert code == 2 and "Traceback" not in output
-    for tried in ("--since v7.7", "run id", "commit prefix", "8 runs", "git rev-parse --verify 'v7.7^{commit}'",
-                  str(path), "fetch-depth: 0"):
+    for tried in (
+        "--since v7.7",
+        "run id",
+        "commit prefix",
+        "8 runs",
+        "git rev-parse --verify 'v7.7^{commit}'",
+        str(path),
+        "fetch-depth: 0",
+    ):
         assert tried in output.replace("\n", " "), tried
     monkeypatch.chdir(tmp_path)  # not a repository at all: git's own reason is given
     code, output = compare_history(tmp_path, store, 1.0, "--since", "v1.0")
@@ -195,8 +235,9 @@ def test_compare_history_writes_its_verdicts_and_the_regressions_since_as_markdo
     values = history_values(5, 14, step_at=6)
     add_runs(store, values)
     md = tmp_path / "history.md"
-    code, _ = compare_history(tmp_path, store, float(np.median(values[6:])) * 1.15, "--since", "c03",
-                              "--markdown", str(md))
+    code, _ = compare_history(
+        tmp_path, store, float(np.median(values[6:])) * 1.15, "--since", "c03", "--markdown", str(md)
+    )
     text = md.read_text()
     assert code == 1 and text.startswith("### History gate: FAIL (1 regressed of 1 cases)")
     assert "| regressed | `t[model=x,n=1]` | fused | time |" in text and "branch main" in text

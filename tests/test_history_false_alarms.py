@@ -2,6 +2,7 @@
 it, in a small seeded set: histories of 12 runs whose variants are 30 calls drawn from real timed
 calls on this machine (tests/data/cpu_noise.json), then one more run. Unchanged code raises no alarm;
 the same run with its optimized variant 10% slower is called regressed."""
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ the runs *before* it only (a judged run already in the store, later runs stored 
 (1 + threshold); `--since RUN` includes that run (at the step's own run); a regression names its
 suspect commits; and `--since` lists the change points the levels start at. Synthetic histories of
 real CPU noise (tests/data/cpu_noise.json, as in test_changepoints)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,9 @@ from click.testing import CliRunner
 from test_changepoints import _current_run, _row, history_values
 from test_history_branches import add_runs
 
-from gpubench.records import stats
 from gpubench.cli import main
 from gpubench.gate.history import judge, open_store
+from gpubench.records import stats
 
 CASE = "t[model=x,n=1]"
 
@@ -51,6 +52,7 @@ def two_steps(runs=18, first=5, second=11, step=0.15) -> np.ndarray:
 
 # -- the level starts at the last change point ----------------------------------------------------
 
+
 @pytest.mark.parametrize("factor,verdict", [(1.0, "passed"), (1.15, "regressed")])
 def test_with_two_steps_the_level_is_the_runs_since_the_second(tmp_path, factor, verdict):
     """Steps of +15% at runs 5 and 11 of 18: the level is runs 11-17 (7 runs, since c11). From the
@@ -63,7 +65,6 @@ def test_with_two_steps_the_level_is_the_runs_since_the_second(tmp_path, factor,
     assert (case["verdict"], case["level_runs"], case["since_commit"]) == (verdict, 7, "c11")
     assert case["level_median"] == pytest.approx(float(np.median(level)))
     assert code == (1 if verdict == "regressed" else 0)
-
 
 
 @pytest.mark.parametrize("stored", [23, 24])
@@ -81,10 +82,13 @@ def test_after_a_regression_later_reverted_the_level_is_the_runs_since_the_rever
     assert (code, case["verdict"], case["level_runs"], case["since_commit"]) == (1, "regressed", stored - 16, "c16")
 
 
-@pytest.mark.parametrize("history,verdict,runs", [
-    ([3.0, 1.0, 1.01, 0.99, 1.0], "inconclusive", None),  # 4 runs left in the level: 5 needed
-    ([3.0, 1.0, 1.01, 0.99, 1.0, 1.0], "regressed", 5),
-])
+@pytest.mark.parametrize(
+    "history,verdict,runs",
+    [
+        ([3.0, 1.0, 1.01, 0.99, 1.0], "inconclusive", None),  # 4 runs left in the level: 5 needed
+        ([3.0, 1.0, 1.01, 0.99, 1.0, 1.0], "regressed", 5),
+    ],
+)
 def test_a_run_set_aside_is_not_in_the_level(tmp_path, history, verdict, runs):
     """A cold start 3x slower is set aside by change point detection (in no level's median); it is
     left out of the gate's level too. Before, it stayed in: the level's CI reached 3.0 and a run
@@ -98,7 +102,9 @@ def test_a_run_set_aside_is_not_in_the_level(tmp_path, history, verdict, runs):
     if runs:
         assert case["level_ci_high"] < 1.1
 
+
 # -- a run is judged by the runs before it -----------------------------------------------------------
+
 
 def test_a_run_already_in_the_store_is_judged_without_itself(tmp_path):
     """Run 12, 20% slower, is stored with its 12 predecessors, then judged: against those 12 only
@@ -119,7 +125,7 @@ def test_an_old_run_reads_as_it_read_when_it_was_new_whatever_is_stored_after_it
     add_runs(store, values[:8])
     seen = []
     for n in range(9, 17):
-        add_runs(store, values[n - 1:n], first=n - 1)
+        add_runs(store, values[n - 1 : n], first=n - 1)
         code, doc = compare(tmp_path, store, run_file(tmp_path, float(values[8]), run=8))
         (case,) = doc["cases"]
         seen.append((n, code, case["verdict"], case["level_runs"], case["since_commit"]))
@@ -138,6 +144,7 @@ def test_judge_reads_the_level_up_to_the_run_s_place_in_the_store_else_its_start
 
 
 # -- regressed: above the CI's high end ------------------------------------------------------------
+
 
 def test_a_figure_between_the_level_s_median_and_its_ci_high_end_times_the_threshold_passes(tmp_path):
     """A noisy level (8% run-to-run): its median x 1.05 is well below its CI high end x 1.05. A run
@@ -158,6 +165,7 @@ def test_a_figure_between_the_level_s_median_and_its_ci_high_end_times_the_thres
 
 # -- --since at the step's own run ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("since", ["run11", "c11", "run10"])
 def test_since_the_step_s_own_run_lists_that_step(tmp_path, since):
     store, values = tmp_path / "h.sqlite", two_steps()
@@ -172,8 +180,9 @@ def test_since_a_run_that_did_not_hold_the_case_starts_at_that_run_s_place(tmp_p
     """--since names a run (another case's only) between the two steps: the second step is listed."""
     store, values = tmp_path / "h.sqlite", two_steps()
     add_runs(store, values)
-    other = dataclasses.replace(_row(0, "fused", 1.0), case_id="other[n=1]", run_id="tag-run",
-                                started_at="2026-12-01T00:08:30+00:00")
+    other = dataclasses.replace(
+        _row(0, "fused", 1.0), case_id="other[n=1]", run_id="tag-run", started_at="2026-12-01T00:08:30+00:00"
+    )
     with open_store(store) as opened:
         opened.add([other])
     code, doc = compare(tmp_path, store, run_file(tmp_path, float(np.median(values[11:]))), "--since", "tag-run")
@@ -181,6 +190,7 @@ def test_since_a_run_that_did_not_hold_the_case_starts_at_that_run_s_place(tmp_p
 
 
 # -- --since and the level agree; both read the runs before the run judged --------------------------
+
 
 def test_since_lists_the_change_the_level_starts_at_even_an_improvement(tmp_path):
     """A -15% step at run 6 of 14: the level starts at c06, and --since c03 lists it (as an
@@ -204,6 +214,7 @@ def test_an_old_run_s_since_listing_ends_where_its_level_does(tmp_path):
 
 
 # -- a regression names its suspect commits --------------------------------------------------------
+
 
 def test_a_regression_names_the_runs_since_the_last_one_within_the_level(tmp_path):
     """12 runs at a level, then run 12 already 20% slower (one run: not a level yet): the new run,

@@ -4,6 +4,7 @@ pages when the remote is a GitHub or GitLab one (plain text otherwise), a case w
 and said to be one; per case of a run, a sparkline of its history up to and including the run,
 in run order with the run marked, and a report that never fails because of the store. Synthetic
 histories and results files only (tests/test_changepoints.py, tests/test_history_store.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_changepoints import _row, history_values
+from test_history_store import _add, write_run
 
 from gpubench.cli import main
 from gpubench.gate.history import changepoints, links, open_store, trends
@@ -21,8 +24,6 @@ from gpubench.reports import html
 from gpubench.reports.drawing import REFERENCE
 from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.trend_chart import trend_figure
-from test_changepoints import _row, history_values
-from test_history_store import _add, write_run
 
 MODEL = "NVIDIA H100"  # test_changepoints' rows
 
@@ -35,9 +36,13 @@ def write_step_history(store: Path, runs: int = 12, step_at: int | None = 6) -> 
     """A case with a 10% step at run ``step_at`` (fused) beside its unchanged baseline (loop),
     commits as real hashes; and a case of another technique with one run."""
     fused, loop = history_values(5, runs, step_at=step_at), history_values(6, runs)
-    rows = [dataclasses.replace(_row(i, variant, float(v)), git_commit=sha(i), ci_low_s=float(v) * 0.98,
-                                ci_high_s=float(v) * 1.02)
-            for i in range(runs) for variant, v in (("fused", fused[i]), ("loop", loop[i]))]
+    rows = [
+        dataclasses.replace(
+            _row(i, variant, float(v)), git_commit=sha(i), ci_low_s=float(v) * 0.98, ci_high_s=float(v) * 1.02
+        )
+        for i in range(runs)
+        for variant, v in (("fused", fused[i]), ("loop", loop[i]))
+    ]
     rows.append(dataclasses.replace(_row(0, "fused", 2e-3), case_id="u[n=2]", technique="u", git_commit=sha(99)))
     with open_store(store) as opened:
         opened.add(rows)
@@ -46,26 +51,28 @@ def write_step_history(store: Path, runs: int = 12, step_at: int | None = 6) -> 
 
 def page(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     out = tmp_path / "page.html"
-    result = CliRunner().invoke(main, ["history", "html", "--store", str(tmp_path / "h.sqlite"), "-o", str(out),
-                                       *args])
+    result = CliRunner().invoke(main, ["history", "html", "--store", str(tmp_path / "h.sqlite"), "-o", str(out), *args])
     return result.exit_code, result.output, out.read_text() if out.exists() else ""
 
 
 # -- commit links ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("remote, base", [
-    ("https://github.com/acme/bench.git", "https://github.com/acme/bench/commit/"),
-    ("https://github.com/acme/bench/", "https://github.com/acme/bench/commit/"),
-    ("git@github.com:acme/bench.git", "https://github.com/acme/bench/commit/"),
-    ("ssh://git@github.com:22/acme/bench.git", "https://github.com/acme/bench/commit/"),
-    ("https://ci:s3cret@github.com/acme/bench.git", "https://github.com/acme/bench/commit/"),
-    ("git@gitlab.com:group/sub/bench.git", "https://gitlab.com/group/sub/bench/-/commit/"),
-    ("https://gitlab.example.org:8443/ml/bench", "https://gitlab.example.org:8443/ml/bench/-/commit/"),
-    ("https://example.org/acme/bench.git", None),
-    ("/srv/git/bench.git", None),
-    ("file:///srv/git/bench.git", None),
-    ("https://github.com/acme", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "remote, base",
+    [
+        ("https://github.com/acme/bench.git", "https://github.com/acme/bench/commit/"),
+        ("https://github.com/acme/bench/", "https://github.com/acme/bench/commit/"),
+        ("git@github.com:acme/bench.git", "https://github.com/acme/bench/commit/"),
+        ("ssh://git@github.com:22/acme/bench.git", "https://github.com/acme/bench/commit/"),
+        ("https://ci:s3cret@github.com/acme/bench.git", "https://github.com/acme/bench/commit/"),
+        ("git@gitlab.com:group/sub/bench.git", "https://gitlab.com/group/sub/bench/-/commit/"),
+        ("https://gitlab.example.org:8443/ml/bench", "https://gitlab.example.org:8443/ml/bench/-/commit/"),
+        ("https://example.org/acme/bench.git", None),
+        ("/srv/git/bench.git", None),
+        ("file:///srv/git/bench.git", None),
+        ("https://github.com/acme", None),
+        ("", None),
+    ],
+)
 def test_a_remote_in_any_of_gits_forms_gives_its_commit_pages_and_never_its_credentials(remote, base):
     assert links.commit_url_base(remote) == base
     if base:
@@ -105,9 +112,10 @@ def test_the_change_point_line_sits_where_the_new_level_starts(tmp_path):
     write_step_history(tmp_path / "h.sqlite")
     with open_store(tmp_path / "h.sqlite") as opened:
         (group, _) = trends.technique_histories(opened, MODEL, changepoints.case_histories(opened, MODEL))
-    (case_id, histories), = [c for c in group.cases if c[0] == "t[model=x,n=1]"]
-    fig = trend_figure(histories, trends.points_by_run(histories), {"fused": "optimized", "loop": "baseline"},
-                       lambda commit: None)
+    ((case_id, histories),) = [c for c in group.cases if c[0] == "t[model=x,n=1]"]
+    fig = trend_figure(
+        histories, trends.points_by_run(histories), {"fused": "optimized", "loop": "baseline"}, lambda commit: None
+    )
     marks = [line.get_xdata()[0] for ax in fig.axes for line in ax.lines if line.get_gid() == REFERENCE]
     assert marks == [5.5]  # between run 5 and run 6: the step starts at run 6
 
@@ -132,10 +140,9 @@ def test_cases_group_by_technique_and_a_case_with_one_run_shows_its_point_and_sa
     assert "is not a GitHub or GitLab remote" in text
 
 
-@pytest.mark.parametrize("args, says", [
-    ((), "there is none"),
-    (("--device", "NVIDIA B200"), "no runs of device model 'NVIDIA B200'"),
-])
+@pytest.mark.parametrize(
+    "args, says", [((), "there is none"), (("--device", "NVIDIA B200"), "no runs of device model 'NVIDIA B200'")]
+)
 def test_an_absent_store_or_an_unknown_device_model_exits_2_naming_what_it_holds(tmp_path, args, says):
     """An absent store is named and not created (the page only reads); a model the store does not
     hold: the models it holds are named."""
@@ -151,16 +158,25 @@ def test_an_absent_store_or_an_unknown_device_model_exits_2_naming_what_it_holds
 def test_an_unwritable_page_path_exits_2_naming_it(tmp_path):
     write_step_history(tmp_path / "h.sqlite", runs=4, step_at=None)
     (tmp_path / "a-file").write_text("")
-    result = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "h.sqlite"), "html", "-o",
-                                       str(tmp_path / "a-file" / "page.html")])
+    result = CliRunner().invoke(
+        main, ["history", "--store", str(tmp_path / "h.sqlite"), "html", "-o", str(tmp_path / "a-file" / "page.html")]
+    )
     assert result.exit_code == 2 and "cannot write the history page there" in result.output
 
 
 # -- the report's sparklines ----------------------------------------------------------------------
 def runs_of(tmp_path: Path, count: int = 5) -> list[Path]:
     """``count`` runs, each case's optimized time 10% above the run before."""
-    return [write_run(tmp_path / "runs", f"r{i}", f"2026-12-0{i + 1}T00:00:00+00:00", f"{i:040x}",
-                      optimized_s=1e-3 * (1 + 0.1 * i)) for i in range(count)]
+    return [
+        write_run(
+            tmp_path / "runs",
+            f"r{i}",
+            f"2026-12-0{i + 1}T00:00:00+00:00",
+            f"{i:040x}",
+            optimized_s=1e-3 * (1 + 0.1 * i),
+        )
+        for i in range(count)
+    ]
 
 
 def sparklines(report: str) -> list[tuple[list[tuple[float, float]], tuple[float, float]]]:
@@ -231,8 +247,18 @@ def test_a_sparkline_escapes_what_the_results_named_and_draws_only_numbers():
 @pytest.mark.e2e  # two (toy) scenario runs
 def test_gpubench_run_reports_each_case_with_its_sparkline_from_the_store_it_adds_to(toys, write_scenario, tmp_path):
     path = write_scenario("name: ok\nentries:\n  - technique: toy_kernel\n")
-    args = ["run", "--scenario", str(path), "--out", str(tmp_path / "runs"), "--no-calibrate", "--isolation", "none",
-            "--store", str(tmp_path / "h.sqlite")]
+    args = [
+        "run",
+        "--scenario",
+        str(path),
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-calibrate",
+        "--isolation",
+        "none",
+        "--store",
+        str(tmp_path / "h.sqlite"),
+    ]
     for _ in range(2):
         result = CliRunner().invoke(main, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
@@ -259,11 +285,23 @@ def test_a_page_of_many_long_named_cases_fits_the_browser_page_with_every_text_i
         params = {"batch": c, "dtype": "bf16", "head_dim": 128, "heads": 32, "kv_heads": 8, "seq_len": 4096}
         case_id = technique + "[" + ",".join(f"{k}={v}" for k, v in params.items()) + "]"
         fused = history_values(c, 12, step_at=6 if c % 4 == 0 else None)
-        variants = [("fused", fused), ("loop", history_values(50 + c, 12))] if c else \
-            [("fused", fused), ("loop", history_values(50, 12))] + [(v, history_values(60 + k, 12)) for k, v in enumerate(others)]
-        rows += [dataclasses.replace(_row(i, variant, float(v[i]) * (1 + c)), case_id=case_id, technique=technique,
-                                     params_json=json.dumps(params), git_commit=sha(i))
-                 for i in range(12) for variant, v in variants]
+        variants = (
+            [("fused", fused), ("loop", history_values(50 + c, 12))]
+            if c
+            else [("fused", fused), ("loop", history_values(50, 12))]
+            + [(v, history_values(60 + k, 12)) for k, v in enumerate(others)]
+        )
+        rows += [
+            dataclasses.replace(
+                _row(i, variant, float(v[i]) * (1 + c)),
+                case_id=case_id,
+                technique=technique,
+                params_json=json.dumps(params),
+                git_commit=sha(i),
+            )
+            for i in range(12)
+            for variant, v in variants
+        ]
     with open_store(tmp_path / "h.sqlite") as opened:
         opened.add(rows)
     code, output, _ = page(tmp_path, "--remote", "https://github.com/acme/bench")
@@ -289,9 +327,12 @@ def test_the_widest_report_keeps_every_column_in_view_with_its_history_column(sm
 
     needs_chromium()
     doc = report_runs.h200_shaped_doc(small_run_dir)
-    earlier = [report_runs.write_run(tmp_path / f"earlier{i}", {**doc, "run_id": f"earlier{i}",
-                                                                 "started_at": f"2025-12-0{i + 1}T00:00:00+00:00"})
-               for i in range(3)]
+    earlier = [
+        report_runs.write_run(
+            tmp_path / f"earlier{i}", {**doc, "run_id": f"earlier{i}", "started_at": f"2025-12-0{i + 1}T00:00:00+00:00"}
+        )
+        for i in range(3)
+    ]
     _add(earlier, tmp_path / "h.sqlite")
     run = report_runs.write_run(tmp_path / "now", doc)
     report = html.write_report(run, history_store=str(tmp_path / "h.sqlite")).html

@@ -3,6 +3,7 @@ time (issue 34 point 3): a faster machine (the baseline variant x0.90) hid a reg
 optimized variant (x0.99: its ratio +10%), which the gate passed at "+6.6%". A clear ratio move
 beyond the level and the threshold is the case's verdict whatever the machine did; a machine's
 move alone (both variants alike) is never one."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -11,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from gpubench.gate.history import open_store, rows_of_file, rows_of_run
 from gpubench.gate.compare import MIN_SAMPLES_FOR_RATIO
+from gpubench.gate.history import open_store, rows_of_file, rows_of_run
 from gpubench.gate.history.judge import judge_run
 from gpubench.records.results import SCHEMA_VERSION, RunRecord
 
@@ -22,14 +23,33 @@ START = _dt.datetime(2026, 12, 1, tzinfo=_dt.timezone.utc)
 def _doc(index: int, fused, loop) -> dict:
     """One run's results document: the case's optimized variant (fused) and baseline variant (loop),
     their timed calls."""
-    variants = {"loop": {"role": "baseline", "status": "ok", "samples_s": list(loop)},
-                "fused": {"role": "optimized", "status": "ok", "samples_s": list(fused)}}
-    return {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": f"run{index:02d}",
-            "device": "cuda:0", "device_label": "NVIDIA H100", "status": "complete",
-            "scenario": {"name": "s", "entries": []}, "started_at": (START + _dt.timedelta(hours=index)).isoformat(),
-            "env": {"host": "ci-1", "git": {"commit": f"c{index:02d}", "branch": "main"}},
-            "cases": [{"id": "t[n=1]", "technique": "t", "params": {}, "seed": 0, "policy": {}, "status": "passed",
-                       "gate_metric": "", "variants": variants}]}
+    variants = {
+        "loop": {"role": "baseline", "status": "ok", "samples_s": list(loop)},
+        "fused": {"role": "optimized", "status": "ok", "samples_s": list(fused)},
+    }
+    return {
+        "kind": "gpubench.results",
+        "schema_version": SCHEMA_VERSION,
+        "run_id": f"run{index:02d}",
+        "device": "cuda:0",
+        "device_label": "NVIDIA H100",
+        "status": "complete",
+        "scenario": {"name": "s", "entries": []},
+        "started_at": (START + _dt.timedelta(hours=index)).isoformat(),
+        "env": {"host": "ci-1", "git": {"commit": f"c{index:02d}", "branch": "main"}},
+        "cases": [
+            {
+                "id": "t[n=1]",
+                "technique": "t",
+                "params": {},
+                "seed": 0,
+                "policy": {},
+                "status": "passed",
+                "gate_metric": "",
+                "variants": variants,
+            }
+        ],
+    }
 
 
 def _pair(rng, fused: float, loop: float, rounds: int = 30) -> tuple:
@@ -62,8 +82,13 @@ def test_a_regression_a_faster_machine_hides_is_regressed_by_its_ratio(tmp_path)
     verdict = _judge(tmp_path, 0.99, 0.90)
     assert verdict.verdict == "regressed", verdict
     assert verdict.current / verdict.level_median == pytest.approx(0.99, abs=0.03)  # its own time: passed before
-    assert verdict.ratio_move == pytest.approx(0.10, abs=0.03) and verdict.machine_move == pytest.approx(-0.10, abs=0.03)
-    assert "optimized/baseline ratio moved +" in verdict.reason and "the ratio decides, not the optimized variant's own" in verdict.reason
+    assert verdict.ratio_move == pytest.approx(0.10, abs=0.03) and verdict.machine_move == pytest.approx(
+        -0.10, abs=0.03
+    )
+    assert (
+        "optimized/baseline ratio moved +" in verdict.reason
+        and "the ratio decides, not the optimized variant's own" in verdict.reason
+    )
 
 
 def test_the_mirror_a_gain_a_slower_machine_hides_is_improved_by_its_ratio(tmp_path):
@@ -130,12 +155,18 @@ def test_compare_history_exits_1_on_a_case_that_failed(tmp_path):
     rng = np.random.default_rng(1)
     store = tmp_path / "h.sqlite"
     with open_store(store) as opened:
-        opened.add([row for doc in (_doc(i, *_pair(rng, 1.0, 1.0)) for i in range(12))
-                    for row in rows_of_run(RunRecord.from_dict(doc), f"runs/{doc['run_id']}")])
+        opened.add(
+            [
+                row
+                for doc in (_doc(i, *_pair(rng, 1.0, 1.0)) for i in range(12))
+                for row in rows_of_run(RunRecord.from_dict(doc), f"runs/{doc['run_id']}")
+            ]
+        )
     current = _doc(12, *_pair(rng, 1.0, 1.0))
     current["cases"][0].update(status="failed", failure={"kind": "check", "message": "wrong result"})
     (tmp_path / "results.json").write_text(json.dumps(current))
-    result = CliRunner().invoke(main, ["compare", "--history", str(tmp_path / "results.json"), "--store", str(store),
-                                       "--branch", "main"])
+    result = CliRunner().invoke(
+        main, ["compare", "--history", str(tmp_path / "results.json"), "--store", str(store), "--branch", "main"]
+    )
     assert result.exit_code == 1, result.output
     assert "failed" in result.output and "wrong result" in result.output

@@ -1,11 +1,12 @@
 """The history store (issue 27.1): every run's (case, variant) rows kept across runs, added by
 `gpubench run` and `gpubench history add`, safe with two writers, never written over a file that is
 not its own. Synthetic runs written as results files; no scenario runs here."""
+
 from __future__ import annotations
 
 import json
-import os
 import multiprocessing
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -13,40 +14,87 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpubench.gate import history
 from gpubench.cli import main
 from gpubench.cli.history import append_run
 from gpubench.errors import BadInput
+from gpubench.gate import history
 from gpubench.gate.history import schema
 from gpubench.records.results import SCHEMA_VERSION, load_run
 
 
 def _variant(role, median, gate=None):
     samples = [median * f for f in (0.98, 0.99, 1.0, 1.01, 1.02)]
-    return {"role": role, "status": "ok", "samples_s": samples,
-            "stats": {"median": median, "ci_low": median * 0.99, "ci_high": median * 1.01, "n": 5,
-                      "iqr": median * 0.02},
-            "metrics": {"tokens_per_s": 1.0 / median, **({"bytes_reserved": gate} if gate else {}),
-                        "nested": {"dropped": 1}}}
+    return {
+        "role": role,
+        "status": "ok",
+        "samples_s": samples,
+        "stats": {"median": median, "ci_low": median * 0.99, "ci_high": median * 1.01, "n": 5, "iqr": median * 0.02},
+        "metrics": {
+            "tokens_per_s": 1.0 / median,
+            **({"bytes_reserved": gate} if gate else {}),
+            "nested": {"dropped": 1},
+        },
+    }
 
 
-def write_run(root: Path, run_id: str, started_at: str, commit: str, optimized_s: float = 1e-3, *,
-              status="complete", host="ci-1", device="NVIDIA H100 80GB HBM3", n_cases=2, branch="main") -> Path:
+def write_run(
+    root: Path,
+    run_id: str,
+    started_at: str,
+    commit: str,
+    optimized_s: float = 1e-3,
+    *,
+    status="complete",
+    host="ci-1",
+    device="NVIDIA H100 80GB HBM3",
+    n_cases=2,
+    branch="main",
+) -> Path:
     """A run directory with a results.json as `gpubench run` writes it (two cases, two variants each)."""
-    cases = [{"id": f"t n={i}", "technique": "t", "params": {"n": i, "dtype": "bf16"}, "seed": 0, "policy": {},
-              "status": "passed", "gate_metric": "", "variants": {
-                  "loop": _variant("baseline", 2e-3), "fused": _variant("optimized", optimized_s * (i + 1))}}
-             for i in range(n_cases)]
-    cases.append({"id": "kv bytes", "technique": "kv_cache", "params": {}, "seed": 0, "policy": {},
-                  "status": "passed", "gate_metric": "bytes_reserved",
-                  "variants": {"paged": _variant("optimized", 1e-4, gate=4096.0)}})
-    doc = {"kind": "gpubench.results", "schema_version": SCHEMA_VERSION, "run_id": run_id, "device": "cuda:0",
-           "device_label": device, "scenario": {"name": "gpu-quick", "entries": []}, "status": status,
-           "started_at": started_at,
-           "env": {"host": host, "torch": "2.13.0", "triton": "3.5.0", "gpubench_version": "0.1.0",
-                   "git": {"commit": commit, "branch": branch, "dirty": False},
-                   "gpu": {"name": device, "driver_version": "580.65"}},
-           "cases": cases}
+    cases = [
+        {
+            "id": f"t n={i}",
+            "technique": "t",
+            "params": {"n": i, "dtype": "bf16"},
+            "seed": 0,
+            "policy": {},
+            "status": "passed",
+            "gate_metric": "",
+            "variants": {"loop": _variant("baseline", 2e-3), "fused": _variant("optimized", optimized_s * (i + 1))},
+        }
+        for i in range(n_cases)
+    ]
+    cases.append(
+        {
+            "id": "kv bytes",
+            "technique": "kv_cache",
+            "params": {},
+            "seed": 0,
+            "policy": {},
+            "status": "passed",
+            "gate_metric": "bytes_reserved",
+            "variants": {"paged": _variant("optimized", 1e-4, gate=4096.0)},
+        }
+    )
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "device": "cuda:0",
+        "device_label": device,
+        "scenario": {"name": "gpu-quick", "entries": []},
+        "status": status,
+        "started_at": started_at,
+        "env": {
+            "host": host,
+            "torch": "2.13.0",
+            "triton": "3.5.0",
+            "gpubench_version": "0.1.0",
+            "git": {"commit": commit, "branch": branch, "dirty": False},
+            "gpu": {"name": device, "driver_version": "580.65"},
+        },
+        "cases": cases,
+    }
     path = root / run_id
     path.mkdir(parents=True)
     (path / "results.json").write_text(json.dumps(doc))
@@ -66,11 +114,35 @@ def test_a_run_becomes_one_row_per_case_and_variant_with_where_it_came_from(tmp_
     db.row_factory = sqlite3.Row
     rows = {(r["case_id"], r["variant"]): dict(r) for r in db.execute("SELECT * FROM gpubench_results")}
     fused = rows[("t n=1", "fused")]
-    assert (fused["git_commit"], fused["branch"], fused["dirty"], fused["device_model"], fused["driver_version"],
-            fused["torch_version"], fused["triton_version"], fused["scenario"], fused["technique"], fused["role"],
-            fused["run_status"], fused["variant_status"], fused["n"]) == (
-        "abc123", "main", 0, "NVIDIA H100 80GB HBM3", "580.65", "2.13.0", "3.5.0", "gpu-quick", "t", "optimized",
-        "complete", "ok", 5)
+    assert (
+        fused["git_commit"],
+        fused["branch"],
+        fused["dirty"],
+        fused["device_model"],
+        fused["driver_version"],
+        fused["torch_version"],
+        fused["triton_version"],
+        fused["scenario"],
+        fused["technique"],
+        fused["role"],
+        fused["run_status"],
+        fused["variant_status"],
+        fused["n"],
+    ) == (
+        "abc123",
+        "main",
+        0,
+        "NVIDIA H100 80GB HBM3",
+        "580.65",
+        "2.13.0",
+        "3.5.0",
+        "gpu-quick",
+        "t",
+        "optimized",
+        "complete",
+        "ok",
+        5,
+    )
     assert json.loads(fused["params_json"]) == {"n": 1, "dtype": "bf16"}
     assert fused["median_s"] == pytest.approx(2e-3) and fused["ci_low_s"] < fused["median_s"] < fused["ci_high_s"]
     # the raw samples' location: the results file, whose case and variant keys are the row's
@@ -98,8 +170,10 @@ def test_two_hosts_with_the_same_run_directory_name_keep_two_runs(tmp_path):
 
 def test_series_reads_a_case_in_run_order_by_name_or_role_and_by_gate_metric(tmp_path):
     store = tmp_path / "h.sqlite"
-    runs = [write_run(tmp_path, f"r{i}", f"2026-12-0{i}T10:00:00+00:00", f"c{i}", optimized_s=1e-3 * (1 + i / 10))
-            for i in (3, 1, 2)]  # added out of order
+    runs = [
+        write_run(tmp_path, f"r{i}", f"2026-12-0{i}T10:00:00+00:00", f"c{i}", optimized_s=1e-3 * (1 + i / 10))
+        for i in (3, 1, 2)
+    ]  # added out of order
     runs.append(write_run(tmp_path, "other", "2026-12-04T10:00:00+00:00", "c4", device="NVIDIA A100-SXM4-80GB"))
     _add(runs, store)
     with history.open_store(store) as opened:
@@ -186,12 +260,24 @@ def test_history_add_imports_runs_and_pytest_benchmark_json_once(tmp_path, monke
     monkeypatch.setenv("GPUBENCH_HISTORY", str(tmp_path / "env.sqlite"))
     run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
     bench = tmp_path / "0001_bench.json"
-    bench.write_text(json.dumps({
-        "machine_info": {"node": "dev-box", "cpu": {"brand_raw": "AMD EPYC"}},
-        "commit_info": {"id": "def456", "branch": "feature", "dirty": True},
-        "datetime": "2026-12-04T11:00:00.123456",
-        "benchmarks": [{"group": "g", "name": "test_x", "fullname": "bench.py::test_x", "params": {"k": 2},
-                        "stats": {"median": 0.002, "rounds": 4, "data": [0.001, 0.002, 0.002, 0.003]}}]}))
+    bench.write_text(
+        json.dumps(
+            {
+                "machine_info": {"node": "dev-box", "cpu": {"brand_raw": "AMD EPYC"}},
+                "commit_info": {"id": "def456", "branch": "feature", "dirty": True},
+                "datetime": "2026-12-04T11:00:00.123456",
+                "benchmarks": [
+                    {
+                        "group": "g",
+                        "name": "test_x",
+                        "fullname": "bench.py::test_x",
+                        "params": {"k": 2},
+                        "stats": {"median": 0.002, "rounds": 4, "data": [0.001, 0.002, 0.002, 0.003]},
+                    }
+                ],
+            }
+        )
+    )
     first = CliRunner().invoke(main, ["history", "add", str(run), str(bench)])
     assert first.exit_code == 0, first.output
     assert "history store: " + str(tmp_path / "env.sqlite") in first.output
@@ -202,7 +288,14 @@ def test_history_add_imports_runs_and_pytest_benchmark_json_once(tmp_path, monke
     with history.open_store(tmp_path / "env.sqlite") as opened:
         (point,) = opened.series("CPU: AMD EPYC", "bench.py::test_x", "benchmark")
     assert (point.commit, point.branch, point.dirty, point.host, point.started_at, point.median, point.n) == (
-        "def456", "feature", True, "dev-box", "2026-12-04T11:00:00+00:00", 0.002, 4)
+        "def456",
+        "feature",
+        True,
+        "dev-box",
+        "2026-12-04T11:00:00+00:00",
+        0.002,
+        4,
+    )
 
 
 def test_history_add_refuses_a_file_that_is_not_a_run_before_writing(tmp_path):
@@ -269,8 +362,11 @@ def test_a_database_url_goes_through_sqlalchemy_with_the_same_sql(tmp_path):
 SERVER_URL = os.environ.get("GPUBENCH_TEST_SERVER_STORE")  # e.g. postgresql+psycopg://user@/db?host=/tmp
 
 
-@pytest.mark.skipif(not SERVER_URL, reason="set GPUBENCH_TEST_SERVER_STORE to a database URL gpubench may fill "
-                    "(an empty PostgreSQL database) to test the store against a real server")
+@pytest.mark.skipif(
+    not SERVER_URL,
+    reason="set GPUBENCH_TEST_SERVER_STORE to a database URL gpubench may fill "
+    "(an empty PostgreSQL database) to test the store against a real server",
+)
 def test_a_real_database_server_stores_runs_once_and_serves_them_read_only(tmp_path):
     """The server path against a real server (PostgreSQL 15 and psycopg 3 when last run by hand; CI
     has none): rows added once however often or concurrently a run is added, series in run order,
@@ -309,7 +405,9 @@ def test_gpubench_run_adds_its_run_unless_no_history(toys, write_scenario, tmp_p
     result = CliRunner().invoke(main, [*args, "--store", str(store)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     added = re.search(rf"history: (\d+) rows added to {re.escape(str(store))}\n", result.output)
-    assert added and int(added[1]) == sqlite3.connect(store).execute("SELECT COUNT(*) FROM gpubench_results").fetchone()[0]
+    assert (
+        added and int(added[1]) == sqlite3.connect(store).execute("SELECT COUNT(*) FROM gpubench_results").fetchone()[0]
+    )
     assert result.output.strip().splitlines()[-1].startswith("report: ")
     skipped = CliRunner().invoke(main, [*args, "--store", str(store), "--no-history"], catch_exceptions=False)
     assert skipped.exit_code == 0 and "history:" not in skipped.output
@@ -328,8 +426,11 @@ def test_history_add_writes_to_the_store_given_before_or_after_add(tmp_path, mon
     monkeypatch.setenv("GPUBENCH_HISTORY", str(tmp_path / "default.sqlite"))
     run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
     store = str(tmp_path / "x.sqlite")
-    args = ["history", "--store", store, "add", str(run)] if where == "before add" else \
-        ["history", "add", "--store", store, str(run)]
+    args = (
+        ["history", "--store", store, "add", str(run)]
+        if where == "before add"
+        else ["history", "add", "--store", store, str(run)]
+    )
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert f"history store: {store}" in result.output
@@ -339,8 +440,9 @@ def test_history_add_writes_to_the_store_given_before_or_after_add(tmp_path, mon
 
 def test_history_add_with_two_different_stores_is_bad_input(tmp_path):
     run = write_run(tmp_path, "r1", "2026-12-04T10:00:00+00:00", "abc")
-    result = CliRunner().invoke(main, ["history", "--store", str(tmp_path / "a.sqlite"), "add", "--store",
-                                       str(tmp_path / "b.sqlite"), str(run)])
+    result = CliRunner().invoke(
+        main, ["history", "--store", str(tmp_path / "a.sqlite"), "add", "--store", str(tmp_path / "b.sqlite"), str(run)]
+    )
     assert result.exit_code == 2 and "two values of --store given" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "a.sqlite").exists() and not (tmp_path / "b.sqlite").exists()
 
@@ -351,7 +453,6 @@ def test_an_empty_gpubench_history_variable_means_the_default_store(tmp_path, mo
     monkeypatch.setenv("GPUBENCH_HISTORY", "")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert history.resolve_store(None) == str(tmp_path / "xdg" / "gpubench" / "history.sqlite")
-
 
 
 def test_readers_open_the_store_read_only_and_never_create_one(tmp_path):
@@ -385,11 +486,23 @@ def test_pytest_benchmark_files_of_the_same_name_from_two_commits_are_two_runs(t
     def bench(commit: str, when: str, median: float) -> Path:
         path = tmp_path / commit / "out.json"
         path.parent.mkdir()
-        path.write_text(json.dumps({
-            "machine_info": {"node": "ci-runner", "cpu": {"brand_raw": "AMD EPYC"}},
-            "commit_info": {"id": commit, "branch": "main", "dirty": False}, "datetime": when,
-            "benchmarks": [{"group": "g", "name": "test_x", "fullname": "bench.py::test_x",
-                            "stats": {"median": median, "rounds": 3, "data": [median] * 3}}]}))
+        path.write_text(
+            json.dumps(
+                {
+                    "machine_info": {"node": "ci-runner", "cpu": {"brand_raw": "AMD EPYC"}},
+                    "commit_info": {"id": commit, "branch": "main", "dirty": False},
+                    "datetime": when,
+                    "benchmarks": [
+                        {
+                            "group": "g",
+                            "name": "test_x",
+                            "fullname": "bench.py::test_x",
+                            "stats": {"median": median, "rounds": 3, "data": [median] * 3},
+                        }
+                    ],
+                }
+            )
+        )
         return path
 
     first, second = bench("aaa111", "2026-12-04T10:00:00", 0.001), bench("bbb222", "2026-12-05T10:00:00", 0.002)

@@ -6,6 +6,7 @@ Every import in suite/ is read with ast, top level and function-local alike (onl
 graph's strongly connected components are found; a failure names each cycle with the file:line of
 every import on it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,11 @@ def module_names(root: Path) -> dict[str, Path]:
 
 def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and isinstance(test, (ast.Name, ast.Attribute)) and \
-        (getattr(test, "id", None) or getattr(test, "attr", None)) == "TYPE_CHECKING"
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, (ast.Name, ast.Attribute))
+        and (getattr(test, "id", None) or getattr(test, "attr", None)) == "TYPE_CHECKING"
+    )
 
 
 def _imports(node: ast.AST, function: str | None = None):
@@ -61,7 +65,7 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
         base = node.module or ""
         if node.level:
             package = importer.split(".") if is_package else importer.split(".")[:-1]
-            base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
         names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
     out = set()
     for name in names:
@@ -156,11 +160,14 @@ def describe(component: set[str], cycle: list[Edge]) -> str:
 
 def test_gpubench_core_modules_import_no_cycle():
     found = [describe(*c) for c in cycles(import_graph())]
-    assert found == [], "import cycles among gpubench's core modules (break each by moving what both sides " \
-                        "need into a module of its own):\n" + "\n".join(found)
+    assert found == [], (
+        "import cycles among gpubench's core modules (break each by moving what both sides "
+        "need into a module of its own):\n" + "\n".join(found)
+    )
 
 
 # -- the checker itself: a cycle is found wherever its imports hide ---------------------------------
+
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "suite"
@@ -171,26 +178,44 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_a_cycle_hidden_in_a_function_local_import_is_found_and_named(tmp_path):
-    root = _tree(tmp_path, {"a.py": "from gpubench import b\n",
-                            "b.py": "import os\n\ndef late():\n    from gpubench.c import thing\n",
-                            "c.py": "from . import a\n",
-                            "d.py": "from gpubench import a\n"})  # imports the cycle, is not on it
+    root = _tree(
+        tmp_path,
+        {
+            "a.py": "from gpubench import b\n",
+            "b.py": "import os\n\ndef late():\n    from gpubench.c import thing\n",
+            "c.py": "from . import a\n",
+            "d.py": "from gpubench import a\n",
+        },
+    )  # imports the cycle, is not on it
     assert [describe(*c) for c in cycles(import_graph(root))] == [
-        "gpubench.a -> gpubench.b [suite/a.py:1] -> gpubench.c [suite/b.py:4 (in late)] -> gpubench.a [suite/c.py:1]"]
+        "gpubench.a -> gpubench.b [suite/a.py:1] -> gpubench.c [suite/b.py:4 (in late)] -> gpubench.a [suite/c.py:1]"
+    ]
 
 
 def test_subpackages_relative_imports_and_names_resolve_to_their_module(tmp_path):
-    root = _tree(tmp_path, {"serving/__init__.py": "",
-                            "serving/engine.py": "from ..stats import median\nfrom .kv import Cache\n",
-                            "serving/kv.py": "import gpubench.stats\n",
-                            "stats.py": "from gpubench.serving import engine\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "serving/__init__.py": "",
+            "serving/engine.py": "from ..stats import median\nfrom .kv import Cache\n",
+            "serving/kv.py": "import gpubench.stats\n",
+            "stats.py": "from gpubench.serving import engine\n",
+        },
+    )
     ((component, cycle),) = cycles(import_graph(root))
     assert component == {"gpubench.stats", "gpubench.serving.engine", "gpubench.serving.kv"}
-    assert [(e.importer, e.imported) for e in cycle] == [("gpubench.serving.engine", "gpubench.stats"),
-                                                         ("gpubench.stats", "gpubench.serving.engine")]
+    assert [(e.importer, e.imported) for e in cycle] == [
+        ("gpubench.serving.engine", "gpubench.stats"),
+        ("gpubench.stats", "gpubench.serving.engine"),
+    ]
 
 
 def test_imports_that_never_run_are_no_cycle(tmp_path):
-    root = _tree(tmp_path, {"a.py": "from gpubench import b\n",
-                            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpubench import a\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "a.py": "from gpubench import b\n",
+            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpubench import a\n",
+        },
+    )
     assert cycles(import_graph(root)) == []

@@ -1,13 +1,14 @@
 """KV-cache calculator: exact per-family formulas (hand-computed), allocation checked to the byte."""
+
 import json
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from gpubench.lib import kvmath
 from gpubench.cli import main
 from gpubench.errors import BadInput
+from gpubench.lib import kvmath
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
 
@@ -62,8 +63,12 @@ def test_sliding_window_conventions_of_each_family():
     assert gpt_oss.layer_windows[:4] == (128, None, 128, None) and gpt_oss.sliding_layers == 18
     qwen = model_config.load_preset("qwen2.5-7b")
     assert qwen.sliding_layers == 0  # sliding_window is set but use_sliding_window is false
-    raw = {**model_config.preset_raw("qwen2.5-7b"), "use_sliding_window": True, "sliding_window": 4096,
-           "max_window_layers": 20}
+    raw = {
+        **model_config.preset_raw("qwen2.5-7b"),
+        "use_sliding_window": True,
+        "sliding_window": 4096,
+        "max_window_layers": 20,
+    }
     on = model_config.from_dict(raw, "qwen-swa", "test")
     assert on.layer_windows[:20] == (None,) * 20 and on.layer_windows[20:] == (4096,) * 8
 
@@ -86,8 +91,26 @@ def test_block_edge_lengths_hand_computed():
     assert kvmath.block_edge_lengths(16, 512) == [1, 15, 16, 17, 31, 32, 33, 511, 512]
     assert kvmath.block_edge_lengths(8, 70) == [1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 69, 70]
     # a sliding window adds the lengths where it starts on a block edge or just past one
-    assert kvmath.block_edge_lengths(16, 200, (128, None)) == [1, 15, 16, 17, 31, 32, 33, 127, 128, 129,
-                                                              143, 144, 145, 191, 192, 193, 199, 200]
+    assert kvmath.block_edge_lengths(16, 200, (128, None)) == [
+        1,
+        15,
+        16,
+        17,
+        31,
+        32,
+        33,
+        127,
+        128,
+        129,
+        143,
+        144,
+        145,
+        191,
+        192,
+        193,
+        199,
+        200,
+    ]
     assert kvmath.block_edge_lengths(1, 5) == [1, 2, 3, 4, 5]
     assert kvmath.block_edge_lengths(16, 10) == [1, 9, 10]  # capped by the longest
 
@@ -109,13 +132,19 @@ def test_tensor_parallel_splits_or_replicates_kv_heads():
         preset_layout("llama-3.1-70b", tp=3)
 
 
-@pytest.mark.parametrize("fmt,vector_bytes", [
-    ("fp32", 512), ("bf16", 256), ("fp16", 256), ("fp8", 128),
-    ("int8", 128 + 2),            # one fp16 scale per vector
-    ("int4", 64 + 4 * 4),         # 4 groups of 32, fp16 scale + zero each
-    ("mxfp4", 64 + 4 * 1),        # 4 groups of 32, one e8m0 byte each
-    ("nvfp4", 64 + 8 * 1),        # 8 groups of 16, one fp8 byte each
-])
+@pytest.mark.parametrize(
+    "fmt,vector_bytes",
+    [
+        ("fp32", 512),
+        ("bf16", 256),
+        ("fp16", 256),
+        ("fp8", 128),
+        ("int8", 128 + 2),  # one fp16 scale per vector
+        ("int4", 64 + 4 * 4),  # 4 groups of 32, fp16 scale + zero each
+        ("mxfp4", 64 + 4 * 1),  # 4 groups of 32, one e8m0 byte each
+        ("nvfp4", 64 + 8 * 1),  # 8 groups of 16, one fp8 byte each
+    ],
+)
 def test_kv_formats_count_their_scales(fmt, vector_bytes):
     assert kvmath.KV_FORMATS[fmt].vector_bytes(128) == vector_bytes
 
@@ -142,8 +171,15 @@ def test_weight_bytes_follow_the_checkpoint_quantization():
 
 def test_plan_capacity_figures_are_consistent():
     cfg = model_config.load_preset("llama-2-7b")
-    p = kvmath.plan(cfg, seq_len=4096, batch=None, kv_dtype="fp16", gpu_memory_bytes=80 * GiB, utilization=0.9,
-                    weight_bytes=13 * 10**9)
+    p = kvmath.plan(
+        cfg,
+        seq_len=4096,
+        batch=None,
+        kv_dtype="fp16",
+        gpu_memory_bytes=80 * GiB,
+        utilization=0.9,
+        weight_bytes=13 * 10**9,
+    )
     free = int(80 * GiB * 0.9) - 13 * 10**9
     assert p.free_bytes == free
     assert p.policies["paged"].max_sequences == free // (2 * GiB)
@@ -166,7 +202,9 @@ def cli(*args):
 
 
 def test_cli_table_json_and_list():
-    result = cli("--model", "llama-2-7b", "--seq-len", "4096", "--kv-dtype", "fp16", "--batch", "1", "--gpu-memory", "80")
+    result = cli(
+        "--model", "llama-2-7b", "--seq-len", "4096", "--kv-dtype", "fp16", "--batch", "1", "--gpu-memory", "80"
+    )
     assert result.exit_code == 0 and "2 GiB" in result.output and "naive" in result.output
     data = json.loads(cli("--model", "gpt-oss-20b", "--gpu-memory", "80GiB", "--json").output)
     assert data["policies"]["paged"]["max_sequences"] > data["policies"]["contiguous"]["max_sequences"]
@@ -177,21 +215,34 @@ def test_cli_table_json_and_list():
 
 def test_cli_reads_a_hugging_face_config(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
-                                "num_key_value_heads": 2, "vocab_size": 1000, "model_type": "llama"}))
+    path.write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "vocab_size": 1000,
+                "model_type": "llama",
+            }
+        )
+    )
     data = json.loads(cli("--config", str(path), "--seq-len", "10", "--gpu-memory", "1", "--json").output)
     assert data["bytes_per_token"] == 2 * 2 * 2 * 128 * 2
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--model", "lama-2-7b"], "did you mean"),
-    (["--model", "llama-2-7b", "--kv-dtype", "fp6"], "not a supported KV dtype"),
-    (["--model", "llama-2-7b", "--seq-len", "-5"], "--seq-len: -5 must be > 0"),
-    (["--model", "llama-2-7b", "--batch", "zero"], "--batch: 'zero' is not valid"),
-    (["--model", "llama-2-7b", "--gpu-memory", "lots"], "--gpu-memory: 'lots' is not a size"),
-    (["--config", "/no/such/config.json"], "no such config file"),
-    ([], "give exactly one of --model"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--model", "lama-2-7b"], "did you mean"),
+        (["--model", "llama-2-7b", "--kv-dtype", "fp6"], "not a supported KV dtype"),
+        (["--model", "llama-2-7b", "--seq-len", "-5"], "--seq-len: -5 must be > 0"),
+        (["--model", "llama-2-7b", "--batch", "zero"], "--batch: 'zero' is not valid"),
+        (["--model", "llama-2-7b", "--gpu-memory", "lots"], "--gpu-memory: 'lots' is not a size"),
+        (["--config", "/no/such/config.json"], "no such config file"),
+        ([], "give exactly one of --model"),
+    ],
+)
 def test_cli_bad_input_exits_2(args, fragment):
     result = cli(*args)
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
@@ -207,12 +258,12 @@ def test_cli_names_missing_config_fields(tmp_path):
 
 # -- the technique: real allocations against the prediction ----------------------------------
 
-from gpubench.techniques.kv_cache import server_memory as kv_server_memory  # noqa: E402
 from gpubench.contract import Measured  # noqa: E402
-from gpubench.techniques.kv_cache.allocation import KVCacheWorkload  # noqa: E402
 from gpubench.lib.kvstorage import same_bytes  # noqa: E402
 from gpubench.reports import figures  # noqa: E402
 from gpubench.techniques import kv_cache as technique  # noqa: E402
+from gpubench.techniques.kv_cache import server_memory as kv_server_memory  # noqa: E402
+from gpubench.techniques.kv_cache.allocation import KVCacheWorkload  # noqa: E402
 
 
 def build(**params):
@@ -220,10 +271,18 @@ def build(**params):
     return technique.build(full, torch.device("cpu"), seed=3)
 
 
-@pytest.mark.parametrize("model,kv_dtype", [
-    ("llama-2-7b", "bf16"), ("llama-3.1-8b", "fp8"), ("gpt-oss-20b", "bf16"), ("deepseek-v3", "int4"),
-    ("mistral-7b-v0.1", "nvfp4"), ("qwen2.5-7b", "int8"), ("llama-2-7b", "fp32"),
-])
+@pytest.mark.parametrize(
+    "model,kv_dtype",
+    [
+        ("llama-2-7b", "bf16"),
+        ("llama-3.1-8b", "fp8"),
+        ("gpt-oss-20b", "bf16"),
+        ("deepseek-v3", "int4"),
+        ("mistral-7b-v0.1", "nvfp4"),
+        ("qwen2.5-7b", "int8"),
+        ("llama-2-7b", "fp32"),
+    ],
+)
 def test_allocations_match_the_prediction_to_the_byte_and_read_back_exactly(model, kv_dtype):
     w = build(model=model, kv_dtype=kv_dtype, block_size=16)
     if model == "mistral-7b-v0.1":
@@ -274,8 +333,11 @@ def test_a_sequence_one_block_short_reads_back_missing_instead_of_raising():
 
 
 def test_sliding_layers_hold_only_their_window_when_paged():
-    w = technique.build({**technique.TECHNIQUE.defaults(), "model": "gpt-oss-20b", "max_len": 2000, "requests": 2},
-                        torch.device("cpu"), seed=5)
+    w = technique.build(
+        {**technique.TECHNIQUE.defaults(), "model": "gpt-oss-20b", "max_len": 2000, "requests": 2},
+        torch.device("cpu"),
+        seed=5,
+    )
     out = technique.paged(w)
     sliding, full = out.cache.pools[0], out.cache.pools[1]  # gpt-oss: layer 0 slides (window 128)
     assert sliding.values.shape[0] * 16 <= 2 * (128 + 16) < full.values.shape[0] * 16
@@ -367,14 +429,21 @@ def test_plots_draw_measured_vs_predicted_bytes_and_a_stacked_gpu_breakdown_per_
     assert len(fig.axes) == 2  # a panel per case
     for ax, case in zip(fig.axes, cases):
         heights = sorted(round(p.get_height(), 6) for p in ax.patches)
-        expected = sorted(round(case["variants"][v]["metrics"][k] / 2**20, 6)
-                          for v in ("contiguous", "paged") for k in ("bytes_reserved", "bytes_predicted"))
+        expected = sorted(
+            round(case["variants"][v]["metrics"][k] / 2**20, 6)
+            for v in ("contiguous", "paged")
+            for k in ("bytes_reserved", "bytes_predicted")
+        )
         assert heights == expected  # both allocators, measured beside predicted, in MiB
     fig = figures.declared(breakdown_plot, cases)
     ax = fig.axes[0]
     assert len(ax.patches) == 2 * 2 * 4  # cases x variants x (weights, KV holding tokens, KV empty, free)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-        "weights per GPU", "KV holding tokens", "KV reserved but empty", "free"]
+        "weights per GPU",
+        "KV holding tokens",
+        "KV reserved but empty",
+        "free",
+    ]
     # each variant's bar stacks to the GPU's memory
     ends = {}
     for p in ax.patches:
@@ -402,8 +471,15 @@ def test_chunked_layers_hold_only_the_last_tokens_chunk():
     assert kvmath.chunk_blocks(8210, 8192, 16) == 2 and kvmath.chunk_blocks(100, 8192, 16) == 7
     assert kvmath.live_tokens((None, 8192), 8193) == 1 and kvmath.live_tokens((None, 8192), 8192) == 8192
     assert kvmath.layer_slots(None, 20000, "contiguous_ring", 16, 20000, chunk=8192) == 8192
-    raw = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
-           "head_dim": 128, "model_type": "llama4_text", "attention_chunk_size": 64}
+    raw = {
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "model_type": "llama4_text",
+        "attention_chunk_size": 64,
+    }
     layout = kvmath.layout_for(model_config.from_dict(raw, "l4", "test"), "bf16")
     assert layout.spans == ((None, 64), (None, 64), (None, 64), (None, None))
     per_token_layer = 2 * 1 * 128 * 2

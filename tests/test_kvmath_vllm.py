@@ -1,6 +1,7 @@
 """The KV calculator where a user compares it with vLLM, and where input makes a plan impossible:
 figures derived by hand here (not copied from the output), exit codes (0 fits, 1 does not fit,
 2 bad input), and a quick answer whatever the sizes."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench.lib import kvmath
 from gpubench.cli import main
 from gpubench.errors import BadInput
+from gpubench.lib import kvmath
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
 from gpubench.reports import kv_table
@@ -23,8 +24,7 @@ GiB, MiB, KiB = 2**30, 2**20, 2**10
 # Llama-3.1-8B by hand: 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocab
 # 128256 with an untied head: per layer q, o 4096^2 each, k, v 4096 x 1024 each, MLP 3 x 4096 x
 # 14336, two norms; embeddings twice; the final norm.
-LLAMA8_PARAMS = (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096)
-                 + 2 * 128256 * 4096 + 4096)
+LLAMA8_PARAMS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
 LLAMA8_WEIGHTS = 2 * LLAMA8_PARAMS  # bf16
 LLAMA8_TOKEN = 32 * 2 * 8 * 128 * 2  # bytes per token, all layers, bf16
 
@@ -45,6 +45,7 @@ def test_hand_counted_llama_weights_match_the_calculator():
 
 
 # -- point 11: a model that does not fit ----------------------------------------------------------
+
 
 def test_weights_larger_than_the_gpu_exit_1_and_the_bar_says_it_is_clipped():
     """1 MiB GPU: the weights (15 GiB) do not fit; exit 1 (a result, not bad input) with the
@@ -95,14 +96,19 @@ def test_a_batch_that_does_not_fit_exits_1_and_a_fitting_one_exits_0():
     assert over.exit_code == 1 and f"at most {most} sequences" in " ".join(over.output.split())
 
 
-@pytest.mark.parametrize("gpu,batch", [(1 * MiB, None), (20 * GiB, 100), (20 * GiB, 3), (80 * GiB, None),
-                                       (16.5 * GiB, None)])
+@pytest.mark.parametrize(
+    "gpu,batch", [(1 * MiB, None), (20 * GiB, 100), (20 * GiB, 3), (80 * GiB, None), (16.5 * GiB, None)]
+)
 def test_the_bar_labels_are_the_tables_figures_and_never_wider_than_the_gpu(gpu, batch):
     p = plan("llama-3.1-8b", seq_len=4096, gpu_memory_bytes=int(gpu), batch=batch, overhead_bytes=GiB // 4)
     bar = kv_table.memory_bar(p, width=60).plain
-    cells = bar[1:bar.index("]")]
+    cells = bar[1 : bar.index("]")]
     assert len(cells) <= 60
-    kv = p.policies["paged"].batch_bytes if batch else p.policies["paged"].max_sequences * p.policies["paged"].bytes_per_sequence
+    kv = (
+        p.policies["paged"].batch_bytes
+        if batch
+        else p.policies["paged"].max_sequences * p.policies["paged"].bytes_per_sequence
+    )
     assert f"weights {kvmath.human_bytes(p.weight_bytes_per_gpu)}" in bar
     assert f"other {kvmath.human_bytes(GiB // 4)}" in bar and f"KV (paged) {kvmath.human_bytes(kv)}" in bar
     over = p.weight_bytes_per_gpu + GiB // 4 + kv > p.gpu_memory_bytes
@@ -111,10 +117,12 @@ def test_the_bar_labels_are_the_tables_figures_and_never_wider_than_the_gpu(gpu,
 
 # -- point 14: sizes no one meant -----------------------------------------------------------------
 
+
 def test_a_billion_layer_config_is_refused_at_once(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 10**9, "num_attention_heads": 32,
-                                "sliding_window": 4096}))
+    path.write_text(
+        json.dumps({"hidden_size": 4096, "num_hidden_layers": 10**9, "num_attention_heads": 32, "sliding_window": 4096})
+    )
     t0 = time.perf_counter()
     result = cli("--config", str(path))
     elapsed = time.perf_counter() - t0
@@ -125,9 +133,16 @@ def test_a_billion_layer_config_is_refused_at_once(tmp_path):
 def test_the_largest_allowed_config_plans_quickly():
     """10,000 layers alternating sliding and full, a 2^30-token window and sequence: the per-layer
     sums take one term per distinct window, so the plan answers at once."""
-    raw = {"hidden_size": 8192, "num_hidden_layers": 10_000, "num_attention_heads": 64, "num_key_value_heads": 8,
-           "layer_types": ["sliding_attention", "full_attention"] * 5000, "sliding_window": 2**30,
-           "max_position_embeddings": 2**30, "vocab_size": 1000}
+    raw = {
+        "hidden_size": 8192,
+        "num_hidden_layers": 10_000,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "layer_types": ["sliding_attention", "full_attention"] * 5000,
+        "sliding_window": 2**30,
+        "max_position_embeddings": 2**30,
+        "vocab_size": 1000,
+    }
     cfg = model_config.from_dict(raw, "big", "test")
     t0 = time.perf_counter()
     p = kvmath.plan(cfg, seq_len=2**30, batch=None, gpu_memory_bytes=2**50, weight_bytes=0)
@@ -136,8 +151,10 @@ def test_the_largest_allowed_config_plans_quickly():
     assert p.policies["paged_full"].bytes_per_sequence == 10_000 * 2**30 * per_layer
 
 
-@pytest.mark.parametrize("key,value", [("num_attention_heads", 2**17), ("max_position_embeddings", 2**31),
-                                       ("vocab_size", 2**25), ("hidden_size", 2**21)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("num_attention_heads", 2**17), ("max_position_embeddings", 2**31), ("vocab_size", 2**25), ("hidden_size", 2**21)],
+)
 def test_config_bounds_name_the_key_and_the_range(key, value):
     raw = {"hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, key: value}
     with pytest.raises(BadInput, match=rf"{key}={value:,} \(allowed: 1 to {model_config.CONFIG_LIMITS[key]:,}\)"):
@@ -158,6 +175,7 @@ def test_a_length_beyond_the_models_positions_is_refused_unless_allowed():
 
 # -- point 17: fp8 scales are weights -------------------------------------------------------------
 
+
 def test_fp8_scales_are_counted_with_the_weights_not_in_the_kv_pool():
     """Llama-2-7B fp8: 32 layers x (K and V) x one fp32 scale = 256 B per GPU, buffers of the model:
     inside a measured --weight-bytes (nothing more comes off the KV budget), added to a weight
@@ -171,8 +189,14 @@ def test_fp8_scales_are_counted_with_the_weights_not_in_the_kv_pool():
     assert p.policies["paged"].batch_bytes == 3 * per_seq  # no scales in the KV
     pool_blocks = p.free_bytes // (16 * 2 * 32 * 128) // 32  # page of one layer, 32 layers in the group
     assert p.policies["paged"].max_sequences == (pool_blocks - 1) // 256  # the null block is no one's
-    counted = plan("llama-2-7b", seq_len=4096, kv_dtype="fp8", gpu_memory_bytes=80 * GiB, weight_bytes=weights,
-                   kv_scales_in_weights=False)
+    counted = plan(
+        "llama-2-7b",
+        seq_len=4096,
+        kv_dtype="fp8",
+        gpu_memory_bytes=80 * GiB,
+        weight_bytes=weights,
+        kv_scales_in_weights=False,
+    )
     assert counted.free_bytes == p.free_bytes - 256 and counted.weight_bytes_per_gpu == weights + 256
     text = _render(p)
     assert "K/V scales per GPU" in text and "counted with the weights as vLLM" in text
@@ -180,6 +204,7 @@ def test_fp8_scales_are_counted_with_the_weights_not_in_the_kv_pool():
 
 
 # -- point 18: sliding windows, two named figures -------------------------------------------------
+
 
 def _render(p):
     console = Console(width=400, record=True, highlight=False)
@@ -222,13 +247,21 @@ def test_full_attention_vllm_figure_equals_steady_state_at_max_len():
     assert math.floor(p.vllm_max_concurrency) == p.policies["paged"].max_sequences
 
 
-@pytest.mark.parametrize("gpu,name,tokens", [(80 * GiB, "", 8192), (141 * GiB, "NVIDIA H200", 8192),
-                                             (40 * GiB, "", 2048), (80 * GiB, "NVIDIA A100-SXM4-80GB", 2048)])
+@pytest.mark.parametrize(
+    "gpu,name,tokens",
+    [
+        (80 * GiB, "", 8192),
+        (141 * GiB, "NVIDIA H200", 8192),
+        (40 * GiB, "", 2048),
+        (80 * GiB, "NVIDIA A100-SXM4-80GB", 2048),
+    ],
+)
 def test_default_prefill_chunk_is_vllm_serves(gpu, name, tokens):
     assert kvmath.default_batched_tokens(gpu, name)[0] == tokens
 
 
 # -- point 19: MLA block size ----------------------------------------------------------------------
+
 
 def test_mla_defaults_to_64_token_blocks_and_says_why():
     """DeepSeek-V3 at 100 tokens: ceil(100 / 64) = 2 blocks of 64 per layer, 61 layers of one
@@ -289,12 +322,15 @@ def test_gemma3_one_full_layer_in_every_sliding_window_pattern():
     assert p.policies["paged"].max_sequences == (blocks - 1) // (2048 + 5 * 64) == 31
 
 
-@pytest.mark.parametrize("name,tp,groups,size,padding,tokens", [
-    # 10 full + 52 sliding -> 7 groups of 10 (8 padding layers); TP 2: page 16 x 2 x 8 x 128 x 2 B
-    ("gemma-3-27b-it", 2, 7, 10, 8, FREE_72 // (16 * 2 * 8 * 128 * 2) // 10 // 7 * 16),
-    # 4 full + 22 sliding -> 7 groups of 4 (2 padding layers); one KV head of 256
-    ("gemma-3-1b-it", 1, 7, 4, 2, FREE_72 // (16 * 2 * 1 * 256 * 2) // 4 // 7 * 16),
-])
+@pytest.mark.parametrize(
+    "name,tp,groups,size,padding,tokens",
+    [
+        # 10 full + 52 sliding -> 7 groups of 10 (8 padding layers); TP 2: page 16 x 2 x 8 x 128 x 2 B
+        ("gemma-3-27b-it", 2, 7, 10, 8, FREE_72 // (16 * 2 * 8 * 128 * 2) // 10 // 7 * 16),
+        # 4 full + 22 sliding -> 7 groups of 4 (2 padding layers); one KV head of 256
+        ("gemma-3-1b-it", 1, 7, 4, 2, FREE_72 // (16 * 2 * 1 * 256 * 2) // 4 // 7 * 16),
+    ],
+)
 def test_gemma3_sliding_layers_padded_into_whole_groups(name, tp, groups, size, padding, tokens):
     p = plan_file(name, seq_len=4096, tp=tp)
     assert (p.kv_cache_groups, p.kv_group_size, p.padding_layers) == (groups, size, padding)
@@ -314,15 +350,34 @@ def test_llama4_chunked_local_attention_with_the_hybrid_manager_on_and_off():
     kw = dict(seq_len=131072, max_len=131072, tp=8, max_num_batched_tokens=8192)
     blocks = FREE_72 // (16 * 2 * 1 * 128 * 2) // 12
     assert blocks == 786_432
-    on, off = plan_file("llama-4-scout-17b-16e-instruct", **kw), plan_file("llama-4-scout-17b-16e-instruct",
-                                                                         hybrid=False, **kw)
+    on, off = (
+        plan_file("llama-4-scout-17b-16e-instruct", **kw),
+        plan_file("llama-4-scout-17b-16e-instruct", hybrid=False, **kw),
+    )
     assert on.vllm_max_concurrency == blocks / (8192 + 3 * 1024) and f"{on.vllm_max_concurrency:.2f}" == "69.82"
     assert on.policies["paged"].max_sequences == (blocks - 1) // (8192 + 3 * 512) == 80
     assert off.vllm_max_concurrency == blocks / (4 * 8192) == 24.0
     assert off.policies["paged"].max_sequences == (blocks - 1) // (4 * 8192) == 23  # the null block
-    result = cli("--config", str(DATA / "llama-4-scout-17b-16e-instruct.json"), "--tp", "8", "--gpu-memory", "72GiB",
-                 "--utilization", "1", "--weight-bytes", "0", "--seq-len", "131072", "--max-len", "131072",
-                 "--max-num-batched-tokens", "8192", "--disable-hybrid-kv-cache-manager", "--json")
+    result = cli(
+        "--config",
+        str(DATA / "llama-4-scout-17b-16e-instruct.json"),
+        "--tp",
+        "8",
+        "--gpu-memory",
+        "72GiB",
+        "--utilization",
+        "1",
+        "--weight-bytes",
+        "0",
+        "--seq-len",
+        "131072",
+        "--max-len",
+        "131072",
+        "--max-num-batched-tokens",
+        "8192",
+        "--disable-hybrid-kv-cache-manager",
+        "--json",
+    )
     assert result.exit_code == 0 and json.loads(result.output)["vllm_max_concurrency"] == 24.0
 
 
@@ -330,8 +385,21 @@ def test_fp8_scales_do_not_come_off_a_given_weight_figure():
     """llama-3.1-8b fp8 with 72 GiB left after --weight-bytes: 72 GiB // (16 x 2 x 8 x 128 x 1 B)
     // 32 = 73,728 blocks = 1,179,648 tokens, as vLLM logs (the 256 B of scales are inside the
     model's measured memory; taken off the budget again they cost a block)."""
-    result = cli("--model", "llama-3.1-8b", "--kv-dtype", "fp8", "--gpu-memory", "80GiB", "--utilization", "1",
-                 "--weight-bytes", str(8 * GiB), "--max-len", "8192", "--json")
+    result = cli(
+        "--model",
+        "llama-3.1-8b",
+        "--kv-dtype",
+        "fp8",
+        "--gpu-memory",
+        "80GiB",
+        "--utilization",
+        "1",
+        "--weight-bytes",
+        str(8 * GiB),
+        "--max-len",
+        "8192",
+        "--json",
+    )
     data = json.loads(result.output)
     assert result.exit_code == 0 and data["free_bytes"] == FREE_72 and data["max_tokens"] == 1_179_648
 
@@ -344,11 +412,12 @@ def test_concurrency_floors_to_whole_pool_blocks_before_dividing():
     page = 64 * 576 * 2
     free = (268 * 2048 + 1198) * 61 * page + 60 * page  # 60 pages short of one more pool block
     cfg = model_config.load_preset("deepseek-v3")
-    p = kvmath.plan(cfg, seq_len=4096, batch=None, tp=8, gpu_memory_bytes=free, utilization=1.0, weight_bytes=0,
-                    max_len=131072)
+    p = kvmath.plan(
+        cfg, seq_len=4096, batch=None, tp=8, gpu_memory_bytes=free, utilization=1.0, weight_bytes=0, max_len=131072
+    )
     assert p.vllm_num_blocks == 268 * 2048 + 1198
     assert p.vllm_max_concurrency == (268 * 2048 + 1198) / 2048  # 268.58x
-    assert f"{p.vllm_max_concurrency:.2f}" == "268.58" and f"{(free // page) / (61 * 2048) :.2f}" == "268.59"
+    assert f"{p.vllm_max_concurrency:.2f}" == "268.58" and f"{(free // page) / (61 * 2048):.2f}" == "268.59"
     out = cli("--model", "deepseek-v3", "--tp", "8", "--gpu-memory", "141", "--block-size", "16", "--json")
     assert json.loads(out.output)["block_size"] == 64  # vLLM's FlashMLA backend forces it
 
@@ -357,16 +426,23 @@ def test_the_null_block_holds_one_sequence_fewer_when_blocks_divide_exactly():
     """llama-3.1-8b bf16 at 4,096 tokens: 256 pool blocks (2 MiB each, 32 layers) per sequence. A
     budget of exactly 7 x 256 pool blocks holds 6: block 0 is vLLM's null block."""
     cfg = model_config.load_preset("llama-3.1-8b")
-    p = kvmath.plan(cfg, seq_len=4096, max_len=4096, batch=None, gpu_memory_bytes=7 * 256 * 2 * MiB,
-                    utilization=1.0, weight_bytes=0)
+    p = kvmath.plan(
+        cfg, seq_len=4096, max_len=4096, batch=None, gpu_memory_bytes=7 * 256 * 2 * MiB, utilization=1.0, weight_bytes=0
+    )
     assert p.vllm_num_blocks == 7 * 256 and p.policies["paged"].max_sequences == 6
     assert p.vllm_max_concurrency == 7.0  # vLLM's log divides every block, the null one included
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"model_type": "gemma3_text", "sliding_window": 512, "sliding_window_pattern": "LLLLLG"}, "sliding_window_pattern"),
-    ({"model_type": "llama", "attention_chunk_size": 8192}, "attention_chunk_size=8192"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        (
+            {"model_type": "gemma3_text", "sliding_window": 512, "sliding_window_pattern": "LLLLLG"},
+            "sliding_window_pattern",
+        ),
+        ({"model_type": "llama", "attention_chunk_size": 8192}, "attention_chunk_size=8192"),
+    ],
+)
 def test_a_sliding_config_whose_layout_cannot_be_known_exits_2(tmp_path, raw, key):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, **raw}))
@@ -385,17 +461,43 @@ def _config(tmp_path, raw):
 def test_falcon_kv_heads_are_read_as_vllm_reads_them(tmp_path):
     """Falcon-7B's multi_query is one KV head (vLLM: 256 B per token per layer at bf16, not the
     71 heads' 18,176); Falcon-40B's new decoder architecture names its 8 KV heads num_kv_heads."""
-    falcon_7b = _config(tmp_path, {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
-                                   "num_hidden_layers": 32, "multi_query": True, "new_decoder_architecture": False,
-                                   "vocab_size": 65024})
+    falcon_7b = _config(
+        tmp_path,
+        {
+            "model_type": "falcon",
+            "hidden_size": 4544,
+            "num_attention_heads": 71,
+            "num_hidden_layers": 32,
+            "multi_query": True,
+            "new_decoder_architecture": False,
+            "vocab_size": 65024,
+        },
+    )
     assert (falcon_7b.num_kv_heads, falcon_7b.head_dim) == (1, 64)
     assert kvmath.layout_for(falcon_7b, "bf16").bytes_per_token_per_layer == 2 * 1 * 64 * 2  # 256 B, not 18,176
-    falcon_40b = _config(tmp_path, {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
-                                    "num_hidden_layers": 60, "num_kv_heads": 8, "new_decoder_architecture": True,
-                                    "multi_query": True})
+    falcon_40b = _config(
+        tmp_path,
+        {
+            "model_type": "falcon",
+            "hidden_size": 8192,
+            "num_attention_heads": 128,
+            "num_hidden_layers": 60,
+            "num_kv_heads": 8,
+            "new_decoder_architecture": True,
+            "multi_query": True,
+        },
+    )
     assert falcon_40b.num_kv_heads == 8  # multi_query means nothing in the new architecture
-    chatglm = _config(tmp_path, {"model_type": "chatglm", "hidden_size": 4096, "num_attention_heads": 32,
-                                 "num_hidden_layers": 28, "multi_query_group_num": 2})
+    chatglm = _config(
+        tmp_path,
+        {
+            "model_type": "chatglm",
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 28,
+            "multi_query_group_num": 2,
+        },
+    )
     assert chatglm.num_kv_heads == 2
 
 
@@ -403,10 +505,28 @@ def test_phi3_and_unknown_families_slide_every_layer_as_vllm_serves_them(tmp_pat
     """Phi-3-mini-4k publishes sliding_window 2047 with no per-layer pattern: vLLM serves it with
     all 32 layers sliding (it was refused with exit 2). A family gpubench does not name reads the
     same way, as vLLM reads it."""
-    phi3 = _config(tmp_path, {"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
-                              "num_key_value_heads": 32, "num_hidden_layers": 32, "sliding_window": 2047,
-                              "max_position_embeddings": 4096, "vocab_size": 32064})
+    phi3 = _config(
+        tmp_path,
+        {
+            "model_type": "phi3",
+            "hidden_size": 3072,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "num_hidden_layers": 32,
+            "sliding_window": 2047,
+            "max_position_embeddings": 4096,
+            "vocab_size": 32064,
+        },
+    )
     assert phi3.layer_windows == (2047,) * 32 and phi3.sliding_layers == 32
-    other = _config(tmp_path, {"model_type": "mystery", "hidden_size": 1024, "num_attention_heads": 8,
-                               "num_hidden_layers": 4, "sliding_window": 4096})
+    other = _config(
+        tmp_path,
+        {
+            "model_type": "mystery",
+            "hidden_size": 1024,
+            "num_attention_heads": 8,
+            "num_hidden_layers": 4,
+            "sliding_window": 4096,
+        },
+    )
     assert other.layer_windows == (4096,) * 4

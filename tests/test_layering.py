@@ -6,6 +6,7 @@ judged by the rules below; a failure names each broken rule with file:line. The 
 reports are also followed through every chain of imports (a report imports a record module whose
 function imports the registry: a back door a direct-import rule misses).
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,19 +18,29 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> the package it is installed as (pyproject's package-dir)
-PACKAGES = {"suite": "gpubench", "baselines": "gpubench.baselines",
-            "optimizations": "gpubench.optimizations", "reports": "gpubench.reports"}
+PACKAGES = {
+    "suite": "gpubench",
+    "baselines": "gpubench.baselines",
+    "optimizations": "gpubench.optimizations",
+    "reports": "gpubench.reports",
+}
 # what a report may not read: the registry (technique code of today, not the run's) and the runner's
 # internals (a report reads a run directory, it never measures)
-RUNNER_INTERNALS = ("gpubench.run.runner", "gpubench.run.supervisor", "gpubench.run.worker", "gpubench.run.cluster",
-                    "gpubench.measure.timing", "gpubench.measure.profiling")
+RUNNER_INTERNALS = (
+    "gpubench.run.runner",
+    "gpubench.run.supervisor",
+    "gpubench.run.worker",
+    "gpubench.run.cluster",
+    "gpubench.measure.timing",
+    "gpubench.measure.profiling",
+)
 
 
 @dataclass(frozen=True)
 class Import:
-    where: str       # file:line
-    importer: str    # dotted module name of the file
-    imported: str    # dotted module name, resolved (gpubench.x.y, or a third-party name)
+    where: str  # file:line
+    importer: str  # dotted module name of the file
+    imported: str  # dotted module name, resolved (gpubench.x.y, or a third-party name)
 
 
 def module_name(path: Path) -> str:
@@ -46,7 +57,7 @@ def _resolve_relative(importer: str, is_package: bool, level: int, module: str |
     base = importer.split(".")
     if not is_package:
         base = base[:-1]
-    base = base[:len(base) - (level - 1)]
+    base = base[: len(base) - (level - 1)]
     return ".".join(base + ([module] if module else []))
 
 
@@ -59,8 +70,9 @@ def imports_of(path: Path) -> list[Import]:
         if isinstance(node, ast.Import):
             found += [Import(where, importer, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            module = (_resolve_relative(importer, is_package, node.level, node.module) if node.level
-                      else node.module or "")
+            module = (
+                _resolve_relative(importer, is_package, node.level, node.module) if node.level else node.module or ""
+            )
             # `from gpubench import techniques` imports a module: judge the name, not the package
             found += [Import(where, importer, f"{module}.{alias.name}") for alias in node.names]
     return found
@@ -81,8 +93,11 @@ REGISTRY = ("gpubench.techniques", "gpubench.techniques.catalog")
 
 def is_technique_module(name: str) -> bool:
     """gpubench.techniques.<name>: one technique's package (the registry and its catalogue are core)."""
-    return (_under(name, "gpubench.techniques") and name.count(".") >= 2
-            and not any(name == r or name.startswith(r + ".") for r in REGISTRY[1:]))
+    return (
+        _under(name, "gpubench.techniques")
+        and name.count(".") >= 2
+        and not any(name == r or name.startswith(r + ".") for r in REGISTRY[1:])
+    )
 
 
 # ---- layers: suite/'s folders, each importing only the layers below it (issue 36) ----------------
@@ -116,8 +131,11 @@ def technique_of(name: str) -> str:
 
 
 def is_core(name: str) -> bool:
-    return (_under(name, "gpubench") and not is_technique_module(name)
-            and not any(_under(name, f"gpubench.{side}") for side in ("baselines", "optimizations", "reports")))
+    return (
+        _under(name, "gpubench")
+        and not is_technique_module(name)
+        and not any(_under(name, f"gpubench.{side}") for side in ("baselines", "optimizations", "reports"))
+    )
 
 
 def broken_rule(imp: Import) -> str | None:
@@ -133,8 +151,9 @@ def broken_rule(imp: Import) -> str | None:
         return "a core module imports a technique module"
     if is_technique_module(src) and is_technique_module(dst) and technique_of(src) != technique_of(dst):
         return "a technique module imports another technique module"
-    if _under(src, "gpubench.reports") and (_under(dst, "gpubench.techniques")
-                                            or any(_under(dst, m) for m in RUNNER_INTERNALS)):
+    if _under(src, "gpubench.reports") and (
+        _under(dst, "gpubench.techniques") or any(_under(dst, m) for m in RUNNER_INTERNALS)
+    ):
         return "a report imports the registry or the runner's internals"
     here, there = layer_of(src), layer_of(dst)
     if here is not None and there is not None and (there[0] > here[0] or (there[0] == here[0] and there != here)):
@@ -152,6 +171,7 @@ def broken(selector) -> list[str]:
 
 
 # ---- the rules, one test each -------------------------------------------------------------------
+
 
 def test_baselines_and_optimizations_never_import_each_other():
     assert broken(lambda rule: "a baseline" in rule or "an optimization" in rule) == []
@@ -248,15 +268,17 @@ def test_records_and_reports_never_reach_the_registry_even_lazily():
 
 def test_the_reach_follows_a_function_local_import_of_an_imported_module(tmp_path, monkeypatch):
     """The back door it closes: a report imports a record module whose function imports the registry."""
-    for folder, files in {"suite": {"rec.py": "def f():\n    from gpubench import techniques\n",
-                                    "techniques/__init__.py": ""},
-                          "reports": {"page.py": "from gpubench.rec import f\n"}}.items():
+    for folder, files in {
+        "suite": {"rec.py": "def f():\n    from gpubench import techniques\n", "techniques/__init__.py": ""},
+        "reports": {"page.py": "from gpubench.rec import f\n"},
+    }.items():
         for name, text in files.items():
             (tmp_path / folder / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / folder / name).write_text(text)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert reaching_registry(["gpubench.reports.page"]) == [
-        "gpubench.reports.page reaches gpubench.techniques through reports/page.py:1 -> suite/rec.py:2"]
+        "gpubench.reports.page reaches gpubench.techniques through reports/page.py:1 -> suite/rec.py:2"
+    ]
 
 
 # Kernels a core module finds by name (gpubench.lib.triton_support's kernel-or-fallback dispatch), so that
@@ -277,10 +299,16 @@ def named_modules() -> set[tuple[str, str]]:
     for path in sorted((ROOT / "suite").rglob("*.py")):
         if is_core(module_name(path)):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) and all(
-                        part.isidentifier() for part in node.value.split(".")) and (
-                        _under(node.value, "gpubench.baselines") or _under(node.value, "gpubench.optimizations")
-                        or is_technique_module(node.value)):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and all(part.isidentifier() for part in node.value.split("."))
+                    and (
+                        _under(node.value, "gpubench.baselines")
+                        or _under(node.value, "gpubench.optimizations")
+                        or is_technique_module(node.value)
+                    )
+                ):
                     found.add((str(path.relative_to(ROOT)), node.value))
     return found
 
@@ -291,38 +319,45 @@ def test_core_reaches_a_pair_only_through_named_triton_kernels():
 
 # ---- the walker itself: each rule fires on the import it names ----------------------------------
 
-@pytest.mark.parametrize("importer, imported, rule", [
-    ("gpubench.baselines.x", "gpubench.optimizations.x", "a baseline imports an optimization"),
-    ("gpubench.optimizations.x", "gpubench.baselines.x.f", "an optimization imports a baseline"),
-    ("gpubench.serving.kv", "gpubench.optimizations.paged_attention", "a core module imports one side of a pair"),
-    ("gpubench.lib.packing", "gpubench.techniques.moe_grouping", "a core module imports a technique module"),
-    ("gpubench.techniques.a", "gpubench.techniques.b.f", "a technique module imports another technique module"),
-    ("gpubench.reports.html", "gpubench.techniques", "a report imports the registry or the runner's internals"),
-    ("gpubench.reports.html", "gpubench.run.runner.f", "a report imports the registry or the runner's internals"),
-    ("gpubench.measure.timing", "gpubench.lib.packing", "a layer imports a layer above it (or its sibling)"),
-    ("gpubench.records.results", "gpubench.measure.energy", "a layer imports a layer above it (or its sibling)"),
-    ("gpubench.gate.compare", "gpubench.run.runner", "a layer imports a layer above it (or its sibling)"),
-    ("gpubench.run.supervisor", "gpubench.gate.history", "a layer imports a layer above it (or its sibling)"),
-    ("gpubench.lib.packing", "gpubench.techniques", "a layer imports a layer above it (or its sibling)"),
-    ("gpubench.reports.html", "gpubench.cli.run", "a layer imports a layer above it (or its sibling)"),
-])
+
+@pytest.mark.parametrize(
+    "importer, imported, rule",
+    [
+        ("gpubench.baselines.x", "gpubench.optimizations.x", "a baseline imports an optimization"),
+        ("gpubench.optimizations.x", "gpubench.baselines.x.f", "an optimization imports a baseline"),
+        ("gpubench.serving.kv", "gpubench.optimizations.paged_attention", "a core module imports one side of a pair"),
+        ("gpubench.lib.packing", "gpubench.techniques.moe_grouping", "a core module imports a technique module"),
+        ("gpubench.techniques.a", "gpubench.techniques.b.f", "a technique module imports another technique module"),
+        ("gpubench.reports.html", "gpubench.techniques", "a report imports the registry or the runner's internals"),
+        ("gpubench.reports.html", "gpubench.run.runner.f", "a report imports the registry or the runner's internals"),
+        ("gpubench.measure.timing", "gpubench.lib.packing", "a layer imports a layer above it (or its sibling)"),
+        ("gpubench.records.results", "gpubench.measure.energy", "a layer imports a layer above it (or its sibling)"),
+        ("gpubench.gate.compare", "gpubench.run.runner", "a layer imports a layer above it (or its sibling)"),
+        ("gpubench.run.supervisor", "gpubench.gate.history", "a layer imports a layer above it (or its sibling)"),
+        ("gpubench.lib.packing", "gpubench.techniques", "a layer imports a layer above it (or its sibling)"),
+        ("gpubench.reports.html", "gpubench.cli.run", "a layer imports a layer above it (or its sibling)"),
+    ],
+)
 def test_each_rule_fires_on_the_import_it_forbids(importer, imported, rule):
     assert broken_rule(Import("x.py:1", importer, imported)) == rule
 
 
-@pytest.mark.parametrize("importer, imported", [
-    ("gpubench.techniques.a", "gpubench.baselines.a"),          # the glue knows both sides
-    ("gpubench.techniques.a", "gpubench.optimizations.a"),
-    ("gpubench.techniques.a", "gpubench.techniques.a.f"),       # itself
-    ("gpubench.techniques", "gpubench.contract"),               # the registry is core
-    ("gpubench.optimizations.a_triton", "gpubench.optimizations.a"),
-    ("gpubench.baselines.a", "gpubench.lib.packing"),               # both sides import core
-    ("gpubench.reports.html", "gpubench.records.results"),
-    ("gpubench.records.declarations", "gpubench.contract"),     # records and the contract: one layer
-    ("gpubench.contract", "gpubench.records.claims"),
-    ("gpubench.run.scenario", "gpubench.techniques.catalog"),   # the registry's catalogue is not a technique
-    ("gpubench.cli.run", "gpubench.gate.history"),
-])
+@pytest.mark.parametrize(
+    "importer, imported",
+    [
+        ("gpubench.techniques.a", "gpubench.baselines.a"),  # the glue knows both sides
+        ("gpubench.techniques.a", "gpubench.optimizations.a"),
+        ("gpubench.techniques.a", "gpubench.techniques.a.f"),  # itself
+        ("gpubench.techniques", "gpubench.contract"),  # the registry is core
+        ("gpubench.optimizations.a_triton", "gpubench.optimizations.a"),
+        ("gpubench.baselines.a", "gpubench.lib.packing"),  # both sides import core
+        ("gpubench.reports.html", "gpubench.records.results"),
+        ("gpubench.records.declarations", "gpubench.contract"),  # records and the contract: one layer
+        ("gpubench.contract", "gpubench.records.claims"),
+        ("gpubench.run.scenario", "gpubench.techniques.catalog"),  # the registry's catalogue is not a technique
+        ("gpubench.cli.run", "gpubench.gate.history"),
+    ],
+)
 def test_allowed_imports_pass(importer, imported):
     assert broken_rule(Import("x.py:1", importer, imported)) is None
 
@@ -331,9 +366,12 @@ def test_function_local_and_relative_imports_are_seen(tmp_path, monkeypatch):
     """An import hidden inside a function, or written relative, is judged like a top-level one."""
     folder = tmp_path / "suite"
     folder.mkdir()
-    (folder / "core.py").write_text("def f():\n    from .techniques import moe_grouping\n"
-                                    "    import gpubench.optimizations.flash_attention\n")
+    (folder / "core.py").write_text(
+        "def f():\n    from .techniques import moe_grouping\n    import gpubench.optimizations.flash_attention\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     seen = [(imp.where, broken_rule(imp)) for imp in imports_of(folder / "core.py")]
-    assert seen == [("suite/core.py:2", "a core module imports a technique module"),
-                    ("suite/core.py:3", "a core module imports one side of a pair")]
+    assert seen == [
+        ("suite/core.py:2", "a core module imports a technique module"),
+        ("suite/core.py:3", "a core module imports one side of a pair"),
+    ]

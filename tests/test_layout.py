@@ -8,6 +8,7 @@ without entries (baselines/) names them in its text. A package's entry names its
 ``<technique>`` stands for every module or package of suite/techniques/ that defines ``TECHNIQUE`` and ``*``
 for any run of name characters, so a new technique needs no line of the map.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,10 +37,10 @@ def sections(block: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
         first = line.split()[0] if line.strip() else ""
         if indent == 0 and first.endswith("/"):
             folder, entry = first.rstrip("/"), None
-            out[folder] = (line[len(first):], {})
+            out[folder] = (line[len(first) :], {})
         elif folder is not None and indent == 2 and (first.endswith(".py") or first.endswith("/")):
             entry = first
-            out[folder][1][entry] = line.strip()[len(first):]
+            out[folder][1][entry] = line.strip()[len(first) :]
         elif folder is not None and entry is not None and indent > 2:
             out[folder][1][entry] += " " + line.strip()
         elif folder is not None and line.strip():
@@ -55,8 +56,10 @@ def technique_modules(repo: Path) -> list[str]:
     folder = repo / "suite" / "techniques"
     for path in sorted([*folder.glob("*.py"), *folder.glob("*/__init__.py")]):
         tree = ast.parse(path.read_text())
-        if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TECHNIQUE" for t in node.targets)
-               for node in tree.body):
+        if any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TECHNIQUE" for t in node.targets)
+            for node in tree.body
+        ):
             names.append(path.parent.name if path.name == "__init__.py" else path.stem)
     return names
 
@@ -91,8 +94,11 @@ def missing(block: list[str], repo: Path) -> list[str]:
             if not listed:
                 out.append(f"{root}/{child} (an entry of its own under {root}/)" if entries else f"{root}/{child}")
             elif child.endswith("/"):
-                out += [f"{root}/{child}{sub} (named in the {child} entry)" for sub in children(repo / root / child)
-                        if not named(entries[child], sub, techniques)]
+                out += [
+                    f"{root}/{child}{sub} (named in the {child} entry)"
+                    for sub in children(repo / root / child)
+                    if not named(entries[child], sub, techniques)
+                ]
     return out
 
 
@@ -104,8 +110,9 @@ def ghosts(block: list[str], repo: Path) -> list[str]:
         if not base.is_dir():
             out.append(f"{folder}/")
             continue
-        texts = [(base, own)] + [(base / name if name.endswith("/") else base, name + " " + text)
-                                 for name, text in entries.items()]
+        texts = [(base, own)] + [
+            (base / name if name.endswith("/") else base, name + " " + text) for name, text in entries.items()
+        ]
         for where, text in texts:
             for token in FILE_TOKEN.findall(text) + FOLDER_TOKEN.findall(text):
                 # a package's entry may name its subpackages' modules (gate/'s history/ store.py)
@@ -138,9 +145,13 @@ def test_the_layout_map_names_only_modules_that_exist():
 
 
 def _toy_repo(tmp_path: Path) -> Path:
-    for folder, names in {"suite": ["__init__.py", "runner.py", "worker.py"], "suite/techniques": ["__init__.py"],
-                          "reports": ["__init__.py", "html.py"], "baselines": ["__init__.py", "flash.py"],
-                          "optimizations": ["__init__.py", "flash.py", "flash_triton.py"]}.items():
+    for folder, names in {
+        "suite": ["__init__.py", "runner.py", "worker.py"],
+        "suite/techniques": ["__init__.py"],
+        "reports": ["__init__.py", "html.py"],
+        "baselines": ["__init__.py", "flash.py"],
+        "optimizations": ["__init__.py", "flash.py", "flash_triton.py"],
+    }.items():
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         for name in names:
             (tmp_path / folder / name).write_text("")
@@ -165,13 +176,17 @@ def test_the_map_checks_fail_on_a_module_left_out_or_one_that_is_gone(tmp_path):
     (repo / "suite" / "cluster.py").write_text("")  # a new core module without its line
     (repo / "baselines" / "shared.py").write_text("")  # not a technique's module
     (repo / "suite" / "techniques" / "helpers.py").write_text("")  # in a package, not a technique
-    assert missing(TOY_BLOCK, repo) == ["suite/cluster.py (an entry of its own under suite/)",
-                                        "suite/techniques/helpers.py (named in the techniques/ entry)",
-                                        "baselines/shared.py"]
+    assert missing(TOY_BLOCK, repo) == [
+        "suite/cluster.py (an entry of its own under suite/)",
+        "suite/techniques/helpers.py (named in the techniques/ entry)",
+        "baselines/shared.py",
+    ]
     (repo / "suite" / "worker.py").unlink()  # a module the map still credits
     (repo / "optimizations" / "flash_triton.py").unlink()  # a pattern that matches nothing now
-    assert ghosts(TOY_BLOCK, repo) == ["worker.py (in the suite/ section)",
-                                       "<technique>_triton*.py (in the optimizations/ section)"]
+    assert ghosts(TOY_BLOCK, repo) == [
+        "worker.py (in the suite/ section)",
+        "<technique>_triton*.py (in the optimizations/ section)",
+    ]
 
 
 def test_no_tracked_text_file_holds_a_merge_conflict_marker():
@@ -193,6 +208,9 @@ def test_no_tracked_text_file_holds_a_merge_conflict_marker():
             lines = path.read_text(encoding="utf-8").splitlines()
         except (UnicodeDecodeError, OSError):
             continue
-        marked += [f"{name}:{i + 1}" for i, line in enumerate(lines)
-                   if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "======="]
+        marked += [
+            f"{name}:{i + 1}"
+            for i, line in enumerate(lines)
+            if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "======="
+        ]
     assert marked == []

@@ -5,6 +5,7 @@ mypy checks the package as it is installed (suite/ as ``gpubench``, reports/ as
 ``gpubench.reports``, ...): it cannot follow the editable install's import hook, so the test lays
 the package out with symlinks under .mypy_cache/ and runs there, its cache beside it (a run with a
 warm cache takes seconds; a cold one about a minute of CPU)."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,6 @@ def test_ruff_finds_nothing():
     assert done.returncode == 0, f"ruff check found problems:\n{done.stdout}{done.stderr}"
 
 
-@pytest.mark.skip(reason="until the one `ruff format .` sweep after the parallel branches merge (pyproject)")
 def test_ruff_format_leaves_nothing():
     """The tree is as ``ruff format`` writes it (pyproject's [tool.ruff.format])."""
     _needs("ruff")
@@ -65,7 +65,7 @@ def _tree_path(line: str) -> str:
     """mypy's gpubench/reports/x.py as the tree's reports/x.py (gpubench/x.py: suite/x.py)."""
     if not line.startswith("gpubench/"):
         return line
-    rest = line[len("gpubench/"):]
+    rest = line[len("gpubench/") :]
     return rest if rest.split("/", 1)[0] in SUBPACKAGES else "suite/" + rest
 
 
@@ -76,8 +76,18 @@ def test_mypy_finds_nothing():
     _needs("mypy")
     layout = CACHE / "layout"
     installed_layout(layout)
-    done = _run("mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(CACHE),
-                "--python-executable", sys.executable, "-p", "gpubench", cwd=layout)
+    done = _run(
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "--cache-dir",
+        str(CACHE),
+        "--python-executable",
+        sys.executable,
+        "-p",
+        "gpubench",
+        cwd=layout,
+    )
     report = "\n".join(_tree_path(line) for line in (done.stdout + done.stderr).splitlines())
     assert done.returncode == 0, f"mypy found problems:\n{report}"
 

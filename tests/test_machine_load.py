@@ -2,6 +2,7 @@
 start (within a cap), the record keeps the limit and the load, and a case that still passes its
 limit on an overloaded machine says which limit and what load, as a timeout of the run's
 environment (its own exit code), never as a passed case. The load and the clock are faked."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,11 +14,10 @@ import torch
 from inprocess import run_in_process
 
 from gpubench.measure import machine_load
-from gpubench.run import runner
-from gpubench.run import scenario
-from gpubench.run import outcome as outcomes
 from gpubench.measure.machine_load import LIMIT_SCALE_CAP, Load, TimeLimit, scale_for
 from gpubench.records.results import CaseRecord, Failure, RunRecord
+from gpubench.run import outcome as outcomes
+from gpubench.run import runner, scenario
 
 ONE_CASE = """\
 name: busy
@@ -28,8 +28,17 @@ policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, 
 """
 
 
-@pytest.mark.parametrize("load,scale", [(Load(0.3, 2), 1.0), (Load(2.0, 2), 1.0), (Load(5.0, 2), 2.5),
-                                        (Load(11.0, 2), LIMIT_SCALE_CAP), (Load(40.0, 16), 2.5), (None, 1.0)])
+@pytest.mark.parametrize(
+    "load,scale",
+    [
+        (Load(0.3, 2), 1.0),
+        (Load(2.0, 2), 1.0),
+        (Load(5.0, 2), 2.5),
+        (Load(11.0, 2), LIMIT_SCALE_CAP),
+        (Load(40.0, 16), 2.5),
+        (None, 1.0),
+    ],
+)
 def test_a_limit_scales_by_load_per_core_never_below_one_never_above_the_cap(load, scale):
     """Load per logical core: an idle or fully used machine keeps the policy's limit, a busier one
     stretches it as much as each case slows (a share of a core), at most x4; no load average
@@ -54,45 +63,64 @@ def _timed_out_run(monkeypatch, write_scenario, tmp_path, loads):
     monkeypatch.setattr(runner, "deadline", alarm_at_once)
     # the case starts at 0; once the alarm is set, the clock reads its limit
     monkeypatch.setattr(runner, "time", SimpleNamespace(perf_counter=lambda: limits[0] if limits else 0.0))
-    outcome = run_in_process(scenario.load(write_scenario(ONE_CASE)), torch.device("cpu"), tmp_path / "runs",
-                             calibrate=False)
+    outcome = run_in_process(
+        scenario.load(write_scenario(ONE_CASE)), torch.device("cpu"), tmp_path / "runs", calibrate=False
+    )
     return outcome, limits
 
 
 def test_a_case_on_a_busy_machine_gets_a_longer_limit_and_its_timeout_names_the_limit_and_the_load(
-        toys, write_scenario, tmp_path, monkeypatch):
+    toys, write_scenario, tmp_path, monkeypatch
+):
     """At load 5 on 2 cores the 300 s limit becomes 750 s (the alarm is set to it, the record keeps
     it with the load); timed out at load 11, the case says so in those words, as kind
     ``overloaded`` (the environment's, not the technique's), and the run exits 75, not 1."""
     outcome, limits = _timed_out_run(monkeypatch, write_scenario, tmp_path, [Load(5.0, 2), Load(11.0, 2)])
     assert limits == [750.0]
     case = outcome.record.cases[0]
-    assert case.time_limit == {"limit_s": 750.0, "case_timeout_s": 300.0, "scale": 2.5,
-                               "load": {"load_1m": 5.0, "cpus": 2}}
+    assert case.time_limit == {
+        "limit_s": 750.0,
+        "case_timeout_s": 300.0,
+        "scale": 2.5,
+        "load": {"load_1m": 5.0, "cpus": 2},
+    }
     assert case.status == "failed" and case.failure.kind == "overloaded"
     assert case.failure.message.startswith(
         "timed out after 750 s (limit 300 s x2.5; machine at load 11.0 on 2 cores, 5.0 at the case's start): "
-        "the machine was overloaded, so this is a timeout of the run's environment, not a failure of the technique")
+        "the machine was overloaded, so this is a timeout of the run's environment, not a failure of the technique"
+    )
     assert "CaseTimeout: the alarm" in case.failure.traceback  # where the case was, kept
     assert outcome.exit_code == outcomes.EXIT_OVERLOADED == 75
 
 
 def test_a_timeout_on_a_quiet_machine_is_a_failed_case_with_its_limit_and_load(
-        toys, write_scenario, tmp_path, monkeypatch):
+    toys, write_scenario, tmp_path, monkeypatch
+):
     """Load 0.5 on 2 cores: the policy's limit unscaled, and passing it is a plain timeout (a hang,
     or a case too slow for its limit): exit 1."""
     outcome, limits = _timed_out_run(monkeypatch, write_scenario, tmp_path, [Load(0.5, 2), Load(0.6, 2)])
     assert limits == [300.0]
     case = outcome.record.cases[0]
     assert case.failure.kind == "timeout"
-    assert case.failure.message == ("timed out after 300 s (limit 300 s x1.0; machine at load 0.6 on 2 cores, "
-                                    "0.5 at the case's start)")
+    assert case.failure.message == (
+        "timed out after 300 s (limit 300 s x1.0; machine at load 0.6 on 2 cores, 0.5 at the case's start)"
+    )
     assert outcome.exit_code == outcomes.EXIT_FAILED
 
 
 def _record(*failures):
-    cases = [CaseRecord(id=f"c{i}", technique="t", params={}, seed=0, policy={},
-                        status="passed" if f is None else "failed", failure=f) for i, f in enumerate(failures)]
+    cases = [
+        CaseRecord(
+            id=f"c{i}",
+            technique="t",
+            params={},
+            seed=0,
+            policy={},
+            status="passed" if f is None else "failed",
+            failure=f,
+        )
+        for i, f in enumerate(failures)
+    ]
     return outcomes.RunOutcome(Path("."), RunRecord("r", "cpu", "", {}, {}, status="complete", cases=cases))
 
 
@@ -137,15 +165,17 @@ def test_a_worker_killed_past_its_scaled_limit_names_the_limit_and_the_load(toys
     workers = LocalWorkers.__new__(LocalWorkers)
     workers.states = {"cpu": SimpleNamespace(info=DeviceInfo("cpu", "cpu", None, "CPU: test"))}
     workers._replace = lambda w: None
-    slot = SimpleNamespace(job=job, key="cpu", started_at=time.monotonic() - 830.0, kill=lambda: None,
-                           log_tail=lambda: "")
+    slot = SimpleNamespace(
+        job=job, key="cpu", started_at=time.monotonic() - 830.0, kill=lambda: None, log_tail=lambda: ""
+    )
     finished = []
     workers._time_out(slot, SimpleNamespace(finished=lambda j, record: finished.append(record)))
     (record,) = finished
     assert record.status == "failed" and record.failure.kind == "overloaded"
     assert record.failure.message.startswith("timeout (worker killed after 830.")
-    assert ("(limit 300 s x2.5; machine at load 12.0 on 2 cores, 5.0 at the case's start): the machine was "
-            "overloaded") in record.failure.message
+    assert (
+        "(limit 300 s x2.5; machine at load 12.0 on 2 cores, 5.0 at the case's start): the machine was overloaded"
+    ) in record.failure.message
     assert record.time_limit["limit_s"] == 750.0
 
 

@@ -3,6 +3,7 @@ per-expert loop, sort-and-group and the grouped-GEMM path agree with a float64 r
 output and every gradient (experts with no tokens, all tokens on one expert, top-1, sizes that
 are not powers of two, bf16); each path makes exactly the host reads it claims; and the
 technique's build / check / metrics / plots / harness run behave as the report relies on."""
+
 from __future__ import annotations
 
 import math
@@ -12,17 +13,17 @@ import torch
 from inprocess import run_in_process
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpubench.techniques.moe_grouping import training as moe_training
-from gpubench.run import scenario
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import DTYPE_TOLERANCE, Measured, Recorder
 from gpubench.models.moe import MoEConfig, SyncLog, init_weights, route, swiglu
-from gpubench.optimizations.moe_grouping import (group_by_expert, grouped_mm_problem, moe_forward as sort_and_group,
-                                                 moe_forward_grouped_mm)
+from gpubench.optimizations.moe_grouping import group_by_expert, grouped_mm_problem, moe_forward_grouped_mm
+from gpubench.optimizations.moe_grouping import moe_forward as sort_and_group
 from gpubench.reports import figures
+from gpubench.run import scenario
 from gpubench.techniques import moe_grouping as module
-from gpubench.techniques.moe_grouping.training import OUTPUT_KEYS, TOLERANCE
 from gpubench.techniques.moe_grouping import TECHNIQUE, reference
+from gpubench.techniques.moe_grouping import training as moe_training
+from gpubench.techniques.moe_grouping.training import OUTPUT_KEYS, TOLERANCE
 
 CPU = torch.device("cpu")
 VARIANTS = ("where_loop", "sort_group", "grouped_mm")
@@ -62,6 +63,7 @@ def rows_per_expert(w) -> list[int]:
 
 
 # -- the layer --------------------------------------------------------------------------------
+
 
 def test_swiglu_is_gpt_oss_interleaved_and_clamped():
     """Even columns are the gate (clamped above at 7), odd columns the linear part (clamped to
@@ -199,6 +201,7 @@ def test_all_tokens_routed_to_one_expert(top_k):
 
 # -- host synchronizations --------------------------------------------------------------------
 
+
 class HostReads(TorchDispatchMode):
     """Counts the aten ops a GPU could only run by reading device data on the host: nonzero
     (torch.where: its output size) and _local_scalar_dense (.item(), int(t)). one_hot checks
@@ -215,8 +218,7 @@ class HostReads(TorchDispatchMode):
 
     @property
     def reads(self) -> int:
-        return (self.ops.count("nonzero") + self.ops.count("_local_scalar_dense")
-                - 2 * self.ops.count("aminmax"))
+        return self.ops.count("nonzero") + self.ops.count("_local_scalar_dense") - 2 * self.ops.count("aminmax")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -251,8 +253,11 @@ def test_every_call_records_phase_seconds_and_syncs_by_construction():
     hit = sum(n > 0 for n in rows_per_expert(w))
     for _ in range(2):
         _, recorded = run_all(w)
-        assert {n: (r["syncs_forward"], r["syncs_backward"]) for n, r in recorded.items()} == \
-            {"where_loop": (1 + hit, 0), "sort_group": (1, 0), "grouped_mm": (0, 0)}
+        assert {n: (r["syncs_forward"], r["syncs_backward"]) for n, r in recorded.items()} == {
+            "where_loop": (1 + hit, 0),
+            "sort_group": (1, 0),
+            "grouped_mm": (0, 0),
+        }
         for r in recorded.values():
             assert r["forward_s"] > 0 and r["backward_s"] > 0 and "measured_syncs_forward" not in r
     assert set(vars(w)) == before
@@ -262,7 +267,10 @@ def test_roles_on_cpu_and_grouped_mm_says_why_when_torch_lacks_it(monkeypatch):
     """The where loop plays baseline, sort_group optimized, grouped_mm is a peer; a torch without
     grouped_mm makes that peer unavailable with the reason, not a failure."""
     assert {n: TECHNIQUE.cast(CPU)[n] for n in VARIANTS} == {
-        "where_loop": ("baseline", None), "sort_group": ("optimized", None), "grouped_mm": ("peer", None)}
+        "where_loop": ("baseline", None),
+        "sort_group": ("optimized", None),
+        "grouped_mm": ("peer", None),
+    }
     monkeypatch.setattr(module, "grouped_mm_function", lambda: None)
     assert "has no grouped_mm" in TECHNIQUE.variants["grouped_mm"].unavailable_reason(CPU)
 
@@ -294,12 +302,14 @@ def test_grouped_mm_availability_consults_its_alignment_rule():
 
 def test_a_misaligned_case_skips_grouped_mm_with_its_reason():
     from planted import run_planted
+
     record = run_planted("moe_grouping", **MISALIGNED)
     v = record.variants["grouped_mm"]
     assert record.status == "passed" and v.status == "skipped" and "hidden 36 x 2 bytes" in v.reason
 
 
 # -- check, metrics, build --------------------------------------------------------------------
+
 
 def test_check_names_the_wrong_tensor_and_rejects_nan():
     """A gradient off for one expert fails the check, naming that gradient; NaN or a missing
@@ -323,8 +333,9 @@ def test_check_names_the_wrong_tensor_and_rejects_nan():
 def test_bf16_tolerance_is_widened_to_5e2_and_the_others_are_the_shared_table():
     """Only bf16 is widened (a dozen rounded steps to each gradient); fp32 keeps the shared 1e-5."""
     assert TOLERANCE[torch.bfloat16] == 5e-2
-    assert {k: v for k, v in TOLERANCE.items() if k != torch.bfloat16} == \
-        {k: v for k, v in DTYPE_TOLERANCE.items() if k != torch.bfloat16}
+    assert {k: v for k, v in TOLERANCE.items() if k != torch.bfloat16} == {
+        k: v for k, v in DTYPE_TOLERANCE.items() if k != torch.bfloat16
+    }
     w = make_workload(experts=4, top_k=2, tokens=16, hidden=16, expert_dim=8, dtype="bfloat16")
     result = TECHNIQUE.check_fn(reference(w), TECHNIQUE.variants["sort_group"].call(w))
     assert result.passed and result.tolerance == 5e-2
@@ -342,8 +353,10 @@ def test_build_is_seeded_and_validate_rejects_top_k_above_experts():
 
 
 def _records(forward_s: list[float], backward_s: list[float], syncs: tuple[int, int]) -> list[dict]:
-    return [{"forward_s": f, "backward_s": b, "syncs_forward": syncs[0], "syncs_backward": syncs[1]}
-            for f, b in zip(forward_s, backward_s)]
+    return [
+        {"forward_s": f, "backward_s": b, "syncs_forward": syncs[0], "syncs_backward": syncs[1]}
+        for f, b in zip(forward_s, backward_s)
+    ]
 
 
 def test_metrics_take_phase_times_and_syncs_from_the_timed_calls_records_only():
@@ -395,25 +408,43 @@ def test_metrics_on_cuda_measure_syncs_in_one_untimed_call():
 
 def _case(tokens: int, fwd: dict[str, float], syncs: dict[str, int]) -> dict:
     roles = {"where_loop": "baseline", "sort_group": "optimized", "grouped_mm": "peer"}
-    return {"technique": "moe_grouping", "params": {**TECHNIQUE.defaults(), "tokens": tokens, "experts": 8},
-            "variants": {n: {"role": roles[n],
-                             "metrics": {"forward_s": fwd[n], "backward_s": 2 * fwd[n], "syncs_per_step": syncs[n]}}
-                         for n in fwd}}
+    return {
+        "technique": "moe_grouping",
+        "params": {**TECHNIQUE.defaults(), "tokens": tokens, "experts": 8},
+        "variants": {
+            n: {
+                "role": roles[n],
+                "metrics": {"forward_s": fwd[n], "backward_s": 2 * fwd[n], "syncs_per_step": syncs[n]},
+            }
+            for n in fwd
+        },
+    }
 
 
 def _lines(fig) -> dict[str, list[float]]:
-    return {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()
-            if len(line.get_xdata()) and not line.get_label().startswith("_")}
+    return {
+        line.get_label(): list(line.get_ydata())
+        for line in fig.axes[0].get_lines()
+        if len(line.get_xdata()) and not line.get_label().startswith("_")
+    }
 
 
 def test_plots_draw_phase_speedups_and_syncs_against_tokens():
     """Declared plots: forward and backward speedup over the where loop (its time / the variant's,
     per phase) for sort_group and grouped_mm, and syncs per step for all three, against tokens;
     no metrics, no figures."""
-    cases = [_case(64, {"where_loop": 4.0, "sort_group": 2.0, "grouped_mm": 1.0},
-                   {"where_loop": 9, "sort_group": 1, "grouped_mm": 0}),
-             _case(256, {"where_loop": 8.0, "sort_group": 2.0, "grouped_mm": 8.0},
-                   {"where_loop": 9, "sort_group": 1, "grouped_mm": 0})]
+    cases = [
+        _case(
+            64,
+            {"where_loop": 4.0, "sort_group": 2.0, "grouped_mm": 1.0},
+            {"where_loop": 9, "sort_group": 1, "grouped_mm": 0},
+        ),
+        _case(
+            256,
+            {"where_loop": 8.0, "sort_group": 2.0, "grouped_mm": 8.0},
+            {"where_loop": 9, "sort_group": 1, "grouped_mm": 0},
+        ),
+    ]
     forward, backward, syncs = (figures.declared(plot, cases) for plot in TECHNIQUE.plots)
     assert _lines(forward) == {"sort_group": [2.0, 4.0], "grouped_mm": [4.0, 1.0]}
     assert _lines(backward) == {"sort_group": [2.0, 4.0], "grouped_mm": [4.0, 1.0]}
@@ -426,9 +457,11 @@ def test_plots_draw_phase_speedups_and_syncs_against_tokens():
 def test_harness_run_checks_every_variant_against_float64_and_records_metrics(write_scenario, tmp_path):
     """Through the runner: the case passes, where_loop, sort_group and grouped_mm are each checked
     against the float64 reference, and the metrics carry phases, syncs and the GEMM path."""
-    body = ("name: t\ndevice: cpu\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 5, min_time_s: 0.0, "
-            "max_time_s: 0.3, target_iqr: 1.0, case_timeout_s: 600, energy_s: 0}\nentries:\n"
-            "  - technique: moe_grouping\n    params: {experts: 8, top_k: 2, hidden: 32, expert_dim: 24, tokens: 48}\n")
+    body = (
+        "name: t\ndevice: cpu\npolicy: {warmup_s: 0.0, min_reps: 3, max_reps: 5, min_time_s: 0.0, "
+        "max_time_s: 0.3, target_iqr: 1.0, case_timeout_s: 600, energy_s: 0}\nentries:\n"
+        "  - technique: moe_grouping\n    params: {experts: 8, top_k: 2, hidden: 32, expert_dim: 24, tokens: 48}\n"
+    )
     outcome = run_in_process(scenario.load(write_scenario(body)), CPU, tmp_path / "runs", calibrate=False)
     (case,) = outcome.doc["cases"]
     assert case["status"] == "passed", case["failure"]
@@ -436,7 +469,10 @@ def test_harness_run_checks_every_variant_against_float64_and_records_metrics(wr
         v = case["variants"][name]
         assert v["status"] == "ok" and v["check"]["passed"] and v["check"]["metric"] == "max_rel_l2"
         assert v["metrics"]["forward_s"] > 0 and v["metrics"]["backward_s"] > 0 and "gemm_path" in v["metrics"]
-    assert {n: case["variants"][n]["role"] for n in VARIANTS} == \
-        {"where_loop": "baseline", "sort_group": "optimized", "grouped_mm": "peer"}
+    assert {n: case["variants"][n]["role"] for n in VARIANTS} == {
+        "where_loop": "baseline",
+        "sort_group": "optimized",
+        "grouped_mm": "peer",
+    }
     assert case["variants"]["sort_group"]["metrics"]["syncs_per_step"] == 1
     assert case["speedups"]["sort_group"]["ratio"] > 0

@@ -3,6 +3,7 @@ step bit for bit on a CPU, and both the losses of each document run alone (the r
 without the shared builder); the metadata is right (no attention across documents, positions
 restarting per document, loss never crossing a boundary); the cache never serves a stale entry and
 releases what it holds; build / check / metrics / declared figures behave as the harness relies on."""
+
 from __future__ import annotations
 
 import gc
@@ -12,16 +13,16 @@ import matplotlib
 import pytest
 import torch
 
-from gpubench.lib import packing
 from gpubench.baselines import packed_metadata as per_layer
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
+from gpubench.lib import packing
+from gpubench.lib.packing import draw_doc_lens, resolve_backend
 from gpubench.optimizations import packed_metadata as cached
 from gpubench.reports import figures
 from gpubench.reports.figures import SERIES
-from gpubench.lib.packing import draw_doc_lens, resolve_backend
-from gpubench.techniques.packed_metadata.training import ALONE_METRIC, documents_alone
 from gpubench.techniques.packed_metadata import TECHNIQUE
+from gpubench.techniques.packed_metadata.training import ALONE_METRIC, documents_alone
 
 CPU = torch.device("cpu")
 SMALL = dict(model="tiny", layers=2, rows=2, seq_len=64, mean_doc_len=12)
@@ -54,9 +55,12 @@ def spans_of(lens: list[list[int]]) -> list[tuple[int, int, int]]:
 
 # -- same math ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides", [{}, dict(layers=3, rows=3, seq_len=48, mean_doc_len=5),
-                                       dict(micro_batches=3, seq_len=32, mean_doc_len=6)],
-                         ids=["2x64", "3x48-short-docs", "3-micro-batches"])
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(layers=3, rows=3, seq_len=48, mean_doc_len=5), dict(micro_batches=3, seq_len=32, mean_doc_len=6)],
+    ids=["2x64", "3x48-short-docs", "3-micro-batches"],
+)
 def test_cached_step_is_bitwise_the_per_layer_step_and_matches_documents_alone(overrides):
     """Caching changes nothing numerically: loss, each token's loss, every gradient and every
     updated parameter are identical to the per-layer step's; the check says so, and records the
@@ -82,8 +86,16 @@ def test_reference_reads_nothing_of_the_shared_builder(monkeypatch):
     the mean of the token losses over the tokens that have a target."""
     w = make_workload(micro_batches=2)
     out, _ = run(w, "per_layer")
-    for name in ("cu_seqlens_of", "position_ids_of", "document_positions", "block_causal_mask", "build_metadata",
-                 "packed_attention", "next_token_labels", "packed_loss"):
+    for name in (
+        "cu_seqlens_of",
+        "position_ids_of",
+        "document_positions",
+        "block_causal_mask",
+        "build_metadata",
+        "packed_attention",
+        "next_token_labels",
+        "packed_loss",
+    ):
         monkeypatch.setattr(packing, name, lambda *a, **k: pytest.fail("the reference used the shared builder"))
     w.reset()
     alone = documents_alone(w)
@@ -95,7 +107,7 @@ def test_reference_reads_nothing_of_the_shared_builder(monkeypatch):
     assert alone["loss"].item() == pytest.approx(sum(means).item() / 2, rel=1e-12)
     for m, lens in enumerate(w.lens):
         for r, a, b in spans_of(lens):
-            assert alone["token_losses"][m, r, b - 1] == 0 and (alone["token_losses"][m, r, a:b - 1] > 0).all()
+            assert alone["token_losses"][m, r, b - 1] == 0 and (alone["token_losses"][m, r, a : b - 1] > 0).all()
 
 
 def test_check_fails_when_both_steps_agree_but_not_with_documents_alone():
@@ -150,6 +162,7 @@ def test_reset_makes_every_call_the_same_step():
 
 # -- packing correctness --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("module", [per_layer, cached], ids=["per_layer", "cached"])
 def test_a_token_never_attends_to_another_document(module):
     """Perturbing one document's tokens changes that document's logits and no other's, in its
@@ -179,8 +192,9 @@ def test_packed_logits_equal_each_document_run_alone():
     with torch.no_grad():
         packed, _ = cached.packed_forward(w.weights, batch.tokens, batch.doc_lens)
         for r, a, b in spans_of(w.lens[0]):
-            alone = forward(w.weights, batch.tokens[r, a:b], torch.arange(b - a),
-                            lambda layer, q, k, v: causal_attention(q, k, v))
+            alone = forward(
+                w.weights, batch.tokens[r, a:b], torch.arange(b - a), lambda layer, q, k, v: causal_attention(q, k, v)
+            )
             torch.testing.assert_close(packed[r, a:b], alone, rtol=1e-4, atol=1e-4)
 
 
@@ -221,7 +235,7 @@ def test_loss_targets_never_cross_a_document_boundary():
     labels = packing.next_token_labels(batch.tokens, packing.document_positions(batch.doc_lens, 2, 64))
     for r, a, b in spans_of(w.lens[0]):
         assert labels[r, b - 1].item() == packing.IGNORE_INDEX
-        assert torch.equal(labels[r, a:b - 1], batch.tokens[r, a + 1:b])
+        assert torch.equal(labels[r, a : b - 1], batch.tokens[r, a + 1 : b])
 
 
 def test_document_lengths_are_random_per_row_and_fill_each_row():
@@ -242,6 +256,7 @@ def test_document_lengths_are_random_per_row_and_fill_each_row():
 
 
 # -- the per-layer rebuild vs the cache ------------------------------------------------------
+
 
 @pytest.mark.parametrize("layers, micro", [(1, 1), (3, 1), (2, 3)])
 def test_per_layer_builds_per_layer_cached_once_per_batch(layers, micro):
@@ -274,8 +289,11 @@ def test_cache_never_serves_a_stale_entry():
     lens2[0], lens2[1] = 4, 4  # the next batch written into the same buffer
     rebuilt = cache.get(lens2, 2, 16, "sdpa", torch.float32)
     assert rebuilt.position_ids[0, :8].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
-    for other in [(lens2, 1, 32, "sdpa", torch.float32), (lens2, 1, 32, "flash_attn_varlen", torch.float32),
-                  (lens2, 1, 32, "flash_attn_varlen", torch.bfloat16)]:
+    for other in [
+        (lens2, 1, 32, "sdpa", torch.float32),
+        (lens2, 1, 32, "flash_attn_varlen", torch.float32),
+        (lens2, 1, 32, "flash_attn_varlen", torch.bfloat16),
+    ]:
         misses = cache.misses
         cache.get(*other)
         assert cache.misses == misses + 1
@@ -311,6 +329,7 @@ def test_cache_batch_scope_releases_its_entry():
 
 # -- the technique --------------------------------------------------------------------------
 
+
 def test_variants_are_named_by_what_they_run():
     assert TECHNIQUE.playing("baseline", CPU).name == "per_layer"
     assert TECHNIQUE.playing("optimized", CPU).name == "cached"
@@ -343,10 +362,19 @@ def test_metrics_come_from_the_timed_calls_records_only():
     """The split and the counts are medians over Measured.records (the timed calls), nothing
     kept on the workload; forward_rest_ms is the median of each call's forward minus its build."""
     w = make_workload()
-    counts = dict(builds=2, host_syncs=2, cache_hits=0, cache_misses=0, mask_bytes_built=64,
-                  mask_bytes_held=64, metadata_bytes_held=80)
-    records = [dict(counts, build_ms=build, forward_ms=forward, backward_ms=backward, optimizer_ms=1.0)
-               for build, forward, backward in ((1.0, 5.0, 9.0), (2.0, 4.0, 7.0), (9.0, 20.0, 8.0))]
+    counts = dict(
+        builds=2,
+        host_syncs=2,
+        cache_hits=0,
+        cache_misses=0,
+        mask_bytes_built=64,
+        mask_bytes_held=64,
+        metadata_bytes_held=80,
+    )
+    records = [
+        dict(counts, build_ms=build, forward_ms=forward, backward_ms=backward, optimizer_ms=1.0)
+        for build, forward, backward in ((1.0, 5.0, 9.0), (2.0, 4.0, 7.0), (9.0, 20.0, 8.0))
+    ]
     m = TECHNIQUE.metrics_fn(w, Measured("per_layer", [0.1] * 3, 0.1, None, CPU, records=records))
     assert (m["build_ms"], m["forward_ms"], m["backward_ms"], m["optimizer_ms"]) == (2.0, 5.0, 8.0, 1.0)
     assert m["forward_rest_ms"] == 4.0  # median of 4, 2, 11
@@ -361,7 +389,8 @@ def test_validate_and_backend_resolution():
     CPU is refused with the reason."""
     params = dict(TECHNIQUE.defaults(), **SMALL)
     assert TECHNIQUE.validate_fn(dict(params, backend="flash_attn_varlen"))[0].startswith(
-        "backend flash_attn_varlen needs dtype float16 or bfloat16")
+        "backend flash_attn_varlen needs dtype float16 or bfloat16"
+    )
     assert TECHNIQUE.validate_fn(dict(params, backend="flash_attn_varlen", dtype="bfloat16")) == []
     assert "must be below seq_len" in TECHNIQUE.validate_fn(dict(params, mean_doc_len=64))[0]
     assert resolve_backend("auto", CPU, "bfloat16") == "sdpa"
@@ -391,13 +420,26 @@ def test_half_precision_step_runs_and_matches(dtype):
 
 # -- declared figures -----------------------------------------------------------------------
 
+
 def _case(layers: int, seq_len: int, scale: float) -> dict:
     def record(role: str, build: float) -> dict:
-        return {"role": role, "metrics": {"layers": layers, "build_ms": build, "forward_ms": 10 * scale + build,
-                                          "forward_rest_ms": 10 * scale, "backward_ms": 20 * scale,
-                                          "optimizer_ms": 1.0}}
-    return {"technique": "packed_metadata", "params": dict(TECHNIQUE.defaults(), layers=layers, seq_len=seq_len),
-            "variants": {"per_layer": record("baseline", 0.5 * layers), "cached": record("optimized", 0.5)}}
+        return {
+            "role": role,
+            "metrics": {
+                "layers": layers,
+                "build_ms": build,
+                "forward_ms": 10 * scale + build,
+                "forward_rest_ms": 10 * scale,
+                "backward_ms": 20 * scale,
+                "optimizer_ms": 1.0,
+            },
+        }
+
+    return {
+        "technique": "packed_metadata",
+        "params": dict(TECHNIQUE.defaults(), layers=layers, seq_len=seq_len),
+        "variants": {"per_layer": record("baseline", 0.5 * layers), "cached": record("optimized", 0.5)},
+    }
 
 
 def _drawn(cases):
@@ -405,8 +447,11 @@ def _drawn(cases):
 
 
 def _lines(fig) -> dict[str, list[float]]:
-    return {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()
-            if len(line.get_xdata()) and line.get_gid() != figures.REFERENCE}
+    return {
+        line.get_label(): list(line.get_ydata())
+        for line in fig.axes[0].get_lines()
+        if len(line.get_xdata()) and line.get_gid() != figures.REFERENCE
+    }
 
 
 def test_report_figures_break_step_time_down_by_layers():
@@ -459,15 +504,17 @@ def test_a_step_on_the_triton_varlen_backend_passes_its_check_against_each_docum
     """The pair as a CUDA run has it by default (our varlen kernels; here in Triton's interpreter, a
     one-layer model, about 8 s): both variants' losses match each document run alone in float64
     and the cached step is bit-identical to the per-layer one (the kernels are deterministic)."""
-    from gpubench.lib.triton_support import kernel_problem
     from planted import passed, run_planted
+
+    from gpubench.lib.triton_support import kernel_problem
 
     problem = kernel_problem(packing.TRITON_VARLEN[0], CPU, interpreter_ok=True)
     if problem:
         pytest.skip(problem)
     monkeypatch.setattr(packing, "triton_varlen_unavailable", lambda device: None)
-    record = run_planted("packed_metadata", model="tiny", layers=1, rows=1, seq_len=64, mean_doc_len=16,
-                         backend="triton_varlen")
+    record = run_planted(
+        "packed_metadata", model="tiny", layers=1, rows=1, seq_len=64, mean_doc_len=16, backend="triton_varlen"
+    )
     assert passed(record), record.failure
     assert record.variants["cached"].metrics["backend"] == "triton_varlen"
     assert "bit-identical to the per_layer step" in record.variants["cached"].check["detail"]

@@ -1,6 +1,7 @@
 """paged_attention: the PyTorch block loop and the Triton kernel (in Triton's interpreter here)
 both compute the attention of the contiguous cache while reading K/V only through the block
 table, and the technique's build / check / cast / metrics / plots behave as the harness relies on."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,9 @@ import torch
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured, relative_l2_check
 from gpubench.lib.kvmath import block_edge_lengths
+from gpubench.lib.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
 from gpubench.optimizations.paged_attention import paged_decode_attention_torch
 from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
-from gpubench.lib.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
 from gpubench.reports import figures
 from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
 
@@ -61,10 +62,18 @@ CASES = [
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("batch,heads,kv_heads,head_dim,block_size,context_len,dtype", CASES)
-def test_paged_paths_equal_contiguous_cache_attention(path, batch, heads, kv_heads, head_dim, block_size,
-                                                      context_len, dtype):
-    w = make_workload(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
-                      context_len=context_len, dtype=dtype)
+def test_paged_paths_equal_contiguous_cache_attention(
+    path, batch, heads, kv_heads, head_dim, block_size, context_len, dtype
+):
+    w = make_workload(
+        batch=batch,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        context_len=context_len,
+        dtype=dtype,
+    )
     out = PATHS[path](*args(w))
     assert out.dtype == w.q.dtype and out.shape == w.q.shape
     assert rel_err(out, reference(w)) <= TOL[dtype]
@@ -86,7 +95,7 @@ def test_edges_give_one_sequence_per_edge_length_with_exactly_its_blocks():
     w = make_workload(batch=2, block_size=16, context_len=70, lengths="edges")
     assert w.lens == [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 69, 70] and w.q.shape[0] == len(w.lens)
     assert w.context_lens.tolist() == w.lens and w.triton_out.shape == w.q.shape
-    held = [w.block_tables[b, :-(-n // 16)].tolist() for b, n in enumerate(w.lens)]
+    held = [w.block_tables[b, : -(-n // 16)].tolist() for b, n in enumerate(w.lens)]
     assert [len(h) for h in held] == [1, 1, 1, 2, 2, 2, 3, 4, 4, 5, 5, 5]
     flat = [x for h in held for x in h]
     assert len(set(flat)) == len(flat)  # no block shared, a full last block included
@@ -111,7 +120,7 @@ def test_workload_exercises_shuffled_blocks_partial_tails_and_mixed_lengths():
     lens, tables = w.lens, w.block_tables
     assert max(lens) == 100 and len(set(lens)) > 1 and min(lens) >= 1
     assert any(n % 16 for n in lens)  # some last block is only partly filled
-    live = [tables[b, :-(-n // 16)] for b, n in enumerate(lens)]
+    live = [tables[b, : -(-n // 16)] for b, n in enumerate(lens)]
     used = torch.cat(live)
     assert len(set(used.tolist())) == len(used)  # no block shared
     assert not torch.equal(used, torch.arange(len(used), dtype=used.dtype))  # not in pool order
@@ -119,7 +128,7 @@ def test_workload_exercises_shuffled_blocks_partial_tails_and_mixed_lengths():
     assert spare  # unreferenced blocks exist...
     assert all(w.k_cache[s].abs().sum() > 0 for s in spare)  # ...and hold data, not zeros
     for b, n in enumerate(lens):  # table entries past a sequence's end name spare blocks
-        assert set(tables[b, -(-n // 16):].tolist()) <= spare
+        assert set(tables[b, -(-n // 16) :].tolist()) <= spare
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -147,7 +156,7 @@ def test_corrupted_block_table_is_caught_by_check(variant):
     assert TECHNIQUE.check_fn(ref, fn(w)).passed
     # Point one live entry of the longest sequence at a spare block.
     b = max(range(len(w.lens)), key=lambda i: w.lens[i])
-    live = set(torch.cat([w.block_tables[i, :-(-n // 16)] for i, n in enumerate(w.lens)]).tolist())
+    live = set(torch.cat([w.block_tables[i, : -(-n // 16)] for i, n in enumerate(w.lens)]).tolist())
     spare = next(s for s in range(w.k_cache.shape[0]) if s not in live)
     w.block_tables[b, 0] = spare
     result = TECHNIQUE.check_fn(ref, fn(w))
@@ -174,8 +183,11 @@ def test_kernel_handles_head_dim_not_a_power_of_two():
     assert rel_err(kernel(*a), gather_then_attend(*a)) <= 1e-5
 
 
-@pytest.mark.parametrize("fn", [torch_path, kernel, gather_then_attend, paged_decode_attention_gathered],
-                         ids=["torch", "triton", "gather", "gathered"])
+@pytest.mark.parametrize(
+    "fn",
+    [torch_path, kernel, gather_then_attend, paged_decode_attention_gathered],
+    ids=["torch", "triton", "gather", "gathered"],
+)
 def test_empty_context_gives_zeros_not_nan(fn):
     w = make_workload()
     lens = w.context_lens.clone()
@@ -262,27 +274,43 @@ def _case(context_len, batch, gather_s, kernel_s):
         return {"role": role, "stats": {"median": s}, "metrics": {"gbps": 1.0 / s}}
 
     params = {**TECHNIQUE.defaults(), "context_len": context_len, "batch": batch}
-    return {"technique": "paged_attention", "params": params,
-            "variants": {"gather": variant("baseline", gather_s), "triton": variant("optimized", kernel_s),
-                         "torch_blocks": {"role": "peer", "status": "skipped"}}}
+    return {
+        "technique": "paged_attention",
+        "params": params,
+        "variants": {
+            "gather": variant("baseline", gather_s),
+            "triton": variant("optimized", kernel_s),
+            "torch_blocks": {"role": "peer", "status": "skipped"},
+        },
+    }
 
 
 def _drawn(cases):
-    return {plot.title.split(" (")[0]: fig for plot in TECHNIQUE.plots
-            for fig in [figures.declared(plot, cases)] if fig is not None}
+    return {
+        plot.title.split(" (")[0]: fig
+        for plot in TECHNIQUE.plots
+        for fig in [figures.declared(plot, cases)]
+        if fig is not None
+    }
 
 
 def _lines(fig):
-    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
-            for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())}
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if len(line.get_xdata())
+    }
 
 
 def test_plots_bandwidth_against_context_and_time_against_batch_only_when_batch_varies():
     one_batch = [_case(256, 4, 2.0, 1.0), _case(512, 4, 3.0, 1.5)]
     drawn = _drawn(one_batch)
     assert list(drawn) == ["Decode bandwidth"]
-    assert _lines(drawn["Decode bandwidth"]) == {"gather": ([256, 512], [0.5, 1 / 3]),
-                                                 "triton": ([256, 512], [1.0, 1 / 1.5])}
+    assert _lines(drawn["Decode bandwidth"]) == {
+        "gather": ([256, 512], [0.5, 1 / 3]),
+        "triton": ([256, 512], [1.0, 1 / 1.5]),
+    }
 
     drawn = _drawn(one_batch + [_case(256, 16, 4.0, 2.0)])
     assert list(drawn) == ["Decode bandwidth", "Time per decode step"]
@@ -291,8 +319,13 @@ def test_plots_bandwidth_against_context_and_time_against_batch_only_when_batch_
     assert time_lines["gather (context_len=256)"] == ([4, 16], [2000.0, 4000.0])
     assert time_lines["triton (context_len=256)"] == ([4, 16], [1000.0, 2000.0])
     assert _drawn([]) == {}
-    no_data = [{"technique": "paged_attention", "params": TECHNIQUE.defaults(),
-                "variants": {"gather": {"role": "baseline", "status": "failed"}}}]
+    no_data = [
+        {
+            "technique": "paged_attention",
+            "params": TECHNIQUE.defaults(),
+            "variants": {"gather": {"role": "baseline", "status": "failed"}},
+        }
+    ]
     assert _drawn(no_data) == {}
 
 
@@ -366,7 +399,7 @@ def test_vectorized_cpu_decode_equals_float64_reference_with_garbage_past_every_
     for b, n in enumerate(w.lens):
         for t in range(n):
             keep[tables[b, t // 8], t % 8] = True
-        tables[b, -(-n // 8):] = 10_000  # never followed
+        tables[b, -(-n // 8) :] = 10_000  # never followed
     assert any(n % 8 for n in w.lens)  # so some NaN lies in the tail of a partial last block
     k[~keep], v[~keep] = float("nan"), float("nan")
     slots, live = decode_token_slots(tables, w.context_lens, 8)
@@ -374,13 +407,13 @@ def test_vectorized_cpu_decode_equals_float64_reference_with_garbage_past_every_
     out = paged_decode_attention_gathered(q, k, v, tables, w.context_lens)
     ref = TECHNIQUE.reference_fn(replace_cache(w, q, k.nan_to_num(0.0), v.nan_to_num(0.0)))
     assert (out - ref).abs().max() <= 1e-12
-    walk = paged_decode_attention_torch(q, k, v, tables.clamp_max(k.shape[0] - 1), w.context_lens,
-                                        chunk_tokens=16)
+    walk = paged_decode_attention_torch(q, k, v, tables.clamp_max(k.shape[0] - 1), w.context_lens, chunk_tokens=16)
     assert (out - walk).abs().max() <= 1e-12
 
 
 def replace_cache(w, q, k, v):
     from dataclasses import replace
+
     return replace(w, q=q, k_cache=k, v_cache=v)
 
 
@@ -426,8 +459,11 @@ def test_merging_partials_is_exact_and_empty_parts_add_nothing():
     first = attend_chunk(qg, k, v, torch.tensor([[0]]), everything[:, :4])
     rest = attend_chunk(qg, k, v, torch.tensor([[1, 2]]), everything[:, :8])
     empty = Partial(torch.full_like(whole.m, -math.inf), torch.zeros_like(whole.l), torch.zeros_like(whole.acc))
-    in_order, reversed_, with_empty = (merge_partials(first, rest), merge_partials(rest, first),
-                                       merge_partials(merge_partials(empty, first), rest))
+    in_order, reversed_, with_empty = (
+        merge_partials(first, rest),
+        merge_partials(rest, first),
+        merge_partials(merge_partials(empty, first), rest),
+    )
     for merged in (in_order, reversed_, with_empty):
         assert torch.allclose(merged.acc / merged.l[..., None], whole.acc / whole.l[..., None], atol=1e-12)
     both_empty = merge_partials(empty, empty)
@@ -442,7 +478,7 @@ def test_sdpa_contiguous_peer_reads_a_contiguous_copy_made_at_build_and_matches_
     assert w.contiguous_k.shape == (len(w.lens), 2, longest, 64)
     assert w.contiguous_mask.shape == (len(w.lens), 1, 1, longest)
     for b, n in enumerate(w.lens):
-        blocks = w.block_tables[b, :-(-n // 16)].long()
+        blocks = w.block_tables[b, : -(-n // 16)].long()
         assert torch.equal(w.contiguous_k[b, :, :n], w.k_cache[blocks].flatten(0, 1)[:n].transpose(0, 1))
         assert (w.contiguous_v[b, :, n:] == 0).all() and w.contiguous_mask[b, 0, 0].sum() == n
     out = TECHNIQUE.variants["sdpa_contiguous"].fn(w)

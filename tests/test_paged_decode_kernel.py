@@ -3,6 +3,7 @@ float64 attention over the same keys: every head grouping and head dim it serves
 smaller and larger than a step, splits that do not divide a context or are empty, a table whose
 entries past each context hold garbage, strided q and out; the split-count rule; and the sm_90
 compile of both kernels."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,14 @@ import pytest
 import torch
 from compile_sm90 import compile_script_output
 
-from gpubench.optimizations.paged_attention_triton import (MAX_SPLITS, MIN_SPLIT_TOKENS, PROGRAMS_PER_SM,
-                                                           choose_splits, paged_decode_attention_triton,
-                                                           reduce_partials)
+from gpubench.optimizations.paged_attention_triton import (
+    MAX_SPLITS,
+    MIN_SPLIT_TOKENS,
+    PROGRAMS_PER_SM,
+    choose_splits,
+    paged_decode_attention_triton,
+    reduce_partials,
+)
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 GARBAGE_BLOCK = 1 << 30  # a table entry past a context: following it would fault or read far away
@@ -31,7 +37,7 @@ def paged_case(lens, heads, kv_heads, head_dim, block_size, dtype=torch.float32,
     k, v = (torch.full((num_blocks, block_size, kv_heads, head_dim), math.nan) for _ in range(2))
     start = 0
     for b, (n, count) in enumerate(zip(lens, counts)):
-        tables[b, :count] = pool[start:start + count].to(torch.int32)
+        tables[b, :count] = pool[start : start + count].to(torch.int32)
         for t in range(n):
             k[tables[b, t // block_size], t % block_size] = torch.randn(kv_heads, head_dim, generator=gen)
             v[tables[b, t // block_size], t % block_size] = torch.randn(kv_heads, head_dim, generator=gen)
@@ -53,7 +59,7 @@ def reference(q, k_cache, v_cache, tables, context_lens):
         v = torch.stack([v_cache[i, s] for i, s in rows]).double()
         for h in range(heads):
             kv = h // (heads // kv_heads)
-            p = torch.softmax(k[:, kv] @ q[b, h].double() * head_dim ** -0.5, dim=0)
+            p = torch.softmax(k[:, kv] @ q[b, h].double() * head_dim**-0.5, dim=0)
             out[b, h] = p @ v[:, kv]
     return out
 
@@ -76,8 +82,9 @@ SHAPES = [
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,dtype", SHAPES)
-def test_kernel_equals_float64_attention_for_every_grouping_and_head_dim(heads, kv_heads, head_dim, block_size,
-                                                                         dtype, num_splits):
+def test_kernel_equals_float64_attention_for_every_grouping_and_head_dim(
+    heads, kv_heads, head_dim, block_size, dtype, num_splits
+):
     """Every query head of a group gets its own softmax over its KV head's keys, whichever the group
     size (1, 4, 8, all), head dim (padded and masked) and dtype, in one split or three (odd
     lengths: the splits do not divide them)."""
@@ -154,7 +161,7 @@ def _split_partials(q, k, v, bounds):
     l, acc = torch.zeros_like(m), torch.zeros(1, heads, len(bounds) - 1, 128)
     for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         if hi > lo:
-            scores = torch.einsum("hd,nhd->hn", q, k[lo:hi]) * head_dim ** -0.5 * math.log2(math.e)
+            scores = torch.einsum("hd,nhd->hn", q, k[lo:hi]) * head_dim**-0.5 * math.log2(math.e)
             m[0, :, s] = scores.amax(1)
             p = torch.exp2(scores - m[0, :, s, None])
             l[0, :, s] = p.sum(1)
@@ -167,9 +174,12 @@ def test_reduce_alone_combines_hand_made_partials_and_ignores_empty_splits():
     in the middle, splits of one key): exactly the softmax over all keys; all splits empty gives
     zeros, not NaN. 20 splits: more than the reduce folds per step."""
     gen = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(4, 96, generator=gen), torch.randn(40, 4, 96, generator=gen), torch.randn(40, 4, 96,
-                                                                                                  generator=gen)
-    want = torch.einsum("hn,nhd->hd", torch.softmax(torch.einsum("hd,nhd->hn", q, k) * 96 ** -0.5, dim=1), v)
+    q, k, v = (
+        torch.randn(4, 96, generator=gen),
+        torch.randn(40, 4, 96, generator=gen),
+        torch.randn(40, 4, 96, generator=gen),
+    )
+    want = torch.einsum("hn,nhd->hd", torch.softmax(torch.einsum("hd,nhd->hn", q, k) * 96**-0.5, dim=1), v)
     for bounds in ([0, 7, 7, 30, 31, 40], [0, *range(2, 40, 2), 40]):
         out = torch.full((1, 4, 96), math.nan)
         reduce_partials(*_split_partials(q, k, v, bounds), out, 96)
@@ -201,9 +211,14 @@ def test_queries_over_a_cache_of_another_dtype_are_computed_in_fp32():
     assert out.dtype == torch.float32 and worst_rel_err(out, want) < 1e-3
 
 
-@pytest.mark.parametrize("bad,message", [(dict(tokens_per_step=8), "power of two >= 16"),
-                                         (dict(tokens_per_step=24), "power of two"),
-                                         (dict(num_splits=0), "at least 1")])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (dict(tokens_per_step=8), "power of two >= 16"),
+        (dict(tokens_per_step=24), "power of two"),
+        (dict(num_splits=0), "at least 1"),
+    ],
+)
 def test_bad_tile_options_are_refused_with_the_allowed_values(bad, message):
     case = paged_case([5], 2, 1, 64, 16)
     with pytest.raises(ValueError, match=message):
@@ -268,8 +283,9 @@ def test_decode_and_reduce_kernels_compile_for_a_hopper_gpu(tmp_path):
     for sm_90 with Triton's compiler and ptxas in their main forms (bf16 group 4 d128 split, fp16
     group 1 d64 one split, fp32 MQA d256 split), no GPU needed; none spills to local memory.
     Skipped where Triton has no CUDA backend."""
-    lines = [line for line in compile_script_output(COMPILE_FOR_SM90, tmp_path).splitlines()
-             if line.startswith("compiled")]
+    lines = [
+        line for line in compile_script_output(COMPILE_FOR_SM90, tmp_path).splitlines() if line.startswith("compiled")
+    ]
     print("\n".join(lines))  # shared memory / registers per form, for the record (pytest -s)
     assert len(lines) == 6 and sum(line.startswith("compiled decode") for line in lines) == 3
     assert all("LOCAL:0" in line for line in lines), lines

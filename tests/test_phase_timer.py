@@ -1,5 +1,6 @@
 """gpubench.measure.phase_timer: the one timer of every phase figure (a case's stages, a training step's
 forward and backward, offload copies and waits, speculative decoding's draft and verify)."""
+
 from __future__ import annotations
 
 import threading

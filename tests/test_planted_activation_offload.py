@@ -1,14 +1,14 @@
 """activation_offload: a bug planted in the two-buffer schedule fails the run's own check (loss and
 every gradient against the step without checkpointing) in at least two smoke-like cases; a race
 that only slow copies expose, in two cases with delayed copies."""
+
 from __future__ import annotations
 
-
 import pytest
-
-import gpubench.optimizations.activation_offload as two_buffers
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
+
+import gpubench.optimizations.activation_offload as two_buffers
 
 # Smoke's shapes: the layer sweep, and two stress cases whose every reload is held back 5 ms.
 MODEL = dict(hidden=64, heads=4, kv_heads=2, batch=2, seq_len=64, vocab=256)
@@ -58,8 +58,9 @@ def test_one_buffer_fallback_recomputing_before_its_reload_lands_is_caught(monke
     assert passed(control), control.failure
     metrics = control.variants["two_buffers"].metrics
     assert metrics["buffers"] == 1 and "staging buffer 2 not allocated" in metrics["fallback"]
-    buggy = _mutant(two_buffers.train_step, "copier.wait(landed.pop(i))",
-                    "if n > 1:\n                copier.wait(landed.pop(i))")
+    buggy = _mutant(
+        two_buffers.train_step, "copier.wait(landed.pop(i))", "if n > 1:\n                copier.wait(landed.pop(i))"
+    )
     monkeypatch.setattr(two_buffers, "train_step", buggy)
     assert caught(run_planted("activation_offload", **params))
     assert passed(run_planted("activation_offload", **dict(params, buffer_limit=0)))  # two buffers: blind to it

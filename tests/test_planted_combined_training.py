@@ -4,20 +4,32 @@ staging buffer held), and when sort-and-group drops the routing weights (the sam
 variant and in its plain step: only the float32 comparison with the loop's plain step sees it);
 a metadata cache that ignores its key and outlives its step serves the next batch stale metadata,
 which the check catches; each passes without its bug."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from planted import caught, mutant, passed, run_planted, shipped
 
 import gpubench.optimizations.activation_offload as two_buffers
 from gpubench.contract import Recorder
 from gpubench.optimizations import moe_grouping as sort_group_module
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.techniques import combined_training as ct
-from planted import caught, mutant, passed, run_planted, shipped
 
-SMALL = dict(layers=3, hidden=32, heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_dim=16, rows=1,
-             seq_len=64, mean_doc_len=12)
+SMALL = dict(
+    layers=3,
+    hidden=32,
+    heads=4,
+    kv_heads=2,
+    vocab=64,
+    experts=4,
+    top_k=2,
+    expert_dim=16,
+    rows=1,
+    seq_len=64,
+    mean_doc_len=12,
+)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -40,8 +52,9 @@ def test_sort_group_without_routing_weights_is_caught_three_ways(monkeypatch):
     independent float64 reference, and in float32 the loop's plain step differs too."""
     params = dict(SMALL, dtype="float32")
     assert passed(shipped("combined_training", **params))
-    buggy = mutant(sort_group_module.moe_forward, "return _scatter_back(x, y * scale, g)",
-                   "return _scatter_back(x, y, g)")
+    buggy = mutant(
+        sort_group_module.moe_forward, "return _scatter_back(x, y * scale, g)", "return _scatter_back(x, y, g)"
+    )
     monkeypatch.setitem(ct.FORWARDS, "sort_group", buggy)
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)

@@ -1,7 +1,7 @@
 """kv_cache: bugs planted in the paged allocator's block arithmetic fail the run's own check
 (bytes against the calculator, tokens read back) on block-edge lengths, not by an exception."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 from planted import caught, passed, run_planted
@@ -17,16 +17,23 @@ KV_WINDOW_EDGES = dict(model="gpt-oss-20b", layers=2, max_len=256, lengths="edge
 
 # The last block counted only when partly filled: a length that is a multiple of the block size
 # gets one block too few (the issue's allocator).
-ONE_BLOCK_SHORT = ("return first, (length - 1) // block_size - first + 1",
-                   "return first, (length - 1) // block_size - first + (length % block_size != 0)")
+ONE_BLOCK_SHORT = (
+    "return first, (length - 1) // block_size - first + 1",
+    "return first, (length - 1) // block_size - first + (length % block_size != 0)",
+)
 # A sliding layer keeps length-1-window .. length-1 (window + 1 tokens): when the window starts on
 # a block edge, the block before it is kept as well.
-WINDOW_KEEPS_ONE_MORE = ("first = max(0, length - window) // block_size",
-                         "first = max(0, length - 1 - window) // block_size")
+WINDOW_KEEPS_ONE_MORE = (
+    "first = max(0, length - window) // block_size",
+    "first = max(0, length - 1 - window) // block_size",
+)
 
 
-@pytest.mark.parametrize("params,bug", [(KV_EDGES, ONE_BLOCK_SHORT), (KV_WINDOW_EDGES, WINDOW_KEEPS_ONE_MORE)],
-                         ids=["one_block_short_on_a_full_last_block", "window_keeps_the_block_before_it"])
+@pytest.mark.parametrize(
+    "params,bug",
+    [(KV_EDGES, ONE_BLOCK_SHORT), (KV_WINDOW_EDGES, WINDOW_KEEPS_ONE_MORE)],
+    ids=["one_block_short_on_a_full_last_block", "window_keeps_the_block_before_it"],
+)
 def test_paged_allocator_block_count_off_by_one_is_caught_by_the_bytes_check(monkeypatch, params, bug):
     assert passed(run_planted("kv_cache", **params))  # control: the same case as shipped
     monkeypatch.setattr(paged_allocator, "held_blocks", _mutant(paged_allocator.held_blocks, *bug))

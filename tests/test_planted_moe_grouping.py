@@ -1,15 +1,15 @@
 """moe_grouping: a routing bug planted in the sort-and-group path fails the run's own check (output
 and every gradient against the float64 dense reference) in at least two smoke-like cases, among
 them two top_k > 1 cases of different shapes."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
-
-import gpubench.optimizations.moe_grouping as sort_group
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
+
+import gpubench.optimizations.moe_grouping as sort_group
 
 # Smoke's shapes: gpt-oss-20b routing (32 experts, top-4) scaled down; a top-2 layer at odd sizes;
 # top-1 in bf16.
@@ -44,13 +44,18 @@ def test_slot_major_token_index_is_caught_in_two_top_k_cases(monkeypatch, params
     """group_by_expert reads the flattened choices as (top_k, tokens), slot-major (as the where
     loop's mask lays them out), so a sorted row's token is ``order % tokens``: the right token
     when top_k is 1, so only top_k > 1 cases can catch it."""
-    buggy = _mutant(sort_group.group_by_expert, 'token=torch.div(order, experts.shape[1], rounding_mode="floor")',
-                    "token=order % experts.shape[0]")
+    buggy = _mutant(
+        sort_group.group_by_expert,
+        'token=torch.div(order, experts.shape[1], rounding_mode="floor")',
+        "token=order % experts.shape[0]",
+    )
     _assert_caught_only_with(monkeypatch, params, "group_by_expert", buggy)
 
 
-COUNTS = ("counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(\n"
-          "        0, flat, torch.ones_like(flat))")
+COUNTS = (
+    "counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(\n"
+    "        0, flat, torch.ones_like(flat))"
+)
 
 
 @pytest.mark.parametrize("tokens", [5, 9])

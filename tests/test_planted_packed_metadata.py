@@ -3,16 +3,17 @@ its own check when the shared builder's position ids do not restart per document
 both variants, so only the documents-alone reference can see it; on either backend) and when the
 optimized path's cache is keyed by the batch's geometry (the next micro-batch gets stale metadata);
 each case passes without its bug."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from planted import caught, mutant, passed, run_planted
 
-from gpubench.techniques.packed_metadata import training as packed_training
 from gpubench.lib import packing
 from gpubench.models.llama import causal_attention
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
-from planted import caught, mutant, passed, run_planted
+from gpubench.techniques.packed_metadata import training as packed_training
 
 SMALL = dict(model="tiny", layers=1, rows=1, seq_len=128, mean_doc_len=16)
 
@@ -31,6 +32,7 @@ def geometry_key(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtyp
 def varlen_on_cpu(monkeypatch):
     """The varlen backend's path on a CPU: flash-attn's kernel stood in for by what it computes
     (causal attention within each cu_seqlens segment), so only cu_seqlens reaches attention."""
+
     def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal):
         assert causal and torch.equal(cu_q, cu_k)
         bounds = cu_q.tolist()
@@ -41,8 +43,9 @@ def varlen_on_cpu(monkeypatch):
     monkeypatch.setattr(packing, "flash_varlen_unavailable", lambda device, dtype: None)
 
 
-@pytest.mark.parametrize("backend, dtype", [("sdpa", "float32"), ("flash_attn_varlen", "bfloat16")],
-                         ids=["sdpa", "varlen"])
+@pytest.mark.parametrize(
+    "backend, dtype", [("sdpa", "float32"), ("flash_attn_varlen", "bfloat16")], ids=["sdpa", "varlen"]
+)
 def test_shared_builder_with_positions_not_restarting_fails_the_runs_check(request, monkeypatch, backend, dtype):
     """Both variants get the same wrong position ids (SDPA's mask, derived from them, lets each
     document see the ones before it; the loss's labels cross into the next document; RoPE alone

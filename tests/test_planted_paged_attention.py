@@ -1,7 +1,7 @@
 """paged_attention: block-edge and chunk-merge bugs planted in the optimized path (the PyTorch chunk loop, which
 plays it on a CPU) fail the run's own check against float64 attention on block-edge lengths."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 from planted import caught, passed, run_planted, shipped
@@ -18,25 +18,33 @@ LOOP = ("gather", "torch_blocks")
 
 LIVE = "live = token[None, :] < lens[:, None]"
 # The live keys of a step as (block, slot) against the last block and its fill.
-BY_BLOCK = ("last_block = (lens[:, None] - 1) // block_size; {fill}; "
-            "live = (token[None, :] // block_size < last_block) "
-            "| ((token[None, :] // block_size == last_block) & (token[None, :] % block_size < fill[:, None]))")
+BY_BLOCK = (
+    "last_block = (lens[:, None] - 1) // block_size; {fill}; "
+    "live = (token[None, :] // block_size < last_block) "
+    "| ((token[None, :] // block_size == last_block) & (token[None, :] % block_size < fill[:, None]))"
+)
 # The last block's fill taken as len % block_size, 0 for a full block: a context that ends on a
 # block edge loses its whole last block.
 FULL_LAST_BLOCK_SKIPPED = (LIVE, BY_BLOCK.format(fill="fill = lens % block_size"))
 # A full last block's fill taken as its last slot index, block_size - 1: the last key of a
 # context that ends on a block edge is masked.
-LAST_SLOT_OF_A_FULL_BLOCK_MASKED = (LIVE, BY_BLOCK.format(
-    fill="fill = torch.where(lens % block_size == 0, block_size - 1, lens % block_size)"))
+LAST_SLOT_OF_A_FULL_BLOCK_MASKED = (
+    LIVE,
+    BY_BLOCK.format(fill="fill = torch.where(lens % block_size == 0, block_size - 1, lens % block_size)"),
+)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bug", [FULL_LAST_BLOCK_SKIPPED, LAST_SLOT_OF_A_FULL_BLOCK_MASKED],
-                         ids=["full_last_block_skipped", "last_slot_of_a_full_block_masked"])
+@pytest.mark.parametrize(
+    "bug",
+    [FULL_LAST_BLOCK_SKIPPED, LAST_SLOT_OF_A_FULL_BLOCK_MASKED],
+    ids=["full_last_block_skipped", "last_slot_of_a_full_block_masked"],
+)
 def test_block_loop_masking_a_full_last_block_wrongly_is_caught(monkeypatch, bug, dtype):
     assert passed(shipped("paged_attention", variants=LOOP, **DECODE_EDGES, dtype=dtype))  # control: as shipped
-    monkeypatch.setattr(paged_decode, "paged_decode_attention_torch",
-                        _mutant(paged_decode.paged_decode_attention_torch, *bug))
+    monkeypatch.setattr(
+        paged_decode, "paged_decode_attention_torch", _mutant(paged_decode.paged_decode_attention_torch, *bug)
+    )
     record = run_planted("paged_attention", variants=LOOP, **DECODE_EDGES, dtype=dtype)
     assert record.role_variant("optimized") == "torch_blocks"
     assert caught(record), (record.status, record.failure)
@@ -53,9 +61,15 @@ def test_chunk_merge_that_forgets_to_rescale_the_earlier_chunks_is_caught(monkey
     params = dict(batch=4, heads=8, kv_heads=2, head_dim=64, context_len=260, block_size=block_size)
     monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 4 * 4 * block_size * 2 * 64)  # 4 blocks of 4 sequences
     assert passed(shipped("paged_attention", variants=LOOP, **params))
-    monkeypatch.setattr(blockwise, "merge_partials",
-                        _mutant(blockwise.merge_partials, "torch.exp(a.m - shift), torch.exp(b.m - shift)",
-                                "torch.ones_like(a.m), torch.exp(b.m - shift)"))
+    monkeypatch.setattr(
+        blockwise,
+        "merge_partials",
+        _mutant(
+            blockwise.merge_partials,
+            "torch.exp(a.m - shift), torch.exp(b.m - shift)",
+            "torch.ones_like(a.m), torch.exp(b.m - shift)",
+        ),
+    )
     record = run_planted("paged_attention", variants=LOOP, **params)
     assert record.role_variant("optimized") == "torch_blocks" and caught(record), (record.status, record.failure)
     monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1 << 22)

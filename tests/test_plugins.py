@@ -1,5 +1,6 @@
 """Techniques from outside the package: a file or module a scenario names, or an installed package's
 entry point, runs through run, report and the gate like a built-in; a broken one is bad input."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubench.run import scenario
 from gpubench.errors import BadInput
+from gpubench.run import scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rmsnorm_pair.py"
@@ -22,8 +23,9 @@ EXAMPLE = ROOT / "examples" / "rmsnorm_pair.py"
 def gpubench(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The installed command in a fresh process: nothing registered in this test session leaks in."""
     command = [sys.executable, "-m", "gpubench.cli", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
 
 
 def gpubench_here(*args: str):
@@ -80,8 +82,7 @@ def test_a_module_on_the_path_and_an_installed_entry_point_are_found_and_listed(
     dist = site / "my_pkg-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[gpubench.techniques]\nrmsnorm = my_pkg.norm_pair\n"
-                                           "broken = broken_pkg\n")
+    (dist / "entry_points.txt").write_text("[gpubench.techniques]\nrmsnorm = my_pkg.norm_pair\nbroken = broken_pkg\n")
     env = {"PYTHONPATH": str(site)}
     listed = gpubench("list", cwd=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
@@ -91,8 +92,18 @@ def test_a_module_on_the_path_and_an_installed_entry_point_are_found_and_listed(
     # Its cases in the command's own process (--isolation none): a worker loads a plug-in through
     # the same techniques.load, by the recorded source, as the file pair above shows.
     (tmp_path / "by_module.yaml").write_text(scenario_text("my_pkg.norm_pair"))
-    ran = gpubench("run", "--scenario", "by_module.yaml", "--out", "runs", "--no-calibrate", "--isolation", "none",
-                   cwd=tmp_path, env=env)
+    ran = gpubench(
+        "run",
+        "--scenario",
+        "by_module.yaml",
+        "--out",
+        "runs",
+        "--no-calibrate",
+        "--isolation",
+        "none",
+        cwd=tmp_path,
+        env=env,
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     (tmp_path / "by_name.yaml").write_text(scenario_text("broken"))
     refused = gpubench("run", "--scenario", "by_name.yaml", cwd=tmp_path, env=env)
@@ -101,10 +112,13 @@ def test_a_module_on_the_path_and_an_installed_entry_point_are_found_and_listed(
 
 
 BROKEN = {
-    "no_check.py": ("from gpubench.contract import Technique, Workload\n"
-                    "TECHNIQUE = Technique('half', summary='s', shape='kernel', params=[])\n"
-                    "TECHNIQUE.build(lambda p, d, s: Workload(p, d, s))\n"
-                    "TECHNIQUE.variant('a', role='baseline')(lambda w: 1)\n", "missing check; missing optimized variant"),
+    "no_check.py": (
+        "from gpubench.contract import Technique, Workload\n"
+        "TECHNIQUE = Technique('half', summary='s', shape='kernel', params=[])\n"
+        "TECHNIQUE.build(lambda p, d, s: Workload(p, d, s))\n"
+        "TECHNIQUE.variant('a', role='baseline')(lambda w: 1)\n",
+        "missing check; missing optimized variant",
+    ),
     "no_technique.py": ("X = 1\n", "has no TECHNIQUE"),
     "not_a_technique.py": ("TECHNIQUE = 'flash'\n", "TECHNIQUE is a str, not a gpubench.contract.Technique"),
     "raises.py": ("raise RuntimeError('boom at import')\n", "RuntimeError: boom at import"),
@@ -149,8 +163,9 @@ def twin_pairs(root: Path) -> dict[str, Path]:
     for folder in ("a", "b"):
         (root / folder).mkdir(parents=True)
         (root / folder / "naming.py").write_text(f"NAME = 'rmsnorm_{folder}'\n")
-        source = EXAMPLE.read_text().replace('TECHNIQUE = Technique(\n    "rmsnorm",',
-                                             'from . import naming\n\nTECHNIQUE = Technique(\n    naming.NAME,')
+        source = EXAMPLE.read_text().replace(
+            'TECHNIQUE = Technique(\n    "rmsnorm",', 'from . import naming\n\nTECHNIQUE = Technique(\n    naming.NAME,'
+        )
         assert "naming.NAME" in source  # the example still reads as this test rewrites it
         (root / folder / "pair.py").write_text(source)
         files[f"rmsnorm_{folder}"] = (root / folder / "pair.py").resolve()
@@ -186,13 +201,16 @@ def test_two_plugin_files_of_one_name_are_two_modules_and_leave_sys_path_alone(t
 
 def test_a_plugin_file_is_found_again_by_its_recorded_source_in_a_fresh_process(tmp_path):
     files = twin_pairs(tmp_path)
-    probe = ("import sys; from gpubench import techniques\n"
-             "for name, source in zip(sys.argv[1::2], sys.argv[2::2]):\n"
-             "    t = techniques.find(name, source)\n"
-             "    print(t.name, t.source, t.build_fn.__module__)\n")
+    probe = (
+        "import sys; from gpubench import techniques\n"
+        "for name, source in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+        "    t = techniques.find(name, source)\n"
+        "    print(t.name, t.source, t.build_fn.__module__)\n"
+    )
     args = [part for name, file in files.items() for part in (name, str(file))]
-    proc = subprocess.run([sys.executable, "-c", probe, *args], cwd=tmp_path.parent, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *args], cwd=tmp_path.parent, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [line.split() for line in proc.stdout.splitlines()]
     assert [(n, s) for n, s, _ in lines] == [(n, str(f)) for n, f in files.items()]

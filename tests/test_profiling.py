@@ -1,6 +1,7 @@
 """Profiles (gpubench.measure.profiling): the profiler's counts agree with what the techniques count
 themselves, traces are written and load, profiling never touches the timed repetitions, NVTX
 ranges name case, variant and repetition, and the report shows the breakdown."""
+
 import gzip
 import json
 import os
@@ -8,14 +9,13 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
+from inprocess import run_in_process
 
-from gpubench.measure import profiling
-from gpubench.run import scenario
-from gpubench.measure import timing
 from gpubench.cli import main
 from gpubench.errors import BadInput
+from gpubench.measure import profiling, timing
 from gpubench.reports import html as html_report
-from inprocess import run_in_process
+from gpubench.run import scenario
 
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 3, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}\n"
 LAYERS = 3
@@ -123,13 +123,16 @@ def test_samples_are_all_taken_before_the_first_profiling_call(toys, write_scena
 
     monkeypatch.setattr(timing.Clock, "time_call", timed)
     monkeypatch.setattr(profiling, "profile_variant", profiled)
-    body = "name: order\nentries:\n  - technique: toy_kernel\n    params: {n: 64}\npolicy: {profile: true, " \
-           "warmup_s: 0, min_reps: 3, max_reps: 3, min_time_s: 0, target_iqr: 1.0, energy_s: 0}\n"
-    doc = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
-                              calibrate=False).doc
+    body = (
+        "name: order\nentries:\n  - technique: toy_kernel\n    params: {n: 64}\npolicy: {profile: true, "
+        "warmup_s: 0, min_reps: 3, max_reps: 3, min_time_s: 0, target_iqr: 1.0, energy_s: 0}\n"
+    )
+    doc = run_in_process(
+        scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs", calibrate=False
+    ).doc
     ran = [v for v in doc["cases"][0]["variants"].values() if v["status"] != "skipped"]
     assert events.count("profile") == len(ran) >= 2
-    assert "timed" not in events[events.index("profile"):]  # no repetition after profiling began
+    assert "timed" not in events[events.index("profile") :]  # no repetition after profiling began
     assert all(len(v["samples_s"]) == 3 and "error" not in v["profile"] for v in ran)
 
 
@@ -139,8 +142,9 @@ def test_a_failing_profile_is_recorded_and_the_case_still_passes(toys, write_sce
 
     monkeypatch.setattr(profiling, "_profile", broken)
     body = "name: broken\nentries:\n  - technique: toy_kernel\n    params: {n: 16}\n    policy: {profile: true}\n"
-    case = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
-                               calibrate=False).doc["cases"][0]
+    case = run_in_process(
+        scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs", calibrate=False
+    ).doc["cases"][0]
     assert case["status"] == "passed"
     assert case["variants"]["optimized"]["profile"] == {"error": "RuntimeError: profiler unavailable"}
 
@@ -151,16 +155,18 @@ def test_nvtx_ranges_name_the_case_each_variant_and_each_repetition(toys, write_
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: (pushed.append(name), depth.append(1)))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: depth.pop())
     body = "name: nvtx\nentries:\n  - technique: toy_kernel\n    params: {n: 16}\n"
-    case = run_in_process(scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs",
-                               calibrate=False).doc["cases"][0]
+    case = run_in_process(
+        scenario.load(write_scenario(body)), torch.device("cpu"), tmp_path / "runs", calibrate=False
+    ).doc["cases"][0]
     cid = case["id"]
     assert pushed[0] == cid and not depth  # every range pushed was popped
     for name, v in case["variants"].items():
         if v["status"] == "skipped":
             continue
         assert f"{cid}/{name}" in pushed
-        assert [f"{name}#{i}" for i in range(len(v["samples_s"]))] == [p for p in pushed if p.startswith(f"{name}#")
-                                                                       and "#w" not in p]
+        assert [f"{name}#{i}" for i in range(len(v["samples_s"]))] == [
+            p for p in pushed if p.startswith(f"{name}#") and "#w" not in p
+        ]
 
 
 def test_nvtx_is_not_touched_on_a_cpu(monkeypatch):
@@ -171,7 +177,9 @@ def test_nvtx_is_not_touched_on_a_cpu(monkeypatch):
 
 def test_profile_policy_keys_are_validated_and_absent_from_the_definition_by_default(toys, write_scenario):
     with pytest.raises(BadInput) as info:
-        scenario.load(write_scenario("name: p\nentries:\n  - technique: toy_kernel\n    policy: {profile: yes please}\n"))
+        scenario.load(
+            write_scenario("name: p\nentries:\n  - technique: toy_kernel\n    policy: {profile: yes please}\n")
+        )
     assert "toy_kernel.policy.profile" in str(info.value) and "true or false" in str(info.value)
     with pytest.raises(BadInput) as info:
         scenario.load(write_scenario("name: p\npolicy: {profile_calls: 0}\nentries:\n  - technique: toy_kernel\n"))
@@ -188,8 +196,9 @@ def test_safe_name_keeps_case_ids_apart_and_short():
 
 
 def test_profile_command_prints_the_breakdown_and_writes_the_traces(toys, tmp_path):
-    result = CliRunner().invoke(main, ["profile", "toy_kernel", "--param", "n=64", "--out", str(tmp_path),
-                                       "--calls", "2"])
+    result = CliRunner().invoke(
+        main, ["profile", "toy_kernel", "--param", "n=64", "--out", str(tmp_path), "--calls", "2"]
+    )
     assert result.exit_code == 0, result.output
     assert "host syncs per call" in result.output and "ops per call" in result.output
     traces = list(tmp_path.glob("*-profile-toy_kernel/profiles/*/*.json.gz"))

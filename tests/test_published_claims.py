@@ -1,5 +1,6 @@
 """The published claims each built-in technique declares (its package's ``claims.py``, or inline)
 and the params they are judged on."""
+
 import importlib
 import pkgutil
 

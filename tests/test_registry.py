@@ -2,6 +2,7 @@
 built-in declares benchmark sizes its params accept and imports without a DeprecationWarning, and
 benchmarks/test_bench_techniques.py times every registered technique (plug-ins too) at each size,
 each variant that runs here, and fails a variant whose output fails the technique's check."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -58,18 +59,30 @@ def test_importing_every_built_in_raises_no_deprecation_warning():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = [str(ROOT / folder) for folder in ("suite", "baselines", "optimizations", "reports")]
-    found = [text for filename, text in json.loads(proc.stdout.strip().splitlines()[-1])
-             if any(filename.startswith(folder) for folder in ours)]
+    found = [
+        text
+        for filename, text in json.loads(proc.stdout.strip().splitlines()[-1])
+        if any(filename.startswith(folder) for folder in ours)
+    ]
     assert found == []
 
 
 def test_the_generic_benchmark_suite_collects_every_built_in_at_each_declared_size_and_variant():
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(SUITE), "--collect-only", "-q",
-                           "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(SUITE), "--collect-only", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     collected = {line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line}
-    expected = {f"test_technique[{name}-{bench.name}-{variant}]"
-                for name, tech in built_ins().items() for bench in tech.benchmarks for variant in tech.variants}
+    expected = {
+        f"test_technique[{name}-{bench.name}-{variant}]"
+        for name, tech in built_ins().items()
+        for bench in tech.benchmarks
+        for variant in tech.variants
+    }
     assert expected - collected == set()
 
 
@@ -77,8 +90,13 @@ def test_the_generic_benchmark_suite_collects_every_built_in_at_each_declared_si
 def toy(name: str, *, wrong: bool = False, benchmarks=(Bench("n-64", {"n": 64}),), train: bool = False) -> Technique:
     """A pair summing a vector; ``wrong``: the optimized side is off by one; ``train``: a
     training step whose state must be restored before each call (it counts resets and calls)."""
-    t = Technique(name, summary="sum", shape="training_step" if train else "kernel",
-                  params=[Param("n", int, 1 << 20, min=1)], benchmarks=benchmarks)
+    t = Technique(
+        name,
+        summary="sum",
+        shape="training_step" if train else "kernel",
+        params=[Param("n", int, 1 << 20, min=1)],
+        benchmarks=benchmarks,
+    )
     state = {"resets": 0, "calls": 0, "since_reset": 0}
 
     @t.build
@@ -86,6 +104,7 @@ def toy(name: str, *, wrong: bool = False, benchmarks=(Bench("n-64", {"n": 64}),
         def reset():
             state["resets"] += 1
             state["since_reset"] = 0
+
         x = torch.randn(params["n"], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         return Workload(params, device, seed, {"x": x, "state": state}, reset=reset if train else None)
 
@@ -165,8 +184,13 @@ def test_the_workload_is_built_once_per_size_for_all_its_variants():
     assert built == [64]
 
 
-@pytest.mark.parametrize("variant,why", [("kernel", "kernel cannot run on cpu: needs CUDA"),
-                                         ("interpreted", "interpreted is checked, never timed, on cpu")])
+@pytest.mark.parametrize(
+    "variant,why",
+    [
+        ("kernel", "kernel cannot run on cpu: needs CUDA"),
+        ("interpreted", "interpreted is checked, never timed, on cpu"),
+    ],
+)
 def test_a_variant_that_cannot_run_or_is_only_checked_here_is_skipped_with_its_reason(variant, why):
     bench = FakeBenchmark()
     with pytest.raises(pytest.skip.Exception, match=why):

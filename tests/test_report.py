@@ -3,6 +3,7 @@ technique, every figure path, about 10 s) and from hand-made results (a failed c
 telemetry with throttling, hostile text, a 200-case sweep): what they contain, that every figure
 holds data, that results text is escaped, that each technique is read by its own headline figure,
 that a large sweep reads as a surface, and the `report` command's exit codes."""
+
 import copy
 import dataclasses
 import json
@@ -12,18 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import report_runs
 from click.testing import CliRunner
 from markupsafe import escape
 
-from gpubench.records.results import CaseRecord, RunRecord, elapsed_text, role_variant
 from gpubench import techniques
 from gpubench.cli import main
 from gpubench.contract import Headline, Technique
+from gpubench.measure.telemetry import SAMPLE_COLUMNS
+from gpubench.records.results import CaseRecord, RunRecord, elapsed_text, role_variant
 from gpubench.reports import figures, html, markdown, phases, plots, sweep
 from gpubench.reports.terminal import format_speedup
-from gpubench.measure.telemetry import SAMPLE_COLUMNS
-
-import report_runs
 
 FIGURE = re.compile(r"<figure>\s*<figcaption>(.*?)</figcaption>(.*?)</figure>", re.S)
 DATA = re.compile(r'<g id="data-\d+">\s*<(path|use|g|defs)\b')
@@ -59,8 +59,12 @@ def with_only(doc: dict, *technique_names: str) -> dict:
     kept["cases"] = [c for c in kept["cases"] if c["technique"] in technique_names]
     assert kept["cases"], technique_names
     failed = sum(c["status"] == "failed" for c in kept["cases"])
-    kept["summary"] = {**kept["summary"], "cases": len(kept["cases"]), "passed": len(kept["cases"]) - failed,
-                       "failed": failed}
+    kept["summary"] = {
+        **kept["summary"],
+        "cases": len(kept["cases"]),
+        "passed": len(kept["cases"]) - failed,
+        "failed": failed,
+    }
     return kept
 
 
@@ -85,8 +89,14 @@ def figures_of(page: str) -> dict[str, list[str]]:
 
 
 # What an empty figure frame used to say: the report now leaves such a figure out.
-EMPTY_FRAME = ("no data for this figure", "no % of peak", "no speedup to show", "no timing samples", "no surface",
-               "no case has timings in both runs")
+EMPTY_FRAME = (
+    "no data for this figure",
+    "no % of peak",
+    "no speedup to show",
+    "no timing samples",
+    "no surface",
+    "no case has timings in both runs",
+)
 
 
 def assert_no_empty_axes(page: str) -> None:
@@ -170,8 +180,9 @@ def test_every_description_is_shown_whole(real_report):
         items = re.findall(r"<li>(baseline|optimized|peer) <code>(\w+)</code>: (.*?)</li>", section)
         assert [role for role, _, _ in items[:2]] == ["baseline", "optimized"]
         for _role, variant, shown in items:
-            recorded = next(c["variants"][variant] for c in doc["cases"]
-                            if c["technique"] == name and variant in c["variants"])
+            recorded = next(
+                c["variants"][variant] for c in doc["cases"] if c["technique"] == name and variant in c["variants"]
+            )
             assert shown == escape(recorded["description"]) and recorded["description"], (name, variant)
 
 
@@ -187,7 +198,8 @@ def test_a_variant_is_described_by_the_whole_first_paragraph_of_its_docstring():
 
     assert tech.variants["eager"].description == (
         "Materialize the scores, then a float32 softmax and a matmul with V, as the eager path of "
-        "Hugging Face does it (the first paragraph wraps over two lines).")
+        "Hugging Face does it (the first paragraph wraps over two lines)."
+    )
     with pytest.raises(TypeError, match="headline_figures"):
         Technique("bad", summary="s", shape="kernel", params=[], headline_figures=("utilization",))
 
@@ -210,13 +222,20 @@ def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(re
     assert set(head["not_by_time"]) == {"kv_cache", "continuous_batching", "paged_kv_serving"}
     lines = {t["name"]: t["text"] for t in head["techniques"]}
     assert list(lines) == list(dict.fromkeys(c["technique"] for c in doc["cases"]))
-    utilization = [100 * c["variants"][role_variant(c, role)]["metrics"]["utilization"]
-                   for c in doc["cases"] if c["technique"] == "kv_cache" for role in ("baseline", "optimized")]
+    utilization = [
+        100 * c["variants"][role_variant(c, role)]["metrics"]["utilization"]
+        for c in doc["cases"]
+        if c["technique"] == "kv_cache"
+        for role in ("baseline", "optimized")
+    ]
     assert lines["kv_cache"].startswith(f"KV utilization {min(utilization[0::2]):.0f}%")
     assert lines["kv_cache"].split(" -> ")[1].startswith(f"{min(utilization[1::2]):.0f}%")
     assert "speedup" not in lines["kv_cache"] and "0.01x" not in lines["kv_cache"]
     assert lines["continuous_batching"].startswith("output tokens/s ")
-    assert lines["paged_kv_serving"].startswith("max concurrent requests ") and "output tokens/s" in lines["paged_kv_serving"]
+    assert (
+        lines["paged_kv_serving"].startswith("max concurrent requests ")
+        and "output tokens/s" in lines["paged_kv_serving"]
+    )
     assert lines["flash_attention"].startswith("speedup ") and "to 50.00x over 4 cases" in lines["flash_attention"]
     shown = {t["name"]: t["text"] for t in html.headline(real)["techniques"]}
     assert shown.keys() == lines.keys() and shown["kv_cache"] == lines["kv_cache"]  # the edits were speedups only
@@ -227,9 +246,15 @@ def test_each_technique_is_read_by_its_own_figure_and_best_worst_only_by_time(re
 
 
 def _metric_case(before: float, after: float, status: str = "passed", key: str = "utilization") -> CaseRecord:
-    return CaseRecord.from_dict({"status": status,
-                                 "variants": {"contiguous": {"role": "baseline", "metrics": {key: before}},
-                                              "paged": {"role": "optimized", "metrics": {key: after}}}})
+    return CaseRecord.from_dict(
+        {
+            "status": status,
+            "variants": {
+                "contiguous": {"role": "baseline", "metrics": {key: before}},
+                "paged": {"role": "optimized", "metrics": {key: after}},
+            },
+        }
+    )
 
 
 def test_a_technique_line_gives_its_figure_baseline_to_optimized():
@@ -238,7 +263,10 @@ def test_a_technique_line_gives_its_figure_baseline_to_optimized():
     several = [_metric_case(0.42, 0.98), _metric_case(0.75, 0.96), _metric_case(0.9, 0.1, status="failed")]
     assert sweep.technique_line(several, utilization) == "KV utilization 42%–75% -> 96%–98% (better in 2 of 2 cases)"
     ttft = (Headline("ttft_ms", "median TTFT (ms)", higher_is_better=False),)
-    assert sweep.technique_line([_metric_case(40.0, 20.0, key="ttft_ms")], ttft) == "median TTFT (ms) 40 -> 20 (2.00x better)"
+    assert (
+        sweep.technique_line([_metric_case(40.0, 20.0, key="ttft_ms")], ttft)
+        == "median TTFT (ms) 40 -> 20 (2.00x better)"
+    )
     assert sweep.technique_line([_metric_case(2000.0, 2500.0, key="ttft_ms")], ttft).endswith("(1.25x worse)")
     assert sweep.technique_line([_metric_case(0.4, 0.9)], ttft) == "median TTFT (ms): not recorded"
 
@@ -306,8 +334,11 @@ def test_results_text_is_escaped_everywhere(real_dir, tmp_path):
     doc["scenario"]["description"] = "<script>alert(1)</script>"
     doc["scenario"]["name"] = "<img src=x onerror=alert(2)>"
     case = copy.deepcopy(doc["cases"][-1])
-    case.update(technique="<i>gone</i>", id="<i>gone</i>[p=<script>alert(3)</script>]",
-                params={"p": "<script>alert(3)</script>", "q": "$x^2$ | 50%"})
+    case.update(
+        technique="<i>gone</i>",
+        id="<i>gone</i>[p=<script>alert(3)</script>]",
+        params={"p": "<script>alert(3)</script>", "q": "$x^2$ | 50%"},
+    )
     doc["cases"].append(case)
     page = html.write_report(make_run(tmp_path / "run", doc)).html.read_text()
     assert "<script" not in page and "<img" not in page and "<i>gone" not in page
@@ -322,11 +353,23 @@ def _telemetry_rows(doc: dict, throttle_every: int) -> list[dict]:
     rows, t = [], 0.0
     for case in doc["cases"]:
         for k in range(8):
-            rows.append({"t_s": t, "case": case["id"], "variant": "optimized", "power_w": 300 + k,
-                         "energy_mj": 1000 * t, "sm_clock_mhz": 1980 - 10 * k, "mem_clock_mhz": 2619,
-                         "temp_c": 60 + k, "util_gpu_pct": 99, "util_mem_pct": 40, "mem_used_mb": 5000 + k,
-                         "throttle_mask": 0x20 if k % throttle_every == 0 else 0,
-                         "throttle_reasons": "sw_thermal_slowdown" if k % throttle_every == 0 else ""})
+            rows.append(
+                {
+                    "t_s": t,
+                    "case": case["id"],
+                    "variant": "optimized",
+                    "power_w": 300 + k,
+                    "energy_mj": 1000 * t,
+                    "sm_clock_mhz": 1980 - 10 * k,
+                    "mem_clock_mhz": 2619,
+                    "temp_c": 60 + k,
+                    "util_gpu_pct": 99,
+                    "util_mem_pct": 40,
+                    "mem_used_mb": 5000 + k,
+                    "throttle_mask": 0x20 if k % throttle_every == 0 else 0,
+                    "throttle_reasons": "sw_thermal_slowdown" if k % throttle_every == 0 else "",
+                }
+            )
             t += 0.05
     return rows
 
@@ -338,9 +381,16 @@ def test_telemetry_is_plotted_and_a_throttled_run_is_flagged_at_the_top(real_dir
     doc = with_only(doc, doc["cases"][0]["technique"])
     doc["cases"] = doc["cases"][:3]
     assert len(doc["cases"]) == 3
-    doc["telemetry"] = {"status": "ok", "reason": None, "interval_s": 0.05, "n_samples": 8 * len(doc["cases"]),
-                        "throttled": True, "throttled_fraction": 0.25, "throttle_reasons": ["sw_thermal_slowdown"],
-                        "benign_reasons": ["gpu_idle"]}
+    doc["telemetry"] = {
+        "status": "ok",
+        "reason": None,
+        "interval_s": 0.05,
+        "n_samples": 8 * len(doc["cases"]),
+        "throttled": True,
+        "throttled_fraction": 0.25,
+        "throttle_reasons": ["sw_thermal_slowdown"],
+        "benign_reasons": ["gpu_idle"],
+    }
     doc["cases"][2]["telemetry"] = {"throttled": True, "throttle_reasons": ["sw_thermal_slowdown"]}
     page = html.render(html.load_run(make_run(tmp_path / "run", doc, _telemetry_rows(doc, 4))))
     header = page.split("<nav>")[0]
@@ -371,10 +421,26 @@ def test_a_technique_adds_its_own_figures_and_a_failing_hook_costs_only_its_figu
         fig.add_subplot().bar([1, 2], [len(cases), 1])
         return [("toy figure from its hook", fig)]
 
-    doc = {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "status": "complete", "device": "cpu",
-           "scenario": {"name": "toy", "entries": []}, "cases": [], "summary": {}}
-    doc["cases"] = [{"id": "toy_kernel[n=1]", "technique": "toy_kernel", "params": {"n": 1}, "status": "passed",
-                     "variants": {}, "speedups": {}}]
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": 1,
+        "run_id": "r",
+        "status": "complete",
+        "device": "cpu",
+        "scenario": {"name": "toy", "entries": []},
+        "cases": [],
+        "summary": {},
+    }
+    doc["cases"] = [
+        {
+            "id": "toy_kernel[n=1]",
+            "technique": "toy_kernel",
+            "params": {"n": 1},
+            "status": "passed",
+            "variants": {},
+            "speedups": {},
+        }
+    ]
     run = html.load_run(make_run(tmp_path / "run", doc), techniques)
     monkeypatch.setattr(toys.KERNEL, "figures_fn", own)
     page = html.render(run)
@@ -389,16 +455,34 @@ def test_declared_plots_are_drawn_from_results_and_a_failing_one_costs_only_itse
     from gpubench.contract import Plot
 
     def case(n):
-        return {"id": f"toy_kernel[n={n}]", "technique": "toy_kernel", "params": {"n": n, "mode": "ok"},
-                "status": "passed", "speedups": {},
-                "variants": {"baseline": {"role": "baseline", "metrics": {"gbps": n / 10}},
-                             "optimized": {"role": "optimized", "metrics": {"gbps": n / 5}}}}
+        return {
+            "id": f"toy_kernel[n={n}]",
+            "technique": "toy_kernel",
+            "params": {"n": n, "mode": "ok"},
+            "status": "passed",
+            "speedups": {},
+            "variants": {
+                "baseline": {"role": "baseline", "metrics": {"gbps": n / 10}},
+                "optimized": {"role": "optimized", "metrics": {"gbps": n / 5}},
+            },
+        }
 
-    doc = {"kind": "gpubench.results", "schema_version": 2, "run_id": "r", "status": "complete", "device": "cpu",
-           "scenario": {"name": "toy", "entries": []}, "cases": [case(8), case(64)], "summary": {}}
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": 2,
+        "run_id": "r",
+        "status": "complete",
+        "device": "cpu",
+        "scenario": {"name": "toy", "entries": []},
+        "cases": [case(8), case(64)],
+        "summary": {},
+    }
     run = html.load_run(make_run(tmp_path / "run", doc), techniques)
-    monkeypatch.setattr(toys.KERNEL, "plots", [Plot("GB/s against n", y="gbps", x="n", ylabel="GB/s"),
-                                               Plot("nothing recorded", y="absent", x="n")])
+    monkeypatch.setattr(
+        toys.KERNEL,
+        "plots",
+        [Plot("GB/s against n", y="gbps", x="n", ylabel="GB/s"), Plot("nothing recorded", y="absent", x="n")],
+    )
     page = html.render(run)
     assert DATA.search(figures_of(page)["GB/s against n"][0])
     assert "nothing recorded" not in page  # a declared plot with no data in the run is left out, frame and title
@@ -421,11 +505,33 @@ def test_figure_builders_return_none_without_data():
 
 
 def test_summary_md_stays_under_60_kb_and_escapes_cells():
-    row = {"number": 1, "technique": "t", "params": "p=" + "x" * 300, "baseline": "1 ms", "optimized": "1 ms",
-           "speedup": "1.00x", "headline": "", "check": "pass", "memory": "-", "energy": "-", "status": "passed",
-           "failed": False, "reason": ""}
-    head = {"scenario": "a|b", "device": "cpu", "date": "d", "run_id": "r", "cases": 2000, "passed": 2000,
-            "failed": 0, "best": "-", "worst": "-", "warnings": []}
+    row = {
+        "number": 1,
+        "technique": "t",
+        "params": "p=" + "x" * 300,
+        "baseline": "1 ms",
+        "optimized": "1 ms",
+        "speedup": "1.00x",
+        "headline": "",
+        "check": "pass",
+        "memory": "-",
+        "energy": "-",
+        "status": "passed",
+        "failed": False,
+        "reason": "",
+    }
+    head = {
+        "scenario": "a|b",
+        "device": "cpu",
+        "date": "d",
+        "run_id": "r",
+        "cases": 2000,
+        "passed": 2000,
+        "failed": 0,
+        "best": "-",
+        "worst": "-",
+        "warnings": [],
+    }
     md = markdown.render_summary(head, [dict(row, number=i) for i in range(2000)])
     assert len(md.encode()) < 60_000
     assert "more cases left out to keep this summary under 60 KB" in md and "a\\|b" in md
@@ -448,8 +554,11 @@ def test_the_sweep_surface_has_one_cell_per_case_at_its_params():
     assert int(grid.mask.sum()) == 1 and grid.count() == 199
     for case in cases[::17]:
         ratio = case["speedups"].get("torch_tiled", {}).get("ratio")
-        row = next(i for i, label in enumerate(rows)
-                   if all(f"{k}=" in label and html.case_params(case, {k}) in label for k in ("causal", "dtype", "kv_heads")))
+        row = next(
+            i
+            for i, label in enumerate(rows)
+            if all(f"{k}=" in label and html.case_params(case, {k}) in label for k in ("causal", "dtype", "kv_heads"))
+        )
         col = report_runs.SWEEP_LENGTHS.index(case["params"]["seq_len"])
         if ratio is None:
             assert grid.mask[row, col]
@@ -486,7 +595,7 @@ def test_a_200_case_sweep_reads_as_a_surface_with_best_and_worst_first(tmp_path)
 
 def test_a_sweep_at_the_threshold_keeps_its_rows_and_figures_in_view(tmp_path):
     doc = report_runs.sweep_doc()
-    doc["cases"] = doc["cases"][:sweep.LARGE]
+    doc["cases"] = doc["cases"][: sweep.LARGE]
     page = html.render(html.load_run(report_runs.write_run(tmp_path / "run", doc)))
     assert '<details class="per-case">' not in page and "a sweep:" not in page
     assert "time per call, raw samples" in page.split("<details>")[0]
@@ -550,9 +659,11 @@ def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_sc
     """`run` writes the report of the run it made; a report that fails costs a warning, never the
     run. In this process (--isolation none): the supervisor writes the report whatever the isolation."""
     path = write_scenario("name: ok\nentries:\n  - technique: toy_kernel\n")
-    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "a"), "--no-calibrate",
-                                      "--isolation", "none"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["run", "--scenario", str(path), "--out", str(tmp_path / "a"), "--no-calibrate", "--isolation", "none"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     report_line = result.output.strip().splitlines()[-1]
     assert report_line.startswith("report: ") and report_line.endswith("report.html (+ summary.md)")
@@ -562,9 +673,11 @@ def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_sc
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(html, "write_report", broken)
-    result = CliRunner().invoke(main, ["run", "--scenario", str(path), "--out", str(tmp_path / "b"), "--no-calibrate",
-                                      "--isolation", "none"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["run", "--scenario", str(path), "--out", str(tmp_path / "b"), "--no-calibrate", "--isolation", "none"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "warning: the report could not be written (RuntimeError: disk on fire)" in result.output
     run_dir = next((tmp_path / "b").iterdir())
@@ -572,19 +685,41 @@ def test_run_writes_the_report_and_a_report_failure_keeps_the_run(toys, write_sc
 
 
 # -- where the wall time went (phases_s) ------------------------------------------------------------
-PHASED = {"build": 1.0, "check": 0.5, "warmup": 0.2, "timing": 3.0, "metrics": 0.1, "energy": 0.4, "profile": 0.0,
-          "stats": 0.05, "timed": 2.5, "other": 0.25}
+PHASED = {
+    "build": 1.0,
+    "check": 0.5,
+    "warmup": 0.2,
+    "timing": 3.0,
+    "metrics": 0.1,
+    "energy": 0.4,
+    "profile": 0.0,
+    "stats": 0.05,
+    "timed": 2.5,
+    "other": 0.25,
+}
 
 
 def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
     found = phases.breakdown(CaseRecord.from_dict({"elapsed_s": 5.5, "phases_s": PHASED}))
     parts = dict(found.parts)
-    assert [k for k, _ in found.parts] == ["build", "check", "warmup", "timed", "loop", "metrics", "energy",
-                                           "profile", "stats", "other"]  # "timing" split into timed + the loop
+    assert [k for k, _ in found.parts] == [
+        "build",
+        "check",
+        "warmup",
+        "timed",
+        "loop",
+        "metrics",
+        "energy",
+        "profile",
+        "stats",
+        "other",
+    ]  # "timing" split into timed + the loop
     assert (parts["timed"], parts["loop"], found.timed_s) == (2.5, 0.5, 2.5)
     assert sum(parts.values()) == pytest.approx(found.elapsed_s) == pytest.approx(5.5)
     text = phases.breakdown_text(found)
-    assert text.startswith("5.5 s: build 1.0 s, check 500 ms,") and "timed calls 2.5 s (45%), timing loop 500 ms" in text
+    assert (
+        text.startswith("5.5 s: build 1.0 s, check 500 ms,") and "timed calls 2.5 s (45%), timing loop 500 ms" in text
+    )
     assert "profile" not in text  # a phase that took no time is not listed
     # "other" left out of the record: what the phases leave of elapsed_s; a phase the report does not
     # know by name: shown under its own
@@ -598,13 +733,21 @@ def test_a_case_s_wall_time_breaks_down_into_parts_that_add_up_to_it():
 def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their_wall_time():
     from gpubench.records.results import TimeUse
 
-    cases = [{"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
-             {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
-             {"elapsed_s": 90.0}]  # no phases recorded: not counted on either side
-    assert phases.run_text(RunRecord.from_dict({"cases": cases})) == "timed calls were 40% of the cases' wall time (4.0 s of 10.0 s)"
-    use = TimeUse(wall_s=20.0, workers=1, cases_s=10.0, phases_s={"timing": 5.5, "timed": 4.0, "other": 5.5},
-                  timed_share=0.2)
-    assert phases.run_text(RunRecord.from_dict({"cases": cases, "time_use": dataclasses.asdict(use)})) == use.text()  # as `run` printed it
+    cases = [
+        {"elapsed_s": 4.0, "phases_s": {"timing": 2.0, "timed": 1.0, "other": 3.0}},
+        {"elapsed_s": 6.0, "phases_s": {"timing": 3.5, "timed": 3.0, "other": 2.5}},
+        {"elapsed_s": 90.0},
+    ]  # no phases recorded: not counted on either side
+    assert (
+        phases.run_text(RunRecord.from_dict({"cases": cases}))
+        == "timed calls were 40% of the cases' wall time (4.0 s of 10.0 s)"
+    )
+    use = TimeUse(
+        wall_s=20.0, workers=1, cases_s=10.0, phases_s={"timing": 5.5, "timed": 4.0, "other": 5.5}, timed_share=0.2
+    )
+    assert (
+        phases.run_text(RunRecord.from_dict({"cases": cases, "time_use": dataclasses.asdict(use)})) == use.text()
+    )  # as `run` printed it
     assert phases.run_text(RunRecord.from_dict({"cases": [{"elapsed_s": 1.0}]})) is None
     assert phases.run_text(RunRecord.from_dict({})) is None
 
@@ -613,8 +756,9 @@ def test_the_run_s_share_is_its_closing_line_or_the_cases_timed_calls_over_their
 def h200_shaped(real_dir, tmp_path_factory) -> tuple[dict, str, str]:
     """report_runs.h200_shaped_doc's report and summary.md."""
     doc = report_runs.h200_shaped_doc(real_dir)
-    written = html.write_report(report_runs.write_run(tmp_path_factory.mktemp("h200") / "run", doc),
-                                registry=techniques)
+    written = html.write_report(
+        report_runs.write_run(tmp_path_factory.mktemp("h200") / "run", doc), registry=techniques
+    )
     return doc, written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
 
 
@@ -623,8 +767,10 @@ def test_the_report_says_where_the_wall_time_went_and_an_older_run_says_nothing_
     doc, page, md = h200_shaped
     timed = sum(c["phases_s"]["timed"] for c in doc["cases"])
     wall = sum(c["elapsed_s"] for c in doc["cases"])
-    line = (f"timed calls were {phases.percent(timed / wall)} of the cases' wall time "
-            f"({elapsed_text(timed)} of {elapsed_text(wall)})")
+    line = (
+        f"timed calls were {phases.percent(timed / wall)} of the cases' wall time "
+        f"({elapsed_text(timed)} of {elapsed_text(wall)})"
+    )
     assert f'<dd id="timed-share">{escape(line)};' in page and f"{line[0].upper()}{line[1:]}." in md
     for name in {c["technique"] for c in doc["cases"]}:
         section = page.split(f'<section id="tech-{name}"')[1].split("</section>")[0]
@@ -690,19 +836,36 @@ def _timed_case(index: int, ratio: float, n: int) -> dict[str, Any]:
     from gpubench.records import stats
 
     base, opt = [0.01 * (1 + 0.01 * i) for i in range(n)], [0.01 / ratio * (1 + 0.01 * i) for i in range(n)]
-    return {"id": f"pair[i={index}]", "technique": "pair", "params": {"i": index}, "seed": 0,
-            "policy": {"min_reps": n}, "status": "passed",
-            "variants": {"slow": {"role": "baseline", "status": "ok", "samples_s": base,
-                                  "stats": stats.summarize(base).to_dict()},
-                         "fast": {"role": "optimized", "status": "ok", "samples_s": opt,
-                                  "stats": stats.summarize(opt).to_dict()}},
-            "speedups": {"fast": stats.bootstrap_ratio_ci(base, opt).to_dict()}}
+    return {
+        "id": f"pair[i={index}]",
+        "technique": "pair",
+        "params": {"i": index},
+        "seed": 0,
+        "policy": {"min_reps": n},
+        "status": "passed",
+        "variants": {
+            "slow": {"role": "baseline", "status": "ok", "samples_s": base, "stats": stats.summarize(base).to_dict()},
+            "fast": {"role": "optimized", "status": "ok", "samples_s": opt, "stats": stats.summarize(opt).to_dict()},
+        },
+        "speedups": {"fast": stats.bootstrap_ratio_ci(base, opt).to_dict()},
+    }
 
 
 def _timed_run(cases: list[dict[str, Any]], repeat_scale: float = 1.0) -> RunRecord:
-    return RunRecord.from_dict({"kind": "gpubench.results", "schema_version": 3, "run_id": "r", "device": "cpu",
-                                "device_label": "CPU", "status": "complete", "repeat_scale": repeat_scale,
-                                "scenario": {"name": "s"}, "env": {}, "cases": cases})
+    return RunRecord.from_dict(
+        {
+            "kind": "gpubench.results",
+            "schema_version": 3,
+            "run_id": "r",
+            "device": "cpu",
+            "device_label": "CPU",
+            "status": "complete",
+            "repeat_scale": repeat_scale,
+            "scenario": {"name": "s"},
+            "env": {},
+            "cases": cases,
+        }
+    )
 
 
 def test_a_speedup_from_one_sample_prints_its_count_and_no_interval():
@@ -723,7 +886,9 @@ def test_the_headline_counts_a_case_of_too_few_samples_apart_never_as_best_or_wo
     assert head["best"].startswith("1.60x") and head["too_few_samples"].startswith("1 case too few samples")
     assert "(not counted: 1 case too few samples (n=1, below 5); no CI)" in "\n".join(markdown._headline(head))
     every = _timed_run([_timed_case(i, 1.5 + i, 2) for i in range(3)])
-    assert sweep.technique_line(every.cases, ()) == "speedup 1.50x to 3.50x, no CI: 3 cases too few samples (n=2, below 5)"
+    assert (
+        sweep.technique_line(every.cases, ()) == "speedup 1.50x to 3.50x, no CI: 3 cases too few samples (n=2, below 5)"
+    )
     assert html.headline(every)["best"] == "-"  # no best without a CI
 
 
@@ -767,17 +932,29 @@ def test_an_under_sampled_variant_is_named_with_its_reason():
 # -- a page read in a minute (issue 35) ----------------------------------------------------------------
 def test_a_wall_time_reads_as_a_duration_never_in_exponent_notation():
     assert [elapsed_text(s) for s in (0.35, 4.19, 59.9, 2312.0, 3725.0, 90000.0)] == [
-        "350 ms", "4.2 s", "59.9 s", "38 min 32 s", "1 h 2 min", "1 day 1 h"]
+        "350 ms",
+        "4.2 s",
+        "59.9 s",
+        "38 min 32 s",
+        "1 h 2 min",
+        "1 day 1 h",
+    ]
     from gpubench.records.results import TimeUse
 
-    line = TimeUse(wall_s=2312.0, workers=1, cases_s=2300.0, phases_s={"timed": 1200.0, "build": 70.0},
-                   timed_share=0.52).text()
-    assert line == ("timed calls were 52% of wall time (20 min of 38 min 32 s; the cases took 38 min 20 s: "
-                    "build 1 min 10 s)") and "e+" not in line
+    line = TimeUse(
+        wall_s=2312.0, workers=1, cases_s=2300.0, phases_s={"timed": 1200.0, "build": 70.0}, timed_share=0.52
+    ).text()
+    assert (
+        line
+        == ("timed calls were 52% of wall time (20 min of 38 min 32 s; the cases took 38 min 20 s: build 1 min 10 s)")
+        and "e+" not in line
+    )
 
 
 @REAL_RUN
-def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_time_as_far_as_known(real_dir, tmp_path):
+def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_time_as_far_as_known(
+    real_dir, tmp_path
+):
     """After kill -9 a run directory holds results.json as the run began it ("running", no finish
     time, no cases) and cases.jsonl with the cases that finished: the counts say "8 of 13 planned
     not run" (red, beside passed and failed), and so does summary.md; the wall time is what is
@@ -787,17 +964,28 @@ def test_a_killed_run_says_how_many_planned_cases_never_ran_in_red_and_its_wall_
     cases = doc.pop("cases")[:5]
     for number, case in enumerate(cases):  # the last one ends 38 min 32 s after the run's start
         case.update(started_at=f"2026-01-01T10:{10 * number:02d}:00+00:00", elapsed_s=92.0 if number == 4 else 5.0)
-    doc.update(cases=[], status="running", planned_cases=13, not_run=[], started_at="2026-01-01T10:00:00+00:00",
-               finished_at=None)
+    doc.update(
+        cases=[],
+        status="running",
+        planned_cases=13,
+        not_run=[],
+        started_at="2026-01-01T10:00:00+00:00",
+        finished_at=None,
+    )
     doc.pop("summary", None)
     run_dir = report_runs.write_run(tmp_path / "killed", doc)
     (run_dir / "cases.jsonl").write_text("".join(json.dumps({"index": i, **c}) + "\n" for i, c in enumerate(cases)))
     written = html.write_report(run_dir, read_history=False)
     page, md = written.html.read_text(encoding="utf-8"), written.markdown.read_text(encoding="utf-8")
     counts = page.split('<dd id="counts">')[1].split("</dd>")[0]
-    assert ('<span class="fail" id="not-started">8 of 13 planned not run (the run never finished: killed, or '
-            'still going)</span>') in counts
-    assert "**5 cases: 5 passed, 0 failed, 8 of 13 planned not run (the run never finished: killed, or still going)**" in md
+    assert (
+        '<span class="fail" id="not-started">8 of 13 planned not run (the run never finished: killed, or '
+        'still going)</span>'
+    ) in counts
+    assert (
+        "**5 cases: 5 passed, 0 failed, 8 of 13 planned not run (the run never finished: killed, or still going)**"
+        in md
+    )
     assert "(wall time at least 41 min 32 s, to its last case recorded)" in page
     assert "(wall time -)" not in page
     for planned in (5, None):  # all it planned ran; an older record without a plan
@@ -812,14 +1000,38 @@ def test_a_run_with_no_finish_time_reads_its_wall_time_from_its_last_case_or_say
     read as UTC); with no case, or no start, it is unknown: never a guess, never "-"."""
     from gpubench.records.results import RunRecord
 
-    run = RunRecord.from_dict({"run_id": "r", "device": "cpu", "device_label": "cpu", "scenario": {}, "env": {},
-                               "status": "running", "started_at": "2026-01-01T10:00:00+00:00", "cases": [
-                                   {"id": "t a=1", "technique": "t", "status": "passed",
-                                    "started_at": "2026-01-01T10:00:50", "elapsed_s": 20.0},
-                                   {"id": "t a=2", "technique": "t", "status": "passed",
-                                    "started_at": "2026-01-01T10:00:30+00:00", "elapsed_s": 4.0}]})
+    run = RunRecord.from_dict(
+        {
+            "run_id": "r",
+            "device": "cpu",
+            "device_label": "cpu",
+            "scenario": {},
+            "env": {},
+            "status": "running",
+            "started_at": "2026-01-01T10:00:00+00:00",
+            "cases": [
+                {
+                    "id": "t a=1",
+                    "technique": "t",
+                    "status": "passed",
+                    "started_at": "2026-01-01T10:00:50",
+                    "elapsed_s": 20.0,
+                },
+                {
+                    "id": "t a=2",
+                    "technique": "t",
+                    "status": "passed",
+                    "started_at": "2026-01-01T10:00:30+00:00",
+                    "elapsed_s": 4.0,
+                },
+            ],
+        }
+    )
     assert run.wall_time_text() == "at least 1 min 10 s, to its last case recorded"
-    assert RunRecord.from_dict({**run.to_dict(), "cases": []}).wall_time_text() == "unknown (no finish time, no case recorded)"
+    assert (
+        RunRecord.from_dict({**run.to_dict(), "cases": []}).wall_time_text()
+        == "unknown (no finish time, no case recorded)"
+    )
     assert RunRecord.from_dict({**run.to_dict(), "started_at": ""}).wall_time_text() == "unknown (no finish time)"
     done = RunRecord.from_dict({**run.to_dict(), "status": "complete", "finished_at": "2026-01-01T10:00:04.2+00:00"})
     assert done.wall_time_text() == "4.2 s"
@@ -845,11 +1057,33 @@ def test_an_arrow_in_a_headline_never_breaks_between_its_two_characters():
 
 
 def test_summary_md_leaves_out_a_headline_column_no_case_fills():
-    row = {"number": 1, "technique": "t", "params": "n=1", "baseline": "a 1 ms", "optimized": "b 1 ms",
-           "speedup": "1.00x", "headline": "", "why": "", "check": "pass", "memory": "-", "energy": "-",
-           "failed": False, "status": "passed", "reason": ""}
-    head = {"scenario": "s", "device": "d", "date": "-", "run_id": "r", "cases": 1, "passed": 1, "failed": 0,
-            "best": "-", "worst": "-"}
+    row = {
+        "number": 1,
+        "technique": "t",
+        "params": "n=1",
+        "baseline": "a 1 ms",
+        "optimized": "b 1 ms",
+        "speedup": "1.00x",
+        "headline": "",
+        "why": "",
+        "check": "pass",
+        "memory": "-",
+        "energy": "-",
+        "failed": False,
+        "status": "passed",
+        "reason": "",
+    }
+    head = {
+        "scenario": "s",
+        "device": "d",
+        "date": "-",
+        "run_id": "r",
+        "cases": 1,
+        "passed": 1,
+        "failed": 0,
+        "best": "-",
+        "worst": "-",
+    }
     assert "| headline |" not in markdown.render_summary(head, [row])
     assert "| headline |" in markdown.render_summary(head, [{**row, "headline": "kv 1 -> 2"}])
 

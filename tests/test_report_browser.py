@@ -5,6 +5,7 @@ decodes and has a size; no figure's text leaves its SVG box; nothing is wider th
 every collapsed section closed and opened; the summary comes before the claims and every column of
 the summary table is in view; no empty figure frame; no mathtext reaches the page; a screenshot is
 saved under the test's temporary directory (GPUBENCH_KEEP_SCREENSHOT=path keeps a copy)."""
+
 import html
 import json
 import os
@@ -14,10 +15,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 import report_runs
-from gpubench.reports import html as report_html
 from test_report import EMPTY_FRAME
+
+from gpubench.reports import html as report_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 WIDTH = 1300
@@ -93,9 +94,20 @@ FOUND = re.compile(r'<pre id="probe">PROBE(.*?)END</pre>', re.S)
 SVG_TEXT = re.compile(r"<text\b[^>]*>(.*?)</text>", re.S)
 MATH = re.compile(r"\$[^$<]+\$")
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--enable-logging=stderr", "--v=0", f"--window-size={WIDTH},2000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+    f"--window-size={WIDTH},2000",
+]
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +120,11 @@ def reports(small_run_dir, tmp_path_factory) -> dict[str, Path]:
     small = out / "small"
     shutil.copytree(small_run_dir, small)
     h200 = report_runs.write_run(out / "h200", report_runs.h200_shaped_doc(small_run_dir))
-    return {"small run": report_html.write_report(small).html,
-            "200-case sweep": report_html.write_report(sweep).html,
-            "H200-shaped run": report_html.write_report(h200).html}
+    return {
+        "small run": report_html.write_report(small).html,
+        "200-case sweep": report_html.write_report(sweep).html,
+        "H200-shaped run": report_html.write_report(h200).html,
+    }
 
 
 def probe(report: Path, tmp_path: Path, width: int = WIDTH) -> tuple[dict, list[str]]:
@@ -120,12 +134,25 @@ def probe(report: Path, tmp_path: Path, width: int = WIDTH) -> tuple[dict, list[
     page = tmp_path / "probe.html"
     probed = report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>")
     if width < 500:
-        probed = (f'<!DOCTYPE html><html><body style="margin: 0"><iframe style="border: 0; width: {width}px; '
-                  f'height: {PHONE_HEIGHT}px" srcdoc="{html.escape(probed, quote=True)}"></iframe></body></html>')
+        probed = (
+            f'<!DOCTYPE html><html><body style="margin: 0"><iframe style="border: 0; width: {width}px; '
+            f'height: {PHONE_HEIGHT}px" srcdoc="{html.escape(probed, quote=True)}"></iframe></body></html>'
+        )
     page.write_text(probed, encoding="utf-8")
     flags = [f for f in FLAGS if not f.startswith("--window-size")] + [f"--window-size={max(width, 500)},2000"]
-    proc = subprocess.run([CHROMIUM, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
-                           "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            *flags,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     found = FOUND.search(proc.stdout)
     assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
     console_errors = [line for line in proc.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
@@ -170,7 +197,9 @@ def test_the_probe_sees_text_outside_its_figure_a_wide_element_and_mathtext(tmp_
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(900)  # the session's small run (~10 s, ~35 s where the speculative pair is not cached), three pages
+@pytest.mark.timeout(
+    900
+)  # the session's small run (~10 s, ~35 s where the speculative pair is not cached), three pages
 @pytest.mark.parametrize("which", ["small run", "200-case sweep", "H200-shaped run"])
 def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box(reports, which, tmp_path):
     needs_chromium()
@@ -197,8 +226,19 @@ def test_report_in_chromium_loads_fits_the_page_and_keeps_figure_text_in_its_box
         assert result["closed"]["height"] < 6000 < result["opened"]["height"]
 
     shot = tmp_path / "report.png"
-    subprocess.run([CHROMIUM, *FLAGS[:-1], f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},2400",
-                    f"--screenshot={shot}", report.as_uri()], capture_output=True, text=True, timeout=180)
+    subprocess.run(
+        [
+            CHROMIUM,
+            *FLAGS[:-1],
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--window-size={WIDTH},2400",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000  # a page with content, not a blank
     if os.environ.get("GPUBENCH_KEEP_SCREENSHOT") and which == "small run":
         shutil.copy(shot, os.environ["GPUBENCH_KEEP_SCREENSHOT"])
@@ -211,10 +251,12 @@ def test_the_phone_probe_sees_a_page_that_scrolls_sideways(tmp_path):
     page: a table wider than it, not in a box of its own, makes the document wider."""
     needs_chromium()
     page = tmp_path / "wide.html"
-    page.write_text('<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1">'
-                    '</head><body><table style="width: 800px"><tr><td>a wide table</td></tr></table>'
-                    '<div style="overflow-x: auto"><table style="width: 800px"><tr><td>boxed</td></tr></table></div>'
-                    '</body></html>')
+    page.write_text(
+        '<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width, initial-scale=1">'
+        '</head><body><table style="width: 800px"><tr><td>a wide table</td></tr></table>'
+        '<div style="overflow-x: auto"><table style="width: 800px"><tr><td>boxed</td></tr></table></div>'
+        '</body></html>'
+    )
     result, _ = probe(page, tmp_path, PHONE)
     seen = result["closed"]
     assert seen["inner_width"] == PHONE and seen["scroll_width"] > PHONE

@@ -4,6 +4,7 @@ than its palette tells apart (small multiples past that), no figure is taller th
 heatmap's tick labels never print over each other, and an 864-case kv_cache sweep draws a bounded
 number of marks and bytes (counted, not timed: the test does not depend on the machine's speed).
 Figures are drawn with Agg from hand-made records; the whole file takes some seconds."""
+
 import itertools
 import random
 import re
@@ -11,13 +12,13 @@ import re
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.transforms import Bbox
-
-from gpubench.contract import Plot
-from gpubench.reports import charts, drawing, figures, plots, sections, sweep
-from gpubench.records.results import CaseRecord
-from gpubench.techniques import flash_attention, kv_cache
 from report_runs import KV_SWEEP_AXES, kv_sweep_doc
 from test_kv_cache import _real_case as kv_case  # a kv_cache record with the technique's own metrics
+
+from gpubench.contract import Plot
+from gpubench.records.results import CaseRecord
+from gpubench.reports import charts, drawing, figures, plots, sections, sweep
+from gpubench.techniques import flash_attention, kv_cache
 
 SCREEN_PX = 900  # a laptop's window at the report's width: no figure taller
 
@@ -29,8 +30,11 @@ def drawn(fig):
 
 
 def overlaps(boxes: list[Bbox]) -> list[tuple[Bbox, Bbox]]:
-    return [(a, b) for a, b in itertools.combinations(boxes, 2)
-            if (i := Bbox.intersection(a, b)) is not None and i.width * i.height >= 1.0]
+    return [
+        (a, b)
+        for a, b in itertools.combinations(boxes, 2)
+        if (i := Bbox.intersection(a, b)) is not None and i.width * i.height >= 1.0
+    ]
 
 
 def legend_texts(fig) -> list[str]:
@@ -52,19 +56,32 @@ def flash_speedup_cases() -> list[CaseRecord]:
     seq_len, some entries setting block_m / head_dim_v / seq_len_q and the rest at their defaults."""
     defaults = flash_attention.TECHNIQUE.defaults()
     rng = random.Random(35)
-    combos = ([{"dtype": d, "causal": c} for d in ("float32", "bfloat16", "float16") for c in (False, True)]
-              + [{"head_dim_v": 128, "head_dim": 192}, {"seq_len_q": 64}, {"block_m": 64, "block_n": 32},
-                 {"block_m": 32, "block_n": 32}, {"kv_heads": 1}])
+    combos = [{"dtype": d, "causal": c} for d in ("float32", "bfloat16", "float16") for c in (False, True)] + [
+        {"head_dim_v": 128, "head_dim": 192},
+        {"seq_len_q": 64},
+        {"block_m": 64, "block_n": 32},
+        {"block_m": 32, "block_n": 32},
+        {"kv_heads": 1},
+    ]
     cases = []
     for combo in combos:
         for n in (128, 256, 512):
             params = {**defaults, "seq_len": n, **combo}
             r = rng.uniform(0.5, 3.0)
-            cases.append(CaseRecord.from_dict({
-                "technique": "flash_attention", "params": params, "status": "passed",
-                "variants": {"eager": {"role": "baseline", "stats": {"median": 1e-3}},
-                             "triton": {"role": "optimized", "stats": {"median": 1e-3 / r}}},
-                "speedups": {"triton": {"ratio": r, "ci_low": 0.9 * r, "ci_high": 1.1 * r, "n": 10}}}))
+            cases.append(
+                CaseRecord.from_dict(
+                    {
+                        "technique": "flash_attention",
+                        "params": params,
+                        "status": "passed",
+                        "variants": {
+                            "eager": {"role": "baseline", "stats": {"median": 1e-3}},
+                            "triton": {"role": "optimized", "stats": {"median": 1e-3 / r}},
+                        },
+                        "speedups": {"triton": {"ratio": r, "ci_low": 0.9 * r, "ci_high": 1.1 * r, "n": 10}},
+                    }
+                )
+            )
     return cases
 
 
@@ -81,8 +98,13 @@ def test_speedup_lines_are_named_by_varying_params_never_shared_or_default_ones(
         assert default_part not in svg, default_part
     for varying_part in ("block_m=64", "head_dim_v=128", "seq_len_q=64", "dtype=bfloat16"):
         assert varying_part in svg, varying_part
-    fig = charts.speedup_sweep({("head_dim=64", "causal=True"): [(1, 1.0, 1.0, 1.0), (2, 1.2, 1.1, 1.3)],
-                                ("head_dim=64", "causal=False"): [(1, 0.9, 0.8, 1.0), (2, 1.0, 0.9, 1.1)]}, "n")
+    fig = charts.speedup_sweep(
+        {
+            ("head_dim=64", "causal=True"): [(1, 1.0, 1.0, 1.0), (2, 1.2, 1.1, 1.3)],
+            ("head_dim=64", "causal=False"): [(1, 0.9, 0.8, 1.0), (2, 1.0, 0.9, 1.1)],
+        },
+        "n",
+    )
     assert sorted(legend_texts(fig)) == ["causal=False", "causal=True"]  # head_dim=64: every line's
 
 
@@ -96,8 +118,9 @@ def test_more_lines_than_the_palette_tells_apart_become_small_multiples():
     for c in cases:
         key = tuple(f"{k}={c.params[k]}" for k in ("dtype", "causal", "block_m"))
         series.setdefault(key, []).append((c.params["seq_len"], 1.0, 0.9, 1.1))
-    series.update({("dtype=x", f"causal={i}", "block_m=1"): [(128, 1.0, 0.9, 1.1), (256, 1.1, 1.0, 1.2)]
-                   for i in range(5)})
+    series.update(
+        {("dtype=x", f"causal={i}", "block_m=1"): [(128, 1.0, 0.9, 1.1), (256, 1.1, 1.0, 1.2)] for i in range(5)}
+    )
     fig = charts.speedup_sweep(series, "seq_len")
     shown = [ax for ax in fig.axes if ax.get_visible()]
     assert len(shown) > 1
@@ -122,17 +145,25 @@ def test_no_figure_of_an_864_case_sweep_is_taller_than_a_screen(kv_sweep):
     figure of a large sweep (declared, surface, per-case boxes and bars, speedup) now fits a
     screen, and one that leaves cases out says how many it drew."""
     labels = [f"#{i} " + " ".join(f"{k}={c.params[k]}" for k in KV_SWEEP_AXES) for i, c in enumerate(kv_sweep, 1)]
-    made = {plot.title: plots.declared(plot, kv_sweep, kv_cache.TECHNIQUE.defaults())
-            for plot in kv_cache.TECHNIQUE.plots}
+    made = {
+        plot.title: plots.declared(plot, kv_sweep, kv_cache.TECHNIQUE.defaults()) for plot in kv_cache.TECHNIQUE.plots
+    }
     made["surface"] = sweep.surface(kv_sweep, kv_cache.TECHNIQUE.headline_figures)
     made["latency"] = figures.latency_boxes(
-        [(label, {"contiguous": c.variants["contiguous"].samples_s, "paged": c.variants["paged"].samples_s})
-         for label, c in zip(labels, kv_sweep)])
+        [
+            (label, {"contiguous": c.variants["contiguous"].samples_s, "paged": c.variants["paged"].samples_s})
+            for label, c in zip(labels, kv_sweep)
+        ]
+    )
     made["peak"] = figures.peak_bars(labels, {"% of peak": {"paged": [1.0] * len(labels)}})
     made["ratios"] = figures.ratio_points(labels, [1.0] * len(labels), [0.9] * len(labels), [1.1] * len(labels), "x")
     made["speedup"] = charts.speedup_sweep(
-        {tuple(f"{k}={c.params[k]}" for k in KV_SWEEP_AXES if k != "max_len"): [(c.params["max_len"], 1.0, 0.9, 1.1)]
-         for c in kv_sweep}, "max_len")
+        {
+            tuple(f"{k}={c.params[k]}" for k in KV_SWEEP_AXES if k != "max_len"): [(c.params["max_len"], 1.0, 0.9, 1.1)]
+            for c in kv_sweep
+        },
+        "max_len",
+    )
     for name, fig in made.items():
         texts = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
         svg = drawing.to_svg(fig)
@@ -165,12 +196,22 @@ def test_heatmap_tick_labels_never_overlap(kv_sweep):
 
 def test_heatmap_with_crowded_columns_thins_its_labels():
     """Sixty columns of long values: labels are thinned (every k-th kept) until none overlaps."""
-    cases = [CaseRecord.from_dict({
-        "technique": "t", "params": {"x": f"value-number-{i:03d}", "y": y}, "status": "passed",
-        "variants": {"b": {"role": "baseline", "stats": {"median": 1.0}},
-                     "o": {"role": "optimized", "stats": {"median": 0.5}}},
-        "speedups": {"o": {"ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1, "n": 10}}})
-        for i in range(60) for y in (1, 2)]
+    cases = [
+        CaseRecord.from_dict(
+            {
+                "technique": "t",
+                "params": {"x": f"value-number-{i:03d}", "y": y},
+                "status": "passed",
+                "variants": {
+                    "b": {"role": "baseline", "stats": {"median": 1.0}},
+                    "o": {"role": "optimized", "stats": {"median": 0.5}},
+                },
+                "speedups": {"o": {"ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1, "n": 10}},
+            }
+        )
+        for i in range(60)
+        for y in (1, 2)
+    ]
     fig = sweep.surface(cases, ())
     renderer = drawn(fig)
     ax = fig.axes[0]
@@ -203,8 +244,9 @@ def test_an_864_case_sweeps_report_holds_few_small_figures_none_taller_than_a_sc
     """The whole page (issue 35: 9.3 MB, 46.5 s, a 41,700 px figure): counted, not timed, the
     report of an 864-case kv_cache sweep holds a handful of figures, each at most a screen tall,
     well under a megabyte of SVG together (7.6 MB before)."""
-    from gpubench.reports import html
     from report_runs import sweep_doc, write_run
+
+    from gpubench.reports import html
 
     case = kv_case("llama-2-7b")
     for v in case["variants"].values():

@@ -1,12 +1,12 @@
 """Results files: atomic writes, valid JSON, clear errors for missing or corrupt files."""
+
 import json
 import os
 
 import pytest
 
-from gpubench.records import atomic
-from gpubench.records import results
 from gpubench.errors import BadInput
+from gpubench.records import atomic, results
 
 
 def test_a_crash_during_a_write_leaves_the_last_complete_file(tmp_path, monkeypatch):
@@ -32,19 +32,26 @@ def test_an_unserialisable_document_never_truncates_the_file(tmp_path):
 
 
 def test_non_finite_figures_become_null():
-    assert results.json_safe({"a": float("inf"), "b": [1.0, float("nan")], "c": (1, 2)}) == {"a": None, "b": [1.0, None], "c": [1, 2]}
+    assert results.json_safe({"a": float("inf"), "b": [1.0, float("nan")], "c": (1, 2)}) == {
+        "a": None,
+        "b": [1.0, None],
+        "c": [1, 2],
+    }
 
 
 def _doc(**over):
     return {"kind": "gpubench.results", "schema_version": results.SCHEMA_VERSION, "cases": [], **over}
 
 
-@pytest.mark.parametrize("content,expected", [
-    (None, "no such file"),
-    ('{"kind": "gpubench.results", "schema_ver', "not a readable results file"),
-    ('{"hello": 1}', "not a gpubench results file"),
-    (json.dumps(_doc(schema_version=99)), "schema_version is 99"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (None, "no such file"),
+        ('{"kind": "gpubench.results", "schema_ver', "not a readable results file"),
+        ('{"hello": 1}', "not a gpubench results file"),
+        (json.dumps(_doc(schema_version=99)), "schema_version is 99"),
+    ],
+)
 def test_missing_or_corrupt_results_are_bad_input_naming_the_file(tmp_path, content, expected):
     path = tmp_path / "results.json"
     if content is not None:
@@ -60,10 +67,27 @@ def test_load_accepts_a_run_directory(tmp_path):
 
 
 def test_csv_has_one_row_per_case_and_variant():
-    doc = _doc(run_id="r", cases=[{
-        "id": "t[n=1]", "technique": "t", "status": "passed", "params": {"n": 1}, "speedups": {"o": {"ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1}},
-        "variants": {"b": {"role": "baseline", "status": "ok", "stats": {"n": 3, "median": 0.002}, "metrics": {}},
-                     "o": {"role": "optimized", "status": "ok", "stats": {"n": 3, "median": 0.001}, "metrics": {"tflops": 1.5}}}}])
+    doc = _doc(
+        run_id="r",
+        cases=[
+            {
+                "id": "t[n=1]",
+                "technique": "t",
+                "status": "passed",
+                "params": {"n": 1},
+                "speedups": {"o": {"ratio": 2.0, "ci_low": 1.9, "ci_high": 2.1}},
+                "variants": {
+                    "b": {"role": "baseline", "status": "ok", "stats": {"n": 3, "median": 0.002}, "metrics": {}},
+                    "o": {
+                        "role": "optimized",
+                        "status": "ok",
+                        "stats": {"n": 3, "median": 0.001},
+                        "metrics": {"tflops": 1.5},
+                    },
+                },
+            }
+        ],
+    )
     frame = results.cases_frame(doc)
     assert list(frame["variant"]) == ["b", "o"]
     assert frame.loc[1, "median_ms"] == pytest.approx(1.0) and frame.loc[1, "speedup"] == 2.0
@@ -76,13 +100,28 @@ def _old_case(n_base, n_opt):
 
     def variant(role, samples):
         med = sorted(samples)[len(samples) // 2]
-        return {"role": role, "status": "ok", "samples_s": samples,
-                "stats": {"n": len(samples), "median": med, "ci_low": med if len(samples) == 1 else med * 0.9,
-                          "ci_high": med if len(samples) == 1 else med * 1.1}}
+        return {
+            "role": role,
+            "status": "ok",
+            "samples_s": samples,
+            "stats": {
+                "n": len(samples),
+                "median": med,
+                "ci_low": med if len(samples) == 1 else med * 0.9,
+                "ci_high": med if len(samples) == 1 else med * 1.1,
+            },
+        }
 
-    return {"id": "t[x=1]", "technique": "t", "params": {"x": 1}, "seed": 0, "policy": {}, "status": "passed",
-            "variants": {base: variant("baseline", [0.37] * n_base), opt: variant("optimized", [1.0] * n_opt)},
-            "speedups": {opt: {"ratio": 0.37, "ci_low": 0.37, "ci_high": 0.37}}}
+    return {
+        "id": "t[x=1]",
+        "technique": "t",
+        "params": {"x": 1},
+        "seed": 0,
+        "policy": {},
+        "status": "passed",
+        "variants": {base: variant("baseline", [0.37] * n_base), opt: variant("optimized", [1.0] * n_opt)},
+        "speedups": {opt: {"ratio": 0.37, "ci_low": 0.37, "ci_high": 0.37}},
+    }
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -114,33 +153,94 @@ def test_an_older_file_with_enough_samples_keeps_its_intervals(tmp_path):
 
 
 # -- the typed figures: one from_dict / to_dict, the file's schema unchanged ---------------------
-from gpubench.records.results import (Check, Device, Profile, Speedup, Stats, Telemetry, Timing,  # noqa: E402
-                              TopOp, VariantTelemetry)
+from gpubench.records.results import Check, Device, Profile, Speedup, Stats, Telemetry, Timing, TopOp, VariantTelemetry  # noqa: E402
 
 
-@pytest.mark.parametrize("built, written", [
-    # what each writer wrote as a dict before the records were typed, key for key and in order
-    (Timing(method="none", not_timed="checked only"), {"method": "none", "not_timed": "checked only"}),
-    (Timing(method="cuda_event", l2_flush=True, cuda_graph="off"),
-     {"method": "cuda_event", "l2_flush": True, "cuda_graph": "off"}),
-    (Timing(method="cuda_event", l2_flush=True, cuda_graph="on", launch_outlasted_flush=3, both_clocks_one_call=2),
-     {"method": "cuda_event", "l2_flush": True, "cuda_graph": "on", "launch_outlasted_flush": 3,
-      "both_clocks_one_call": 2}),
-    (Check(True, 0.0, None, "reference", "the baseline is the reference"),
-     {"passed": True, "error": 0.0, "tolerance": None, "metric": "reference", "detail": "the baseline is the reference"}),
-    (Speedup(1.5, None, None, 2), {"ratio": 1.5, "ci_low": None, "ci_high": None, "n": 2}),
-    (Speedup.failed("zero median"), {"ratio": None, "ci_low": None, "ci_high": None, "error": "zero median"}),
-    (Profile.failed("RuntimeError: no"), {"error": "RuntimeError: no"}),
-    (Device("cpu", "cpu", None, "CPU: x"),
-     {"key": "cpu", "type": "cpu", "index": None, "label": "CPU: x", "uuid": None, "cpu_affinity": None, "host": ""}),
-    (Telemetry(n_samples=0, variants={"a": VariantTelemetry(n_samples=1, throttled=False)}),
-     {**{k: None for k in ("n_samples", "duration_s", "power_w_mean", "power_w_max", "energy_j_sampled", "temp_c_max",
-                           "sm_clock_mhz_min", "sm_clock_mhz_mean", "mem_clock_mhz_min", "mem_used_mb_max",
-                           "util_gpu_pct_mean", "throttled", "throttled_fraction")},
-      "n_samples": 0, "throttle_reasons": [], "benign_reasons": [],
-      "variants": {"a": {"n_samples": 1, "power_w_mean": None, "power_w_max": None, "sm_clock_mhz_mean": None,
-                         "temp_c_max": None, "throttled": False, "throttle_reasons": []}}}),
-])
+@pytest.mark.parametrize(
+    "built, written",
+    [
+        # what each writer wrote as a dict before the records were typed, key for key and in order
+        (Timing(method="none", not_timed="checked only"), {"method": "none", "not_timed": "checked only"}),
+        (
+            Timing(method="cuda_event", l2_flush=True, cuda_graph="off"),
+            {"method": "cuda_event", "l2_flush": True, "cuda_graph": "off"},
+        ),
+        (
+            Timing(
+                method="cuda_event", l2_flush=True, cuda_graph="on", launch_outlasted_flush=3, both_clocks_one_call=2
+            ),
+            {
+                "method": "cuda_event",
+                "l2_flush": True,
+                "cuda_graph": "on",
+                "launch_outlasted_flush": 3,
+                "both_clocks_one_call": 2,
+            },
+        ),
+        (
+            Check(True, 0.0, None, "reference", "the baseline is the reference"),
+            {
+                "passed": True,
+                "error": 0.0,
+                "tolerance": None,
+                "metric": "reference",
+                "detail": "the baseline is the reference",
+            },
+        ),
+        (Speedup(1.5, None, None, 2), {"ratio": 1.5, "ci_low": None, "ci_high": None, "n": 2}),
+        (Speedup.failed("zero median"), {"ratio": None, "ci_low": None, "ci_high": None, "error": "zero median"}),
+        (Profile.failed("RuntimeError: no"), {"error": "RuntimeError: no"}),
+        (
+            Device("cpu", "cpu", None, "CPU: x"),
+            {
+                "key": "cpu",
+                "type": "cpu",
+                "index": None,
+                "label": "CPU: x",
+                "uuid": None,
+                "cpu_affinity": None,
+                "host": "",
+            },
+        ),
+        (
+            Telemetry(n_samples=0, variants={"a": VariantTelemetry(n_samples=1, throttled=False)}),
+            {
+                **{
+                    k: None
+                    for k in (
+                        "n_samples",
+                        "duration_s",
+                        "power_w_mean",
+                        "power_w_max",
+                        "energy_j_sampled",
+                        "temp_c_max",
+                        "sm_clock_mhz_min",
+                        "sm_clock_mhz_mean",
+                        "mem_clock_mhz_min",
+                        "mem_used_mb_max",
+                        "util_gpu_pct_mean",
+                        "throttled",
+                        "throttled_fraction",
+                    )
+                },
+                "n_samples": 0,
+                "throttle_reasons": [],
+                "benign_reasons": [],
+                "variants": {
+                    "a": {
+                        "n_samples": 1,
+                        "power_w_mean": None,
+                        "power_w_max": None,
+                        "sm_clock_mhz_mean": None,
+                        "temp_c_max": None,
+                        "throttled": False,
+                        "throttle_reasons": [],
+                    }
+                },
+            },
+        ),
+    ],
+)
 def test_a_typed_figure_writes_what_the_writer_wrote_as_a_dict(built, written):
     """The results schema is unchanged: each typed figure gives the keys, order and values the
     writer's dict gave, and reads back equal."""
@@ -156,10 +256,16 @@ def test_a_figure_read_and_written_again_is_the_same_document():
     stats = Stats.from_dict(old)
     assert stats.median == 0.5 and stats.n == 3 and stats.extra == {"from_a_newer_gpubench": [1, 2]}
     assert json.dumps(stats.to_dict()) == json.dumps(old)
-    profile = {"calls": 2, "top_ops": [{"name": "aten::mm", "share": 0.9, "self_us_per_call": 3.0,
-                                        "count_per_call": 1, "new": True}], "trace": "t.json.gz", "notes": []}
+    profile = {
+        "calls": 2,
+        "top_ops": [{"name": "aten::mm", "share": 0.9, "self_us_per_call": 3.0, "count_per_call": 1, "new": True}],
+        "trace": "t.json.gz",
+        "notes": [],
+    }
     read = Profile.from_dict(profile)
-    assert isinstance(read.top_ops[0], TopOp) and read.top_ops[0].share == 0.9 and read.top_ops[0].extra == {"new": True}
+    assert (
+        isinstance(read.top_ops[0], TopOp) and read.top_ops[0].share == 0.9 and read.top_ops[0].extra == {"new": True}
+    )
     assert json.dumps(read.to_dict()) == json.dumps(profile)
     read.ops_per_call = 4  # set after reading: added after the keys it was read with
     assert list(read.to_dict()) == [*profile, "ops_per_call"]

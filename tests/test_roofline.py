@@ -2,6 +2,7 @@
 read against the case's once-counted FLOPs and bytes and the run's measured ceilings; the roof is
 min(matmul peak, intensity x copy bandwidth); a run without ceilings, a CPU run and an old run
 still render and say what they lack."""
+
 from __future__ import annotations
 
 import copy
@@ -12,10 +13,10 @@ from html import unescape
 import pytest
 from roofline_runs import CEILINGS, PEAK_GBPS, PEAK_TFLOPS, roofline_doc
 
-from gpubench.run import runner
+from gpubench.records.results import RunRecord
 from gpubench.reports import charts, drawing, html, roofline
 from gpubench.reports.sections import Labels
-from gpubench.records.results import RunRecord
+from gpubench.run import runner
 
 TABLE = re.compile(r'<section id="tech-(\w+)".*?(?:<table class="roofline-table">(.*?)</table>|</section>)', re.S)
 ROW = re.compile(r"<tr[^>]*>(.*?)</tr>", re.S)
@@ -27,8 +28,9 @@ def roofline_tables(page: str) -> dict[str, list[list[str]]]:
     out = {}
     for name, table in TABLE.findall(page):
         if table:
-            out[name] = [[unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in CELL.findall(row)]
-                         for row in ROW.findall(table)]
+            out[name] = [
+                [unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in CELL.findall(row)] for row in ROW.findall(table)
+            ]
     return out
 
 
@@ -93,8 +95,18 @@ def test_the_table_matches_a_hand_computation_under_the_runs_ceilings(tmp_path):
     10 x 4,000 GB/s = 40 TFLOP/s."""
     tables = roofline_tables(render(tmp_path, roofline_doc()))
     head, *rows = tables["flash_attention"]
-    assert head == ["variant", "FLOPs", "bytes", "FLOPs / byte", "TFLOP/s", "GB/s", "% of matmul peak",
-                    "% of copy bandwidth", "% of roof", "bound"]
+    assert head == [
+        "variant",
+        "FLOPs",
+        "bytes",
+        "FLOPs / byte",
+        "TFLOP/s",
+        "GB/s",
+        "% of matmul peak",
+        "% of copy bandwidth",
+        "% of roof",
+        "bound",
+    ]
     by_case = {}
     for row in rows:
         if len(row) == 1:
@@ -106,7 +118,17 @@ def test_the_table_matches_a_hand_computation_under_the_runs_ceilings(tmp_path):
     assert by_case[("#1", "triton")] == ["2 TFLOP", "1 GB", "2,000", "200", "100", "25.0%", "2.5%", "25.0%", "compute"]
     # sdpa_cudnn (a peer), case #2: 1e11 FLOPs in 4 ms = 25 TFLOP/s, 62.5% of the 40 TFLOP/s roof;
     # 1e10 bytes in 4 ms = 2,500 GB/s, 62.5% of the copy bandwidth
-    assert by_case[("#2", "sdpa_cudnn")] == ["100 GFLOP", "10 GB", "10", "25", "2,500", "3.1%", "62.5%", "62.5%", "memory"]
+    assert by_case[("#2", "sdpa_cudnn")] == [
+        "100 GFLOP",
+        "10 GB",
+        "10",
+        "25",
+        "2,500",
+        "3.1%",
+        "62.5%",
+        "62.5%",
+        "memory",
+    ]
     assert [v for c, v in by_case if c == "#1"] == ["eager", "triton", "sdpa_cudnn", "flash_attn"]  # roles, then peers
     paged_head, _, *paged = tables["paged_attention"]
     assert paged_head == ["variant", "bytes", "GB/s", "% of copy bandwidth"]  # no FLOPs: nothing else to say
@@ -161,8 +183,13 @@ def test_variants_that_count_differently_are_flagged():
 
 
 # -- what a run lacks --------------------------------------------------------------------------
-@pytest.mark.parametrize("ceilings, why", [(None, "the run was not calibrated (--no-calibrate)"),
-                                          ({"error": "RuntimeError: boom"}, "the run's calibration failed (RuntimeError: boom)")])
+@pytest.mark.parametrize(
+    "ceilings, why",
+    [
+        (None, "the run was not calibrated (--no-calibrate)"),
+        ({"error": "RuntimeError: boom"}, "the run's calibration failed (RuntimeError: boom)"),
+    ],
+)
 def test_a_run_without_ceilings_shows_absolute_rates_and_says_why_there_is_no_roof(tmp_path, ceilings, why):
     """Without a calibration (--no-calibrate, or one that failed) the figure still places each
     variant by its intensity and TFLOP/s, says there is no roof and why, and the table keeps the
@@ -210,7 +237,18 @@ def test_a_run_of_schema_1_renders_its_roofline(tmp_path):
             del v["role"]
     page = render(tmp_path, doc)
     rows = roofline_tables(page)["flash_attention"]
-    assert ["optimized optimized", "2 TFLOP", "1 GB", "2,000", "200", "100", "25.0%", "2.5%", "25.0%", "compute"] in rows
+    assert [
+        "optimized optimized",
+        "2 TFLOP",
+        "1 GB",
+        "2,000",
+        "200",
+        "100",
+        "25.0%",
+        "2.5%",
+        "25.0%",
+        "compute",
+    ] in rows
     assert "roofline: each variant of each case under the measured ceilings" in section(page, "flash_attention")
 
 
@@ -232,7 +270,9 @@ def test_the_peak_figure_shows_every_timed_variant_peers_included(tmp_path):
     """The share-of-peak bars hold every timed variant of the case, not only the baseline and the
     optimized one: the peers on the same case are beside them."""
     page = render(tmp_path, roofline_doc())
-    figure = section(page, "paged_attention").split("<figcaption>share of the measured device peak")[1].split("</figure>")[0]
+    figure = (
+        section(page, "paged_attention").split("<figcaption>share of the measured device peak")[1].split("</figure>")[0]
+    )
     for name in ("gather", "triton", "sdpa_contiguous"):
         assert name in figure
 
@@ -241,8 +281,17 @@ def test_nine_variants_on_one_roofline_are_told_apart():
     """A GPU flash_attention case has nine timed variants (eager, triton, torch_tiled, sdpa and
     its four pinned backends, flash_attn): more than the palette's colours, so each variant's
     points differ from every other's in colour or marker."""
-    names = ["eager", "triton", "torch_tiled", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
-             "flash_attn"]
+    names = [
+        "eager",
+        "triton",
+        "torch_tiled",
+        "sdpa",
+        "sdpa_flash",
+        "sdpa_efficient",
+        "sdpa_cudnn",
+        "sdpa_math",
+        "flash_attn",
+    ]
     series = {name: [(100.0, 10.0 + k, "#1")] for k, name in enumerate(names)}
     colors = {name: charts.variant_color(name, k) for k, name in enumerate(names)}
     fig = charts.roofline(series, PEAK_TFLOPS, PEAK_GBPS, colors=colors)
@@ -260,8 +309,13 @@ def test_a_rate_above_the_measured_ceilings_is_flagged_not_printed_as_a_rate():
     found = run_readings(doc)
     (note,) = [n for n in roofline.notes(found) if n.startswith("Above the measured ceilings")]
     assert "#3 triton (of copy bandwidth 250%)" in note
-    row = next(r for c in roofline.case_tables(found)["cases"] if c["number"] == 3 for r in c["rows"]
-               if r["variant"] == "triton")
+    row = next(
+        r
+        for c in roofline.case_tables(found)["cases"]
+        if c["number"] == 3
+        for r in c["rows"]
+        if r["variant"] == "triton"
+    )
     assert "250.0% (!)" in row["cells"]
     assert not [n for n in roofline.notes(run_readings(roofline_doc())) if "Above the measured" in n]
 
@@ -287,8 +341,7 @@ def test_a_calibration_records_the_load_it_ran_under(monkeypatch):
     load: 9.5 then 11.25 on 2 cores."""
     import torch
 
-    from gpubench.measure import env
-    from gpubench.measure import machine_load
+    from gpubench.measure import env, machine_load
 
     loads = iter([machine_load.Load(9.5, 2), machine_load.Load(11.25, 2)])
     monkeypatch.setattr(machine_load, "read", lambda: next(loads))
@@ -312,13 +365,17 @@ def test_a_variant_above_a_roof_measured_under_load_is_said_to_be_the_loads_not_
     notes = roofline.notes(run_readings(doc))
     (note,) = [n for n in notes if n.startswith("Above the measured ceilings")]
     assert "#3 triton (of copy bandwidth 250%)" in note
-    assert f"measured while the machine was under load ({cpu} at load 11.0 on 2 cores, matmul peak 800 TFLOP/s)" \
-        in note and "cache" not in note
+    assert (
+        f"measured while the machine was under load ({cpu} at load 11.0 on 2 cores, matmul peak 800 TFLOP/s)" in note
+        and "cache" not in note
+    )
     assert any(n.startswith(f"The ceilings of {cpu} were measured under load 11.0 on 2 cores") for n in notes)
     assert not [n for n in roofline.notes(run_readings(roofline_doc(busy, device_type="cpu"))) if n.startswith("Above")]
 
-    for quiet in (roofline_doc({**CEILINGS, "load": {"load_1m": 1.5, "cpus": 2}}, device_type="cpu"),
-                  roofline_doc(busy)):  # a GPU's roof, the host busy
+    for quiet in (
+        roofline_doc({**CEILINGS, "load": {"load_1m": 1.5, "cpus": 2}}, device_type="cpu"),
+        roofline_doc(busy),
+    ):  # a GPU's roof, the host busy
         quiet["cases"][2]["variants"]["triton"]["stats"]["median"] = 4e9 / 10000e9
         notes = roofline.notes(run_readings(quiet))
         (note,) = [n for n in notes if n.startswith("Above the measured ceilings")]

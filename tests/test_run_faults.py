@@ -2,6 +2,7 @@
 closed or while the report is written; SIGTERM from `timeout`, a CI cancel or a scheduler; bad
 options refused before a run directory exists; progress lines a log never wraps; the smaller
 messages a new user meets first."""
+
 from __future__ import annotations
 
 import errno
@@ -16,17 +17,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from held import group_members, held_scenario, stop, wait_for_file, wait_gone
 from rich.console import Console
 
-from gpubench.records import atomic
-from gpubench.records import results
-from gpubench.run import scenario
-from gpubench.run import stopping
-from gpubench.run import supervisor
-from gpubench.records.atomic import DiskFull
-from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
 from gpubench.cli import main
-from held import group_members, held_scenario, stop, wait_for_file, wait_gone
+from gpubench.records import atomic, results
+from gpubench.records.atomic import DiskFull
+from gpubench.run import scenario, stopping, supervisor
+from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_TERMINATED
 
 PLUGINS = Path(__file__).parent / "plugins"
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.2, target_iqr: 1.0, energy_s: 0}"
@@ -45,8 +43,10 @@ def _forget_the_plugin():
 
 def pair_scenario(tmp_path: Path, n: int, name: str = "pairs", policy: str = FAST) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(f"name: {name}\n{policy}\nentries:\n  - technique: {PLUGINS / 'faulty_pair.py'}\n"
-                    f"    params: {{n: {list(range(8, 8 + n))}}}\n")
+    path.write_text(
+        f"name: {name}\n{policy}\nentries:\n  - technique: {PLUGINS / 'faulty_pair.py'}\n"
+        f"    params: {{n: {list(range(8, 8 + n))}}}\n"
+    )
     return path
 
 
@@ -59,6 +59,7 @@ def enospc() -> OSError:
 
 
 # -- the writers ------------------------------------------------------------------------------------
+
 
 def test_an_append_the_full_disk_cuts_short_is_taken_back_whole(tmp_path, monkeypatch):
     log = tmp_path / "cases.jsonl"
@@ -130,12 +131,14 @@ class FillingDisk:
 
 
 @pytest.mark.parametrize("isolation", ["process", "none"])
-def test_a_disk_that_fills_mid_run_stops_it_keeps_what_finished_and_the_run_renders(tmp_path, monkeypatch,
-                                                                                    isolation):
+def test_a_disk_that_fills_mid_run_stops_it_keeps_what_finished_and_the_run_renders(tmp_path, monkeypatch, isolation):
     FillingDisk(monkeypatch, room=3)
-    outcome = supervisor.run_scenario(scenario.load(pair_scenario(tmp_path, 8)),
-                                      supervisor.RunOptions(devices=["cpu"], isolation=isolation), tmp_path / "runs",
-                                      calibrate=False)
+    outcome = supervisor.run_scenario(
+        scenario.load(pair_scenario(tmp_path, 8)),
+        supervisor.RunOptions(devices=["cpu"], isolation=isolation),
+        tmp_path / "runs",
+        calibrate=False,
+    )
     run = outcome.record
     assert outcome.exit_code == EXIT_DISK_FULL == 74
     assert run.status == "aborted" and "the disk is full" in run.abort_reason
@@ -165,9 +168,12 @@ def test_a_disk_that_fills_as_a_complete_run_is_closed_keeps_every_case_readable
         return real(run_dir, doc)
 
     monkeypatch.setattr(results.RunDirectory, "write_results", fill_on_the_last)
-    outcome = supervisor.run_scenario(scenario.load(pair_scenario(tmp_path, 3)),
-                                      supervisor.RunOptions(devices=["cpu"], isolation="none"), tmp_path / "runs",
-                                      calibrate=False)
+    outcome = supervisor.run_scenario(
+        scenario.load(pair_scenario(tmp_path, 3)),
+        supervisor.RunOptions(devices=["cpu"], isolation="none"),
+        tmp_path / "runs",
+        calibrate=False,
+    )
     assert outcome.record.status == "complete" and outcome.exit_code == EXIT_DISK_FULL
     doc = results.load_results(outcome.run_dir)
     assert doc["status"] == "complete" and doc["disk_full"] and len(doc["cases"]) == 3
@@ -175,8 +181,16 @@ def test_a_disk_that_fills_as_a_complete_run_is_closed_keeps_every_case_readable
 
 def test_the_cli_says_a_full_disk_in_one_paragraph_and_exits_74(tmp_path, monkeypatch):
     FillingDisk(monkeypatch, room=2)
-    result = invoke("run", "--scenario", pair_scenario(tmp_path, 5), "--out", tmp_path / "runs", "--no-calibrate",
-                    "--isolation", "none")
+    result = invoke(
+        "run",
+        "--scenario",
+        pair_scenario(tmp_path, 5),
+        "--out",
+        tmp_path / "runs",
+        "--no-calibrate",
+        "--isolation",
+        "none",
+    )
     assert result.exit_code == 74, result.output
     assert "Traceback" not in result.output
     error = next(line for line in result.output.splitlines() if line.startswith("error: "))
@@ -193,8 +207,16 @@ def test_a_full_disk_when_the_report_is_written_is_exit_74_not_a_warning(tmp_pat
         raise DiskFull(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(html, "atomic_write_text", full)
-    result = invoke("run", "--scenario", pair_scenario(tmp_path, 2), "--out", tmp_path / "runs", "--no-calibrate",
-                    "--isolation", "none")
+    result = invoke(
+        "run",
+        "--scenario",
+        pair_scenario(tmp_path, 2),
+        "--out",
+        tmp_path / "runs",
+        "--no-calibrate",
+        "--isolation",
+        "none",
+    )
     assert result.exit_code == 74, result.output
     run_dir = next((tmp_path / "runs").iterdir())
     assert "error: the disk is full: writing " in result.output and "report.html failed" in result.output
@@ -219,9 +241,22 @@ def test_a_real_full_disk_mid_run_exits_74_and_what_finished_renders_elsewhere(t
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, "420k")  # the reserve (256 KiB), then room for some 30 of the 60 records
     try:
-        proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "run", "--scenario",
-                               str(pair_scenario(tmp_path, 60)), "--out", str(disk / "runs"), "--no-calibrate"],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpubench.cli",
+                "run",
+                "--scenario",
+                str(pair_scenario(tmp_path, 60)),
+                "--out",
+                str(disk / "runs"),
+                "--no-calibrate",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 74, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: the disk is full: writing ")
         run_dir = next((disk / "runs").iterdir())
@@ -241,6 +276,7 @@ def test_a_real_full_disk_mid_run_exits_74_and_what_finished_renders_elsewhere(t
 
 # -- SIGTERM ----------------------------------------------------------------------------------------
 
+
 def _own_group() -> None:
     os.setsid()
 
@@ -253,11 +289,27 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_then_exits_143(tmp_path, how, isol
     # case is surely in flight: it waits for the test (tests/plugins/held_pair.py).
     gate = tmp_path / "gate"
     gate.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "gpubench.cli", "run", "--scenario",
-                             str(held_scenario(tmp_path, [False, True, True])), "--out", "runs", "--no-calibrate",
-                             "--isolation", isolation], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_own_group,
-                            env={**os.environ, "HELD_PAIR_DIR": str(gate)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpubench.cli",
+            "run",
+            "--scenario",
+            str(held_scenario(tmp_path, [False, True, True])),
+            "--out",
+            "runs",
+            "--no-calibrate",
+            "--isolation",
+            isolation,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_own_group,
+        env={**os.environ, "HELD_PAIR_DIR": str(gate)},
+    )
     try:
         wait_for_file(gate / "started-9", proc)
         (os.killpg if how == "group" else os.kill)(proc.pid, signal.SIGTERM)
@@ -289,9 +341,9 @@ def test_a_sigterm_while_the_record_is_closed_is_ignored_and_one_in_the_run_rais
 
 # -- refused before anything is created -------------------------------------------------------------
 
+
 def test_an_unknown_cluster_exits_2_before_a_run_directory_exists(tmp_path):
-    result = invoke("run", "--cluster", "slurm", "--out", tmp_path / "runs", "--scenario",
-                    pair_scenario(tmp_path, 1))
+    result = invoke("run", "--cluster", "slurm", "--out", tmp_path / "runs", "--scenario", pair_scenario(tmp_path, 1))
     assert result.exit_code == 2 and "--cluster: 'slurm' is not valid" in result.output
     assert "gpubench run:" not in result.output  # refused before the run's first line
     assert not (tmp_path / "runs").exists()
@@ -310,6 +362,7 @@ def test_kv_cache_exits_1_when_vllm_would_refuse_to_start_even_with_allow_long()
 
 # -- what a log shows -------------------------------------------------------------------------------
 
+
 def test_progress_lines_in_a_log_are_never_wrapped():
     from gpubench.cli import _CaseProgress
     from gpubench.records.results import CaseRecord, Failure
@@ -320,8 +373,16 @@ def test_progress_lines_in_a_log_are_never_wrapped():
     progress.run_started(1)
     params = {"label": "x" * 120}
     case = scenario.Case(technique="pair", params=params, policy=None, seed=0)  # type: ignore[arg-type]
-    record = CaseRecord(id=case.id, technique="pair", params=params, seed=0, policy={}, status="failed",
-                        failure=Failure("exception", "RuntimeError: " + "y" * 150), elapsed_s=1.0)
+    record = CaseRecord(
+        id=case.id,
+        technique="pair",
+        params=params,
+        seed=0,
+        policy={},
+        status="failed",
+        failure=Failure("exception", "RuntimeError: " + "y" * 150),
+        elapsed_s=1.0,
+    )
     progress.case_finished(0, case, record)
     lines = buffer.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("[1/1] failed  pair label=" + "x" * 120)
@@ -332,9 +393,15 @@ def test_a_run_stopped_while_its_workers_started_names_its_device_and_says_no_ca
     from gpubench.reports.terminal import print_summary
 
     buffer = io.StringIO()
-    doc = {"scenario": {"name": "smoke"}, "device": "cpu", "device_label": "", "cases": [], "status": "interrupted",
-           "summary": {"passed": 0, "failed": 0, "interrupted": 0},
-           "abort_reason": "stopped by Ctrl-C while the workers were starting: no case ran"}
+    doc = {
+        "scenario": {"name": "smoke"},
+        "device": "cpu",
+        "device_label": "",
+        "cases": [],
+        "status": "interrupted",
+        "summary": {"passed": 0, "failed": 0, "interrupted": 0},
+        "abort_reason": "stopped by Ctrl-C while the workers were starting: no case ran",
+    }
     print_summary(doc, Console(file=buffer, force_terminal=False, width=80, color_system=None))
     text = buffer.getvalue()
     assert text.startswith("smoke on cpu: no case finished\n") and "smoke on :" not in text
@@ -342,6 +409,7 @@ def test_a_run_stopped_while_its_workers_started_names_its_device_and_says_no_ca
 
 
 # -- the smaller messages ---------------------------------------------------------------------------
+
 
 def test_a_directory_given_as_a_scenario_or_a_technique_file_is_named_a_directory(tmp_path):
     (tmp_path / "mine.yaml").write_text("name: x\nentries: []\n")
@@ -356,14 +424,16 @@ def test_a_directory_given_as_a_scenario_or_a_technique_file_is_named_a_director
 
 def test_a_plug_in_that_raises_at_import_is_named_with_its_file_and_line(tmp_path):
     plugin = tmp_path / "boom_pair.py"
-    plugin.write_text("import torch\n\n\ndef sizes():\n    raise ValueError('the size table is empty')\n\n\n"
-                      "SIZES = sizes()\n")
+    plugin.write_text(
+        "import torch\n\n\ndef sizes():\n    raise ValueError('the size table is empty')\n\n\nSIZES = sizes()\n"
+    )
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nentries:\n  - technique: boom_pair.py\n")
     result = invoke("run", "--scenario", path, "--dry-run")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert (f"technique 'boom_pair.py': importing it failed: ValueError: the size table is empty at "
-            f"{plugin}:5 (in sizes)") in result.output
+    assert (
+        f"technique 'boom_pair.py': importing it failed: ValueError: the size table is empty at {plugin}:5 (in sizes)"
+    ) in result.output
     assert "not an importable module" not in result.output
 
 
@@ -376,11 +446,28 @@ def test_a_param_of_the_wrong_type_reads_as_english(toys, write_scenario):
 @pytest.mark.e2e
 def test_a_segfault_with_isolation_none_leaves_pythons_stack_on_stderr(tmp_path):
     path = tmp_path / "seg.yaml"
-    path.write_text(f"name: seg\n{FAST}\nentries:\n  - technique: {PLUGINS / 'faulty_pair.py'}\n"
-                    f"    params: {{mode: [ok, segfault]}}\n")
-    proc = subprocess.run([sys.executable, "-m", "gpubench.cli", "run", "--scenario", str(path), "--out",
-                           str(tmp_path / "runs"), "--no-calibrate", "--isolation", "none"], capture_output=True,
-                          text=True, timeout=300)
+    path.write_text(
+        f"name: seg\n{FAST}\nentries:\n  - technique: {PLUGINS / 'faulty_pair.py'}\n"
+        f"    params: {{mode: [ok, segfault]}}\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpubench.cli",
+            "run",
+            "--scenario",
+            str(path),
+            "--out",
+            str(tmp_path / "runs"),
+            "--no-calibrate",
+            "--isolation",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGSEGV
     assert "Segmentation fault" in proc.stderr and "faulty_pair.py" in proc.stderr and " in fails" in proc.stderr
     run_dir = next((tmp_path / "runs").iterdir())

@@ -1,6 +1,7 @@
 """A run is a self-describing record (issue 26): results.json carries its techniques' declarations,
 so the report draws and judges it without their code; it is read back into the dataclasses that
 wrote it; a file of another schema version is bad input naming the versions this gpubench reads."""
+
 from __future__ import annotations
 
 import ast
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpubench import techniques
+from gpubench.errors import BadInput
+from gpubench.measure.energy import EnergyMeasurement
 from gpubench.records import results
 from gpubench.records.declarations import TechniqueRecord
-from gpubench.measure.energy import EnergyMeasurement
-from gpubench.errors import BadInput
 from gpubench.records.results import CaseRecord, Failure, RunRecord, Speedup, Stats, TimeUse, VariantRecord
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +82,10 @@ def vanished_run(tmp_path_factory) -> Path:
     """A real run of the plug-in pair (in this process, isolation none, as `gpubench run
     --no-calibrate --isolation none` runs it), then the pair forgotten as if it had run in another
     process: unregistered, its modules dropped from sys.modules, its file deleted."""
+    from inprocess import run_in_process
+
     from gpubench import techniques
     from gpubench.run import scenario
-    from inprocess import run_in_process
 
     work = tmp_path_factory.mktemp("vanishing")
     (work / "vanishing_pair.py").write_text(PAIR)
@@ -144,23 +146,57 @@ def test_no_report_module_imports_the_technique_registry():
     offenders = []
     for path in sorted((ROOT / "reports").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{a.name}" for a in node.names]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.name}: {n}" for n in names if n.startswith("gpubench.techniques")]
     assert not offenders, offenders
 
 
 def _record() -> RunRecord:
     energy = EnergyMeasurement(0.5, 0.01, 120.0, 700.0, 0.4, 80, 5, 0.1)
-    variants = {"eager": VariantRecord("baseline", "eager", "ok", samples_s=[1e-3, 2e-3], stats=Stats(median=1.5e-3),
-                                       metrics={"flops": 10.0}, recorded=[{"syncs": 3}], energy=energy),
-                "fused": VariantRecord("optimized", "fused", "error", reason="boom",
-                                       error=Failure("exception", "boom", "trace"))}
-    case = CaseRecord("t[n=1]", "t", {"n": 1}, 7, {"min_reps": 3}, status="failed",
-                      failure=Failure("variant", "fused: boom"), variants=variants,
-                      speedups={"fused": Speedup(1.5, 1.4, 1.6)}, phases_s={"build": 0.1})
-    return RunRecord("r", "cpu", "CPU: test", {"name": "s", "entries": []}, {"python": "3"}, status="complete",
-                     cases=[case], crash=Failure("crash", "x"), time_use=TimeUse(2.0, 1, 1.0, {"timed": 0.5}, 0.25))
+    variants = {
+        "eager": VariantRecord(
+            "baseline",
+            "eager",
+            "ok",
+            samples_s=[1e-3, 2e-3],
+            stats=Stats(median=1.5e-3),
+            metrics={"flops": 10.0},
+            recorded=[{"syncs": 3}],
+            energy=energy,
+        ),
+        "fused": VariantRecord(
+            "optimized", "fused", "error", reason="boom", error=Failure("exception", "boom", "trace")
+        ),
+    }
+    case = CaseRecord(
+        "t[n=1]",
+        "t",
+        {"n": 1},
+        7,
+        {"min_reps": 3},
+        status="failed",
+        failure=Failure("variant", "fused: boom"),
+        variants=variants,
+        speedups={"fused": Speedup(1.5, 1.4, 1.6)},
+        phases_s={"build": 0.1},
+    )
+    return RunRecord(
+        "r",
+        "cpu",
+        "CPU: test",
+        {"name": "s", "entries": []},
+        {"python": "3"},
+        status="complete",
+        cases=[case],
+        crash=Failure("crash", "x"),
+        time_use=TimeUse(2.0, 1, 1.0, {"timed": 0.5}, 0.25),
+    )
 
 
 def test_a_run_is_read_back_into_the_dataclasses_that_wrote_it(tmp_path):
@@ -196,8 +232,18 @@ def test_a_file_of_another_schema_version_is_bad_input_naming_it_and_the_readabl
 
 def test_a_version_1_run_is_upgraded_on_read():
     """Version 1 named variants by role; a record without ``role`` takes its name's."""
-    old = {"kind": "gpubench.results", "schema_version": 1, "cases": [
-        {"id": "t[]", "technique": "t", "status": "passed", "variants": {"baseline": {}, "optimized": {"role": "optimized"}}}]}
+    old = {
+        "kind": "gpubench.results",
+        "schema_version": 1,
+        "cases": [
+            {
+                "id": "t[]",
+                "technique": "t",
+                "status": "passed",
+                "variants": {"baseline": {}, "optimized": {"role": "optimized"}},
+            }
+        ],
+    }
     run = RunRecord.from_dict(old)
     assert run.cases[0].role_variant("baseline") == "baseline" and not run.recorded_declarations
     assert dataclasses.asdict(run.cases[0].variants["baseline"])["role"] == "baseline"
@@ -218,12 +264,17 @@ def test_a_record_reaches_technique_code_only_through_the_registry_its_caller_pa
         def all_techniques(self):
             return techniques.all_techniques()
 
-    old = {"kind": "gpubench.results", "schema_version": 2, "cases": [
-        {"id": "kv_cache[]", "technique": "kv_cache", "status": "passed", "variants": {}}]}
+    old = {
+        "kind": "gpubench.results",
+        "schema_version": 2,
+        "cases": [{"id": "kv_cache[]", "technique": "kv_cache", "status": "passed", "variants": {}}],
+    }
     alone = RunRecord.from_dict(old)
     assert alone.technique("kv_cache") is None and alone.claims_elsewhere() == {} and asked == []
     given = RunRecord.from_dict(old, Registry())
     assert given.technique("kv_cache").name == "kv_cache" and asked == ["kv_cache"]
     hook = TechniqueRecord("kv_cache", figures_hook=True)
-    assert figures_hook(hook) == (None, "no technique registry was given to the report "
-                                        "(a figure function is code, not data)")
+    assert figures_hook(hook) == (
+        None,
+        "no technique registry was given to the report (a figure function is code, not data)",
+    )

@@ -1,14 +1,14 @@
 """The runner: correctness checked in every run, failures isolated, nothing measured lost."""
+
 import json
 
 import pytest
 import torch
-
-from gpubench.run import outcome as outcomes
-from gpubench.records import results
-from gpubench.run import runner
-from gpubench.run import scenario
 from inprocess import run_in_process
+
+from gpubench.records import results
+from gpubench.run import outcome as outcomes
+from gpubench.run import runner, scenario
 
 
 def run(write_scenario, tmp_path, body, **kw):
@@ -97,11 +97,13 @@ def test_every_variant_is_checked_against_the_baseline_in_a_passing_run(toys, wr
 
 
 def test_the_four_contract_shapes_run_and_check(toys, write_scenario, tmp_path):
-    body = ("name: shapes\nentries:\n"
-            "  - technique: toy_kernel\n"
-            "  - technique: toy_train_step\n"
-            "  - technique: toy_serving\n"
-            "  - technique: toy_generation\n    params: {tokens: [5, 30]}\n")
+    body = (
+        "name: shapes\nentries:\n"
+        "  - technique: toy_kernel\n"
+        "  - technique: toy_train_step\n"
+        "  - technique: toy_serving\n"
+        "  - technique: toy_generation\n    params: {tokens: [5, 30]}\n"
+    )
     doc = run(write_scenario, tmp_path, body).doc
     status = {c["id"]: c["status"] for c in doc["cases"]}
     assert all(s == "passed" for s in status.values()), doc["cases"]
@@ -127,6 +129,7 @@ def _without_reset(build):
         w = build(params, device, seed)
         w.reset = None
         return w
+
     return build_no_reset
 
 
@@ -144,16 +147,25 @@ def test_results_are_on_disk_after_every_case(toys, write_scenario, tmp_path):
     seen = []
 
     class Spy:
-        def run_started(self, total): pass
-        def case_started(self, index, case): pass
-        def run_finished(self): pass
+        def run_started(self, total):
+            pass
+
+        def case_started(self, index, case):
+            pass
+
+        def run_finished(self):
+            pass
 
         def case_finished(self, index, case, record):
             run_dir = next((tmp_path / "runs").iterdir())
             seen.append(len(results.load_results(run_dir)["cases"]))  # results.json + the run log
 
-    run(write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n",
-        progress=Spy())
+    run(
+        write_scenario,
+        tmp_path,
+        "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n",
+        progress=Spy(),
+    )
     assert seen == [1, 2, 3]
 
 
@@ -188,7 +200,9 @@ def test_a_harness_fault_marks_the_run_crashed_and_keeps_finished_cases(toys, wr
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runner, "run_case", second_call_breaks)
-    outcome = run(write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n")
+    outcome = run(
+        write_scenario, tmp_path, "name: t\nentries:\n  - technique: toy_kernel\n    params: {n: [4, 8, 16]}\n"
+    )
     on_disk = json.loads((outcome.run_dir / "results.json").read_text())
     assert on_disk["status"] == "crashed" and "harness bug" in on_disk["abort_reason"]
     assert on_disk["cases"][0]["status"] == "passed"
@@ -202,20 +216,26 @@ def test_a_broken_cuda_context_stops_the_run_with_the_reason(toys, write_scenari
     body = "name: t\nentries:\n  - technique: toy_kernel\n    params: {mode: [ok, optimized_raises, ok, ok]}\n"
     outcome = run(write_scenario, tmp_path, body)
     assert outcome.doc["status"] == "aborted" and len(outcome.doc["cases"]) == 2
-    assert "illegal memory access" in outcome.doc["abort_reason"] and "2 later case(s) not run" in outcome.doc["abort_reason"]
+    assert (
+        "illegal memory access" in outcome.doc["abort_reason"]
+        and "2 later case(s) not run" in outcome.doc["abort_reason"]
+    )
     assert outcome.exit_code == outcomes.EXIT_FAILED
 
 
 def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_energy_calls(
-        toys, write_scenario, tmp_path, monkeypatch):
+    toys, write_scenario, tmp_path, monkeypatch
+):
     # Call 1 of each variant is the checked call, call 2 the only warm-up call (warmup_s 0), calls
     # 3-6 are timed; a fake energy counter makes the runner add energy calls after the metrics.
     from gpubench.measure.telemetry import TelemetrySampler
 
     ticks = iter(range(10**6))
     monkeypatch.setattr(TelemetrySampler, "energy_mj", lambda self: float(next(ticks)))
-    body = ("name: rec\nentries:\n  - technique: toy_recorded\n"
-            "policy: {warmup_s: 0, min_reps: 4, max_reps: 4, min_time_s: 0, target_iqr: 1.0, energy_s: 0.01}\n")
+    body = (
+        "name: rec\nentries:\n  - technique: toy_recorded\n"
+        "policy: {warmup_s: 0, min_reps: 4, max_reps: 4, min_time_s: 0, target_iqr: 1.0, energy_s: 0.01}\n"
+    )
     case = run(write_scenario, tmp_path, body).doc["cases"][0]
     for name in ("counted_a", "counted_b"):
         v = case["variants"][name]
@@ -228,16 +248,20 @@ def test_metrics_see_what_the_timed_calls_recorded_never_the_checked_warm_up_or_
 def test_the_phase_record_says_where_a_cases_time_went_and_stops_where_the_case_did(toys, write_scenario, tmp_path):
     # Every stage of run_case laps its phase: a case that ran through has each one (in PHASES order,
     # then the timed calls' own seconds and the rest); a case whose build raised reached none after it.
-    body = ("name: phases\nentries:\n  - technique: toy_kernel\n    params: {n: 16, mode: [ok, build_raises]}\n"
-            "policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, "
-            "energy_s: 0}\n")
+    body = (
+        "name: phases\nentries:\n  - technique: toy_kernel\n    params: {n: 16, mode: [ok, build_raises]}\n"
+        "policy: {warmup_s: 0, min_reps: 3, max_reps: 4, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, "
+        "energy_s: 0}\n"
+    )
     cases = by_mode(run(write_scenario, tmp_path, body).doc)
     for mode, reached in (("ok", runner.PHASES), ("build_raises", ("build", "stats"))):
         case = cases[mode]
         phases = case["phases_s"]
         assert list(phases) == [*runner.PHASES, "timed", "other"], mode
-        assert all(phases[p] > 0 for p in reached) and all(phases[p] == 0 for p in runner.PHASES if p not in reached), \
-            (mode, phases)
+        assert all(phases[p] > 0 for p in reached) and all(phases[p] == 0 for p in runner.PHASES if p not in reached), (
+            mode,
+            phases,
+        )
         assert sum(phases[p] for p in runner.PHASES) + phases["other"] == pytest.approx(case["elapsed_s"], rel=1e-9)
     ok = cases["ok"]
     assert 0 < ok["phases_s"]["timed"] <= ok["phases_s"]["timing"]
@@ -267,9 +291,10 @@ def test_a_time_cap_before_min_reps_keeps_timing_to_min_reps_within_the_case_lim
 
 
 def test_the_runner_passes_timing_a_deadline_within_the_case_limit(toys, monkeypatch):
+    from planted import _NoTelemetry
+
     from gpubench.measure import timing
     from gpubench.run.scenario import Case
-    from planted import _NoTelemetry
 
     seen = {}
     real = timing.measure_interleaved
@@ -281,7 +306,12 @@ def test_the_runner_passes_timing_a_deadline_within_the_case_limit(toys, monkeyp
     monkeypatch.setattr(timing, "measure_interleaved", spy)
     policy = timing.Policy(warmup_s=0.0, min_reps=2, max_reps=2, min_time_s=0.0, case_timeout_s=100.0, energy_s=0.0)
     cpu = torch.device("cpu")
-    runner.run_case(Case("toy_kernel", {"n": 16, "mode": "ok"}, policy, 0), cpu, timing.Clock(cpu, flush_l2=False),
-                    _NoTelemetry(), None)
+    runner.run_case(
+        Case("toy_kernel", {"n": 16, "mode": "ok"}, policy, 0),
+        cpu,
+        timing.Clock(cpu, flush_l2=False),
+        _NoTelemetry(),
+        None,
+    )
     # from the case's start (before timing), TIMING_DEADLINE_SHARE of its 100 s: never past the limit
     assert seen["at"] < seen["deadline"] <= seen["at"] + timing.TIMING_DEADLINE_SHARE * 100.0

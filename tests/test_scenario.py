@@ -1,8 +1,9 @@
 """Scenario files: every problem reported before anything runs, with file:line and key."""
+
 import pytest
 
-from gpubench.run import scenario
 from gpubench.errors import BadInput
+from gpubench.run import scenario
 
 GOOD = """\
 name: t
@@ -54,7 +55,9 @@ def test_value_outside_choices_names_the_allowed_values(toys, write_scenario):
 
 
 def test_unknown_keys_at_every_level(toys, write_scenario):
-    text = GOOD.replace("name: t", "name: t\ndevise: cpu").replace("    params:\n      n:", "    parms: 1\n    params:\n      size: 3\n      n:")
+    text = GOOD.replace("name: t", "name: t\ndevise: cpu").replace(
+        "    params:\n      n:", "    parms: 1\n    params:\n      size: 3\n      n:"
+    )
     path = write_scenario(text)
     _, problems = problems_of(path)
     assert any(p.startswith(f"{path}:2: devise: unknown key; allowed: name,") for p in problems)
@@ -66,7 +69,9 @@ def test_unknown_keys_at_every_level(toys, write_scenario):
 def test_unknown_technique_suggests_the_close_name(toys, write_scenario):
     path = write_scenario(GOOD.replace("technique: toy_kernel", "technique: toy_kernal"))
     _, problems = problems_of(path)
-    assert problems[0].startswith(f"{path}:3: entries[0].technique: 'toy_kernal' is not a registered technique (did you mean 'toy_kernel'?)")
+    assert problems[0].startswith(
+        f"{path}:3: entries[0].technique: 'toy_kernal' is not a registered technique (did you mean 'toy_kernel'?)"
+    )
     from gpubench import techniques
 
     allowed = problems[0].split("allowed: ", 1)[1]
@@ -88,7 +93,9 @@ def test_bad_device_and_policy_are_reported(toys, write_scenario):
 
 
 def test_cross_param_rules_of_a_technique_are_checked(write_scenario):
-    path = write_scenario("name: t\nentries:\n  - technique: flash_attention\n    params: {heads: 8, kv_heads: [2, 3]}\n")
+    path = write_scenario(
+        "name: t\nentries:\n  - technique: flash_attention\n    params: {heads: 8, kv_heads: [2, 3]}\n"
+    )
     _, problems = problems_of(path)
     assert len(problems) == 1 and problems[0].startswith(f"{path}:4: flash_attention.params:")
     assert "kv_heads" in problems[0]
@@ -125,7 +132,9 @@ def test_shipped_scenarios_are_valid_and_smoke_covers_every_technique():
 
 
 def test_entry_policy_overrides_and_variants_subset(toys, write_scenario):
-    text = GOOD.replace("      mode: ok\n", "      mode: ok\n    policy: {max_reps: 2, min_reps: 1}\n    variants: [optimized]\n")
+    text = GOOD.replace(
+        "      mode: ok\n", "      mode: ok\n    policy: {max_reps: 2, min_reps: 1}\n    variants: [optimized]\n"
+    )
     scen = scenario.load(write_scenario(text))
     case = scen.cases()[0]
     assert case.policy.max_reps == 2 and case.variants == ("baseline", "optimized")

@@ -1,6 +1,7 @@
 """The serving engine and its two techniques: batching must never change what a request generates,
 KV bookkeeping is exact under any sequence of operations, the schedulers do what their names say,
 traces follow their stated distributions, and the metrics mean what vLLM's benchmark means."""
+
 from __future__ import annotations
 
 import json
@@ -15,24 +16,24 @@ from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
 from gpubench.models.llama import SIZES, LlamaConfig, load_hf, random_weights
 from gpubench.reports import figures
+from gpubench.serving import reference as reference_mod
 from gpubench.serving.bench import LATENCY_PERCENTILES as LATENCY
 from gpubench.serving.bench import PLOTS, ServingReference, check
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
 from gpubench.serving.kv import make_kv
-from gpubench.serving.model_runner import ModelRunner, sample
 from gpubench.serving.metrics import serving_metrics, serving_series
-from gpubench.serving import reference as reference_mod
+from gpubench.serving.model_runner import ModelRunner, sample
 from gpubench.serving.reference import reference_batch, reference_generate
 from gpubench.serving.sequence import Sequence
-from gpubench.serving.traces import (Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length,
-                                     read_jsonl)
+from gpubench.serving.traces import Request, TraceSpec, arrival_times, generate, parse_arrival, parse_length, read_jsonl
 from gpubench.techniques import continuous_batching, paged_kv_serving
 
 CPU = torch.device("cpu")
-TINY = LlamaConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                   intermediate_size=128)
+TINY = LlamaConfig(
+    vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,22 @@ ENGINES = [(s, k) for s in ("static", "continuous") for k in ("contiguous", "pag
 
 # -- exactness --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scheduler,kv", ENGINES)
 def test_greedy_tokens_equal_one_request_at_a_time_in_every_engine(weights64, scheduler, kv):
     """Batching, KV layout, padding and preemption-with-recompute never change a greedy request's
     tokens (float64, so no near-ties: exact equality with the lone reference)."""
     requests = trace(12, seed=1)
     # A budget of 16 blocks of 8 tokens: tight enough that the paged engine preempts.
-    cfg = EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
-                       block_size=8, max_len=48, max_batch=8, wait=False)
+    cfg = EngineConfig(
+        scheduler=scheduler,
+        kv=kv,
+        kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
+        block_size=8,
+        max_len=48,
+        max_batch=8,
+        wait=False,
+    )
     run = Engine(weights64, cfg).run(requests)
     assert run.accounting_problems == []
     for r in requests:
@@ -73,8 +82,15 @@ def test_requests_preempted_far_from_their_end_resume_with_their_lone_tokens(wei
     tokens still to generate (so a wrong resume changes tokens that follow it), and every request
     still generates exactly what it generates alone (float64: no near-ties)."""
     requests = trace(10, seed=seed, prompt="uniform:4:12", output="uniform:20:32")
-    cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
-                       block_size=8, max_len=48, max_batch=8, wait=False)
+    cfg = EngineConfig(
+        scheduler=scheduler,
+        kv="paged",
+        kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
+        block_size=8,
+        max_len=48,
+        max_batch=8,
+        wait=False,
+    )
     run = Engine(weights64, cfg).run(requests)
     assert run.preemptions >= 3 and min(run.preempted_tokens_left) >= 5, run.preempted_tokens_left
     assert run.accounting_problems == []
@@ -87,8 +103,9 @@ def test_a_prefill_feeds_only_what_is_not_cached_and_attends_over_the_cached_pre
     """The model runner prefills ``tokens[cached:]`` over the K/V already cached: a prompt fed in
     two prefills (7 tokens, then 13 more) gives the token the whole prompt gives alone."""
     prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(11)).tolist()
-    backend = make_kv(weights64, EngineConfig(kv=kv, kv_budget_bytes=4 * 48 * TINY.kv_bytes_per_token(8),
-                                             block_size=8, max_len=48))
+    backend = make_kv(
+        weights64, EngineConfig(kv=kv, kv_budget_bytes=4 * 48 * TINY.kv_bytes_per_token(8), block_size=8, max_len=48)
+    )
     runner = ModelRunner(weights64, backend, 0.0)
     seq = Sequence.of(Request(0, 0.0, prompt[:7], 1), 0.0)
     backend.admit(seq)
@@ -104,8 +121,15 @@ def test_static_batch_goes_on_when_its_unfinished_requests_are_preempted(weights
     the long one then has no room and preempts itself, the batch ends and the long one is
     recomputed in the next (once a deadlock), with the tokens it would have generated alone."""
     requests = [Request(0, 0.0, list(range(1, 9)), 8), Request(1, 0.0, list(range(9, 17)), 20)]
-    cfg = EngineConfig(scheduler="static", kv="paged", kv_budget_bytes=4 * 8 * TINY.kv_bytes_per_token(8),
-                       block_size=8, max_len=32, max_batch=2, wait=False)
+    cfg = EngineConfig(
+        scheduler="static",
+        kv="paged",
+        kv_budget_bytes=4 * 8 * TINY.kv_bytes_per_token(8),
+        block_size=8,
+        max_len=32,
+        max_batch=2,
+        wait=False,
+    )
     run = Engine(weights64, cfg).run(requests)
     assert run.preemptions == 1 and run.accounting_problems == []
     for r in requests:
@@ -117,8 +141,14 @@ def test_a_request_larger_than_the_whole_budget_is_an_error_not_a_hang(weights64
     run with a message naming it."""
     request = Request(0, 0.0, list(range(1, 21)), 4)  # 20 prompt tokens, 16 slots
     for scheduler in ("static", "continuous"):
-        cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=2 * 8 * TINY.kv_bytes_per_token(8),
-                           block_size=8, max_len=32, wait=False)
+        cfg = EngineConfig(
+            scheduler=scheduler,
+            kv="paged",
+            kv_budget_bytes=2 * 8 * TINY.kv_bytes_per_token(8),
+            block_size=8,
+            max_len=32,
+            wait=False,
+        )
         with pytest.raises(RuntimeError, match="request 0 does not fit the KV budget even alone"):
             Engine(weights64, cfg).run([request])
 
@@ -127,9 +157,13 @@ def test_sampled_decoding_is_reproducible_and_batching_invariant(weights64):
     """Each request samples from its own seeded generator: the same tokens alone, in a static batch
     and under continuous batching."""
     requests = trace(6, seed=2)
-    runs = [Engine(weights64, EngineConfig(scheduler=s, kv="paged", kv_budget_bytes=1 << 20, max_len=48,
-                                           temperature=0.8, wait=False)).run(requests)
-            for s in ("static", "continuous")]
+    runs = [
+        Engine(
+            weights64,
+            EngineConfig(scheduler=s, kv="paged", kv_budget_bytes=1 << 20, max_len=48, temperature=0.8, wait=False),
+        ).run(requests)
+        for s in ("static", "continuous")
+    ]
     for r in requests:
         alone, _ = reference_generate(weights64, r, temperature=0.8)
         assert runs[0].tokens[r.id] == runs[1].tokens[r.id] == alone
@@ -163,8 +197,16 @@ def test_sampled_requests_preempted_far_from_their_end_equal_lone_generation_tok
     preempted request's generator goes on where it stopped, so each request's sampled tokens are
     exactly those it samples alone (float64: no near-ties), and the technique's check says so."""
     requests = trace(10, seed=1, prompt="uniform:4:12", output="uniform:20:32")
-    cfg = EngineConfig(scheduler=scheduler, kv="paged", kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
-                       block_size=8, max_len=48, max_batch=8, wait=False, temperature=0.8)
+    cfg = EngineConfig(
+        scheduler=scheduler,
+        kv="paged",
+        kv_budget_bytes=20 * 8 * TINY.kv_bytes_per_token(8),
+        block_size=8,
+        max_len=48,
+        max_batch=8,
+        wait=False,
+        temperature=0.8,
+    )
     run = Engine(weights64, cfg).run(requests)
     assert run.preemptions >= 3 and min(run.preempted_tokens_left) >= 5, run.preempted_tokens_left
     ref = ServingReference({}, {}, 0.8, torch.float64, {r.id: r.output_len for r in requests})
@@ -176,6 +218,7 @@ def test_sampled_requests_preempted_far_from_their_end_equal_lone_generation_tok
 
 
 # -- the reference: every request decoded as if alone, in padded batches ---------------------------
+
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batched_reference_equals_lone_generation_token_for_token(weights64, temperature):
@@ -234,16 +277,27 @@ def test_batched_reference_makes_one_forward_pass_per_step_for_all_its_requests(
 
 # -- the check --------------------------------------------------------------------------------
 
+
 def _ref(tokens, gaps, temperature=0.0, dtype=torch.float32, lengths=None, min_preemptions=0):
     return ServingReference(tokens, gaps, temperature, dtype, lengths or {}, min_preemptions)
 
 
 def _run(tokens, problems=(), requests=(), timeline=None, preemptions=0, duration_s=1.0, kv="paged"):
-    return ServingRun(scheduler="continuous", kv=kv, wait=True, tokens=tokens, requests=list(requests),
-                      timeline=timeline or Timeline(), duration_s=duration_s, preemptions=preemptions,
-                      preempted_tokens_left=[5] * preemptions, kv_budget_bytes=1000, kv_capacity_tokens=10,
-                      kv_token_bytes=100,
-                      accounting_problems=list(problems))
+    return ServingRun(
+        scheduler="continuous",
+        kv=kv,
+        wait=True,
+        tokens=tokens,
+        requests=list(requests),
+        timeline=timeline or Timeline(),
+        duration_s=duration_s,
+        preemptions=preemptions,
+        preempted_tokens_left=[5] * preemptions,
+        kv_budget_bytes=1000,
+        kv_capacity_tokens=10,
+        kv_token_bytes=100,
+        accounting_problems=list(problems),
+    )
 
 
 def test_check_fails_on_a_real_divergence_and_names_it():
@@ -306,6 +360,7 @@ def test_a_case_meant_to_preempt_that_does_not_fails_by_its_check():
 
 
 # -- KV bookkeeping ---------------------------------------------------------------------------
+
 
 def test_block_manager_invariants_under_random_operations():
     """Over thousands of random allocate / grow / release operations, checked against a shadow
@@ -378,8 +433,10 @@ def test_slab_allocator_holds_whole_slabs_and_never_double_books():
 def test_engine_never_exceeds_its_budget_and_frees_everything(weights64, kv):
     """At every step the reserved KV bytes stay within the budget; at the end nothing is held."""
     budget = 12 * 8 * TINY.kv_bytes_per_token(8)
-    run = Engine(weights64, EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8,
-                                         max_len=48, wait=False)).run(trace(10, seed=4))
+    run = Engine(
+        weights64,
+        EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8, max_len=48, wait=False),
+    ).run(trace(10, seed=4))
     assert max(run.timeline.reserved_bytes) <= budget
     assert run.timeline.reserved_bytes[0] > 0 and run.accounting_problems == []
 
@@ -388,15 +445,28 @@ def test_paged_holds_more_requests_than_contiguous_in_the_same_bytes(weights64):
     """Same budget, same scheduler: contiguous admits at most budget / max_len requests, paged
     admits by the tokens actually held, so more run at once and memory holds tokens, not padding."""
     budget = 4 * 48 * TINY.kv_bytes_per_token(8)  # four 48-token slabs
-    runs = {kv: Engine(weights64, EngineConfig(scheduler="continuous", kv=kv, kv_budget_bytes=budget, block_size=8,
-                                               max_len=48, max_batch=32, wait=False)).run(trace(16, seed=5))
-            for kv in ("contiguous", "paged")}
+    runs = {
+        kv: Engine(
+            weights64,
+            EngineConfig(
+                scheduler="continuous",
+                kv=kv,
+                kv_budget_bytes=budget,
+                block_size=8,
+                max_len=48,
+                max_batch=32,
+                wait=False,
+            ),
+        ).run(trace(16, seed=5))
+        for kv in ("contiguous", "paged")
+    }
     m = {kv: serving_metrics(run, 1e9, 1e9) for kv, run in runs.items()}
     assert m["contiguous"]["max_concurrency"] <= 4 < m["paged"]["max_concurrency"]
     assert m["paged"]["kv_utilization"] > m["contiguous"]["kv_utilization"]
 
 
 # -- scheduling -------------------------------------------------------------------------------
+
 
 def _first_last(run):
     return {r.id: (r.token_times_s[0], r.finish_s) for r in run.requests}
@@ -406,8 +476,13 @@ def test_static_batches_run_until_their_longest_request_finishes(weights64):
     """Static: the second batch's first token comes after every request of the first batch
     finished; continuous: a waiting request starts before the first ones are all done."""
     requests = trace(8, seed=6, output="uniform:2:30")
-    runs = {s: Engine(weights64, EngineConfig(scheduler=s, kv="contiguous", kv_budget_bytes=1 << 22, max_len=64,
-                                              max_batch=4, wait=False)).run(requests) for s in ("static", "continuous")}
+    runs = {
+        s: Engine(
+            weights64,
+            EngineConfig(scheduler=s, kv="contiguous", kv_budget_bytes=1 << 22, max_len=64, max_batch=4, wait=False),
+        ).run(requests)
+        for s in ("static", "continuous")
+    }
     static = _first_last(runs["static"])
     first_batch_end = max(static[i][1] for i in range(4))
     assert all(static[i][0] >= first_batch_end for i in range(4, 8))
@@ -419,8 +494,15 @@ def test_static_batch_starts_on_timeout_when_not_full(weights64):
     """With arrivals honoured and a batch that never fills, the batch starts once its oldest request
     has waited batch_timeout_s (not before), and the run completes."""
     requests = [Request(i, 0.01 * i, [1, 2, 3], 2) for i in range(3)]
-    cfg = EngineConfig(scheduler="static", kv="contiguous", kv_budget_bytes=1 << 22, max_len=16, max_batch=8,
-                       batch_timeout_s=0.1, wait=True)
+    cfg = EngineConfig(
+        scheduler="static",
+        kv="contiguous",
+        kv_budget_bytes=1 << 22,
+        max_len=16,
+        max_batch=8,
+        batch_timeout_s=0.1,
+        wait=True,
+    )
     run = Engine(weights64, cfg).run(requests)
     first = min(r.token_times_s[0] for r in run.requests)
     assert first >= 0.1 and all(len(t) == 2 for t in run.tokens.values())
@@ -435,6 +517,7 @@ def test_requests_are_not_served_before_they_arrive(weights64):
 
 
 # -- traces -----------------------------------------------------------------------------------
+
 
 def test_poisson_and_gamma_arrivals_have_their_stated_rate_and_burstiness():
     """Mean gap 1/rate for both; coefficient of variation 1 for Poisson, 1/sqrt(k) for gamma."""
@@ -480,13 +563,16 @@ def test_jsonl_trace_reads_lengths_and_text_and_rejects_bad_lines(tmp_path):
     """A JSONL trace gives requests sorted by arrival (prompt text becomes byte tokens); a bad line
     is BadInput naming the file, the line and the key."""
     good = tmp_path / "t.jsonl"
-    good.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n\n'
-                    '{"arrival_s": 0.1, "prompt": "hi", "output_len": 2}\n')
+    good.write_text(
+        '{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n\n{"arrival_s": 0.1, "prompt": "hi", "output_len": 2}\n'
+    )
     reqs = read_jsonl(good, vocab_size=100)
     assert [r.arrival_s for r in reqs] == [0.1, 0.5] and reqs[0].prompt == [104 % 100, 105 % 100]
     assert reqs[1].prompt_len == 4 and [r.id for r in reqs] == [0, 1]
     bad = tmp_path / "b.jsonl"
-    bad.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n{"arrival_s": 1, "output_len": 0, "prompt_len": 2}\n')
+    bad.write_text(
+        '{"arrival_s": 0.5, "prompt_len": 4, "output_len": 3}\n{"arrival_s": 1, "output_len": 0, "prompt_len": 2}\n'
+    )
     with pytest.raises(BadInput, match=r"b.jsonl:2: key 'output_len'"):
         read_jsonl(bad, 100)
     (tmp_path / "c.jsonl").write_text("not json\n")
@@ -498,25 +584,40 @@ def test_jsonl_trace_reads_lengths_and_text_and_rejects_bad_lines(tmp_path):
 
 # -- metrics ----------------------------------------------------------------------------------
 
+
 def _timed_run(ttft_s, gap_s, preemptions=0, duration_s=1.0):
     """Two requests at time 0, two tokens each: the first after ttft_s, the next gap_s later."""
     times = [ttft_s, ttft_s + gap_s]
     requests = [RequestTimes(i, 0.0, 4, 2, list(times), times[-1]) for i in range(2)]
-    timeline = Timeline(t_s=times, running=[2, 2], waiting=[0, 0], live_bytes=[800, 1000],
-                        reserved_bytes=[1000, 1000], step_tokens=[8, 2])
-    return _run({0: [1, 2], 1: [3, 4]}, requests=requests, timeline=timeline, preemptions=preemptions,
-                duration_s=duration_s)
+    timeline = Timeline(
+        t_s=times,
+        running=[2, 2],
+        waiting=[0, 0],
+        live_bytes=[800, 1000],
+        reserved_bytes=[1000, 1000],
+        step_tokens=[8, 2],
+    )
+    return _run(
+        {0: [1, 2], 1: [3, 4]}, requests=requests, timeline=timeline, preemptions=preemptions, duration_s=duration_s
+    )
 
 
 def test_serving_metrics_follow_vllm_definitions():
     """TTFT = first token - arrival; TPOT = (last - first) / (n - 1); ITL = gaps between tokens;
     throughput over the run's start (time 0) to last finish; goodput counts requests meeting both SLOs;
     KV utilization = live / reserved bytes averaged over steps."""
-    run = _run({0: [1, 2, 3], 1: [4]}, requests=[
-        RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4),
-        RequestTimes(1, 0.2, 6, 1, [0.3], 0.3),
-    ], timeline=Timeline(t_s=[0.1, 0.2], running=[1, 2], waiting=[0, 0], live_bytes=[50, 100],
-                         reserved_bytes=[100, 400], step_tokens=[10, 7]))
+    run = _run(
+        {0: [1, 2, 3], 1: [4]},
+        requests=[RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4), RequestTimes(1, 0.2, 6, 1, [0.3], 0.3)],
+        timeline=Timeline(
+            t_s=[0.1, 0.2],
+            running=[1, 2],
+            waiting=[0, 0],
+            live_bytes=[50, 100],
+            reserved_bytes=[100, 400],
+            step_tokens=[10, 7],
+        ),
+    )
     m = serving_metrics(run, slo_ttft_ms=150, slo_tpot_ms=500)
     assert m["duration_s"] == pytest.approx(0.4)
     assert m["output_tokens_per_s"] == pytest.approx(4 / 0.4) and m["total_tokens_per_s"] == pytest.approx(20 / 0.4)
@@ -531,11 +632,19 @@ def test_serving_metrics_follow_vllm_definitions():
 def test_a_request_that_never_finished_keeps_the_duration_to_the_runs_end():
     """vLLM's benchmark duration waits for every request: one with no output and no finish time
     must not let the last other finish (0.4 s) end the duration early (the run lasted 3 s)."""
-    run = _run({0: [1, 2, 3], 1: []}, requests=[
-        RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4),
-        RequestTimes(1, 0.2, 6, 1, [], None),
-    ], timeline=Timeline(t_s=[0.1, 0.2], running=[1, 2], waiting=[0, 0], live_bytes=[50, 100],
-                         reserved_bytes=[100, 400], step_tokens=[10, 7]), duration_s=3.0)
+    run = _run(
+        {0: [1, 2, 3], 1: []},
+        requests=[RequestTimes(0, 0.0, 10, 3, [0.1, 0.2, 0.4], 0.4), RequestTimes(1, 0.2, 6, 1, [], None)],
+        timeline=Timeline(
+            t_s=[0.1, 0.2],
+            running=[1, 2],
+            waiting=[0, 0],
+            live_bytes=[50, 100],
+            reserved_bytes=[100, 400],
+            step_tokens=[10, 7],
+        ),
+        duration_s=3.0,
+    )
     m = serving_metrics(run, slo_ttft_ms=150, slo_tpot_ms=500)
     assert m["duration_s"] == pytest.approx(3.0) and m["completed"] == 1
     assert m["output_tokens_per_s"] == pytest.approx(3 / 3.0)
@@ -559,12 +668,20 @@ def test_technique_metrics_are_medians_over_the_timed_runs_not_the_checked_one()
 
 # -- techniques -------------------------------------------------------------------------------
 
-SMALL = {"requests": 6, "arrival": "all", "prompt_len": "uniform:4:12", "output_len": "uniform:2:10",
-         "max_len": 32, "kv_budget_mib": 0.05, "max_batch": 4}
+SMALL = {
+    "requests": 6,
+    "arrival": "all",
+    "prompt_len": "uniform:4:12",
+    "output_len": "uniform:2:10",
+    "max_len": 32,
+    "kv_budget_mib": 0.05,
+    "max_batch": 4,
+}
 
 
-@pytest.mark.parametrize("module,names", [(continuous_batching, ("static", "continuous")),
-                                          (paged_kv_serving, ("contiguous", "paged"))])
+@pytest.mark.parametrize(
+    "module,names", [(continuous_batching, ("static", "continuous")), (paged_kv_serving, ("contiguous", "paged"))]
+)
 def test_techniques_check_both_engines_against_lone_generation(module, names):
     """Each serving technique's baseline and optimized runs pass its check against the reference;
     each timed run is recorded, and the metrics carry the headline and the series the report draws."""
@@ -593,9 +710,17 @@ def test_techniques_check_both_engines_against_lone_generation(module, names):
 def _figure_case(ttft_ms, role_values):
     variants = {}
     for (name, role), scale in zip((("static", "baseline"), ("continuous", "optimized")), role_values):
-        metrics = {"output_tokens_per_s": 100.0 * scale, **{key: 10.0 * scale for key in LATENCY},
-                   "series": {"t_s": [0.1, 0.2, 0.3], "running": [1, 2, 1], "kv_utilization": [None, 0.5 * scale, 0.25],
-                              "ttft_ms": ttft_ms, "e2e_ms": [2 * t for t in ttft_ms]}}
+        metrics = {
+            "output_tokens_per_s": 100.0 * scale,
+            **{key: 10.0 * scale for key in LATENCY},
+            "series": {
+                "t_s": [0.1, 0.2, 0.3],
+                "running": [1, 2, 1],
+                "kv_utilization": [None, 0.5 * scale, 0.25],
+                "ttft_ms": ttft_ms,
+                "e2e_ms": [2 * t for t in ttft_ms],
+            },
+        }
         variants[name] = {"role": role, "metrics": metrics}
     return {"technique": "continuous_batching", "params": {"requests": 3}, "variants": variants}
 
@@ -676,10 +801,21 @@ def test_hf_checkpoint_loads_and_matches_transformers_logits(tmp_path):
     """A local Hugging Face Llama checkpoint read through load_hf gives the logits transformers
     computes (RoPE layout, GQA, RMSNorm, SwiGLU all as Llama defines them), and the engine serves it."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rms_norm_eps=1e-5, rope_theta=5000.0, tie_word_embeddings=False,
-                                   eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=5000.0,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # make the norms non-trivial so a misplaced norm weight shows
@@ -693,6 +829,7 @@ def test_hf_checkpoint_loads_and_matches_transformers_logits(tmp_path):
     with torch.no_grad():
         expected = model.double()(tokens).logits[0]
     from gpubench.models.llama import causal_attention, forward
+
     got = forward(weights, tokens[0], torch.arange(20), lambda i, q, k, v: causal_attention(q, k, v))
     assert torch.allclose(got, expected, atol=1e-8), (got - expected).abs().max()
     request = Request(0, 0.0, tokens[0].tolist(), 8)
@@ -710,19 +847,38 @@ def test_serve_command_prints_metrics_per_engine_and_rejects_bad_input(tmp_path)
     from gpubench.cli import main
 
     trace_file = tmp_path / "t.jsonl"
-    trace_file.write_text("".join(json.dumps({"arrival_s": 0.01 * i, "prompt_len": 5 + i, "output_len": 3 + i}) + "\n"
-                                  for i in range(5)))
+    trace_file.write_text(
+        "".join(json.dumps({"arrival_s": 0.01 * i, "prompt_len": 5 + i, "output_len": 3 + i}) + "\n" for i in range(5))
+    )
     runner = CliRunner()
-    result = runner.invoke(main, ["serve", "--trace", str(trace_file), "--max-len", "32", "--no-wait", "--json",
-                                  "--engine", "static+contiguous", "--engine", "continuous+paged"])
+    result = runner.invoke(
+        main,
+        [
+            "serve",
+            "--trace",
+            str(trace_file),
+            "--max-len",
+            "32",
+            "--no-wait",
+            "--json",
+            "--engine",
+            "static+contiguous",
+            "--engine",
+            "continuous+paged",
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     for name in ("static+contiguous", "continuous+paged"):
         m = doc["engines"][name]
         assert m["requests"] == 5 and m["output_tokens_per_s"] > 0 and m["accounting_problems"] == []
-    for args, needle in ((["--engine", "dynamic+paged"], "--engine"), (["--arrival", "poisson"], "--arrival"),
-                         (["--max-len", "8"], "--max-len"), (["--kv-budget", "1KiB"], "--kv-budget"),
-                         (["--model", "nope"], "model 'nope'")):
+    for args, needle in (
+        (["--engine", "dynamic+paged"], "--engine"),
+        (["--arrival", "poisson"], "--arrival"),
+        (["--max-len", "8"], "--max-len"),
+        (["--kv-budget", "1KiB"], "--kv-budget"),
+        (["--model", "nope"], "model 'nope'"),
+    ):
         result = runner.invoke(main, ["serve", "--trace", str(trace_file), "--no-wait", *args])
         assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output, args
 
@@ -739,8 +895,9 @@ def test_the_reference_runs_on_one_thread_while_the_cpu_is_overloaded_and_restor
     w = continuous_batching.TECHNIQUE.build_fn(params, CPU, 0)
     seen = []
     real = serving_bench.reference_batch
-    monkeypatch.setattr(serving_bench, "reference_batch", lambda *a, **k: seen.append(torch.get_num_threads())
-                        or real(*a, **k))
+    monkeypatch.setattr(
+        serving_bench, "reference_batch", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k)
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -3,6 +3,7 @@ vectorized paged (or slab) attention call, its index tensors built once, one hos
 decode-only steps at bucketed batch sizes over static buffers (what CUDA graphs replay; on a CPU
 the same buckets run uncaptured). Each is checked against the straightforward path: every
 sequence alone through a plain growing cache, in float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,9 @@ from gpubench.serving.step_inputs import Staging, build_step
 from gpubench.serving.traces import Request, TraceSpec, generate
 
 # GQA (4 query heads over 2 KV heads), blocks of 8 so contexts end inside a block.
-TINY = LlamaConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                   intermediate_size=128)
+TINY = LlamaConfig(
+    vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,13 @@ def weights64():
 def lone_logits(weights, tokens: list[int]) -> torch.Tensor:
     """The straightforward path: the whole sequence alone, causal SDPA, logits after its last token."""
     with torch.inference_mode():
-        return forward(weights, torch.tensor(tokens), torch.arange(len(tokens)),
-                       lambda i, q, k, v: causal_attention(q, k, v), logits_at=torch.tensor([len(tokens) - 1]))[0]
+        return forward(
+            weights,
+            torch.tensor(tokens),
+            torch.arange(len(tokens)),
+            lambda i, q, k, v: causal_attention(q, k, v),
+            logits_at=torch.tensor([len(tokens) - 1]),
+        )[0]
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -120,6 +127,7 @@ def test_a_step_writes_every_new_tokens_kv_to_its_own_slot_and_nothing_else(weig
     # layer 0's keys: rotary-embedded projections of the embeddings, as the lone pass makes them
     c, w0 = TINY, weights64.layers[0]
     from gpubench.models.llama import apply_rope, rms_norm, rope_cos_sin
+
     for s, t in zip(seqs, tokens):
         x = rms_norm(weights64.embed[torch.tensor(t)], w0.attn_norm, c.rms_eps)
         cos, sin = rope_cos_sin(weights64, torch.arange(len(t)))
@@ -157,6 +165,7 @@ def test_a_decode_step_reads_the_device_once_and_builds_its_indices_once(weights
 
 
 # -- bucketed decode (CUDA graphs' bookkeeping, run uncaptured on the CPU) -------------------
+
 
 def test_buckets_are_powers_of_two_up_to_max_batch_and_a_batch_takes_the_smallest_that_holds_it():
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
@@ -216,13 +225,23 @@ def test_graphs_default_on_for_cuda_only():
     assert not EngineConfig(cuda_graphs=False).graphs_on(torch.device("cuda"))
 
 
-@pytest.mark.parametrize("scheduler,kv", [("continuous", "paged"), ("static", "contiguous"), ("continuous", "contiguous")])
+@pytest.mark.parametrize(
+    "scheduler,kv", [("continuous", "paged"), ("static", "contiguous"), ("continuous", "contiguous")]
+)
 def test_engine_with_bucketed_decode_generates_each_requests_lone_tokens(weights64, scheduler, kv):
     """The whole engine with decode-only steps through the buckets (preemption included for paged):
     every greedy request equals its lone generation, and the spare unit is never handed out."""
     requests = generate(TraceSpec(12, "all", "uniform:3:20", "uniform:1:24", TINY.vocab_size), 1)
-    cfg = EngineConfig(scheduler=scheduler, kv=kv, kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
-                       block_size=8, max_len=48, max_batch=8, wait=False, cuda_graphs=True)
+    cfg = EngineConfig(
+        scheduler=scheduler,
+        kv=kv,
+        kv_budget_bytes=16 * 8 * TINY.kv_bytes_per_token(8),
+        block_size=8,
+        max_len=48,
+        max_batch=8,
+        wait=False,
+        cuda_graphs=True,
+    )
     run = Engine(weights64, cfg).run(requests)
     assert run.accounting_problems == []
     for r in requests:
@@ -243,10 +262,14 @@ def test_fused_forward_equals_the_models_forward_and_follows_weight_changes(weig
         return torch.stack([causal_attention(q[b], k[b], v[b]) for b in range(2)])
 
     with torch.inference_mode():
-        assert torch.allclose(fused_forward(weights, tokens, positions, attend),
-                              forward(weights, tokens, positions, attend), rtol=0, atol=1e-12)
+        assert torch.allclose(
+            fused_forward(weights, tokens, positions, attend),
+            forward(weights, tokens, positions, attend),
+            rtol=0,
+            atol=1e-12,
+        )
     stacked = fused_qkv(weights)[1]
     with torch.no_grad():
         weights.layers[1].wv.mul_(-1.0)
     assert fused_qkv(weights)[1] is not stacked
-    assert torch.equal(fused_qkv(weights)[1][-weights.layers[1].wv.shape[0]:], weights.layers[1].wv)
+    assert torch.equal(fused_qkv(weights)[1][-weights.layers[1].wv.shape[0] :], weights.layers[1].wv)

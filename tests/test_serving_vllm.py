@@ -2,13 +2,14 @@
 duration follow vLLM's (vllm/benchmarks/serve.py: get_request rescales the summed gaps so the last
 of N requests lands at N / rate; the duration runs from before the first request's delay to the
 last finish)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
 from gpubench.serving.config import EngineConfig
+from gpubench.serving.engine import Engine, RequestTimes, ServingRun, Timeline
 from gpubench.serving.metrics import serving_metrics
 from gpubench.serving.traces import TraceSpec, arrival_times, generate
 
@@ -50,11 +51,23 @@ def test_duration_starts_at_the_runs_start_not_at_the_first_arrival():
     arrival), so 2 / 0.9 requests/s and 5 / 0.9 output tokens/s."""
     reqs = [_times(0.3, [0.4, 0.5], 0.5), _times(0.5, [0.6, 0.7, 0.9], 0.9)]
     reqs[1].id = 1
-    run = ServingRun(scheduler="continuous", kv="paged", wait=True, tokens={0: [1, 2], 1: [3, 4, 5]},
-                     requests=reqs, timeline=Timeline(t_s=[0.4, 0.9], running=[1, 1], waiting=[0, 0],
-                                                      live_bytes=[1, 1], reserved_bytes=[2, 2], step_tokens=[4, 1]),
-                     duration_s=0.91, preemptions=0, preempted_tokens_left=[], kv_budget_bytes=10,
-                     kv_capacity_tokens=10, kv_token_bytes=1, accounting_problems=[])
+    run = ServingRun(
+        scheduler="continuous",
+        kv="paged",
+        wait=True,
+        tokens={0: [1, 2], 1: [3, 4, 5]},
+        requests=reqs,
+        timeline=Timeline(
+            t_s=[0.4, 0.9], running=[1, 1], waiting=[0, 0], live_bytes=[1, 1], reserved_bytes=[2, 2], step_tokens=[4, 1]
+        ),
+        duration_s=0.91,
+        preemptions=0,
+        preempted_tokens_left=[],
+        kv_budget_bytes=10,
+        kv_capacity_tokens=10,
+        kv_token_bytes=1,
+        accounting_problems=[],
+    )
     m = serving_metrics(run, slo_ttft_ms=1e9, slo_tpot_ms=1e9)
     assert m["duration_s"] == pytest.approx(0.9)
     assert m["request_throughput"] == pytest.approx(2 / 0.9)
@@ -67,8 +80,9 @@ def test_an_engine_run_measures_every_time_from_its_start():
     covers that gap: it is at least the last arrival and at most the loop's wall time."""
     from gpubench.models.llama import LlamaConfig, random_weights
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                      intermediate_size=64)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+    )
     weights = random_weights(cfg, seed=0, dtype=torch.float32)
     reqs = generate(TraceSpec(4, "poisson:40", "fixed:3", "fixed:2", 64), seed=2)
     run = Engine(weights, EngineConfig(kv_budget_bytes=1 << 20, max_len=16, wait=True)).run(reqs)
@@ -82,15 +96,25 @@ def test_an_engine_run_measures_every_time_from_its_start():
 # vLLM (benchmarks/serve.py calculate_metrics): TPOT = (latency - ttft) / (tokens - 1), 0 for goodput
 # at one token; good when slo_ms / 1000 >= value_s for every SLO, in seconds, floats compared as is.
 
+
 def _run(reqs):
     for i, r in enumerate(reqs):
         r.id = i
-    return ServingRun(scheduler="continuous", kv="paged", wait=True, tokens={r.id: [1] * len(r.token_times_s)
-                                                                            for r in reqs},
-                      requests=reqs, timeline=Timeline(t_s=[1.0], running=[1], waiting=[0], live_bytes=[1],
-                                                       reserved_bytes=[2], step_tokens=[1]),
-                      duration_s=1.0, preemptions=0, preempted_tokens_left=[], kv_budget_bytes=10,
-                      kv_capacity_tokens=10, kv_token_bytes=1, accounting_problems=[])
+    return ServingRun(
+        scheduler="continuous",
+        kv="paged",
+        wait=True,
+        tokens={r.id: [1] * len(r.token_times_s) for r in reqs},
+        requests=reqs,
+        timeline=Timeline(t_s=[1.0], running=[1], waiting=[0], live_bytes=[1], reserved_bytes=[2], step_tokens=[1]),
+        duration_s=1.0,
+        preemptions=0,
+        preempted_tokens_left=[],
+        kv_budget_bytes=10,
+        kv_capacity_tokens=10,
+        kv_token_bytes=1,
+        accounting_problems=[],
+    )
 
 
 def _vllm_good(arrival, times, slo_ttft_ms, slo_tpot_ms):
@@ -100,15 +124,18 @@ def _vllm_good(arrival, times, slo_ttft_ms, slo_tpot_ms):
     return slo_ttft_ms / 1000 >= ttft and slo_tpot_ms / 1000 >= tpot
 
 
-@pytest.mark.parametrize("arrival,times,slo_ttft,slo_tpot,good", [
-    # TTFT 0.136 - 0.05 = 0.08600000000000001 s at an 86 ms SLO: 0.086 >= it is False (vLLM does not
-    # count it), while 0.08600000000000001 x 1e3 <= 86 is True (the old comparison counted it)
-    (0.05, [0.136, 0.2], 86, 1e9, False),
-    (0.0, [0.086, 0.2], 86, 1e9, True),  # exactly 0.086 s: good
-    # TPOT exactly at its SLO: ((0.7 - 0.1) - (0.3 - 0.1)) / 2 = 0.19999999999999998 s, good at 200 ms
-    (0.1, [0.3, 0.5, 0.7], 1e9, 200, True),
-    (0.1, [0.3], 1e9, 0, True),  # one token: TPOT is 0 for goodput, within any SLO
-])
+@pytest.mark.parametrize(
+    "arrival,times,slo_ttft,slo_tpot,good",
+    [
+        # TTFT 0.136 - 0.05 = 0.08600000000000001 s at an 86 ms SLO: 0.086 >= it is False (vLLM does not
+        # count it), while 0.08600000000000001 x 1e3 <= 86 is True (the old comparison counted it)
+        (0.05, [0.136, 0.2], 86, 1e9, False),
+        (0.0, [0.086, 0.2], 86, 1e9, True),  # exactly 0.086 s: good
+        # TPOT exactly at its SLO: ((0.7 - 0.1) - (0.3 - 0.1)) / 2 = 0.19999999999999998 s, good at 200 ms
+        (0.1, [0.3, 0.5, 0.7], 1e9, 200, True),
+        (0.1, [0.3], 1e9, 0, True),  # one token: TPOT is 0 for goodput, within any SLO
+    ],
+)
 def test_slo_boundaries_are_counted_as_vllm_compares_them(arrival, times, slo_ttft, slo_tpot, good):
     assert _vllm_good(arrival, times, slo_ttft, slo_tpot) is good
     run = _run([_times(arrival, times, times[-1])])

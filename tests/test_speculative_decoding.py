@@ -5,6 +5,7 @@ technique's build / check / metrics (from the timed calls' records) / plots as t
 The run's check: its replay of the verifications and the drafter's state fails what was tampered
 with and passes a clean run; its test of the acceptance rule rejects wrong rules at the run's own
 verifications and is calibrated for a right one."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,28 +18,37 @@ import torch
 from gpubench.baselines.speculative_decoding import generate
 from gpubench.contract import Measured, Recorder
 from gpubench.errors import BadInput
+from gpubench.lib.drafting import ModelDrafter, NgramDrafter, Verification
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache, probabilities
+from gpubench.models.decode_pair import early_layers
 from gpubench.models.llama import LlamaConfig, random_weights
 from gpubench.optimizations import speculative_decoding as spec
-from gpubench.lib.drafting import ModelDrafter, NgramDrafter, Verification
 from gpubench.optimizations.speculative_decoding import speculative_generate
 from gpubench.reports import figures
-from gpubench.techniques.speculative_decoding import run_check as speculative_check
-from gpubench.techniques.speculative_decoding.run_check import (RULE_DRAWS, RULE_P_FAIL, Decoded, prompt_lookup, recomputed, rule_p_value,
-                                        rule_steps)
 from gpubench.techniques import speculative_decoding as technique_module
-from gpubench.models.decode_pair import early_layers
+from gpubench.techniques.speculative_decoding import TECHNIQUE
+from gpubench.techniques.speculative_decoding import run_check as speculative_check
 from gpubench.techniques.speculative_decoding.figures import predicted_speedup
 from gpubench.techniques.speculative_decoding.generation import SpecWorkload
-from gpubench.techniques.speculative_decoding import TECHNIQUE
+from gpubench.techniques.speculative_decoding.run_check import (
+    RULE_DRAWS,
+    RULE_P_FAIL,
+    Decoded,
+    prompt_lookup,
+    recomputed,
+    rule_p_value,
+    rule_steps,
+)
 
 CPU = torch.device("cpu")
-SMALL = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16,
-                    intermediate_size=64)
+SMALL = LlamaConfig(
+    vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+)
 # Three tokens: a small vocabulary, so a few thousand draws resolve every 3-token sequence's probability.
-VOCAB3 = LlamaConfig(vocab_size=3, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
-                     intermediate_size=32)
+VOCAB3 = LlamaConfig(
+    vocab_size=3, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +67,7 @@ def prompt_of(seed: int, n: int, vocab: int) -> list[int]:
 
 
 # -- greedy: token for token ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("draft_kind", ["same", "early", "other"])
 @pytest.mark.parametrize("k", [1, 4])
@@ -84,7 +95,7 @@ def test_greedy_output_equals_plain_decoding_on_the_trained_pair_with_both_draft
     reproduce plain greedy decoding exactly."""
     held = pair.held_out
     for i, start in enumerate((1000, 20000)):
-        prompt = held[start:start + 40].tolist()
+        prompt = held[start : start + 40].tolist()
         expected, _ = generate(pair.target, prompt, 32)
         for drafter, adaptive in itertools.product(("model", "ngram"), (False, True)):
             d = ModelDrafter(pair.draft, 160) if drafter == "model" else NgramDrafter(3, 1)
@@ -108,6 +119,7 @@ def test_without_the_target_cache_rollback_the_output_would_differ(small, monkey
 
 
 # -- the KV cache -------------------------------------------------------------------------------
+
 
 def test_kv_cache_truncate_then_forward_equals_a_fresh_cache(small):
     """Rolling the cache back and feeding other tokens gives the logits a cache that never saw
@@ -147,6 +159,7 @@ def test_model_drafter_rolls_back_to_the_accepted_prefix(small):
 
 # -- sampling: the target's distribution --------------------------------------------------------
 
+
 def chi_square_p(observed: dict[tuple, int], expected_prob: dict[tuple, float], draws: int) -> float:
     """Pearson's chi-square test of observed counts against probabilities; cells expected fewer
     than 5 times are pooled. Returns the p-value (survival function of chi-square, df = cells - 1)."""
@@ -162,8 +175,9 @@ def chi_square_p(observed: dict[tuple, int], expected_prob: dict[tuple, float], 
         cells.append((pooled_obs, pooled_exp))
     stat = sum((o - e) ** 2 / e for o, e in cells)
     df = len(cells) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def sequence_probs(target, prompt: list[int], length: int, temperature: float) -> dict[tuple, float]:
@@ -173,7 +187,7 @@ def sequence_probs(target, prompt: list[int], length: int, temperature: float) -
     with torch.inference_mode():
         for seq in itertools.product(range(vocab), repeat=length):
             cache = KVCache(target, len(prompt) + length)
-            logits = cache.forward(prompt + list(seq[:-1]), all_logits=True)[len(prompt) - 1:]
+            logits = cache.forward(prompt + list(seq[:-1]), all_logits=True)[len(prompt) - 1 :]
             p = torch.softmax(logits.double() / temperature, dim=-1)
             probs[seq] = math.prod(float(p[i, t]) for i, t in enumerate(seq))
     return probs
@@ -254,6 +268,7 @@ def test_verify_resamples_from_the_residual_at_the_first_rejection():
 
 # -- drafters and adaptive k --------------------------------------------------------------------
 
+
 def test_ngram_drafter_proposes_what_followed_the_latest_longest_match():
     """Prompt lookup: the longest suffix (n_max down to n_min) that occurred before, its latest
     occurrence, the k tokens after it; nothing when there is no match; token ids above 255 are
@@ -284,13 +299,14 @@ def test_adaptive_k_grows_when_all_accepted_and_shrinks_otherwise(small):
 
 # -- the model pair -----------------------------------------------------------------------------
 
+
 def test_default_pair_really_agrees_unlike_untrained_models(pair):
     """The default pair's agreement is learned, not configured: greedy acceptance on held-out
     prompts is well above that of the same draft architecture untrained."""
     untrained = train_small.init_weights(train_small.DRAFT_CONFIG, seed=5)
     trained, random = spec.SpecStats(), spec.SpecStats()
     for start in (3000, 9000, 15000, 27000):
-        prompt = pair.held_out[start:start + 48].tolist()
+        prompt = pair.held_out[start : start + 48].tolist()
         trained.add(speculative_generate(pair.target, ModelDrafter(pair.draft, 200), prompt, 48, 4)[1])
         random.add(speculative_generate(pair.target, ModelDrafter(untrained, 200), prompt, 48, 4)[1])
     assert trained.accepted / trained.drafted > 0.35
@@ -298,12 +314,18 @@ def test_default_pair_really_agrees_unlike_untrained_models(pair):
     assert pair.info["target_held_out_loss"] < 2.2 and pair.info["draft_held_out_loss"] < 2.6  # ln 256 = 5.5
 
 
-MINI_T = LlamaConfig(vocab_size=256, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
-                     intermediate_size=64)
-MINI_D = LlamaConfig(vocab_size=256, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=16,
-                     intermediate_size=32)
-MINI = dict(target_config=MINI_T, draft_config=MINI_D, target_recipe=train_small.Recipe(steps=4, batch=4, seq_len=32),
-            draft_recipe=train_small.Recipe(steps=3, batch=4, seq_len=32, seed=3))
+MINI_T = LlamaConfig(
+    vocab_size=256, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
+)
+MINI_D = LlamaConfig(
+    vocab_size=256, hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=16, intermediate_size=32
+)
+MINI = dict(
+    target_config=MINI_T,
+    draft_config=MINI_D,
+    target_recipe=train_small.Recipe(steps=4, batch=4, seq_len=32),
+    draft_recipe=train_small.Recipe(steps=3, batch=4, seq_len=32, seed=3),
+)
 
 
 def test_training_is_deterministic_and_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
@@ -314,8 +336,9 @@ def test_training_is_deterministic_and_cached_and_a_corrupt_cache_is_rebuilt(tmp
     assert not first.info["from_cache"]
     monkeypatch.setattr(train_small, "_MEMO", {})
     second = train_small.trained_pair(tmp_path / "b", **MINI)
-    for x, y in zip(first.target.parameters() + first.draft.parameters(),
-                    second.target.parameters() + second.draft.parameters()):
+    for x, y in zip(
+        first.target.parameters() + first.draft.parameters(), second.target.parameters() + second.draft.parameters()
+    ):
         assert torch.equal(x, y)
     monkeypatch.setattr(train_small, "_MEMO", {})
     cached = train_small.trained_pair(tmp_path / "a", **MINI)
@@ -345,6 +368,7 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 # -- the technique ------------------------------------------------------------------------------
 
+
 def make_workload(seed: int = 0, **overrides):
     params = {**TECHNIQUE.defaults(), "prompts": 1, "prompt_len": 32, "max_new_tokens": 24, **overrides}
     assert TECHNIQUE.validate_fn(params) == []
@@ -363,8 +387,11 @@ def test_plain_plays_baseline_and_draft_verify_optimized():
     assert TECHNIQUE.playing("optimized", CPU).name == "draft_verify"
 
 
-@pytest.mark.parametrize("overrides", [{}, {"drafter": "ngram", "adaptive_k": True}, {"draft": "early:2", "k": 2}],
-                         ids=["draft_model", "ngram_adaptive", "early_layers"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"drafter": "ngram", "adaptive_k": True}, {"draft": "early:2", "k": 2}],
+    ids=["draft_model", "ngram_adaptive", "early_layers"],
+)
 def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
     """Each drafter passes the exact check on seeded held-out prompts; metrics carry acceptance
     rate, mean accepted length, tokens/s, the measured c and verification cost, and Leviathan's
@@ -377,28 +404,48 @@ def test_technique_greedy_passes_its_check_and_reports_vllm_metrics(overrides):
     mb = TECHNIQUE.metrics_fn(w, Measured("plain", [0.2], 0.2, base, CPU, records=[base_rec]))
     assert mb["predicted_speedup"] == 1.0 and mb["target_forwards_per_token"] == 1.0
     m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.1], 0.1, out, CPU, records=[out_rec]))
-    for key in ("acceptance_rate", "mean_accepted_length", "tokens_per_s", "c", "verify_cost", "predicted_speedup",
-                "predicted_speedup_with_verify_cost", "per_position_acceptance", "k_mean"):
+    for key in (
+        "acceptance_rate",
+        "mean_accepted_length",
+        "tokens_per_s",
+        "c",
+        "verify_cost",
+        "predicted_speedup",
+        "predicted_speedup_with_verify_cost",
+        "per_position_acceptance",
+        "k_mean",
+    ):
         assert key in m, key
     assert m["tokens_per_s"] == pytest.approx(24 / 0.1)
     if m["acceptance_rate"] is not None:
         assert m["predicted_speedup"] == pytest.approx(predicted_speedup(m["acceptance_rate"], m["k_mean"], m["c"]))
         assert m["predicted_speedup_from_accepted_length"] == pytest.approx(
-            m["mean_accepted_length"] / (m["k_mean"] * m["c"] + m["verify_cost"]))
+            m["mean_accepted_length"] / (m["k_mean"] * m["c"] + m["verify_cost"])
+        )
     assert 1.0 <= m["mean_accepted_length"] <= w.params["k"] * (2 if w.params["adaptive_k"] else 1) + 1
 
 
 def _record(draft_s, verify_s):
-    return {"drafted": 8, "accepted": 6, "verifications": 3, "emitted": 9, "target_forwards": 4,
-            "draft_s": draft_s, "verify_s": verify_s, "accepted_at": [3, 2, 1], "drafted_at": [3, 3, 2]}
+    return {
+        "drafted": 8,
+        "accepted": 6,
+        "verifications": 3,
+        "emitted": 9,
+        "target_forwards": 4,
+        "draft_s": draft_s,
+        "verify_s": verify_s,
+        "accepted_at": [3, 2, 1],
+        "drafted_at": [3, 3, 2],
+    }
 
 
 def test_metrics_come_from_the_timed_calls_records_only(small):
     """Counts are summed over the timed calls' records, times are their medians; the checked
     call's output is not read (None here), and the target step is the workload's typed field."""
     params = {**TECHNIQUE.defaults(), "prompts": 1, "max_new_tokens": 9}
-    w = SpecWorkload(params=params, device=CPU, seed=0, target=small, draft=small, prompts=[[1, 2, 3]],
-                     target_step_s=0.01)
+    w = SpecWorkload(
+        params=params, device=CPU, seed=0, target=small, draft=small, prompts=[[1, 2, 3]], target_step_s=0.01
+    )
     records = [_record(0.02, 0.03), _record(0.08, 0.09), _record(0.04, 0.06)]
     m = TECHNIQUE.metrics_fn(w, Measured("draft_verify", [0.1, 0.3, 0.2], 0.2, None, CPU, records=records))
     assert m["acceptance_rate"] == pytest.approx(6 / 8) and m["mean_accepted_length"] == pytest.approx(3.0)
@@ -455,10 +502,18 @@ def test_greedy_check_counts_mismatches_and_a_sampled_check_needs_lengths_and_th
 
 # -- the run's check: replay of the verifications, the rule's distribution test -----------------
 
-@pytest.mark.parametrize("overrides", [{}, {"temperature": 1.0}, {"drafter": "ngram"},
-                                       {"drafter": "ngram", "temperature": 1.0, "adaptive_k": True},
-                                       {"draft": "early:2", "temperature": 0.5, "dtype": "float64"}],
-                         ids=["greedy", "sampled", "ngram_greedy", "ngram_sampled_adaptive", "early_sampled_float64"])
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"temperature": 1.0},
+        {"drafter": "ngram"},
+        {"drafter": "ngram", "temperature": 1.0, "adaptive_k": True},
+        {"draft": "early:2", "temperature": 0.5, "dtype": "float64"},
+    ],
+    ids=["greedy", "sampled", "ngram_greedy", "ngram_sampled_adaptive", "early_sampled_float64"],
+)
 def test_check_replays_a_clean_run_within_its_bounds(overrides):
     """On a clean run every part of the check passes, with its figure reported: the target's logits
     and the draft's q within the replay tolerance of a cacheless pass, every draft explained, the
@@ -512,15 +567,19 @@ def _ngram_buffer_byte(out):
     out.replay.generations[0].drafter.context_bytes[0] ^= 1
 
 
-@pytest.mark.parametrize("overrides,tamper,metric", [
-    ({}, _stale_draft_kv, "drafter_state_mismatches"),
-    ({}, _draft_cache_one_longer, "drafter_state_mismatches"),
-    ({}, _not_the_drafts_argmax, "unexplained_drafts"),
-    ({"temperature": 1.0}, _other_target_logits, "target_logits_rel_l2"),
-    ({"temperature": 1.0}, _other_draft_q, "draft_probs_rel_l2"),
-    ({"temperature": 1.0}, _token_no_verification_produced, "unaccounted_generations"),
-    ({"drafter": "ngram"}, _ngram_buffer_byte, "drafter_state_mismatches"),
-], ids=lambda x: getattr(x, "__name__", "").strip("_") or None)
+@pytest.mark.parametrize(
+    "overrides,tamper,metric",
+    [
+        ({}, _stale_draft_kv, "drafter_state_mismatches"),
+        ({}, _draft_cache_one_longer, "drafter_state_mismatches"),
+        ({}, _not_the_drafts_argmax, "unexplained_drafts"),
+        ({"temperature": 1.0}, _other_target_logits, "target_logits_rel_l2"),
+        ({"temperature": 1.0}, _other_draft_q, "draft_probs_rel_l2"),
+        ({"temperature": 1.0}, _token_no_verification_produced, "unaccounted_generations"),
+        ({"drafter": "ngram"}, _ngram_buffer_byte, "drafter_state_mismatches"),
+    ],
+    ids=lambda x: getattr(x, "__name__", "").strip("_") or None,
+)
 def test_check_fails_a_run_whose_replay_was_tampered_with(overrides, tamper, metric):
     """Each part of the replay fails what it guards, in a greedy run whose tokens are still exact or
     a sampled run: a stale or extra entry in the draft cache, a draft the draft model would not have
@@ -563,6 +622,7 @@ def test_the_checks_prompt_lookup_agrees_with_the_ngram_drafter():
 
 def _rule(accept=lambda u, p, q: u * q < p, residual=spec.residual, bonus_row=lambda k: k):
     """An acceptance rule written out, with one part swappable for a wrong one."""
+
     def rule(logits, drafts, q, temperature, generator):
         p = probabilities(logits, temperature)
         n = 0
@@ -575,6 +635,7 @@ def _rule(accept=lambda u, p, q: u * q < p, residual=spec.residual, bonus_row=la
             return n, int(torch.multinomial(p[bonus_row(n)], 1, generator=generator))
         rest = residual(p[n], q[n] if q is not None else None, drafts[n])
         return n, int(torch.multinomial(rest, 1, generator=generator))
+
     return rule
 
 
@@ -640,7 +701,7 @@ def test_validate_names_bad_combinations(tmp_path):
 def test_predicted_speedup_is_leviathans_formula():
     """(1 - a^(k+1)) / ((1 - a)(k c + 1)), with its limits at a = 0 and a = 1 and a verification
     cost in place of the 1."""
-    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
     assert predicted_speedup(0.0, 3, 0.2) == pytest.approx(1 / 1.6)
     assert predicted_speedup(1.0, 3, 0.0) == pytest.approx(4.0)
     assert predicted_speedup(0.5, 2, 0.0, verify_cost=2.0) == pytest.approx(1.75 / 2)
@@ -652,9 +713,16 @@ def test_hf_checkpoints_as_target_and_draft(tmp_path):
     transformers = pytest.importorskip("transformers")
 
     def save(path, layers, vocab=256):
-        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                       num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-                                       max_position_embeddings=512, tie_word_embeddings=False)
+        cfg = transformers.LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+        )
         torch.manual_seed(layers + vocab)
         transformers.LlamaForCausalLM(cfg).save_pretrained(path)
         return str(path)
@@ -670,12 +738,22 @@ def test_hf_checkpoints_as_target_and_draft(tmp_path):
 
 
 def _case(drafter, k, ratio, predicted, rate, tps):
-    metrics = {"predicted_speedup": predicted, "predicted_speedup_with_verify_cost": predicted * 0.8,
-               "acceptance_rate": rate, "mean_accepted_length": 1 + rate * k, "tokens_per_s": tps}
-    return {"technique": "speculative_decoding", "params": {**TECHNIQUE.defaults(), "drafter": drafter, "k": k},
-            "variants": {"plain": {"role": "baseline", "metrics": {"tokens_per_s": 100.0, "predicted_speedup": 1.0}},
-                         "draft_verify": {"role": "optimized", "metrics": metrics}},
-            "speedups": {"draft_verify": {"ratio": ratio, "ci_low": ratio * 0.9, "ci_high": ratio * 1.1}}}
+    metrics = {
+        "predicted_speedup": predicted,
+        "predicted_speedup_with_verify_cost": predicted * 0.8,
+        "acceptance_rate": rate,
+        "mean_accepted_length": 1 + rate * k,
+        "tokens_per_s": tps,
+    }
+    return {
+        "technique": "speculative_decoding",
+        "params": {**TECHNIQUE.defaults(), "drafter": drafter, "k": k},
+        "variants": {
+            "plain": {"role": "baseline", "metrics": {"tokens_per_s": 100.0, "predicted_speedup": 1.0}},
+            "draft_verify": {"role": "optimized", "metrics": metrics},
+        },
+        "speedups": {"draft_verify": {"ratio": ratio, "ci_low": ratio * 0.9, "ci_high": ratio * 1.1}},
+    }
 
 
 def _drawn(cases):
@@ -683,8 +761,12 @@ def _drawn(cases):
 
 
 def _lines(fig):
-    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
-            for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")}
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
 
 
 def test_plots_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
@@ -693,17 +775,25 @@ def test_plots_show_speedup_acceptance_and_tokens_per_s_against_k_per_drafter():
     cases = [_case("draft_model", k, 1 + 0.1 * k, 1.2, 0.5, 120.0) for k in (2, 4)]
     cases += [_case("ngram", k, 1.5, 1.6, 0.4, 150.0) for k in (2, 4)]
     made = dict(_drawn(cases))
-    assert list(made) == ["Measured and predicted speedup against k", "Acceptance rate against k",
-                          "Mean accepted length against k", "Tokens/s against k"]
+    assert list(made) == [
+        "Measured and predicted speedup against k",
+        "Acceptance rate against k",
+        "Mean accepted length against k",
+        "Tokens/s against k",
+    ]
     speedup = _lines(made["Measured and predicted speedup against k"])
-    assert set(speedup) == {f"draft_verify {y} (drafter={d})" for d in ("draft_model", "ngram")
-                            for y in ("speedup", "predicted_speedup", "predicted_speedup_with_verify_cost")}
+    assert set(speedup) == {
+        f"draft_verify {y} (drafter={d})"
+        for d in ("draft_model", "ngram")
+        for y in ("speedup", "predicted_speedup", "predicted_speedup_with_verify_cost")
+    }
     assert speedup["draft_verify speedup (drafter=draft_model)"] == ([2, 4], [pytest.approx(1.2), pytest.approx(1.4)])
     assert speedup["draft_verify predicted_speedup (drafter=ngram)"] == ([2, 4], [1.6, 1.6])
     assert _lines(made["Acceptance rate against k"])["draft_verify (drafter=ngram)"] == ([2, 4], [0.4, 0.4])
     assert _lines(made["Mean accepted length against k"])["draft_verify (drafter=draft_model)"][1] == [2.0, 3.0]
-    assert set(_lines(made["Tokens/s against k"])) == {f"{v} (drafter={d})" for v in ("plain", "draft_verify")
-                                                       for d in ("draft_model", "ngram")}
+    assert set(_lines(made["Tokens/s against k"])) == {
+        f"{v} (drafter={d})" for v in ("plain", "draft_verify") for d in ("draft_model", "ngram")
+    }
     assert _drawn([]) == []
 
 
@@ -724,7 +814,7 @@ def test_prepare_trains_the_pair_into_the_cache_dir_before_any_run(monkeypatch, 
     monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path))
     first = CliRunner().invoke(main, ["prepare", "--device", "cpu", "--json"])
     assert first.exit_code == 0, first.output
-    made = json.loads(first.output[first.output.index("{"):])["speculative_pair"]
+    made = json.loads(first.output[first.output.index("{") :])["speculative_pair"]
     assert not made["from_cache"] and made["path"] == str(tmp_path / "spec_pair" / f"{made['key']}.pt")
     monkeypatch.setattr(train_small, "_MEMO", {})
     again = CliRunner().invoke(main, ["prepare", "--device", "cpu"])

@@ -1,4 +1,5 @@
 """Statistics: medians, IQR and bootstrap intervals that cover what they claim to."""
+
 import numpy as np
 import pytest
 
@@ -51,7 +52,7 @@ def test_a_median_from_fewer_than_min_ci_samples_has_no_interval(n):
 
 
 def test_a_median_from_min_ci_samples_has_its_interval():
-    s = stats.summarize([2.5, 2.6, 2.4, 2.7, 2.55][:stats.MIN_CI_SAMPLES])
+    s = stats.summarize([2.5, 2.6, 2.4, 2.7, 2.55][: stats.MIN_CI_SAMPLES])
     assert s.has_interval and s.ci_low <= s.median <= s.ci_high
 
 
@@ -131,8 +132,11 @@ def test_the_ratio_test_s_ci_is_bootstrap_ratio_ci_s_and_its_p_is_two_sided():
     a, b = rng.lognormal(0, 0.2, 30), rng.lognormal(0, 0.2, 30)
     ci, p = stats.bootstrap_ratio_test(a, b, seed=4)
     assert ci == stats.bootstrap_ratio_ci(a, b, seed=4) and 0.05 < p <= 1
-    assert stats.bootstrap_ratio_test(a * 1.5, b, seed=4)[1] == stats.bootstrap_ratio_test(b, a * 1.5, seed=4)[1] \
-        == 1 / stats.BOOTSTRAP_RESAMPLES  # no replicate on the far side: what 2,000 of them can resolve, not 0
+    assert (
+        stats.bootstrap_ratio_test(a * 1.5, b, seed=4)[1]
+        == stats.bootstrap_ratio_test(b, a * 1.5, seed=4)[1]
+        == 1 / stats.BOOTSTRAP_RESAMPLES
+    )  # no replicate on the far side: what 2,000 of them can resolve, not 0
 
 
 def test_too_few_samples_give_the_ratio_test_neither_an_interval_nor_a_p():

@@ -1,6 +1,7 @@
 """The supervisor and its worker processes: a hung native call, a segfault, an exit or an exception
 each cost one case, never the run; several workers give the same results as one; a run killed
 mid-way keeps what finished; Ctrl-C stops the workers and keeps what finished."""
+
 from __future__ import annotations
 
 import json
@@ -11,24 +12,19 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
-
 from click.testing import CliRunner
-
-from gpubench import techniques
-from gpubench.measure import hygiene
-from gpubench.run import local_workers
-from gpubench.records import results
-from gpubench.run import run_options
-from gpubench.run import scenario
-from gpubench.run import supervisor
-from gpubench.cli import main
-from gpubench.run.executor import kill_grace_s
-from gpubench.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
-from gpubench.errors import BadInput
 from held import held_scenario, stop, wait_for_file, wait_gone
 from inprocess import run_in_process
+
+from gpubench import techniques
+from gpubench.cli import main
+from gpubench.errors import BadInput
+from gpubench.measure import hygiene
+from gpubench.records import results
+from gpubench.run import local_workers, run_options, scenario, supervisor
+from gpubench.run.executor import kill_grace_s
+from gpubench.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 
 PLUGINS = Path(__file__).parent / "plugins"
 FAST = "policy: {warmup_s: 0, min_reps: 3, max_reps: 5, min_time_s: 0, max_time_s: 0.5, target_iqr: 1.0, energy_s: 0}"
@@ -47,9 +43,12 @@ def faulty_scenario(tmp_path: Path, modes: list[str], timeout_s: float = 2.0) ->
     """One entry per mode, in order: only the modes that mean to hang get the short ``timeout_s``;
     every other case gets a limit far from its normal second, so a loaded machine cannot time it out."""
     path = tmp_path / "faults.yaml"
-    entries = "".join(f"  - technique: {PLUGINS / 'faulty_pair.py'}\n"
-                      f"    params: {{mode: {mode}}}\n"
-                      f"    policy: {{case_timeout_s: {timeout_s if 'hang' in mode else 300}}}\n" for mode in modes)
+    entries = "".join(
+        f"  - technique: {PLUGINS / 'faulty_pair.py'}\n"
+        f"    params: {{mode: {mode}}}\n"
+        f"    policy: {{case_timeout_s: {timeout_s if 'hang' in mode else 300}}}\n"
+        for mode in modes
+    )
     path.write_text(f"name: faults\n{FAST}\nentries:\n{entries}")
     return path
 
@@ -61,9 +60,14 @@ class OnDiskAfterEachCase:
         self.run_dir: Path | None = None
         self.seen: list[int] = []
 
-    def run_started(self, total): pass
-    def case_started(self, index, case): pass
-    def run_finished(self): pass
+    def run_started(self, total):
+        pass
+
+    def case_started(self, index, case):
+        pass
+
+    def run_finished(self):
+        pass
 
     def case_finished(self, index, case, record):
         run_dir = next(p for p in self.out.iterdir() if p.is_dir())
@@ -75,8 +79,13 @@ def test_each_fault_costs_its_case_only_and_every_healthy_case_after_it_passes(t
     modes = ["ok", "native_hang", "ok", "segfault", "ok", "exit", "ok", "raise", "ok"]
     spy = OnDiskAfterEachCase()
     spy.out = tmp_path / "runs"
-    outcome = supervisor.run_scenario(scenario.load(faulty_scenario(tmp_path, modes)),
-                                      supervisor.RunOptions(devices=["cpu"]), spy.out, progress=spy, calibrate=False)
+    outcome = supervisor.run_scenario(
+        scenario.load(faulty_scenario(tmp_path, modes)),
+        supervisor.RunOptions(devices=["cpu"]),
+        spy.out,
+        progress=spy,
+        calibrate=False,
+    )
     doc = outcome.doc
     cases = doc["cases"]
     assert [c["params"]["mode"] for c in cases] == modes and doc["status"] == "complete"
@@ -113,9 +122,14 @@ class FinishOrder:
         self.gate, self.release_after = gate, release_after
         self.order: list[int] = []
 
-    def run_started(self, total): pass
-    def case_started(self, index, case): pass
-    def run_finished(self): pass
+    def run_started(self, total):
+        pass
+
+    def case_started(self, index, case):
+        pass
+
+    def run_finished(self):
+        pass
 
     def case_finished(self, index, case, record):
         self.order.append(index)
@@ -135,8 +149,9 @@ def test_two_cpu_workers_give_the_same_cases_and_checks_as_one(tmp_path, monkeyp
     gate.mkdir()
     monkeypatch.setenv("HELD_PAIR_DIR", str(gate))  # the workers inherit it
     finished = FinishOrder(gate, release_after=1)
-    two = supervisor.run_scenario(scen, supervisor.RunOptions(devices=["cpu", "cpu"]), tmp_path / "two",
-                                  progress=finished, calibrate=False).doc
+    two = supervisor.run_scenario(
+        scen, supervisor.RunOptions(devices=["cpu", "cpu"]), tmp_path / "two", progress=finished, calibrate=False
+    ).doc
     assert finished.order[0] == 1 and sorted(finished.order) == [0, 1, 2, 3]  # out of order, each once
     assert [c["id"] for c in two["cases"]] == [c["id"] for c in one["cases"]]  # case order, not finish order
     assert len(one["cases"]) == 4 and all(c["status"] == "passed" for c in one["cases"] + two["cases"])
@@ -156,9 +171,15 @@ def _as_if_in_a_terminal() -> None:
 
 def _cli(*args: str, cwd: Path, gate: Path) -> subprocess.Popen:
     """``gpubench run ...`` as a terminal starts it, its held cases waiting at ``gate``."""
-    return subprocess.Popen([sys.executable, "-m", "gpubench.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_if_in_a_terminal,
-                            env={**os.environ, "HELD_PAIR_DIR": str(gate)})
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpubench.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_if_in_a_terminal,
+        env={**os.environ, "HELD_PAIR_DIR": str(gate)},
+    )
 
 
 def _gate(tmp_path: Path) -> Path:
@@ -209,8 +230,9 @@ def test_a_run_killed_mid_way_keeps_its_finished_cases_and_reports(tmp_path):
 
 def test_a_torn_last_line_of_the_run_log_is_left_out(tmp_path):
     run_dir = results.RunDirectory(tmp_path)
-    (tmp_path / "results.json").write_text(json.dumps({"kind": "gpubench.results", "schema_version": 2,
-                                                      "status": "running", "cases": []}))
+    (tmp_path / "results.json").write_text(
+        json.dumps({"kind": "gpubench.results", "schema_version": 2, "status": "running", "cases": []})
+    )
     with open(run_dir.cases_log, "w") as f:
         f.write(json.dumps({"index": 1, "id": "b", "status": "passed"}) + "\n")
         f.write(json.dumps({"index": 0, "id": "a", "status": "failed"}) + "\n")
@@ -241,9 +263,12 @@ def test_isolation_none_takes_one_device(tmp_path):
 
 
 def test_exclusive_refuses_to_start_when_another_process_holds_the_gpu(monkeypatch):
-    monkeypatch.setattr(hygiene, "gpu_processes",
-                        lambda device: [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}])
-    with pytest.raises(BadInput, match=r"--exclusive: other processes are using the GPU \(cuda:0: python3 \(pid 4242\)\)"):
+    monkeypatch.setattr(
+        hygiene, "gpu_processes", lambda device: [{"pid": 4242, "name": "python3", "used_memory_mib": 900.0}]
+    )
+    with pytest.raises(
+        BadInput, match=r"--exclusive: other processes are using the GPU \(cuda:0: python3 \(pid 4242\)\)"
+    ):
         run_options.check_hygiene(["cuda:0"], exclusive=True)
     assert run_options.check_hygiene(["cuda:0"], exclusive=False)["cuda:0"][0]["pid"] == 4242
 
@@ -262,8 +287,9 @@ def test_on_a_local_ray_cluster_a_crashing_case_fails_once_and_the_others_pass(t
     monkeypatch.setenv("FAULTY_PAIR_LOG", str(calls))  # Ray's workers inherit the driver's environment
     modes = ["ok", "segfault", "ok", "native_hang", "ok"]
     options = supervisor.RunOptions(devices=["cpu"], cluster="ray")
-    outcome = supervisor.run_scenario(scenario.load(faulty_scenario(tmp_path, modes, timeout_s=3.0)), options,
-                                      tmp_path / "runs", calibrate=False)
+    outcome = supervisor.run_scenario(
+        scenario.load(faulty_scenario(tmp_path, modes, timeout_s=3.0)), options, tmp_path / "runs", calibrate=False
+    )
     assert not ray.is_initialized()  # the instance it started is shut down
     doc = outcome.doc
     cases = doc["cases"]

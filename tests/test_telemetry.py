@@ -1,4 +1,5 @@
 """Telemetry sampler: logic tested on the CPU with injected sources, clocks and a fake NVML."""
+
 from __future__ import annotations
 
 import collections
@@ -23,10 +24,10 @@ from gpubench.measure.telemetry import (
     resolve_cuda_index,
 )
 
-
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
+
 
 class FakeClock:
     def __init__(self, t: float = 100.0):
@@ -41,9 +42,16 @@ class FakeSource:
     number in ``fail_on`` raises; ``read_cost_s`` advances ``clock`` (a slow read)."""
 
     def __init__(self, values=None, fail_on=(), clock: FakeClock | None = None, read_cost_s: float = 0.0):
-        self.values = values or {"power_w": 100.0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-                                 "temp_c": 40, "util_gpu_pct": 90, "util_mem_pct": 50,
-                                 "mem_used_mb": 1024.0, "throttle_mask": 0}
+        self.values = values or {
+            "power_w": 100.0,
+            "sm_clock_mhz": 1980,
+            "mem_clock_mhz": 2619,
+            "temp_c": 40,
+            "util_gpu_pct": 90,
+            "util_mem_pct": 50,
+            "mem_used_mb": 1024.0,
+            "throttle_mask": 0,
+        }
         self.fail_on = set(fail_on)
         self.clock = clock
         self.read_cost_s = read_cost_s
@@ -84,6 +92,7 @@ def test_fake_source_satisfies_protocol():
 # ---------------------------------------------------------------------------------------------
 # tagging, scheduling, robustness
 # ---------------------------------------------------------------------------------------------
+
 
 def test_samples_are_tagged_with_the_case_and_variant_current_at_sampling_time():
     clock = FakeClock()
@@ -136,8 +145,9 @@ def _run_on_fake_time(read_cost_s: float, interval_s: float, horizon_s: float):
         clock.t += seconds
         return False
 
-    s = TelemetrySampler(FakeSource(clock=clock, read_cost_s=read_cost_s), interval_s=interval_s,
-                         clock=clock, sleep=fake_sleep)
+    s = TelemetrySampler(
+        FakeSource(clock=clock, read_cost_s=read_cost_s), interval_s=interval_s, clock=clock, sleep=fake_sleep
+    )
     s.start()
     assert wait_until(lambda: not s.running)
     s.stop()
@@ -244,6 +254,7 @@ def test_rejects_non_positive_interval():
 # throttle reasons and summaries
 # ---------------------------------------------------------------------------------------------
 
+
 def test_throttle_bits_decode_to_names():
     assert decode_throttle_reasons(0) == []
     assert decode_throttle_reasons(None) == []
@@ -257,11 +268,17 @@ def test_throttle_bits_decode_to_names():
 
 def test_throttle_bits_match_pynvml_constants():
     pynvml = pytest.importorskip("pynvml")
-    for const, name in [("SwPowerCap", "sw_power_cap"), ("HwSlowdown", "hw_slowdown"),
-                        ("HwThermalSlowdown", "hw_thermal_slowdown"), ("SwThermalSlowdown", "sw_thermal_slowdown"),
-                        ("HwPowerBrakeSlowdown", "hw_power_brake"), ("SyncBoost", "sync_boost"),
-                        ("GpuIdle", "gpu_idle"), ("ApplicationsClocksSetting", "applications_clocks_setting"),
-                        ("DisplayClockSetting", "display_clocks_setting")]:
+    for const, name in [
+        ("SwPowerCap", "sw_power_cap"),
+        ("HwSlowdown", "hw_slowdown"),
+        ("HwThermalSlowdown", "hw_thermal_slowdown"),
+        ("SwThermalSlowdown", "sw_thermal_slowdown"),
+        ("HwPowerBrakeSlowdown", "hw_power_brake"),
+        ("SyncBoost", "sync_boost"),
+        ("GpuIdle", "gpu_idle"),
+        ("ApplicationsClocksSetting", "applications_clocks_setting"),
+        ("DisplayClockSetting", "display_clocks_setting"),
+    ]:
         bit = getattr(pynvml, "nvmlClocksThrottleReason" + const)
         assert decode_throttle_reasons(bit) == [name]
 
@@ -297,10 +314,19 @@ def test_harmful_reason_sets_throttled_and_is_listed_apart_from_benign():
 
 def test_case_summary_aggregates_only_that_cases_samples():
     clock = FakeClock()
-    values = {0: (100.0, 1900, 40, 0x0), 1: (200.0, 1800, 50, 0x4), 2: (300.0, 1700, 60, 0x0),
-              3: (999.0, 100, 99, 0x40)}
-    src = FakeSource(values=lambda n: dict(zip(("power_w", "sm_clock_mhz", "temp_c", "throttle_mask"), values[n]),
-                                           mem_used_mb=10.0 * (n + 1), util_gpu_pct=10 * (n + 1)))
+    values = {
+        0: (100.0, 1900, 40, 0x0),
+        1: (200.0, 1800, 50, 0x4),
+        2: (300.0, 1700, 60, 0x0),
+        3: (999.0, 100, 99, 0x40),
+    }
+    src = FakeSource(
+        values=lambda n: dict(
+            zip(("power_w", "sm_clock_mhz", "temp_c", "throttle_mask"), values[n]),
+            mem_used_mb=10.0 * (n + 1),
+            util_gpu_pct=10 * (n + 1),
+        )
+    )
     s = TelemetrySampler(src, clock=clock)
     s.set_tag("a", "baseline")
     s.sample_once()
@@ -339,6 +365,7 @@ def test_summaries_are_json_safe():
 # CSV
 # ---------------------------------------------------------------------------------------------
 
+
 def test_write_csv_is_readable_by_pandas_with_expected_columns(tmp_path):
     s = _sampler_with_masks([0x4 | 0x1, 0x0, 0x40])
     path = tmp_path / "sub" / "telemetry.csv"
@@ -367,6 +394,7 @@ def test_unsupported_integer_fields_stay_empty_not_float(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # unavailable paths
 # ---------------------------------------------------------------------------------------------
+
 
 def _exercise_unavailable(s: TelemetrySampler, tmp_path):
     s.start()
@@ -453,8 +481,11 @@ class FakeNVMLError(Exception):
         self.value = value
 
     def __str__(self):
-        return {NOT_SUPPORTED: "Not Supported", FUNCTION_NOT_FOUND: "Function Not Found",
-                GPU_IS_LOST: "GPU is lost"}.get(self.value, "Unknown Error")
+        return {
+            NOT_SUPPORTED: "Not Supported",
+            FUNCTION_NOT_FOUND: "Function Not Found",
+            GPU_IS_LOST: "GPU is lost",
+        }.get(self.value, "Unknown Error")
 
 
 class FakeNvml:
@@ -556,8 +587,16 @@ def test_nvml_source_reads_every_field_and_prefers_instant_power():
     nv = FakeNvml()
     src = NvmlSource(1, nvml=nv)
     sample = src.read()
-    assert sample == {"power_w": 300.5, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temp_c": 55,
-                      "util_gpu_pct": 97, "util_mem_pct": 40, "mem_used_mb": 3072.0, "throttle_mask": 0x4}
+    assert sample == {
+        "power_w": 300.5,
+        "sm_clock_mhz": 1980,
+        "mem_clock_mhz": 2619,
+        "temp_c": 55,
+        "util_gpu_pct": 97,
+        "util_mem_pct": 40,
+        "mem_used_mb": 3072.0,
+        "throttle_mask": 0x4,
+    }
     assert nv.calls["power_usage"] == 0
     assert src.energy_mj() == 5_000_001.0
     assert src.info["power_source"] == "instant"
@@ -649,13 +688,16 @@ def test_resolve_cuda_index_maps_through_cuda_visible_devices():
         resolve_cuda_index(2, "0,1")
 
 
-@pytest.mark.parametrize("visible, device, nvml_index", [
-    (None, "cuda:2", 2),
-    ("2,0", "cuda:0", 2),
-    ("2,0", "cuda:1", 0),
-    ("GPU-bbbb-1111", "cuda:0", 1),
-    ("GPU-cccc", "cuda:0", 2),
-])
+@pytest.mark.parametrize(
+    "visible, device, nvml_index",
+    [
+        (None, "cuda:2", 2),
+        ("2,0", "cuda:0", 2),
+        ("2,0", "cuda:1", 0),
+        ("GPU-bbbb-1111", "cuda:0", 1),
+        ("GPU-cccc", "cuda:0", 2),
+    ],
+)
 def test_for_device_picks_the_nvml_gpu_cuda_means(monkeypatch, visible, device, nvml_index):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     monkeypatch.setattr(telemetry_source, "_torch_gpu_uuid", lambda i: None)

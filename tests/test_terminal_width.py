@@ -3,6 +3,7 @@ apart by the params that vary among them, nothing that must be read cut (a label
 a failure's reason, a gate note), progress lines that break between fields, no bar left stale
 after a stop, `gpubench history` that never prints two different cases the same, and the other
 tables (`gpubench kv-cache`, `env`, `serve`, `profile`) whole on any width, unpadded in a log."""
+
 from __future__ import annotations
 
 import io
@@ -13,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from gpubench.techniques import catalog
 from gpubench.cli import console as cli_console
 from gpubench.cli import history as cli_history
 from gpubench.cli import info as cli_info
@@ -22,11 +22,14 @@ from gpubench.gate import compare as comparemod
 from gpubench.records import results
 from gpubench.reports import gate
 from gpubench.reports.terminal import fit_fields, id_labels, print_rows, print_summary, shorten_words
+from gpubench.techniques import catalog
 
 BOX = set("│┃━─┏┓┗┛┡┩╇╋┼")
-REASON = ("optimized paged: check failed (bytes_off_prediction 3.2e+05 > tolerance 0 on layer 7 of 32; the "
-          "allocator reserved 14 blocks more than the prediction for requests of lengths 511, 17 and 3, which "
-          "is what a block table that is never freed does) Cas")
+REASON = (
+    "optimized paged: check failed (bytes_off_prediction 3.2e+05 > tolerance 0 on layer 7 of 32; the "
+    "allocator reserved 14 blocks more than the prediction for requests of lengths 511, 17 and 3, which "
+    "is what a block table that is never freed does) Cas"
+)
 MODELS = ["llama-3.1-8b", "gpt-oss-20b", "deepseek-v3", "llama-2-7b"]
 
 
@@ -37,24 +40,56 @@ def _doc() -> dict:
     combos = [(m, "bf16", "random") for m in MODELS] + [("llama-3.1-8b", "bf16", "edges")]
     for i, (model, dtype, lengths) in enumerate(combos):
         failed = i == len(combos) - 1
-        params = {"model": model, "kv_dtype": dtype if i != 3 else "fp8", "layers": 2, "lengths": lengths,
-                  "block_size": 16}
-        cases.append({
-            "id": "kv_cache[" + ",".join(f"{k}={v}" for k, v in params.items()) + "]", "technique": "kv_cache",
-            "params": params, "status": "failed" if failed else "passed",
-            "failure": {"message": REASON} if failed else None,
-            "speedups": {"paged": {"ratio": 1.04 + i, "ci_low": 0.71 + i, "ci_high": 1.22 + i}},
-            "variants": {
-                "contiguous": {"role": "baseline", "status": "ok", "stats": {"median": 0.0998},
-                               "check": {"passed": True, "error": 0.0, "metric": "reference"}},
-                "paged": {"role": "optimized", "status": "ok", "stats": {"median": 0.0959},
-                          "check": {"passed": not failed, "error": 3.2e5 if failed else 0.0,
-                                    "metric": "bytes_off_prediction"}}}})
-    entry_params = {"model": MODELS, "kv_dtype": ["bf16", "fp8"], "layers": [2], "lengths": ["random", "edges"],
-                    "block_size": [16]}
-    return {"scenario": {"name": "smoke", "entries": [{"technique": "kv_cache", "params": entry_params}]},
-            "device": "cpu", "device_label": "CPU: AMD EPYC (2 logical cores)", "cases": cases,
-            "status": "complete", "summary": {"passed": len(cases) - 1, "failed": 1}}
+        params = {
+            "model": model,
+            "kv_dtype": dtype if i != 3 else "fp8",
+            "layers": 2,
+            "lengths": lengths,
+            "block_size": 16,
+        }
+        cases.append(
+            {
+                "id": "kv_cache[" + ",".join(f"{k}={v}" for k, v in params.items()) + "]",
+                "technique": "kv_cache",
+                "params": params,
+                "status": "failed" if failed else "passed",
+                "failure": {"message": REASON} if failed else None,
+                "speedups": {"paged": {"ratio": 1.04 + i, "ci_low": 0.71 + i, "ci_high": 1.22 + i}},
+                "variants": {
+                    "contiguous": {
+                        "role": "baseline",
+                        "status": "ok",
+                        "stats": {"median": 0.0998},
+                        "check": {"passed": True, "error": 0.0, "metric": "reference"},
+                    },
+                    "paged": {
+                        "role": "optimized",
+                        "status": "ok",
+                        "stats": {"median": 0.0959},
+                        "check": {
+                            "passed": not failed,
+                            "error": 3.2e5 if failed else 0.0,
+                            "metric": "bytes_off_prediction",
+                        },
+                    },
+                },
+            }
+        )
+    entry_params = {
+        "model": MODELS,
+        "kv_dtype": ["bf16", "fp8"],
+        "layers": [2],
+        "lengths": ["random", "edges"],
+        "block_size": [16],
+    }
+    return {
+        "scenario": {"name": "smoke", "entries": [{"technique": "kv_cache", "params": entry_params}]},
+        "device": "cpu",
+        "device_label": "CPU: AMD EPYC (2 logical cores)",
+        "cases": cases,
+        "status": "complete",
+        "summary": {"passed": len(cases) - 1, "failed": 1},
+    }
 
 
 def _printed(doc, terminal: bool, width: int) -> str:
@@ -67,8 +102,9 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
-LABELS = [f"kv_cache model={m} kv_dtype={'fp8' if i == 3 else 'bf16'} lengths=random" for i, m in enumerate(MODELS)] \
-    + ["kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=edges"]
+LABELS = [f"kv_cache model={m} kv_dtype={'fp8' if i == 3 else 'bf16'} lengths=random" for i, m in enumerate(MODELS)] + [
+    "kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=edges"
+]
 
 
 @pytest.mark.parametrize("width", [80, 100])
@@ -105,10 +141,18 @@ def test_a_wide_terminal_keeps_the_table():
 
 def test_fields_move_whole_to_the_next_line():
     ci = "1.04x [0.71, 1.22]"
-    lines = fit_fields(["[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
-                        f"paged speedup {ci}", "(1.9 s, total 12 s)"], 80)
-    assert lines == ["[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
-                     f"    paged speedup {ci}  (1.9 s, total 12 s)"]
+    lines = fit_fields(
+        [
+            "[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
+            f"paged speedup {ci}",
+            "(1.9 s, total 12 s)",
+        ],
+        80,
+    )
+    assert lines == [
+        "[1/7] passed  kv_cache model=llama-3.1-8b kv_dtype=bf16 lengths=random",
+        f"    paged speedup {ci}  (1.9 s, total 12 s)",
+    ]
     # a field longer than the line wraps at its spaces, no word cut
     long = fit_fields(["a " * 30 + "bytes_off_prediction=0.0e+00"], 20)
     assert long[-1] == "    bytes_off_prediction=0.0e+00" and all(len(x) <= 20 for x in long[:-1])
@@ -123,6 +167,7 @@ def test_shortened_notes_end_between_words():
 
 # -- progress lines -----------------------------------------------------------------------------------
 
+
 def _record(failed: bool = False) -> results.CaseRecord:
     doc = _doc()["cases"][-1 if failed else 0]
     return results.CaseRecord.from_dict({**doc, "elapsed_s": 1.9})
@@ -131,8 +176,10 @@ def _record(failed: bool = False) -> results.CaseRecord:
 @pytest.mark.parametrize("width", [80, 100])
 def test_a_progress_line_breaks_between_fields_and_keeps_its_reason(width):
     buffer = io.StringIO()
-    progress = cli_run._CaseProgress(Console(file=buffer, force_terminal=True, width=width, color_system=None),
-                                     {"kv_cache": {"model", "kv_dtype", "lengths"}})
+    progress = cli_run._CaseProgress(
+        Console(file=buffer, force_terminal=True, width=width, color_system=None),
+        {"kv_cache": {"model", "kv_dtype", "lengths"}},
+    )
     progress.total = 7
     for i, failed in enumerate((False, True)):
         record = _record(failed)
@@ -155,7 +202,7 @@ def test_a_stopped_progress_bar_is_erased_not_left_stale():
     progress.run_finished()  # what Ctrl-C's path calls (the supervisor's close, then the command's finally)
     progress.run_finished()  # a second call does nothing
     out = buffer.getvalue()
-    last = out[out.rindex("0/3"):]  # after the bar's last drawing: the cursor back up, the line erased
+    last = out[out.rindex("0/3") :]  # after the bar's last drawing: the cursor back up, the line erased
     assert "\x1b[1A\x1b[2K" in last.split("\n", 1)[1]
 
 
@@ -165,13 +212,24 @@ LONG = "kv_cache[model=gpt-oss-20b,kv_dtype=bf16,layers=2,requests=4,max_len=512
 
 
 def _histories():
-    change = types.SimpleNamespace(commit="0123456789abcdef", run_id="20261206-141850-smoke",
-                                   magnitude_text="+12.5% [8.1, 16.0]", kind="regression")
+    change = types.SimpleNamespace(
+        commit="0123456789abcdef",
+        run_id="20261206-141850-smoke",
+        magnitude_text="+12.5% [8.1, 16.0]",
+        kind="regression",
+    )
     out = []
     for lengths in ("edges", "random"):
         for variant in ("contiguous", "paged"):
-            out.append(types.SimpleNamespace(case_id=LONG.format(lengths), variant=variant, metric="time",
-                                             points=[1, 2, 3], latest=change if lengths == "edges" else None))
+            out.append(
+                types.SimpleNamespace(
+                    case_id=LONG.format(lengths),
+                    variant=variant,
+                    metric="time",
+                    points=[1, 2, 3],
+                    latest=change if lengths == "edges" else None,
+                )
+            )
     return out
 
 
@@ -188,8 +246,11 @@ def test_history_in_a_log_prints_whole_case_ids_unpadded(capsys):
 @pytest.mark.parametrize("width", [80, 100])
 def test_history_on_a_narrow_terminal_labels_cases_by_what_varies(monkeypatch, width):
     buffer = io.StringIO()
-    monkeypatch.setattr(cli_console, "make_console",
-                        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None))
+    monkeypatch.setattr(
+        cli_console,
+        "make_console",
+        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None),
+    )
     cli_history.print_changes("store.sqlite", "CPU: test", "main", _histories())
     out = buffer.getvalue()
     assert all(len(line) <= width for line in out.splitlines())
@@ -200,19 +261,39 @@ def test_history_on_a_narrow_terminal_labels_cases_by_what_varies(monkeypatch, w
 
 def test_id_labels_keep_only_what_varies_and_leave_odd_ids_whole():
     ids = [LONG.format("edges"), LONG.format("random"), "pytest::test_thing"]
-    assert id_labels(ids) == {ids[0]: "kv_cache lengths=edges", ids[1]: "kv_cache lengths=random",
-                              ids[2]: "pytest::test_thing"}
+    assert id_labels(ids) == {
+        ids[0]: "kv_cache lengths=edges",
+        ids[1]: "kv_cache lengths=random",
+        ids[2]: "pytest::test_thing",
+    }
 
 
 # -- the gate's note ----------------------------------------------------------------------------------
 
+
 def _comparison():
     samples = list(np.random.default_rng(0).normal(1e-3, 1e-6, 20))
-    doc = {"kind": "gpubench.results", "schema_version": 1, "run_id": "r", "device_label": "CPU: test",
-           "status": "complete", "scenario": {"name": "s", "entries": [{"technique": "t"}]},
-           "cases": [{"id": "t[a=1]", "technique": "t", "status": "passed", "failure": None, "params": {"a": 1},
-                      "variants": {"b": {"role": "baseline", "samples_s": samples},
-                                   "o": {"role": "optimized", "samples_s": samples}}}]}
+    doc = {
+        "kind": "gpubench.results",
+        "schema_version": 1,
+        "run_id": "r",
+        "device_label": "CPU: test",
+        "status": "complete",
+        "scenario": {"name": "s", "entries": [{"technique": "t"}]},
+        "cases": [
+            {
+                "id": "t[a=1]",
+                "technique": "t",
+                "status": "passed",
+                "failure": None,
+                "params": {"a": 1},
+                "variants": {
+                    "b": {"role": "baseline", "samples_s": samples},
+                    "o": {"role": "optimized", "samples_s": samples},
+                },
+            }
+        ],
+    }
     comp = comparemod.compare(doc, doc)
     comp.changes[0].reason = REASON + " " + "and more words " * 30
     return comp
@@ -253,8 +334,11 @@ def test_the_gates_log_has_whole_unpadded_lines():
 def _listed(monkeypatch, width: int) -> str:
     """`gpubench list` as a terminal of ``width`` columns shows it."""
     buffer = io.StringIO()
-    monkeypatch.setattr(cli_info, "make_console",
-                        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None))
+    monkeypatch.setattr(
+        cli_info,
+        "make_console",
+        lambda stderr=False: Console(file=buffer, force_terminal=True, width=width, color_system=None),
+    )
     result = CliRunner().invoke(cli_info.list_, [])
     assert result.exit_code == 0, result.output
     return buffer.getvalue()
@@ -278,11 +362,13 @@ def test_list_at_a_narrow_terminal_wraps_between_words_and_cuts_nothing(monkeypa
 
 def test_list_on_a_wide_terminal_keeps_the_params_table(monkeypatch):
     out = _listed(monkeypatch, 250)
-    assert sum("param" in line and "default" in line and "meaning" in line for line in out.splitlines()) == \
-        len(catalog.declared())
+    assert sum("param" in line and "default" in line and "meaning" in line for line in out.splitlines()) == len(
+        catalog.declared()
+    )
 
 
 # -- the other tables a person reads: gpubench kv-cache, env, serve, profile --------------------------
+
 
 def _console(buffer, terminal: bool, width: int) -> Console:
     return Console(file=buffer, force_terminal=terminal, width=width, color_system=None)
@@ -290,11 +376,13 @@ def _console(buffer, terminal: bool, width: int) -> Console:
 
 def _kv_plan(name: str = "gpt-oss-20b"):
     from gpubench.lib import kvmath
-    from gpubench.models import config as model_config, params as model_params
+    from gpubench.models import config as model_config
+    from gpubench.models import params as model_params
 
     cfg = model_config.load_preset(name)
-    return kvmath.plan(cfg, seq_len=4096, batch=None, gpu_memory_bytes=80 * 2**30,
-                       weight_bytes=model_params.weight_bytes(cfg).bytes)
+    return kvmath.plan(
+        cfg, seq_len=4096, batch=None, gpu_memory_bytes=80 * 2**30, weight_bytes=model_params.weight_bytes(cfg).bytes
+    )
 
 
 def _kv_rendered(terminal: bool, width: int) -> str:
@@ -305,8 +393,13 @@ def _kv_rendered(terminal: bool, width: int) -> str:
     return buffer.getvalue()
 
 
-KV_ROWS = ["per token per layer", "free for KV per GPU", "vLLM's GPU KV cache size", "naive 2 x layers x hidden x bytes",
-           "vLLM start-up log's max concurrency"]
+KV_ROWS = [
+    "per token per layer",
+    "free for KV per GPU",
+    "vLLM's GPU KV cache size",
+    "naive 2 x layers x hidden x bytes",
+    "vLLM start-up log's max concurrency",
+]
 
 
 @pytest.mark.parametrize("width", [80, 100])
@@ -344,10 +437,21 @@ def test_the_kv_calculator_in_a_log_prints_whole_unpadded_lines():
     assert any(line.startswith("[") and line.endswith("· headroom 8 GiB") for line in lines)  # the bar whole
 
 
-HEADER = ("preset", "type", "attention", "layers", "KV heads", "KV vector", "sliding layers", "params (counted)",
-          "published")
-PRESETS = [("deepseek-v3", "deepseek_v3", "MLA", "61", "-", "576", "0", "671.03B", "671.00B"),
-           ("mistral-7b-v0.1", "mistral", "GQA", "32", "8", "128", "32", "7.24B", "7.30B")]
+HEADER = (
+    "preset",
+    "type",
+    "attention",
+    "layers",
+    "KV heads",
+    "KV vector",
+    "sliding layers",
+    "params (counted)",
+    "published",
+)
+PRESETS = [
+    ("deepseek-v3", "deepseek_v3", "MLA", "61", "-", "576", "0", "671.03B", "671.00B"),
+    ("mistral-7b-v0.1", "mistral", "GQA", "32", "8", "128", "32", "7.24B", "7.30B"),
+]
 
 
 def _rows_printed(header, rows, terminal: bool, width: int, title: str = "") -> str:
@@ -383,8 +487,10 @@ def test_a_table_in_a_log_is_aligned_plain_lines_never_padded(width):
     padding, nothing wrapped at the width."""
     grid = [("device", "cpu (CPU: AMD EPYC (2 logical cores))"), ("harness overhead", "0.11 us per repetition " * 5)]
     out = _rows_printed(None, grid, terminal=False, width=width)
-    assert out.splitlines() == ["device            cpu (CPU: AMD EPYC (2 logical cores))",
-                                "harness overhead  " + ("0.11 us per repetition " * 5).rstrip()]
+    assert out.splitlines() == [
+        "device            cpu (CPU: AMD EPYC (2 logical cores))",
+        "harness overhead  " + ("0.11 us per repetition " * 5).rstrip(),
+    ]
     table = _rows_printed(HEADER, PRESETS, terminal=False, width=width, title="presets (published configs)")
     lines = table.splitlines()
     assert lines[0] == "presets (published configs)" and lines[1].split()[-1] == "published"
@@ -396,23 +502,43 @@ def _profile_table() -> dict:
     from gpubench.reports.profile_view import case_table
 
     def profile(ops: int, syncs: int, top: list[tuple[str, float, float]]) -> dict:
-        return {"ops_per_call": ops, "syncs_per_call": syncs, "sync_ops": {"aten::nonzero": syncs},
-                "copies_per_call": {"h2h": {"count": 1}}, "peak_memory_bytes": 949 * 1024, "calls": 3,
-                "time_basis": "cpu", "trace": "t.json.gz", "notes": [],
-                "top_ops": [{"name": n, "share": s, "self_us_per_call": us, "count_per_call": 8} for n, s, us in top]}
+        return {
+            "ops_per_call": ops,
+            "syncs_per_call": syncs,
+            "sync_ops": {"aten::nonzero": syncs},
+            "copies_per_call": {"h2h": {"count": 1}},
+            "peak_memory_bytes": 949 * 1024,
+            "calls": 3,
+            "time_basis": "cpu",
+            "trace": "t.json.gz",
+            "notes": [],
+            "top_ops": [{"name": n, "share": s, "self_us_per_call": us, "count_per_call": 8} for n, s, us in top],
+        }
 
     long_op = "autograd::engine::evaluate_function: AddmmBackward0"
-    case = {"id": "moe_grouping[experts=8,top_k=2,tokens=64]", "technique": "moe_grouping", "status": "passed",
-            "params": {"experts": 8, "top_k": 2, "tokens": 64}, "variants": {
-                "where_loop": {"role": "baseline", "profile": profile(627, 9, [("aten::scatter_add_", 0.35, 1.6e6),
-                                                                              ("aten::mm", 0.5, 464e3)])},
-                "sort_group": {"role": "optimized", "profile": profile(211, 1, [(long_op, 0.01, 221.0)])},
-                "grouped_mm": {"role": "peer", "profile": profile(84, 0, [("aten::_local_scalar_dense", 0.2, 7e3)])}}}
+    case = {
+        "id": "moe_grouping[experts=8,top_k=2,tokens=64]",
+        "technique": "moe_grouping",
+        "status": "passed",
+        "params": {"experts": 8, "top_k": 2, "tokens": 64},
+        "variants": {
+            "where_loop": {
+                "role": "baseline",
+                "profile": profile(627, 9, [("aten::scatter_add_", 0.35, 1.6e6), ("aten::mm", 0.5, 464e3)]),
+            },
+            "sort_group": {"role": "optimized", "profile": profile(211, 1, [(long_op, 0.01, 221.0)])},
+            "grouped_mm": {"role": "peer", "profile": profile(84, 0, [("aten::_local_scalar_dense", 0.2, 7e3)])},
+        },
+    }
     return case_table(case, 1)
 
 
-OPS = ["aten::scatter_add_ 35% (1.6 s, x8)", "aten::mm 50% (464 ms, x8)",
-       "autograd::engine::evaluate_function: AddmmBackward0 1% (221 us, x8)", "aten::_local_scalar_dense 20% (7 ms, x8)"]
+OPS = [
+    "aten::scatter_add_ 35% (1.6 s, x8)",
+    "aten::mm 50% (464 ms, x8)",
+    "autograd::engine::evaluate_function: AddmmBackward0 1% (221 us, x8)",
+    "aten::_local_scalar_dense 20% (7 ms, x8)",
+]
 
 
 @pytest.mark.parametrize("terminal,width", [(True, 80), (True, 100), (False, 80), (False, 160)])
@@ -453,8 +579,9 @@ def test_history_in_a_log_pads_no_line_to_its_longest_case_id(capsys):
     """One 300-character case id (a serving case's) does not pad every other line of the log to
     300 characters: a short id's line stays short; the long one whole, its columns after it."""
     huge = "continuous_batching[" + ",".join(f"param_{i}=value_{i}" for i in range(18)) + "]"
-    found = _histories() + [types.SimpleNamespace(case_id=huge, variant="paged", metric="time", points=[1, 2],
-                                                  latest=None)]
+    found = _histories() + [
+        types.SimpleNamespace(case_id=huge, variant="paged", metric="time", points=[1, 2], latest=None)
+    ]
     cli_history.print_changes("store.sqlite", "CPU: test", "main", found)
     lines = capsys.readouterr().out.splitlines()
     assert len(huge) > 300 and any(line.startswith(huge + "  paged") for line in lines)

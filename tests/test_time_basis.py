@@ -5,17 +5,18 @@ No GPU here: the CUDA clock is driven by a fake ``torch.cuda`` that logs the ord
 (the property is the order: no host sync between the flush and the start event; the host clock
 spanning the launch), and the harness's two-clock loop by a clock that returns fixed figures.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpubench.gate import compare
-from gpubench.run import runner
-from gpubench.measure import timing
 from gpubench.contract import SHAPE_TIME_BASIS, Technique
-from gpubench.reports import sections, terminal
+from gpubench.gate import compare
+from gpubench.measure import timing
 from gpubench.records.results import CaseRecord, RunRecord, Timing, VariantRecord
+from gpubench.reports import sections, terminal
+from gpubench.run import runner
 from gpubench.run.scenario import Case
 
 CPU = torch.device("cpu")
@@ -69,9 +70,19 @@ def cuda_clock(monkeypatch):
 def test_device_time_queues_the_start_event_behind_the_flush_with_no_host_sync(cuda_clock):
     clock, log = cuda_clock
     seconds = clock.time_call(lambda: log.append("launch"), "device")
-    assert log == ["host_clock", "flush_begin.record", "flush", "start.record", "launch", "host_clock",
-                   "end.record", "end.synchronize", "elapsed_time", "elapsed_time"]
-    assert "host_sync" not in log[log.index("flush"):log.index("start.record")]
+    assert log == [
+        "host_clock",
+        "flush_begin.record",
+        "flush",
+        "start.record",
+        "launch",
+        "host_clock",
+        "end.record",
+        "end.synchronize",
+        "elapsed_time",
+        "elapsed_time",
+    ]
+    assert "host_sync" not in log[log.index("flush") : log.index("start.record")]
     assert "host_sync" not in log  # the end event's synchronize is the only wait
     assert seconds == pytest.approx(0.25e-3)  # the events' time, not the host's
     assert clock.method_of("device") == "cuda_event"
@@ -161,8 +172,15 @@ def test_one_call_on_both_clocks_queues_the_start_behind_the_flush_and_spans_the
     device_s, wall_s = clock.time_both(lambda: log.append("launch"))
     assert log[:5] == ["host_clock", "flush_begin.record", "flush", "start.record", "host_clock"]
     assert "host_sync" not in log  # no host sync after the flush: device time as do_bench takes it
-    assert log[5:] == ["launch", "host_clock", "end.record", "end.synchronize", "host_clock", "elapsed_time",
-                       "elapsed_time"]
+    assert log[5:] == [
+        "launch",
+        "host_clock",
+        "end.record",
+        "end.synchronize",
+        "host_clock",
+        "elapsed_time",
+        "elapsed_time",
+    ]
     assert device_s == pytest.approx(0.25e-3)  # the events
     assert wall_s == pytest.approx(2 * 0.4e-3)  # the host's reads around the launch and the final sync
 
@@ -188,6 +206,7 @@ def test_the_other_clock_may_be_left_out():
 
 def test_the_stopping_rule_reads_the_headline_list_only():
     """The other clock's samples spread widely; the headline's do not: the loop stops at min_reps."""
+
     class Spread(TwoClocks):
         def time_call(self, fn, basis="device"):
             fn()
@@ -219,8 +238,13 @@ def _run(technique, params=None, clock=None):
 
 
 def test_the_shapes_clocks():
-    assert SHAPE_TIME_BASIS == {"kernel": "device", "training_step": "wall", "serving_run": "wall",
-                                "generation_run": "wall", "analytic": "wall"}
+    assert SHAPE_TIME_BASIS == {
+        "kernel": "device",
+        "training_step": "wall",
+        "serving_run": "wall",
+        "generation_run": "wall",
+        "analytic": "wall",
+    }
 
 
 def test_a_kernel_headlines_device_time_and_a_training_step_wall_time(toys):
@@ -238,8 +262,9 @@ def test_a_kernel_headlines_device_time_and_a_training_step_wall_time(toys):
     assert record_method(kernel) == "cuda_event"  # the headline's: events
     assert record_method(step) == "perf_counter_ns"  # the headline's: the host clock
     assert v.launch_share == pytest.approx(1 / 3)
-    assert kernel.phases_s["timed"] == pytest.approx(sum(sum(v.samples_s) + sum(v.other_samples_s)
-                                                         for v in kernel.variants.values() if v.samples_s))
+    assert kernel.phases_s["timed"] == pytest.approx(
+        sum(sum(v.samples_s) + sum(v.other_samples_s) for v in kernel.variants.values() if v.samples_s)
+    )
 
 
 def record_method(record):
@@ -247,10 +272,19 @@ def record_method(record):
 
 
 def test_a_plug_in_may_choose_the_other_clock(toys):
-    overridden = Technique("toy_kernel_on_wall", summary="s", shape="kernel", params=list(toys.KERNEL.params),
-                           time_basis="wall", build_fn=toys.KERNEL.build_fn, variants=toys.KERNEL.variants,
-                           check_fn=toys.KERNEL.check_fn, metrics_fn=toys.KERNEL.metrics_fn)
+    overridden = Technique(
+        "toy_kernel_on_wall",
+        summary="s",
+        shape="kernel",
+        params=list(toys.KERNEL.params),
+        time_basis="wall",
+        build_fn=toys.KERNEL.build_fn,
+        variants=toys.KERNEL.variants,
+        check_fn=toys.KERNEL.check_fn,
+        metrics_fn=toys.KERNEL.metrics_fn,
+    )
     from gpubench import techniques
+
     techniques.register(overridden, "test")
     try:
         record = _run(overridden)
@@ -285,9 +319,10 @@ def test_records_keep_both_lists_through_the_file(toys):
     assert v.samples_on("wall") == [1.5e-3] * 4 and v.samples_on("device") == [1e-3] * 4
 
 
-@pytest.mark.parametrize("timing_dict,basis", [({"method": "perf_counter_ns"}, "host"),
-                                               ({"method": "cuda_event"}, "cuda_event_legacy"),
-                                               (None, "")])
+@pytest.mark.parametrize(
+    "timing_dict,basis",
+    [({"method": "perf_counter_ns"}, "host"), ({"method": "cuda_event"}, "cuda_event_legacy"), (None, "")],
+)
 def test_an_older_record_reads_as_before_and_says_its_clock(timing_dict, basis):
     v = VariantRecord.from_dict({"role": "optimized", "samples_s": [1.0, 2.0], "timing": timing_dict})
     assert v.samples_s == [1.0, 2.0] and v.other_samples_s == [] and v.time_basis == ""
@@ -309,9 +344,15 @@ def _variant(role, basis, headline, other=None, method=None):
 
 
 def _doc(cases):
-    return {"kind": "gpubench.results", "schema_version": 3, "run_id": "r", "status": "complete",
-            "device_label": "GPU", "scenario": {"name": "s", "entries": [{"technique": "t"}]},
-            "cases": [{"id": cid, "technique": "t", "status": "passed", "variants": v} for cid, v in cases]}
+    return {
+        "kind": "gpubench.results",
+        "schema_version": 3,
+        "run_id": "r",
+        "status": "complete",
+        "device_label": "GPU",
+        "scenario": {"name": "s", "entries": [{"technique": "t"}]},
+        "cases": [{"id": cid, "technique": "t", "status": "passed", "variants": v} for cid, v in cases],
+    }
 
 
 FAST = [1.0e-3 + i * 1e-6 for i in range(20)]
@@ -325,10 +366,28 @@ def test_the_gate_compares_on_the_clock_both_runs_recorded():
     """The baseline headlined wall time (the optimized variant 2x slower there than on device time);
     the current run headlines device time: compared on device time, the baseline's other list,
     unchanged; on the headline lists it would read as a 2x improvement."""
-    base = _doc([("a", {"baseline": _variant("baseline", "wall", _scaled(FAST, 4), _scaled(FAST, 3)),
-                        "optimized": _variant("optimized", "wall", _scaled(FAST, 2), FAST)})])
-    cur = _doc([("a", {"baseline": _variant("baseline", "device", _scaled(FAST, 3), _scaled(FAST, 4)),
-                       "optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2))})])
+    base = _doc(
+        [
+            (
+                "a",
+                {
+                    "baseline": _variant("baseline", "wall", _scaled(FAST, 4), _scaled(FAST, 3)),
+                    "optimized": _variant("optimized", "wall", _scaled(FAST, 2), FAST),
+                },
+            )
+        ]
+    )
+    cur = _doc(
+        [
+            (
+                "a",
+                {
+                    "baseline": _variant("baseline", "device", _scaled(FAST, 3), _scaled(FAST, 4)),
+                    "optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2)),
+                },
+            )
+        ]
+    )
     change = compare.compare(base, cur).changes[0]
     assert change.verdict == "unchanged" and change.time_basis == "device"
     assert change.ratio == pytest.approx(1.0) and change.context.ratio == pytest.approx(1.0)
@@ -370,16 +429,23 @@ def _run_record(cases):
 
 
 def test_the_terminal_says_which_clock_and_the_launch_share_where_material():
-    run = _run_record([("a", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2))}),
-                       ("b", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 1.05))})])
+    run = _run_record(
+        [
+            ("a", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2))}),
+            ("b", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 1.05))}),
+        ]
+    )
     lines = terminal.clock_lines(run)
-    assert lines == ["time: t on device time: CUDA events, launch work excluded (launch and syncs are 10% or "
-                     "more of wall time in 1 of 2 cases, up to 50%: both clocks in the results)"]
+    assert lines == [
+        "time: t on device time: CUDA events, launch work excluded (launch and syncs are 10% or "
+        "more of wall time in 1 of 2 cases, up to 50%: both clocks in the results)"
+    ]
     assert terminal.other_clock_text(run.cases[0].variant("optimized")) == "wall 2.02 ms (launch and syncs 50%)"
     assert terminal.other_clock_text(run.cases[1].variant("optimized")) == ""  # 5%: not material
     cpu = _run_record([("a", {"optimized": _variant("optimized", "host", FAST)})])
-    assert terminal.clock_lines(cpu) == ["time: one clock: perf_counter on the host; on a CPU device and wall "
-                                         "time are the same figure"]
+    assert terminal.clock_lines(cpu) == [
+        "time: one clock: perf_counter on the host; on a CPU device and wall time are the same figure"
+    ]
 
 
 def test_the_report_section_names_the_clock_and_shows_the_other():
@@ -393,7 +459,8 @@ def test_the_report_section_names_the_clock_and_shows_the_other():
     run.cases[0].variants["optimized"].timing = Timing(method="perf_counter_ns", launch_outlasted_flush=3)
     assert sections.clock_note(run.cases).endswith(
         "In 3 of 20 device-time samples the call's launch took longer than the L2 flush ran, so those may hold "
-        "some launch work.")
+        "some launch work."
+    )
     cpu = _run_record([("a", {"optimized": _variant("optimized", "host", FAST)})])
     assert "on a CPU device and wall time are the same figure" in sections.clock_note(cpu.cases)
     assert sections.variant_rows(cpu.cases[0], 1)[0]["other_clock"] == ""
@@ -403,13 +470,13 @@ def test_a_report_of_a_two_clock_run_renders(toys, tmp_path):
     from gpubench.reports import html
 
     record = _run(toys.KERNEL)
-    run = RunRecord(run_id="r", device="cuda", device_label="GPU", scenario={"name": "s"}, env={},
-                    status="complete", cases=[record])
+    run = RunRecord(
+        run_id="r", device="cuda", device_label="GPU", scenario={"name": "s"}, env={}, status="complete", cases=[record]
+    )
     page = html.render(html.Run(tmp_path, run, None, None, None))
     assert "device time: CUDA events, launch work excluded" in page
     assert '<dd id="clocks">toy_kernel on device time: CUDA events, launch work excluded (launch and syncs' in page
     assert "wall 1.5 ms (launch and syncs 33%)" in page
-
 
 
 # -- benchmarks/do_bench_check.py: the GPU session's check, its logic on a CPU --------------------------
@@ -431,8 +498,11 @@ def test_do_bench_check_on_a_cpu_times_nothing_and_says_so(tmp_path, capsys):
     out = tmp_path / "check.json"
     assert script.main(["--device", "cuda", "--out", str(out)], cuda_available=lambda: False) == 0
     assert "no CUDA device here" in capsys.readouterr().out
-    assert json.loads(out.read_text()) == {"status": "skipped", "reason": "no CUDA device here "
-                                           "(torch.cuda.is_available() is False)", "cases": []}
+    assert json.loads(out.read_text()) == {
+        "status": "skipped",
+        "reason": "no CUDA device here (torch.cuda.is_available() is False)",
+        "cases": [],
+    }
     assert script.main(["--device", "cpu"]) == 0 and "is not a GPU" in capsys.readouterr().out
 
 
@@ -459,12 +529,17 @@ def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harnes
         return {"device_s": harness_s, "n": 20, "wall_s": 2e-3, "launch_outlasted_flush": 1}
 
     def check(name, params, device):
-        return script.check_case(name, params, device, build=lambda *a: ("fake", lambda: None),
-                                 harness=harness, bench=bench)
+        return script.check_case(
+            name, params, device, build=lambda *a: ("fake", lambda: None), harness=harness, bench=bench
+        )
 
     out = tmp_path / "check.json"
-    code_got = script.main(["--device", "cuda:0", "--out", str(out)], check=check, cuda_available=lambda: True,
-                           device_name=lambda d: "Fake GPU")
+    code_got = script.main(
+        ["--device", "cuda:0", "--out", str(out)],
+        check=check,
+        cuda_available=lambda: True,
+        device_name=lambda d: "Fake GPU",
+    )
     assert code_got == code
     record = json.loads(out.read_text())
     assert [c["case"] for c in record["cases"]] == ["flash_attention", "paged_attention"]
@@ -472,7 +547,9 @@ def test_do_bench_check_passes_within_five_percent_only(tmp_path, capsys, harnes
     assert record["status"] == ("passed" if within else "failed") and record["device"] == "Fake GPU"
     assert order == ["do_bench", "harness"] * script.ROUNDS * 2
     printed = capsys.readouterr().out
-    assert "harness wall 2000.0 us; launch outlasted the flush in 2 of 40 harness samples" in printed and ("NOT within" in printed) is (not within)
+    assert "harness wall 2000.0 us; launch outlasted the flush in 2 of 40 harness samples" in printed and (
+        "NOT within" in printed
+    ) is (not within)
 
 
 def test_the_reports_side_by_side_lists_a_case_on_mixed_clocks_as_inconclusive():
@@ -480,12 +557,14 @@ def test_the_reports_side_by_side_lists_a_case_on_mixed_clocks_as_inconclusive()
     raised ValueError there before), and the medians shown are the ones compared."""
     from gpubench.reports import html
 
-    older = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "", _scaled(FAST, 2),
-                                                                    method="cuda_event")})]))
+    older = RunRecord.from_dict(
+        _doc([("a", {"optimized": _variant("optimized", "", _scaled(FAST, 2), method="cuda_event")})])
+    )
     now = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "device", FAST, _scaled(FAST, 2))})]))
     row = html.compare_runs(now, older)["rows"][0]
     assert row["class"] == "inconclusive" and "not judged on mixed clocks" in row["note"]
-    wall_base = RunRecord.from_dict(_doc([("a", {"optimized": _variant("optimized", "wall", _scaled(FAST, 2),
-                                                                        _scaled(FAST, 1.5))})]))
+    wall_base = RunRecord.from_dict(
+        _doc([("a", {"optimized": _variant("optimized", "wall", _scaled(FAST, 2), _scaled(FAST, 1.5))})])
+    )
     row = html.compare_runs(now, wall_base)["rows"][0]  # compared on device time: 1.5x the samples before
     assert row["class"] == "improved" and (row["before"], row["after"]) == ("1.51 ms", "1.01 ms")

@@ -1,4 +1,5 @@
 """Timing harness: accurate on a known-duration workload, interleaved, adaptive, fault-tolerant."""
+
 import dataclasses
 import time
 import traceback
@@ -7,9 +8,9 @@ import weakref
 import pytest
 import torch
 
-from gpubench.records import stats
-from gpubench.measure import timing
 from gpubench.contract import Param
+from gpubench.measure import timing
+from gpubench.records import stats
 
 CPU = torch.device("cpu")
 
@@ -43,8 +44,9 @@ def test_known_duration_workload_is_reported_exactly_and_its_ratio_ci_holds_it(m
     monkeypatch.setattr(timing.time, "perf_counter_ns", fake.perf_counter_ns)
     monkeypatch.setattr(timing.time, "perf_counter", fake.perf_counter)
     policy = timing.Policy(warmup_s=0.0, min_reps=10, max_reps=30, min_time_s=0.0, target_iqr=1.0)
-    out = timing.measure_interleaved({"a": lambda _: fake.work(0.004), "b": lambda _: fake.work(0.002)},
-                                     timing.Clock(CPU), policy)
+    out = timing.measure_interleaved(
+        {"a": lambda _: fake.work(0.004), "b": lambda _: fake.work(0.002)}, timing.Clock(CPU), policy
+    )
     assert stats.median(out["a"].samples_s) == pytest.approx(0.004, rel=1e-9)
     assert stats.median(out["b"].samples_s) == pytest.approx(0.002, rel=1e-9)
     ratio = stats.bootstrap_ratio_ci(out["a"].samples_s, out["b"].samples_s)
@@ -62,8 +64,9 @@ def test_a_real_busy_wait_is_never_reported_shorter_than_it_lasted():
 def test_variants_are_interleaved_a_b_a_b():
     calls = []
     policy = timing.Policy(warmup_s=0.0, min_reps=4, max_reps=4, min_time_s=0.0, target_iqr=1.0)
-    timing.measure_interleaved({"a": lambda _: calls.append("a"), "b": lambda _: calls.append("b")},
-                               timing.Clock(CPU), policy)
+    timing.measure_interleaved(
+        {"a": lambda _: calls.append("a"), "b": lambda _: calls.append("b")}, timing.Clock(CPU), policy
+    )
     assert calls[:2] == ["a", "b"]  # warm-up: one call each
     assert calls[2:] == ["a", "b"] * 4
 
@@ -71,8 +74,12 @@ def test_variants_are_interleaved_a_b_a_b():
 def test_reset_runs_before_every_call_outside_the_timed_region():
     events = []
     policy = timing.Policy(warmup_s=0.0, min_reps=3, max_reps=3, min_time_s=0.0, target_iqr=1.0)
-    out = timing.measure_interleaved({"a": lambda _: events.append("call")}, timing.Clock(CPU), policy,
-                                     reset=lambda: (events.append("reset"), busy_wait(0.01)))
+    out = timing.measure_interleaved(
+        {"a": lambda _: events.append("call")},
+        timing.Clock(CPU),
+        policy,
+        reset=lambda: (events.append("reset"), busy_wait(0.01)),
+    )
     assert events == ["reset", "call"] * 4
     assert max(out["a"].samples_s) < 0.005  # the 10 ms reset is not in the samples
 
@@ -119,12 +126,17 @@ def test_policy_validation_names_bad_keys_and_values():
     assert problems["min_reps"].startswith("0 is below the minimum 1; allowed: int >= 1")
     assert problems["flush_l2"].startswith("'yes' is not a bool; allowed: true or false")
     assert problems["warm"].startswith("unknown policy key; allowed: warmup_s, min_reps")
-    assert timing.policy_problems({"case_timeout_s": 0})["case_timeout_s"].startswith("0 is not above 0; allowed: float > 0")
+    assert timing.policy_problems({"case_timeout_s": 0})["case_timeout_s"].startswith(
+        "0 is not above 0; allowed: float > 0"
+    )
     # a warm-up of 0 s is allowed, a timing loop of 0 s is not
     assert set(timing.policy_problems({"max_time_s": 0.0, "warmup_s": 0})) == {"max_time_s"}
     assert timing.policy_problems({"min_reps": 10, "max_reps": 5}) == {"min_reps": "10 is above max_reps (5)"}
     assert timing.policy_problems({"min_reps": 2, "max_time_s": 1.5, "cuda_graph": True}) == {}
-    assert set(timing.policy_problems({"case_timeout_s": float("inf"), "warmup_s": float("nan")})) == {"case_timeout_s", "warmup_s"}
+    assert set(timing.policy_problems({"case_timeout_s": float("inf"), "warmup_s": float("nan")})) == {
+        "case_timeout_s",
+        "warmup_s",
+    }
 
 
 def test_every_policy_key_is_one_declared_param_with_the_policys_default():
@@ -134,7 +146,9 @@ def test_every_policy_key_is_one_declared_param_with_the_policys_default():
     assert list(timing.POLICY_PARAMS) == list(fields)
     for name, param in timing.POLICY_PARAMS.items():
         assert isinstance(param, Param) and param.default == fields[name] and param.help, name
-    assert timing.POLICY_PARAMS["warmup_s"].coerce(1) == 1.0 and isinstance(timing.POLICY_PARAMS["warmup_s"].coerce(1), float)
+    assert timing.POLICY_PARAMS["warmup_s"].coerce(1) == 1.0 and isinstance(
+        timing.POLICY_PARAMS["warmup_s"].coerce(1), float
+    )
 
 
 def test_a_failed_call_does_not_keep_its_tensors_alive():
@@ -197,8 +211,9 @@ def test_the_deadline_is_a_hard_bound_no_round_is_started_that_would_pass_it(mon
     out = timing.measure_interleaved(calls, timing.Clock(CPU), policy, deadline=start + 10.0)
     assert out["a"].n == out["b"].n == 2
     assert fake.perf_counter() <= start + 10.0
-    assert out["b"].under_sampled == ("2 of min_reps 5 timed calls: the case's time limit left no room for another "
-                                      "round (8.0 s of timing)")
+    assert out["b"].under_sampled == (
+        "2 of min_reps 5 timed calls: the case's time limit left no room for another round (8.0 s of timing)"
+    )
 
 
 def test_a_variant_that_raised_is_not_called_under_sampled(monkeypatch):

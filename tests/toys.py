@@ -1,6 +1,7 @@
 """Small techniques of each contract shape, used to test the harness without real workloads.
 
 Each is registered only inside the tests that ask for the ``toys`` fixture."""
+
 from __future__ import annotations
 
 import time
@@ -17,10 +18,29 @@ def _close(ref: torch.Tensor, out: torch.Tensor) -> CheckResult:
 
 # -- kernel: a pure function; `mode` injects the failures the runner must survive -------------
 KERNEL = Technique(
-    "toy_kernel", summary="cumulative sum, two ways", shape="kernel",
-    params=[Param("n", int, 256, min=1),
-            Param("mode", str, "ok", choices=["ok", "baseline_raises", "optimized_raises", "optimized_wrong", "build_raises",
-                                               "oom", "hang", "interrupt", "peer_raises", "metrics_raises"])],
+    "toy_kernel",
+    summary="cumulative sum, two ways",
+    shape="kernel",
+    params=[
+        Param("n", int, 256, min=1),
+        Param(
+            "mode",
+            str,
+            "ok",
+            choices=[
+                "ok",
+                "baseline_raises",
+                "optimized_raises",
+                "optimized_wrong",
+                "build_raises",
+                "oom",
+                "hang",
+                "interrupt",
+                "peer_raises",
+                "metrics_raises",
+            ],
+        ),
+    ],
 )
 
 
@@ -83,8 +103,12 @@ def _kernel_metrics(w, measured):
 
 
 # -- training step: mutates weights; reset restores them before every call ---------------------
-TRAIN = Technique("toy_train_step", summary="one SGD step of a linear model", shape="training_step",
-                  params=[Param("dim", int, 16, min=1)])
+TRAIN = Technique(
+    "toy_train_step",
+    summary="one SGD step of a linear model",
+    shape="training_step",
+    params=[Param("dim", int, 16, min=1)],
+)
 
 
 @TRAIN.build
@@ -92,8 +116,13 @@ def _build_train(params, device, seed):
     g = torch.Generator().manual_seed(seed)
     d = params["dim"]
     w0 = torch.randn(d, d, generator=g, dtype=torch.float64)
-    inputs = {"w0": w0, "weight": w0.clone().requires_grad_(True), "x": torch.randn(32, d, generator=g, dtype=torch.float64),
-              "y": torch.randn(32, d, generator=g, dtype=torch.float64), "calls": [0]}
+    inputs = {
+        "w0": w0,
+        "weight": w0.clone().requires_grad_(True),
+        "x": torch.randn(32, d, generator=g, dtype=torch.float64),
+        "y": torch.randn(32, d, generator=g, dtype=torch.float64),
+        "calls": [0],
+    }
 
     def reset():
         with torch.no_grad():
@@ -127,23 +156,29 @@ def _train_check(ref, out):
 
 
 # -- serving run: the output carries per-request latencies; metrics read them ------------------
-SERVE = Technique("toy_serving", summary="a queue served one or four at a time", shape="serving_run",
-                  params=[Param("requests", int, 8, min=1)])
+SERVE = Technique(
+    "toy_serving",
+    summary="a queue served one or four at a time",
+    shape="serving_run",
+    params=[Param("requests", int, 8, min=1)],
+)
 
 
 @SERVE.build
 def _build_serve(params, device, seed):
     g = torch.Generator().manual_seed(seed)
-    return Workload(params, device, seed, {"work": (torch.rand(params["requests"], generator=g) * 1e-4 + 1e-5).tolist()})
+    return Workload(
+        params, device, seed, {"work": (torch.rand(params["requests"], generator=g) * 1e-4 + 1e-5).tolist()}
+    )
 
 
 def _serve(w, slots):
     t0, latencies, results = time.perf_counter(), [], []
     for i in range(0, len(w.work), slots):
-        for cost in w.work[i:i + slots]:
+        for cost in w.work[i : i + slots]:
             results.append(round(cost * 1e6))
-        time.sleep(max(w.work[i:i + slots]))
-        latencies += [time.perf_counter() - t0] * len(w.work[i:i + slots])
+        time.sleep(max(w.work[i : i + slots]))
+        latencies += [time.perf_counter() - t0] * len(w.work[i : i + slots])
     return {"results": results, "latencies_s": latencies}
 
 
@@ -164,8 +199,12 @@ def _serve_metrics(w, measured):
 
 
 # -- generation run: greedy token ids compared exactly --------------------------------------
-GEN = Technique("toy_generation", summary="greedy decoding of a tiny bigram model", shape="generation_run",
-                params=[Param("tokens", int, 12, min=1), Param("vocab", int, 50, min=2)])
+GEN = Technique(
+    "toy_generation",
+    summary="greedy decoding of a tiny bigram model",
+    shape="generation_run",
+    params=[Param("tokens", int, 12, min=1), Param("vocab", int, 50, min=2)],
+)
 
 
 @GEN.build
@@ -205,8 +244,9 @@ RECORDED = Technique("toy_recorded", summary="counts its own calls", shape="kern
 
 @RECORDED.build
 def _build_recorded(params, device, seed):
-    return Workload(params, device, seed, {"x": torch.randn(8, generator=torch.Generator().manual_seed(seed)),
-                                           "calls": {}})
+    return Workload(
+        params, device, seed, {"x": torch.randn(8, generator=torch.Generator().manual_seed(seed)), "calls": {}}
+    )
 
 
 def _counted(w, rec, name):

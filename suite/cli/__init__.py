@@ -12,6 +12,7 @@ Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph,
 74 the disk is full (what finished is kept), 130 interrupted by Ctrl-C and 143 by SIGTERM (what
 finished is saved).
 """
+
 from __future__ import annotations
 
 import click
@@ -34,9 +35,19 @@ def main() -> None:
     """gpubench: what LLM training and inference optimizations are worth on this machine."""
 
 
-for _command in (cli_run.run, cli_run.profile_cmd, cli_run.report, cli_gate.compare_cmd, cli_gate.baseline_group,
-                 cli_info.list_, cli_info.env_, cli_tools.kv_cache, cli_tools.serve, cli_tools.prepare,
-                 cli_history.history_group):
+for _command in (
+    cli_run.run,
+    cli_run.profile_cmd,
+    cli_run.report,
+    cli_gate.compare_cmd,
+    cli_gate.baseline_group,
+    cli_info.list_,
+    cli_info.env_,
+    cli_tools.kv_cache,
+    cli_tools.serve,
+    cli_tools.prepare,
+    cli_history.history_group,
+):
     main.add_command(_command)
 
 

@@ -1,6 +1,7 @@
 """What every command shares: the console it prints on, a stdout a closed pipe cannot break, and
 the command group that turns bad input into exit 2 and a full disk into exit 74 (one paragraph,
 no traceback)."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpubench.records.atomic import DiskFull
 from gpubench.errors import BadInput
+from gpubench.records.atomic import DiskFull
 from gpubench.run.outcome import EXIT_BAD_INPUT, EXIT_DISK_FULL
 
 
@@ -105,8 +106,13 @@ class CommandGroup(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except DiskFull as exc:
-            click.echo("error: " + disk_full_text(exc.filename, exc.strerror, "Nothing else was changed; free some "
-                                                  "space and run it again."), err=True)
+            click.echo(
+                "error: "
+                + disk_full_text(
+                    exc.filename, exc.strerror, "Nothing else was changed; free some space and run it again."
+                ),
+                err=True,
+            )
             ctx.exit(EXIT_DISK_FULL)
         finally:
             guarded.flush()

@@ -1,11 +1,13 @@
 """``gpubench list`` (techniques, their params and variants, the shipped scenarios) and ``gpubench
 env`` (this machine, the harness's overhead, the device's measured ceilings)."""
+
 from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 from rich.console import Console
@@ -13,10 +15,10 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 
 from gpubench import techniques
-from gpubench.techniques import catalog
-from gpubench.run import scenario as scenariomod
 from gpubench.cli.console import make_console
 from gpubench.errors import BadInput
+from gpubench.run import scenario as scenariomod
+from gpubench.techniques import catalog
 
 
 @click.command(name="list")
@@ -66,8 +68,18 @@ def _print_params(out: Console, params: Sequence[Any]) -> None:
     for p in params:
         default = "''" if p.default == "" else p.default
         text = f"{p.name} ({p.type_name}, default {default}; allowed: {p.allowed()}): {p.help}"
-        out.print(textwrap.fill(text, out.width, initial_indent="  ", subsequent_indent="      ",
-                                break_long_words=False, break_on_hyphens=False), markup=False, soft_wrap=True)
+        out.print(
+            textwrap.fill(
+                text,
+                out.width,
+                initial_indent="  ",
+                subsequent_indent="      ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @click.command(name="env")
@@ -93,24 +105,41 @@ def env_(device: str, calibrate: bool, as_json: bool) -> None:
     gpu = info.get("gpu") or {}
     rows = [
         ("device", f"{info['device']} ({info['device_label']})"),
-        ("gpu", f"{gpu.get('name')} cc {gpu.get('compute_capability')}, driver {gpu.get('driver_version')}, "
-                f"{(gpu.get('total_memory_bytes') or 0) / 2**30:.0f} GiB" if gpu else "none"),
+        (
+            "gpu",
+            f"{gpu.get('name')} cc {gpu.get('compute_capability')}, driver {gpu.get('driver_version')}, "
+            f"{(gpu.get('total_memory_bytes') or 0) / 2**30:.0f} GiB"
+            if gpu
+            else "none",
+        ),
         ("torch", f"{info['torch']} (CUDA {info['torch_cuda'] or 'none'})"),
         ("triton", info["triton"] or "not installed"),
         ("python", info["python"]),
-        ("cpu", f"{info['cpu']['model']}, {info['cpu']['logical_cores']} logical cores, "
-                f"torch threads {info['cpu']['torch_threads']}"),
+        (
+            "cpu",
+            f"{info['cpu']['model']}, {info['cpu']['logical_cores']} logical cores, "
+            f"torch threads {info['cpu']['torch_threads']}",
+        ),
         ("host", f"{info['host']} ({info['platform']})"),
         ("git", f"{info['git']['commit'] or 'not a git checkout'}" + (" (dirty)" if info["git"]["dirty"] else "")),
-        ("harness overhead", f"{info['harness_overhead_us']:.2f} us per repetition "
-                             f"({'CUDA events' if dev.type == 'cuda' else 'perf_counter_ns'}, median of a no-op)"),
+        (
+            "harness overhead",
+            f"{info['harness_overhead_us']:.2f} us per repetition "
+            f"({'CUDA events' if dev.type == 'cuda' else 'perf_counter_ns'}, median of a no-op)",
+        ),
     ]
     if calibrate:
         c = info["ceilings"]
-        rows.append(("matmul peak", f"{c['matmul']['peak_tflops']:.3g} TFLOP/s {c['matmul']['dtype']} "
-                                    f"(n={c['matmul']['n']}; median {c['matmul']['median_tflops']:.3g})"))
-        rows.append(("copy bandwidth", f"{c['copy']['peak_gbps']:.4g} GB/s read+write "
-                                       f"(median {c['copy']['median_gbps']:.4g})"))
+        rows.append(
+            (
+                "matmul peak",
+                f"{c['matmul']['peak_tflops']:.3g} TFLOP/s {c['matmul']['dtype']} "
+                f"(n={c['matmul']['n']}; median {c['matmul']['median_tflops']:.3g})",
+            )
+        )
+        rows.append(
+            ("copy bandwidth", f"{c['copy']['peak_gbps']:.4g} GB/s read+write (median {c['copy']['median_gbps']:.4g})")
+        )
         for key in ("h2d", "d2h"):
             if key in c:
                 rows.append((key, f"{c[key]['peak_gbps']:.4g} GB/s pinned"))

@@ -1,5 +1,6 @@
 """``gpubench run`` (a scenario through the supervisor, its progress, summary and report),
 ``gpubench profile`` (one case under the profiler) and ``gpubench report`` (a run's HTML report)."""
+
 from __future__ import annotations
 
 import itertools
@@ -14,15 +15,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gpubench import techniques
-from gpubench.records import results
-from gpubench.run import scenario as scenariomod
-from gpubench.run import stopping
-from gpubench.records.atomic import DiskFull
 from gpubench.cli.console import OldSpellings, disk_full_text, make_console
 from gpubench.errors import BadInput
-from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
+from gpubench.records import results
+from gpubench.records.atomic import DiskFull
 from gpubench.records.policy import CAP_NOTE_START, memory_cap_note
 from gpubench.reports.terminal import case_params, fit_fields, format_speedup, print_summary, wrap_words
+from gpubench.run import scenario as scenariomod
+from gpubench.run import stopping
+from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOADED, EXIT_TERMINATED, RunOutcome
 
 if TYPE_CHECKING:
     from gpubench.measure.devicecache import CaseTimes
@@ -48,9 +49,15 @@ class _CaseProgress:
         self.total = total
         if self.interactive:
             # transient: stopped (the run's end, Ctrl-C, SIGTERM) the bar is erased, not left stale
-            self.bar = Progress(TextColumn("case"), MofNCompleteColumn(), BarColumn(),
-                                TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console,
-                                transient=True)
+            self.bar = Progress(
+                TextColumn("case"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("calibrating", total=total)
 
@@ -63,10 +70,12 @@ class _CaseProgress:
         if self.bar is not None:
             self.bar.advance(self.task)
         opt = record.role_variant("optimized")
-        fields = [f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
-                  f"{self._params(case.technique, record.params)}",
-                  f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt))}",
-                  f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)"]
+        fields = [
+            f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
+            f"{self._params(case.technique, record.params)}",
+            f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt))}",
+            f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)",
+        ]
         reason = record.failure.message if record.status != "passed" and record.failure is not None else ""
         if not self.interactive:  # a log line is never wrapped
             self.console.print("  ".join(fields) + (f"\n    {reason}" if reason else ""), markup=False, soft_wrap=True)
@@ -83,9 +92,13 @@ class _CaseProgress:
 
         if self.bar is not None:
             self.bar.advance(self.task)
-        self.console.print(f"[{index + 1}/{self.total}] not run {case.technique} {self._params(case.technique, case.params)}"
-                           f"  budget: would need {skipped.need_text()}; {estimate.duration_text(skipped.left_s or 0.0)} "
-                           "left", markup=False, soft_wrap=not self.interactive)
+        self.console.print(
+            f"[{index + 1}/{self.total}] not run {case.technique} {self._params(case.technique, case.params)}"
+            f"  budget: would need {skipped.need_text()}; {estimate.duration_text(skipped.left_s or 0.0)} "
+            "left",
+            markup=False,
+            soft_wrap=not self.interactive,
+        )
 
     def note(self, text: str) -> None:
         """What a running case says (a draft model trained once): above the bar, or a log line."""
@@ -105,9 +118,18 @@ LARGE_RUN_CASES = 2_000  # a plain run past this many cases is announced with it
 DRY_RUN_IDS = 3  # case ids a dry run shows per technique
 
 
-def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, int], only: list[str] | None,
-                   device: str, out_root: Path, repeat_scale: float, workers: int, budget_s: float | None = None,
-                   fill: bool = False) -> None:
+def _print_dry_run(
+    out: Console,
+    scen: scenariomod.Scenario,
+    counts: dict[str, int],
+    only: list[str] | None,
+    device: str,
+    out_root: Path,
+    repeat_scale: float,
+    workers: int,
+    budget_s: float | None = None,
+    fill: bool = False,
+) -> None:
     """The cases a run would measure (a count per technique, the first cases' params that vary),
     its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
     import torch
@@ -120,15 +142,28 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
         if only and entry.technique not in only:
             continue
         labels = first.setdefault(entry.technique, [])
-        labels += [case_params({"params": c.params}, shown[entry.technique]) for c in
-                   itertools.islice(scen.entry_cases(entry, repeat_scale), DRY_RUN_IDS - len(labels))]
+        labels += [
+            case_params({"params": c.params}, shown[entry.technique])
+            for c in itertools.islice(scen.entry_cases(entry, repeat_scale), DRY_RUN_IDS - len(labels))
+        ]
     width, digits = max(map(len, counts), default=0), len(f"{max(counts.values(), default=0):,}")
     for technique, n in counts.items():
         more = f"; ... ({n - len(first[technique]):,} more)" if n > len(first[technique]) else ""
-        out.print(f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: "
-                  f"{'; '.join(first[technique])}{more}", markup=False, soft_wrap=not out.is_terminal)
-    guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root, only=only,
-                              repeat_scale=repeat_scale, workers=workers, history=_case_times(device))
+        out.print(
+            f"  {technique:<{width}} {n:>{digits},} case{'s' if n != 1 else ' '}: {'; '.join(first[technique])}{more}",
+            markup=False,
+            soft_wrap=not out.is_terminal,
+        )
+    guess = estimate.estimate(
+        scen,
+        None,
+        torch.device(device.split("#")[0]),
+        out_root=out_root,
+        only=only,
+        repeat_scale=repeat_scale,
+        workers=workers,
+        history=_case_times(device),
+    )
     out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=not out.is_terminal)
     if budget_s is not None:
         _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s, fill)
@@ -138,8 +173,17 @@ def _print_dry_run(out: Console, scen: scenariomod.Scenario, counts: dict[str, i
 PLAN_LINES = 200  # cases a dry run's budget plan lists; the rest are counted
 
 
-def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str] | None, device: str,
-                       out_root: Path, repeat_scale: float, workers: int, budget_s: float, fill: bool = False) -> None:
+def _print_budget_plan(
+    out: Console,
+    scen: scenariomod.Scenario,
+    only: list[str] | None,
+    device: str,
+    out_root: Path,
+    repeat_scale: float,
+    workers: int,
+    budget_s: float,
+    fill: bool = False,
+) -> None:
     """``--dry-run --budget``: the cases in the order they would run, each with its estimate and
     when it would start, or why it would not run; then what would run and what would not."""
     import torch
@@ -147,34 +191,52 @@ def _print_budget_plan(out: Console, scen: scenariomod.Scenario, only: list[str]
     from gpubench.run import budget as budgetmod
     from gpubench.run import estimate
 
-    costs = estimate.CaseCosts(torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root,
-                               repeat_scale=repeat_scale)
+    costs = estimate.CaseCosts(
+        torch.device(device.split("#")[0]), history=_case_times(device), out_root=out_root, repeat_scale=repeat_scale
+    )
     cases = budgetmod.breadth_first(scen.cases(only, repeat_scale), scen.order)
     steps = budgetmod.plan(cases, costs, budget_s, workers, fill)
     shown = scen.varying(only)
-    order = f"techniques in the scenario's order ({', '.join(scen.order)} first)" if scen.order else "techniques as they first appear"
-    out.print(f"plan for --budget {estimate.duration_text(budget_s)}{' (--fill-budget: a case starts while the time left holds what it takes at least)' if fill else ''}: breadth-first ({order}); start-up "
-              f"{estimate.duration_text(costs.startup_s())}" + (f", {workers} workers" if workers > 1 else ""),
-              markup=False, soft_wrap=not out.is_terminal)
+    order = (
+        f"techniques in the scenario's order ({', '.join(scen.order)} first)"
+        if scen.order
+        else "techniques as they first appear"
+    )
+    out.print(
+        f"plan for --budget {estimate.duration_text(budget_s)}{' (--fill-budget: a case starts while the time left holds what it takes at least)' if fill else ''}: breadth-first ({order}); start-up "
+        f"{estimate.duration_text(costs.startup_s())}" + (f", {workers} workers" if workers > 1 else ""),
+        markup=False,
+        soft_wrap=not out.is_terminal,
+    )
     for n, step in enumerate(steps[:PLAN_LINES], 1):
         label = f"{step.case.technique} {case_params({'params': step.case.params}, shown.get(step.case.technique))}"
         guess = step.estimate
         figure = f"{guess.text()}, counted as {estimate.duration_text(guess.plan_s)}"
         if step.start_s is None:
-            out.print(f"  {n:>4}. not run: budget  {label}  ({figure}; {estimate.duration_text(max(0.0, step.left_s))} "
-                      "left then)", markup=False, soft_wrap=not out.is_terminal)
+            out.print(
+                f"  {n:>4}. not run: budget  {label}  ({figure}; {estimate.duration_text(max(0.0, step.left_s))} "
+                "left then)",
+                markup=False,
+                soft_wrap=not out.is_terminal,
+            )
         else:
-            out.print(f"  {n:>4}. at {estimate.duration_text(step.start_s):>6}  {label}  ({figure})", markup=False,
-                      soft_wrap=not out.is_terminal)
+            out.print(
+                f"  {n:>4}. at {estimate.duration_text(step.start_s):>6}  {label}  ({figure})",
+                markup=False,
+                soft_wrap=not out.is_terminal,
+            )
     if len(steps) > PLAN_LINES:
         out.print(f"  ... ({len(steps) - PLAN_LINES:,} more)", markup=False)
     skipped = [budgetmod.not_run(s.case, s.estimate, s.left_s) for s in steps if s.start_s is None]
     ran = len(steps) - len(skipped)
-    out.print(f"would run {ran} of {len(steps)} cases" + (f"; {results.not_run_text(skipped)}" if skipped else ""),
-              markup=False, soft_wrap=not out.is_terminal)
+    out.print(
+        f"would run {ran} of {len(steps)} cases" + (f"; {results.not_run_text(skipped)}" if skipped else ""),
+        markup=False,
+        soft_wrap=not out.is_terminal,
+    )
 
 
-def _case_times(device: str) -> "CaseTimes | None":
+def _case_times(device: str) -> CaseTimes | None:
     """The case-time history of the device model a run on ``device`` would use (None where the
     device cannot be named here, e.g. a Ray cluster's)."""
     import torch
@@ -196,48 +258,127 @@ def _default_scenario(device_opt: str | None) -> str:
 
 
 @click.command()
-@click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
-              help="A shipped scenario name (see `gpubench list`) or a YAML file. "
-                   "Default: smoke on a CPU machine, gpu-quick on a GPU machine.")
-@click.option("--device", "--devices", "devices", metavar="all|cpu|cuda|cuda:N[,...]",
-              help="Where the cases run (overrides the scenario's device): one worker process per device, "
-                   "cases spread over them; 'all' is every GPU here.")
-@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
-              help="Parent directory of the run directory <timestamp>-<scenario>/.")
+@click.option(
+    "--scenario",
+    "-s",
+    "scenario_name",
+    metavar="NAME|PATH",
+    help="A shipped scenario name (see `gpubench list`) or a YAML file. "
+    "Default: smoke on a CPU machine, gpu-quick on a GPU machine.",
+)
+@click.option(
+    "--device",
+    "--devices",
+    "devices",
+    metavar="all|cpu|cuda|cuda:N[,...]",
+    help="Where the cases run (overrides the scenario's device): one worker process per device, "
+    "cases spread over them; 'all' is every GPU here.",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_root",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Parent directory of the run directory <timestamp>-<scenario>/.",
+)
 @click.option("--only", metavar="TECH,...", help="Run only these techniques of the scenario.")
-@click.option("--repeat-scale", type=float, default=1.0, show_default=True,
-              help="Scale repetition counts and times of the measurement policy (e.g. 0.2 for a quick look).")
-@click.option("--telemetry-interval", type=float, default=0.05, show_default=True, help="NVML sampling interval, seconds.")
+@click.option(
+    "--repeat-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Scale repetition counts and times of the measurement policy (e.g. 0.2 for a quick look).",
+)
+@click.option(
+    "--telemetry-interval", type=float, default=0.05, show_default=True, help="NVML sampling interval, seconds."
+)
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring the device peak (no %-of-peak metrics).")
-@click.option("--isolation", type=click.Choice(["process", "none"]), default="process", show_default=True,
-              help="process: each device's cases in a worker process that a hang or crash cannot take the run "
-                   "down with; none: every case in this process (for a debugger).")
-@click.option("--max-parallel", type=int, default=None, help="At most this many workers at once (default: one per device).")
-@click.option("--cluster", metavar="ray|ray://HOST:PORT", help="Run each case as a Ray task (pip install 'gpubench[ray]').")
-@click.option("--gpu-type", metavar="TYPE", help="With --cluster: Ray's accelerator type the tasks ask for (e.g. H100).")
-@click.option("--per-model", is_flag=True, help="Run every case once on each device model among the devices "
-              "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.")
+@click.option(
+    "--isolation",
+    type=click.Choice(["process", "none"]),
+    default="process",
+    show_default=True,
+    help="process: each device's cases in a worker process that a hang or crash cannot take the run "
+    "down with; none: every case in this process (for a debugger).",
+)
+@click.option(
+    "--max-parallel", type=int, default=None, help="At most this many workers at once (default: one per device)."
+)
+@click.option(
+    "--cluster", metavar="ray|ray://HOST:PORT", help="Run each case as a Ray task (pip install 'gpubench[ray]')."
+)
+@click.option(
+    "--gpu-type", metavar="TYPE", help="With --cluster: Ray's accelerator type the tasks ask for (e.g. H100)."
+)
+@click.option(
+    "--per-model",
+    is_flag=True,
+    help="Run every case once on each device model among the devices "
+    "(a fleet's technique x device matrix); with --cluster, --gpu-type A,B does the same.",
+)
 @click.option("--exclusive", is_flag=True, help="Refuse to start (exit 2) when other processes are using a GPU.")
 @click.option("--lock-clocks", is_flag=True, help="Lock GPU clocks for the run where permitted (restored at the end).")
-@click.option("--budget", "budget_text", metavar="DURATION", help="Plan the run to fit this wall time, start-up "
-              "and report included (540, 540s, 9m, 1h30m): cases run breadth-first over techniques (the scenario's "
-              "order first), a case starts only if the time left holds its estimate, the others are recorded as "
-              "not run: budget. With --dry-run, shows the plan.")
-@click.option("--fill-budget", is_flag=True, help="With --budget: start a case while the time left holds what it "
-              "takes at least, not its conservative estimate, so the budget is used to its end (the last case may "
-              "be stopped at the budget, keeping what it measured).")
-@click.option("--dry-run", is_flag=True, help="Validate, list the cases (a count per technique, the first few) and "
-              "estimate the run time; run nothing, write nothing.")
-@click.option("--profile", is_flag=True, help="After each case is timed, profile every variant (torch.profiler): "
-              "traces under RUN/profiles/, a launch/sync/copy breakdown in results.json and the report.")
+@click.option(
+    "--budget",
+    "budget_text",
+    metavar="DURATION",
+    help="Plan the run to fit this wall time, start-up "
+    "and report included (540, 540s, 9m, 1h30m): cases run breadth-first over techniques (the scenario's "
+    "order first), a case starts only if the time left holds its estimate, the others are recorded as "
+    "not run: budget. With --dry-run, shows the plan.",
+)
+@click.option(
+    "--fill-budget",
+    is_flag=True,
+    help="With --budget: start a case while the time left holds what it "
+    "takes at least, not its conservative estimate, so the budget is used to its end (the last case may "
+    "be stopped at the budget, keeping what it measured).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate, list the cases (a count per technique, the first few) and "
+    "estimate the run time; run nothing, write nothing.",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="After each case is timed, profile every variant (torch.profiler): "
+    "traces under RUN/profiles/, a launch/sync/copy breakdown in results.json and the report.",
+)
 @click.option("--no-history", is_flag=True, help="Do not add the run to the history store.")
-@click.option("--store", "history_store", metavar="PATH|URL", default=None, help="The history store the run is added "
-              "to (see `gpubench history add --help`; default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
-def run(scenario_name: str | None, devices: str | None, out_root: str, only: str | None, repeat_scale: float,
-        telemetry_interval: float, no_calibrate: bool, isolation: str, max_parallel: int | None,
-        cluster: str | None, gpu_type: str | None, per_model: bool, exclusive: bool, lock_clocks: bool,
-        dry_run: bool, profile: bool, no_history: bool, history_store: str | None, budget_text: str | None,
-        fill_budget: bool) -> None:
+@click.option(
+    "--store",
+    "history_store",
+    metavar="PATH|URL",
+    default=None,
+    help="The history store the run is added "
+    "to (see `gpubench history add --help`; default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).",
+)
+def run(
+    scenario_name: str | None,
+    devices: str | None,
+    out_root: str,
+    only: str | None,
+    repeat_scale: float,
+    telemetry_interval: float,
+    no_calibrate: bool,
+    isolation: str,
+    max_parallel: int | None,
+    cluster: str | None,
+    gpu_type: str | None,
+    per_model: bool,
+    exclusive: bool,
+    lock_clocks: bool,
+    dry_run: bool,
+    profile: bool,
+    no_history: bool,
+    history_store: str | None,
+    budget_text: str | None,
+    fill_budget: bool,
+) -> None:
     """Run a scenario: check and time every case, write a run directory and add it to the history store."""
     from gpubench.run.budget import parse_duration
 
@@ -249,10 +390,20 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     from gpubench.run import run_options  # torch: past the scenario's name and keys
 
     device_list = _run_devices(devices, cluster, scen)
-    options = run_options.RunOptions(devices=device_list, isolation=isolation, cluster=cluster, gpu_type=gpu_type,
-                                     max_parallel=max_parallel, exclusive=exclusive, lock_clocks=lock_clocks,
-                                     per_model=per_model, profile=profile, budget_s=budget_s, budget_from=budget_from,
-                                     fill_budget=fill_budget)
+    options = run_options.RunOptions(
+        devices=device_list,
+        isolation=isolation,
+        cluster=cluster,
+        gpu_type=gpu_type,
+        max_parallel=max_parallel,
+        exclusive=exclusive,
+        lock_clocks=lock_clocks,
+        per_model=per_model,
+        profile=profile,
+        budget_s=budget_s,
+        budget_from=budget_from,
+        fill_budget=fill_budget,
+    )
     only_list = _only_techniques(only, scen)
     run_options.check_options(options)  # refused before anything is printed or created
     out = make_console()
@@ -261,19 +412,33 @@ def run(scenario_name: str | None, devices: str | None, out_root: str, only: str
     workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
     _print_run_start(out, scen, device_list, only_list, total, cluster, isolation, dry_run)
     if dry_run:
-        _print_dry_run(out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s,
-                       fill_budget)
+        _print_dry_run(
+            out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s, fill_budget
+        )
         return
     if total > LARGE_RUN_CASES and budget_s is None:
         _warn_large_run(out, scen, total, device_list[0], Path(out_root), only_list, repeat_scale, workers)
-    sys.exit(_run_and_close(out, scen, options, Path(out_root), only_list, repeat_scale, telemetry_interval,
-                            not no_calibrate, None if no_history else history_store or ""))
+    sys.exit(
+        _run_and_close(
+            out,
+            scen,
+            options,
+            Path(out_root),
+            only_list,
+            repeat_scale,
+            telemetry_interval,
+            not no_calibrate,
+            None if no_history else history_store or "",
+        )
+    )
 
 
 def _check_run_flags(repeat_scale: float, telemetry_interval: float, gpu_type: str | None, cluster: str | None) -> None:
     """The flags refused on their own, before the scenario is read."""
     if repeat_scale <= 0:
-        raise BadInput(f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy).")
+        raise BadInput(
+            f"--repeat-scale: {repeat_scale} is not valid; allowed: a number > 0 (1 = the scenario's policy)."
+        )
     if telemetry_interval <= 0:
         raise BadInput(f"--telemetry-interval: {telemetry_interval} is not valid; allowed: seconds > 0.")
     if gpu_type and not cluster:
@@ -300,46 +465,88 @@ def _only_techniques(only: str | None, scen: scenariomod.Scenario) -> list[str] 
     in_scenario = sorted({e.technique for e in scen.entries})
     for name in only_list:
         if techniques.get(name) is None:
-            raise BadInput(f"--only: {name!r} is not a registered technique; allowed: "
-                           f"{', '.join(techniques.all_techniques())}.")
+            raise BadInput(
+                f"--only: {name!r} is not a registered technique; allowed: {', '.join(techniques.all_techniques())}."
+            )
         if name not in in_scenario:
-            raise BadInput(f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
-                           f"its techniques: {', '.join(in_scenario)}.")
+            raise BadInput(
+                f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
+                f"its techniques: {', '.join(in_scenario)}."
+            )
     return only_list
 
 
-def _print_run_start(out: Console, scen: scenariomod.Scenario, device_list: list[str], only_list: list[str] | None,
-                     total: int, cluster: str | None, isolation: str, dry_run: bool) -> None:
+def _print_run_start(
+    out: Console,
+    scen: scenariomod.Scenario,
+    device_list: list[str],
+    only_list: list[str] | None,
+    total: int,
+    cluster: str | None,
+    isolation: str,
+    dry_run: bool,
+) -> None:
     """The run's first line (scenario, where, how many cases) and, on a CPU, a memory cap it cannot apply."""
     where = f"Ray cluster {cluster}" if cluster else ", ".join(device_list)
-    out.print(f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
-              f"{where}" + ("" if isolation == "process" else ", in this process")
-              + f": {total:,} case{'s' if total != 1 else ''}", soft_wrap=not out.is_terminal)
+    out.print(
+        f"gpubench run{' --dry-run' if dry_run else ''}: scenario [bold]{scen.name}[/] ({scen.path}) on "
+        f"{where}"
+        + ("" if isolation == "process" else ", in this process")
+        + f": {total:,} case{'s' if total != 1 else ''}",
+        soft_wrap=not out.is_terminal,
+    )
     if not cluster and not any(d.startswith("cuda") for d in device_list):  # a GPU's size is told at the end
-        note = memory_cap_note([e.policy.gpu_memory_gib for e in scen.entries
-                                if not only_list or e.technique in only_list], "cpu")
+        note = memory_cap_note(
+            [e.policy.gpu_memory_gib for e in scen.entries if not only_list or e.technique in only_list], "cpu"
+        )
         if note:
             out.print(f"warning: {note}", markup=False, soft_wrap=True)
 
 
-def _warn_large_run(out: Console, scen: scenariomod.Scenario, total: int, device: str, out_root: Path,
-                    only_list: list[str] | None, repeat_scale: float, workers: int) -> None:
+def _warn_large_run(
+    out: Console,
+    scen: scenariomod.Scenario,
+    total: int,
+    device: str,
+    out_root: Path,
+    only_list: list[str] | None,
+    repeat_scale: float,
+    workers: int,
+) -> None:
     """A run of more than LARGE_RUN_CASES cases without a budget: its estimated time, and how to list or stop it."""
     import torch  # past the checks of the input: a bad option or scenario is refused without it
 
     from gpubench.run import estimate
 
-    guess = estimate.estimate(scen, None, torch.device(device.split("#")[0]), out_root=out_root,
-                              only=only_list, repeat_scale=repeat_scale, workers=workers,
-                              history=_case_times(device))
-    out.print(f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
-              f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
-              f"the run and keeps what finished.", soft_wrap=not out.is_terminal)
+    guess = estimate.estimate(
+        scen,
+        None,
+        torch.device(device.split("#")[0]),
+        out_root=out_root,
+        only=only_list,
+        repeat_scale=repeat_scale,
+        workers=workers,
+        history=_case_times(device),
+    )
+    out.print(
+        f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
+        f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
+        f"the run and keeps what finished.",
+        soft_wrap=not out.is_terminal,
+    )
 
 
-def _run_and_close(out: Console, scen: scenariomod.Scenario, options: RunOptions, out_root: Path,
-                   only_list: list[str] | None, repeat_scale: float, telemetry_interval: float, calibrate: bool,
-                   history_store: str | None) -> int:
+def _run_and_close(
+    out: Console,
+    scen: scenariomod.Scenario,
+    options: RunOptions,
+    out_root: Path,
+    only_list: list[str] | None,
+    repeat_scale: float,
+    telemetry_interval: float,
+    calibrate: bool,
+    history_store: str | None,
+) -> int:
     """The run through the supervisor, its progress shown, then its summary, history and report
     (:func:`_close_run`); the exit code."""
     from gpubench.run import supervisor
@@ -347,9 +554,16 @@ def _run_and_close(out: Console, scen: scenariomod.Scenario, options: RunOptions
     progress = _CaseProgress(out, scen.varying(only_list))
     with stopping.sigterm_as_interrupt():  # the run installs its own; this one covers the summary and report
         try:
-            outcome = supervisor.run_scenario(scen, options, out_root, only=only_list,
-                                              repeat_scale=repeat_scale, progress=progress,
-                                              telemetry_interval_s=telemetry_interval, calibrate=calibrate)
+            outcome = supervisor.run_scenario(
+                scen,
+                options,
+                out_root,
+                only=only_list,
+                repeat_scale=repeat_scale,
+                progress=progress,
+                telemetry_interval_s=telemetry_interval,
+                calibrate=calibrate,
+            )
         finally:  # whatever stopped the run, no bar is left drawn above what comes next
             progress.run_finished()
         try:
@@ -375,8 +589,12 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     if outcome.record.time_use is not None:
         out.print(outcome.record.time_use.text(), markup=False, soft_wrap=not out.is_terminal)
     if outcome.record.not_run:
-        out.print(f"{results.not_run_text(outcome.record.not_run)}; the budget was "
-                  f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)", markup=False, soft_wrap=not out.is_terminal)
+        out.print(
+            f"{results.not_run_text(outcome.record.not_run)}; the budget was "
+            f"{estimate.duration_text(outcome.record.budget_s or 0.0)} (--budget)",
+            markup=False,
+            soft_wrap=not out.is_terminal,
+        )
     for warning in outcome.record.warnings:  # a memory cap above the GPU's size: it capped nothing
         at = warning.find(CAP_NOTE_START + " ")
         if at >= 0 and outcome.record.devices and any(d.get("type") == "cuda" for d in outcome.record.devices.values()):
@@ -394,27 +612,51 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
         from gpubench.reports import html as html_report
 
         t_report = time.perf_counter()
-        written = html_report.write_report(outcome.run_dir, history_store=history_store or None,
-                                           read_history=history_store is not None, registry=techniques)
+        written = html_report.write_report(
+            outcome.run_dir,
+            history_store=history_store or None,
+            read_history=history_store is not None,
+            registry=techniques,
+        )
         _remember_report_time(outcome, time.perf_counter() - t_report)
         out.print(f"report: {written.html} (+ {written.markdown.name})", soft_wrap=True)
     except DiskFull as exc:
-        click.echo("error: " + disk_full_text(exc.filename, exc.strerror, f"The run itself is saved (results.json); no "
-                                              f"report was written: free some space, then `gpubench report "
-                                              f"{outcome.run_dir}` writes it."), err=True)
+        click.echo(
+            "error: "
+            + disk_full_text(
+                exc.filename,
+                exc.strerror,
+                f"The run itself is saved (results.json); no "
+                f"report was written: free some space, then `gpubench report "
+                f"{outcome.run_dir}` writes it.",
+            ),
+            err=True,
+        )
         return EXIT_DISK_FULL
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM while the report was written
-        out.print(f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
-                  f"`gpubench report {outcome.run_dir}` writes it", markup=False, soft_wrap=not out.is_terminal)
+        out.print(
+            f"warning: the report was not written ({exc or 'stopped by Ctrl-C'}); the results are saved; "
+            f"`gpubench report {outcome.run_dir}` writes it",
+            markup=False,
+            soft_wrap=not out.is_terminal,
+        )
         return _interrupted_exit(exc, outcome)
     except Exception as exc:  # noqa: BLE001
-        out.print(f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
-                  f"the results are saved; try `gpubench report {outcome.run_dir}`", markup=False, soft_wrap=not out.is_terminal)
+        out.print(
+            f"warning: the report could not be written ({type(exc).__name__}: {exc}); "
+            f"the results are saved; try `gpubench report {outcome.run_dir}`",
+            markup=False,
+            soft_wrap=not out.is_terminal,
+        )
     if outcome.exit_code == EXIT_OVERLOADED:
         late = sum(c.status == "failed" for c in outcome.record.cases)
-        out.print(f"{late} case(s) timed out on an overloaded machine (more runnable work than cores), a timeout "
-                  f"of the run's environment, not a failure of a technique; they were not measured: rerun them "
-                  f"(--only) on a quieter machine. Exit code {EXIT_OVERLOADED}.", markup=False, soft_wrap=not out.is_terminal)
+        out.print(
+            f"{late} case(s) timed out on an overloaded machine (more runnable work than cores), a timeout "
+            f"of the run's environment, not a failure of a technique; they were not measured: rerun them "
+            f"(--only) on a quieter machine. Exit code {EXIT_OVERLOADED}.",
+            markup=False,
+            soft_wrap=not out.is_terminal,
+        )
     return outcome.exit_code
 
 
@@ -445,36 +687,62 @@ def _disk_full_run_text(outcome: RunOutcome) -> str:
     else:
         stopped = f"The run stopped after {done} of {planned} case{'s' if planned != 1 else ''}"
     path, _, strerror = run.disk_full.rpartition(": ")
-    return disk_full_text(path, strerror,
-                          f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
-                          f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
-                          f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
-                          f"scenario again for the rest. Exit code {EXIT_DISK_FULL}.")
+    return disk_full_text(
+        path,
+        strerror,
+        f"{stopped}; {kept} finished case{'s are' if kept != 1 else ' is'} kept in {outcome.run_dir} "
+        f"(results.json and cases.jsonl, readable as they are), and no report was written. Free "
+        f"some space, then `gpubench report {outcome.run_dir}` renders what was kept; run the "
+        f"scenario again for the rest. Exit code {EXIT_DISK_FULL}.",
+    )
 
 
 @click.command(name="profile")
 @click.argument("target", metavar="TECHNIQUE|CASE_ID")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A param of the case (repeatable).")
-@click.option("--scenario", "-s", "scenario_name", metavar="NAME|PATH",
-              help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
-                   "first case; --param overrides. Default: the technique's defaults.")
+@click.option(
+    "--scenario",
+    "-s",
+    "scenario_name",
+    metavar="NAME|PATH",
+    help="Take the case and its policy from this scenario: the case with id CASE_ID, or the technique's "
+    "first case; --param overrides. Default: the technique's defaults.",
+)
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N")
-@click.option("-o", "--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
-              help="Parent directory of the run directory <timestamp>-profile-<technique>/.")
+@click.option(
+    "-o",
+    "--out",
+    "out_root",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Parent directory of the run directory <timestamp>-profile-<technique>/.",
+)
 @click.option("--calls", type=click.IntRange(min=1), default=None, help="Calls under the profiler [default: 3].")
-@click.option("--repeat-scale", type=click.FloatRange(min=0, min_open=True), default=0.2, show_default=True,
-              help="Scale of the timing before the profile.")
-def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None, device: str, out_root: str,
-                calls: int | None, repeat_scale: float) -> None:
+@click.option(
+    "--repeat-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.2,
+    show_default=True,
+    help="Scale of the timing before the profile.",
+)
+def profile_cmd(
+    target: str,
+    params: tuple[str, ...],
+    scenario_name: str | None,
+    device: str,
+    out_root: str,
+    calls: int | None,
+    repeat_scale: float,
+) -> None:
     """Profile one case without a full run: check, time briefly, then profile every variant.
 
     gpubench profile moe_grouping --param tokens=512 [--scenario smoke] [--out DIR] prints the
     breakdown (ops, launches, syncs, copies, peak memory, top ops) and writes the traces and a
     report in a run directory."""
-    from gpubench.run import run_options
-    from gpubench.run import supervisor
     from gpubench.reports import html as html_report
     from gpubench.reports.profile_view import case_table, print_case
+    from gpubench.run import run_options, supervisor
 
     stopping.sigint_restored()
 
@@ -500,7 +768,9 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
         out.print(f"syncs counted: {table['sync_counting']}", markup=False, soft_wrap=not out.is_terminal)
     try:
         written = html_report.write_report(outcome.run_dir, registry=techniques)
-        out.print(f"run directory: {outcome.run_dir}; report: {written.html}", markup=False, soft_wrap=not out.is_terminal)
+        out.print(
+            f"run directory: {outcome.run_dir}; report: {written.html}", markup=False, soft_wrap=not out.is_terminal
+        )
     except Exception as exc:  # noqa: BLE001 - the traces are on disk already
         out.print(f"run directory: {outcome.run_dir} (report not written: {type(exc).__name__}: {exc})", markup=False)
     sys.exit(outcome.exit_code)
@@ -508,18 +778,45 @@ def profile_cmd(target: str, params: tuple[str, ...], scenario_name: str | None,
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--out", "--output", "output", cls=OldSpellings, old=("--output",),
-              type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.")
-@click.option("--compare", "others", type=click.Path(path_type=Path), multiple=False, default=None,
-              metavar="OTHER_RUN_DIR", help="Another run to compare with: per case the change with its CI, "
-              "regressions first. Further runs may follow RUN_DIR: then a technique x device matrix of all.")
+@click.option(
+    "-o",
+    "--out",
+    "--output",
+    "output",
+    cls=OldSpellings,
+    old=("--output",),
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The HTML file to write (default RUN_DIR/report.html); summary.md goes beside it.",
+)
+@click.option(
+    "--compare",
+    "others",
+    type=click.Path(path_type=Path),
+    multiple=False,
+    default=None,
+    metavar="OTHER_RUN_DIR",
+    help="Another run to compare with: per case the change with its CI, "
+    "regressions first. Further runs may follow RUN_DIR: then a technique x device matrix of all.",
+)
 @click.argument("more", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--store", "history_store", metavar="PATH|URL", default=None, help="The history store each case's "
-              "sparkline is read from (default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).")
+@click.option(
+    "--store",
+    "history_store",
+    metavar="PATH|URL",
+    default=None,
+    help="The history store each case's "
+    "sparkline is read from (default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).",
+)
 @click.option("--no-history", is_flag=True, help="Do not read the history store: no sparklines.")
-def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[Path, ...],
-           history_store: str | None, no_history: bool) -> None:
+def report(
+    run_dir: Path,
+    output: Path | None,
+    others: Path | None,
+    more: tuple[Path, ...],
+    history_store: str | None,
+    no_history: bool,
+) -> None:
     """Write a self-contained HTML report of a run directory, and summary.md (Markdown) beside it.
 
     gpubench report RUN --compare OTHER: the two runs side by side.
@@ -529,7 +826,8 @@ def report(run_dir: Path, output: Path | None, others: Path | None, more: tuple[
     compare = ([others] if others is not None else []) + list(more)
     if more and others is None:
         raise BadInput("report: give further runs after --compare (gpubench report RUN --compare RUN2 RUN3 ...).")
-    written = html_report.write_report(run_dir, output, compare=compare, history_store=history_store,
-                                       read_history=not no_history, registry=techniques)
+    written = html_report.write_report(
+        run_dir, output, compare=compare, history_store=history_store, read_history=not no_history, registry=techniques
+    )
     click.echo(f"report: {written.html}")
     click.echo(f"summary: {written.markdown}")

@@ -43,19 +43,20 @@ Times are compared on one clock (device or wall time, :mod:`gpubench.measure.tim
 headline clocks differ, on a clock both recorded; where they share none (a baseline of an older
 gpubench on a GPU), the case is **inconclusive**, never judged on mixed clocks.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from gpubench.records import pytest_benchmark
-from gpubench.records import stats
 from gpubench.errors import BadInput
+from gpubench.records import pytest_benchmark, stats
 from gpubench.records.policy import parse_threshold as parse_threshold  # the gate's spelling of it (cli, tests)
 from gpubench.records.results import CaseRecord, Device, RunRecord, as_run, load_run
 
@@ -69,12 +70,15 @@ P_SIGNIFICANT = 0.002
 # +11.3% [+6.9, +16.7] beside +35.0%). A ratio must move beyond this share of it, as well as
 # beyond the threshold, to count.
 MACHINE_SHARE = 0.5
-MIN_SAMPLES_FOR_RATIO = stats.MIN_CI_SAMPLES  # per variant and run, to judge a case by its optimized/baseline ratio (the default min_reps)
+MIN_SAMPLES_FOR_RATIO = (
+    stats.MIN_CI_SAMPLES
+)  # per variant and run, to judge a case by its optimized/baseline ratio (the default min_reps)
 ORDER = ("regressed", "failed", "missing", "no_samples", "inconclusive", "improved", "unchanged", "new")
 
 
 # --------------------------------------------------------------------------------------------
 # Inputs: gpubench results, or pytest-benchmark JSON
+
 
 def load_any(path: str | Path) -> RunRecord:
     """A gpubench run directory / results.json (:func:`gpubench.records.results.load_run`: BadInput, exit 2,
@@ -92,6 +96,7 @@ def load_any(path: str | Path) -> RunRecord:
 
 
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass
 class BaselineVariantChange:
@@ -148,7 +153,7 @@ class Side:
     path: str | None = None
 
     @classmethod
-    def of(cls, run: RunRecord) -> "Side":
+    def of(cls, run: RunRecord) -> Side:
         return cls(run.run_id, run.scenario_name, run.device_label, run.source, run.path)
 
 
@@ -160,13 +165,18 @@ class Comparison:
     allow_missing: bool
     forced: list[str]  # refusals overridden with --force
     strict: bool = False  # inconclusive cases fail too
-    problems: list[str] = field(default_factory=list)  # what fails the gate besides its cases (a run that never completed)
+    problems: list[str] = field(
+        default_factory=list
+    )  # what fails the gate besides its cases (a run that never completed)
     unfinished: list[str] = field(default_factory=list)  # "current", "baseline": the runs that never completed
 
     @property
     def failing(self) -> list[Change]:
-        bad = ({"regressed", "failed", "no_samples"} | (set() if self.allow_missing else {"missing"})
-               | ({"inconclusive"} if self.strict else set()))
+        bad = (
+            {"regressed", "failed", "no_samples"}
+            | (set() if self.allow_missing else {"missing"})
+            | ({"inconclusive"} if self.strict else set())
+        )
         return [c for c in self.changes if c.verdict in bad]
 
     @property
@@ -181,9 +191,17 @@ class Comparison:
         return {v: sum(c.verdict == v for c in self.changes) for v in ORDER}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "baseline": asdict(self.baseline), "current": asdict(self.current),
-                "counts": self.counts(), "forced": self.forced, "strict": self.strict, "problems": self.problems,
-                "unfinished": self.unfinished, "changes": [c.to_dict() for c in self.changes]}
+        return {
+            "passed": self.passed,
+            "baseline": asdict(self.baseline),
+            "current": asdict(self.current),
+            "counts": self.counts(),
+            "forced": self.forced,
+            "strict": self.strict,
+            "problems": self.problems,
+            "unfinished": self.unfinished,
+            "changes": [c.to_dict() for c in self.changes],
+        }
 
 
 def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
@@ -198,8 +216,9 @@ def verdict_of(ci: stats.RatioCI, p: float, threshold: float) -> str:
     return "unchanged"
 
 
-def classify(baseline_samples: list[float], current_samples: list[float], threshold: float,
-             seed: int = 0) -> tuple[str, float, float | None, float | None, float | None]:
+def classify(
+    baseline_samples: list[float], current_samples: list[float], threshold: float, seed: int = 0
+) -> tuple[str, float, float | None, float | None, float | None]:
     """(verdict, ratio, ci_low, ci_high, p) for current vs baseline times: the CI and p from the
     same bootstrap replicates (:func:`gpubench.records.stats.bootstrap_ratio_test`). With fewer than
     :data:`gpubench.records.stats.MIN_CI_SAMPLES` samples on either side: ``inconclusive``, the ratio with
@@ -217,9 +236,11 @@ def never_completed(run: RunRecord) -> str | None:
         return None
     cases = len(run.cases)
     held = f"{cases} case{'s' if cases != 1 else ''} recorded" + (
-        f" of {run.planned_cases} planned" if run.planned_cases else "")
-    why = {"running": "still 'running': the process was killed or is still going",
-           "interrupted": "interrupted"}.get(run.status, run.status)
+        f" of {run.planned_cases} planned" if run.planned_cases else ""
+    )
+    why = {"running": "still 'running': the process was killed or is still going", "interrupted": "interrupted"}.get(
+        run.status, run.status
+    )
     return f"status {why}{f' ({run.abort_reason})' if run.abort_reason else ''}; {held}"
 
 
@@ -232,9 +253,15 @@ def for_device(run: RunRecord, label: str) -> RunRecord:
     return dataclasses.replace(run, device_label=label, cases=[c for c in run.cases if run.device_of(c) == label])
 
 
-def compare(baseline: RunRecord | Mapping[str, Any], current: RunRecord | Mapping[str, Any], *,
-            threshold: float = DEFAULT_THRESHOLD, allow_missing: bool = False, force: bool = False,
-            strict: bool = False) -> Comparison:
+def compare(
+    baseline: RunRecord | Mapping[str, Any],
+    current: RunRecord | Mapping[str, Any],
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    allow_missing: bool = False,
+    force: bool = False,
+    strict: bool = False,
+) -> Comparison:
     """Each case of ``current`` against the same case on the same device model in ``baseline``
     (a run over several models is gated model by model). The runs are records; a results
     document (a dict, as a script or a test builds one) is read into one first."""
@@ -246,10 +273,10 @@ def compare(baseline: RunRecord | Mapping[str, Any], current: RunRecord | Mappin
     allow_missing = allow_missing or _definition(baseline) != _definition(current)
     problems, unfinished = _unfinished(baseline, current, force, forced)
     changes = _changes(baseline, current, threshold, several, "current" in unfinished)
-    changes.sort(key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed"
-                                else (c.ratio or 0.0)))
-    return Comparison(Side.of(baseline), Side.of(current), changes, allow_missing, forced, strict, problems,
-                      unfinished)
+    changes.sort(
+        key=lambda c: (ORDER.index(c.verdict), -(c.ratio or 0.0) if c.verdict == "regressed" else (c.ratio or 0.0))
+    )
+    return Comparison(Side.of(baseline), Side.of(current), changes, allow_missing, forced, strict, problems, unfinished)
 
 
 def _check_like_for_like(baseline: RunRecord, current: RunRecord, force: bool, forced: list[str]) -> bool:
@@ -258,27 +285,33 @@ def _check_like_for_like(baseline: RunRecord, current: RunRecord, force: bool, f
     several models, not forced)."""
     base_labels, cur_labels = baseline.device_labels(), current.device_labels()
     if not set(base_labels) & set(cur_labels):
-        message = (f"the runs were measured on different hardware: baseline on "
-                   f"{' + '.join(base_labels)!r}, current on {' + '.join(cur_labels)!r}")
+        message = (
+            f"the runs were measured on different hardware: baseline on "
+            f"{' + '.join(base_labels)!r}, current on {' + '.join(cur_labels)!r}"
+        )
         if not force:
-            raise BadInput(f"compare: {message}. Timings do not transfer between devices; compare runs of "
-                           f"one GPU model (keep one baseline per model with `gpubench baseline save`), "
-                           f"or pass --force.")
+            raise BadInput(
+                f"compare: {message}. Timings do not transfer between devices; compare runs of "
+                f"one GPU model (keep one baseline per model with `gpubench baseline save`), "
+                f"or pass --force."
+            )
         forced.append(message)
     if _definition(baseline) != _definition(current):
-        message = (f"the scenario definitions differ (baseline {baseline.scenario_name!r}, current "
-                   f"{current.scenario_name!r}, or their entries)")
+        message = (
+            f"the scenario definitions differ (baseline {baseline.scenario_name!r}, current "
+            f"{current.scenario_name!r}, or their entries)"
+        )
         if not force:
-            raise BadInput(f"compare: {message}; cases would not be like for like. Re-run the same scenario, "
-                           f"or pass --force to compare the cases they share (with --force, cases only in "
-                           f"the baseline are listed as missing but do not fail the gate).")
-        forced.append(f"{message}: compared the cases both runs hold; cases only in the baseline do not "
-                      f"fail the gate")
+            raise BadInput(
+                f"compare: {message}; cases would not be like for like. Re-run the same scenario, "
+                f"or pass --force to compare the cases they share (with --force, cases only in "
+                f"the baseline are listed as missing but do not fail the gate)."
+            )
+        forced.append(f"{message}: compared the cases both runs hold; cases only in the baseline do not fail the gate")
     return len(set(base_labels) | set(cur_labels)) > 1 and not forced
 
 
-def _unfinished(baseline: RunRecord, current: RunRecord, force: bool,
-                forced: list[str]) -> tuple[list[str], list[str]]:
+def _unfinished(baseline: RunRecord, current: RunRecord, force: bool, forced: list[str]) -> tuple[list[str], list[str]]:
     """(problems that fail the gate, the sides whose run never completed)."""
     problems, unfinished = [], []
     for side, run in (("current", current), ("baseline", baseline)):
@@ -287,21 +320,27 @@ def _unfinished(baseline: RunRecord, current: RunRecord, force: bool,
             continue
         unfinished.append(side)
         if side == "current":
-            problems.append(f"the current run never completed ({why}): the cases it did not reach were never "
-                            f"measured, so the gate cannot pass it (--allow-missing covers cases a complete run "
-                            f"left out, not these); run the scenario to the end")
+            problems.append(
+                f"the current run never completed ({why}): the cases it did not reach were never "
+                f"measured, so the gate cannot pass it (--allow-missing covers cases a complete run "
+                f"left out, not these); run the scenario to the end"
+            )
         elif force:
             forced.append(f"the baseline run never completed ({why}): cases it lacks are new, not gated")
         else:
-            problems.append(f"the baseline run never completed ({why}): cases it lacks would be new, not gated; "
-                            f"store a complete run as the baseline (gpubench baseline save refuses any other), "
-                            f"or pass --force")
+            problems.append(
+                f"the baseline run never completed ({why}): cases it lacks would be new, not gated; "
+                f"store a complete run as the baseline (gpubench baseline save refuses any other), "
+                f"or pass --force"
+            )
     return problems, unfinished
 
 
-def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several: bool,
-             current_stopped: bool) -> list[Change]:
+def _changes(
+    baseline: RunRecord, current: RunRecord, threshold: float, several: bool, current_stopped: bool
+) -> list[Change]:
     """A change per case of either run, keyed by case id (and device model when ``several``)."""
+
     def keyed(run: RunRecord) -> dict[tuple[str, str], CaseRecord]:
         return {(c.id, run.device_of(c) if several else ""): c for c in run.cases}
 
@@ -309,8 +348,9 @@ def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several:
     base_cases, cur_cases = keyed(baseline), keyed(current)
     changes = []
     for index, ((case_id, device), cur) in enumerate(cur_cases.items()):
-        change = Change(case_id, cur.technique, "new", threshold=thresholds.get(cur.technique, threshold),
-                        device=device)
+        change = Change(
+            case_id, cur.technique, "new", threshold=thresholds.get(cur.technique, threshold), device=device
+        )
         base = base_cases.get((case_id, device))
         if cur.status == "interrupted" and cur.failure is not None and cur.failure.kind == "budget":
             change.verdict = "missing"  # cut short by --budget: its samples are partial, not a measurement
@@ -318,20 +358,38 @@ def _changes(baseline: RunRecord, current: RunRecord, threshold: float, several:
         elif not cur.passed:
             change.verdict, change.reason = "failed", _not_passed(cur, "")
         elif base is not None and not base.passed:
-            change.verdict, change.reason = "no_samples", _not_passed(base, "in the baseline, ") + ": nothing to compare with"
+            change.verdict, change.reason = (
+                "no_samples",
+                _not_passed(base, "in the baseline, ") + ": nothing to compare with",
+            )
         elif base is not None:
             _fill(change, base, cur, seed=index)
         changes.append(change)
     not_run = {(c.id, (c.target or "") if several else ""): c for c in current.not_run}
     for (case_id, device), base in base_cases.items():
         if (case_id, device) not in cur_cases and (case_id, device) not in not_run:
-            changes.append(Change(case_id, base.technique, "missing",
-                                  threshold=thresholds.get(base.technique, threshold), device=device,
-                                  reason="in the baseline, not in the current run" + (
-                                      ", which stopped before it" if current_stopped else "")))
+            changes.append(
+                Change(
+                    case_id,
+                    base.technique,
+                    "missing",
+                    threshold=thresholds.get(base.technique, threshold),
+                    device=device,
+                    reason="in the baseline, not in the current run"
+                    + (", which stopped before it" if current_stopped else ""),
+                )
+            )
     for (case_id, device), skipped in not_run.items():  # never started: missing, whatever the baseline holds
-        changes.append(Change(case_id, skipped.technique, "missing", threshold=thresholds.get(skipped.technique, threshold),
-                              device=device, reason=f"not run: {skipped.reason} (would have needed {skipped.need_text()})"))
+        changes.append(
+            Change(
+                case_id,
+                skipped.technique,
+                "missing",
+                threshold=thresholds.get(skipped.technique, threshold),
+                device=device,
+                reason=f"not run: {skipped.reason} (would have needed {skipped.need_text()})",
+            )
+        )
     return changes
 
 
@@ -356,9 +414,13 @@ def _samples(case: CaseRecord, name: str | None, basis: str | None = None) -> li
     return variant.samples_on(basis) or []
 
 
-CLOCK_NAMES = {"device": "device time", "wall": "wall time", "host": "the CPU's one clock",
-               "cuda_event_legacy": "the older CUDA clock (events started after a host sync: launch work in, "
-                                    "the final sync out; neither device nor wall time)"}
+CLOCK_NAMES = {
+    "device": "device time",
+    "wall": "wall time",
+    "host": "the CPU's one clock",
+    "cuda_event_legacy": "the older CUDA clock (events started after a host sync: launch work in, "
+    "the final sync out; neither device nor wall time)",
+}
 
 
 def common_basis(base: Any, cur: Any) -> tuple[str | None, str]:
@@ -371,13 +433,20 @@ def common_basis(base: Any, cur: Any) -> tuple[str | None, str]:
     if b == c or not b or not c:
         return c or b, ""
     if base.samples_on(c):
-        return c, f"compared on {CLOCK_NAMES.get(c, c)}, which the baseline recorded beside its headline ({CLOCK_NAMES.get(b, b)})"
+        return (
+            c,
+            f"compared on {CLOCK_NAMES.get(c, c)}, which the baseline recorded beside its headline ({CLOCK_NAMES.get(b, b)})",
+        )
     if cur.samples_on(b):
-        return b, (f"compared on {CLOCK_NAMES.get(b, b)}, the baseline's headline, which the current run recorded beside "
-                   f"its own ({CLOCK_NAMES.get(c, c)})")
-    return None, (f"not judged on mixed clocks: the baseline was timed on {CLOCK_NAMES.get(b, b)}, the current run "
-                  f"on {CLOCK_NAMES.get(c, c)}, and neither recorded the other's; re-record the baseline with this "
-                  f"gpubench (gpubench baseline save) to gate this case")
+        return b, (
+            f"compared on {CLOCK_NAMES.get(b, b)}, the baseline's headline, which the current run recorded beside "
+            f"its own ({CLOCK_NAMES.get(c, c)})"
+        )
+    return None, (
+        f"not judged on mixed clocks: the baseline was timed on {CLOCK_NAMES.get(b, b)}, the current run "
+        f"on {CLOCK_NAMES.get(c, c)}, and neither recorded the other's; re-record the baseline with this "
+        f"gpubench (gpubench baseline save) to gate this case"
+    )
 
 
 def _control_moved(control: stats.RatioCI, ratio: float) -> bool:
@@ -404,12 +473,12 @@ def _ratio_bound(direction: str, threshold: float, control: stats.RatioCI) -> fl
     """How far the optimized/baseline ratio must move to count as ``direction``: beyond the
     threshold, and beyond what the machine's move can do to the ratio of unchanged code
     (MACHINE_SHARE of the baseline variant's move, log terms; only a move the machine's way needs it)."""
-    allowance = float(control.ratio ** MACHINE_SHARE)
+    allowance = float(control.ratio**MACHINE_SHARE)
     return max(1.0 + threshold, allowance) if direction == "regressed" else min(1.0 / (1.0 + threshold), allowance)
 
 
 def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: float) -> str | None:
-    """"regressed" ("improved") when the optimized/baseline ratio's whole CI lies beyond
+    """ "regressed" ("improved") when the optimized/baseline ratio's whole CI lies beyond
     :func:`_ratio_bound`; None when it does not clearly move (or has no CI: too few samples)."""
     if not relative.has_interval:
         return None
@@ -424,13 +493,14 @@ def ratio_verdict(relative: stats.RatioCI, control: stats.RatioCI, threshold: fl
 def _beyond(direction: str, threshold: float, control: stats.RatioCI) -> str:
     bound = _ratio_bound(direction, threshold, control)
     text = f"beyond the {threshold * 100:g}% threshold"
-    if bound == control.ratio ** MACHINE_SHARE:
+    if bound == control.ratio**MACHINE_SHARE:
         text += f" and the {(bound - 1) * 100:+.1f}% that half the machine's move can put on it"
     return text
 
 
-def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: stats.RatioCI,
-                             fewest_samples: int) -> None:
+def _judge_by_relative_ratio(
+    change: Change, control: stats.RatioCI, relative: stats.RatioCI, fewest_samples: int
+) -> None:
     """The optimized/baseline ratio's verdict (:func:`ratio_verdict`), where it may differ from the
     optimized variant's own. The baseline variant moved the way the optimized one did: the case
     keeps its verdict only if the ratio moved that way clearly too, and that CI rests on enough
@@ -442,23 +512,31 @@ def _judge_by_relative_ratio(change: Change, control: stats.RatioCI, relative: s
     machine = f"the baseline variant moved {(control.ratio - 1) * 100:+.1f}%"
     if fewest_samples < MIN_SAMPLES_FOR_RATIO:
         change.verdict = "inconclusive"
-        change.reason = (f"{machine} too; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
-                         f"variant has {fewest_samples} sample{'s' if fewest_samples != 1 else ''} in a run (fewer "
-                         f"than {MIN_SAMPLES_FOR_RATIO}): too few to tell the code from the machine")
+        change.reason = (
+            f"{machine} too; the optimized/baseline ratio moved {(relative.ratio - 1) * 100:+.1f}%, but a "
+            f"variant has {fewest_samples} sample{'s' if fewest_samples != 1 else ''} in a run (fewer "
+            f"than {MIN_SAMPLES_FOR_RATIO}): too few to tell the code from the machine"
+        )
         return
     by_ratio = ratio_verdict(relative, control, change.threshold)
     if by_ratio == own:
-        change.reason = (f"{machine} too, but the optimized/baseline ratio moved {_pct(relative)}, "
-                         f"{_beyond(own, change.threshold, control)}")
+        change.reason = (
+            f"{machine} too, but the optimized/baseline ratio moved {_pct(relative)}, "
+            f"{_beyond(own, change.threshold, control)}"
+        )
     elif by_ratio is not None:
         change.verdict = by_ratio
-        change.reason = (f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
-                         f", while {machine}: the ratio decides, not the optimized variant's own "
-                         f"{((change.ratio or 1.0) - 1) * 100:+.1f}% ({own} by itself)")
+        change.reason = (
+            f"the optimized/baseline ratio moved {_pct(relative)}, {_beyond(by_ratio, change.threshold, control)}"
+            f", while {machine}: the ratio decides, not the optimized variant's own "
+            f"{((change.ratio or 1.0) - 1) * 100:+.1f}% ({own} by itself)"
+        )
     else:
         change.verdict = "inconclusive"
-        change.reason = (f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "
-                         f"{_beyond(own, change.threshold, control)}: the machine changed between the runs")
+        change.reason = (
+            f"{machine} too; the optimized/baseline ratio moved {_pct(relative)}, not wholly "
+            f"{_beyond(own, change.threshold, control)}: the machine changed between the runs"
+        )
 
 
 def _metric(case: CaseRecord, name: str | None, key: str) -> float | None:
@@ -472,8 +550,13 @@ def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
     # them "baseline" and "optimized"; a CPU run's optimized variant is not a GPU run's).
     name, base_name = cur.role_variant("optimized"), base.role_variant("optimized")
     if cur.gate_metric:
-        _fill_by_metric(change, _metric(base, base_name, cur.gate_metric), _metric(cur, name, cur.gate_metric),
-                        cur.gate_metric, name)
+        _fill_by_metric(
+            change,
+            _metric(base, base_name, cur.gate_metric),
+            _metric(cur, name, cur.gate_metric),
+            cur.gate_metric,
+            name,
+        )
         return
     change.variant = name if base_name in (name, None) else f"{base_name} -> {name}"
     basis, note = common_basis(base.variant(base_name), cur.variant(name))
@@ -484,21 +567,33 @@ def _fill(change: Change, base: CaseRecord, cur: CaseRecord, seed: int) -> None:
     a, b = _samples(base, base_name, basis), _samples(cur, name, basis)
     if not a or not b:
         change.verdict = "no_samples"
-        change.reason = f"no raw samples of {name or 'an optimized variant'} in " + ("the baseline" if not a else "the current run")
+        change.reason = f"no raw samples of {name or 'an optimized variant'} in " + (
+            "the baseline" if not a else "the current run"
+        )
         return
     change.verdict, change.ratio, change.ci_low, change.ci_high, change.p_value = classify(a, b, change.threshold, seed)
     change.baseline_median_s, change.current_median_s = stats.median(a), stats.median(b)
     change.n = min(len(a), len(b))
     if not stats.has_interval(change.n):
-        change.reason = (f"too few samples to judge: {len(a)} in the baseline, {len(b)} now (a CI needs "
-                         f"{stats.MIN_CI_SAMPLES} a side)")
+        change.reason = (
+            f"too few samples to judge: {len(a)} in the baseline, {len(b)} now (a CI needs "
+            f"{stats.MIN_CI_SAMPLES} a side)"
+        )
     _judge_against_control(change, base, cur, name, basis, a, b, seed)
     if note:
         change.reason = f"{change.reason}; {note}" if change.reason else note
 
 
-def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, name: str | None, basis: str,
-                           a: list[float], b: list[float], seed: int) -> None:
+def _judge_against_control(
+    change: Change,
+    base: CaseRecord,
+    cur: CaseRecord,
+    name: str | None,
+    basis: str,
+    a: list[float],
+    b: list[float],
+    seed: int,
+) -> None:
     """The case's baseline variant, on the same clock as the optimized one: the machine's move, and
     the optimized/baseline ratio where that move may explain the optimized variant's change."""
     ref = cur.role_variant("baseline")
@@ -508,14 +603,20 @@ def _judge_against_control(change: Change, base: CaseRecord, cur: CaseRecord, na
     ci = stats.bootstrap_ratio_ci(rb, ra, seed=seed)
     change.context = BaselineVariantChange(ref, ci.ratio, ci.ci_low, ci.ci_high)
     fewest = min(len(a), len(b), len(ra), len(rb))
-    moved = change.verdict in ("regressed", "improved") and change.ratio is not None and _control_moved(ci, change.ratio)
+    moved = (
+        change.verdict in ("regressed", "improved") and change.ratio is not None and _control_moved(ci, change.ratio)
+    )
     relative = stats.relative_ratio_ci(a, ra, b, rb, seed=seed)
     # The ratio is the figure a machine's move does not make: it decides where the baseline variant
     # moved too, and wherever it clearly says otherwise than the optimized variant's own time.
-    if moved or (fewest >= MIN_SAMPLES_FOR_RATIO
-                 and ratio_verdict(relative, ci, change.threshold) not in (None, change.verdict)):
+    if moved or (
+        fewest >= MIN_SAMPLES_FOR_RATIO and ratio_verdict(relative, ci, change.threshold) not in (None, change.verdict)
+    ):
         change.context.relative_ratio, change.context.relative_ci_low, change.context.relative_ci_high = (
-            relative.ratio, relative.ci_low, relative.ci_high)
+            relative.ratio,
+            relative.ci_low,
+            relative.ci_high,
+        )
         _judge_by_relative_ratio(change, ci, relative, fewest)
 
 
@@ -533,6 +634,7 @@ def _fill_by_metric(change: Change, before: float | None, now: float | None, key
 
 # --------------------------------------------------------------------------------------------
 # Baseline store: one stored results file per GPU model and scenario
+
 
 def device_slug(label: str | None) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3' (a directory name)."""
@@ -555,8 +657,11 @@ def load_from_store(store: Path, current: RunRecord) -> tuple[RunRecord, list[Pa
     runs = [(label, for_device(load_any(path), label)) for label, path in found]
     if len(runs) == 1:
         return runs[0][1], [found[0][1]]
-    cases = [dataclasses.replace(c, device=dataclasses.replace(c.device or Device.from_dict({}), label=label)) for label, run in runs
-             for c in run.cases]
+    cases = [
+        dataclasses.replace(c, device=dataclasses.replace(c.device or Device.from_dict({}), label=label))
+        for label, run in runs
+        for c in run.cases
+    ]
     merged = dataclasses.replace(runs[0][1], cases=cases, device_label=" + ".join(label for label, _ in runs))
     return merged, [path for _, path in found]
 
@@ -566,6 +671,8 @@ def find_in_store(store: Path, current: RunRecord) -> Path:
     if path.is_file():
         return path
     available = sorted(str(p.relative_to(store)) for p in Path(store).glob("*/*.json")) if Path(store).is_dir() else []
-    raise BadInput(f"--baseline-store {store}: no baseline for this device and scenario (looked for {path}); "
-                   f"stored: {', '.join(available) or 'none'}. Save one with "
-                   f"`gpubench baseline save RUN_DIR --baseline-dir {store}`.")
+    raise BadInput(
+        f"--baseline-store {store}: no baseline for this device and scenario (looked for {path}); "
+        f"stored: {', '.join(available) or 'none'}. Save one with "
+        f"`gpubench baseline save RUN_DIR --baseline-dir {store}`."
+    )

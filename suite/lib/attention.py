@@ -11,6 +11,7 @@ j <= i + seq_k - seq_q, what a chunk of queries at the end of a KV cache needs) 
 ``is_causal``: j <= i). Equal lengths: both the same. A query row that sees no key (bottom-right with
 seq_q > seq_k) gets output 0 and log-sum-exp -inf.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,10 +41,15 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_dim: int
     if kv_heads == 0 or heads % kv_heads != 0:
         raise ValueError(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})")
     same = [a for a in range(k.dim()) if a != head_dim_axis]
-    if [k.shape[a] for a in same] != [v.shape[a] for a in same] or k.shape[head_dim_axis] != q.shape[head_dim_axis] \
-            or (seq_dim == 2 and k.shape[0] != q.shape[0]):
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}: k must have q's "
-                         "batch and head_dim, v k's shape but for its own head_dim_v")
+    if (
+        [k.shape[a] for a in same] != [v.shape[a] for a in same]
+        or k.shape[head_dim_axis] != q.shape[head_dim_axis]
+        or (seq_dim == 2 and k.shape[0] != q.shape[0])
+    ):
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} do not fit q {tuple(q.shape)}: k must have q's "
+            "batch and head_dim, v k's shape but for its own head_dim_v"
+        )
     for name, dim in (("head_dim", q.shape[head_dim_axis]), ("head_dim_v", v.shape[head_dim_axis])):
         if not 1 <= dim <= 256:
             raise ValueError(f"{name} {dim} is not supported (1..256)")
@@ -53,8 +59,9 @@ def softmax_with_empty_rows(scores: torch.Tensor, v: torch.Tensor) -> torch.Tens
     """softmax(scores) v with rows of only -inf giving 0 (and a zero gradient, not NaN): those rows
     are softmaxed as zeros and their weights then multiplied by 0."""
     empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
-    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1,
-                          dtype=torch.promote_types(scores.dtype, torch.float32))
+    probs = torch.softmax(
+        scores.masked_fill(empty, 0.0), dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)
+    )
     probs = probs.masked_fill(empty, 0.0).to(v.dtype)
     return torch.matmul(probs, v)
 
@@ -72,8 +79,10 @@ class Documents:
     @classmethod
     def of(cls, lens_q: list[int], lens_k: list[int], device: torch.device) -> Documents:
         """The packing of documents of these lengths, in order."""
+
         def cu_seqlens(lens: list[int]) -> torch.Tensor:
             return torch.tensor([0, *lens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
         return cls(cu_seqlens(lens_q), cu_seqlens(lens_k), lens_q, lens_k)
 
     @property
@@ -102,9 +111,16 @@ class Documents:
         return out
 
 
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                        scale: float | None = None, causal_align: str = "bottom_right", *,
-                        return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    causal_align: str = "bottom_right",
+    *,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention in float64 (SDPA's layout), a chunk of query rows at a time so memory stays
     bounded; differentiable, so its gradients are the backward pass's reference too. With
     ``return_lse`` also the natural-log log-sum-exp of the scaled scores over the visible keys,
@@ -114,7 +130,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     offset = causal_offset(seq_q, seq_k, causal_align)
-    scale = head_dim ** -0.5 if scale is None else scale
+    scale = head_dim**-0.5 if scale is None else scale
     q = q.unflatten(1, (kv_heads, heads // kv_heads))  # (b, kv_heads, group, s, d): no copy of k, v
     outs, lses = [], []
     rows = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, batch * heads * seq_k))
@@ -134,10 +150,18 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return out, lse
 
 
-def attention_reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                               cu_seqlens_k: torch.Tensor, causal: bool = False, scale: float | None = None,
-                               causal_align: str = "bottom_right", *, return_lse: bool = False
-                               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def attention_reference_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    causal_align: str = "bottom_right",
+    *,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed (flash-attn varlen) attention in float64, each document run alone by
     :func:`attention_reference`: q (total_q, heads, head_dim), k (total_k, kv_heads, head_dim), v
     (total_k, kv_heads, head_dim_v); document b is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against
@@ -149,9 +173,13 @@ def attention_reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be (batch + 1,) (got {len(cu_q)}, {len(cu_k)})")
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
-        qd, kd, vd = (t[lo:hi].transpose(0, 1)[None] for t, lo, hi in ((q, cu_q[b], cu_q[b + 1]),
-                                                                       (k, cu_k[b], cu_k[b + 1]), (v, cu_k[b], cu_k[b + 1])))
-        out, lse = attention_reference(qd, kd, vd, causal=causal, scale=scale, causal_align=causal_align, return_lse=True)
+        qd, kd, vd = (
+            t[lo:hi].transpose(0, 1)[None]
+            for t, lo, hi in ((q, cu_q[b], cu_q[b + 1]), (k, cu_k[b], cu_k[b + 1]), (v, cu_k[b], cu_k[b + 1]))
+        )
+        out, lse = attention_reference(
+            qd, kd, vd, causal=causal, scale=scale, causal_align=causal_align, return_lse=True
+        )
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
     out = torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[2], dtype=torch.float64)
@@ -160,8 +188,16 @@ def attention_reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out, torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0, dtype=torch.float64)
 
 
-def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       grad_out: torch.Tensor, causal: bool, causal_align: str) -> tuple[torch.Tensor, ...]:
+def reference_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool,
+    causal_align: str,
+) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of attention in float64 (SDPA's layout), from the forward's output and
     log-sum-exp, a chunk of query rows at a time so memory stays bounded at any length:
     P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dO * O)), dQ = dS K * scale,
@@ -169,7 +205,7 @@ def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     q, k, v, out, lse, grad_out = (t.detach().to(torch.float64) for t in (q, k, v, out, lse, grad_out))
     batch, heads, seq_q, head_dim = q.shape
     kv, seq_k = k.shape[1], k.shape[2]
-    offset, scale = causal_offset(seq_q, seq_k, causal_align), head_dim ** -0.5
+    offset, scale = causal_offset(seq_q, seq_k, causal_align), head_dim**-0.5
     qg, og, dog = (t.unflatten(1, (kv, heads // kv)) for t in (q, out, grad_out))  # (b, kv, group, s, d)
     lse = lse.unflatten(1, (kv, heads // kv))
     delta = (dog * og).sum(dim=-1)
@@ -191,6 +227,7 @@ def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 
 # -- what a call costs ----------------------------------------------------------------------
 
+
 def _ramp_area_x2(t: int, seq_k: int) -> int:
     """Twice the integral of clamp(u, 0, seq_k) for u from 0 to t."""
     if t <= 0:
@@ -209,8 +246,16 @@ def score_area_x2(seq_q: int, seq_k: int, causal: bool, causal_align: str = "bot
     return _ramp_area_x2(seq_q + offset, seq_k) - _ramp_area_x2(offset, seq_k)
 
 
-def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, head_dim: int, head_dim_v: int, causal: bool,
-                    causal_align: str = "bottom_right") -> int:
+def attention_flops(
+    batch: int,
+    heads: int,
+    seq_q: int,
+    seq_k: int,
+    head_dim: int,
+    head_dim_v: int,
+    causal: bool,
+    causal_align: str = "bottom_right",
+) -> int:
     """Forward FLOPs as the flash-attention repository counts them: two matmuls per head, Q K^T
     (2 * seq_q * seq_k * head_dim) and P V (2 * seq_q * seq_k * head_dim_v), causal counting only the
     area below the diagonal (half, for equal lengths)."""

@@ -4,6 +4,7 @@ check that replays it (:mod:`gpubench.techniques.speculative_decoding.run_check`
 model from its own KV cache; :class:`NgramDrafter` looks the context's last tokens up in the
 context itself (prompt lookup).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from gpubench.models.llama import LlamaWeights
 
 
 class Drafter(Protocol):
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         """Up to ``k`` draft tokens after ``tokens``, and the drafter's probabilities of them
         (``(len(drafts), vocab)``), or None when the drafter is deterministic (a one-hot q)."""
 
@@ -34,13 +36,14 @@ class ModelDrafter:
         self.cache = KVCache(weights, capacity)
         self.forwards = 0
 
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         # The cache holds a prefix of the context, never its last token (the rollback keeps it so):
         # feed the confirmed tokens it has not seen, then the last one, whose logits give draft 0.
-        feed = tokens[self.cache.length:-1] + tokens[-1:]
+        feed = tokens[self.cache.length : -1] + tokens[-1:]
         for _ in range(k):
             logits = self.cache.forward(feed)[0]
             self.forwards += 1
@@ -78,17 +81,18 @@ class NgramDrafter:
     def _sync(self, tokens: list[int]) -> None:
         if self.length > len(tokens) or self._tokens is not tokens:
             self.context_bytes, self.length, self._tokens = bytearray(), 0, tokens
-        for t in tokens[self.length:]:
+        for t in tokens[self.length :]:
             self.context_bytes += t.to_bytes(4, "little")
         self.length = len(tokens)
 
-    def propose(self, tokens: list[int], k: int, temperature: float,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(
+        self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None
+    ) -> tuple[list[int], torch.Tensor | None]:
         self._sync(tokens)
         n_tokens = len(tokens)
         buf = self.context_bytes
         for n in range(min(self.n_max, n_tokens - 1), self.n_min - 1, -1):
-            pattern = bytes(buf[(n_tokens - n) * 4:])
+            pattern = bytes(buf[(n_tokens - n) * 4 :])
             end = (n_tokens - 1) * 4  # a match must leave at least one token after it
             while True:
                 at = buf.rfind(pattern, 0, end)
@@ -96,7 +100,7 @@ class NgramDrafter:
                     break
                 if at % 4 == 0:
                     start = at // 4 + n
-                    return list(tokens[start:start + k]), None
+                    return list(tokens[start : start + k]), None
                 end = at + len(pattern) - 1  # misaligned (inside a token): look further back
         return [], None
 

@@ -1,5 +1,6 @@
 """Query and key/value heads of the attention techniques (grouped-query attention): the params a
 scenario sets, the rules they must meet, and the kv head count they mean."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,10 @@ from gpubench.contract import Param
 
 def head_params(heads: int) -> list[Param]:
     """``heads`` (default ``heads``) and ``kv_heads`` (0: as many as heads)."""
-    return [Param("heads", int, heads, "query heads", min=1),
-            Param("kv_heads", int, 0, "key/value heads (GQA); 0 means the same as heads", min=0)]
+    return [
+        Param("heads", int, heads, "query heads", min=1),
+        Param("kv_heads", int, 0, "key/value heads (GQA); 0 means the same as heads", min=0),
+    ]
 
 
 def kv_heads(params: dict[str, Any]) -> int:

@@ -6,9 +6,10 @@ the same code (both give it a gradient of exactly 0, and 0 equals 0).
 zero; :func:`learning_check` turns that into a failing :class:`CheckResult` (None when every one
 learns), for a technique's check to return before anything else.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -20,12 +21,12 @@ def dead_parameters(grads: Mapping[str, torch.Tensor | None], frozen: Iterable[s
     in ``frozen`` (parameters the step is not meant to train). A single nonzero element is
     enough to learn: an expert that got no token leaves its rows zero, not the whole tensor."""
     skip = set(frozen)
-    return [name for name, g in grads.items()
-            if name not in skip and (g is None or not bool(torch.count_nonzero(g)))]
+    return [name for name, g in grads.items() if name not in skip and (g is None or not bool(torch.count_nonzero(g)))]
 
 
-def learning_check(grads: Mapping[str, torch.Tensor | None], frozen: Iterable[str] = (),
-                   what: str = "") -> CheckResult | None:
+def learning_check(
+    grads: Mapping[str, torch.Tensor | None], frozen: Iterable[str] = (), what: str = ""
+) -> CheckResult | None:
     """A failing check naming every parameter meant to learn that got no gradient (``what``: whose
     gradients, for the detail), or None when they all did."""
     dead = dead_parameters(grads, frozen)
@@ -33,5 +34,10 @@ def learning_check(grads: Mapping[str, torch.Tensor | None], frozen: Iterable[st
         return None
     shown = ", ".join(dead[:8]) + (f" and {len(dead) - 8} more" if len(dead) > 8 else "")
     whose = f"{what}: " if what else ""
-    return CheckResult(False, float(len(dead)), 0.0, "zero_gradients",
-                       f"{whose}{len(dead)} parameter(s) meant to learn got an all-zero gradient: {shown}")
+    return CheckResult(
+        False,
+        float(len(dead)),
+        0.0,
+        "zero_gradients",
+        f"{whose}{len(dead)} parameter(s) meant to learn got an all-zero gradient: {shown}",
+    )

@@ -34,6 +34,7 @@ docs/kv-cache.md for what each figure is and where vLLM versions differ):
 Per-layer sums cost one term per distinct window (not per layer), and model configs are bounded
 (:data:`gpubench.models.config.CONFIG_LIMITS`), so a plan answers at once whatever the sizes.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,28 +73,52 @@ KV_FORMATS: dict[str, KVFormat] = {
     "fp32": KVFormat("fp32", 32, 0, 0, 0, "float32", "none"),
     "bf16": KVFormat("bf16", 16, 0, 0, 0, "bfloat16", "none"),
     "fp16": KVFormat("fp16", 16, 0, 0, 0, "float16", "none"),
-    "fp8": KVFormat("fp8", 8, 0, 0, 4, "float8_e4m3fn",
-                    "one fp32 scale per layer for K and one for V (per-tensor, as vLLM's fp8 KV cache: layer "
-                    "parameters, counted with the weights)"),
-    "int8": KVFormat("int8", 8, 0, 2, 0, None,
-                     "one fp16 scale per stored vector (per token and head): +2 bytes per head_dim values"),
-    "int4": KVFormat("int4", 4, 32, 4, 0, None,
-                     "asymmetric groups of 32 values, fp16 scale + fp16 zero-point each: 5 bits per value"),
-    "mxfp4": KVFormat("mxfp4", 4, 32, 1, 0, None,
-                      "OCP MX: one 8-bit (e8m0) scale per 32 values: 4.25 bits per value"),
-    "nvfp4": KVFormat("nvfp4", 4, 16, 1, 4, None,
-                      "one fp8 (e4m3) scale per 16 values: 4.5 bits per value, + one fp32 scale per tensor"),
+    "fp8": KVFormat(
+        "fp8",
+        8,
+        0,
+        0,
+        4,
+        "float8_e4m3fn",
+        "one fp32 scale per layer for K and one for V (per-tensor, as vLLM's fp8 KV cache: layer "
+        "parameters, counted with the weights)",
+    ),
+    "int8": KVFormat(
+        "int8", 8, 0, 2, 0, None, "one fp16 scale per stored vector (per token and head): +2 bytes per head_dim values"
+    ),
+    "int4": KVFormat(
+        "int4", 4, 32, 4, 0, None, "asymmetric groups of 32 values, fp16 scale + fp16 zero-point each: 5 bits per value"
+    ),
+    "mxfp4": KVFormat("mxfp4", 4, 32, 1, 0, None, "OCP MX: one 8-bit (e8m0) scale per 32 values: 4.25 bits per value"),
+    "nvfp4": KVFormat(
+        "nvfp4",
+        4,
+        16,
+        1,
+        4,
+        None,
+        "one fp8 (e4m3) scale per 16 values: 4.5 bits per value, + one fp32 scale per tensor",
+    ),
 }
-KV_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8": "fp8"}
+KV_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8": "fp8",
+}
 POLICIES = ("paged", "paged_full", "contiguous", "contiguous_ring")
 
 
 def kv_format(name: str, source: str = "--kv-dtype") -> KVFormat:
     key = KV_DTYPE_ALIASES.get(name.lower(), name.lower())
     if key not in KV_FORMATS:
-        raise BadInput(f"{source}: {name!r} is not a supported KV dtype; allowed: {', '.join(KV_FORMATS)} "
-                       f"(aliases: {', '.join(KV_DTYPE_ALIASES)}).")
+        raise BadInput(
+            f"{source}: {name!r} is not a supported KV dtype; allowed: {', '.join(KV_FORMATS)} "
+            f"(aliases: {', '.join(KV_DTYPE_ALIASES)})."
+        )
     return KV_FORMATS[key]
 
 
@@ -151,25 +176,40 @@ def layout_for(cfg: ModelConfig, kv_dtype: str = "bf16", tp: int = 1) -> KVLayou
     if tp < 1:
         raise BadInput(f"--tp: {tp} is not valid; allowed: an integer >= 1.")
     if cfg.mla is not None:
-        return KVLayout(cfg.name, "MLA", fmt, tp, 1, 1, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim,
-                        cfg.layer_windows, "MLA latent is shared by all heads: every GPU keeps all of it"
-                        if tp > 1 else "", cfg.layer_chunks)
+        return KVLayout(
+            cfg.name,
+            "MLA",
+            fmt,
+            tp,
+            1,
+            1,
+            cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim,
+            cfg.layer_windows,
+            "MLA latent is shared by all heads: every GPU keeps all of it" if tp > 1 else "",
+            cfg.layer_chunks,
+        )
     kv = cfg.num_kv_heads
     if kv >= tp:
         if kv % tp:
-            raise BadInput(f"--tp: {cfg.name} has {kv} KV heads, which {tp} GPUs cannot split evenly; "
-                           f"allowed: a divisor of {kv}, or a multiple of it (heads replicated).")
+            raise BadInput(
+                f"--tp: {cfg.name} has {kv} KV heads, which {tp} GPUs cannot split evenly; "
+                f"allowed: a divisor of {kv}, or a multiple of it (heads replicated)."
+            )
         per_gpu, note = kv // tp, (f"{kv} KV heads split over {tp} GPUs" if tp > 1 else "")
     else:
         if tp % kv:
-            raise BadInput(f"--tp: {tp} GPUs cannot share {kv} KV heads evenly; allowed: a multiple of {kv} or a divisor of it.")
+            raise BadInput(
+                f"--tp: {tp} GPUs cannot share {kv} KV heads evenly; allowed: a multiple of {kv} or a divisor of it."
+            )
         per_gpu, note = 1, f"{kv} KV heads < {tp} GPUs: each GPU keeps one head (replicated {tp // kv}x)"
-    return KVLayout(cfg.name, cfg.attention, fmt, tp, per_gpu, 2 * per_gpu, cfg.head_dim, cfg.layer_windows, note,
-                    cfg.layer_chunks)
+    return KVLayout(
+        cfg.name, cfg.attention, fmt, tp, per_gpu, 2 * per_gpu, cfg.head_dim, cfg.layer_windows, note, cfg.layer_chunks
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Tokens held
+
 
 def blocks_for(length: int, block_size: int) -> int:
     return math.ceil(length / block_size)
@@ -231,8 +271,9 @@ def live_tokens(span: tuple[int | None, int | None], length: int) -> int:
     return length
 
 
-def layer_slots(window: int | None, length: int, policy: str, block_size: int, max_len: int,
-                chunk: int | None = None) -> int:
+def layer_slots(
+    window: int | None, length: int, policy: str, block_size: int, max_len: int, chunk: int | None = None
+) -> int:
     """Token slots one layer (full attention, sliding with ``window``, or chunked local attention
     with ``chunk``) reserves for one sequence of ``length`` tokens."""
     if policy == "paged":
@@ -259,8 +300,7 @@ def live_tokens_per_layer(layout: KVLayout, length: int) -> list[int]:
 
 def sequence_bytes(layout: KVLayout, length: int, policy: str, block_size: int, max_len: int) -> int:
     """Bytes one sequence occupies on one GPU (per-tensor scales not included: see fixed_bytes)."""
-    slots = sum(count * layer_slots(w, length, policy, block_size, max_len, c)
-                for (w, c), count in layout.span_counts)
+    slots = sum(count * layer_slots(w, length, policy, block_size, max_len, c) for (w, c), count in layout.span_counts)
     return slots * layout.bytes_per_token_per_layer
 
 
@@ -315,15 +355,19 @@ def block_size_for(cfg: ModelConfig, given: int | None) -> tuple[int, str]:
     32 is planned as 64, as vLLM would run it."""
     if given is not None:
         if cfg.mla is not None and given % MLA_BLOCK_SIZE:
-            return MLA_BLOCK_SIZE, (f"--block-size {given} given, but vLLM's FlashMLA backend (its MLA default on "
-                                    f"Hopper) forces a multiple of {MLA_BLOCK_SIZE} for MLA, so vLLM runs "
-                                    f"{MLA_BLOCK_SIZE}-token blocks: planned with {MLA_BLOCK_SIZE} "
-                                    "(CUTLASS MLA, Blackwell: --block-size 128)")
+            return MLA_BLOCK_SIZE, (
+                f"--block-size {given} given, but vLLM's FlashMLA backend (its MLA default on "
+                f"Hopper) forces a multiple of {MLA_BLOCK_SIZE} for MLA, so vLLM runs "
+                f"{MLA_BLOCK_SIZE}-token blocks: planned with {MLA_BLOCK_SIZE} "
+                "(CUTLASS MLA, Blackwell: --block-size 128)"
+            )
         return given, "given (--block-size)"
     if cfg.mla is not None:
-        return MLA_BLOCK_SIZE, (f"MLA default: vLLM's FlashMLA backend (its MLA default on Hopper) forces "
-                                f"{MLA_BLOCK_SIZE}-token blocks; the CUTLASS MLA backend (Blackwell) uses 128: "
-                                "--block-size 128")
+        return MLA_BLOCK_SIZE, (
+            f"MLA default: vLLM's FlashMLA backend (its MLA default on Hopper) forces "
+            f"{MLA_BLOCK_SIZE}-token blocks; the CUTLASS MLA backend (Blackwell) uses 128: "
+            "--block-size 128"
+        )
     return DEFAULT_BLOCK_SIZE, "vLLM's default on CUDA"
 
 
@@ -363,7 +407,7 @@ class KVCacheGroups:
 def vllm_kv_cache_groups(layout: KVLayout, hybrid: bool = True) -> KVCacheGroups:
     counts = Counter(layout.spans if hybrid else [(None, None)] * layout.num_layers)
     if len(counts) == 1:
-        (span, n), = counts.items()
+        ((span, n),) = counts.items()
         return KVCacheGroups(n, (span,))
     smallest, largest = min(counts.values()), max(counts.values())
     size = largest if largest < 1.5 * smallest else smallest
@@ -503,14 +547,28 @@ class KVPlan:
         return asdict(self)
 
 
-def _fitting_tp(cfg: ModelConfig, fmt: KVFormat, *, tp: int, need_sequences: int, seq_len: int, block_size: int,
-                limit_bytes: int, weight_bytes: int, overhead_bytes: int, kv_scales_in_weights: bool,
-                hybrid: bool) -> int | None:
+def _fitting_tp(
+    cfg: ModelConfig,
+    fmt: KVFormat,
+    *,
+    tp: int,
+    need_sequences: int,
+    seq_len: int,
+    block_size: int,
+    limit_bytes: int,
+    weight_bytes: int,
+    overhead_bytes: int,
+    kv_scales_in_weights: bool,
+    hybrid: bool,
+) -> int | None:
     """The smallest tensor parallelism above ``tp`` (up to MAX_SUGGESTED_TP) whose GPUs each hold
     their share of the weights and ``need_sequences`` sequences, or None."""
     kv = cfg.num_kv_heads
-    candidates = ({2**k for k in range(11)} | {d for d in range(1, min(kv, MAX_SUGGESTED_TP) + 1) if kv % d == 0}
-                  | {kv * 2**k for k in range(11)})
+    candidates = (
+        {2**k for k in range(11)}
+        | {d for d in range(1, min(kv, MAX_SUGGESTED_TP) + 1) if kv % d == 0}
+        | {kv * 2**k for k in range(11)}
+    )
     for t in sorted(c for c in candidates if tp < c <= MAX_SUGGESTED_TP):
         try:
             layout = layout_for(cfg, fmt, t)
@@ -527,18 +585,36 @@ def _long_problems(cfg: ModelConfig, seq_len: int, max_len: int | None) -> list[
     limit = cfg.max_position_embeddings
     if not limit:
         return []
-    return [f"{option}: {value:,} tokens exceeds {cfg.name}'s max_position_embeddings ({limit:,})"
-            for option, value in (("--seq-len", seq_len), ("--max-len", max_len)) if value is not None and value > limit]
+    return [
+        f"{option}: {value:,} tokens exceeds {cfg.name}'s max_position_embeddings ({limit:,})"
+        for option, value in (("--seq-len", seq_len), ("--max-len", max_len))
+        if value is not None and value > limit
+    ]
 
 
-def _check_sizes(*, seq_len: int, batch: int | None, block_size: int | None, tp: int, gpu_memory_bytes: int,
-                 utilization: float, weight_bytes: int, max_len: int | None, overhead_bytes: int,
-                 max_num_batched_tokens: int | None) -> None:
+def _check_sizes(
+    *,
+    seq_len: int,
+    batch: int | None,
+    block_size: int | None,
+    tp: int,
+    gpu_memory_bytes: int,
+    utilization: float,
+    weight_bytes: int,
+    max_len: int | None,
+    overhead_bytes: int,
+    max_num_batched_tokens: int | None,
+) -> None:
     """Every size of a plan that is out of range, in one :class:`BadInput` naming the options."""
     problems = []
-    for name, value in (("--seq-len", seq_len), ("--block-size", block_size), ("--tp", tp),
-                        ("--gpu-memory", gpu_memory_bytes), ("--max-len", max_len),
-                        ("--max-num-batched-tokens", max_num_batched_tokens)):
+    for name, value in (
+        ("--seq-len", seq_len),
+        ("--block-size", block_size),
+        ("--tp", tp),
+        ("--gpu-memory", gpu_memory_bytes),
+        ("--max-len", max_len),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+    ):
         if value is not None and value <= 0:
             problems.append(f"{name}: {value} must be > 0")
     if batch is not None and batch <= 0:
@@ -558,14 +634,25 @@ def _long_note(cfg: ModelConfig, seq_len: int, max_len: int | None, allow_long: 
     plan's note saying so ("" when every length is within them)."""
     too_long = _long_problems(cfg, seq_len, max_len)
     if too_long and not allow_long:
-        raise BadInput("; ".join(too_long) + ": the model was not trained on longer sequences, and vLLM refuses "
-                       "such a --max-model-len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set; allowed: at most "
-                       f"{cfg.max_position_embeddings:,} tokens, or pass --allow-long to plan it anyway.")
+        raise BadInput(
+            "; ".join(too_long) + ": the model was not trained on longer sequences, and vLLM refuses "
+            "such a --max-model-len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set; allowed: at most "
+            f"{cfg.max_position_embeddings:,} tokens, or pass --allow-long to plan it anyway."
+        )
     return "; ".join(too_long) + " (allowed by --allow-long)" if too_long else ""
 
 
-def _policy_plans(layout: KVLayout, pool: VLLMPool, full_pool: VLLMPool, *, usable: int, seq_len: int,
-                  batch: int | None, block_size: int, max_len: int) -> dict[str, PolicyPlan]:
+def _policy_plans(
+    layout: KVLayout,
+    pool: VLLMPool,
+    full_pool: VLLMPool,
+    *,
+    usable: int,
+    seq_len: int,
+    batch: int | None,
+    block_size: int,
+    max_len: int,
+) -> dict[str, PolicyPlan]:
     """Each allocation policy's bytes per sequence and sequences that fit in ``usable`` bytes: vLLM's
     block pool for ``paged`` (hybrid manager on) and ``paged_full`` (off), arithmetic for the others."""
     live = token_bytes(layout, [seq_len])
@@ -577,28 +664,46 @@ def _policy_plans(layout: KVLayout, pool: VLLMPool, full_pool: VLLMPool, *, usab
         else:
             per_seq = sequence_bytes(layout, seq_len, policy, block_size, max_len)
             fit = usable // per_seq if per_seq else 0
-        policies[policy] = PolicyPlan(policy, per_seq, per_seq * batch if batch else None, fit,
-                                      live / per_seq if per_seq else 0.0)
+        policies[policy] = PolicyPlan(
+            policy, per_seq, per_seq * batch if batch else None, fit, live / per_seq if per_seq else 0.0
+        )
     return policies
 
 
-def _fit_problem(model: str, paged: PolicyPlan, *, seq_len: int, batch: int | None, free: int, usable: int,
-                 per_gpu_weights: int, limit_bytes: int, gpu_memory_bytes: int, utilization: float,
-                 overhead_bytes: int) -> tuple[str, int]:
+def _fit_problem(
+    model: str,
+    paged: PolicyPlan,
+    *,
+    seq_len: int,
+    batch: int | None,
+    free: int,
+    usable: int,
+    per_gpu_weights: int,
+    limit_bytes: int,
+    gpu_memory_bytes: int,
+    utilization: float,
+    overhead_bytes: int,
+) -> tuple[str, int]:
     """Why the model, one sequence or the batch does not fit on a GPU ("" when they do), and the
     sequences a larger tensor parallelism would have to hold."""
     if free < 0:
         other = f" + {human_bytes(overhead_bytes)} of --overhead" if overhead_bytes else ""
-        return (f"{model} does not fit: weights {human_bytes(per_gpu_weights)} per GPU{other} exceed the "
-                f"usable {human_bytes(limit_bytes)} ({human_bytes(gpu_memory_bytes)} x utilization "
-                f"{utilization:g})"), batch or 1
+        return (
+            f"{model} does not fit: weights {human_bytes(per_gpu_weights)} per GPU{other} exceed the "
+            f"usable {human_bytes(limit_bytes)} ({human_bytes(gpu_memory_bytes)} x utilization "
+            f"{utilization:g})"
+        ), batch or 1
     if paged.max_sequences == 0:
-        return (f"0 sequences of {seq_len:,} tokens fit: one needs {human_bytes(paged.bytes_per_sequence)} "
-                f"(paged, window-aware) and {human_bytes(usable)} is free for KV per GPU"), batch or 1
+        return (
+            f"0 sequences of {seq_len:,} tokens fit: one needs {human_bytes(paged.bytes_per_sequence)} "
+            f"(paged, window-aware) and {human_bytes(usable)} is free for KV per GPU"
+        ), batch or 1
     if batch and batch > paged.max_sequences:
-        return (f"the batch of {batch:,} does not fit: at most {paged.max_sequences:,} sequences of "
-                f"{seq_len:,} tokens with paged allocation ({human_bytes(paged.batch_bytes)} needed, "
-                f"{human_bytes(usable)} free for KV per GPU)"), batch
+        return (
+            f"the batch of {batch:,} does not fit: at most {paged.max_sequences:,} sequences of "
+            f"{seq_len:,} tokens with paged allocation ({human_bytes(paged.batch_bytes)} needed, "
+            f"{human_bytes(usable)} free for KV per GPU)"
+        ), batch
     return "", 0
 
 
@@ -613,19 +718,43 @@ def _what_to_try(suggested_tp: int | None, *, fits_weights: bool, batch: int | N
     return ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1]
 
 
-def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "bf16", block_size: int | None = None,
-         tp: int = 1, gpu_memory_bytes: int, utilization: float = 0.9, weight_bytes: int,
-         weight_note: str = "", max_len: int | None = None, overhead_bytes: int = 0, allow_long: bool = False,
-         max_num_batched_tokens: int | None = None, device_name: str = "", kv_scales_in_weights: bool = True,
-         hybrid: bool = True) -> KVPlan:
+def plan(
+    cfg: ModelConfig,
+    *,
+    seq_len: int,
+    batch: int | None,
+    kv_dtype: str = "bf16",
+    block_size: int | None = None,
+    tp: int = 1,
+    gpu_memory_bytes: int,
+    utilization: float = 0.9,
+    weight_bytes: int,
+    weight_note: str = "",
+    max_len: int | None = None,
+    overhead_bytes: int = 0,
+    allow_long: bool = False,
+    max_num_batched_tokens: int | None = None,
+    device_name: str = "",
+    kv_scales_in_weights: bool = True,
+    hybrid: bool = True,
+) -> KVPlan:
     """A capacity plan for one GPU of ``tp``. ``weight_bytes`` is the whole model's weight memory;
     ``kv_scales_in_weights``: whether it already holds the per-tensor K/V scale buffers (True for
     a measured figure such as --weight-bytes; False for a count of parameters, to which they are
     added). ``hybrid``: vLLM's hybrid KV-cache manager on (its default), else every layer keeps
     every token (--disable-hybrid-kv-cache-manager)."""
-    _check_sizes(seq_len=seq_len, batch=batch, block_size=block_size, tp=tp, gpu_memory_bytes=gpu_memory_bytes,
-                 utilization=utilization, weight_bytes=weight_bytes, max_len=max_len, overhead_bytes=overhead_bytes,
-                 max_num_batched_tokens=max_num_batched_tokens)
+    _check_sizes(
+        seq_len=seq_len,
+        batch=batch,
+        block_size=block_size,
+        tp=tp,
+        gpu_memory_bytes=gpu_memory_bytes,
+        utilization=utilization,
+        weight_bytes=weight_bytes,
+        max_len=max_len,
+        overhead_bytes=overhead_bytes,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
     long_note = _long_note(cfg, seq_len, max_len, allow_long)
     max_len = max_len if max_len is not None else max(seq_len, cfg.max_position_embeddings or seq_len)
     block_size, block_note = block_size_for(cfg, block_size)
@@ -644,42 +773,105 @@ def plan(cfg: ModelConfig, *, seq_len: int, batch: int | None, kv_dtype: str = "
     free = limit_bytes - per_gpu_weights - overhead_bytes
     usable = max(0, free)
     pool = vllm_pool(layout, usable, block_size, hybrid)
-    policies = _policy_plans(layout, pool, vllm_pool(layout, usable, block_size, hybrid=False), usable=usable,
-                             seq_len=seq_len, batch=batch, block_size=block_size, max_len=max_len)
+    policies = _policy_plans(
+        layout,
+        pool,
+        vllm_pool(layout, usable, block_size, hybrid=False),
+        usable=usable,
+        seq_len=seq_len,
+        batch=batch,
+        block_size=block_size,
+        max_len=max_len,
+    )
     page_bytes = pool.page_bytes  # one block of one layer
     vllm_blocks = pool.request_blocks(max_len, max_num_batched_tokens) * pool.groups.group_size
 
-    fit_problem, need = _fit_problem(cfg.name, policies["paged"], seq_len=seq_len, batch=batch, free=free,
-                                     usable=usable, per_gpu_weights=per_gpu_weights, limit_bytes=limit_bytes,
-                                     gpu_memory_bytes=gpu_memory_bytes, utilization=utilization,
-                                     overhead_bytes=overhead_bytes)
+    fit_problem, need = _fit_problem(
+        cfg.name,
+        policies["paged"],
+        seq_len=seq_len,
+        batch=batch,
+        free=free,
+        usable=usable,
+        per_gpu_weights=per_gpu_weights,
+        limit_bytes=limit_bytes,
+        gpu_memory_bytes=gpu_memory_bytes,
+        utilization=utilization,
+        overhead_bytes=overhead_bytes,
+    )
     suggested = None
     if fit_problem:
-        suggested = _fitting_tp(cfg, layout.fmt, tp=tp, need_sequences=need, seq_len=seq_len, block_size=block_size,
-                                limit_bytes=limit_bytes, weight_bytes=weight_bytes, overhead_bytes=overhead_bytes,
-                                kv_scales_in_weights=kv_scales_in_weights, hybrid=hybrid)
-        fit_problem += "; try " + _what_to_try(suggested, fits_weights=free >= 0, batch=batch,
-                                               overhead_bytes=overhead_bytes) + "."
+        suggested = _fitting_tp(
+            cfg,
+            layout.fmt,
+            tp=tp,
+            need_sequences=need,
+            seq_len=seq_len,
+            block_size=block_size,
+            limit_bytes=limit_bytes,
+            weight_bytes=weight_bytes,
+            overhead_bytes=overhead_bytes,
+            kv_scales_in_weights=kv_scales_in_weights,
+            hybrid=hybrid,
+        )
+        fit_problem += (
+            "; try " + _what_to_try(suggested, fits_weights=free >= 0, batch=batch, overhead_bytes=overhead_bytes) + "."
+        )
     return KVPlan(
-        model=cfg.name, attention=layout.attention, kv_dtype=layout.fmt.name, kv_overhead=layout.fmt.overhead,
-        seq_len=seq_len, max_len=max_len, max_position_embeddings=cfg.max_position_embeddings, long_note=long_note,
-        batch=batch, block_size=block_size, block_size_note=block_note, tp=tp, tp_note=layout.tp_note,
-        num_layers=cfg.num_layers, sliding_layers=cfg.sliding_layers, windows=list(cfg.layer_windows),
-        chunked_layers=cfg.chunked_layers, chunks=list(cfg.layer_chunks), hybrid=hybrid,
-        kv_cache_groups=len(pool.groups.spans), kv_group_size=pool.groups.group_size,
-        padding_layers=pool.groups.layers_with_padding - layout.num_layers, vllm_num_blocks=pool.num_blocks,
+        model=cfg.name,
+        attention=layout.attention,
+        kv_dtype=layout.fmt.name,
+        kv_overhead=layout.fmt.overhead,
+        seq_len=seq_len,
+        max_len=max_len,
+        max_position_embeddings=cfg.max_position_embeddings,
+        long_note=long_note,
+        batch=batch,
+        block_size=block_size,
+        block_size_note=block_note,
+        tp=tp,
+        tp_note=layout.tp_note,
+        num_layers=cfg.num_layers,
+        sliding_layers=cfg.sliding_layers,
+        windows=list(cfg.layer_windows),
+        chunked_layers=cfg.chunked_layers,
+        chunks=list(cfg.layer_chunks),
+        hybrid=hybrid,
+        kv_cache_groups=len(pool.groups.spans),
+        kv_group_size=pool.groups.group_size,
+        padding_layers=pool.groups.layers_with_padding - layout.num_layers,
+        vllm_num_blocks=pool.num_blocks,
         head_dim=layout.vector_len,
-        head_dim_source=("kv_lora_rank + qk_rope_head_dim" if cfg.mla else
-                         "config head_dim" if cfg.head_dim_from_config else "hidden_size / num_attention_heads"),
-        kv_heads_per_gpu=layout.kv_heads_per_gpu, bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
-        bytes_per_token=layout.bytes_per_token, kv_scale_bytes=layout.fixed_bytes,
+        head_dim_source=(
+            "kv_lora_rank + qk_rope_head_dim"
+            if cfg.mla
+            else "config head_dim"
+            if cfg.head_dim_from_config
+            else "hidden_size / num_attention_heads"
+        ),
+        kv_heads_per_gpu=layout.kv_heads_per_gpu,
+        bytes_per_token_per_layer=layout.bytes_per_token_per_layer,
+        bytes_per_token=layout.bytes_per_token,
+        kv_scale_bytes=layout.fixed_bytes,
         kv_scales_in_weights=kv_scales_in_weights,
-        naive_bytes_per_token=naive, exact_bytes_per_token_tp1=exact_tp1, naive_vs_exact=naive / exact_tp1,
-        gpu_memory_bytes=gpu_memory_bytes, utilization_target=utilization, weight_bytes=weight_bytes,
-        weight_bytes_per_gpu=per_gpu_weights, weight_note=weight_note, overhead_bytes=overhead_bytes,
-        free_bytes=free, max_tokens=pool.log_tokens,
-        policies=policies, max_num_batched_tokens=max_num_batched_tokens, batched_tokens_note=batched_note,
-        vllm_blocks_per_request=vllm_blocks, vllm_bytes_per_request=vllm_blocks * page_bytes,
+        naive_bytes_per_token=naive,
+        exact_bytes_per_token_tp1=exact_tp1,
+        naive_vs_exact=naive / exact_tp1,
+        gpu_memory_bytes=gpu_memory_bytes,
+        utilization_target=utilization,
+        weight_bytes=weight_bytes,
+        weight_bytes_per_gpu=per_gpu_weights,
+        weight_note=weight_note,
+        overhead_bytes=overhead_bytes,
+        free_bytes=free,
+        max_tokens=pool.log_tokens,
+        policies=policies,
+        max_num_batched_tokens=max_num_batched_tokens,
+        batched_tokens_note=batched_note,
+        vllm_blocks_per_request=vllm_blocks,
+        vllm_bytes_per_request=vllm_blocks * page_bytes,
         vllm_max_concurrency=pool.max_concurrency(max_len, max_num_batched_tokens),
-        fits=not fit_problem, fit_problem=fit_problem, suggested_tp=suggested,
+        fits=not fit_problem,
+        fit_problem=fit_problem,
+        suggested_tp=suggested,
     )

@@ -5,6 +5,7 @@ A token slot of one layer holds ``vectors_per_token`` vectors (K and V per KV he
 latent). Formats torch has a dtype for (fp32, bf16, fp16, fp8) store values in that dtype; packed
 formats (int8 with scales, int4, mxfp4, nvfp4) store value bytes and scale bytes as uint8.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,11 +46,20 @@ def random_rows(layout: KVLayout, slots: int, generator: torch.Generator) -> Tok
         values = torch.randn(slots, v, layout.vector_len, generator=generator, device=device)
         values = values.to(getattr(torch, fmt.torch_dtype))
     else:
-        values = torch.randint(0, 256, (slots, v, fmt.value_bytes(layout.vector_len)), generator=generator,
-                               dtype=torch.uint8, device=device)
+        values = torch.randint(
+            0,
+            256,
+            (slots, v, fmt.value_bytes(layout.vector_len)),
+            generator=generator,
+            dtype=torch.uint8,
+            device=device,
+        )
     scale = fmt.scale_bytes(layout.vector_len)
-    scales = (torch.randint(0, 256, (slots, v, scale), generator=generator, dtype=torch.uint8, device=device)
-              if scale else None)
+    scales = (
+        torch.randint(0, 256, (slots, v, scale), generator=generator, dtype=torch.uint8, device=device)
+        if scale
+        else None
+    )
     return TokenRows(values, scales)
 
 
@@ -62,8 +72,9 @@ def tensor_scales(layout: KVLayout, device: torch.device) -> torch.Tensor | None
 
 def held_bytes(layers: list[TokenRows], scales: list[torch.Tensor | None]) -> int:
     """Bytes an allocator holds: the storage of its token tensors and of its per-tensor scales."""
-    return (sum(rows.storage_bytes() for rows in layers)
-            + sum(s.untyped_storage().nbytes() for s in scales if s is not None))
+    return sum(rows.storage_bytes() for rows in layers) + sum(
+        s.untyped_storage().nbytes() for s in scales if s is not None
+    )
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -3,19 +3,21 @@ copy stream and events, or a worker thread and futures on a CPU), :class:`Offloa
 :func:`offloaded_forward`, which sends each layer's input to host memory and leaves an
 :class:`OffloadedStep` whose ``backward_layer`` a schedule calls as its reloads land.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy
 import torch
 import torch.nn.functional as F
 
-from gpubench.models.llama import LlamaWeights, causal_attend, decoder_layer, head_loss, rope_cos_sin
 from gpubench.measure.phase_timer import PhaseTimer
+from gpubench.models.llama import LlamaWeights, causal_attend, decoder_layer, head_loss, rope_cos_sin
 
 # One checkpointed layer: (weights, i, x, cos, sin) -> layer i's output. The default is the Llama
 # decoder layer with plain causal attention; a model with other layers (packed attention, an MoE
@@ -130,6 +132,7 @@ class Copier:
                 time.sleep(self.delay_s)
             with self.timer.span(phase):
                 _memcpy(dst, src)
+
         future = self.pool.submit(run)
         self._futures.append(future)
         return future
@@ -174,8 +177,9 @@ class OffloadedStep:
             while len(buffers) < wanted:
                 buffers.append(allocate(like))
         except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-            self.copier.stats.fallback = (f"staging buffer {len(buffers) + 1} not allocated "
-                                          f"({type(exc).__name__}): {len(buffers)} buffer(s)")
+            self.copier.stats.fallback = (
+                f"staging buffer {len(buffers) + 1} not allocated ({type(exc).__name__}): {len(buffers)} buffer(s)"
+            )
         self.copier.stats.buffers = len(buffers)
         self.copier.stats.extra_buffer_bytes = (len(buffers) - 1) * like.numel() * like.element_size()
         return buffers
@@ -194,8 +198,14 @@ class OffloadedStep:
         return self.loss.detach(), self.copier.finish()
 
 
-def offloaded_forward(weights: LlamaWeights, tokens: torch.Tensor, targets: torch.Tensor,
-                      positions: torch.Tensor, copier: Copier, layer: Layer = llama_layer) -> OffloadedStep:
+def offloaded_forward(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    positions: torch.Tensor,
+    copier: Copier,
+    layer: Layer = llama_layer,
+) -> OffloadedStep:
     """The forward pass without a graph, each layer's input copied to host memory as it goes,
     then the head's loss and its backward (gradients accumulate into the weights). ``weights``
     is a LlamaWeights or anything with its embed, config, final_norm and lm_head that ``layer`` runs."""

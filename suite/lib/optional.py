@@ -1,4 +1,5 @@
 """Optional packages a variant may use (flash-attn, transformers): the object, or why not."""
+
 from __future__ import annotations
 
 import functools

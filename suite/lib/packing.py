@@ -4,22 +4,24 @@
 training step over one or more micro-batches (:func:`training_step`) and its
 instrumentation (:class:`StepStats`). Shared by the per-layer and cached variants of
 ``packed_metadata``, which differ only in how often they call the builder."""
+
 from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.torch_version import TorchVersion
 
 from gpubench.errors import BadInput
-from gpubench.models.llama import LlamaWeights
 from gpubench.lib.optional import optional_import
-from gpubench.measure.phase_timer import PhaseTimer
 from gpubench.lib.triton_support import kernel_module, kernel_problem
+from gpubench.measure.phase_timer import PhaseTimer
+from gpubench.models.llama import LlamaWeights
 
 BACKENDS = ("sdpa", "triton_varlen", "flash_attn_varlen")
 HALF = ("float16", "bfloat16")  # the dtypes flash-attn has kernels for
@@ -62,6 +64,7 @@ class StepOutput:
 
 # -- instrumentation --------------------------------------------------------------------------
 
+
 class StepStats:
     """One training step's phase times (:class:`gpubench.measure.phase_timer.PhaseTimer`: nothing
     synchronizes to read a clock mid-step on a GPU), its metadata builds and the host syncs they make
@@ -92,8 +95,7 @@ class StepStats:
         self._built += [(weakref.ref(t), t is meta.mask) for t in meta.tensors()]
 
     def _alive_bytes(self, masks_only: bool) -> int:
-        alive = {id(t): t for ref, is_mask in self._built
-                 if (t := ref()) is not None and (is_mask or not masks_only)}
+        alive = {id(t): t for ref, is_mask in self._built if (t := ref()) is not None and (is_mask or not masks_only)}
         return sum(t.numel() * t.element_size() for t in alive.values())
 
     def note_forward_done(self) -> None:
@@ -110,10 +112,16 @@ class StepStats:
         lies inside ``forward``) and the counts. On CUDA this waits for the step's last event
         (the harness's clock waits for the step right after anyway)."""
         ms = {**dict.fromkeys(self.PHASES, 0.0), **{name: 1e3 * s for name, s in self.timer.seconds.items()}}
-        return {**{f"{name}_ms": value for name, value in ms.items()},
-                "builds": self.builds, "host_syncs": self.host_syncs, "cache_hits": self.cache_hits,
-                "cache_misses": self.cache_misses, "mask_bytes_built": self.mask_bytes_built,
-                "mask_bytes_held": self.mask_bytes_held, "metadata_bytes_held": self.metadata_bytes_held}
+        return {
+            **{f"{name}_ms": value for name, value in ms.items()},
+            "builds": self.builds,
+            "host_syncs": self.host_syncs,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "mask_bytes_built": self.mask_bytes_built,
+            "mask_bytes_held": self.mask_bytes_held,
+            "metadata_bytes_held": self.metadata_bytes_held,
+        }
 
 
 def phase(stats: StepStats | None, name: str):
@@ -122,6 +130,7 @@ def phase(stats: StepStats | None, name: str):
 
 
 # -- choosing the attention backend ----------------------------------------------------------
+
 
 def flash_varlen_unavailable(device: torch.device, dtype: str) -> str | None:
     """Why flash-attn's varlen kernel cannot run here, or None."""
@@ -145,15 +154,17 @@ def resolve_backend(choice: str, device: torch.device, dtype: str) -> str:
     """The backend a case runs: "auto" is triton_varlen (our kernels) where they can run, else sdpa."""
     if choice == "auto":
         return "sdpa" if triton_varlen_unavailable(device) else "triton_varlen"
-    reason = {"triton_varlen": triton_varlen_unavailable,
-              "flash_attn_varlen": lambda device: flash_varlen_unavailable(device, dtype)}.get(choice,
-                                                                                             lambda _: None)(device)
+    reason = {
+        "triton_varlen": triton_varlen_unavailable,
+        "flash_attn_varlen": lambda device: flash_varlen_unavailable(device, dtype),
+    }.get(choice, lambda _: None)(device)
     if reason:
         raise BadInput(f"packed attention backend {choice} cannot run here: {reason}; use backend sdpa or auto")
     return choice
 
 
 # -- building the metadata --------------------------------------------------------------------
+
 
 def draw_doc_lens(rows: int, seq: int, mean: int, gen: torch.Generator) -> list[list[int]]:
     """Document lengths of each row, drawn until the row is full (the last one cut to fit), so
@@ -204,8 +215,9 @@ def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.T
     return mask.masked_fill_(visible, 0.0).unsqueeze(1)
 
 
-def build_metadata(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype,
-                   stats: StepStats | None = None) -> PackedMetadata:
+def build_metadata(
+    doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dtype: torch.dtype, stats: StepStats | None = None
+) -> PackedMetadata:
     """All of a packed batch's attention metadata from its document lengths: ``doc_lens``
     (documents,) int32 on the model's device, row-major, each row's lengths summing to ``seq``.
     "sdpa" adds the block-causal mask in ``dtype``; the varlen backends ("triton_varlen",
@@ -225,6 +237,7 @@ def build_metadata(doc_lens: torch.Tensor, rows: int, seq: int, backend: str, dt
 
 # -- attending and the loss -------------------------------------------------------------------
 
+
 def packed_attention(meta: PackedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of a packed batch, each token over its own document up to itself: q (rows, seq,
     heads, head_dim), k and v (rows, seq, kv_heads, head_dim); returns q's shape. "sdpa": SDPA
@@ -240,9 +253,16 @@ def packed_attention(meta: PackedMetadata, q: torch.Tensor, k: torch.Tensor, v: 
             fn = optional_import("flash_attn", "flash_attn_varlen_func")
         if isinstance(fn, str):
             raise RuntimeError(f"the {meta.backend} backend cannot run: {fn}")
-        out = fn(q.reshape(rows * seq, heads, head_dim), k.reshape(rows * seq, kv_heads, head_dim),
-                 v.reshape(rows * seq, kv_heads, head_dim), meta.cu_seqlens, meta.cu_seqlens,
-                 meta.max_seqlen, meta.max_seqlen, causal=True)
+        out = fn(
+            q.reshape(rows * seq, heads, head_dim),
+            k.reshape(rows * seq, kv_heads, head_dim),
+            v.reshape(rows * seq, kv_heads, head_dim),
+            meta.cu_seqlens,
+            meta.cu_seqlens,
+            meta.max_seqlen,
+            meta.max_seqlen,
+            causal=True,
+        )
         return out.view(rows, seq, heads, head_dim)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if heads == kv_heads:
@@ -251,8 +271,9 @@ def packed_attention(meta: PackedMetadata, q: torch.Tensor, k: torch.Tensor, v: 
         out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=meta.mask, enable_gqa=True)
     else:  # CUDA's mask-capable SDPA kernels take as many k/v heads as q heads
         group = heads // kv_heads
-        out = F.scaled_dot_product_attention(qt, kt.repeat_interleave(group, dim=1),
-                                             vt.repeat_interleave(group, dim=1), attn_mask=meta.mask)
+        out = F.scaled_dot_product_attention(
+            qt, kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1), attn_mask=meta.mask
+        )
     return out.transpose(1, 2)
 
 
@@ -265,19 +286,26 @@ def next_token_labels(tokens: torch.Tensor, position_ids: torch.Tensor) -> torch
     return labels
 
 
-def packed_loss(logits: torch.Tensor, tokens: torch.Tensor,
-                position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token cross-entropy in float32: each token's, shaped like ``tokens`` (0 where there is
     no target), and their mean over the tokens that have one (no host sync)."""
     labels = next_token_labels(tokens, position_ids)
-    per_token = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                reduction="none").view(labels.shape)
+    per_token = F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(labels.shape)
     return per_token, per_token.sum() / (labels != IGNORE_INDEX).sum()
 
 
-def training_step(weights: LlamaWeights, optimizer: torch.optim.Optimizer, batches: Sequence[PackedBatch],
-                  forward: Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor]], stats: StepStats | None = None,
-                  metadata_scope: contextlib.AbstractContextManager[Any] | None = None) -> StepOutput:
+def training_step(
+    weights: LlamaWeights,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[PackedBatch],
+    forward: Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor]],
+    stats: StepStats | None = None,
+    metadata_scope: contextlib.AbstractContextManager[Any] | None = None,
+) -> StepOutput:
     """One training step: for each micro-batch, ``forward(batch)`` (logits and position ids), its
     next-token loss within documents and backward (gradients accumulated, each loss weighted
     1 / micro-batches); then one optimizer step. ``metadata_scope`` spans every forward and

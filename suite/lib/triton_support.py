@@ -9,13 +9,15 @@ started after it (:func:`interpreter_by_default`): ``gpubench run``'s workers th
 Triton kernel there. A variant built on a kernel declares ``checked_only=interpreter_note(...)``:
 checked like any other, never timed (:data:`INTERPRETER_NOTE`).
 """
+
 from __future__ import annotations
 
 import functools
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,8 +25,10 @@ import torch
 _TRUE = ("1", "true", "yes", "on")
 INTERPRETER = "Triton interpreter"
 # Why a kernel run by the interpreter is checked and never timed (the report shows it beside the variant).
-INTERPRETER_NOTE = (f"checked in the {INTERPRETER}, not timed: it runs the kernel's blocks one by one in NumPy, "
-                    "so its time says nothing of a GPU's")
+INTERPRETER_NOTE = (
+    f"checked in the {INTERPRETER}, not timed: it runs the kernel's blocks one by one in NumPy, "
+    "so its time says nothing of a GPU's"
+)
 
 
 def interpreted() -> bool:
@@ -74,14 +78,17 @@ def kernel_problem(name: str, device: torch.device | str, *, interpreter_ok: boo
     if interpreter_ok and getattr(module, "INTERPRETED", interpreted()):
         return None
     if interpreter_ok:
-        return ("needs CUDA, or Triton's interpreter: TRITON_INTERPRET=1 set before Triton is imported (gpubench "
-                "run's worker processes have it on a machine without CUDA; --isolation none does not)")
+        return (
+            "needs CUDA, or Triton's interpreter: TRITON_INTERPRET=1 set before Triton is imported (gpubench "
+            "run's worker processes have it on a machine without CUDA; --isolation none does not)"
+        )
     return "needs CUDA (Triton's interpreter runs it on a CPU only to check it, far too slowly to time)"
 
 
 def interpreter_note(name: str) -> Callable[[torch.device | str], str | None]:
     """A variant's ``checked_only`` for the kernel of module ``name``: :data:`INTERPRETER_NOTE`
     where the interpreter runs it (its module imported under ``TRITON_INTERPRET``), else None."""
+
     def note(device: torch.device | str) -> str | None:
         module = kernel_module(name)
         return INTERPRETER_NOTE if not isinstance(module, str) and getattr(module, "INTERPRETED", False) else None
@@ -89,8 +96,13 @@ def interpreter_note(name: str) -> Callable[[torch.device | str], str | None]:
     return note
 
 
-def dispatch(kernel: tuple[str, str], fallback: Callable[..., torch.Tensor], *args: torch.Tensor,
-             out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+def dispatch(
+    kernel: tuple[str, str],
+    fallback: Callable[..., torch.Tensor],
+    *args: torch.Tensor,
+    out: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
     """``module.function(*args, out=out, **kwargs)`` for ``kernel = (module, function)`` when the
     first argument is on CUDA and the kernel imports; else ``fallback(*args, out=out, **kwargs)``.
     Both write into ``out`` when one is given (so a caller's NaN-poisoned buffer shows any element

@@ -13,6 +13,7 @@ It leaves the tuning itself to Triton (its benchmarking, pruning and the skippin
 do not fit): it only seeds the autotuner's in-memory table (``Autotuner.cache``, key -> Config)
 from the file before a launch, and writes the table back when a launch added to it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,9 +23,9 @@ from typing import Any
 
 import torch
 
+from gpubench.measure.devicecache import cache_root, locked, read_cache_doc, slug
 from gpubench.records import notices
 from gpubench.records.atomic import atomic_write_json
-from gpubench.measure.devicecache import cache_root, locked, read_cache_doc, slug
 
 SCHEMA = 1
 
@@ -40,8 +41,13 @@ def gpu_model(device: torch.device) -> str:
 
 def _describe(config: Any) -> dict[str, Any]:
     """What identifies a candidate: its meta-parameters and launch options."""
-    return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
-            "num_ctas": getattr(config, "num_ctas", 1), "maxnreg": getattr(config, "maxnreg", None)}
+    return {
+        "kwargs": dict(config.kwargs),
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+        "num_ctas": getattr(config, "num_ctas", 1),
+        "maxnreg": getattr(config, "maxnreg", None),
+    }
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -50,8 +56,11 @@ def _read(path: Path) -> list[dict[str, Any]]:
     doc = read_cache_doc(path, SCHEMA)
     if doc is None or not isinstance(doc.get("entries"), list):
         return []
-    return [e for e in doc["entries"] if isinstance(e, dict) and isinstance(e.get("key"), list)
-            and isinstance(e.get("config"), dict)]
+    return [
+        e
+        for e in doc["entries"]
+        if isinstance(e, dict) and isinstance(e.get("key"), list) and isinstance(e.get("config"), dict)
+    ]
 
 
 class PersistentAutotuner:
@@ -73,7 +82,9 @@ class PersistentAutotuner:
     def path(self, device: torch.device) -> Path:
         import triton
 
-        return cache_root() / "autotune" / slug(gpu_model(device)) / f"triton-{triton.__version__}" / f"{self.name}.json"
+        return (
+            cache_root() / "autotune" / slug(gpu_model(device)) / f"triton-{triton.__version__}" / f"{self.name}.json"
+        )
 
     def __getitem__(self, grid: Any) -> Any:
         return functools.partial(self._launch, grid)
@@ -94,8 +105,9 @@ class PersistentAutotuner:
                 kept = f"kept in {path} for later runs"
             except OSError as exc:  # a cache: a home that cannot be written costs the next run a tuning
                 kept = f"not kept ({exc})"
-            notices.notice(f"autotuned Triton kernel {self.name} for {len(new)} new shape(s) on "
-                           f"{gpu_model(device)}; {kept}")
+            notices.notice(
+                f"autotuned Triton kernel {self.name} for {len(new)} new shape(s) on {gpu_model(device)}; {kept}"
+            )
         return result
 
     def load(self, path: Path) -> int:
@@ -123,5 +135,12 @@ class PersistentAutotuner:
                 except TypeError:  # a key value JSON cannot hold: tune it again next time
                     continue
                 entries[text] = {"key": list(key), "config": _describe(self.tuner.cache[key])}
-            atomic_write_json(path, {"schema": SCHEMA, "kernel": self.name, "triton": triton.__version__,
-                                     "entries": list(entries.values())})
+            atomic_write_json(
+                path,
+                {
+                    "schema": SCHEMA,
+                    "kernel": self.name,
+                    "triton": triton.__version__,
+                    "entries": list(entries.values()),
+                },
+            )

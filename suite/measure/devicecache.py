@@ -10,6 +10,7 @@
 Everything here is a cache: a missing, unreadable or foreign file costs a tuning or a vaguer
 estimate, never a run; writers merge under a lock, so two runs on one machine can share it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ import json
 import os
 import re
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpubench.records.atomic import atomic_write_json
 
@@ -81,10 +83,10 @@ def fixed_cost_s(case: Any) -> float | None:
     return max(0.0, float(case.elapsed_s) - sum(float(phases.get(p) or 0.0) for p in POLICY_PHASES))
 
 
-
 def _dict(value: Any) -> dict[str, Any]:
     """A cache document's table: ``value`` where it is one, else empty (a file written by hand)."""
     return value if isinstance(value, dict) else {}
+
 
 class CaseTimes:
     """The wall time of each case on one device model (``device_label``, as runs record it), by
@@ -110,16 +112,22 @@ class CaseTimes:
         """:meth:`read`, and the seconds the report took per case (None: never measured here)."""
         doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
         cases = _dict(doc.get("cases"))
-        seconds = {k: float(v["s"]) for k, v in cases.items()
-                   if isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and v["s"] > 0}
+        seconds = {
+            k: float(v["s"])
+            for k, v in cases.items()
+            if isinstance(v, dict) and isinstance(v.get("s"), (int, float)) and v["s"] > 0
+        }
         return seconds, _median(doc.get("run_overheads_s")), _median(doc.get("report_s_per_case"))
 
     def fixed_costs(self) -> dict[str, list[float]]:
         """Per technique, the fixed costs (seconds) of its newest cases on this device model."""
         doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {}
         raw = _dict(doc.get("fixed_s"))
-        return {str(t): [float(x) for x in v if isinstance(x, (int, float)) and x >= 0]
-                for t, v in raw.items() if isinstance(v, list)}
+        return {
+            str(t): [float(x) for x in v if isinstance(x, (int, float)) and x >= 0]
+            for t, v in raw.items()
+            if isinstance(v, list)
+        }
 
     def record_report(self, seconds: float, cases: int) -> None:
         """What writing a run's report (HTML and summary.md) took, per case: the part of a
@@ -127,8 +135,10 @@ class CaseTimes:
         if cases < 1 or seconds < 0:
             return
         with locked(self.path):
-            doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {"schema": CASE_TIMES_SCHEMA,
-                                                                    "device": self.device_label}
+            doc = read_cache_doc(self.path, CASE_TIMES_SCHEMA) or {
+                "schema": CASE_TIMES_SCHEMA,
+                "device": self.device_label,
+            }
             kept = [x for x in doc.get("report_s_per_case") or [] if isinstance(x, (int, float))]
             doc["report_s_per_case"] = (kept + [round(seconds / cases, 5)])[-RUN_OVERHEADS_KEPT:]
             atomic_write_json(self.path, doc)
@@ -156,6 +166,13 @@ class CaseTimes:
             if finished and len(finished) == len(cases):  # an interrupted run's wall time says nothing
                 cases_s = sum(float(c.elapsed_s) for c in finished)
                 overheads = (overheads + [round(max(0.0, wall_s - cases_s / max(workers, 1)), 3)])[-RUN_OVERHEADS_KEPT:]
-            doc.update({"schema": CASE_TIMES_SCHEMA, "device": self.device_label, "cases": known,
-                        "fixed_s": fixed, "run_overheads_s": overheads})
+            doc.update(
+                {
+                    "schema": CASE_TIMES_SCHEMA,
+                    "device": self.device_label,
+                    "cases": known,
+                    "fixed_s": fixed,
+                    "run_overheads_s": overheads,
+                }
+            )
             atomic_write_json(self.path, doc)

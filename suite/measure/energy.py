@@ -22,6 +22,7 @@ power stands for the whole call: the part of a call before its first and after i
 to a refresh period at each end) is not weighed in it, which ``covered_s`` against ``window_s``
 shows.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -30,8 +31,9 @@ import math
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from gpubench.records.energy import METHOD_TIMED_CALLS as METHOD_TIMED_CALLS
 from gpubench.records.energy import METHOD_WINDOW as METHOD_WINDOW
@@ -61,6 +63,7 @@ LONG_CALL_PERIODS = 4
 # Whatever the counter's cadence: a call this long gets at most MIN_COUNTER_STEPS reads in a
 # window of MAX_WINDOW_S, each edge bracketed by a whole call (+-1/3 at best; beyond it, none).
 LONG_CALL_S = MAX_WINDOW_S / MIN_COUNTER_STEPS
+
 
 @dataclass(frozen=True)
 class _Edge:
@@ -111,8 +114,9 @@ class CounterReader:
     a process that runs cases without the telemetry sampler's thread beside it (a worker: the
     sampler runs in the supervisor). ``read_mj`` must not raise."""
 
-    def __init__(self, read_mj: Callable[[], float | None], interval_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, read_mj: Callable[[], float | None], interval_s: float, clock: Callable[[], float] = time.monotonic
+    ):
         self.log = CounterLog(clock)
         self._read_mj = read_mj
         self._interval_s = interval_s
@@ -160,8 +164,9 @@ def calls_are_long(call_s: float, counter_period_s: float | None) -> bool:
     return call_s >= long_call_s(counter_period_s)
 
 
-def window_bounds_s(energy_s: float, call_s: float | None = None,
-                    counter_period_s: float | None = None) -> tuple[float, float]:
+def window_bounds_s(
+    energy_s: float, call_s: float | None = None, counter_period_s: float | None = None
+) -> tuple[float, float]:
     """Seconds a variant's separate energy window takes, at least and at most, for an estimate:
     (0, 0) with energy off (``energy_s`` 0) or where its calls (``call_s``, as known, e.g. from an
     earlier run) are long, which are measured over the timed calls with no call of their own;
@@ -187,8 +192,9 @@ def _edges(readings: Sequence[Reading]) -> list[_Edge]:
     return [_Edge(a.t0, b.t1, b.mj) for a, b in zip(readings, readings[1:]) if b.mj != a.mj]
 
 
-def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float, float]], *,
-                       power_limit_w: float | None = None) -> EnergyMeasurement:
+def measure_over_calls(
+    readings: Sequence[Reading], calls: Sequence[tuple[float, float]], *, power_limit_w: float | None = None
+) -> EnergyMeasurement:
     """Energy per call of a variant whose timed calls ran from ``calls[i][0]`` to ``calls[i][1]``
     (host clock, the device synchronized at the end), from the counter ``readings`` (a
     :class:`CounterLog`'s, oldest first, on the same clock) taken wholly inside them: no call is
@@ -203,12 +209,15 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
     steps = periods = spanned = read_inside = 0
     problem = None
     for start, end in calls:
-        inside = [r for r in readings[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)]
-                  if r.t1 <= end]
+        inside = [
+            r for r in readings[bisect.bisect_left(starts, start) : bisect.bisect_right(starts, end)] if r.t1 <= end
+        ]
         back = next(((a, b) for a, b in zip(inside, inside[1:]) if b.mj < a.mj), None)
         if back is not None:
-            problem = (f"the energy counter went backwards during a timed call ({back[0].mj:.0f} -> "
-                       f"{back[1].mj:.0f} mJ: a driver reset or a wrap)")
+            problem = (
+                f"the energy counter went backwards during a timed call ({back[0].mj:.0f} -> "
+                f"{back[1].mj:.0f} mJ: a driver reset or a wrap)"
+            )
             break
         edges = _edges(inside)
         steps += len(edges)
@@ -228,16 +237,27 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
     period = covered / periods if periods and covered is not None else None
 
     def failed(error: str) -> EnergyMeasurement:
-        return EnergyMeasurement(mj_per_call=None, uncertainty_mj=None, mean_power_w=None,
-                                 power_limit_w=power_limit_w, window_s=window_s, calls=len(calls),
-                                 counter_steps=steps, counter_period_s=period, error=error,
-                                 method=METHOD_TIMED_CALLS, covered_s=covered)
+        return EnergyMeasurement(
+            mj_per_call=None,
+            uncertainty_mj=None,
+            mean_power_w=None,
+            power_limit_w=power_limit_w,
+            window_s=window_s,
+            calls=len(calls),
+            counter_steps=steps,
+            counter_period_s=period,
+            error=error,
+            method=METHOD_TIMED_CALLS,
+            covered_s=covered,
+        )
 
     if problem is None and (periods < MIN_COUNTER_STEPS - 1 or inner <= 0):
-        problem = (f"the energy counter changed {steps} time(s) inside {len(calls)} timed call(s) of "
-                   f"{window_s:.3g} s in all, spanning {periods} refresh period(s) between changes within a call; "
-                   f"a figure needs {MIN_COUNTER_STEPS - 1} (as a window needs {MIN_COUNTER_STEPS} changes)"
-                   + ("" if read_inside else ": no reading of the counter fell inside them (was it read throughout?)"))
+        problem = (
+            f"the energy counter changed {steps} time(s) inside {len(calls)} timed call(s) of "
+            f"{window_s:.3g} s in all, spanning {periods} refresh period(s) between changes within a call; "
+            f"a figure needs {MIN_COUNTER_STEPS - 1} (as a window needs {MIN_COUNTER_STEPS} changes)"
+            + ("" if read_inside else ": no reading of the counter fell inside them (was it read throughout?)")
+        )
     if problem is not None or covered is None:  # covered: None only where periods is 0 (a problem)
         return failed(problem or "no timed call spanned a counter change")
     mean = energy_mj / covered / 1000.0
@@ -247,19 +267,28 @@ def measure_over_calls(readings: Sequence[Reading], calls: Sequence[tuple[float,
     if flagged is not None:
         return failed(flagged)
     s_per_call = window_s / len(calls)
-    return EnergyMeasurement(mj_per_call=mean * s_per_call * 1000.0,
-                             uncertainty_mj=max(high - mean, mean - low) * s_per_call * 1000.0,
-                             mean_power_w=mean, power_limit_w=power_limit_w, window_s=window_s, calls=len(calls),
-                             counter_steps=steps, counter_period_s=period, method=METHOD_TIMED_CALLS,
-                             covered_s=covered)
+    return EnergyMeasurement(
+        mj_per_call=mean * s_per_call * 1000.0,
+        uncertainty_mj=max(high - mean, mean - low) * s_per_call * 1000.0,
+        mean_power_w=mean,
+        power_limit_w=power_limit_w,
+        window_s=window_s,
+        calls=len(calls),
+        counter_steps=steps,
+        counter_period_s=period,
+        method=METHOD_TIMED_CALLS,
+        covered_s=covered,
+    )
 
 
 def power_limit_problem(mean_power_w: float, power_limit_w: float | None, window_s: float) -> str | None:
     """Why a mean power cannot be real on this board (None when it can, or the limit is unknown)."""
     if power_limit_w is None or power_limit_w <= 0 or mean_power_w <= power_limit_w * (1 + POWER_LIMIT_MARGIN):
         return None
-    return (f"mean power {mean_power_w:.0f} W over {window_s:.3g} s is above the {power_limit_w:.0f} W board limit "
-            f"(+{POWER_LIMIT_MARGIN:.0%} margin): the energy counter's window cannot be right, so no figure is given")
+    return (
+        f"mean power {mean_power_w:.0f} W over {window_s:.3g} s is above the {power_limit_w:.0f} W board limit "
+        f"(+{POWER_LIMIT_MARGIN:.0%} margin): the energy counter's window cannot be right, so no figure is given"
+    )
 
 
 def _power_bounds_w(edges: list[_Edge]) -> tuple[float, float, float]:
@@ -283,9 +312,15 @@ def _settled(edges: list[_Edge]) -> bool:
     return mean > 0 and max(high - mean, mean - low) <= TARGET_REL_UNCERTAINTY * mean
 
 
-def measure_energy_per_call(call: Callable[[], Any], read_mj: Callable[[], float | None], clock: Callable[[], float],
-                            *, min_window_s: float, power_limit_w: float | None = None,
-                            sync: Callable[[], Any] = lambda: None) -> EnergyMeasurement:
+def measure_energy_per_call(
+    call: Callable[[], Any],
+    read_mj: Callable[[], float | None],
+    clock: Callable[[], float],
+    *,
+    min_window_s: float,
+    power_limit_w: float | None = None,
+    sync: Callable[[], Any] = lambda: None,
+) -> EnergyMeasurement:
     """Run ``call`` back to back until the counter ``read_mj`` (cumulative mJ) has changed
     :data:`MIN_COUNTER_STEPS` times, ``min_window_s`` has passed and the mean power is known to
     :data:`TARGET_REL_UNCERTAINTY`, or :func:`max_window_s` is reached. ``clock`` gives seconds;
@@ -320,10 +355,15 @@ def measure_energy_per_call(call: Callable[[], Any], read_mj: Callable[[], float
     sync()
     window_s = clock() - t_start
     if problem is None and len(edges) < MIN_COUNTER_STEPS:
-        problem = (f"the energy counter changed {len(edges)} time(s) in {window_s:.3g} s over {calls} call(s); "
-                   f"{MIN_COUNTER_STEPS} changes are needed for a figure"
-                   + (" (each call outlasts the counter's refresh: too few reads fit in the window)"
-                      if calls <= MIN_COUNTER_STEPS else ""))
+        problem = (
+            f"the energy counter changed {len(edges)} time(s) in {window_s:.3g} s over {calls} call(s); "
+            f"{MIN_COUNTER_STEPS} changes are needed for a figure"
+            + (
+                " (each call outlasts the counter's refresh: too few reads fit in the window)"
+                if calls <= MIN_COUNTER_STEPS
+                else ""
+            )
+        )
     if problem is not None:
         return _failed(problem, power_limit_w, window_s, calls, edges)
     mean, low, high = _power_bounds_w(edges)
@@ -333,14 +373,37 @@ def measure_energy_per_call(call: Callable[[], Any], read_mj: Callable[[], float
     if flagged is not None:
         return _failed(flagged, power_limit_w, window_s, calls, edges, period, span_s)
     s_per_call = window_s / calls
-    return EnergyMeasurement(mj_per_call=mean * s_per_call * 1000.0,
-                             uncertainty_mj=max(high - mean, mean - low) * s_per_call * 1000.0,
-                             mean_power_w=mean, power_limit_w=power_limit_w, window_s=window_s, calls=calls,
-                             counter_steps=len(edges), counter_period_s=period, covered_s=span_s)
+    return EnergyMeasurement(
+        mj_per_call=mean * s_per_call * 1000.0,
+        uncertainty_mj=max(high - mean, mean - low) * s_per_call * 1000.0,
+        mean_power_w=mean,
+        power_limit_w=power_limit_w,
+        window_s=window_s,
+        calls=calls,
+        counter_steps=len(edges),
+        counter_period_s=period,
+        covered_s=span_s,
+    )
 
 
-def _failed(error: str, power_limit_w: float | None, window_s: float, calls: int, edges: list[_Edge],
-            period: float | None = None, covered_s: float | None = None) -> EnergyMeasurement:
-    return EnergyMeasurement(mj_per_call=None, uncertainty_mj=None, mean_power_w=None, power_limit_w=power_limit_w,
-                             window_s=window_s, calls=calls, counter_steps=len(edges), counter_period_s=period,
-                             error=error, covered_s=covered_s)
+def _failed(
+    error: str,
+    power_limit_w: float | None,
+    window_s: float,
+    calls: int,
+    edges: list[_Edge],
+    period: float | None = None,
+    covered_s: float | None = None,
+) -> EnergyMeasurement:
+    return EnergyMeasurement(
+        mj_per_call=None,
+        uncertainty_mj=None,
+        mean_power_w=None,
+        power_limit_w=power_limit_w,
+        window_s=window_s,
+        calls=calls,
+        counter_steps=len(edges),
+        counter_period_s=period,
+        error=error,
+        covered_s=covered_s,
+    )

@@ -5,6 +5,7 @@ host, the checkout's git commit, clocks at start). ``calibrate`` measures the de
 rate and copy bandwidth with the same harness that times the techniques, so metrics can be
 stated as a % of the *measured* peak rather than a datasheet figure.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -20,11 +21,9 @@ from typing import Any
 import torch
 
 import gpubench
-from gpubench.measure import machine_load
-from gpubench.records import stats
-from gpubench.measure import telemetry
-from gpubench.measure import timing
 from gpubench.errors import BadInput
+from gpubench.measure import machine_load, telemetry, timing
+from gpubench.records import stats
 
 
 def cuda_device(device: str | int | torch.device) -> torch.device:
@@ -62,15 +61,19 @@ def resolve_device(requested: str, source: str = "--device") -> torch.device:
     if requested == "cuda" or (requested.startswith("cuda:") and requested[5:].isdigit()):
         if not torch.cuda.is_available():
             build = f"torch {torch.__version__}" + (
-                f" built for CUDA {torch.version.cuda}" if torch.version.cuda else " built without CUDA")
+                f" built for CUDA {torch.version.cuda}" if torch.version.cuda else " built without CUDA"
+            )
             raise BadInput(
                 f"{source}: device {requested!r} was asked for, but no CUDA GPU is usable here "
                 f"({build}; torch.cuda.is_available() is False). Allowed: {allowed}; use 'cpu' or "
-                f"'auto' on this machine.")
+                f"'auto' on this machine."
+            )
         index = int(requested[5:]) if ":" in requested else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise BadInput(f"{source}: device {requested!r} does not exist; this machine has "
-                           f"{torch.cuda.device_count()} CUDA device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1}).")
+            raise BadInput(
+                f"{source}: device {requested!r} does not exist; this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})."
+            )
         return torch.device("cuda", index)
     raise BadInput(f"{source}: {requested!r} is not a device; allowed: {allowed}.")
 
@@ -169,14 +172,28 @@ def capture_env(device: torch.device) -> dict[str, Any]:
         "triton": _version("triton"),
         "numpy": _version("numpy"),
         "nvidia_ml_py": _version("nvidia-ml-py"),
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count(),
-                "torch_threads": torch.get_num_threads(),
-                "load_1m": _load_now()},  # the 1-minute load average at capture (None: none here)
-        "git": {"commit": _git("rev-parse", "HEAD"), "branch": _branch(),
-                "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None},
-        "env_vars": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "OMP_NUM_THREADS",
-                                                          "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-                     if k in os.environ},
+        "cpu": {
+            "model": _cpu_model(),
+            "logical_cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "load_1m": _load_now(),
+        },  # the 1-minute load average at capture (None: none here)
+        "git": {
+            "commit": _git("rev-parse", "HEAD"),
+            "branch": _branch(),
+            "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None,
+        },
+        "env_vars": {
+            k: os.environ[k]
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "TRITON_INTERPRET",
+                "OMP_NUM_THREADS",
+                "OMP_WAIT_POLICY",
+                "GOMP_SPINCOUNT",
+            )
+            if k in os.environ
+        },
     }
     try:
         env["memory_total_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -215,9 +232,15 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     device = use_device(device)  # the harness's events record on the current device
     load_before = machine_load.read()
     on_gpu = device.type == "cuda"
-    policy = timing.Policy(warmup_s=0.1, min_reps=5, max_reps=30 if quick else 100,
-                           min_time_s=0.2 if quick else 1.0, max_time_s=2.0 if quick else 8.0,
-                           target_iqr=0.02, flush_l2=False)
+    policy = timing.Policy(
+        warmup_s=0.1,
+        min_reps=5,
+        max_reps=30 if quick else 100,
+        min_time_s=0.2 if quick else 1.0,
+        max_time_s=2.0 if quick else 8.0,
+        target_iqr=0.02,
+        flush_l2=False,
+    )
     clock = timing.Clock(device, flush_l2=False)
 
     def best_rate(fn, work: float) -> tuple[float, float]:
@@ -237,16 +260,24 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     a, b = _randn((n, n), dtype, device), _randn((n, n), dtype, device)
     c = torch.empty((n, n), dtype=dtype, device=device)
     peak, typical = best_rate(lambda: torch.matmul(a, b, out=c), 2.0 * n**3)  # noqa: F821 - runs before the del
-    out["matmul"] = {"dtype": str(dtype).replace("torch.", ""), "n": n,
-                     "peak_tflops": peak / 1e12, "median_tflops": typical / 1e12}
+    out["matmul"] = {
+        "dtype": str(dtype).replace("torch.", ""),
+        "n": n,
+        "peak_tflops": peak / 1e12,
+        "median_tflops": typical / 1e12,
+    }
     del a, b, c
 
     nbytes = (1 << 30 if not quick else 256 << 20) if on_gpu else (64 << 20)
     src = _randn((nbytes // 4,), torch.float32, device)
     dst = torch.empty_like(src)
     peak, typical = best_rate(lambda: dst.copy_(src), 2.0 * nbytes)  # noqa: F821 - runs before the del
-    out["copy"] = {"bytes": nbytes, "peak_gbps": peak / 1e9, "median_gbps": typical / 1e9,
-                   "counts": "bytes read + bytes written"}
+    out["copy"] = {
+        "bytes": nbytes,
+        "peak_gbps": peak / 1e9,
+        "median_gbps": typical / 1e9,
+        "counts": "bytes read + bytes written",
+    }
     del src, dst
     if on_gpu:  # GPU-only (docs/cuda-paths.md): pinned memory and real copies; the GPU session calibrates
         host = _randn((nbytes // 4,), torch.float32, torch.device("cpu")).pin_memory()
@@ -268,9 +299,12 @@ def calibration_load(before: machine_load.Load | None, after: machine_load.Load 
     loads = [x for x in (before, after) if x is not None]
     if not loads:
         return None
-    return {"load_1m": round(max(x.load_1m for x in loads), 2), "cpus": loads[-1].cpus,
-            "load_1m_before": round(before.load_1m, 2) if before is not None else None,
-            "load_1m_after": round(after.load_1m, 2) if after is not None else None}
+    return {
+        "load_1m": round(max(x.load_1m for x in loads), 2),
+        "cpus": loads[-1].cpus,
+        "load_1m_before": round(before.load_1m, 2) if before is not None else None,
+        "load_1m_after": round(after.load_1m, 2) if after is not None else None,
+    }
 
 
 def run_ceilings(device: torch.device) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Measurement hygiene on a GPU node, through NVML, from the supervisor (no CUDA context of its
 own): which other processes use each GPU before a run, and locking GPU clocks for the run, always
 restored at the end (even when a worker crashed)."""
+
 from __future__ import annotations
 
 import atexit
@@ -36,8 +37,11 @@ def gpu_processes(device_text: str, ours: Collection[int] = frozenset()) -> list
                     if p.pid in ours or p.pid == os.getpid():
                         continue
                     used = getattr(p, "usedGpuMemory", None)
-                    found[p.pid] = {"pid": p.pid, "name": _process_name(p.pid),
-                                    "used_memory_mib": None if not isinstance(used, int) else used / 2**20}
+                    found[p.pid] = {
+                        "pid": p.pid,
+                        "name": _process_name(p.pid),
+                        "used_memory_mib": None if not isinstance(used, int) else used / 2**20,
+                    }
             except pynvml.NVMLError:
                 continue
     finally:
@@ -63,7 +67,7 @@ class ClockLock:
         self.state: dict[str, dict[str, Any]] = {}
         self._locked: list[str] = []
 
-    def __enter__(self) -> "ClockLock":
+    def __enter__(self) -> ClockLock:
         if not self.devices:
             self.state["cpu"] = {"locked": False, "reason": "no GPU in this run: nothing to lock"}
         for device in self.devices:

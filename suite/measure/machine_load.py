@@ -11,11 +11,13 @@ run's environment (failure kind ``overloaded``), not a failure of the technique;
 passed case (see :mod:`gpubench.run.outcome` for the exit code).
 
 :func:`read` is the one place the load is read (tests replace it)."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 OVERLOAD_PER_CPU = 2.0  # load per core above which a timeout is the machine's (the run itself is about 1)
 LIMIT_SCALE_CAP = 4.0  # the most a busy machine stretches a case's limit: 300 s becomes at most 1200 s
@@ -99,8 +101,12 @@ class TimeLimit:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"limit_s": round(self.seconds, 3), "case_timeout_s": self.policy_s, "scale": round(self.scale, 3),
-                "load": self.load.to_dict() if self.load is not None else None}
+        return {
+            "limit_s": round(self.seconds, 3),
+            "case_timeout_s": self.policy_s,
+            "scale": round(self.scale, 3),
+            "load": self.load.to_dict() if self.load is not None else None,
+        }
 
 
 def time_limit(policy_s: float, probe: Callable[[], Load | None] | None = None) -> TimeLimit:

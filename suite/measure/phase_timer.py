@@ -9,12 +9,14 @@ or the one given): nothing synchronizes inside the timed region, so the phases o
 cost it nothing; the events are read once, after the call, by :attr:`PhaseTimer.seconds`. Spans
 may be added from another thread (a CPU copy worker).
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -23,6 +23,7 @@ reset before it and the device drain after it are outside that range):
 - peak memory: the most allocated during the calls above what was allocated before them (CUDA's
   allocator on a GPU; on a CPU the running sum of the trace's allocation records within a call).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,9 +35,10 @@ import re
 import shutil
 import traceback
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -48,17 +50,48 @@ CALL_RANGE = "gpubench::profile_call#"
 DRAIN_RANGE = "gpubench::drain"
 HOST_READ_RANGE = "gpubench::host_read"
 OUR_RANGES = (CALL_RANGE, DRAIN_RANGE, HOST_READ_RANGE)  # the ranges this module puts around calls and reads
-LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                          "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
-                          "cudaGraphLaunch", "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel"})
-SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMemcpy2D",
-                        "cuStreamSynchronize", "cuCtxSynchronize", "hipStreamSynchronize",
-                        "hipDeviceSynchronize", "hipMemcpy"})
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
+        "cudaGraphLaunch",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+    }
+)
+SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaMemcpy",
+        "cudaMemcpy2D",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipMemcpy",
+    }
+)
 EVENT_WAIT_CALLS = frozenset({"cudaEventSynchronize", "cuEventSynchronize", "hipEventSynchronize"})
 # aten ops that read a device value on the host (a sync on CUDA): a scalar, or an output size
 # that depends on the data.
-WOULD_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::bincount",
-                            "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "aten::equal"})
+WOULD_SYNC_OPS = frozenset(
+    {
+        "aten::_local_scalar_dense",
+        "aten::nonzero",
+        "aten::masked_select",
+        "aten::bincount",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+        "aten::unique_dim",
+        "aten::equal",
+    }
+)
 # Host reads a CPU run makes that are no device sync on a GPU, by the range they happen in (prefix).
 HOST_ONLY_READS = {
     "aten::one_hot": "its value checks (CUDA skips them to avoid a sync)",
@@ -69,6 +102,7 @@ COPY_DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "HtoH": "h2h", "
 
 
 # -- NVTX ------------------------------------------------------------------------------------
+
 
 def nvtx_enabled(device: torch.device) -> bool:
     """NVTX ranges are pushed on CUDA devices only (elsewhere they would be no-ops anyway)."""
@@ -90,6 +124,7 @@ def nvtx_range(name: str, device: torch.device) -> Iterator[None]:
 
 
 # -- where the traces go ---------------------------------------------------------------------
+
 
 def safe_name(case_id: str, limit: int = 120) -> str:
     """A case id as one file or directory name: characters other than letters, digits and
@@ -113,6 +148,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 
 # -- profiling one variant -------------------------------------------------------------------
 
+
 class _HostReads(torch.overrides.TorchFunctionMode):
     """Marks ``Tensor.tolist()`` with a profiler range: on a CPU it calls no aten op, so the
     profiler would not see the host read it is on a GPU."""
@@ -125,8 +161,15 @@ class _HostReads(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def profile_variant(call: Callable[[], Any], device: torch.device, calls: int, run_dir: Path | str,
-                    case_id: str, variant: str, reset: Callable[[], None] | None = None) -> Profile:
+def profile_variant(
+    call: Callable[[], Any],
+    device: torch.device,
+    calls: int,
+    run_dir: Path | str,
+    case_id: str,
+    variant: str,
+    reset: Callable[[], None] | None = None,
+) -> Profile:
     """Profile ``call`` (one warm-up call, then ``calls`` calls under the profiler), save its trace
     under ``run_dir`` and return the summary. Never raises an ``Exception``: a failure is
     returned as a :class:`Profile` holding its ``error`` alone."""
@@ -143,8 +186,9 @@ def _drain(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _profile(call: Callable[[], Any], device: torch.device, calls: int, run_dir: Path, rel: str,
-             reset: Callable[[], None] | None) -> Profile:
+def _profile(
+    call: Callable[[], Any], device: torch.device, calls: int, run_dir: Path, rel: str, reset: Callable[[], None] | None
+) -> Profile:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = device.type == "cuda"
@@ -169,7 +213,7 @@ def _profile(call: Callable[[], Any], device: torch.device, calls: int, run_dir:
     peak = torch.cuda.max_memory_allocated(device) - before if cuda else None
     path = run_dir / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_name(path.name[:-len(".gz")] + f".{os.getpid()}.tmp")
+    raw = path.with_name(path.name[: -len(".gz")] + f".{os.getpid()}.tmp")
     try:
         prof.export_chrome_trace(str(raw))
         with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
@@ -186,6 +230,7 @@ def _profile(call: Callable[[], Any], device: torch.device, calls: int, run_dir:
 
 
 # -- reading the events ----------------------------------------------------------------------
+
 
 def _windows(events: list[Any]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """The calls' time ranges (host side) and each call through its drain (device side), in us."""
@@ -231,8 +276,14 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     """The per-call summary of a profile's events (see the module docstring)."""
     events = list(events)
     host_windows, device_windows = _windows(events)
-    host = [e for e in events if not _is_device(e) and e.name != "[memory]" and not e.name.startswith(OUR_RANGES)
-            and _in_call(e, host_windows)]
+    host = [
+        e
+        for e in events
+        if not _is_device(e)
+        and e.name != "[memory]"
+        and not e.name.startswith(OUR_RANGES)
+        and _in_call(e, host_windows)
+    ]
     notes: list[str] = []
     top = _top_ops(events, host, device_windows, calls, cuda)
     aten = [e for e in host if e.name.startswith("aten::")]
@@ -255,8 +306,9 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
         event_waits_per_call=None if syncs.waits is None else _per_call(syncs.waits, calls),
         copies_per_call=_gpu_copies(trace, calls) if cuda else _cpu_copies(outermost, calls),
         peak_memory_bytes=None if cuda else _cpu_peak(trace),
-        peak_memory_basis=None if cuda else "the trace's CPU allocation records during each call, above "
-                                            "what was allocated when it began",
+        peak_memory_basis=None
+        if cuda
+        else "the trace's CPU allocation records during each call, above what was allocated when it began",
         notes=notes,
     )
     if not cuda:
@@ -264,8 +316,9 @@ def summarize(events: list[Any], calls: int, cuda: bool, trace: dict[str, Any] |
     return summary
 
 
-def _top_ops(events: list[Any], host: list[Any], device_windows: list[tuple[float, float]], calls: int,
-             cuda: bool) -> list[TopOp]:
+def _top_ops(
+    events: list[Any], host: list[Any], device_windows: list[tuple[float, float]], calls: int, cuda: bool
+) -> list[TopOp]:
     """The :data:`TOP_OPS` ops of the most self time per call: the device time of kernels inside the
     calls' device windows on a GPU, the self CPU time of the calls' host events on a CPU."""
     self_us: Counter[str] = Counter()
@@ -280,8 +333,10 @@ def _top_ops(events: list[Any], host: list[Any], device_windows: list[tuple[floa
             self_us[e.name] += e.self_cpu_time_total
             counts[e.name] += 1
     total_us = sum(self_us.values()) or 1.0
-    return [TopOp(name, round(us / calls, 3), round(us / total_us, 4), _per_call(counts[name], calls))
-            for name, us in self_us.most_common(TOP_OPS)]
+    return [
+        TopOp(name, round(us / calls, 3), round(us / total_us, 4), _per_call(counts[name], calls))
+        for name, us in self_us.most_common(TOP_OPS)
+    ]
 
 
 @dataclass
@@ -307,9 +362,12 @@ def _gpu_syncs(host: list[Any], calls: int) -> _Syncs:
         elif e.name in SYNC_CALLS:
             op = next((p.name for p in _ancestors(e) if p.name.startswith("aten::")), None)
             sync_ops[f"{op} ({e.name})" if op else e.name] += 1
-    counting = ("host waits made by the CUDA runtime: " + ", ".join(sorted(SYNC_CALLS & {
-        "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"})) + " (each under the op that made it); "
-        "cudaEventSynchronize counted apart (event_waits_per_call)")
+    counting = (
+        "host waits made by the CUDA runtime: "
+        + ", ".join(sorted(SYNC_CALLS & {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"}))
+        + " (each under the op that made it); "
+        "cudaEventSynchronize counted apart (event_waits_per_call)"
+    )
     return _Syncs(launches, sync_ops, waits, counting)
 
 
@@ -330,11 +388,16 @@ def _cpu_syncs(events: list[Any], host_windows: list[tuple[float, float]], calls
             host_only[where] += 1
         else:
             sync_ops["Tensor.tolist" if e.name.startswith(HOST_READ_RANGE) else e.name] += 1
-    counting = ("a CPU does not wait: counted are the ops that would sync on a GPU (" + ", ".join(
-        sorted(WOULD_SYNC_OPS)) + ", the outermost of a nest) and Tensor.tolist()")
+    counting = (
+        "a CPU does not wait: counted are the ops that would sync on a GPU ("
+        + ", ".join(sorted(WOULD_SYNC_OPS))
+        + ", the outermost of a nest) and Tensor.tolist()"
+    )
     for prefix, n in sorted(host_only.items()):
-        notes.append(f"{_per_call(n, calls)} host read(s) per call inside {prefix} not counted as syncs: "
-                     f"{HOST_ONLY_READS[prefix]}")
+        notes.append(
+            f"{_per_call(n, calls)} host read(s) per call inside {prefix} not counted as syncs: "
+            f"{HOST_ONLY_READS[prefix]}"
+        )
     return _Syncs(None, sync_ops, None, counting)
 
 
@@ -345,8 +408,11 @@ def _cpu_copies(outermost: list[Any], calls: int) -> dict[str, Any]:
 
 def _trace_windows(items: list[dict[str, Any]], through_drain: bool) -> list[tuple[float, float]]:
     """The calls' windows in the trace's own clock: each call, or each call through its drain."""
-    calls = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in items
-                   if str(e.get("name", "")).startswith(CALL_RANGE) and "ts" in e)
+    calls = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in items
+        if str(e.get("name", "")).startswith(CALL_RANGE) and "ts" in e
+    )
     if not through_drain:
         return calls
     drain_ends = sorted(e["ts"] + e.get("dur", 0) for e in items if e.get("name") == DRAIN_RANGE and "ts" in e)
@@ -373,8 +439,11 @@ def _cpu_peak(trace: dict[str, Any] | None) -> int | None:
     """The most CPU memory allocated at once inside a call, above what was allocated when it
     began: the running sum of the trace's allocation records (``[memory]``, device type 0)."""
     items = (trace or {}).get("traceEvents", [])
-    memory = sorted((e["ts"], (e.get("args") or {}).get("Bytes", 0)) for e in items
-                    if e.get("name") == "[memory]" and (e.get("args") or {}).get("Device Type") == 0)
+    memory = sorted(
+        (e["ts"], (e.get("args") or {}).get("Bytes", 0))
+        for e in items
+        if e.get("name") == "[memory]" and (e.get("args") or {}).get("Device Type") == 0
+    )
     if not memory:
         return None
     peak = 0

@@ -24,6 +24,7 @@ so that long calls are measured over their timed calls themselves.
 Units: power in W, energy in mJ (NVML's counter, cumulative since the driver loaded), clocks in
 MHz, temperature in degrees C, utilization in %, memory used in MiB (2**20 bytes, as nvidia-smi).
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,11 +32,10 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from gpubench.records.atomic import atomic_write_text
 from gpubench.measure.energy import CounterLog
-from gpubench.records.results import Telemetry
 from gpubench.measure.telemetry_source import (
     SOURCE_FIELDS,
     NvmlSource,
@@ -46,17 +46,31 @@ from gpubench.measure.telemetry_source import (
 )
 from gpubench.measure.telemetry_summary import aggregate, case_summary, samples_dataframe
 from gpubench.measure.throttle import BENIGN_REASONS, THROTTLE_BITS, decode_throttle_reasons, split_reasons
+from gpubench.records.atomic import atomic_write_text
+from gpubench.records.results import Telemetry
 
-__all__ = ["DEFAULT_INTERVAL_S", "SAMPLE_COLUMNS", "SOURCE_FIELDS", "BENIGN_REASONS", "THROTTLE_BITS", "NvmlSource",
-           "TelemetrySampler", "TelemetrySource", "TelemetryUnavailable", "decode_throttle_reasons",
-           "next_tick_index", "nvml_source_for", "resolve_cuda_index", "split_reasons"]
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "SAMPLE_COLUMNS",
+    "SOURCE_FIELDS",
+    "BENIGN_REASONS",
+    "THROTTLE_BITS",
+    "NvmlSource",
+    "TelemetrySampler",
+    "TelemetrySource",
+    "TelemetryUnavailable",
+    "decode_throttle_reasons",
+    "next_tick_index",
+    "nvml_source_for",
+    "resolve_cuda_index",
+    "split_reasons",
+]
 
 DEFAULT_INTERVAL_S = 0.05
 
 # Columns of every sample, in CSV order. energy_mj is read by the sampler next to read().
 SAMPLE_COLUMNS: tuple[str, ...] = (
-    ("t_s", "case", "variant") + SOURCE_FIELDS[:1] + ("energy_mj",) + SOURCE_FIELDS[1:]
-    + ("throttle_reasons",)
+    ("t_s", "case", "variant") + SOURCE_FIELDS[:1] + ("energy_mj",) + SOURCE_FIELDS[1:] + ("throttle_reasons",)
 )
 
 
@@ -78,10 +92,16 @@ class TelemetrySampler:
     by default it waits on the stop event, so :meth:`stop` returns promptly. Both are for tests.
     """
 
-    def __init__(self, source: TelemetrySource | None, interval_s: float = DEFAULT_INTERVAL_S,
-                 unavailable_reason: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 *, sleep: Callable[[float], Any] | None = None,
-                 tag_reader: Callable[[], tuple[str | None, str | None]] | None = None):
+    def __init__(
+        self,
+        source: TelemetrySource | None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        unavailable_reason: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        sleep: Callable[[float], Any] | None = None,
+        tag_reader: Callable[[], tuple[str | None, str | None]] | None = None,
+    ):
         if not (interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
         self.interval_s = float(interval_s)
@@ -111,7 +131,7 @@ class TelemetrySampler:
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
-    def for_device(cls, device: Any, interval_s: float = DEFAULT_INTERVAL_S) -> "TelemetrySampler":
+    def for_device(cls, device: Any, interval_s: float = DEFAULT_INTERVAL_S) -> TelemetrySampler:
         """A sampler for a torch device (or its string). Never raises for a missing GPU/NVML: the
         sampler is then unavailable, with the reason."""
         text = str(device)
@@ -185,7 +205,7 @@ class TelemetrySampler:
                 pass
             self._source = None
 
-    def __enter__(self) -> "TelemetrySampler":
+    def __enter__(self) -> TelemetrySampler:
         self.start()
         return self
 
@@ -303,4 +323,3 @@ class TelemetrySampler:
         """Write the samples as CSV, atomically. With no samples (or no telemetry) the file has the
         header row only, so readers always find the same columns; run_summary() says why."""
         atomic_write_text(path, self.to_dataframe().to_csv(index=False))
-

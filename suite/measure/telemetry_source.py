@@ -6,15 +6,23 @@ Tests inject a fake source (or a fake ``pynvml``): that is how the sampler is te
 Units: power in W, energy in mJ, clocks in MHz, temperature in degrees C, utilization in %, memory
 used in MiB (2**20 bytes, as nvidia-smi).
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 # Fields a source's read() returns (any may be None where the GPU does not support it).
 SOURCE_FIELDS: tuple[str, ...] = (
-    "power_w", "sm_clock_mhz", "mem_clock_mhz", "temp_c", "util_gpu_pct", "util_mem_pct",
-    "mem_used_mb", "throttle_mask",
+    "power_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temp_c",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "mem_used_mb",
+    "throttle_mask",
 )
 
 
@@ -33,9 +41,7 @@ class TelemetrySource(Protocol):
         ``power_limit_w()`` (the board's limit in W, or None): energy figures are checked against it."""
         ...
 
-    def close(self) -> None:
-        ...
-
+    def close(self) -> None: ...
 
 
 _NVML_SUCCESS = 0
@@ -133,7 +139,11 @@ class NvmlSource:
                     self.info["mig"] = True
             except nv.NVMLError:
                 pass
-        for key, fn in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID"), ("nvml_index", "nvmlDeviceGetIndex")):
+        for key, fn in (
+            ("name", "nvmlDeviceGetName"),
+            ("uuid", "nvmlDeviceGetUUID"),
+            ("nvml_index", "nvmlDeviceGetIndex"),
+        ):
             try:
                 value = getattr(nv, fn)(handle)
                 self.info[key] = value if key == "nvml_index" else _text(value)
@@ -203,7 +213,10 @@ class NvmlSource:
             (("sm_clock_mhz",), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             (("mem_clock_mhz",), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
             (("temp_c",), lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            (("util_gpu_pct", "util_mem_pct"), lambda: (lambda u: (u.gpu, u.memory))(nv.nvmlDeviceGetUtilizationRates(h))),
+            (
+                ("util_gpu_pct", "util_mem_pct"),
+                lambda: (lambda u: (u.gpu, u.memory))(nv.nvmlDeviceGetUtilizationRates(h)),
+            ),
             (("mem_used_mb",), lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
         ]
         reasons = self._reasons_fn
@@ -288,14 +301,12 @@ def resolve_cuda_index(cuda_index: int, visible_devices: str | None) -> tuple[in
         return cuda_index, None
     entries = [e.strip() for e in visible_devices.split(",") if e.strip()]
     if not 0 <= cuda_index < len(entries):
-        raise TelemetryUnavailable(
-            f"cuda:{cuda_index} is not among CUDA_VISIBLE_DEVICES={visible_devices!r}")
+        raise TelemetryUnavailable(f"cuda:{cuda_index} is not among CUDA_VISIBLE_DEVICES={visible_devices!r}")
     entry = entries[cuda_index]
     try:
         return int(entry), None
     except ValueError:
         return None, entry
-
 
 
 def nvml_source_for(device: Any) -> NvmlSource:

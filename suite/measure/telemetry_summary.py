@@ -1,18 +1,27 @@
 """Figures over telemetry samples (pure functions): a whole-run or one case's aggregate, its
 breakdown per variant, and the samples as a table (telemetry.csv's rows)."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from gpubench.records.results import Telemetry, VariantTelemetry
 from gpubench.measure.throttle import BENIGN_REASONS, split_reasons
+from gpubench.records.results import Telemetry, VariantTelemetry
 
 # Columns read as pandas' nullable Int64 (an unsupported reading stays empty instead of turning floats).
 INT_COLUMNS = ("sm_clock_mhz", "mem_clock_mhz", "temp_c", "util_gpu_pct", "util_mem_pct", "throttle_mask")
 # What a case's per-variant breakdown keeps of each variant's aggregate.
-VARIANT_FIGURES = ("n_samples", "power_w_mean", "power_w_max", "sm_clock_mhz_mean", "temp_c_max", "throttled",
-                   "throttle_reasons")
+VARIANT_FIGURES = (
+    "n_samples",
+    "power_w_mean",
+    "power_w_max",
+    "sm_clock_mhz_mean",
+    "temp_c_max",
+    "throttled",
+    "throttle_reasons",
+)
 
 
 def _clean(values: Iterable[Any]) -> list[float]:
@@ -85,9 +94,14 @@ def case_summary(samples: list[dict[str, Any]], case_id: str) -> Telemetry:
     by_variant: dict[str, list[dict[str, Any]]] = {}
     for s in mine:
         by_variant.setdefault(str(s["variant"]), []).append(s)
-    return Telemetry(**aggregate(mine), variants={
-        name: VariantTelemetry(**{k: agg[k] for k in VARIANT_FIGURES})
-        for name, group in by_variant.items() for agg in (aggregate(group),)})
+    return Telemetry(
+        **aggregate(mine),
+        variants={
+            name: VariantTelemetry(**{k: agg[k] for k in VARIANT_FIGURES})
+            for name, group in by_variant.items()
+            for agg in (aggregate(group),)
+        },
+    )
 
 
 def samples_dataframe(samples: list[dict[str, Any]], columns: list[str]):

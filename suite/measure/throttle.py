@@ -1,8 +1,9 @@
 """NVML clock-event ("throttle") reasons: the bitmask decoded into names, and which names say the
 GPU ran slower than it could (the others are benign: an idle GPU, clocks someone asked for)."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 # NVML clock-event reason bits (nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*).
 # The values are part of NVML's ABI; they are spelled out so decoding works without pynvml.
@@ -43,4 +44,3 @@ def split_reasons(names: Iterable[str]) -> tuple[list[str], list[str]]:
     """(harmful, benign) reason names, each sorted and without duplicates."""
     names = set(names)
     return sorted(names - BENIGN_REASONS), sorted(names & BENIGN_REASONS)
-

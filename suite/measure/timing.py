@@ -11,6 +11,7 @@ a previous repetition left in L2 (as triton's ``do_bench`` does); the flush happ
 timed region. Optionally a variant is captured once in a CUDA graph and replayed, which removes
 launch overhead for launch-bound kernels.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,18 +19,21 @@ import functools
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
-from gpubench.records import stats
 from gpubench.contract import Recorder
+
 # The one phase timer; a case's stages are wall laps of it (no device given).
 from gpubench.measure.phase_timer import PhaseTimer
+from gpubench.measure.profiling import nvtx_range
+from gpubench.records import stats
+
 # The policy is declared where a scenario reads it without torch; named here too, as it always was.
 from gpubench.records.policy import POLICY_PARAMS, PROFILE_KEYS, Policy, PolicyParam, policy_problems  # noqa: F401
-from gpubench.measure.profiling import nvtx_range
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -311,10 +315,18 @@ class _Interleaving:
     warm-up, timed rounds, under-sampled marks. A variant that raises leaves the rotation with its
     exception kept in its :class:`VariantTiming`."""
 
-    def __init__(self, calls: dict[str, Callable[[Recorder], Any]], clock: Clock, timings: dict[str, VariantTiming],
-                 basis: str, other_clock: bool, reset: Callable[[], None] | None,
-                 on_switch: Callable[[str | None], None] | None, nvtx_case: str | None,
-                 host_clock: Callable[[], float]):
+    def __init__(
+        self,
+        calls: dict[str, Callable[[Recorder], Any]],
+        clock: Clock,
+        timings: dict[str, VariantTiming],
+        basis: str,
+        other_clock: bool,
+        reset: Callable[[], None] | None,
+        on_switch: Callable[[str | None], None] | None,
+        nvtx_case: str | None,
+        host_clock: Callable[[], float],
+    ):
         self.clock = clock
         self.device = clock.device
         self.timings = timings
@@ -402,8 +414,11 @@ class _Interleaving:
         """Variants still timed with fewer than ``min_reps`` samples, marked with why timing stopped."""
         for name in self.active:
             if self.timings[name].n < min_reps:
-                self.timings[name].under_sampled = (f"{self.timings[name].n} of min_reps {min_reps} timed calls: "
-                                                    f"{stopped_by or 'timing stopped'}")
+                self.timings[
+                    name
+                ].under_sampled = (
+                    f"{self.timings[name].n} of min_reps {min_reps} timed calls: {stopped_by or 'timing stopped'}"
+                )
 
     def one(self, name: str, timed: bool) -> float:
         """One repetition of ``name`` (a warm-up call unless ``timed``): on a GPU with the other clock,
@@ -439,8 +454,11 @@ class _Interleaving:
         label = f"{self.nvtx_case}/{name}" if self.nvtx_case else name
         with nvtx_range(label, self.device), nvtx_range(f"{name}#{rep}", self.device):
             started = self.host_clock()
-            figure = (self.clock.time_both(lambda: call(recorder)) if on == "both"
-                      else self.clock.time_call(lambda: call(recorder), on))
+            figure = (
+                self.clock.time_both(lambda: call(recorder))
+                if on == "both"
+                else self.clock.time_call(lambda: call(recorder), on)
+            )
             ended = self.host_clock()
         exposed = getattr(self.clock, "launch_outlasted_flush", None) if on in ("device", "both") else None
         if timed and exposed is not None:

@@ -6,6 +6,7 @@ attention kind (MHA/GQA/MQA, or MLA for DeepSeek-V2/V3), which layers use a slid
 what the parameter count and weight storage are. Presets are published configs shipped in
 ``presets/`` (``gpubench kv-cache --list``).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -18,8 +19,16 @@ from typing import Any
 from gpubench.errors import BadInput
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
-                 "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float": "float32"}
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float": "float32",
+}
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class ModelConfig:
     def chunked_layers(self) -> int:
         return sum(c is not None for c in self.layer_chunks)
 
-    def with_layers(self, n: int) -> "ModelConfig":
+    def with_layers(self, n: int) -> ModelConfig:
         """The first ``n`` layers only (the same per-layer pattern): for allocating a model's real
         cache layout at a size a small machine can hold."""
         from dataclasses import replace
@@ -81,11 +90,23 @@ class ModelConfig:
 # Integer fields a plan reads, each with a bound far above any published model (layers: the largest
 # have ~130; positions: ~10M) so that absurd values are refused before anything is built per layer.
 CONFIG_LIMITS = {
-    "num_hidden_layers": 10_000, "hidden_size": 2**20, "num_attention_heads": 2**16,
-    "num_key_value_heads": 2**16, "head_dim": 2**16, "vocab_size": 2**24, "intermediate_size": 2**22,
-    "max_position_embeddings": 2**30, "sliding_window": 2**30, "kv_lora_rank": 2**16,
-    "qk_rope_head_dim": 2**16, "qk_nope_head_dim": 2**16, "v_head_dim": 2**16, "q_lora_rank": 2**20,
-    "moe_intermediate_size": 2**22, "n_routed_experts": 2**16, "num_local_experts": 2**16,
+    "num_hidden_layers": 10_000,
+    "hidden_size": 2**20,
+    "num_attention_heads": 2**16,
+    "num_key_value_heads": 2**16,
+    "head_dim": 2**16,
+    "vocab_size": 2**24,
+    "intermediate_size": 2**22,
+    "max_position_embeddings": 2**30,
+    "sliding_window": 2**30,
+    "kv_lora_rank": 2**16,
+    "qk_rope_head_dim": 2**16,
+    "qk_nope_head_dim": 2**16,
+    "v_head_dim": 2**16,
+    "q_lora_rank": 2**20,
+    "moe_intermediate_size": 2**22,
+    "n_routed_experts": 2**16,
+    "num_local_experts": 2**16,
     "attention_chunk_size": 2**30,
 }
 
@@ -101,23 +122,35 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     if is_mla:
         missing += [k for k in mla_keys + ("qk_nope_head_dim", "v_head_dim") if raw.get(k) is None]
     if missing:
-        raise BadInput(f"{source}: the config lacks required field(s) {', '.join(missing)}; a KV-cache "
-                       f"plan needs hidden_size, num_hidden_layers, num_attention_heads "
-                       f"(and for MLA models kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim).")
-    bad = [f"{k}={raw[k]!r}" for k in CONFIG_LIMITS
-           if raw.get(k) is not None and (not isinstance(raw[k], int) or isinstance(raw[k], bool) or raw[k] <= 0)]
+        raise BadInput(
+            f"{source}: the config lacks required field(s) {', '.join(missing)}; a KV-cache "
+            f"plan needs hidden_size, num_hidden_layers, num_attention_heads "
+            f"(and for MLA models kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)."
+        )
+    bad = [
+        f"{k}={raw[k]!r}"
+        for k in CONFIG_LIMITS
+        if raw.get(k) is not None and (not isinstance(raw[k], int) or isinstance(raw[k], bool) or raw[k] <= 0)
+    ]
     if bad:
         raise BadInput(f"{source}: these fields must be positive integers: {', '.join(bad)}.")
     # Bounds before anything is built per layer: a config with 10^9 layers is refused at once.
-    huge = [f"{k}={raw[k]:,} (allowed: 1 to {limit:,})" for k, limit in CONFIG_LIMITS.items()
-            if raw.get(k) is not None and raw[k] > limit]
+    huge = [
+        f"{k}={raw[k]:,} (allowed: 1 to {limit:,})"
+        for k, limit in CONFIG_LIMITS.items()
+        if raw.get(k) is not None and raw[k] > limit
+    ]
     if huge:
-        raise BadInput(f"{source}: out of range: {'; '.join(huge)}. The bounds are far above any published "
-                       f"model (at most a few hundred layers, a few million positions); fix the config.")
+        raise BadInput(
+            f"{source}: out of range: {'; '.join(huge)}. The bounds are far above any published "
+            f"model (at most a few hundred layers, a few million positions); fix the config."
+        )
     heads = raw["num_attention_heads"]
     kv_heads = _kv_heads(raw, heads, source)
     if heads % kv_heads:
-        raise BadInput(f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads}).")
+        raise BadInput(
+            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})."
+        )
     head_dim = raw.get("head_dim")
     from_config = head_dim is not None
     if head_dim is None:
@@ -125,17 +158,33 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     layers = raw["num_hidden_layers"]
     mla = None
     if is_mla:
-        mla = MLA(raw["kv_lora_rank"], raw["qk_rope_head_dim"], raw.get("q_lora_rank"),
-                  raw["qk_nope_head_dim"], raw["v_head_dim"])
+        mla = MLA(
+            raw["kv_lora_rank"],
+            raw["qk_rope_head_dim"],
+            raw.get("q_lora_rank"),
+            raw["qk_nope_head_dim"],
+            raw["v_head_dim"],
+        )
     return ModelConfig(
-        name=name, model_type=str(raw.get("model_type") or "unknown"), hidden_size=raw["hidden_size"],
-        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        head_dim_from_config=from_config, vocab_size=raw.get("vocab_size"),
+        name=name,
+        model_type=str(raw.get("model_type") or "unknown"),
+        hidden_size=raw["hidden_size"],
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        head_dim_from_config=from_config,
+        vocab_size=raw.get("vocab_size"),
         intermediate_size=raw.get("intermediate_size"),
         max_position_embeddings=raw.get("max_position_embeddings"),
-        layer_windows=_layer_windows(raw, layers, source), layer_chunks=_layer_chunks(raw, layers, source), mla=mla,
-        torch_dtype=DTYPE_ALIASES.get(str(raw.get("torch_dtype") or "bfloat16"), str(raw.get("torch_dtype") or "bfloat16")),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), raw=raw,
+        layer_windows=_layer_windows(raw, layers, source),
+        layer_chunks=_layer_chunks(raw, layers, source),
+        mla=mla,
+        torch_dtype=DTYPE_ALIASES.get(
+            str(raw.get("torch_dtype") or "bfloat16"), str(raw.get("torch_dtype") or "bfloat16")
+        ),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        raw=raw,
     )
 
 
@@ -188,8 +237,10 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     model_type = str(raw.get("model_type") or "")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
-            raise BadInput(f"{source}: layer_types must list one type per layer ({layers}); it has "
-                           f"{len(types) if isinstance(types, list) else 'no list'}.")
+            raise BadInput(
+                f"{source}: layer_types must list one type per layer ({layers}); it has "
+                f"{len(types) if isinstance(types, list) else 'no list'}."
+            )
         if "sliding_attention" in types and window is None:
             raise BadInput(f"{source}: layer_types has sliding_attention layers but sliding_window is not set.")
         return tuple(window if t == "sliding_attention" else None for t in types)
@@ -203,9 +254,11 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", PATTERNED.get(model_type)))
     if pattern is not None:
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
-            raise BadInput(f"{source}: sliding_window_pattern={pattern!r} does not say which layers slide; allowed: "
-                           "a positive integer P (layer i is full when (i + 1) % P == 0, as transformers reads it), "
-                           "or a layer_types list.")
+            raise BadInput(
+                f"{source}: sliding_window_pattern={pattern!r} does not say which layers slide; allowed: "
+                "a positive integer P (layer i is full when (i + 1) % P == 0, as transformers reads it), "
+                "or a layer_types list."
+            )
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
     if model_type in INTERLEAVED_EVERY_OTHER:
         return tuple(window if i % 2 == 0 else None for i in range(layers))
@@ -226,10 +279,12 @@ def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | 
         return tuple(chunk if t == "chunked_attention" else None for t in types)
     model_type = str(raw.get("model_type") or "")
     if model_type not in CHUNKED_FAMILIES:
-        raise BadInput(f"{source}: attention_chunk_size={chunk} is set but which layers use it cannot be known: "
-                       f"model_type {model_type or '(none)'!r} is not Llama-4 and layer_types has no "
-                       "\"chunked_attention\" entries. Allowed: layer_types with \"chunked_attention\" per chunked "
-                       "layer, or model_type llama4 / llama4_text (RoPE layers chunked, as no_rope_layers says).")
+        raise BadInput(
+            f"{source}: attention_chunk_size={chunk} is set but which layers use it cannot be known: "
+            f"model_type {model_type or '(none)'!r} is not Llama-4 and layer_types has no "
+            "\"chunked_attention\" entries. Allowed: layer_types with \"chunked_attention\" per chunked "
+            "layer, or model_type llama4 / llama4_text (RoPE layers chunked, as no_rope_layers says)."
+        )
     rope = raw.get("no_rope_layers")
     if not rope:
         interval = raw.get("no_rope_layer_interval", CHUNKED_FAMILIES[model_type])
@@ -237,13 +292,16 @@ def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | 
             raise BadInput(f"{source}: no_rope_layer_interval={interval!r}; allowed: a positive integer.")
         rope = [int((i + 1) % interval != 0) for i in range(layers)]
     if not isinstance(rope, list) or len(rope) != layers or any(v not in (0, 1) for v in rope):
-        raise BadInput(f"{source}: no_rope_layers must list 0 (NoPE, full attention) or 1 (RoPE, chunked) for each "
-                       f"of the {layers} layers.")
+        raise BadInput(
+            f"{source}: no_rope_layers must list 0 (NoPE, full attention) or 1 (RoPE, chunked) for each "
+            f"of the {layers} layers."
+        )
     return tuple(chunk if use_rope else None for use_rope in rope)
 
 
 # --------------------------------------------------------------------------------------------
 # Presets
+
 
 def _presets_dir():
     return importlib.resources.files("gpubench.models") / "presets"
@@ -257,8 +315,11 @@ def preset_raw(name: str) -> dict[str, Any]:
     names = preset_names()
     if name not in names:
         hint = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
-        raise BadInput(f"model preset {name!r} is unknown" + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
-                       + f"; presets: {', '.join(names)}; or pass --config path/to/config.json.")
+        raise BadInput(
+            f"model preset {name!r} is unknown"
+            + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
+            + f"; presets: {', '.join(names)}; or pass --config path/to/config.json."
+        )
     return json.loads((_presets_dir() / f"{name}.json").read_text())
 
 

@@ -1,8 +1,9 @@
 """One sequence's KV cache for decoding with :mod:`gpubench.models.llama` (rolled back by setting
 its length, as speculative decoding needs), and token choice from logits (greedy or sampled)."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -40,8 +41,8 @@ class KVCache:
         kbuf, vbuf = self.k, self.v
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kbuf[layer, start:start + n] = k
-            vbuf[layer, start:start + n] = v
+            kbuf[layer, start : start + n] = k
+            vbuf[layer, start : start + n] = v
             return causal_attention(q, k, v, kbuf[layer, :start], vbuf[layer, :start])
 
         tok = torch.tensor(tokens, dtype=torch.long).to(self.weights.device, non_blocking=True)
@@ -50,7 +51,7 @@ class KVCache:
             logits_at = self._last.get(n)
             if logits_at is None:
                 logits_at = self._last[n] = torch.tensor([n - 1], device=self.weights.device)
-        logits = forward(self.weights, tok, self._positions[start:start + n], attend, logits_at=logits_at)
+        logits = forward(self.weights, tok, self._positions[start : start + n], attend, logits_at=logits_at)
         self.length = start + n
         return logits
 

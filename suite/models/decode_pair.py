@@ -3,6 +3,7 @@
 checkpoint directory, or (draft only) ``early:N``, the target's first N layers. Their rules, their
 loading onto a device, and the held-out text prompts are drawn from (in the target's tokens).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ from pathlib import Path
 import torch
 
 from gpubench.errors import BadInput
+from gpubench.lib.optional import optional_import
 from gpubench.models import train_small
 from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaWeights, load_hf
-from gpubench.lib.optional import optional_import
 
 TRAINED = "trained"
 
@@ -49,23 +50,29 @@ def pair_problems(target: str, draft: str | None) -> list[str]:
     if early is not None:
         layers = train_small.TARGET_CONFIG.num_layers if target == TRAINED else _hf_layers(target)
         if early < 1 or (layers is not None and early >= layers):
-            problems.append(f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1"
-                            + (f" ({layers - 1})" if layers else ""))
+            problems.append(
+                f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1"
+                + (f" ({layers - 1})" if layers else "")
+            )
     elif draft == TRAINED:
         if target != TRAINED:
-            problems.append("draft 'trained' pairs only with target 'trained' (they share the byte "
-                            "vocabulary); give a draft checkpoint or early:N for a checkpoint target")
+            problems.append(
+                "draft 'trained' pairs only with target 'trained' (they share the byte "
+                "vocabulary); give a draft checkpoint or early:N for a checkpoint target"
+            )
     elif not (Path(draft) / "config.json").is_file():
-        problems.append(f"draft {draft!r} is neither 'trained', 'early:N' nor a checkpoint directory "
-                        "holding config.json")
+        problems.append(
+            f"draft {draft!r} is neither 'trained', 'early:N' nor a checkpoint directory holding config.json"
+        )
     return problems
 
 
 def _moved(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> LlamaWeights:
     """A copy of ``weights`` on ``device`` in ``dtype`` (a fresh RoPE cache)."""
     move = lambda t: t.to(device=device, dtype=dtype)
-    layers = [replace(layer, **{n: move(getattr(layer, n)) for n in layer.__dataclass_fields__})
-              for layer in weights.layers]
+    layers = [
+        replace(layer, **{n: move(getattr(layer, n)) for n in layer.__dataclass_fields__}) for layer in weights.layers
+    ]
     embed = move(weights.embed)
     lm_head = embed if weights.lm_head is weights.embed else move(weights.lm_head)
     return LlamaWeights(weights.config, embed, layers, move(weights.final_norm), lm_head, source=weights.source)
@@ -74,8 +81,14 @@ def _moved(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> L
 def early_layers(weights: LlamaWeights, n: int) -> LlamaWeights:
     """The target's first ``n`` layers with its embedding, final norm and head: a draft that costs
     n / layers of the target per token and needs no training (and agrees with it far less)."""
-    return LlamaWeights(replace(weights.config, num_layers=n), weights.embed, weights.layers[:n],
-                        weights.final_norm, weights.lm_head, source=f"first {n} layers of {weights.source}")
+    return LlamaWeights(
+        replace(weights.config, num_layers=n),
+        weights.embed,
+        weights.layers[:n],
+        weights.final_norm,
+        weights.lm_head,
+        source=f"first {n} layers of {weights.source}",
+    )
 
 
 def _checkpoint_tokens(path: str, vocab: int) -> torch.Tensor:
@@ -91,8 +104,10 @@ def _checkpoint_tokens(path: str, vocab: int) -> torch.Tensor:
     if tokenizer is not None:
         return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     if vocab < 256:
-        raise BadInput(f"{path}: no tokenizer could be read there and the vocabulary ({vocab}) is too small "
-                       "for byte tokens; add the tokenizer files to the checkpoint directory")
+        raise BadInput(
+            f"{path}: no tokenizer could be read there and the vocabulary ({vocab}) is too small "
+            "for byte tokens; add the tokenizer files to the checkpoint directory"
+        )
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
 
 
@@ -126,8 +141,10 @@ def load_pair(target_spec: str, draft_spec: str | None, device: torch.device, dt
     elif draft_spec is not None:
         draft = load_hf(draft_spec, dtype, device)
         if draft.config.vocab_size != target.config.vocab_size:
-            raise BadInput(f"draft {draft_spec}: vocabulary of {draft.config.vocab_size} tokens differs from the "
-                           f"target's {target.config.vocab_size}; a draft must share the target's tokenizer")
+            raise BadInput(
+                f"draft {draft_spec}: vocabulary of {draft.config.vocab_size} tokens differs from the "
+                f"target's {target.config.vocab_size}; a draft must share the target's tokenizer"
+            )
     for model in (draft, target):
         if model is not None:
             _warm_up(model)

@@ -13,12 +13,13 @@ Weights are seeded random by default (sizes from :data:`SIZES`, ~1M to ~1B param
 from a local Hugging Face Llama-style checkpoint directory with :func:`load_hf` (needs the
 optional ``transformers`` package; never downloads).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +49,13 @@ class LlamaConfig:
 
     def num_params(self) -> int:
         h, d, kv, inter = self.hidden_size, self.head_dim, self.num_kv_heads, self.intermediate_size
-        per_layer = (2 * h  # two RMSNorm weights
-                     + h * self.num_heads * d + 2 * h * kv * d + self.num_heads * d * h  # q, k, v, o
-                     + 3 * h * inter)  # gate, up, down
+        per_layer = (
+            2 * h  # two RMSNorm weights
+            + h * self.num_heads * d
+            + 2 * h * kv * d
+            + self.num_heads * d * h  # q, k, v, o
+            + 3 * h * inter
+        )  # gate, up, down
         embed = self.vocab_size * h
         return embed * (1 if self.tie_word_embeddings else 2) + self.num_layers * per_layer + h
 
@@ -65,12 +70,27 @@ class LlamaConfig:
 # Named sizes: "tiny" for CPU tests (~0.4M parameters), up to ~1B for a GPU.
 SIZES: dict[str, LlamaConfig] = {
     "tiny": LlamaConfig(),
-    "small": LlamaConfig(vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2,
-                         head_dim=32, intermediate_size=704),
-    "100m": LlamaConfig(vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
-                        head_dim=64, intermediate_size=2048),
-    "1b": LlamaConfig(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
-                      head_dim=64, intermediate_size=5632),
+    "small": LlamaConfig(
+        vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=32, intermediate_size=704
+    ),
+    "100m": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=2048,
+    ),
+    "1b": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=5632,
+    ),
 }
 
 
@@ -127,14 +147,22 @@ class LlamaWeights:
         """These weights with each parameter replaced by the tensor at the same place in ``params``
         (:meth:`parameters` order); tied embeddings stay tied."""
         by_id = {id(old): new for old, new in zip(self.parameters(), params)}
-        layers = [LayerWeights(**{f: by_id[id(getattr(layer, f))] for f in LayerWeights.__dataclass_fields__})
-                  for layer in self.layers]
-        return replace(self, embed=by_id[id(self.embed)], layers=layers, final_norm=by_id[id(self.final_norm)],
-                       lm_head=by_id[id(self.lm_head)])
+        layers = [
+            LayerWeights(**{f: by_id[id(getattr(layer, f))] for f in LayerWeights.__dataclass_fields__})
+            for layer in self.layers
+        ]
+        return replace(
+            self,
+            embed=by_id[id(self.embed)],
+            layers=layers,
+            final_norm=by_id[id(self.final_norm)],
+            lm_head=by_id[id(self.lm_head)],
+        )
 
 
-def random_weights(config: LlamaConfig, seed: int, dtype: torch.dtype = torch.float32,
-                   device: torch.device | str = "cpu") -> LlamaWeights:
+def random_weights(
+    config: LlamaConfig, seed: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> LlamaWeights:
     """Seeded random weights, drawn on the CPU (the same values on every device). Projections are
     scaled by 1/sqrt(fan_in) and norms start near 1, so activations keep their size through the
     layers and the logits spread widely (greedy decoding has clear winners, not near-ties)."""
@@ -148,17 +176,27 @@ def random_weights(config: LlamaConfig, seed: int, dtype: torch.dtype = torch.fl
 
     c = config
     h, d = c.hidden_size, c.head_dim
-    layers = [LayerWeights(attn_norm=norm(h), wq=mat(c.num_heads * d, h), wk=mat(c.num_kv_heads * d, h),
-                           wv=mat(c.num_kv_heads * d, h), wo=mat(h, c.num_heads * d, 0.5), mlp_norm=norm(h),
-                           w_gate=mat(c.intermediate_size, h), w_up=mat(c.intermediate_size, h),
-                           w_down=mat(h, c.intermediate_size, 0.5))
-              for _ in range(c.num_layers)]
+    layers = [
+        LayerWeights(
+            attn_norm=norm(h),
+            wq=mat(c.num_heads * d, h),
+            wk=mat(c.num_kv_heads * d, h),
+            wv=mat(c.num_kv_heads * d, h),
+            wo=mat(h, c.num_heads * d, 0.5),
+            mlp_norm=norm(h),
+            w_gate=mat(c.intermediate_size, h),
+            w_up=mat(c.intermediate_size, h),
+            w_down=mat(h, c.intermediate_size, 0.5),
+        )
+        for _ in range(c.num_layers)
+    ]
     embed = torch.randn(c.vocab_size, h, generator=g).to(device=device, dtype=dtype)
     lm_head = embed if c.tie_word_embeddings else mat(c.vocab_size, h, 4.0)
     return LlamaWeights(c, embed, layers, norm(h), lm_head)
 
 
 # -- building blocks --------------------------------------------------------------------------
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 (as Llama does), returned in x's dtype."""
@@ -174,8 +212,9 @@ def rope_cos_sin(weights: LlamaWeights, positions: torch.Tensor) -> tuple[torch.
     key = (positions.device,)
     inv = weights._rope.get(key)
     if inv is None:
-        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32,
-                                                   device=positions.device) / c.head_dim))
+        inv = 1.0 / (
+            c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=positions.device) / c.head_dim)
+        )
         weights._rope[key] = inv
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -197,8 +236,13 @@ def mlp(x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
-            logits_at: torch.Tensor | None = None) -> torch.Tensor:
+def forward(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    attend: Attend,
+    logits_at: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Logits of the model over ``tokens`` (any leading shape, int64) at ``positions`` (same shape).
 
     ``attend(layer, q, k, v)`` gets q ``(*lead, heads, head_dim)`` and k, v
@@ -218,8 +262,9 @@ def forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.Tensor
     return F.linear(rms_norm(x, weights.final_norm, c.rms_eps), weights.lm_head)
 
 
-def decoder_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  attend: Attend) -> torch.Tensor:
+def decoder_layer(
+    weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+) -> torch.Tensor:
     """Layer ``i`` on hidden states ``x`` ``(*lead, hidden)``: pre-norm attention and SwiGLU MLP,
     each with its residual. ``cos``/``sin`` from :func:`rope_cos_sin` at the tokens' positions."""
     c, layer = weights.config, weights.layers[i]
@@ -227,8 +272,9 @@ def decoder_layer(weights: LlamaWeights, i: int, x: torch.Tensor, cos: torch.Ten
     return x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
 
 
-def attention_residual(c: LlamaConfig, layer: LayerWeights, i: int, x: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+def attention_residual(
+    c: LlamaConfig, layer: LayerWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+) -> torch.Tensor:
     """The attention half of layer ``i``: ``x`` plus attention over its pre-norm states. ``layer``
     needs only attn_norm, wq, wk, wv and wo (a layer whose MLP is something else shares it)."""
     lead = x.shape[:-1]
@@ -252,8 +298,13 @@ def fused_qkv(weights: LlamaWeights) -> list[torch.Tensor]:
     return weights._fused["qkv"]
 
 
-def fused_forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                  logits_at: torch.Tensor | None = None) -> torch.Tensor:
+def fused_forward(
+    weights: LlamaWeights,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    attend: Attend,
+    logits_at: torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`forward` with fewer ops, for serving: q, k and v from one matmul (:func:`fused_qkv`),
     rotary embeddings of q and k in one call. The same arithmetic per element; only the matmul's
     shape (so at most its rounding) differs. Inference only (no gradient reaches wq, wk, wv).
@@ -266,8 +317,8 @@ def fused_forward(weights: LlamaWeights, tokens: torch.Tensor, positions: torch.
     lead = x.shape[:-1]
     for i, (layer, wqkv) in enumerate(zip(weights.layers, fused_qkv(weights))):
         qkv = F.linear(rms_norm(x, layer.attn_norm, c.rms_eps), wqkv).view(*lead, heads + 2 * kv_heads, d)
-        qk = apply_rope(qkv[..., :heads + kv_heads, :], cos, sin)
-        attn = attend(i, qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads:, :])
+        qk = apply_rope(qkv[..., : heads + kv_heads, :], cos, sin)
+        attn = attend(i, qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads :, :])
         x = x + F.linear(attn.reshape(*lead, heads * d), layer.wo)
         x = x + mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
     if logits_at is not None:
@@ -295,8 +346,13 @@ def batched_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     return out.transpose(1, 2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None = None,
-                     past_v: torch.Tensor | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_k: torch.Tensor | None = None,
+    past_v: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of one sequence's new tokens q ``(n, heads, d)`` over its past keys (``(p, kv_heads,
     d)`` or None) and its own (causal among the new ones). SDPA in the input dtype; GQA by repeating
     K/V heads."""
@@ -318,6 +374,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: 
 
 # -- Hugging Face checkpoints -----------------------------------------------------------------
 
+
 def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LlamaWeights:
     """Weights of a local Hugging Face Llama-style checkpoint directory (config.json and weights),
     read through ``transformers`` with ``local_files_only`` (nothing is downloaded). BadInput when
@@ -325,18 +382,23 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     Llama-shaped (RMSNorm, RoPE, GQA, SwiGLU, no biases)."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise BadInput(f"{path}: not a Hugging Face checkpoint directory (no config.json there); "
-                       "give a local directory holding config.json and the weights")
+        raise BadInput(
+            f"{path}: not a Hugging Face checkpoint directory (no config.json there); "
+            "give a local directory holding config.json and the weights"
+        )
     try:
         import transformers
     except ImportError as exc:
-        raise BadInput(f"{path}: loading a Hugging Face checkpoint needs the optional package "
-                       f"'transformers' (pip install 'gpubench[hf]'); it is not installed ({exc})") from None
+        raise BadInput(
+            f"{path}: loading a Hugging Face checkpoint needs the optional package "
+            f"'transformers' (pip install 'gpubench[hf]'); it is not installed ({exc})"
+        ) from None
     try:
         version = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
         dtype_key = "dtype" if version >= (4, 56) else "torch_dtype"  # renamed in transformers 4.56
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
-                                                                  **{dtype_key: torch.float32})
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, **{dtype_key: torch.float32}
+        )
     except Exception as exc:  # noqa: BLE001 - any loader failure is the user's checkpoint
         raise BadInput(f"{path}: transformers could not load this checkpoint: {exc}") from None
     hf = model.config
@@ -350,26 +412,42 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     if rope.get("rope_type", rope.get("type")) not in (None, "default"):
         raise BadInput(f"{path}: RoPE scaling {rope} is not supported (plain RoPE only)")
     theta = rope.get("rope_theta") or getattr(hf, "rope_theta", None) or 10000.0
-    config = LlamaConfig(vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
-                         num_heads=heads, num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
-                         head_dim=head_dim, intermediate_size=hf.intermediate_size,
-                         rope_theta=float(theta),
-                         rms_eps=float(hf.rms_norm_eps), max_position=hf.max_position_embeddings,
-                         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)))
+    config = LlamaConfig(
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate_size=hf.intermediate_size,
+        rope_theta=float(theta),
+        rms_eps=float(hf.rms_norm_eps),
+        max_position=hf.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+    )
     state = model.state_dict()
     if any(name.endswith(".bias") for name in state):
-        raise BadInput(f"{path}: the checkpoint has bias terms ({next(n for n in state if n.endswith('.bias'))}); "
-                       "only bias-free Llama-shaped models are supported")
+        raise BadInput(
+            f"{path}: the checkpoint has bias terms ({next(n for n in state if n.endswith('.bias'))}); "
+            "only bias-free Llama-shaped models are supported"
+        )
     take = lambda name: state[name].to(device=device, dtype=dtype).contiguous()
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        layers.append(LayerWeights(
-            attn_norm=take(p + "input_layernorm.weight"), wq=take(p + "self_attn.q_proj.weight"),
-            wk=take(p + "self_attn.k_proj.weight"), wv=take(p + "self_attn.v_proj.weight"),
-            wo=take(p + "self_attn.o_proj.weight"), mlp_norm=take(p + "post_attention_layernorm.weight"),
-            w_gate=take(p + "mlp.gate_proj.weight"), w_up=take(p + "mlp.up_proj.weight"),
-            w_down=take(p + "mlp.down_proj.weight")))
+        layers.append(
+            LayerWeights(
+                attn_norm=take(p + "input_layernorm.weight"),
+                wq=take(p + "self_attn.q_proj.weight"),
+                wk=take(p + "self_attn.k_proj.weight"),
+                wv=take(p + "self_attn.v_proj.weight"),
+                wo=take(p + "self_attn.o_proj.weight"),
+                mlp_norm=take(p + "post_attention_layernorm.weight"),
+                w_gate=take(p + "mlp.gate_proj.weight"),
+                w_up=take(p + "mlp.up_proj.weight"),
+                w_down=take(p + "mlp.down_proj.weight"),
+            )
+        )
     embed = take("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings or "lm_head.weight" not in state else take("lm_head.weight")
     return LlamaWeights(config, embed, layers, take("model.norm.weight"), lm_head, source=str(path))
@@ -381,8 +459,9 @@ def model_from(size_or_path: str, seed: int, dtype: torch.dtype, device: torch.d
         return random_weights(SIZES[size_or_path], seed, dtype, device)
     if "/" in size_or_path or Path(size_or_path).exists():
         return load_hf(size_or_path, dtype, device)
-    raise BadInput(f"model {size_or_path!r} is neither a built-in size ({', '.join(SIZES)}) nor a local "
-                   "checkpoint directory")
+    raise BadInput(
+        f"model {size_or_path!r} is neither a built-in size ({', '.join(SIZES)}) nor a local checkpoint directory"
+    )
 
 
 def with_overrides(config: LlamaConfig, **overrides) -> LlamaConfig:

@@ -5,10 +5,12 @@ laid out as gpt-oss keeps them in transformers: ``gate_up`` (experts, hidden, 2 
 ``down`` (experts, expert_dim, hidden), one tensor per weight, so every path's gradient is one full
 tensor per weight.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -48,7 +50,7 @@ class MoEConfig:
             raise ValueError(f"MoEConfig.top_k ({self.top_k}) exceeds experts ({self.experts})")
 
     @classmethod
-    def from_preset(cls, name: str) -> "MoEConfig":
+    def from_preset(cls, name: str) -> MoEConfig:
         """The MoE layer of a shipped model preset (``gpt-oss-20b``, ``gpt-oss-120b``)."""
         from gpubench.models.config import preset_raw
 
@@ -57,8 +59,12 @@ class MoEConfig:
         top_k = raw.get("num_experts_per_tok") or raw.get("experts_per_token")
         if not experts or not top_k:
             raise ValueError(f"preset {name!r} has no MoE layer (num_local_experts / num_experts_per_tok)")
-        return cls(experts=experts, top_k=top_k, hidden=raw["hidden_size"],
-                   expert_dim=raw.get("intermediate_size") or raw["hidden_size"])
+        return cls(
+            experts=experts,
+            top_k=top_k,
+            hidden=raw["hidden_size"],
+            expert_dim=raw.get("intermediate_size") or raw["hidden_size"],
+        )
 
     def expert_gemm_flops(self, tokens: int) -> tuple[int, int]:
         """(forward, backward) FLOPs of the expert GEMMs for ``tokens`` tokens: each of the
@@ -90,7 +96,7 @@ class MoEWeights:
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter(self.tensors())
 
-    def map(self, fn) -> "MoEWeights":
+    def map(self, fn) -> MoEWeights:
         """A new MoEWeights with ``fn`` applied to every tensor."""
         return MoEWeights(*(fn(t) for t in self.tensors()))
 
@@ -102,8 +108,12 @@ def routing_problems(params: dict[str, Any]) -> list[str]:
     return []
 
 
-def init_weights(config: MoEConfig, generator: torch.Generator, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> MoEWeights:
+def init_weights(
+    config: MoEConfig,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> MoEWeights:
     """Seeded random weights (normal, scaled by 1/sqrt(fan_in); biases small and nonzero), drawn
     on the CPU in float32 from ``generator`` and then cast and moved: the same values on every
     device."""
@@ -114,17 +124,18 @@ def init_weights(config: MoEConfig, generator: torch.Generator, dtype: torch.dty
         return t.to(device=device, dtype=dtype)
 
     return MoEWeights(
-        router_weight=draw(e, h, std=ROUTER_STD / h ** 0.5),
+        router_weight=draw(e, h, std=ROUTER_STD / h**0.5),
         router_bias=draw(e, std=BIAS_STD),
-        gate_up=draw(e, h, 2 * d, std=GATE_UP_STD / h ** 0.5),
+        gate_up=draw(e, h, 2 * d, std=GATE_UP_STD / h**0.5),
         gate_up_bias=draw(e, 2 * d, std=BIAS_STD),
-        down=draw(e, d, h, std=DOWN_STD / d ** 0.5),
+        down=draw(e, d, h, std=DOWN_STD / d**0.5),
         down_bias=draw(e, h, std=BIAS_STD),
     )
 
 
-def route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
-          top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """gpt-oss routing: (weights, experts), each (tokens, top_k). ``experts`` are the indices of
     the top_k largest logits (descending); ``weights`` the softmax over those logits only, in
     the logits' dtype. Differentiable in x and the router's weight and bias."""
@@ -136,8 +147,9 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tenso
 def dense_routing(weights: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     """The routing weights as a (tokens, experts) matrix, zero where an expert was not chosen
     (how the Hugging Face gpt-oss router hands them to its experts)."""
-    return torch.zeros(weights.shape[0], num_experts, dtype=weights.dtype,
-                       device=weights.device).scatter(1, experts, weights)
+    return torch.zeros(weights.shape[0], num_experts, dtype=weights.dtype, device=weights.device).scatter(
+        1, experts, weights
+    )
 
 
 def swiglu(h: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
@@ -149,8 +161,15 @@ def swiglu(h: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_L
     return gate * torch.sigmoid(alpha * gate) * (linear + 1)
 
 
-def expert_mlp(x: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor, down: torch.Tensor,
-               down_bias: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+def expert_mlp(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down: torch.Tensor,
+    down_bias: torch.Tensor,
+    alpha: float = SWIGLU_ALPHA,
+    limit: float = SWIGLU_LIMIT,
+) -> torch.Tensor:
     """One expert on rows ``x`` (rows, hidden) -> (rows, hidden)."""
     return swiglu(x @ gate_up + gate_up_bias, alpha, limit) @ down + down_bias
 

@@ -7,10 +7,11 @@ path the caller passes (the per-expert loop, sort-and-group). Used by ``combined
 read of a LlamaWeights (embed, config, final_norm, lm_head, dtype, the RoPE table cache), so the
 shared offload schedules run it unchanged with :func:`moe_decoder_layer` as their layer.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -58,8 +59,9 @@ class MoEDecoderWeights:
         out = {"embed": self.embed, "final_norm": self.final_norm, "lm_head": self.lm_head}
         for i, layer in enumerate(self.layers):
             out.update({f"layers.{i}.{name}": getattr(layer, name) for name in ATTENTION})
-            out.update({f"layers.{i}.experts.{name}": t
-                        for name, t in zip(MoEWeights.names(), layer.experts.tensors())})
+            out.update(
+                {f"layers.{i}.experts.{name}": t for name, t in zip(MoEWeights.names(), layer.experts.tensors())}
+            )
         return out
 
     def parameters(self) -> list[torch.Tensor]:
@@ -69,8 +71,13 @@ class MoEDecoderWeights:
         return sum(t.numel() for t in self.parameters())
 
 
-def random_moe_decoder(config: LlamaConfig, moe: MoEConfig, seed: int, dtype: torch.dtype = torch.float32,
-                       device: torch.device | str = "cpu") -> MoEDecoderWeights:
+def random_moe_decoder(
+    config: LlamaConfig,
+    moe: MoEConfig,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> MoEDecoderWeights:
     """Seeded weights, drawn on the CPU (the same values on every device): the attention, norms,
     embedding and head as :func:`gpubench.models.llama.random_weights` draws them, each layer's
     experts as :func:`gpubench.models.moe.init_weights` does (from ``seed + 1``)."""
@@ -78,13 +85,25 @@ def random_moe_decoder(config: LlamaConfig, moe: MoEConfig, seed: int, dtype: to
         raise ValueError(f"MoE hidden {moe.hidden} != model hidden_size {config.hidden_size}")
     dense = random_weights(config, seed, dtype, device)
     gen = torch.Generator().manual_seed(seed + 1)
-    layers = [MoEDecoderLayer(**{name: getattr(layer, name) for name in ATTENTION},
-                              experts=init_weights(moe, gen, dtype, device)) for layer in dense.layers]
+    layers = [
+        MoEDecoderLayer(
+            **{name: getattr(layer, name) for name in ATTENTION}, experts=init_weights(moe, gen, dtype, device)
+        )
+        for layer in dense.layers
+    ]
     return MoEDecoderWeights(config, moe, dense.embed, layers, dense.final_norm, dense.lm_head)
 
 
-def moe_decoder_layer(weights: MoEDecoderWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      attend: Attend, moe_forward: MoEForward, syncs: SyncLog | None = None) -> torch.Tensor:
+def moe_decoder_layer(
+    weights: MoEDecoderWeights,
+    i: int,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: Attend,
+    moe_forward: MoEForward,
+    syncs: SyncLog | None = None,
+) -> torch.Tensor:
     """Layer ``i`` on ``x`` (rows, seq, hidden): pre-norm attention through ``attend``, then the
     pre-norm MoE MLP over every token of the batch (flattened), each with its residual."""
     c, layer = weights.config, weights.layers[i]

@@ -11,10 +11,11 @@ logits; each expert ``act(x @ gate_up + b) @ down + b`` with act over interleave
 (linear + 1)); computed densely (every expert on every token, weighted 0 where not chosen), as
 neither MoE path does.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -67,8 +68,15 @@ def _moe(x: torch.Tensor, p: Mapping[str, torch.Tensor], m: MoEConfig) -> tuple[
     return torch.einsum("te,eth->th", share, each), gap
 
 
-def moe_decoder_layer_float64(c: LlamaConfig, m: MoEConfig, p: Mapping[str, torch.Tensor], x: torch.Tensor,
-                              cos: torch.Tensor, sin: torch.Tensor, doc_lens: list[int]) -> tuple[torch.Tensor, float]:
+def moe_decoder_layer_float64(
+    c: LlamaConfig,
+    m: MoEConfig,
+    p: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    doc_lens: list[int],
+) -> tuple[torch.Tensor, float]:
     """The layer on one packed row ``x`` (tokens, hidden), its documents ``doc_lens`` (summing to
     tokens), RoPE tables ``cos``/``sin`` (tokens, head_dim), parameters ``p`` by name (attn_norm,
     wq, wk, wv, wo, mlp_norm and the experts' router_weight, router_bias, gate_up, gate_up_bias,

@@ -10,6 +10,7 @@ Counted per family, matrix by matrix:
 The main model only: DeepSeek-V3's multi-token-prediction module is not counted (as its
 published 671B is not).
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,11 @@ def _embeddings(cfg: ModelConfig, pc: ParamCount) -> None:
 def _dense(cfg: ModelConfig) -> ParamCount:
     raw, h = cfg.raw, cfg.hidden_size
     known = cfg.model_type in ("llama", "mistral", "qwen2", "qwen3")
-    pc = ParamCount(method=f"{cfg.model_type} dense decoder" if known
-                    else f"unknown model_type {cfg.model_type!r}: counted as a Llama-style dense decoder")
+    pc = ParamCount(
+        method=f"{cfg.model_type} dense decoder"
+        if known
+        else f"unknown model_type {cfg.model_type!r}: counted as a Llama-style dense decoder"
+    )
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     qkv_bias = bool(raw.get("attention_bias", cfg.model_type == "qwen2"))
     o_bias = bool(raw.get("attention_bias", False)) and cfg.model_type != "qwen2"
@@ -96,8 +100,11 @@ def _deepseek(cfg: ModelConfig) -> ParamCount:
         q_proj = h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * q_head
     else:
         q_proj = h * heads * q_head
-    kv_proj = (h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
-               + mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim))
+    kv_proj = (
+        h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        + mla.kv_lora_rank
+        + mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    )
     o_proj = heads * mla.v_head_dim * h
     pc.add("attention", cfg.num_layers * (q_proj + kv_proj + o_proj))
     routed = raw.get("n_routed_experts") or 0
@@ -141,8 +148,10 @@ def weight_bytes(cfg: ModelConfig, weight_dtype: str | None = None) -> WeightByt
     pc = count_parameters(cfg)
     if weight_dtype is not None:
         dtype = normalize_dtype(weight_dtype)
-        return WeightBytes(math.ceil(pc.total * DTYPE_BYTES[dtype]),
-                           f"{pc.total / 1e9:.2f}B parameters x {DTYPE_BYTES[dtype]:g} B ({dtype}); {pc.method}")
+        return WeightBytes(
+            math.ceil(pc.total * DTYPE_BYTES[dtype]),
+            f"{pc.total / 1e9:.2f}B parameters x {DTYPE_BYTES[dtype]:g} B ({dtype}); {pc.method}",
+        )
     base = DTYPE_BYTES.get(cfg.torch_dtype, 2.0)
     total = 0.0
     for group, n in pc.groups.items():

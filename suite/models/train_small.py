@@ -17,6 +17,7 @@ nothing, so the default pair is trained, deterministically and in a few tens of 
   and the training recipe; a later run loads them in milliseconds. A file that cannot be read, or
   whose contents do not match the key, is rebuilt, never trusted.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,23 +35,43 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpubench.models.llama import (LayerWeights, LlamaConfig, LlamaWeights, batched_causal_attention, forward,
-                                   random_weights)
+from gpubench.models.llama import (
+    LayerWeights,
+    LlamaConfig,
+    LlamaWeights,
+    batched_causal_attention,
+    forward,
+    random_weights,
+)
 from gpubench.records.notices import notice
 
 # Modules whose source makes the corpus (~300 KB of Python); any that cannot be read is skipped.
-CORPUS_MODULES = ("textwrap", "string", "difflib", "argparse", "json.decoder", "json.encoder", "shlex",
-                  "heapq", "fnmatch", "glob", "calendar", "pprint")
+CORPUS_MODULES = (
+    "textwrap",
+    "string",
+    "difflib",
+    "argparse",
+    "json.decoder",
+    "json.encoder",
+    "shlex",
+    "heapq",
+    "fnmatch",
+    "glob",
+    "calendar",
+    "pprint",
+)
 HELD_OUT_FRACTION = 0.1
 MIN_CORPUS_BYTES = 50_000
 FORMAT_VERSION = 1
 
-TARGET_CONFIG = LlamaConfig(vocab_size=256, hidden_size=128, num_layers=6, num_heads=4, num_kv_heads=2,
-                            head_dim=32, intermediate_size=256)
+TARGET_CONFIG = LlamaConfig(
+    vocab_size=256, hidden_size=128, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+)
 # One layer as wide as the target's: on a CPU and on a GPU alike a model this small costs per layer
 # (kernel launches, Python), not per weight, so width is almost free and depth is what c counts.
-DRAFT_CONFIG = LlamaConfig(vocab_size=256, hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=2,
-                           head_dim=32, intermediate_size=256)
+DRAFT_CONFIG = LlamaConfig(
+    vocab_size=256, hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,7 @@ DRAFT_RECIPE = Recipe(steps=300, seed=2)  # the draft is cheap to train: twice t
 
 # -- corpus -------------------------------------------------------------------------------------
 
+
 def corpus_bytes(modules: tuple[str, ...] = CORPUS_MODULES) -> bytes:
     """The corpus: the named standard-library modules' source, concatenated in order."""
     parts = []
@@ -82,8 +104,10 @@ def corpus_bytes(modules: tuple[str, ...] = CORPUS_MODULES) -> bytes:
             continue  # a Python without this module's source: the rest still makes a corpus
     data = "\n\n".join(parts).encode("utf-8")
     if len(data) < MIN_CORPUS_BYTES:
-        raise RuntimeError(f"the standard library's sources are not available here (found {len(data)} bytes "
-                           f"of {', '.join(modules)}); the default speculative-decoding model pair is trained on them")
+        raise RuntimeError(
+            f"the standard library's sources are not available here (found {len(data)} bytes "
+            f"of {', '.join(modules)}); the default speculative-decoding model pair is trained on them"
+        )
     return data
 
 
@@ -95,6 +119,7 @@ def split_corpus(data: bytes) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- training -----------------------------------------------------------------------------------
+
 
 def _train_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return batched_causal_attention(q, k, v)
@@ -124,9 +149,12 @@ def train(config: LlamaConfig, recipe: Recipe, train_tokens: torch.Tensor) -> tu
             p.requires_grad_(True)
         decay = [p for p in params if p.dim() == 2]
         no_decay = [p for p in params if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95),
-                                foreach=False)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=recipe.lr,
+            betas=(0.9, 0.95),
+            foreach=False,
+        )
         g = torch.Generator().manual_seed(recipe.seed + 1000)
         positions = torch.arange(recipe.seq_len).expand(recipe.batch, -1)
         window = torch.arange(recipe.seq_len + 1)
@@ -164,6 +192,7 @@ def evaluate(weights: LlamaWeights, tokens: torch.Tensor, seq_len: int = 128, wi
 
 # -- the cached pair ----------------------------------------------------------------------------
 
+
 @dataclass
 class TrainedPair:
     target: LlamaWeights
@@ -178,13 +207,25 @@ def cache_dir() -> Path:
     return cache_root()
 
 
-def pair_key(corpus_digest: str, target: LlamaConfig = TARGET_CONFIG, draft: LlamaConfig = DRAFT_CONFIG,
-             target_recipe: Recipe = TARGET_RECIPE, draft_recipe: Recipe = DRAFT_RECIPE) -> str:
+def pair_key(
+    corpus_digest: str,
+    target: LlamaConfig = TARGET_CONFIG,
+    draft: LlamaConfig = DRAFT_CONFIG,
+    target_recipe: Recipe = TARGET_RECIPE,
+    draft_recipe: Recipe = DRAFT_RECIPE,
+) -> str:
     """What the cached weights depend on, hashed: a change to any of it trains a new pair."""
-    spec = {"format": FORMAT_VERSION, "corpus": corpus_digest, "modules": CORPUS_MODULES,
-            "held_out": HELD_OUT_FRACTION, "target": target.to_dict(), "draft": draft.to_dict(),
-            "target_recipe": asdict(target_recipe), "draft_recipe": asdict(draft_recipe),
-            "torch": torch.__version__.split("+")[0]}
+    spec = {
+        "format": FORMAT_VERSION,
+        "corpus": corpus_digest,
+        "modules": CORPUS_MODULES,
+        "held_out": HELD_OUT_FRACTION,
+        "target": target.to_dict(),
+        "draft": draft.to_dict(),
+        "target_recipe": asdict(target_recipe),
+        "draft_recipe": asdict(draft_recipe),
+        "torch": torch.__version__.split("+")[0],
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -207,13 +248,16 @@ def _from_state(config: LlamaConfig, state: dict[str, torch.Tensor], source: str
             raise ValueError(f"{name}: {getattr(t, 'shape', type(t))} does not match {tuple(ref.shape)} float32")
         if not torch.isfinite(t).all():
             raise ValueError(f"{name}: non-finite values")
-    layers = [LayerWeights(**{n: state[f"layers.{i}.{n}"] for n in LayerWeights.__dataclass_fields__})
-              for i in range(config.num_layers)]
+    layers = [
+        LayerWeights(**{n: state[f"layers.{i}.{n}"] for n in LayerWeights.__dataclass_fields__})
+        for i in range(config.num_layers)
+    ]
     return LlamaWeights(config, state["embed"], layers, state["final_norm"], state["lm_head"], source=source)
 
 
-def _load(path: Path, key: str, target_config: LlamaConfig, draft_config: LlamaConfig
-          ) -> tuple[LlamaWeights, LlamaWeights, dict[str, Any]]:
+def _load(
+    path: Path, key: str, target_config: LlamaConfig, draft_config: LlamaConfig
+) -> tuple[LlamaWeights, LlamaWeights, dict[str, Any]]:
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("key") != key:
         raise ValueError("not a model pair of this key")
@@ -241,9 +285,14 @@ def _save(path: Path, key: str, target: LlamaWeights, draft: LlamaWeights, info:
 _MEMO: dict[tuple[str, str], TrainedPair] = {}
 
 
-def trained_pair(directory: Path | str | None = None, *, target_config: LlamaConfig = TARGET_CONFIG,
-                 draft_config: LlamaConfig = DRAFT_CONFIG, target_recipe: Recipe = TARGET_RECIPE,
-                 draft_recipe: Recipe = DRAFT_RECIPE) -> TrainedPair:
+def trained_pair(
+    directory: Path | str | None = None,
+    *,
+    target_config: LlamaConfig = TARGET_CONFIG,
+    draft_config: LlamaConfig = DRAFT_CONFIG,
+    target_recipe: Recipe = TARGET_RECIPE,
+    draft_recipe: Recipe = DRAFT_RECIPE,
+) -> TrainedPair:
     """The (target, draft) pair: from the in-process memo, else the disk cache (``directory``,
     default :func:`cache_dir`), else trained now and cached. A cache file that cannot be read or
     does not match is rebuilt (``info["rebuilt_because"]`` says why). The defaults are the pair the
@@ -269,16 +318,26 @@ def trained_pair(directory: Path | str | None = None, *, target_config: LlamaCon
     if target is None or draft is None:
         # ~25 s on a 2-core CPU (this project's machine; build_s in the cached info) with nothing said
         # would look like a hang.
-        notice(f"speculative_decoding: training the draft and target models once (25-45 s on a 2-core CPU; `gpubench prepare` does it ahead); "
-               f"cached in {path}" + (f" (the cached file was unusable: {problem})" if problem else ""))
+        notice(
+            f"speculative_decoding: training the draft and target models once (25-45 s on a 2-core CPU; `gpubench prepare` does it ahead); "
+            f"cached in {path}" + (f" (the cached file was unusable: {problem})" if problem else "")
+        )
         t0 = time.perf_counter()
         target, target_losses = train(target_config, target_recipe, train_tokens)
         draft, draft_losses = train(draft_config, draft_recipe, train_tokens)
-        info = {"key": key, "corpus_sha256": digest, "corpus_bytes": len(data), "modules": list(CORPUS_MODULES),
-                "build_s": time.perf_counter() - t0,
-                "target_params": target_config.num_params(), "draft_params": draft_config.num_params(),
-                "target_train_loss": target_losses[-1], "draft_train_loss": draft_losses[-1],
-                "target_held_out_loss": evaluate(target, held_out), "draft_held_out_loss": evaluate(draft, held_out)}
+        info = {
+            "key": key,
+            "corpus_sha256": digest,
+            "corpus_bytes": len(data),
+            "modules": list(CORPUS_MODULES),
+            "build_s": time.perf_counter() - t0,
+            "target_params": target_config.num_params(),
+            "draft_params": draft_config.num_params(),
+            "target_train_loss": target_losses[-1],
+            "draft_train_loss": draft_losses[-1],
+            "target_held_out_loss": evaluate(target, held_out),
+            "draft_held_out_loss": evaluate(draft, held_out),
+        }
         _save(path, key, target, draft, info)
         info = {**info, "from_cache": False, "cache_path": str(path), "rebuilt_because": problem}
     pair = TrainedPair(target, draft, held_out, info)

@@ -1,14 +1,16 @@
 """Atomic file writes: a reader (or a crash) sees either the old complete file or the new one,
 and an appended line is there whole or not at all. A write that fails because the file system
 is full raises :class:`DiskFull`."""
+
 from __future__ import annotations
 
 import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -82,7 +84,7 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         except OSError as exc:
             os.ftruncate(fd, start)

@@ -20,18 +20,25 @@ measured CI and the claimed band:
 A bound (``at_most``: vLLM's KV waste under 4%) holds when the whole CI is within it, falls short
 when the whole CI is beyond it; it has no "exceeds".
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 VERDICTS = ("holds", "falls short", "exceeds", "inconclusive", "not comparable", "unverified")
 MIN_CI_SAMPLES = 5  # gpubench.records.stats.MIN_CI_SAMPLES (numpy is imported only where a CI is computed)
 UNITS = ("speedup", "fraction", "tflops")
 BOUNDS = ("value", "at_most", "at_least")
-_OPS = {">=": lambda v, x: v >= x, "<=": lambda v, x: v <= x, "==": lambda v, x: v == x,
-        "!=": lambda v, x: v != x, "in": lambda v, x: v in x}
+_OPS = {
+    ">=": lambda v, x: v >= x,
+    "<=": lambda v, x: v <= x,
+    "==": lambda v, x: v == x,
+    "!=": lambda v, x: v != x,
+    "in": lambda v, x: v in x,
+}
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class Claim:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Claim":
+    def from_dict(cls, data: Mapping[str, Any]) -> Claim:
         """The claim a run recorded (``to_dict``); keys this version does not know are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in known}
@@ -103,8 +110,9 @@ class Claim:
             if isinstance(fields.get(key), list):
                 fields[key] = tuple(fields[key])
         if isinstance(fields.get("when"), Mapping):
-            fields["when"] = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v)
-                              for k, v in fields["when"].items()}
+            fields["when"] = {
+                k: tuple(tuple(x) if isinstance(x, list) else x for x in v) for k, v in fields["when"].items()
+            }
         return cls(**fields)
 
     @property
@@ -145,8 +153,9 @@ def format_value(value: float, unit: str) -> str:
     return f"{value:.4g}x"
 
 
-def verdict(low: float, value: float, high: float, claimed: tuple[float, float], bound: str = "value",
-            tolerance: float = 0.05) -> tuple[str, str]:
+def verdict(
+    low: float, value: float, high: float, claimed: tuple[float, float], bound: str = "value", tolerance: float = 0.05
+) -> tuple[str, str]:
     """The verdict a measured median ``value`` with 95% CI [``low``, ``high``] supports on the
     claimed band ``(claimed_low, claimed_high)`` widened by ``tolerance`` (relative), and why."""
     band_low, band_high = claimed[0] * (1 - tolerance), claimed[1] * (1 + tolerance)
@@ -314,25 +323,40 @@ VLLM = ("Kwon et al., vLLM (SOSP 2023)", "https://arxiv.org/abs/2309.06180")
 def vllm_kv_waste(reads: str) -> Claim:
     """vLLM's KV waste under 4%, read as 1 - the paged variant's ``reads`` (a KV utilization):
     bookkeeping, so any device gives a verdict."""
-    return Claim(*VLLM, text="under 4% of KV memory wasted with paged blocks", figure=(0.04, 0.04),
-                 unit="fraction", bound="at_most", reads=reads, complement=True, device_type="",
-                 measures="KV memory reserved but not holding tokens, share of the reserved bytes",
-                 conditions="OPT-13B serving the ShareGPT trace on an A100, 16-token blocks (the paper's §6.2)",
-                 when={"block_size": ("<=", 16),
-                       "max_len": (">=", 512, "ShareGPT's conversations run to hundreds of tokens, and a "
-                                              "sequence wastes up to a block at any length")},
-                 caveat="lengths here are this case's, not ShareGPT's: a sequence wastes less than one block, "
-                        "so shorter sequences waste a larger share")
+    return Claim(
+        *VLLM,
+        text="under 4% of KV memory wasted with paged blocks",
+        figure=(0.04, 0.04),
+        unit="fraction",
+        bound="at_most",
+        reads=reads,
+        complement=True,
+        device_type="",
+        measures="KV memory reserved but not holding tokens, share of the reserved bytes",
+        conditions="OPT-13B serving the ShareGPT trace on an A100, 16-token blocks (the paper's §6.2)",
+        when={
+            "block_size": ("<=", 16),
+            "max_len": (
+                ">=",
+                512,
+                "ShareGPT's conversations run to hundreds of tokens, and a sequence wastes up to a block at any length",
+            ),
+        },
+        caveat="lengths here are this case's, not ShareGPT's: a sequence wastes less than one block, "
+        "so shorter sequences waste a larger share",
+    )
 
 
 COMBINED_TRAINING = Claim(
     *UNSLOTH_NVIDIA,
-    text="~25% faster training with all three optimizations (read as 1.25x)", figure=(1.25, 1.25),
+    text="~25% faster training with all three optimizations (read as 1.25x)",
+    figure=(1.25, 1.25),
     measures="training step time, packed-metadata caching + MoE argsort/bincount routing + double-buffered "
-             "checkpoint reloads all on vs all off",
+    "checkpoint reloads all on vs all off",
     conditions="Unsloth fine-tuning on NVIDIA GPUs from RTX laptops to DGX Spark, notably consumer RTX",
     caveat="our model is a small gpt-oss-style MoE decoder, not the models Unsloth trained",
-    device_reason="the wins are host syncs and PCIe reloads overlapped on a copy stream, which a CPU has not")
+    device_reason="the wins are host syncs and PCIe reloads overlapped on a copy stream, which a CPU has not",
+)
 
 # Claims of techniques that may not be registered in this checkout, keyed by technique name: the
 # report lists them ("not in this run") when the registry has no technique of that name.

@@ -14,14 +14,16 @@ recording its techniques), :func:`legacy_record`, the fallback for runs of schem
 2, which recorded no declarations, and :func:`figures_hook`, a technique's own figure function
 (``figures_fn``: code, which cannot be stored). Without a registry a record is read as data only.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
-from gpubench.records.claims import FALLBACK_CLAIMS, Claim
 from gpubench.contract import Headline, Plot
+from gpubench.records.claims import FALLBACK_CLAIMS, Claim
 
 
 def _rebuild(cls: type, data: Mapping[str, Any]) -> Any:
@@ -42,7 +44,7 @@ class ParamRecord:
     allowed: str = ""
 
     @classmethod
-    def of(cls, param: Any) -> "ParamRecord":
+    def of(cls, param: Any) -> ParamRecord:
         return cls(param.name, param.type_name, param.default, param.help, param.allowed())
 
 
@@ -65,12 +67,23 @@ class TechniqueRecord:
     figures_hook: bool = False  # the technique had its own figure function (code: not recorded)
 
     @classmethod
-    def of(cls, tech: Any) -> "TechniqueRecord":
+    def of(cls, tech: Any) -> TechniqueRecord:
         """The declarations of a registered :class:`gpubench.contract.Technique`."""
-        return cls(tech.name, tech.summary, tech.shape, tech.anchor, tech.gpu_specific, tech.source,
-                   getattr(tech, "headline", ""), tuple(tech.headline_figures), tech.gate_metric, tuple(tech.plots),
-                   tuple(tech.claims), tuple(ParamRecord.of(p) for p in tech.params),
-                   getattr(tech, "figures_fn", None) is not None)
+        return cls(
+            tech.name,
+            tech.summary,
+            tech.shape,
+            tech.anchor,
+            tech.gpu_specific,
+            tech.source,
+            getattr(tech, "headline", ""),
+            tuple(tech.headline_figures),
+            tech.gate_metric,
+            tuple(tech.plots),
+            tuple(tech.claims),
+            tuple(ParamRecord.of(p) for p in tech.params),
+            getattr(tech, "figures_fn", None) is not None,
+        )
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
@@ -81,13 +94,15 @@ class TechniqueRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TechniqueRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> TechniqueRecord:
         plain = {f.name for f in dataclasses.fields(cls)} - {"headline_figures", "plots", "claims", "params"}
-        return cls(**{k: v for k, v in data.items() if k in plain},
-                   headline_figures=tuple(_rebuild(Headline, h) for h in data.get("headline_figures") or ()),
-                   plots=tuple(_rebuild(Plot, p) for p in data.get("plots") or ()),
-                   claims=tuple(Claim.from_dict(c) for c in data.get("claims") or ()),
-                   params=tuple(_rebuild(ParamRecord, p) for p in data.get("params") or ()))
+        return cls(
+            **{k: v for k, v in data.items() if k in plain},
+            headline_figures=tuple(_rebuild(Headline, h) for h in data.get("headline_figures") or ()),
+            plots=tuple(_rebuild(Plot, p) for p in data.get("plots") or ()),
+            claims=tuple(Claim.from_dict(c) for c in data.get("claims") or ()),
+            params=tuple(_rebuild(ParamRecord, p) for p in data.get("params") or ()),
+        )
 
 
 @dataclass
@@ -99,13 +114,17 @@ class Declarations:
     claims_elsewhere: dict[str, tuple[Claim, ...]] = field(default_factory=dict)
 
     def to_dicts(self) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-        return ({n: t.to_dict() for n, t in self.techniques.items()},
-                {n: [c.to_dict() for c in claims] for n, claims in self.claims_elsewhere.items()})
+        return (
+            {n: t.to_dict() for n, t in self.techniques.items()},
+            {n: [c.to_dict() for c in claims] for n, claims in self.claims_elsewhere.items()},
+        )
 
     @classmethod
-    def from_dicts(cls, techniques: Mapping[str, Any] | None, elsewhere: Mapping[str, Any] | None) -> "Declarations":
-        return cls({n: TechniqueRecord.from_dict(t) for n, t in (techniques or {}).items()},
-                   {n: tuple(Claim.from_dict(c) for c in claims) for n, claims in (elsewhere or {}).items()})
+    def from_dicts(cls, techniques: Mapping[str, Any] | None, elsewhere: Mapping[str, Any] | None) -> Declarations:
+        return cls(
+            {n: TechniqueRecord.from_dict(t) for n, t in (techniques or {}).items()},
+            {n: tuple(Claim.from_dict(c) for c in claims) for n, claims in (elsewhere or {}).items()},
+        )
 
 
 # -- the run's process: the registry, passed in ---------------------------------------------------
@@ -159,8 +178,9 @@ def legacy_claims_elsewhere(registry: Registry | None, measured: Sequence[str]) 
     return claims_elsewhere(registry, measured) if registry is not None else {}
 
 
-def figures_hook(record: TechniqueRecord, registry: Registry | None = None
-                 ) -> tuple[Callable[[list[dict[str, Any]]], list[Any]] | None, str]:
+def figures_hook(
+    record: TechniqueRecord, registry: Registry | None = None
+) -> tuple[Callable[[list[dict[str, Any]]], list[Any]] | None, str]:
     """A technique's own figure function (deprecated ``figures_fn``) when its code can be found
     through ``registry`` (the caller's): ``(fn, "")``, or ``(None, why not)``; ``(None, "")``
     when it had none. The one place the report may call technique code, and only for this."""

@@ -1,10 +1,12 @@
 """The record of one variant's energy figure (:class:`EnergyMeasurement`), as results.json holds
 it; :mod:`gpubench.measure.energy` takes the figure."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 METHOD_WINDOW = "window"  # a window of calls of its own after timing (measure_energy_per_call)
 METHOD_TIMED_CALLS = "timed_calls"  # the counter's edges inside the timed calls (measure_over_calls)
@@ -33,10 +35,21 @@ class EnergyMeasurement:
     covered_s: float | None = None
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EnergyMeasurement":
+    def from_dict(cls, data: Mapping[str, Any]) -> EnergyMeasurement:
         """The measurement a results file recorded (an older file's is a window); keys this
         version does not know are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         given = {k: v for k, v in data.items() if k in known}
-        return cls(**{"mj_per_call": None, "uncertainty_mj": None, "mean_power_w": None, "power_limit_w": None,
-                      "window_s": 0.0, "calls": 0, "counter_steps": 0, "counter_period_s": None, **given})
+        return cls(
+            **{
+                "mj_per_call": None,
+                "uncertainty_mj": None,
+                "mean_power_w": None,
+                "power_limit_w": None,
+                "window_s": 0.0,
+                "calls": 0,
+                "counter_steps": 0,
+                "counter_period_s": None,
+                **given,
+            }
+        )

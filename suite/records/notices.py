@@ -5,11 +5,12 @@ A technique or model calls :func:`notice`; whoever runs the case decides where i
 run``'s progress output (a worker process sends it to the supervisor over its pipe; see
 :mod:`gpubench.run.worker`), or, with no one listening (a script, a test, a Ray task), stderr.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 _listeners: list[Callable[[str], None]] = []
 

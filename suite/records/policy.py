@@ -1,11 +1,13 @@
 """A scenario's ``policy:`` (how long and how often to measure): :class:`Policy`, what each key
 means and allows (:data:`POLICY_PARAMS`) and its validation. Imports no torch, so that a scenario
 is read and refused at once (issue 35); :mod:`gpubench.measure.timing` names all of it too."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from gpubench.contract import Param
 from gpubench.errors import BadInput
@@ -32,7 +34,7 @@ class Policy:
     # whose compute and bandwidth stay its own.
     gpu_memory_gib: float = 0.0
 
-    def scaled(self, factor: float) -> "Policy":
+    def scaled(self, factor: float) -> Policy:
         """Scale repetition counts and times by ``factor`` (``--repeat-scale``)."""
         min_reps = max(1, round(self.min_reps * factor))
         return dataclasses.replace(
@@ -81,30 +83,63 @@ class PolicyParam(Param):
         return text if self.above is None else f"{text} > {self.above:g}"
 
 
-POLICY_PARAMS: dict[str, PolicyParam] = {p.name: p for p in (
-    PolicyParam("warmup_s", float, Policy.warmup_s, "seconds of warm-up per variant before timing, at least "
-                "one call", min=0),
-    PolicyParam("min_reps", int, Policy.min_reps, "timed calls per variant, at least", min=1),
-    PolicyParam("max_reps", int, Policy.max_reps, "timed calls per variant, at most", min=1),
-    PolicyParam("min_time_s", float, Policy.min_time_s, "seconds of timed calls per variant before stopping is "
-                "allowed", min=0),
-    PolicyParam("max_time_s", float, Policy.max_time_s, "seconds of wall time one case's timing loop may take, "
-                "all variants", above=0),
-    PolicyParam("target_iqr", float, Policy.target_iqr, "stop once IQR / median of every variant is at or below "
-                "this", min=0),
-    PolicyParam("case_timeout_s", float, Policy.case_timeout_s, "seconds a case may take before it is stopped "
-                "and recorded as failed", above=0),
-    PolicyParam("flush_l2", bool, Policy.flush_l2, "GPU: overwrite the L2 cache before each timed call"),
-    PolicyParam("cuda_graph", bool, Policy.cuda_graph, "GPU: replay a captured CUDA graph (stateless variants "
-                "only)"),
-    PolicyParam("energy_s", float, Policy.energy_s, "seconds per variant of energy measurement, where NVML has "
-                "an energy counter", min=0),
-    PolicyParam("profile", bool, Policy.profile, "after timing: profile each variant (gpubench.measure.profiling)"),
-    PolicyParam("profile_calls", int, Policy.profile_calls, "calls under the profiler, after one warm-up call",
-                min=1),
-    PolicyParam("gpu_memory_gib", float, Policy.gpu_memory_gib, "GPU memory as on a card of this many GiB "
-                "(approximate: torch's caching allocator is capped at the card's usable bytes; 0: all)", min=0),
-)}
+POLICY_PARAMS: dict[str, PolicyParam] = {
+    p.name: p
+    for p in (
+        PolicyParam(
+            "warmup_s", float, Policy.warmup_s, "seconds of warm-up per variant before timing, at least one call", min=0
+        ),
+        PolicyParam("min_reps", int, Policy.min_reps, "timed calls per variant, at least", min=1),
+        PolicyParam("max_reps", int, Policy.max_reps, "timed calls per variant, at most", min=1),
+        PolicyParam(
+            "min_time_s",
+            float,
+            Policy.min_time_s,
+            "seconds of timed calls per variant before stopping is allowed",
+            min=0,
+        ),
+        PolicyParam(
+            "max_time_s",
+            float,
+            Policy.max_time_s,
+            "seconds of wall time one case's timing loop may take, all variants",
+            above=0,
+        ),
+        PolicyParam(
+            "target_iqr", float, Policy.target_iqr, "stop once IQR / median of every variant is at or below this", min=0
+        ),
+        PolicyParam(
+            "case_timeout_s",
+            float,
+            Policy.case_timeout_s,
+            "seconds a case may take before it is stopped and recorded as failed",
+            above=0,
+        ),
+        PolicyParam("flush_l2", bool, Policy.flush_l2, "GPU: overwrite the L2 cache before each timed call"),
+        PolicyParam(
+            "cuda_graph", bool, Policy.cuda_graph, "GPU: replay a captured CUDA graph (stateless variants only)"
+        ),
+        PolicyParam(
+            "energy_s",
+            float,
+            Policy.energy_s,
+            "seconds per variant of energy measurement, where NVML has an energy counter",
+            min=0,
+        ),
+        PolicyParam("profile", bool, Policy.profile, "after timing: profile each variant (gpubench.measure.profiling)"),
+        PolicyParam(
+            "profile_calls", int, Policy.profile_calls, "calls under the profiler, after one warm-up call", min=1
+        ),
+        PolicyParam(
+            "gpu_memory_gib",
+            float,
+            Policy.gpu_memory_gib,
+            "GPU memory as on a card of this many GiB "
+            "(approximate: torch's caching allocator is capped at the card's usable bytes; 0: all)",
+            min=0,
+        ),
+    )
+}
 
 
 def policy_problems(values: dict[str, Any]) -> dict[str, str]:
@@ -128,8 +163,9 @@ def _gib(value: float) -> str:
 CAP_NOTE_START = "policy gpu_memory_gib"  # how a note of memory_cap_note begins (the CLI prints these)
 
 
-def memory_cap_note(caps_gib: Iterable[float], device_type: str, total_bytes: int | None = None,
-                    label: str = "the GPU") -> str | None:
+def memory_cap_note(
+    caps_gib: Iterable[float], device_type: str, total_bytes: int | None = None, label: str = "the GPU"
+) -> str | None:
     """What a reader must be told of ``gpu_memory_gib`` caps that do not do what they say: on a
     device other than a CUDA GPU they do nothing; on a GPU, one above the card's memory caps nothing
     (the cases had the whole card). None where every cap applies (or none is set)."""
@@ -138,14 +174,18 @@ def memory_cap_note(caps_gib: Iterable[float], device_type: str, total_bytes: in
         return None
     if device_type != "cuda":
         named = " / ".join(map(_gib, caps))
-        return (f"{CAP_NOTE_START} {named} GiB does nothing on a {device_type} device: it caps a CUDA GPU's "
-                f"memory only, so these cases had this machine's memory (remove the key, or run on a GPU).")
+        return (
+            f"{CAP_NOTE_START} {named} GiB does nothing on a {device_type} device: it caps a CUDA GPU's "
+            f"memory only, so these cases had this machine's memory (remove the key, or run on a GPU)."
+        )
     over = [c for c in caps if total_bytes and c * 2**30 > total_bytes]
     if not over:
         return None
-    return (f"{CAP_NOTE_START} {' / '.join(map(_gib, over))} GiB exceeds {label}'s "
-            f"{total_bytes / 2**30:.0f} GiB: nothing was capped for those cases (they had the whole card); "
-            f"give a size below it to stand for a smaller card (0: no cap).")
+    return (
+        f"{CAP_NOTE_START} {' / '.join(map(_gib, over))} GiB exceeds {label}'s "
+        f"{total_bytes / 2**30:.0f} GiB: nothing was capped for those cases (they had the whole card); "
+        f"give a size below it to stand for a smaller card (0: no cap)."
+    )
 
 
 def parse_threshold(text: str | float, source: str = "--threshold") -> float:
@@ -157,6 +197,8 @@ def parse_threshold(text: str | float, source: str = "--threshold") -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 10:
-        raise BadInput(f"{source}: {text!r} is not a valid threshold; allowed: a slowdown fraction "
-                       f"such as 5% or 0.05 (greater than 0).")
+        raise BadInput(
+            f"{source}: {text!r} is not a valid threshold; allowed: a slowdown fraction "
+            f"such as 5% or 0.05 (greater than 0)."
+        )
     return value

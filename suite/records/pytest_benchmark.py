@@ -7,12 +7,14 @@ are the samples, its median and rounds the stats. The run is whole (status compl
 the machine's CPU, with the file's commit, branch, host and time (``commit_info``, ``machine_info``,
 ``datetime``). benchmarks/conftest.py says how such a file is made.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpubench.records.results import CaseRecord, RunRecord, Stats, VariantRecord
 
@@ -29,14 +31,21 @@ def run_of(raw: Mapping[str, Any], path: Path) -> RunRecord:
     machine = raw.get("machine_info") or {}
     commit = raw.get("commit_info") or {}
     cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or "unknown CPU"
-    return RunRecord(run_id=run_id(raw, path), device="", device_label=f"CPU: {cpu}",
-                     scenario={"name": SOURCE, "entries": None},
-                     env={"host": machine.get("node") or "",
-                          "git": {"commit": commit.get("id"), "branch": commit.get("branch"),
-                                  "dirty": commit.get("dirty")}},
-                     status="complete", started_at=raw.get("datetime") or "",
-                     cases=[_case(bench) for bench in raw.get("benchmarks") or [] if isinstance(bench, Mapping)],
-                     source=SOURCE, path=str(path))
+    return RunRecord(
+        run_id=run_id(raw, path),
+        device="",
+        device_label=f"CPU: {cpu}",
+        scenario={"name": SOURCE, "entries": None},
+        env={
+            "host": machine.get("node") or "",
+            "git": {"commit": commit.get("id"), "branch": commit.get("branch"), "dirty": commit.get("dirty")},
+        },
+        status="complete",
+        started_at=raw.get("datetime") or "",
+        cases=[_case(bench) for bench in raw.get("benchmarks") or [] if isinstance(bench, Mapping)],
+        source=SOURCE,
+        path=str(path),
+    )
 
 
 def run_id(raw: Mapping[str, Any], path: Path) -> str:
@@ -46,16 +55,31 @@ def run_id(raw: Mapping[str, Any], path: Path) -> str:
     (``0 rows added, 2 already there``) and drop it. The same file read again has the same id."""
     machine = raw.get("machine_info") or {}
     commit = raw.get("commit_info") or {}
-    identity = [raw.get("datetime"), commit.get("id"), commit.get("dirty"), machine.get("node"),
-                (machine.get("cpu") or {}).get("brand_raw")]
+    identity = [
+        raw.get("datetime"),
+        commit.get("id"),
+        commit.get("dirty"),
+        machine.get("node"),
+        (machine.get("cpu") or {}).get("brand_raw"),
+    ]
     digest = hashlib.sha256(json.dumps(identity, default=str).encode()).hexdigest()[:10]
     return f"{path.stem}-{digest}"
 
 
 def _case(bench: Mapping[str, Any]) -> CaseRecord:
     timed = bench.get("stats") or {}
-    variant = VariantRecord(role="optimized", status="ok", samples_s=[float(x) for x in timed.get("data") or []],
-                            stats=Stats.from_dict({"median": timed.get("median"), "n": timed.get("rounds")}))
-    return CaseRecord(id=str(bench.get("fullname") or bench.get("name")), technique=bench.get("group") or SOURCE,
-                      params=dict(bench.get("params") or {}), seed=0, policy={}, status="passed",
-                      variants={"benchmark": variant})
+    variant = VariantRecord(
+        role="optimized",
+        status="ok",
+        samples_s=[float(x) for x in timed.get("data") or []],
+        stats=Stats.from_dict({"median": timed.get("median"), "n": timed.get("rounds")}),
+    )
+    return CaseRecord(
+        id=str(bench.get("fullname") or bench.get("name")),
+        technique=bench.get("group") or SOURCE,
+        params=dict(bench.get("params") or {}),
+        seed=0,
+        policy={},
+        status="passed",
+        variants={"benchmark": variant},
+    )

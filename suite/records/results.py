@@ -7,6 +7,7 @@
 atomic: a crash leaves the last complete file. A full disk (:class:`gpubench.records.atomic.DiskFull`)
 stops the run, and :meth:`RunDirectory.close_on_full_disk` keeps what can still be kept.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,17 +17,31 @@ import math
 import os
 import re
 import statistics
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpubench.records import stats as _stats
-from gpubench.records.atomic import (DiskFull, append_line, as_disk_full, atomic_write_chunks, atomic_write_json,
-                             atomic_write_text, disk_full)
-from gpubench.records.declarations import (Declarations, Registry, TechniqueRecord, declare, legacy_claims_elsewhere,
-                                   legacy_record)
-from gpubench.records.energy import EnergyMeasurement
 from gpubench.errors import BadInput
+from gpubench.records import stats as _stats
+from gpubench.records.atomic import (
+    DiskFull,
+    append_line,
+    as_disk_full,
+    atomic_write_chunks,
+    atomic_write_json,
+    atomic_write_text,
+    disk_full,
+)
+from gpubench.records.declarations import (
+    Declarations,
+    Registry,
+    TechniqueRecord,
+    declare,
+    legacy_claims_elsewhere,
+    legacy_record,
+)
+from gpubench.records.energy import EnergyMeasurement
 
 if TYPE_CHECKING:  # pandas is imported where a frame is made: the CLI starts without it
     import pandas as pd
@@ -51,7 +66,7 @@ BASIS_TEXT = {
     "wall": "wall time: host launch and syncs included",
     "host": "one clock: perf_counter on the host; on a CPU device and wall time are the same figure",
     "cuda_event_legacy": "the older CUDA clock: events started after a host sync (launch work included, "
-                         "the final sync not), neither device nor wall time",
+    "the final sync not), neither device nor wall time",
 }
 # The share of wall time outside device time (launch work, host syncs) at which the report shows
 # the other clock's figure beside the headline's.
@@ -102,8 +117,9 @@ class Figures:
     def from_dict(cls: type[_F], data: Mapping[str, Any]) -> _F:
         names = cls.typed_fields()
         known = cls._field_values({k: v for k, v in data.items() if k in names})
-        return cls(**known, extra={str(k): v for k, v in data.items() if k not in names},
-                   keys=tuple(str(k) for k in data))
+        return cls(
+            **known, extra={str(k): v for k, v in data.items() if k not in names}, keys=tuple(str(k) for k in data)
+        )
 
     def _value(self, name: str) -> Any:
         value = getattr(self, name)
@@ -230,7 +246,7 @@ class Profile(Figures):
     error: str | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
-    def failed(cls, error: str) -> "Profile":
+    def failed(cls, error: str) -> Profile:
         return cls(error=error, keys=("error",))
 
     @classmethod
@@ -256,7 +272,7 @@ class Speedup(Figures):
     error: str | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
-    def failed(cls, error: str) -> "Speedup":
+    def failed(cls, error: str) -> Speedup:
         return cls(error=error, keys=("ratio", "ci_low", "ci_high", "error"))
 
     @property
@@ -307,8 +323,11 @@ class Telemetry(Figures):
     def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(data)
         if "variants" in out:
-            out["variants"] = {str(n): VariantTelemetry.from_dict(v) for n, v in (out["variants"] or {}).items()
-                               if isinstance(v, Mapping)}
+            out["variants"] = {
+                str(n): VariantTelemetry.from_dict(v)
+                for n, v in (out["variants"] or {}).items()
+                if isinstance(v, Mapping)
+            }
         for key in ("throttle_reasons", "benign_reasons"):
             if key in out and out[key] is None:
                 out[key] = []
@@ -335,7 +354,7 @@ class Failure:
     traceback: str = ""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Failure":
+    def from_dict(cls, data: Mapping[str, Any]) -> Failure:
         return cls(**{"kind": "", "message": "", **_fields(cls, data)})
 
 
@@ -372,16 +391,24 @@ class VariantRecord:
         self.status, self.reason, self.error = status, prefix + failure.message, failure
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "VariantRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> VariantRecord:
         fields = _fields(cls, data)
-        return cls(**{"role": "", **fields, "error": _typed(Failure, fields.get("error")),
-                      "energy": _typed(EnergyMeasurement, fields.get("energy")),
-                      "metrics": fields.get("metrics") or {}, "recorded": fields.get("recorded") or [],
-                      "stats": _typed(Stats, _upgraded_stats(fields.get("stats"))),
-                      "check": _typed(Check, fields.get("check")), "timing": _typed(Timing, fields.get("timing")),
-                      "profile": _typed(Profile, fields.get("profile")),
-                      "samples_s": fields.get("samples_s") or [],
-                      "other_samples_s": fields.get("other_samples_s") or []})
+        return cls(
+            **{
+                "role": "",
+                **fields,
+                "error": _typed(Failure, fields.get("error")),
+                "energy": _typed(EnergyMeasurement, fields.get("energy")),
+                "metrics": fields.get("metrics") or {},
+                "recorded": fields.get("recorded") or [],
+                "stats": _typed(Stats, _upgraded_stats(fields.get("stats"))),
+                "check": _typed(Check, fields.get("check")),
+                "timing": _typed(Timing, fields.get("timing")),
+                "profile": _typed(Profile, fields.get("profile")),
+                "samples_s": fields.get("samples_s") or [],
+                "other_samples_s": fields.get("other_samples_s") or [],
+            }
+        )
 
     @property
     def basis(self) -> str:
@@ -493,21 +520,37 @@ class CaseRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CaseRecord":
+    def from_dict(cls, data: Mapping[str, Any]) -> CaseRecord:
         fields = _fields(cls, data)
-        variants = {str(n): VariantRecord.from_dict(_upgraded_variant(n, v))
-                    for n, v in (fields.get("variants") or {}).items() if isinstance(v, Mapping)}
-        return cls(**{"id": "?", "technique": "?", "params": {}, "seed": 0, "policy": {}, **fields,
-                      "params": fields.get("params") or {}, "policy": fields.get("policy") or {},
-                      "failure": _typed(Failure, fields.get("failure")), "variants": variants,
-                      "telemetry": _typed(Telemetry, fields.get("telemetry")),
-                      "device": _typed(Device, fields.get("device")),
-                      "speedups": {n: Speedup.from_dict(f) for n, f in
-                                   _upgraded_speedups(fields.get("speedups") or {}, variants).items()
-                                   if isinstance(f, Mapping)}})
+        variants = {
+            str(n): VariantRecord.from_dict(_upgraded_variant(n, v))
+            for n, v in (fields.get("variants") or {}).items()
+            if isinstance(v, Mapping)
+        }
+        return cls(
+            **{
+                "id": "?",
+                "technique": "?",
+                "params": {},
+                "seed": 0,
+                "policy": {},
+                **fields,
+                "params": fields.get("params") or {},
+                "policy": fields.get("policy") or {},
+                "failure": _typed(Failure, fields.get("failure")),
+                "variants": variants,
+                "telemetry": _typed(Telemetry, fields.get("telemetry")),
+                "device": _typed(Device, fields.get("device")),
+                "speedups": {
+                    n: Speedup.from_dict(f)
+                    for n, f in _upgraded_speedups(fields.get("speedups") or {}, variants).items()
+                    if isinstance(f, Mapping)
+                },
+            }
+        )
 
 
-def has_interval(figure: "Speedup | Stats | Mapping[str, Any] | None") -> bool:
+def has_interval(figure: Speedup | Stats | Mapping[str, Any] | None) -> bool:
     """Whether a speedup or stats figure carries a confidence interval (both ends numbers): one
     from fewer than :data:`gpubench.records.stats.MIN_CI_SAMPLES` samples has none."""
     if figure is None:
@@ -531,13 +574,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _fewest(*variants: "VariantRecord | None") -> int | None:
+def _fewest(*variants: VariantRecord | None) -> int | None:
     found = [len(v.samples_s) or (v.stats.n if v.stats else None) for v in variants if v is not None]
     counts = [c for c in found if isinstance(c, int)]
     return min(counts) if counts and len(counts) == len(variants) else None
 
 
-def _upgraded_speedups(speedups: Mapping[str, Any], variants: Mapping[str, "VariantRecord"]) -> dict[str, Any]:
+def _upgraded_speedups(speedups: Mapping[str, Any], variants: Mapping[str, VariantRecord]) -> dict[str, Any]:
     """Speedups as today's writer gives them: with ``n``, the fewer samples of the variant and the
     baseline; an interval from fewer than MIN_CI_SAMPLES samples (older gpubench wrote one, of no
     width at n=1) is dropped."""
@@ -598,7 +641,7 @@ class NotRunCase:
         return need_text([self])
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "NotRunCase":
+    def from_dict(cls, data: Mapping[str, Any]) -> NotRunCase:
         fields = _fields(cls, data)
         return cls(**{"id": "?", "technique": "?", **fields, "params": fields.get("params") or {}})
 
@@ -664,8 +707,10 @@ def not_run_text(cases: list[NotRunCase]) -> str:
     by_reason: dict[str, list[NotRunCase]] = {}
     for case in cases:
         by_reason.setdefault(case.reason, []).append(case)
-    return "; ".join(f"{len(group)} case{'s' if len(group) != 1 else ''} not run: {reason} (would have needed "
-                     f"{need_text(group)})" for reason, group in by_reason.items())
+    return "; ".join(
+        f"{len(group)} case{'s' if len(group) != 1 else ''} not run: {reason} (would have needed {need_text(group)})"
+        for reason, group in by_reason.items()
+    )
 
 
 @dataclass
@@ -681,31 +726,40 @@ class TimeUse:
     timed_share: float  # timed calls / (wall_s x workers): what a run spends on what it reports
 
     @classmethod
-    def of(cls, cases: list[CaseRecord], wall_s: float, workers: int) -> "TimeUse":
+    def of(cls, cases: list[CaseRecord], wall_s: float, workers: int) -> TimeUse:
         phases: dict[str, float] = {}
         for case in cases:
             for name, seconds in (case.phases_s or {}).items():
                 phases[name] = phases.get(name, 0.0) + seconds
         capacity = max(wall_s, 1e-9) * max(workers, 1)
-        return cls(wall_s, max(workers, 1), sum(c.elapsed_s or 0.0 for c in cases), phases,
-                   min(1.0, phases.get("timed", 0.0) / capacity))
+        return cls(
+            wall_s,
+            max(workers, 1),
+            sum(c.elapsed_s or 0.0 for c in cases),
+            phases,
+            min(1.0, phases.get("timed", 0.0) / capacity),
+        )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TimeUse":
-        return cls(**{"wall_s": 0.0, "workers": 1, "cases_s": 0.0, "phases_s": {}, "timed_share": 0.0,
-                      **_fields(cls, data)})
+    def from_dict(cls, data: Mapping[str, Any]) -> TimeUse:
+        return cls(
+            **{"wall_s": 0.0, "workers": 1, "cases_s": 0.0, "phases_s": {}, "timed_share": 0.0, **_fields(cls, data)}
+        )
 
     def text(self) -> str:
         """The run's closing line."""
+
         def took(seconds: float) -> str:  # 12.3 s; 38 min 32 s from a minute on
             return f"{seconds:.1f} s" if seconds < 59.95 else elapsed_text(seconds)
 
-        spent = ", ".join(f"{name} {took(seconds)}" for name, seconds in self.phases_s.items()
-                          if name != "timed" and seconds >= 0.05)
+        spent = ", ".join(
+            f"{name} {took(seconds)}" for name, seconds in self.phases_s.items() if name != "timed" and seconds >= 0.05
+        )
         workers = f" x {self.workers} workers" if self.workers > 1 else ""
-        return (f"timed calls were {self.timed_share:.0%} of wall time ({took(self.phases_s.get('timed', 0.0))} "
-                f"of {took(self.wall_s)}{workers}; the cases took {took(self.cases_s)}" +
-                (f": {spent})" if spent else ")"))
+        return (
+            f"timed calls were {self.timed_share:.0%} of wall time ({took(self.phases_s.get('timed', 0.0))} "
+            f"of {took(self.wall_s)}{workers}; the cases took {took(self.cases_s)}" + (f": {spent})" if spent else ")")
+        )
 
 
 @dataclass
@@ -750,9 +804,13 @@ class RunRecord:
     @property
     def summary(self) -> dict[str, int]:
         statuses = [c.status for c in self.cases]
-        return {"cases": len(statuses), "passed": statuses.count("passed"),
-                "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted"),
-                "not_run": len(self.not_run)}
+        return {
+            "cases": len(statuses),
+            "passed": statuses.count("passed"),
+            "failed": statuses.count("failed"),
+            "interrupted": statuses.count("interrupted"),
+            "not_run": len(self.not_run),
+        }
 
     def wall_time_text(self) -> str:
         """The run's wall time as a person reads it (:func:`elapsed_text`), start to finish. A run
@@ -762,8 +820,12 @@ class RunRecord:
         start, end = _moment(self.started_at), _moment(self.finished_at)
         if start is not None and end is not None:
             return elapsed_text(_seconds(start, end)) if end >= start else "unknown (it finished before it started)"
-        ends = [_seconds(start, at) + (c.elapsed_s or 0.0) for c in self.cases
-                for at in [_moment(c.started_at)] if start is not None and at is not None]
+        ends = [
+            _seconds(start, at) + (c.elapsed_s or 0.0)
+            for c in self.cases
+            for at in [_moment(c.started_at)]
+            if start is not None and at is not None
+        ]
         if not ends or max(ends) < 0:
             return "unknown (no finish time" + (", no case recorded)" if not self.cases else ")")
         return f"at least {elapsed_text(max(ends))}, to its last case recorded"
@@ -800,8 +862,11 @@ class RunRecord:
         registry = registry or self.registry
         if registry is None:
             return
-        wanted = {e.get("technique"): "" for e in self.scenario.get("entries") or []
-                  if e.get("technique") and (not self.only or e.get("technique") in self.only)}
+        wanted = {
+            e.get("technique"): ""
+            for e in self.scenario.get("entries") or []
+            if e.get("technique") and (not self.only or e.get("technique") in self.only)
+        }
         wanted.update({c.technique: c.source for c in self.cases})
         declare(self.declarations, wanted, registry)
 
@@ -831,7 +896,8 @@ class RunRecord:
             planned = {n: t.claims for n, t in self.declarations.techniques.items() if n not in ran and t.claims}
             return {**self.declarations.claims_elsewhere, **planned}
         legacy: dict[str, tuple[Any, ...]] = legacy_claims_elsewhere(
-            self.registry, list(dict.fromkeys(c.technique for c in self.cases)))
+            self.registry, list(dict.fromkeys(c.technique for c in self.cases))
+        )
         return legacy
 
     # -- the file ----------------------------------------------------------------------------
@@ -840,13 +906,22 @@ class RunRecord:
 
         skip = ("cases", "declarations", "schema_version", "source", "path", "registry")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
-        fields = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
-                  for k, v in fields.items()}
+        fields = {
+            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+            for k, v in fields.items()
+        }
         fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
         declared, elsewhere = self.declarations.to_dicts()
-        doc = {"schema_version": self.schema_version, "kind": "gpubench.results", "gpubench_version": __version__,
-               **json_safe(fields), "techniques": json_safe(declared), "claims_elsewhere": json_safe(elsewhere),
-               "cases": [], "summary": self.summary}
+        doc = {
+            "schema_version": self.schema_version,
+            "kind": "gpubench.results",
+            "gpubench_version": __version__,
+            **json_safe(fields),
+            "techniques": json_safe(declared),
+            "claims_elsewhere": json_safe(elsewhere),
+            "cases": [],
+            "summary": self.summary,
+        }
         for key in ("abort_reason", "crash", "clocks", "signal", "disk_full", "budget_s"):
             if doc[key] is None:
                 del doc[key]
@@ -857,22 +932,33 @@ class RunRecord:
         return doc
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], registry: Registry | None = None) -> "RunRecord":
+    def from_dict(cls, data: Mapping[str, Any], registry: Registry | None = None) -> RunRecord:
         """The record a results document was written from (:func:`load_run` reads the file;
         this takes a document already read, of any readable version), holding ``registry``
         (the caller's, for an old run's declarations and figure functions) where given."""
         fields = {k: v for k, v in _fields(cls, data).items() if k != "registry"}
-        return cls(**{"run_id": "", "device": "", "device_label": "", "scenario": {}, "env": {}, **fields,
-                      "scenario": fields.get("scenario") or {}, "env": fields.get("env") or {},
-                      "cases": [CaseRecord.from_dict(c) for c in data.get("cases") or [] if isinstance(c, Mapping)],
-                      "devices": fields.get("devices") or {}, "warnings": fields.get("warnings") or [],
-                      "crash": _typed(Failure, fields.get("crash")),
-                      "time_use": _typed(TimeUse, fields.get("time_use")),
-                      "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
-                      "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
-                      # A document without a version (made by hand) recorded no declarations either.
-                      "schema_version": data.get("schema_version") or READABLE_VERSIONS[0],
-                      "registry": registry})
+        return cls(
+            **{
+                "run_id": "",
+                "device": "",
+                "device_label": "",
+                "scenario": {},
+                "env": {},
+                **fields,
+                "scenario": fields.get("scenario") or {},
+                "env": fields.get("env") or {},
+                "cases": [CaseRecord.from_dict(c) for c in data.get("cases") or [] if isinstance(c, Mapping)],
+                "devices": fields.get("devices") or {},
+                "warnings": fields.get("warnings") or [],
+                "crash": _typed(Failure, fields.get("crash")),
+                "time_use": _typed(TimeUse, fields.get("time_use")),
+                "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
+                "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),
+                # A document without a version (made by hand) recorded no declarations either.
+                "schema_version": data.get("schema_version") or READABLE_VERSIONS[0],
+                "registry": registry,
+            }
+        )
 
     def json_chunks(self) -> Iterator[str]:
         """results.json piece by piece, one case at a time (a run of 10,000 cases is never held
@@ -885,8 +971,6 @@ class RunRecord:
         for n, case in enumerate(self.cases):
             yield ("," if n else "") + "\n" + json.dumps(json_safe(case.to_dict()), allow_nan=False, default=str)
         yield "\n  ]" + after + "\n"
-
-
 
 
 def json_safe(value: Any) -> Any:
@@ -915,7 +999,7 @@ class RunDirectory:
         self.logged: set[int] = set()  # the case indices cases.jsonl holds
 
     @classmethod
-    def create(cls, out_root: Path, scenario_name: str, now: _dt.datetime | None = None) -> "RunDirectory":
+    def create(cls, out_root: Path, scenario_name: str, now: _dt.datetime | None = None) -> RunDirectory:
         stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_name)
         try:
@@ -928,8 +1012,10 @@ class RunDirectory:
                 except FileExistsError:
                     continue
         except OSError as exc:
-            raise BadInput(f"--out {out_root}: cannot create the run directory there ({exc.strerror or exc}); "
-                           f"give a writable directory.") from None
+            raise BadInput(
+                f"--out {out_root}: cannot create the run directory there ({exc.strerror or exc}); "
+                f"give a writable directory."
+            ) from None
         raise BadInput(f"{out_root}: cannot create a new run directory for {scenario_name}")
 
     @property
@@ -1021,7 +1107,7 @@ def role_variant(case: dict[str, Any], role: str) -> str | None:
     return next((n for n, v in (case.get("variants") or {}).items() if v.get("role") == role), None)
 
 
-def cases_frame(doc: Mapping[str, Any]) -> "pd.DataFrame":
+def cases_frame(doc: Mapping[str, Any]) -> pd.DataFrame:
     """One row per case x variant: params as ``p_<name>``, metrics as ``m_<name>``. ``doc``'s
     cases are case records or their dicts (read as the records they hold)."""
     import pandas as pd
@@ -1034,18 +1120,29 @@ def cases_frame(doc: Mapping[str, Any]) -> "pd.DataFrame":
             check = v.check or Check()
             speed = case.speedups.get(name) or Speedup()
             row = {
-                "run_id": doc.get("run_id"), "case_id": case.id, "technique": case.technique,
-                "case_status": case.status, "variant": name, "role": v.role,
-                "variant_status": v.status, "reason": v.reason,
-                "n": s.n, "median_ms": _ms(s.median), "iqr_ms": _ms(s.iqr),
-                "ci_low_ms": _ms(s.ci_low), "ci_high_ms": _ms(s.ci_high),
+                "run_id": doc.get("run_id"),
+                "case_id": case.id,
+                "technique": case.technique,
+                "case_status": case.status,
+                "variant": name,
+                "role": v.role,
+                "variant_status": v.status,
+                "reason": v.reason,
+                "n": s.n,
+                "median_ms": _ms(s.median),
+                "iqr_ms": _ms(s.iqr),
+                "ci_low_ms": _ms(s.ci_low),
+                "ci_high_ms": _ms(s.ci_high),
                 "min_ms": _ms(s.min),
                 "time_basis": v.basis or None,
                 "other_median_ms": _ms(v.other_median_s),
-                "speedup": speed.ratio, "speedup_ci_low": speed.ci_low,
+                "speedup": speed.ratio,
+                "speedup_ci_low": speed.ci_low,
                 "speedup_ci_high": speed.ci_high,
-                "check_passed": check.passed if v.check else None, "check_metric": check.metric if v.check else None,
-                "check_error": check.error, "check_tolerance": check.tolerance,
+                "check_passed": check.passed if v.check else None,
+                "check_metric": check.metric if v.check else None,
+                "check_error": check.error,
+                "check_tolerance": check.tolerance,
                 "peak_memory_bytes": v.peak_memory_bytes,
                 "energy_mj_per_call": v.energy_mj_per_call,
                 "energy_uncertainty_mj": v.energy.uncertainty_mj if v.energy else None,
@@ -1053,8 +1150,13 @@ def cases_frame(doc: Mapping[str, Any]) -> "pd.DataFrame":
                 "energy_method": v.energy.method if v.energy else None,
             }
             row.update({f"p_{k}": val for k, val in case.params.items()})
-            row.update({f"m_{k}": val for k, val in v.metrics.items()
-                        if isinstance(val, (int, float, str, bool)) or val is None})
+            row.update(
+                {
+                    f"m_{k}": val
+                    for k, val in v.metrics.items()
+                    if isinstance(val, (int, float, str, bool)) or val is None
+                }
+            )
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -1075,13 +1177,17 @@ def read_document(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"{file}: not a readable results file ({exc}); it may be truncated or not a gpubench result.") from None
+        raise BadInput(
+            f"{file}: not a readable results file ({exc}); it may be truncated or not a gpubench result."
+        ) from None
     if not isinstance(doc, dict) or doc.get("kind") != "gpubench.results":
         raise BadInput(f"{file}: not a gpubench results file (key 'kind' should be 'gpubench.results').")
     version = doc.get("schema_version")
     if version not in READABLE_VERSIONS:
-        raise BadInput(f"{file}: schema_version is {version!r}; this gpubench reads versions "
-                       f"{', '.join(map(str, READABLE_VERSIONS))}.")
+        raise BadInput(
+            f"{file}: schema_version is {version!r}; this gpubench reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}."
+        )
     # Killed mid-way (status running) or stopped by a full disk (results.json without its
     # cases): the run log holds what finished.
     if doc.get("status") != "complete" or not doc.get("cases"):
@@ -1089,9 +1195,13 @@ def read_document(path: str | Path) -> dict[str, Any]:
         if len(logged) > len(doc.get("cases") or []):
             doc["cases"] = logged
             statuses = [c.get("status") for c in logged]
-            doc["summary"] = {"cases": len(logged), "passed": statuses.count("passed"),
-                              "failed": statuses.count("failed"), "interrupted": statuses.count("interrupted"),
-                              "not_run": len(doc.get("not_run") or [])}
+            doc["summary"] = {
+                "cases": len(logged),
+                "passed": statuses.count("passed"),
+                "failed": statuses.count("failed"),
+                "interrupted": statuses.count("interrupted"),
+                "not_run": len(doc.get("not_run") or []),
+            }
     return doc
 
 

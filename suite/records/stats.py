@@ -13,11 +13,12 @@ also about where the method starts to hold: a distribution-free 95% interval for
 samples (order statistics: the two extremes of 6 cover the median with 1 - 2 x 0.5^6 = 96.9%,
 of 5 only 93.8%), and the percentile bootstrap at 5 samples covers about 94%.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -105,8 +106,9 @@ def iqr(samples: Sequence[float]) -> float:
     return float(q75 - q25)
 
 
-def bootstrap_medians(samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
-                      seed: int = 0) -> np.ndarray:
+def bootstrap_medians(
+    samples: Sequence[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> np.ndarray:
     """Medians of ``resamples`` bootstrap resamples (with replacement) of ``samples``."""
     a = _array(samples)
     rng = np.random.default_rng(seed)
@@ -125,15 +127,23 @@ def summarize(samples: Sequence[float], level: float = CI_LEVEL, seed: int = 0) 
     q25, med, q75 = np.percentile(a, [25, 50, 75])
     lo, hi = _interval(bootstrap_medians(a, seed=seed), level) if has_interval(a.size) else (None, None)
     return SampleStats(
-        n=int(a.size), median=float(med), mean=float(a.mean()),
+        n=int(a.size),
+        median=float(med),
+        mean=float(a.mean()),
         std=float(a.std(ddof=1)) if a.size > 1 else 0.0,
-        min=float(a.min()), max=float(a.max()), q25=float(q25), q75=float(q75),
-        iqr=float(q75 - q25), ci_low=lo, ci_high=hi,
+        min=float(a.min()),
+        max=float(a.max()),
+        q25=float(q25),
+        q75=float(q75),
+        iqr=float(q75 - q25),
+        ci_low=lo,
+        ci_high=hi,
     )
 
 
-def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
-                       level: float = CI_LEVEL, seed: int = 0) -> RatioCI:
+def bootstrap_ratio_ci(
+    numerator: Sequence[float], denominator: Sequence[float], level: float = CI_LEVEL, seed: int = 0
+) -> RatioCI:
     """Ratio of medians ``median(numerator) / median(denominator)`` with a bootstrap CI.
 
     For a speedup pass the baseline's times as ``numerator`` and the variant's as ``denominator``.
@@ -152,8 +162,9 @@ def _ratio_replicates(num: np.ndarray, den: np.ndarray, seed: int) -> np.ndarray
     return boot[np.isfinite(boot)]
 
 
-def bootstrap_ratio_test(numerator: Sequence[float], denominator: Sequence[float], level: float = CI_LEVEL,
-                         seed: int = 0, null: float = 1.0) -> tuple[RatioCI, float | None]:
+def bootstrap_ratio_test(
+    numerator: Sequence[float], denominator: Sequence[float], level: float = CI_LEVEL, seed: int = 0, null: float = 1.0
+) -> tuple[RatioCI, float | None]:
     """:func:`bootstrap_ratio_ci` and the two-sided p-value of "the ratio is ``null``" (no change),
     both from the same replicates (:func:`bootstrap_p`): the CI at ``level`` excludes ``null``
     exactly when p < 1 - ``level``. With fewer than :data:`MIN_CI_SAMPLES` samples on either side,
@@ -210,12 +221,15 @@ def _run_ratio_medians(optimized: np.ndarray, control: np.ndarray, rng: np.rando
     alike, cancels as it did when they were timed; otherwise each set on its own."""
     resamples = BOOTSTRAP_RESAMPLES
     idx_opt = rng.integers(0, optimized.size, size=(resamples, optimized.size))
-    idx_ctl = idx_opt if control.size == optimized.size else rng.integers(0, control.size, size=(resamples, control.size))
+    idx_ctl = (
+        idx_opt if control.size == optimized.size else rng.integers(0, control.size, size=(resamples, control.size))
+    )
     return np.median(optimized[idx_opt], axis=1) / np.median(control[idx_ctl], axis=1)
 
 
-def run_ratio_ci(optimized: Sequence[float], control: Sequence[float], level: float = CI_LEVEL,
-                 seed: int = 0) -> RatioCI:
+def run_ratio_ci(
+    optimized: Sequence[float], control: Sequence[float], level: float = CI_LEVEL, seed: int = 0
+) -> RatioCI:
     """median(optimized) / median(control) within one run, with a percentile bootstrap CI that
     resamples interleaved rounds together where the variants have a sample per round (as
     :func:`relative_ratio_ci` does for each run). No interval under :data:`MIN_CI_SAMPLES` a side."""
@@ -228,15 +242,21 @@ def run_ratio_ci(optimized: Sequence[float], control: Sequence[float], level: fl
     return RatioCI(ratio, low, high, n)
 
 
-def relative_ratio_ci(base_optimized: Sequence[float], base_control: Sequence[float],
-                      cur_optimized: Sequence[float],
-                      cur_control: Sequence[float], level: float = CI_LEVEL, seed: int = 0) -> RatioCI:
+def relative_ratio_ci(
+    base_optimized: Sequence[float],
+    base_control: Sequence[float],
+    cur_optimized: Sequence[float],
+    cur_control: Sequence[float],
+    level: float = CI_LEVEL,
+    seed: int = 0,
+) -> RatioCI:
     """How the optimized/baseline-variant time ratio changed, current vs stored run (above 1: the
     optimized variant lost ground on the baseline variant), with a percentile bootstrap CI; the two
     runs are resampled independently. No interval where any of the four has fewer than
     :data:`MIN_CI_SAMPLES` samples."""
-    b_opt, b_ctl, c_opt, c_ctl = (np.asarray(x, dtype=np.float64) for x in
-                                  (base_optimized, base_control, cur_optimized, cur_control))
+    b_opt, b_ctl, c_opt, c_ctl = (
+        np.asarray(x, dtype=np.float64) for x in (base_optimized, base_control, cur_optimized, cur_control)
+    )
     ratio = float((np.median(c_opt) / np.median(c_ctl)) / (np.median(b_opt) / np.median(b_ctl)))
     n = int(min(b_opt.size, b_ctl.size, c_opt.size, c_ctl.size))
     if not has_interval(n):

@@ -22,23 +22,26 @@ cap) would leave minutes unused.
 executors ask :class:`Budget` at each case they are about to start, with the real time left, so a
 case that finishes early leaves room for more.
 """
+
 from __future__ import annotations
 
 import heapq
 import re
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from gpubench.errors import BadInput
-from gpubench.run.estimate import CaseCosts, CaseEstimate
 from gpubench.records.results import NotRunCase
+from gpubench.run.estimate import CaseCosts, CaseEstimate
 from gpubench.run.scenario import Case
 
 GRACE_S = 2.0  # how far past the budget a case in flight may run before its alarm stops it
-DURATION_FORMS = ("seconds (540 or 540s), minutes (9m), hours (1h), or a combination in that order "
-                  "(1h30m, 2m30s); a number may have a fraction (1.5h); more than 0")
+DURATION_FORMS = (
+    "seconds (540 or 540s), minutes (9m), hours (1h), or a combination in that order "
+    "(1h30m, 2m30s); a number may have a fraction (1.5h); more than 0"
+)
 _DURATION = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
 
 
@@ -71,8 +74,17 @@ def breadth_first(cases: Sequence[Case], order: Sequence[str] = ()) -> list[Case
 
 
 def not_run(case: Case, guess: CaseEstimate, left_s: float, target: str | None = None) -> NotRunCase:
-    return NotRunCase(case.id, case.technique, dict(case.params), "budget", round(guess.plan_s, 3),
-                      round(guess.low_s, 3), guess.basis, round(max(0.0, left_s), 3), target)
+    return NotRunCase(
+        case.id,
+        case.technique,
+        dict(case.params),
+        "budget",
+        round(guess.plan_s, 3),
+        round(guess.low_s, 3),
+        guess.basis,
+        round(max(0.0, left_s), 3),
+        target,
+    )
 
 
 @dataclass
@@ -92,8 +104,9 @@ def admitted_s(guess: CaseEstimate, fill: bool) -> float:
     return guess.low_s if fill else guess.plan_s
 
 
-def plan(cases: Sequence[Case], costs: CaseCosts, budget_s: float, workers: int = 1,
-         fill: bool = False) -> list[PlannedCase]:
+def plan(
+    cases: Sequence[Case], costs: CaseCosts, budget_s: float, workers: int = 1, fill: bool = False
+) -> list[PlannedCase]:
     """What a run under ``budget_s`` would do, case by case in run order: the workers start after
     the run's start-up, each takes the next case when free, a case runs if the time left then
     (less closing the run) holds its planning figure (``fill``: its lower figure). The same rule
@@ -121,8 +134,14 @@ class Budget:
     """The budget while a run goes: :meth:`admit` before each case starts (its time limit, or
     None: not run, recorded in :attr:`not_run`), :meth:`finished` after each one."""
 
-    def __init__(self, seconds: float, costs: CaseCosts, started_at: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, fill: bool = False):
+    def __init__(
+        self,
+        seconds: float,
+        costs: CaseCosts,
+        started_at: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        fill: bool = False,
+    ):
         self.seconds = seconds
         self.costs = costs
         self.fill = fill  # --fill-budget: admit on a case's lower figure

@@ -4,24 +4,27 @@ processes on the GPU, a capped GPU memory), telemetry per case, the case times k
 estimates, and the final writes (results.json, results.csv, telemetry.csv), which keep what still
 fits when the disk is full.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
+from gpubench.measure.devicecache import CaseTimes
+from gpubench.measure.telemetry import SAMPLE_COLUMNS
 from gpubench.records import results
 from gpubench.records.atomic import DiskFull
-from gpubench.measure.devicecache import CaseTimes
-from gpubench.run.executor import DeviceState
 from gpubench.records.results import CaseRecord, RunRecord
+from gpubench.run.executor import DeviceState
 from gpubench.run.scenario import Case
-from gpubench.measure.telemetry import SAMPLE_COLUMNS
 
 
-def describe_devices(run: RunRecord, states: Sequence[DeviceState], processes: dict[str, Any],
-                     clocks: dict[str, Any] | None) -> None:
+def describe_devices(
+    run: RunRecord, states: Sequence[DeviceState], processes: dict[str, Any], clocks: dict[str, Any] | None
+) -> None:
     """The devices the run uses, its label and environment (the first device's), the other
     processes each GPU had when the run started (a warning when any did) and the locked clocks."""
     if not states:
@@ -33,14 +36,21 @@ def describe_devices(run: RunRecord, states: Sequence[DeviceState], processes: d
     run.env = dict(states[0].env)
     run.ceilings = states[0].ceilings
     run.devices = {s.info.key: s.to_dict() for s in states}
-    busy = {k: d["other_processes"] for k, d in run.devices.items() if isinstance(d["other_processes"], list)
-            and d["other_processes"]}
+    busy = {
+        k: d["other_processes"]
+        for k, d in run.devices.items()
+        if isinstance(d["other_processes"], list) and d["other_processes"]
+    }
     run.env["gpu_processes"] = {k: d["other_processes"] for k, d in run.devices.items()}
     run.warnings = []
     if busy:
-        run.warnings.append("other processes used the GPU when the run started (" + "; ".join(
-            f"{k}: " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in procs) for k, procs in busy.items())
-            + "): they shared the device with the measurements.")
+        run.warnings.append(
+            "other processes used the GPU when the run started ("
+            + "; ".join(
+                f"{k}: " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in procs) for k, procs in busy.items()
+            )
+            + "): they shared the device with the measurements."
+        )
     if clocks is not None:
         run.env["locked_clocks"] = clocks
         run.clocks = clocks
@@ -67,14 +77,16 @@ def memory_cap_warning(run: RunRecord, cases: Sequence[Case]) -> str | None:
         return note
     of = f" of its {total / 2**30:.0f} GiB" if total else ""
     held = " / ".join(f"{min(allocator_cap_bytes(c), total or 2**62) / 2**30:.1f}" for c in caps)
-    return (f"GPU memory capped as on a {' / '.join(f'{c:g}' for c in caps)} GiB card (policy gpu_memory_gib): "
-            f"torch's caching allocator may hold about {held} GiB{of} (through "
-            f"torch.cuda.set_per_process_memory_fraction; the card's size less ~{CARD_RESERVED_GIB:g} GiB such a "
-            f"card keeps from a process and ~{CUDA_CONTEXT_GIB:g} GiB for its CUDA context). The cap is "
-            f"approximate: it covers the caching allocator only, not the CUDA context or libraries that "
-            f"allocate for themselves. Allocations past it fail as on the smaller card, but compute, memory "
-            f"bandwidth and caches are still the {label}'s, so times are not a smaller card's."
-            + (f" {note}" if note else ""))
+    return (
+        f"GPU memory capped as on a {' / '.join(f'{c:g}' for c in caps)} GiB card (policy gpu_memory_gib): "
+        f"torch's caching allocator may hold about {held} GiB{of} (through "
+        f"torch.cuda.set_per_process_memory_fraction; the card's size less ~{CARD_RESERVED_GIB:g} GiB such a "
+        f"card keeps from a process and ~{CUDA_CONTEXT_GIB:g} GiB for its CUDA context). The cap is "
+        f"approximate: it covers the caching allocator only, not the CUDA context or libraries that "
+        f"allocate for themselves. Allocations past it fail as on the smaller card, but compute, memory "
+        f"bandwidth and caches are still the {label}'s, so times are not a smaller card's."
+        + (f" {note}" if note else "")
+    )
 
 
 def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:
@@ -104,8 +116,9 @@ def remember_case_times(run: RunRecord) -> None:
         run.warnings.append(f"the case times could not be kept for later estimates ({exc})")
 
 
-def write_run(run_dir: results.RunDirectory, run: RunRecord, records: dict[int, CaseRecord],
-              states: Sequence[DeviceState]) -> None:
+def write_run(
+    run_dir: results.RunDirectory, run: RunRecord, records: dict[int, CaseRecord], states: Sequence[DeviceState]
+) -> None:
     """results.json, results.csv and telemetry.csv. On a full disk (before or now), what still
     fits is kept (:meth:`RunDirectory.close_on_full_disk`) and ``run.disk_full`` says which write
     the disk refused."""

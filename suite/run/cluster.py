@@ -7,19 +7,21 @@ crashing case fails once. A task that passes ``case_timeout_s`` (plus the kill g
 cancelled with ``force=True``, which kills its worker process. Ray is an optional extra:
 ``pip install 'gpubench[ray]'``.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from gpubench.measure import env as envmod
 from gpubench.errors import BadInput
-from gpubench.run.executor import DeviceState, failed_record, job_kill_grace_s
+from gpubench.measure import env as envmod
 from gpubench.records.results import CaseRecord
+from gpubench.run.executor import DeviceState, failed_record, job_kill_grace_s
 from gpubench.run.run_options import check_address, ray_module
 from gpubench.run.worker import DeviceInfo, Job, run_job
 
@@ -34,10 +36,19 @@ def _measure_remote(job: Job, device_type: str, calibrate: bool) -> tuple[CaseRe
         envmod.use_device(device)
         env = envmod.capture_env(device)
         gpu = env.get("gpu") or {}
-        key = f"{socket.gethostname()}:{gpu.get('uuid') or device}" if device.type == "cuda" else \
-            f"{socket.gethostname()}:cpu:{os.getpid()}"
-        info = DeviceInfo(key=key, type=device.type, index=gpu.get("index"), label=env["device_label"],
-                          uuid=gpu.get("uuid"), host=env.get("host", ""))
+        key = (
+            f"{socket.gethostname()}:{gpu.get('uuid') or device}"
+            if device.type == "cuda"
+            else f"{socket.gethostname()}:cpu:{os.getpid()}"
+        )
+        info = DeviceInfo(
+            key=key,
+            type=device.type,
+            index=gpu.get("index"),
+            label=env["device_label"],
+            uuid=gpu.get("uuid"),
+            host=env.get("host", ""),
+        )
         ceilings = envmod.run_ceilings(device) if calibrate else None
         _WORKER_STATE.update(info=info, env=env, ceilings=ceilings, clocks={})
 
@@ -57,8 +68,15 @@ class RayCluster:
     """The executor for ``--cluster``: ``ray`` starts a local Ray instance (or joins the one
     RAY_ADDRESS names), ``ray://HOST:PORT`` connects to an existing cluster."""
 
-    def __init__(self, address: str, devices: Sequence[str], *, gpu_type: str | None = None, calibrate: bool = True,
-                 max_parallel: int | None = None):
+    def __init__(
+        self,
+        address: str,
+        devices: Sequence[str],
+        *,
+        gpu_type: str | None = None,
+        calibrate: bool = True,
+        max_parallel: int | None = None,
+    ):
         check_address(address)
         self.ray = ray_module()
         self.address = None if address == "ray" else address
@@ -72,15 +90,22 @@ class RayCluster:
     def start(self) -> list[Any]:
         ray = self.ray
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, ignore_reinit_error=True)
+            ray.init(
+                address=self.address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                ignore_reinit_error=True,
+            )
             self._started_here = True
         resources = ray.cluster_resources()
         # GPU-only (docs/cuda-paths.md): a Ray cluster with GPUs; the CPU cluster test runs the rest
         if self.device_type == "cuda" and not resources.get("GPU"):
-            raise BadInput(f"--cluster {self.address or 'ray'}: the cluster has no GPU (resources: "
-                           f"{ {k: v for k, v in resources.items() if not k.startswith('node:')} }); "
-                           "use --device cpu for a CPU-only cluster.")
+            raise BadInput(
+                f"--cluster {self.address or 'ray'}: the cluster has no GPU (resources: "
+                f"{ {k: v for k, v in resources.items() if not k.startswith('node:')} }); "
+                "use --device cpu for a CPU-only cluster."
+            )
         return []
 
     def _slots(self) -> int:
@@ -118,11 +143,21 @@ class RayCluster:
                 try:
                     record, state = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:  # the harness itself raised in the task
-                    record = failed_record(job.case, "exception", f"the Ray task raised: {exc.cause!r}",
-                                           str(exc)[-4000:], time.monotonic() - start)
+                    record = failed_record(
+                        job.case,
+                        "exception",
+                        f"the Ray task raised: {exc.cause!r}",
+                        str(exc)[-4000:],
+                        time.monotonic() - start,
+                    )
                 except ray.exceptions.RayError as exc:  # the worker process died: segfault, os._exit, OOM kill
-                    record = failed_record(job.case, "crash", f"the Ray worker died during the case "
-                                           f"({type(exc).__name__})", str(exc)[-4000:], time.monotonic() - start)
+                    record = failed_record(
+                        job.case,
+                        "crash",
+                        f"the Ray worker died during the case ({type(exc).__name__})",
+                        str(exc)[-4000:],
+                        time.monotonic() - start,
+                    )
                 else:
                     self.discovered.setdefault(state["info"].key, state)
                 sink.finished(job, record)
@@ -134,12 +169,21 @@ class RayCluster:
                 if now - start >= limit + job_kill_grace_s(job):
                     ray.cancel(ref, force=True)
                     running.pop(ref)
-                    what = ("the run's --budget ran out" if job.budget_limited
-                            else f"the case passed policy.case_timeout_s = {limit:g} s")
-                    sink.finished(job, failed_record(
-                        job.case, "budget" if job.budget_limited else "timeout",
-                        f"{'stopped' if job.budget_limited else 'timeout'} (Ray task cancelled, its worker killed, "
-                        f"after {now - start:.1f} s): {what}", elapsed_s=now - start))
+                    what = (
+                        "the run's --budget ran out"
+                        if job.budget_limited
+                        else f"the case passed policy.case_timeout_s = {limit:g} s"
+                    )
+                    sink.finished(
+                        job,
+                        failed_record(
+                            job.case,
+                            "budget" if job.budget_limited else "timeout",
+                            f"{'stopped' if job.budget_limited else 'timeout'} (Ray task cancelled, its worker killed, "
+                            f"after {now - start:.1f} s): {what}",
+                            elapsed_s=now - start,
+                        ),
+                    )
 
     def devices(self) -> list[DeviceState]:
         return [DeviceState(s["info"], s["env"], s["ceilings"]) for s in self.discovered.values()]

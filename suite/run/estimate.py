@@ -15,13 +15,15 @@ what this device measured of the technique before where it did, else from the co
 allowances below; such a figure is a lower bound ("at least"), never a span that looks sure, and
 the allowances make the figure a budget counts. Cases spread over the workers run side by side.
 """
+
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from gpubench import techniques
 from gpubench.measure.devicecache import CaseTimes, fixed_cost_s
@@ -80,8 +82,7 @@ def form_key(case: Case) -> tuple:
     """A case's kernel form: its technique, variants and non-numeric params (dtype, causal, mode,
     model, ...). The first case of a form in a run pays its compiles and tunings; sizes (integer
     params) are taken as the same form (a tuner keyed on sizes re-tunes: a lower bound then)."""
-    return (case.technique, case.variants,
-            tuple((k, v) for k, v in case.params.items() if isinstance(v, (str, bool))))
+    return (case.technique, case.variants, tuple((k, v) for k, v in case.params.items() if isinstance(v, (str, bool))))
 
 
 class CaseCosts:
@@ -91,14 +92,25 @@ class CaseCosts:
     form compiled once is not compiled again, a technique's first finished case says what its
     fixed costs are here."""
 
-    def __init__(self, device: torch.device, *, history: CaseTimes | None = None, out_root: Path | None = None,
-                 repeat_scale: float = 1.0):
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        history: CaseTimes | None = None,
+        out_root: Path | None = None,
+        repeat_scale: float = 1.0,
+    ):
         self.device, self.repeat_scale = device, repeat_scale
         self.gpu = device.type == "cuda"
         kind = "cuda" if self.gpu else "cpu"
-        self.fixed_case_s, self.first_form_s, self.startup_default_s = (FIXED_CASE_S[kind], FIRST_FORM_S[kind],
-                                                                        STARTUP_S[kind])
-        self.by_id, self.by_technique = earlier_times(out_root, self.gpu, repeat_scale) if out_root is not None else ({}, {})
+        self.fixed_case_s, self.first_form_s, self.startup_default_s = (
+            FIXED_CASE_S[kind],
+            FIRST_FORM_S[kind],
+            STARTUP_S[kind],
+        )
+        self.by_id, self.by_technique = (
+            earlier_times(out_root, self.gpu, repeat_scale) if out_root is not None else ({}, {})
+        )
         self.known, self.overhead_s, self.report_s = history.read_all() if history is not None else ({}, None, None)
         self.fixed = history.fixed_costs() if history is not None else {}
         self.forms: set[tuple] = set()
@@ -113,8 +125,9 @@ class CaseCosts:
             return CaseEstimate(seconds, seconds * HISTORY_MARGIN, "earlier")
         key = (case.technique, case.variants, case.policy)
         if key not in self._bounds:
-            self._bounds[key] = policy_bounds_s(case.policy, variants_run(case.technique, case.variants, self.device),
-                                                self.gpu)
+            self._bounds[key] = policy_bounds_s(
+                case.policy, variants_run(case.technique, case.variants, self.device), self.gpu
+            )
         low, high = self._bounds[key]
         measured = self.fixed.get(case.technique)
         new_form = form_key(case) not in self.forms
@@ -160,21 +173,30 @@ class Estimate:
     def text(self) -> str:
         if self.policy_only:  # no span that looks sure: what it takes at least, and what a budget counts
             least = f"at least {duration_text(self.low_s)}" if self.low_s >= 0.05 else "not measured here"
-            span = (f"{least} (a --budget counts {duration_text(self.high_s)}, with "
-                    "allowances for start-up, calibration, building, checks and first compiles)")
+            span = (
+                f"{least} (a --budget counts {duration_text(self.high_s)}, with "
+                "allowances for start-up, calibration, building, checks and first compiles)"
+            )
         else:
-            span = (f"about {duration_text(self.high_s)}" if self.high_s <= 1.25 * self.low_s
-                    else f"{duration_text(self.low_s)} to {duration_text(self.high_s)}")
+            span = (
+                f"about {duration_text(self.high_s)}"
+                if self.high_s <= 1.25 * self.low_s
+                else f"{duration_text(self.low_s)} to {duration_text(self.high_s)}"
+            )
         basis = []
         if self.from_history:
-            basis.append(f"{self.from_history} of {self.cases} cases from what they took on this device "
-                         f"({self.history}), with its runs' start-up and report of {duration_text(self.overhead_s)}")
+            basis.append(
+                f"{self.from_history} of {self.cases} cases from what they took on this device "
+                f"({self.history}), with its runs' start-up and report of {duration_text(self.overhead_s)}"
+            )
         if self.measured:
             basis.append(f"{self.measured} of {self.cases} cases from earlier runs in {self.earlier}")
 
         if self.from_history + self.measured < self.cases:
-            basis.append(f"{'the other cases' if self.measured or self.from_history else 'every case'} from its measurement "
-                         "policy: warm-up and timing loop, with building inputs, checks and compiles on top")
+            basis.append(
+                f"{'the other cases' if self.measured or self.from_history else 'every case'} from its measurement "
+                "policy: warm-up and timing loop, with building inputs, checks and compiles on top"
+            )
         if self.workers > 1:
             basis.append(f"{self.workers} workers side by side")
         return f"{span} ({'; '.join(basis)})"
@@ -212,8 +234,11 @@ def earlier_times(out_root: Path, gpu: bool, repeat_scale: float) -> tuple[dict[
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if not isinstance(doc, dict) or ("cuda" in str(doc.get("device"))) != gpu \
-                or doc.get("repeat_scale", 1.0) != repeat_scale:
+        if (
+            not isinstance(doc, dict)
+            or ("cuda" in str(doc.get("device"))) != gpu
+            or doc.get("repeat_scale", 1.0) != repeat_scale
+        ):
             continue
         for case in doc.get("cases") or []:
             seconds = case.get("elapsed_s") if isinstance(case, dict) else None
@@ -223,9 +248,17 @@ def earlier_times(out_root: Path, gpu: bool, repeat_scale: float) -> tuple[dict[
     return by_id, {t: statistics.fmean(v) for t, v in by_technique.items()}
 
 
-def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.device, *, out_root: Path | None,
-             only: list[str] | None = None, repeat_scale: float = 1.0, workers: int = 1,
-             history: CaseTimes | None = None) -> Estimate:
+def estimate(
+    scenario: Scenario,
+    cases: Iterable[Case] | None,
+    device: torch.device,
+    *,
+    out_root: Path | None,
+    only: list[str] | None = None,
+    repeat_scale: float = 1.0,
+    workers: int = 1,
+    history: CaseTimes | None = None,
+) -> Estimate:
     """The run's wall time. ``cases``: the cases when they are built already (else a large sweep is
     estimated entry by entry, from its technique's earlier mean or its policy, never built).
     ``history``: this device model's case times."""
@@ -262,6 +295,15 @@ def estimate(scenario: Scenario, cases: Iterable[Case] | None, device: torch.dev
     extra = 0.0  # what a budget counts beside the cases where this device measured none of it
     if policy_only and not from_history:
         extra = costs.startup_s() + costs.closing_s(total)
-    return Estimate(low / workers + overhead, high / workers + overhead + extra, total, measured,
-                    Path(out_root) if measured and out_root is not None else None, workers,
-                    from_history, history.path if from_history and history is not None else None, overhead, policy_only)
+    return Estimate(
+        low / workers + overhead,
+        high / workers + overhead + extra,
+        total,
+        measured,
+        Path(out_root) if measured and out_root is not None else None,
+        workers,
+        from_history,
+        history.path if from_history and history is not None else None,
+        overhead,
+        policy_only,
+    )

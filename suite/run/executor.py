@@ -8,21 +8,23 @@ The executors: :class:`gpubench.run.in_process.InProcess` (``--isolation none``)
 :class:`gpubench.run.local_workers.LocalWorkers` (the default) and
 :class:`gpubench.run.cluster.RayCluster` (``--cluster``).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpubench.measure import machine_load
+from gpubench.measure.telemetry import TelemetrySampler
 from gpubench.records import results
+from gpubench.records.results import CaseRecord, Failure
 from gpubench.run import runner
 from gpubench.run.outcome import ProgressListener
-from gpubench.records.results import CaseRecord, Failure
 from gpubench.run.scenario import Case
 from gpubench.run.stopping import SigtermAsInterrupt
-from gpubench.measure.telemetry import TelemetrySampler
 from gpubench.run.worker import DeviceInfo, Job
 
 if TYPE_CHECKING:
@@ -58,16 +60,25 @@ class DeviceState:
     processes: list[dict[str, Any]] | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.info.to_dict(), "ceilings": self.ceilings, "other_processes": self.processes,
-                "telemetry": self.sampler.run_summary() if self.sampler is not None else None}
+        return {
+            **self.info.to_dict(),
+            "ceilings": self.ceilings,
+            "other_processes": self.processes,
+            "telemetry": self.sampler.run_summary() if self.sampler is not None else None,
+        }
 
 
 class Sink:
     """Where a finished case goes: the run's records (kept by case index), the run log, progress."""
 
-    def __init__(self, run_dir: results.RunDirectory, progress: ProgressListener,
-                 sigterm: SigtermAsInterrupt | None = None, budget: Budget | None = None,
-                 load_probe: Callable[[], machine_load.Load | None] | None = None):
+    def __init__(
+        self,
+        run_dir: results.RunDirectory,
+        progress: ProgressListener,
+        sigterm: SigtermAsInterrupt | None = None,
+        budget: Budget | None = None,
+        load_probe: Callable[[], machine_load.Load | None] | None = None,
+    ):
         self.run_dir = run_dir
         self.progress = progress
         self.records: dict[int, CaseRecord] = {}
@@ -82,8 +93,9 @@ class Sink:
         machine's load now, :mod:`gpubench.measure.machine_load`) and the time its budget leaves it
         (``budget_s``); None where the run's budget cannot hold it (recorded as not run, and
         shown)."""
-        job = dataclasses.replace(job, time_limit=machine_load.time_limit(job.case.policy.case_timeout_s,
-                                                                          self.load_probe))
+        job = dataclasses.replace(
+            job, time_limit=machine_load.time_limit(job.case.policy.case_timeout_s, self.load_probe)
+        )
         if self.budget is None:
             return job
         limit = self.budget.admit(job.case, job.target, job.timeout_s)
@@ -125,8 +137,14 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def failed_record(case: Case, kind: str, message: str, detail: str = "", elapsed_s: float | None = None,
-                  device: DeviceInfo | None = None) -> CaseRecord:
+def failed_record(
+    case: Case,
+    kind: str,
+    message: str,
+    detail: str = "",
+    elapsed_s: float | None = None,
+    device: DeviceInfo | None = None,
+) -> CaseRecord:
     """The record of a case that failed outside the runner (its worker died or was killed, the run
     stopped, nothing was left to run it on)."""
     record = runner.new_record(case)

@@ -3,6 +3,7 @@ wants it. Nothing isolates a case: a hung native call hangs the run, a segfault 
 stack then goes to stderr; the finished cases are in cases.jsonl), and a case that leaves the CUDA
 context unusable aborts the run (:class:`gpubench.run.stopping.RunAborted`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,11 +13,11 @@ import sys
 import torch
 
 from gpubench.measure import env as envmod
-from gpubench.run import runner
 from gpubench.measure import timing
+from gpubench.measure.telemetry import TelemetrySampler
+from gpubench.run import runner
 from gpubench.run.executor import DeviceState, Sink
 from gpubench.run.stopping import RunAborted, Terminated, stop_reason
-from gpubench.measure.telemetry import TelemetrySampler
 from gpubench.run.worker import DeviceInfo, Job
 
 
@@ -35,9 +36,14 @@ class InProcess:
                 faulthandler.enable(file=sys.stderr, all_threads=False)
         self.device = envmod.use_device(self.device)  # events, streams and allocations default to this GPU
         env = envmod.capture_env(self.device)
-        info = DeviceInfo(key=str(self.device), type=self.device.type,
-                          index=(env.get("gpu") or {}).get("index"), label=env["device_label"],
-                          uuid=(env.get("gpu") or {}).get("uuid"), host=env.get("host", ""))
+        info = DeviceInfo(
+            key=str(self.device),
+            type=self.device.type,
+            index=(env.get("gpu") or {}).get("index"),
+            label=env["device_label"],
+            uuid=(env.get("gpu") or {}).get("uuid"),
+            host=env.get("host", ""),
+        )
         ceilings = envmod.run_ceilings(self.device) if self.calibrate else None
         sampler = TelemetrySampler.for_device(self.device, interval_s=self.interval)
         sampler.start()
@@ -57,8 +63,16 @@ class InProcess:
             if flush not in clocks:
                 clocks[flush] = timing.Clock(self.device, flush_l2=flush)
             try:
-                record = runner.run_case(job.case, self.device, clocks[flush], state.sampler, state.ceilings,
-                                         job.run_dir, budget_s=job.budget_s, time_limit=job.time_limit)
+                record = runner.run_case(
+                    job.case,
+                    self.device,
+                    clocks[flush],
+                    state.sampler,
+                    state.ceilings,
+                    job.run_dir,
+                    budget_s=job.budget_s,
+                    time_limit=job.time_limit,
+                )
             except runner.CaseInterrupted as stop:
                 stop.record.device = state.info.record()
                 if sink.sigterm.received and stop.record.failure is not None:  # the runner says Ctrl-C
@@ -70,8 +84,10 @@ class InProcess:
             if record.status == "failed":
                 broken = runner.cuda_context_broken(self.device)
                 if broken is not None:
-                    raise RunAborted(f"the CUDA context is unusable after case {job.case.id} ({broken}); "
-                                     f"{len(jobs) - n - 1} later case(s) not run")
+                    raise RunAborted(
+                        f"the CUDA context is unusable after case {job.case.id} ({broken}); "
+                        f"{len(jobs) - n - 1} later case(s) not run"
+                    )
 
     def devices(self) -> list[DeviceState]:
         return [self.state] if self.state is not None else []

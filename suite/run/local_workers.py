@@ -6,6 +6,7 @@ A case that passes ``case_timeout_s`` is stopped even inside a native call: the 
 (segfault, abort, ``os._exit``, a poisoned CUDA context) fails only its case, with the signal or
 exit code and the last lines of its output. A fresh worker takes the next case.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,15 +14,15 @@ import multiprocessing as mp
 import signal
 import time
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpubench.measure import machine_load
-from gpubench.run import runner
-from gpubench.run import worker
-from gpubench.run.executor import DeviceState, Sink, failed_record, job_kill_grace_s
 from gpubench.measure.telemetry import NvmlSource, TelemetrySampler, TelemetryUnavailable
+from gpubench.run import runner, worker
+from gpubench.run.executor import DeviceState, Sink, failed_record, job_kill_grace_s
 from gpubench.run.worker import DeviceInfo, Done, Job, Note, Ready
 
 START_TIMEOUT_S = 900.0  # a worker's start: import torch, capture the environment, calibrate
@@ -60,9 +61,12 @@ class WorkerSlot:
 
     def spawn(self, calibrate: bool) -> Ready:
         parent, child = self.context.Pipe()
-        self.process = self.context.Process(target=worker.main, name=f"gpubench-worker-{self.key}", daemon=True,
-                                            args=(child, self.key, self.device_text, self.tag, str(self.log_path),
-                                                  calibrate))
+        self.process = self.context.Process(
+            target=worker.main,
+            name=f"gpubench-worker-{self.key}",
+            daemon=True,
+            args=(child, self.key, self.device_text, self.tag, str(self.log_path), calibrate),
+        )
         self.log_offset = self._log_size()
         self.process.start()
         child.close()
@@ -74,8 +78,10 @@ class WorkerSlot:
             self.ready = parent.recv()
         except (EOFError, OSError):
             self.process.join(5)
-            raise WorkerDied(f"the worker for {self.key} died while starting ({self.exit_text()}); its last "
-                             f"output:\n{self.log_tail()}") from None
+            raise WorkerDied(
+                f"the worker for {self.key} died while starting ({self.exit_text()}); its last "
+                f"output:\n{self.log_tail()}"
+            ) from None
         return self.ready
 
     def submit(self, job: Job) -> None:
@@ -138,8 +144,15 @@ class WorkerSlot:
 class LocalWorkers:
     """One worker process per device slot, jobs handed to whichever is free."""
 
-    def __init__(self, devices: Sequence[str], log_dir: Path, *, calibrate: bool, telemetry_interval_s: float,
-                 max_parallel: int | None = None):
+    def __init__(
+        self,
+        devices: Sequence[str],
+        log_dir: Path,
+        *,
+        calibrate: bool,
+        telemetry_interval_s: float,
+        max_parallel: int | None = None,
+    ):
         context = mp.get_context("spawn")
         keys = slot_keys(devices)
         slots = max_parallel or len(keys)
@@ -152,14 +165,16 @@ class LocalWorkers:
     def start(self) -> list[DeviceState]:
         for w in self.workers:
             ready = w.spawn(self.calibrate)
-            self.states[w.key] = DeviceState(ready.device, ready.env, ready.ceilings,
-                                             self._sampler(ready.device, w.tag))
+            self.states[w.key] = DeviceState(
+                ready.device, ready.env, ready.ceilings, self._sampler(ready.device, w.tag)
+            )
         return list(self.states.values())
 
     def _sampler(self, info: DeviceInfo, tag: Any) -> TelemetrySampler:
         if info.type != "cuda":
-            return TelemetrySampler(None, self.interval, unavailable_reason=f"device is {info.type} "
-                                    "(NVML reports NVIDIA GPUs only)")
+            return TelemetrySampler(
+                None, self.interval, unavailable_reason=f"device is {info.type} (NVML reports NVIDIA GPUs only)"
+            )
         try:  # GPU-only (docs/cuda-paths.md): a worker's sampler on a real GPU (telemetry fakes NVML itself)
             source = NvmlSource(index=None if info.uuid else info.index, uuid=info.uuid)
         except TelemetryUnavailable as exc:
@@ -193,7 +208,9 @@ class LocalWorkers:
             busy = [w for w in alive if w.job is not None]
             if not busy:
                 for job in pending:  # asked for a device model no live worker has
-                    sink.finished(job, failed_record(job.case, "crash", f"no worker on a {job.target} is left to run it"))
+                    sink.finished(
+                        job, failed_record(job.case, "crash", f"no worker on a {job.target} is left to run it")
+                    )
                 return
             timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
             ready = set(wait_any([w.conn for w in busy], timeout))
@@ -225,8 +242,12 @@ class LocalWorkers:
         except (EOFError, OSError):
             w.process.join(5.0)
             message = f"the worker died during the case ({w.exit_text()})"
-            sink.finished(job, failed_record(job.case, "crash", message, w.log_tail(),
-                                             time.monotonic() - w.started_at, self.states[w.key].info))
+            sink.finished(
+                job,
+                failed_record(
+                    job.case, "crash", message, w.log_tail(), time.monotonic() - w.started_at, self.states[w.key].info
+                ),
+            )
             self._replace(w)
             return
         if isinstance(done, Note):  # the case goes on
@@ -246,13 +267,26 @@ class LocalWorkers:
         w.kill()
         limit = job.limit_s
         if job.budget_limited:  # the run's budget ran out: interrupted, not failed (its samples died with the worker)
-            kind, message = "budget", (f"stopped (worker killed after {elapsed:.1f} s): the run's --budget ran out "
-                                       f"{limit:.1f} s into the case, inside a call Python could not interrupt")
+            kind, message = (
+                "budget",
+                (
+                    f"stopped (worker killed after {elapsed:.1f} s): the run's --budget ran out "
+                    f"{limit:.1f} s into the case, inside a call Python could not interrupt"
+                ),
+            )
         else:
-            failure = runner.timeout_failure(job.time_limit or machine_load.TimeLimit(limit), elapsed,
-                                             f"timeout (worker killed after {elapsed:.1f} s)")
-            kind, message = failure.kind, (f"{failure.message}; the case passed its limit inside a call Python "
-                                           "could not interrupt (native code or a kernel that never returned)")
+            failure = runner.timeout_failure(
+                job.time_limit or machine_load.TimeLimit(limit),
+                elapsed,
+                f"timeout (worker killed after {elapsed:.1f} s)",
+            )
+            kind, message = (
+                failure.kind,
+                (
+                    f"{failure.message}; the case passed its limit inside a call Python "
+                    "could not interrupt (native code or a kernel that never returned)"
+                ),
+            )
         record = failed_record(job.case, kind, message, w.log_tail(), elapsed, self.states[w.key].info)
         record.time_limit = job.time_limit.to_dict() if job.time_limit is not None else None
         sink.finished(job, record)
@@ -263,8 +297,9 @@ class LocalWorkers:
 
     def in_flight(self) -> list[tuple[Job, DeviceInfo, float]]:
         """The jobs running now: (job, device, seconds so far)."""
-        return [(w.job, self.states[w.key].info, time.monotonic() - w.started_at)
-                for w in self.workers if w.job is not None]
+        return [
+            (w.job, self.states[w.key].info, time.monotonic() - w.started_at) for w in self.workers if w.job is not None
+        ]
 
     def close(self) -> None:
         for w in self.workers:
@@ -272,4 +307,3 @@ class LocalWorkers:
         for state in self.states.values():
             if state.sampler is not None:
                 state.sampler.close()
-

@@ -5,6 +5,7 @@ Both the supervisor (which produces them) and its callers (the CLI, scripts, tes
 they live apart from :mod:`gpubench.run.supervisor` and :mod:`gpubench.run.runner` so neither side has to
 import the other to name them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,11 +34,20 @@ class ProgressListener(Protocol):
 
 
 class Silent:
-    def run_started(self, total: int) -> None: pass
-    def case_started(self, index: int, case: Case) -> None: pass
-    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None: pass
-    def note(self, text: str) -> None: pass
-    def run_finished(self) -> None: pass
+    def run_started(self, total: int) -> None:
+        pass
+
+    def case_started(self, index: int, case: Case) -> None:
+        pass
+
+    def case_finished(self, index: int, case: Case, record: CaseRecord) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def run_finished(self) -> None:
+        pass
 
 
 @dataclass

@@ -4,16 +4,18 @@ is created: devices that do not exist here (:func:`resolve_devices`), options th
 together (:func:`check_options`), and, with ``--exclusive``, a GPU other processes use
 (:func:`check_hygiene`).
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from gpubench.measure import hygiene
 from gpubench.errors import BadInput
+from gpubench.measure import hygiene
 
 # Device counts through NVML where torch can (torch reads this at each call): the supervisor never
 # creates a CUDA context of its own.
@@ -54,11 +56,15 @@ def resolve_devices(text: str, source: str = "--devices") -> list[str]:
         elif item == "cuda" or (item.startswith("cuda:") and item[5:].isdigit()):
             index = int(item[5:]) if ":" in item else 0
             if not count:
-                raise BadInput(f"{source}: device {item!r} was asked for, but no CUDA GPU is usable here "
-                               f"(torch {torch.__version__}). Allowed: {allowed}; use 'cpu' on this machine.")
+                raise BadInput(
+                    f"{source}: device {item!r} was asked for, but no CUDA GPU is usable here "
+                    f"(torch {torch.__version__}). Allowed: {allowed}; use 'cpu' on this machine."
+                )
             if index >= count:
-                raise BadInput(f"{source}: device {item!r} does not exist; this machine has {count} CUDA "
-                               f"device(s) (cuda:0..cuda:{count - 1}).")
+                raise BadInput(
+                    f"{source}: device {item!r} does not exist; this machine has {count} CUDA "
+                    f"device(s) (cuda:0..cuda:{count - 1})."
+                )
             out.append(f"cuda:{index}")
         else:
             raise BadInput(f"{source}: {item!r} is not a device; allowed: {allowed}.")
@@ -72,17 +78,21 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise BadInput("--cluster ray: Ray is not installed; install the extra with pip install 'gpubench[ray]' "
-                       "(or pip install ray), then run again.") from None
+        raise BadInput(
+            "--cluster ray: Ray is not installed; install the extra with pip install 'gpubench[ray]' "
+            "(or pip install ray), then run again."
+        ) from None
     return ray
 
 
 def check_address(address: str) -> None:
     """``--cluster``: ``ray`` or ``ray://HOST:PORT``; BadInput otherwise (before a run directory is made)."""
     if address != "ray" and not address.startswith("ray://"):
-        raise BadInput(f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
-                       "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
-                       "the allocation and give --cluster ray (README, 'A Ray cluster').")
+        raise BadInput(
+            f"--cluster: {address!r} is not valid; allowed: ray (a local Ray instance, or the cluster "
+            "RAY_ADDRESS names) or ray://HOST:PORT (an existing cluster). On SLURM, start Ray inside "
+            "the allocation and give --cluster ray (README, 'A Ray cluster')."
+        )
 
 
 def check_options(options: RunOptions) -> None:
@@ -90,8 +100,10 @@ def check_options(options: RunOptions) -> None:
     if options.isolation not in ISOLATIONS:
         raise BadInput(f"--isolation: {options.isolation!r} is not valid; allowed: {', '.join(ISOLATIONS)}.")
     if options.isolation == "none" and len(options.devices) > 1 and not options.cluster:
-        raise BadInput("--isolation none runs every case in this process, on one device; give one device "
-                       f"(got {', '.join(options.devices)}) or use worker processes (--isolation process).")
+        raise BadInput(
+            "--isolation none runs every case in this process, on one device; give one device "
+            f"(got {', '.join(options.devices)}) or use worker processes (--isolation process)."
+        )
     if options.budget_s is not None and not options.budget_s > 0:
         raise BadInput(f"--budget: {options.budget_s!r} is not valid; allowed: a duration above 0 (540, 9m, 1h30m).")
     if options.fill_budget and options.budget_s is None:
@@ -109,8 +121,11 @@ def check_hygiene(devices: Sequence[str], exclusive: bool) -> dict[str, Any]:
     found = {d: hygiene.gpu_processes(d) for d in dict.fromkeys(devices) if d.startswith("cuda")}
     busy = {d: p for d, p in found.items() if isinstance(p, list) and p}
     if exclusive and busy:
-        listing = "; ".join(f"{d}: " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in procs)
-                            for d, procs in busy.items())
-        raise BadInput(f"--exclusive: other processes are using the GPU ({listing}); their work would share the "
-                       "device with the measurements. Stop them, or run without --exclusive (the report then warns).")
+        listing = "; ".join(
+            f"{d}: " + ", ".join(f"{p['name']} (pid {p['pid']})" for p in procs) for d, procs in busy.items()
+        )
+        raise BadInput(
+            f"--exclusive: other processes are using the GPU ({listing}); their work would share the "
+            "device with the measurements. Stop them, or run without --exclusive (the report then warns)."
+        )
     return found

@@ -9,6 +9,7 @@ reason; the run goes on. The time limit here is SIGALRM on the main thread: it s
 and any native call that returns, keeping what was measured; a native call that never returns is
 the supervisor's to stop, by killing the worker process (:mod:`gpubench.run.supervisor`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,22 +20,20 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from gpubench import techniques
-from gpubench.measure import energy
-from gpubench.measure import machine_load
-from gpubench.measure import profiling
-from gpubench.records import stats
-from gpubench.measure import timing
 from gpubench.contract import ROLES, SHAPE_TIME_BASIS, CheckResult, Measured, Recorder, Technique, Variant, Workload
+from gpubench.measure import energy, machine_load, profiling, timing
+from gpubench.measure.telemetry import TelemetrySampler
+from gpubench.records import stats
 from gpubench.records.results import CaseRecord, Check, Failure, Speedup, Stats, Timing, VariantRecord
 from gpubench.run.scenario import Case
-from gpubench.measure.telemetry import TelemetrySampler
 
 
 class CaseTimeout(BaseException):
@@ -70,8 +69,11 @@ def deadline(seconds: float, budget: bool = False) -> Iterator[None]:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                                  getattr(torch.cuda, "OutOfMemoryError", None), MemoryError) if t)
+    oom_types = tuple(
+        t
+        for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None), MemoryError)
+        if t
+    )
     text = str(exc).lower()
     return isinstance(exc, oom_types) or "out of memory" in text or "can't allocate memory" in text
 
@@ -92,8 +94,11 @@ def timeout_failure(limit: machine_load.TimeLimit, elapsed_s: float, lead: str |
     now = machine_load.read()
     message = f"{lead or f'timed out after {elapsed_s:.0f} s'} ({limit.words(now)})"
     if machine_load.overloaded(limit.load, now):
-        return Failure("overloaded", f"{message}: the machine was overloaded, so this is a timeout of the run's "
-                                     "environment, not a failure of the technique; rerun it on a quieter machine")
+        return Failure(
+            "overloaded",
+            f"{message}: the machine was overloaded, so this is a timeout of the run's "
+            "environment, not a failure of the technique; rerun it on a quieter machine",
+        )
     return Failure("timeout", message)
 
 
@@ -106,8 +111,11 @@ def describe(exc: BaseException) -> Failure:
         kind = "oom"
     else:
         kind = "exception"
-    failure = Failure(kind, f"{type(exc).__name__}: {exc}",
-                      "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:])
+    failure = Failure(
+        kind,
+        f"{type(exc).__name__}: {exc}",
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
+    )
     timing.release_frames(exc)
     return failure
 
@@ -140,10 +148,17 @@ def unloadable(case: Case, source: str) -> CaseRecord:
 
 def new_record(case: Case) -> CaseRecord:
     tech = techniques.get(case.technique)
-    return CaseRecord(id=case.id, technique=case.technique, params=case.params, seed=case.seed,
-                      policy=case.policy.to_dict(), source=tech.source if tech is not None else "",
-                      headline=tech.headline if tech is not None else "",  # type: ignore[attr-defined]  # property
-                      gate_metric=tech.gate_metric if tech is not None else "", started_at=_now())
+    return CaseRecord(
+        id=case.id,
+        technique=case.technique,
+        params=case.params,
+        seed=case.seed,
+        policy=case.policy.to_dict(),
+        source=tech.source if tech is not None else "",
+        headline=tech.headline if tech is not None else "",  # type: ignore[attr-defined]  # property
+        gate_metric=tech.gate_metric if tech is not None else "",
+        started_at=_now(),
+    )
 
 
 class CaseInterrupted(KeyboardInterrupt):
@@ -220,9 +235,16 @@ class CaseRun:
         return self.record.variants[name]
 
 
-def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: TelemetrySampler,
-             ceilings: dict[str, Any] | None, run_dir: Path | str | None = None,
-             budget_s: float | None = None, time_limit: machine_load.TimeLimit | None = None) -> CaseRecord:
+def run_case(
+    case: Case,
+    device: torch.device,
+    clock: timing.Clock,
+    sampler: TelemetrySampler,
+    ceilings: dict[str, Any] | None,
+    run_dir: Path | str | None = None,
+    budget_s: float | None = None,
+    time_limit: machine_load.TimeLimit | None = None,
+) -> CaseRecord:
     """Measure one case. Never raises, except :class:`CaseInterrupted` on Ctrl-C (with the
     partial record). ``run_dir``: where profiles are written (``policy.profile``); without it,
     nothing is profiled. ``time_limit``: the case's limit (its ``case_timeout_s`` scaled by the
@@ -243,8 +265,7 @@ def run_case(case: Case, device: torch.device, clock: timing.Clock, sampler: Tel
     by_budget = budget_s is not None and budget_s < limit.seconds
     run.deadline = timing.timing_deadline(t0, budget_s if by_budget else limit.seconds)
     try:
-        with deadline(budget_s if by_budget else limit.seconds, by_budget), \
-                profiling.nvtx_range(case.id, device):
+        with deadline(budget_s if by_budget else limit.seconds, by_budget), profiling.nvtx_range(case.id, device):
             _measure(run)
     except BudgetSpent as exc:
         run.record.status = "interrupted"
@@ -284,8 +305,11 @@ def _plan_variants(run: CaseRun) -> list[Variant]:
     cannot run here, marked checked-only where it runs but is never timed. The variants to run."""
     tech, device = run.tech, run.device
     cast = tech.cast(device, run.case.params)
-    wanted = (tech.resolve(run.case.variants, device, run.case.params) if run.case.variants is not None
-              else list(tech.variants))
+    wanted = (
+        tech.resolve(run.case.variants, device, run.case.params)
+        if run.case.variants is not None
+        else list(tech.variants)
+    )
     names = sorted(wanted, key=lambda n: ROLES.index(cast[n][0]))
     for name in names:
         role, reason = cast[name]
@@ -356,12 +380,22 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
     """Stage 3: warm-up, then timed rounds interleaved (A B A B ...), of every variant that ran
     and is timed (a wrong result is still timed; its check fails the case). The calls timed; the
     samples are in ``run.timings``."""
-    calls = {n: functools.partial(run.tech.variants[n].call, workload) for n in outputs
-             if run.variant(n).timing is None}
-    timing.measure_interleaved(calls, run.clock, run.case.policy, reset=workload.reset, on_switch=run.tag,
-                               timings=run.timings, nvtx_case=run.case.id, phases=run.phases, deadline=run.deadline,
-                               host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic,
-                               basis=getattr(run.tech, "time_basis", "") or SHAPE_TIME_BASIS.get(run.tech.shape, "device"))
+    calls = {
+        n: functools.partial(run.tech.variants[n].call, workload) for n in outputs if run.variant(n).timing is None
+    }
+    timing.measure_interleaved(
+        calls,
+        run.clock,
+        run.case.policy,
+        reset=workload.reset,
+        on_switch=run.tag,
+        timings=run.timings,
+        nvtx_case=run.case.id,
+        phases=run.phases,
+        deadline=run.deadline,
+        host_clock=_host_clock(run.sampler) if run.case.policy.energy_s > 0 else time.monotonic,
+        basis=getattr(run.tech, "time_basis", "") or SHAPE_TIME_BASIS.get(run.tech.shape, "device"),
+    )
     return calls
 
 
@@ -393,12 +427,15 @@ def _derive(run: CaseRun, workload: Workload, outputs: dict[str, Any], calls: Ca
 def _record_timings(run: CaseRun) -> None:
     for name, t in run.timings.items():
         vrec = run.variant(name)
-        vrec.timing = Timing(method=run.clock.method_of(t.basis), l2_flush=run.clock.flushes_l2,
-                             cuda_graph=t.cuda_graph,
-                             # of the device-time samples (a GPU, the flush on); None: not recorded
-                             launch_outlasted_flush=t.launch_outlasted_flush,
-                             # repetitions timed on both clocks in one call (long calls)
-                             both_clocks_one_call=t.shared_calls or None)
+        vrec.timing = Timing(
+            method=run.clock.method_of(t.basis),
+            l2_flush=run.clock.flushes_l2,
+            cuda_graph=t.cuda_graph,
+            # of the device-time samples (a GPU, the flush on); None: not recorded
+            launch_outlasted_flush=t.launch_outlasted_flush,
+            # repetitions timed on both clocks in one call (long calls)
+            both_clocks_one_call=t.shared_calls or None,
+        )
         vrec.under_sampled = t.under_sampled
         if t.error is not None:
             vrec.fail("error", describe(t.error), "during timing: ")
@@ -410,8 +447,9 @@ def _record_metrics(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -
     for name, t in run.timings.items():
         if not t.samples_s:
             continue
-        measured = Measured(name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), run.device,
-                            records=list(t.records))
+        measured = Measured(
+            name, list(t.samples_s), stats.median(t.samples_s), outputs.get(name), run.device, records=list(t.records)
+        )
         try:
             metrics = dict(run.tech.metrics_fn(workload, measured)) if run.tech.metrics_fn else {}
         except Exception as exc:  # noqa: BLE001 - the timing stands; the metric is marked broken
@@ -437,15 +475,19 @@ def _record_energy(run: CaseRun, workload: Workload, calls: Calls) -> None:
             continue
         timed = run.timings.get(name)
         try:
-            if log is not None and timed is not None and timed.host_bounds and energy.calls_are_long(
-                    stats.median([end - start for start, end in timed.host_bounds]), period):
-                vrec.energy = energy.measure_over_calls(readings, timed.host_bounds,
-                                                        power_limit_w=limit() if limit is not None else None)
+            if (
+                log is not None
+                and timed is not None
+                and timed.host_bounds
+                and energy.calls_are_long(stats.median([end - start for start, end in timed.host_bounds]), period)
+            ):
+                vrec.energy = energy.measure_over_calls(
+                    readings, timed.host_bounds, power_limit_w=limit() if limit is not None else None
+                )
             else:
                 run.tag(f"{name}:energy")
                 with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
-                    vrec.energy = _energy_per_call(call, workload, run.device, run.sampler,
-                                                   run.case.policy.energy_s)
+                    vrec.energy = _energy_per_call(call, workload, run.device, run.sampler, run.case.policy.energy_s)
             vrec.energy_mj_per_call, vrec.energy_error = vrec.energy.mj_per_call, vrec.energy.error
         except Exception as exc:  # noqa: BLE001 - the timing and check stand
             vrec.energy_error = describe(exc).message
@@ -462,9 +504,15 @@ def _record_profiles(run: CaseRun, workload: Workload, calls: Calls) -> None:
         if vrec.status in ("ok", "check_failed", "unchecked"):
             run.tag(f"{name}:profile")
             with profiling.nvtx_range(f"{run.case.id}/{name}", run.device):
-                vrec.profile = profiling.profile_variant(functools.partial(call, Recorder()), run.device,
-                                                         policy.profile_calls, run.run_dir, run.case.id, name,
-                                                         reset=workload.reset)
+                vrec.profile = profiling.profile_variant(
+                    functools.partial(call, Recorder()),
+                    run.device,
+                    policy.profile_calls,
+                    run.run_dir,
+                    run.case.id,
+                    name,
+                    reset=workload.reset,
+                )
 
 
 def _assemble(run: CaseRun, t0: float) -> None:
@@ -487,7 +535,9 @@ def _assemble(run: CaseRun, t0: float) -> None:
 PHASES = ("build", "check", "warmup", "timing", "metrics", "energy", "profile", "stats")
 
 
-def phase_seconds(laps: dict[str, float], elapsed_s: float, timings: dict[str, timing.VariantTiming]) -> dict[str, float]:
+def phase_seconds(
+    laps: dict[str, float], elapsed_s: float, timings: dict[str, timing.VariantTiming]
+) -> dict[str, float]:
     """A case's phase laps in :data:`PHASES` order (0 for a phase it never reached), ``timed``
     (the timed calls' own samples on both clocks, part of ``timing``) and ``other`` (elapsed less the phases)."""
     out = {name: laps.get(name, 0.0) for name in PHASES}
@@ -509,17 +559,23 @@ def _call_once(variant: Variant, workload: Workload, device: torch.device) -> tu
     return variant.call(workload), None
 
 
-def _energy_per_call(call: Callable[[Recorder], Any], workload: Workload, device: torch.device,
-                     sampler: TelemetrySampler, seconds: float) -> energy.EnergyMeasurement:
+def _energy_per_call(
+    call: Callable[[Recorder], Any], workload: Workload, device: torch.device, sampler: TelemetrySampler, seconds: float
+) -> energy.EnergyMeasurement:
     def one_call() -> None:
         if workload.reset is not None:
             workload.reset()
         call(Recorder())
 
     limit = getattr(sampler, "power_limit_w", None)  # a probe without it: the figure is not checked
-    return energy.measure_energy_per_call(one_call, sampler.energy_mj, _host_clock(sampler), min_window_s=seconds,
-                                          power_limit_w=limit() if limit is not None else None,
-                                          sync=lambda: timing.synchronize(device))
+    return energy.measure_energy_per_call(
+        one_call,
+        sampler.energy_mj,
+        _host_clock(sampler),
+        min_window_s=seconds,
+        power_limit_w=limit() if limit is not None else None,
+        sync=lambda: timing.synchronize(device),
+    )
 
 
 def derive_rates(metrics: dict[str, Any], median_s: float, ceilings: dict[str, Any] | None) -> dict[str, Any]:
@@ -568,7 +624,9 @@ def _store_speedups(record: CaseRecord) -> None:
     for name, v in variants.items():
         if name != base and v.samples_s:
             try:
-                record.speedups[name] = Speedup(**stats.bootstrap_ratio_ci(variants[base].samples_s, v.samples_s).to_dict())
+                record.speedups[name] = Speedup(
+                    **stats.bootstrap_ratio_ci(variants[base].samples_s, v.samples_s).to_dict()
+                )
             except ValueError as exc:  # e.g. a median of 0 s: below the clock's resolution
                 record.speedups[name] = Speedup.failed(str(exc))
 

@@ -19,6 +19,7 @@ Format::
         policy: {max_reps: 20}       # optional per-entry override
         variants: [optimized, sdpa]  # optional subset: names or roles (the baseline is always kept)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,16 +29,17 @@ import importlib.resources
 import itertools
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from gpubench import techniques
-from gpubench.techniques import catalog
 from gpubench.errors import BadInput
 from gpubench.records.policy import POLICY_PARAMS, Policy, parse_threshold, policy_problems
+from gpubench.techniques import catalog
 
 TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "order", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants")
@@ -140,12 +142,24 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "description": self.description, "device": self.device,
-            "seed": self.seed, "path": str(self.path), "sha256": self.sha256,
-            "policy": self.policy.to_dict(), "thresholds": self.thresholds,
+            "name": self.name,
+            "description": self.description,
+            "device": self.device,
+            "seed": self.seed,
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "policy": self.policy.to_dict(),
+            "thresholds": self.thresholds,
             **({"order": list(self.order)} if self.order else {}),
-            "entries": [{"technique": e.technique, "params": e.grid, "policy": e.policy.to_dict(),
-                         "variants": list(e.variants) if e.variants else None} for e in self.entries],
+            "entries": [
+                {
+                    "technique": e.technique,
+                    "params": e.grid,
+                    "policy": e.policy.to_dict(),
+                    "variants": list(e.variants) if e.variants else None,
+                }
+                for e in self.entries
+            ],
         }
 
 
@@ -157,6 +171,7 @@ def case_seed(case_id: str, scenario_seed: int = 0) -> int:
 
 # --------------------------------------------------------------------------------------------
 # Finding scenario files
+
 
 def shipped_scenarios() -> dict[str, Path]:
     root = importlib.resources.files("gpubench.scenarios")
@@ -170,8 +185,11 @@ def resolve(name_or_path: str) -> Path:
         return path
     if path.is_dir():
         yamls = sorted(p.name for p in path.glob("*.y*ml"))[:5]
-        raise BadInput(f"scenario {name_or_path!r}: is a directory, not a scenario file; give a YAML file"
-                       + (f" (here: {', '.join(yamls)})" if yamls else "") + " or a shipped scenario name.")
+        raise BadInput(
+            f"scenario {name_or_path!r}: is a directory, not a scenario file; give a YAML file"
+            + (f" (here: {', '.join(yamls)})" if yamls else "")
+            + " or a shipped scenario name."
+        )
     shipped = shipped_scenarios()
     stem = name_or_path[:-5] if name_or_path.endswith(".yaml") else name_or_path
     if stem in shipped:
@@ -186,6 +204,7 @@ def resolve(name_or_path: str) -> Path:
 
 # --------------------------------------------------------------------------------------------
 # Loading with line numbers
+
 
 class _Located:
     """A YAML document as Python values plus the line of every key path."""
@@ -263,12 +282,28 @@ def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
         for tech, grid, where in pending:
             _check_combinations(tech, grid, where, bad)
     if problems:
-        deferred = (" (the techniques' own rules across params are checked once these are fixed)"
-                    if cross_checks and not checked and any(_has_rules(tech) for tech, _, _ in pending) else "")
-        raise BadInput(f"{path}: the scenario is not valid ({len(problems)} problem"
-                       f"{'s' if len(problems) > 1 else ''}){deferred}; nothing was run:", problems)
-    return Scenario(name=name, description=description, device=device, policy=policy, seed=seed,
-                    entries=entries, path=path, text=text, thresholds=thresholds, order=order)
+        deferred = (
+            " (the techniques' own rules across params are checked once these are fixed)"
+            if cross_checks and not checked and any(_has_rules(tech) for tech, _, _ in pending)
+            else ""
+        )
+        raise BadInput(
+            f"{path}: the scenario is not valid ({len(problems)} problem"
+            f"{'s' if len(problems) > 1 else ''}){deferred}; nothing was run:",
+            problems,
+        )
+    return Scenario(
+        name=name,
+        description=description,
+        device=device,
+        policy=policy,
+        seed=seed,
+        entries=entries,
+        path=path,
+        text=text,
+        thresholds=thresholds,
+        order=order,
+    )
 
 
 def _compose(text: str, path: Path) -> _Located:
@@ -290,8 +325,10 @@ def _key_problems(doc: _Located, path: Path) -> list[str]:
     """Keys YAML allows and a scenario does not: a list or mapping as a key, a key given twice."""
     problems = []
     for key_path, line in doc.bad_keys:
-        problems.append(f"{path}:{line}: {'.'.join(map(str, key_path)) or '(top level)'}: "
-                        f"a key must be a plain name, not a list or mapping")
+        problems.append(
+            f"{path}:{line}: {'.'.join(map(str, key_path)) or '(top level)'}: "
+            f"a key must be a plain name, not a list or mapping"
+        )
     for dup_path, line in doc.duplicates:
         problems.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: key given twice")
     return problems
@@ -319,8 +356,14 @@ def _header(data: dict[Any, Any], path: Path, bad) -> tuple[str, str, str, int]:
     return name, description, device, seed
 
 
-def _entries(raw_entries: Any, policy: Policy, doc: _Located, path: Path, bad,
-             pending: list[tuple[Any, dict[str, list[Any]], tuple]]) -> list[Entry]:
+def _entries(
+    raw_entries: Any,
+    policy: Policy,
+    doc: _Located,
+    path: Path,
+    bad,
+    pending: list[tuple[Any, dict[str, list[Any]], tuple]],
+) -> list[Entry]:
     """``entries``: each valid one with the line it starts on (a technique given as a .py file is
     looked up beside the scenario file); each valid entry's technique and grid go on ``pending``
     for its cross-param rules."""
@@ -350,7 +393,11 @@ def _thresholds(raw: Any, bad) -> dict[str, float]:
         try:
             out[key] = parse_threshold(value, "")
         except BadInput:
-            bad(("thresholds", key), f"thresholds.{key}", f"{value!r} is not valid; allowed: a slowdown such as 10% or 0.1")
+            bad(
+                ("thresholds", key),
+                f"thresholds.{key}",
+                f"{value!r} is not valid; allowed: a slowdown such as 10% or 0.1",
+            )
     return out
 
 
@@ -384,8 +431,14 @@ def _policy(raw: Any, base: Policy, key_path: tuple, label: str, bad) -> Policy:
     return dataclasses.replace(base, **{k: POLICY_PARAMS[k].coerce(v) for k, v in raw.items()})
 
 
-def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None = None,
-           pending: list[tuple[Any, dict[str, list[Any]], tuple]] | None = None) -> Entry | None:
+def _entry(
+    raw: Any,
+    i: int,
+    scenario_policy: Policy,
+    bad,
+    base_dir: Path | None = None,
+    pending: list[tuple[Any, dict[str, list[Any]], tuple]] | None = None,
+) -> Entry | None:
     """One entry, checked against its technique's declarations: a built-in's from the catalogue
     (no technique code), a plug-in's from its module. A valid entry's technique and grid go on
     ``pending``, for its cross-param rules (``validate_fn``), checked by :func:`parse` last."""
@@ -399,14 +452,20 @@ def _entry(raw: Any, i: int, scenario_policy: Policy, bad, base_dir: Path | None
     spec = raw.get("technique")
     registry = catalog.declared()
     if not isinstance(spec, str) or not spec.strip():
-        bad(where + ("technique",), f"entries[{i}].technique",
-            f"{spec!r} is not valid; allowed: {', '.join(registry)}, a module (my_pkg.my_pair) or a .py file")
+        bad(
+            where + ("technique",),
+            f"entries[{i}].technique",
+            f"{spec!r} is not valid; allowed: {', '.join(registry)}, a module (my_pkg.my_pair) or a .py file",
+        )
         return None
     if spec not in registry and "." not in spec and "/" not in spec and difflib.get_close_matches(spec, registry, n=1):
         hint = difflib.get_close_matches(spec, registry, n=1)[0]
-        bad(where + ("technique",), f"entries[{i}].technique",
+        bad(
+            where + ("technique",),
+            f"entries[{i}].technique",
             f"{spec!r} is not a registered technique (did you mean {hint!r}?); allowed: {', '.join(registry)}, "
-            "a module (my_pkg.my_pair) or a .py file")
+            "a module (my_pkg.my_pair) or a .py file",
+        )
         return None
     try:
         tech = catalog.load(spec, base_dir)
@@ -436,8 +495,11 @@ def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) ->
     for key, value in params.items():
         spec = tech.param(key)
         if spec is None:
-            bad(where + ("params", key), f"{name}.{key}",
-                f"unknown param; allowed: {', '.join(p.name for p in tech.params)}")
+            bad(
+                where + ("params", key),
+                f"{name}.{key}",
+                f"unknown param; allowed: {', '.join(p.name for p in tech.params)}",
+            )
             ok = False
             continue
         values = value if isinstance(value, list) else [value]
@@ -457,8 +519,9 @@ def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) ->
     return grid, ok
 
 
-def _variants(tech: techniques.Technique, raw: dict[Any, Any], where: tuple,
-              bad) -> tuple[tuple[str, ...] | None, bool]:
+def _variants(
+    tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad
+) -> tuple[tuple[str, ...] | None, bool]:
     """An entry's ``variants`` (None: all), the baseline put first; and whether they were valid."""
     name = tech.name
     ok = True
@@ -466,14 +529,21 @@ def _variants(tech: techniques.Technique, raw: dict[Any, Any], where: tuple,
     allowed = ", ".join([*tech.variants, "baseline", "optimized"])
     if variants is not None:
         if not isinstance(variants, list) or not all(isinstance(v, str) for v in variants) or not variants:
-            bad(where + ("variants",), f"{name}.variants", f"must be a list of variant names or roles; allowed: {allowed}")
+            bad(
+                where + ("variants",),
+                f"{name}.variants",
+                f"must be a list of variant names or roles; allowed: {allowed}",
+            )
             variants, ok = None, False
         else:
             for j, v in enumerate(variants):
                 if v not in tech.variants and v not in ("baseline", "optimized"):
-                    bad(where + ("variants", j), f"{name}.variants",
+                    bad(
+                        where + ("variants", j),
+                        f"{name}.variants",
                         f"{v!r} is not a variant of {name}; allowed: {allowed} (a role names the variant "
-                        "playing it on the device)")
+                        "playing it on the device)",
+                    )
                     ok = False
             # The baseline is always measured: every other variant is checked and timed against it.
             variants = tuple(dict.fromkeys(["baseline", *variants]))
@@ -513,8 +583,10 @@ def _check_combinations(tech: Any, grid: dict[str, list[Any]], where: tuple, bad
 # --------------------------------------------------------------------------------------------
 # One case, for `gpubench profile`
 
-def one_case_scenario(target: str, params: list[str], scenario_name: str | None, device: str,
-                      calls: int | None = None) -> Scenario:
+
+def one_case_scenario(
+    target: str, params: list[str], scenario_name: str | None, device: str, calls: int | None = None
+) -> Scenario:
     """The scenario ``gpubench profile`` runs: one case with ``policy.profile`` on. ``target`` is a
     technique or a case id (``moe_grouping[tokens=512,...]``); with ``scenario_name`` the case and
     its policy come from that scenario (the case with that id, or the technique's first case);
@@ -523,8 +595,10 @@ def one_case_scenario(target: str, params: list[str], scenario_name: str | None,
     from_id = _parse_pairs([p for p in inner.rstrip("]").split(",") if p], "the case id") if inner else {}
     overrides = _parse_pairs(list(params), "--param")
     if techniques.get(technique) is None:
-        raise BadInput(f"profile: {technique!r} is not a registered technique; allowed: "
-                       f"{', '.join(techniques.all_techniques())} (or a case id such as {technique}[tokens=512]).")
+        raise BadInput(
+            f"profile: {technique!r} is not a registered technique; allowed: "
+            f"{', '.join(techniques.all_techniques())} (or a case id such as {technique}[tokens=512])."
+        )
     policy: dict[str, Any] = {}
     case_params: dict[str, Any] = {}
     if scenario_name is not None:
@@ -533,10 +607,20 @@ def one_case_scenario(target: str, params: list[str], scenario_name: str | None,
     case_params.update(from_id)
     case_params.update(overrides)
     policy.update(profile=True, **({"profile_calls": calls} if calls is not None else {}))
-    text = yaml.safe_dump({"name": f"profile-{technique}", "device": device, "policy": policy,
-                           "entries": [{"technique": technique, "params": {k: [v] if isinstance(v, list) else v
-                                                                           for k, v in case_params.items()}}]},
-                          sort_keys=False)
+    text = yaml.safe_dump(
+        {
+            "name": f"profile-{technique}",
+            "device": device,
+            "policy": policy,
+            "entries": [
+                {
+                    "technique": technique,
+                    "params": {k: [v] if isinstance(v, list) else v for k, v in case_params.items()},
+                }
+            ],
+        },
+        sort_keys=False,
+    )
     return parse(text, Path(f"gpubench profile {target}"))
 
 
@@ -544,12 +628,16 @@ def _case_to_profile(scen: Scenario, technique: str, case_id: str | None) -> Cas
     """The scenario's case with ``case_id``, or its first case of ``technique``; BadInput if none."""
     cases = list(scen.iter_cases(only=[technique]))
     if not cases:
-        raise BadInput(f"--scenario: {scen.name} ({scen.path}) has no case of {technique}; its techniques: "
-                       f"{', '.join(sorted({e.technique for e in scen.entries}))}.")
+        raise BadInput(
+            f"--scenario: {scen.name} ({scen.path}) has no case of {technique}; its techniques: "
+            f"{', '.join(sorted({e.technique for e in scen.entries}))}."
+        )
     chosen = next((c for c in cases if c.id == case_id), None) if case_id is not None else cases[0]
     if chosen is None:
-        raise BadInput(f"profile: {scen.name} ({scen.path}) has no case {case_id}; its {technique} cases: "
-                       f"{', '.join(c.id for c in cases[:5])}{' ...' if len(cases) > 5 else ''}.")
+        raise BadInput(
+            f"profile: {scen.name} ({scen.path}) has no case {case_id}; its {technique} cases: "
+            f"{', '.join(c.id for c in cases[:5])}{' ...' if len(cases) > 5 else ''}."
+        )
     return chosen
 
 

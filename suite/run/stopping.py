@@ -5,12 +5,14 @@ and the reason written into the records of the cases still running (:func:`stop_
 SIGTERM (``timeout``, a CI cancel, a scheduler) stops the run as Ctrl-C does: the workers are
 stopped, the running case is recorded ``interrupted`` and the record is closed.
 """
+
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from gpubench.records.atomic import DiskFull
 

@@ -21,6 +21,7 @@ written at the start (status ``running``) and assembled from the records at the 
 SIGTERM stops the run as Ctrl-C does (:mod:`gpubench.run.stopping`). A full disk stops it too (status
 ``aborted``): the room reserved at the start closes the record, and what finished stays readable.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,29 +29,29 @@ import dataclasses
 import datetime as _dt
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from gpubench.run import budget as budgetmod
 from gpubench import techniques
-from gpubench.run import closing
-from gpubench.measure import hygiene
-from gpubench.records import notices
-from gpubench.records import results
-from gpubench.run import runner
-from gpubench.records.atomic import DiskFull
-from gpubench.run.cluster import RayCluster
-from gpubench.measure.devicecache import CaseTimes
 from gpubench.errors import BadInput
+from gpubench.measure import hygiene
+from gpubench.measure.devicecache import CaseTimes
+from gpubench.records import notices, results
+from gpubench.records.atomic import DiskFull
+from gpubench.records.results import RunRecord
+from gpubench.run import budget as budgetmod
+from gpubench.run import closing, runner
+from gpubench.run.cluster import RayCluster
 from gpubench.run.estimate import CaseCosts
 from gpubench.run.executor import DeviceState, Executor, Sink, failed_record
 from gpubench.run.in_process import InProcess
 from gpubench.run.local_workers import LocalWorkers
 from gpubench.run.outcome import ProgressListener, RunOutcome, Silent
-from gpubench.records.results import RunRecord
+
 # RunOptions, its checks and the SIGTERM handling are part of this module's interface: the CLI and
 # scripts name them through gpubench.run.supervisor, beside run_scenario.
 from gpubench.run.run_options import RunOptions, check_hygiene, check_options, resolve_devices  # noqa: F401
@@ -67,8 +68,11 @@ def make_jobs(cases: Sequence[Case], targets: Sequence[str | None], run_dir: Pat
     """One job per case and target device model, case by case (a run reads in case order)."""
     where = None if run_dir is None else str(run_dir)
     # (the ignore: a case's technique was found when its scenario was read)
-    return [Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target, where)  # type: ignore[union-attr]
-            for i, case in enumerate(cases) for t, target in enumerate(targets)]
+    return [
+        Job(i * len(targets) + t, case, techniques.get(case.technique).source, None, target, where)  # type: ignore[union-attr]
+        for i, case in enumerate(cases)
+        for t, target in enumerate(targets)
+    ]
 
 
 def profiled(cases: Sequence[Case]) -> list[Case]:
@@ -84,21 +88,39 @@ def _targets(options: RunOptions, started: Sequence[DeviceState]) -> list[str | 
     return [None]
 
 
-def make_executor(options: RunOptions, run_dir: results.RunDirectory, *, calibrate: bool,
-                  telemetry_interval_s: float) -> Executor:
+def make_executor(
+    options: RunOptions, run_dir: results.RunDirectory, *, calibrate: bool, telemetry_interval_s: float
+) -> Executor:
     if options.cluster:
-        return RayCluster(options.cluster, options.devices, gpu_type=options.gpu_type, calibrate=calibrate,
-                          max_parallel=options.max_parallel)
+        return RayCluster(
+            options.cluster,
+            options.devices,
+            gpu_type=options.gpu_type,
+            calibrate=calibrate,
+            max_parallel=options.max_parallel,
+        )
     if options.isolation == "none":
         return InProcess(options.devices[0], calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
-    return LocalWorkers(options.devices, run_dir.path / "workers", calibrate=calibrate,
-                        telemetry_interval_s=telemetry_interval_s, max_parallel=options.max_parallel)
+    return LocalWorkers(
+        options.devices,
+        run_dir.path / "workers",
+        calibrate=calibrate,
+        telemetry_interval_s=telemetry_interval_s,
+        max_parallel=options.max_parallel,
+    )
 
 
-def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root: Path | str = "runs", *,
-                 only: list[str] | None = None, repeat_scale: float = 1.0,
-                 progress: ProgressListener | None = None, telemetry_interval_s: float = 0.05,
-                 calibrate: bool = True) -> RunOutcome:
+def run_scenario(
+    scenario: Scenario,
+    options: RunOptions | None = None,
+    out_root: Path | str = "runs",
+    *,
+    only: list[str] | None = None,
+    repeat_scale: float = 1.0,
+    progress: ProgressListener | None = None,
+    telemetry_interval_s: float = 0.05,
+    calibrate: bool = True,
+) -> RunOutcome:
     """Run the scenario's cases (``only``: these techniques) as ``options`` say, into a new run
     directory under ``out_root``. BadInput (before anything is created) for options that cannot
     work here; any other fault is recorded in the run, which is always closed."""
@@ -113,9 +135,18 @@ def run_scenario(scenario: Scenario, options: RunOptions | None = None, out_root
         cases = profiled(cases)
     processes = {} if options.cluster else check_hygiene(options.devices, options.exclusive)
     run_dir = results.RunDirectory.create(Path(out_root), scenario.name)
-    run = RunRecord(run_id=run_dir.path.name, device=",".join(options.devices), device_label="",
-                    scenario=scenario.to_dict(), env={}, repeat_scale=repeat_scale, only=only, started_at=_now(),
-                    budget_s=options.budget_s, registry=techniques)
+    run = RunRecord(
+        run_id=run_dir.path.name,
+        device=",".join(options.devices),
+        device_label="",
+        scenario=scenario.to_dict(),
+        env={},
+        repeat_scale=repeat_scale,
+        only=only,
+        started_at=_now(),
+        budget_s=options.budget_s,
+        registry=techniques,
+    )
     try:
         executor = make_executor(options, run_dir, calibrate=calibrate, telemetry_interval_s=telemetry_interval_s)
     except BadInput:
@@ -169,11 +200,13 @@ def _run(r: _Run) -> None:
         sigterm = isinstance(exc, Terminated) or sink.sigterm.received
         run.status, run.signal = "interrupted", "SIGTERM" if sigterm else "SIGINT"
         run.abort_reason = stop_reason(Terminated() if sigterm else exc) + (
-            "" if run.planned_cases is not None else " while the workers were starting: no case ran")
+            "" if run.planned_cases is not None else " while the workers were starting: no case ran"
+        )
     except DiskFull as exc:
         run.status = "aborted"
         run.abort_reason = f"the disk is full ({exc.strerror}: {exc.filename}); " + (
-            "the cases after it were not run" if sink.records else "no case ran")
+            "the cases after it were not run" if sink.records else "no case ran"
+        )
     except RunAborted as exc:
         run.status, run.abort_reason = "aborted", str(exc)
     except BadInput as exc:  # found once the executor met the device or cluster: exit 2, run kept
@@ -209,9 +242,12 @@ def _budget(r: _Run, started: Sequence[DeviceState]) -> budgetmod.Budget:
     case-time history (a Ray cluster's devices are not known before its tasks run: the allowances)."""
     device = r.options.devices[0].split("#")[0]
     label = started[0].info.label if started else None
-    costs = CaseCosts(torch.device("cuda" if device.startswith("cuda") else "cpu"),
-                      history=CaseTimes(label) if label else None, out_root=r.out_root,
-                      repeat_scale=r.record.repeat_scale)
+    costs = CaseCosts(
+        torch.device("cuda" if device.startswith("cuda") else "cpu"),
+        history=CaseTimes(label) if label else None,
+        out_root=r.out_root,
+        repeat_scale=r.record.repeat_scale,
+    )
     assert r.options.budget_s is not None  # called for a run with a budget only
     return budgetmod.Budget(r.options.budget_s, costs, started_at=r.budget_from, fill=r.options.fill_budget)
 
@@ -220,7 +256,7 @@ def _stop_in_flight(executor: Executor, sink: Sink) -> None:
     """The cases running when the run stopped, recorded as interrupted with the reason (called
     while the exception that stopped it, if any, propagates)."""
     why = stop_reason(sys.exc_info()[1])
-    for job, info, elapsed in (executor.in_flight() if isinstance(executor, LocalWorkers) else []):
+    for job, info, elapsed in executor.in_flight() if isinstance(executor, LocalWorkers) else []:
         with contextlib.suppress(DiskFull):  # kept in memory; run_dir.full says the disk is full
             sink.finished(job, failed_record(job.case, "interrupted", why, elapsed_s=elapsed, device=info))
 
@@ -243,7 +279,9 @@ def _close(r: _Run) -> None:
     run.time_use = results.TimeUse.of(run.cases, time.perf_counter() - r.t_start, max(1, len(run.devices)))
     closing.remember_case_times(run)
     if r.options.cluster:
-        run.telemetry = {"status": "unavailable", "reason": "the cases ran as Ray tasks: telemetry is not "
-                         "sampled on the cluster's nodes"}
+        run.telemetry = {
+            "status": "unavailable",
+            "reason": "the cases ran as Ray tasks: telemetry is not sampled on the cluster's nodes",
+        }
     closing.write_run(sink.run_dir, run, sink.records, states)
     sink.progress.run_finished()

@@ -9,6 +9,7 @@ Messages, worker to supervisor: ``Ready(device, env, ceilings)`` once, then per 
 broken)``; ``broken`` says the CUDA context is unusable after the case, and the worker exits.
 Supervisor to worker: a :class:`Job`, or None to stop.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -16,19 +17,19 @@ import functools
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any
 
-from gpubench.measure import env as envmod
 from gpubench import techniques
-from gpubench.records import notices
-from gpubench.run import runner
-from gpubench.measure import telemetry
-from gpubench.measure import timing
+from gpubench.measure import env as envmod
+from gpubench.measure import telemetry, timing
 from gpubench.measure.energy import CounterLog, CounterReader
 from gpubench.measure.machine_load import TimeLimit
+from gpubench.records import notices
 from gpubench.records.results import Device, json_safe
+from gpubench.run import runner
 from gpubench.run.scenario import Case
 
 TAG_BYTES = 512
@@ -47,14 +48,27 @@ class DeviceInfo:
     host: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "type": self.type, "index": self.index, "label": self.label,
-                "uuid": self.uuid, "cpu_affinity": list(self.cpu_affinity) if self.cpu_affinity else None,
-                "host": self.host}
+        return {
+            "key": self.key,
+            "type": self.type,
+            "index": self.index,
+            "label": self.label,
+            "uuid": self.uuid,
+            "cpu_affinity": list(self.cpu_affinity) if self.cpu_affinity else None,
+            "host": self.host,
+        }
 
     def record(self) -> Device:
         """What a case record keeps of it (:class:`gpubench.records.results.Device`)."""
-        return Device(self.key, self.type, self.index, self.label, self.uuid,
-                      list(self.cpu_affinity) if self.cpu_affinity else None, self.host)
+        return Device(
+            self.key,
+            self.type,
+            self.index,
+            self.label,
+            self.uuid,
+            list(self.cpu_affinity) if self.cpu_affinity else None,
+            self.host,
+        )
 
 
 @dataclass(frozen=True)
@@ -139,7 +153,7 @@ class SharedTag:
 
     def set_tag(self, case_id: str | None, variant: str | None) -> None:
         text = "" if case_id is None else f"{case_id}\t{variant or ''}"
-        self._buffer.value = text.encode()[:TAG_BYTES - 1]
+        self._buffer.value = text.encode()[: TAG_BYTES - 1]
 
     def energy_mj(self) -> float | None:
         try:
@@ -189,12 +203,16 @@ def choose_affinity(near: Sequence[int], current: Sequence[int]) -> tuple[tuple[
     usable = tuple(sorted(set(near) & set(current)))
     of = f"{len(usable)} of the process's {len(current)} cores"
     if not usable:
-        return None, (f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(near) or 'none'}) "
-                      f"holds none of the process's cores ({_core_list(current)})")
+        return None, (
+            f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(near) or 'none'}) "
+            f"holds none of the process's cores ({_core_list(current)})"
+        )
     if 2 * len(usable) < len(current):
-        return None, (f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(usable)}) leaves {of}, "
-                      f"fewer than half; the host-side work (Python, launches, data) would lose more than "
-                      f"nearness to the GPU gains")
+        return None, (
+            f"not pinned to CPU cores: NVML's affinity for this GPU ({_core_list(usable)}) leaves {of}, "
+            f"fewer than half; the host-side work (Python, launches, data) would lose more than "
+            f"nearness to the GPU gains"
+        )
     return usable, f"pinned to CPU cores {_core_list(usable)} (NVML's affinity for this GPU; {of})"
 
 
@@ -223,12 +241,20 @@ def _pin_near(handle: Any) -> tuple[int, ...] | None:
 def identify(key: str, device: Any, env: dict[str, Any], energy_source: Any) -> DeviceInfo:
     gpu = env.get("gpu") or {}
     affinity = _pin_near(energy_source.handle) if energy_source is not None else None
-    return DeviceInfo(key=key, type=device.type, index=gpu.get("index"), label=env["device_label"],
-                      uuid=gpu.get("uuid"), cpu_affinity=affinity, host=env.get("host", ""))
+    return DeviceInfo(
+        key=key,
+        type=device.type,
+        index=gpu.get("index"),
+        label=env["device_label"],
+        uuid=gpu.get("uuid"),
+        cpu_affinity=affinity,
+        host=env.get("host", ""),
+    )
 
 
-def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings: dict[str, Any] | None,
-            info: DeviceInfo) -> tuple[Any, bool]:
+def run_job(
+    job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings: dict[str, Any] | None, info: DeviceInfo
+) -> tuple[Any, bool]:
     """Measure one job where it is to run (a worker process, a Ray task): (its record, whether
     Ctrl-C was raised inside it). The technique is loaded from the job's source if need be."""
     flush = job.case.policy.flush_l2
@@ -239,8 +265,16 @@ def run_job(job: Job, device: Any, clocks: dict[bool, Any], probe: Any, ceilings
         record = runner.unloadable(job.case, job.source)
     else:
         try:
-            record = runner.run_case(job.case, device, clocks[flush], probe, job.ceilings or ceilings, job.run_dir,
-                                     budget_s=job.budget_s, time_limit=job.time_limit)
+            record = runner.run_case(
+                job.case,
+                device,
+                clocks[flush],
+                probe,
+                job.ceilings or ceilings,
+                job.run_dir,
+                budget_s=job.budget_s,
+                time_limit=job.time_limit,
+            )
         except runner.CaseInterrupted as stop:
             record, interrupted = stop.record, True
     record.device = info.record()

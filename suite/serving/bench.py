@@ -2,25 +2,26 @@
 params, the workload (model weights, a request trace, the engine settings), the check of a run's
 tokens and KV accounting against one-request-at-a-time generation, the metrics of the timed runs
 and the figures the report draws."""
+
 from __future__ import annotations
 
 import contextlib
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from gpubench.measure import machine_load
 from gpubench.contract import Bench, CheckResult, Measured, Param, Plot, Recorder, Workload
+from gpubench.measure import machine_load
 from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, ServingRun
 from gpubench.serving.metrics import serving_metrics, serving_series
 from gpubench.serving.reference import reference_batch
-from gpubench.serving.traces import (ARRIVAL_HELP, LENGTH_HELP, Request, TraceSpec, generate, parse_arrival,
-                                     parse_length)
+from gpubench.serving.traces import ARRIVAL_HELP, LENGTH_HELP, Request, TraceSpec, generate, parse_arrival, parse_length
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 # Decoding is compared token for token, greedy and sampled alike (a sampled request draws from its
@@ -31,50 +32,101 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # counted and reported, not failed. Any other difference fails.
 NEAR_TIE = {torch.float64: 1e-9, torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.1}
 
-LATENCY_PERCENTILES = tuple(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl")
-                            for stat in ("median", "p90", "p99"))
+LATENCY_PERCENTILES = tuple(
+    f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl") for stat in ("median", "p90", "p99")
+)
 PLOTS = [
     Plot("Output tokens/s", y="output_tokens_per_s", kind="bars", ylabel="output tokens/s"),
     Plot("TTFT, TPOT and ITL percentiles (ms)", y=LATENCY_PERCENTILES, kind="bars", ylabel="ms", log_y=True),
-    Plot("KV utilization over time: bytes holding live tokens / bytes reserved (%)", y="series.kv_utilization",
-         x="series.t_s", kind="series", scale=100, ylabel="KV live / reserved %",
-         xlabel="seconds since the run's start"),
-    Plot("Running requests over time", y="series.running", x="series.t_s", kind="series", ylabel="running requests",
-         xlabel="seconds since the run's start"),
+    Plot(
+        "KV utilization over time: bytes holding live tokens / bytes reserved (%)",
+        y="series.kv_utilization",
+        x="series.t_s",
+        kind="series",
+        scale=100,
+        ylabel="KV live / reserved %",
+        xlabel="seconds since the run's start",
+    ),
+    Plot(
+        "Running requests over time",
+        y="series.running",
+        x="series.t_s",
+        kind="series",
+        ylabel="running requests",
+        xlabel="seconds since the run's start",
+    ),
     Plot("Time to first token, CDF over requests (ms)", y="series.ttft_ms", kind="cdf", ylabel="TTFT (ms)"),
     Plot("End-to-end latency, CDF over requests (ms)", y="series.e2e_ms", kind="cdf", ylabel="end-to-end latency (ms)"),
 ]
 # What benchmarks/ times both serving pairs at: 16 requests at once (offline throughput), tiny model.
-BENCHMARKS = [Bench("16-requests", {"requests": 16, "arrival": "all", "prompt_len": "uniform:8:32",
-                                    "output_len": "exp:24:64", "max_len": 96, "kv_budget_mib": 0.5})]
+BENCHMARKS = [
+    Bench(
+        "16-requests",
+        {
+            "requests": 16,
+            "arrival": "all",
+            "prompt_len": "uniform:8:32",
+            "output_len": "exp:24:64",
+            "max_len": 96,
+            "kv_budget_mib": 0.5,
+        },
+    )
+]
 
 
 def common_params() -> list[Param]:
     return [
-        Param("model", str, "tiny", f"a built-in size ({', '.join(SIZES)}; seeded random weights) or a "
-              "local Hugging Face Llama-style checkpoint directory"),
+        Param(
+            "model",
+            str,
+            "tiny",
+            f"a built-in size ({', '.join(SIZES)}; seeded random weights) or a "
+            "local Hugging Face Llama-style checkpoint directory",
+        ),
         Param("dtype", str, "float32", "weights, activations and KV cache", choices=list(DTYPES)),
         Param("requests", int, 50, "requests in the synthetic trace", min=1),
         Param("arrival", str, "poisson:40", f"arrival process: {ARRIVAL_HELP} (requests/s)"),
         Param("prompt_len", str, "uniform:16:64", f"prompt lengths: {LENGTH_HELP}"),
         Param("output_len", str, "exp:48:160", f"output lengths: {LENGTH_HELP}"),
-        Param("trace_file", str, "", "JSONL trace ({arrival_s, prompt_len | prompt, output_len} per line); "
-              "replaces the synthetic trace when set"),
+        Param(
+            "trace_file",
+            str,
+            "",
+            "JSONL trace ({arrival_s, prompt_len | prompt, output_len} per line); "
+            "replaces the synthetic trace when set",
+        ),
         Param("max_len", int, 256, "longest request, prompt + output (contiguous KV reserves this)", min=2),
         Param("kv_budget_mib", float, 2.0, "KV-cache memory, the same for every engine (MiB)", min=0.001),
         Param("block_size", int, 16, "tokens per paged KV block", choices=[8, 16, 32]),
         Param("max_batch", int, 16, "most requests decoding at once", min=1),
-        Param("batch_timeout_ms", float, 50.0, "static batching: start a partial batch after its oldest "
-              "request waited this long", min=0.0),
+        Param(
+            "batch_timeout_ms",
+            float,
+            50.0,
+            "static batching: start a partial batch after its oldest request waited this long",
+            min=0.0,
+        ),
         Param("temperature", float, 0.0, "0: greedy (checked token for token); > 0: sampled", min=0.0),
         Param("wait", bool, True, "honour arrival times (false: every request at time 0, offline throughput)"),
         Param("slo_ttft_ms", float, 1000.0, "goodput: time-to-first-token target", min=0.0),
         Param("slo_tpot_ms", float, 100.0, "goodput: time-per-output-token target", min=0.0),
-        Param("min_preemptions", int, 0, "the check fails an engine run with paged KV that preempted fewer "
-              "times (a case meant to test preemption cannot silently stop doing so); needs arrival all or "
-              "wait false, so the count does not depend on the machine's speed", min=0),
-        Param("check_requests", int, 0, "requests regenerated alone for the token check (0: all); the rest "
-              "are checked for length and accounting only (a GPU-sized trace alone takes minutes)", min=0),
+        Param(
+            "min_preemptions",
+            int,
+            0,
+            "the check fails an engine run with paged KV that preempted fewer "
+            "times (a case meant to test preemption cannot silently stop doing so); needs arrival all or "
+            "wait false, so the count does not depend on the machine's speed",
+            min=0,
+        ),
+        Param(
+            "check_requests",
+            int,
+            0,
+            "requests regenerated alone for the token check (0: all); the rest "
+            "are checked for length and accounting only (a GPU-sized trace alone takes minutes)",
+            min=0,
+        ),
     ]
 
 
@@ -88,8 +140,10 @@ def validate(params: dict[str, Any]) -> list[str]:
     if not problems and not params["trace_file"]:
         longest = parse_length(params["prompt_len"]).max + parse_length(params["output_len"]).max
         if longest > params["max_len"]:
-            problems.append(f"max_len {params['max_len']} is below the longest request the trace can draw "
-                            f"({longest} tokens: prompt_len and output_len maxima)")
+            problems.append(
+                f"max_len {params['max_len']} is below the longest request the trace can draw "
+                f"({longest} tokens: prompt_len and output_len maxima)"
+            )
     if params["model"] not in SIZES and not Path(params["model"]).is_dir():
         problems.append(f"model {params['model']!r} is neither a built-in size ({', '.join(SIZES)}) nor a directory")
     if params["trace_file"] and not Path(params["trace_file"]).is_file():
@@ -98,8 +152,10 @@ def validate(params: dict[str, Any]) -> list[str]:
         if params.get("kv") == "contiguous":
             problems.append("min_preemptions: contiguous KV never preempts (a slab holds max_len); use kv: paged")
         if params["wait"] and (params["trace_file"] or params["arrival"] != "all"):
-            problems.append("min_preemptions: with arrivals honoured, preemptions depend on the machine's speed; "
-                            "use arrival: all or wait: false")
+            problems.append(
+                "min_preemptions: with arrivals honoured, preemptions depend on the machine's speed; "
+                "use arrival: all or wait: false"
+            )
     return problems
 
 
@@ -117,21 +173,42 @@ class ServingWorkload(Workload):
 def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWorkload:
     device = torch.device(device)
     weights = model_from(params["model"], seed, DTYPES[params["dtype"]], device)
-    spec = TraceSpec(params["requests"], params["arrival"], params["prompt_len"], params["output_len"],
-                     weights.config.vocab_size, params["trace_file"] or None)
+    spec = TraceSpec(
+        params["requests"],
+        params["arrival"],
+        params["prompt_len"],
+        params["output_len"],
+        weights.config.vocab_size,
+        params["trace_file"] or None,
+    )
     requests = generate(spec, seed + 1)
     too_long = [r.id for r in requests if r.prompt_len + r.output_len > params["max_len"]]
     if too_long:
         raise ValueError(f"requests {too_long[:5]} exceed max_len {params['max_len']} (prompt + output)")
     _warm_up(weights)
-    engine = EngineConfig(scheduler=params.get("scheduler", "continuous"), kv=params.get("kv", "paged"),
-                          kv_budget_bytes=int(params["kv_budget_mib"] * 2**20), block_size=params["block_size"],
-                          max_len=params["max_len"], max_batch=params["max_batch"],
-                          batch_timeout_s=params["batch_timeout_ms"] / 1e3, temperature=params["temperature"],
-                          wait=params["wait"])
-    return ServingWorkload(params=dict(params), device=device, seed=seed, weights=weights, requests=requests,
-                           engine=engine, slo_ttft_ms=params["slo_ttft_ms"], slo_tpot_ms=params["slo_tpot_ms"],
-                           check_requests=params["check_requests"], min_preemptions=params["min_preemptions"])
+    engine = EngineConfig(
+        scheduler=params.get("scheduler", "continuous"),
+        kv=params.get("kv", "paged"),
+        kv_budget_bytes=int(params["kv_budget_mib"] * 2**20),
+        block_size=params["block_size"],
+        max_len=params["max_len"],
+        max_batch=params["max_batch"],
+        batch_timeout_s=params["batch_timeout_ms"] / 1e3,
+        temperature=params["temperature"],
+        wait=params["wait"],
+    )
+    return ServingWorkload(
+        params=dict(params),
+        device=device,
+        seed=seed,
+        weights=weights,
+        requests=requests,
+        engine=engine,
+        slo_ttft_ms=params["slo_ttft_ms"],
+        slo_tpot_ms=params["slo_tpot_ms"],
+        check_requests=params["check_requests"],
+        min_preemptions=params["min_preemptions"],
+    )
 
 
 def _warm_up(weights: LlamaWeights) -> None:
@@ -150,6 +227,7 @@ def serve(w: ServingWorkload, rec: Recorder, **engine: Any) -> ServingRun:
 
 # -- correctness ------------------------------------------------------------------------------
 
+
 @dataclass
 class ServingReference:
     tokens: dict[int, list[int]]  # request id -> tokens generated alone
@@ -165,9 +243,10 @@ def reference(w: ServingWorkload) -> ServingReference:
     cache: what batching must not change. Decoded together in padded batches, each row masked to
     its own keys (:func:`reference_batch`: the tokens of one pass per request, a fraction of the
     time)."""
-    ref = ServingReference({}, {}, w.engine.temperature, w.weights.dtype,
-                           {r.id: r.output_len for r in w.requests}, w.min_preemptions)
-    checked = w.requests[:w.check_requests or len(w.requests)]
+    ref = ServingReference(
+        {}, {}, w.engine.temperature, w.weights.dtype, {r.id: r.output_len for r in w.requests}, w.min_preemptions
+    )
+    checked = w.requests[: w.check_requests or len(w.requests)]
     with _one_thread_if_overloaded(w.device):
         decoded = reference_batch(w.weights, checked, w.engine.temperature)
     for rid, (tokens, gaps) in decoded.items():
@@ -200,8 +279,10 @@ def utilization_problems(run: ServingRun) -> list[str]:
     if not bad:
         return []
     i = bad[0]
-    return [f"KV utilization outside [0, 1] at {len(bad)} step(s): step {i + 1} has {tl.live_bytes[i]} bytes live "
-            f"in {tl.reserved_bytes[i]} reserved"]
+    return [
+        f"KV utilization outside [0, 1] at {len(bad)} step(s): step {i + 1} has {tl.live_bytes[i]} bytes live "
+        f"in {tl.reserved_bytes[i]} reserved"
+    ]
 
 
 def check(ref: ServingReference, out: ServingRun) -> CheckResult:
@@ -232,9 +313,11 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
             near_ties += 1
         else:
             mismatched += 1
-            first_bad = first_bad or (f"request {rid}: token {i} is {got[i]}, alone it is {expected[i]} "
-                                      f"({'top-2 logit gap' if ref.temperature <= 0 else 'sampling margin'} "
-                                      f"{ref.gaps[rid][i]:.3g})")
+            first_bad = first_bad or (
+                f"request {rid}: token {i} is {got[i]}, alone it is {expected[i]} "
+                f"({'top-2 logit gap' if ref.temperature <= 0 else 'sampling margin'} "
+                f"{ref.gaps[rid][i]:.3g})"
+            )
     notes = [first_bad] if first_bad else []
     if near_ties:
         notes.append(f"{near_ties} request(s) diverged at a near-tie (top-2 logits within {margin:g}), allowed")
@@ -242,8 +325,10 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
         notes.append(f"{len(left)} preemption(s), {min(left)} to {max(left)} tokens still to generate")
     missing = max(0, ref.min_preemptions - out.preemptions) if out.kv == "paged" else 0
     if missing:
-        notes.append(f"{out.preemptions} preemption(s) of an engine with paged KV where the case asks for "
-                     f"at least {ref.min_preemptions}")
+        notes.append(
+            f"{out.preemptions} preemption(s) of an engine with paged KV where the case asks for "
+            f"at least {ref.min_preemptions}"
+        )
     detail = "; ".join(notes)
     if missing and not mismatched:
         return CheckResult(False, float(missing), 0.0, "missing_preemptions", detail)
@@ -251,6 +336,7 @@ def check(ref: ServingReference, out: ServingRun) -> CheckResult:
 
 
 # -- metrics ----------------------------------------------------------------------------------
+
 
 def _median(values: list[Any]) -> Any:
     numbers = [v for v in values if isinstance(v, (int, float))]

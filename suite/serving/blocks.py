@@ -9,6 +9,7 @@ Both only count; the tensors live in :mod:`gpubench.serving.kv`. ``check()`` ver
 invariants the engine relies on (every unit either free or owned by exactly one sequence, nothing
 lost) and returns the problems found, so a run can record them instead of trusting them.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -76,8 +77,10 @@ class BlockManager:
             for b in table:
                 if b in seen:
                     owner = seen[b]
-                    problems.append(f"block {b} owned by sequence {seq} is also "
-                                    + ("free" if owner is None else f"owned by sequence {owner}"))
+                    problems.append(
+                        f"block {b} owned by sequence {seq} is also "
+                        + ("free" if owner is None else f"owned by sequence {owner}")
+                    )
                 seen[b] = seq
         bad = [b for b in seen if not 0 <= b < self.num_blocks]
         if bad:

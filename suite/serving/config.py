@@ -1,4 +1,5 @@
 """What an engine is configured with: its scheduler, its KV layout and their limits."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

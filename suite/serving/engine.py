@@ -6,6 +6,7 @@ The parts, after nano-vllm's split: :mod:`.sequence`, :mod:`.blocks` (block mana
 :mod:`.kv` (contiguous and paged KV behind one interface), :mod:`.scheduler` (static and
 continuous), :mod:`.model_runner`; :mod:`.metrics` reads a run as vLLM's benchmark does.
 """
+
 from __future__ import annotations
 
 import time
@@ -78,8 +79,9 @@ class Engine:
         c = self.config
         for r in requests:
             if r.prompt_len + r.output_len > c.max_len:
-                raise ValueError(f"request {r.id}: prompt {r.prompt_len} + output {r.output_len} tokens "
-                                 f"exceeds max_len {c.max_len}")
+                raise ValueError(
+                    f"request {r.id}: prompt {r.prompt_len} + output {r.output_len} tokens exceeds max_len {c.max_len}"
+                )
         graphs = c.graphs_on(self.weights.device)
         kv = make_kv(self.weights, c, spare_unit=graphs)
         scheduler = make_scheduler(kv, c)
@@ -112,11 +114,28 @@ class Engine:
             scheduler.finish_step()
         problems += kv.problems(finished=True)
         return ServingRun(
-            scheduler=c.scheduler, kv=c.kv, wait=c.wait,
+            scheduler=c.scheduler,
+            kv=c.kv,
+            wait=c.wait,
             tokens={s.id: s.output for s in seqs},
-            requests=[RequestTimes(s.id, s.req.arrival_s if c.wait else 0.0, s.req.prompt_len, len(s.output),
-                                   s.token_times, s.finish_s, s.preemptions) for s in seqs],
-            timeline=timeline, duration_s=clock(), preemptions=scheduler.preemptions,
+            requests=[
+                RequestTimes(
+                    s.id,
+                    s.req.arrival_s if c.wait else 0.0,
+                    s.req.prompt_len,
+                    len(s.output),
+                    s.token_times,
+                    s.finish_s,
+                    s.preemptions,
+                )
+                for s in seqs
+            ],
+            timeline=timeline,
+            duration_s=clock(),
+            preemptions=scheduler.preemptions,
             preempted_tokens_left=scheduler.preempted_tokens_left,
-            kv_budget_bytes=c.kv_budget_bytes, kv_capacity_tokens=kv.capacity_tokens,
-            kv_token_bytes=kv.token_bytes, accounting_problems=problems)
+            kv_budget_bytes=c.kv_budget_bytes,
+            kv_capacity_tokens=kv.capacity_tokens,
+            kv_token_bytes=kv.token_bytes,
+            accounting_problems=problems,
+        )

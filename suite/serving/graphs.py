@@ -8,11 +8,12 @@ over that one token), replays, and keeps the first ``n`` rows of the logits.
 Without CUDA (tests) the same buckets, buffers and padding run the forward eagerly instead of a
 replay: what the graphs compute, uncaptured.
 """
+
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -54,8 +55,14 @@ class DecodeGraphs:
     """Decode forward passes at bucketed batch sizes over static buffers; captured as CUDA graphs
     when ``capture`` (CUDA only), else run eagerly on the same padded buffers."""
 
-    def __init__(self, kv: KVBackend, staging: Staging, max_batch: int,
-                 decode_forward: Callable[[StepInputs], torch.Tensor], capture: bool):
+    def __init__(
+        self,
+        kv: KVBackend,
+        staging: Staging,
+        max_batch: int,
+        decode_forward: Callable[[StepInputs], torch.Tensor],
+        capture: bool,
+    ):
         if kv.spare_unit is None:
             raise ValueError("bucketed decode needs the KV backend's spare unit for its padding rows")
         if capture and kv.device.type != "cuda":
@@ -74,24 +81,29 @@ class DecodeGraphs:
             self._capture()
 
     def views(self, bucket: int) -> DecodeBuffers:
-        parts = torch.split(self.buffer[:(4 + self.columns) * bucket], [bucket] * 4 + [bucket * self.columns])
+        parts = torch.split(self.buffer[: (4 + self.columns) * bucket], [bucket] * 4 + [bucket * self.columns])
         return DecodeBuffers(*parts[:4], parts[4].view(bucket, self.columns))
 
     def inputs(self, bucket: int) -> StepInputs:
         b = self.views(bucket)
-        return StepInputs(b.tokens, b.positions, b.slots, None, None,
-                          self.kv.decode_batch(b.lens, b.rows, self.width))
+        return StepInputs(b.tokens, b.positions, b.slots, None, None, self.kv.decode_batch(b.lens, b.rows, self.width))
 
     def pack(self, decodes: list[Sequence], bucket: int) -> list[int]:
         """The host values of a bucket's buffers: the decodes' rows, then padding rows."""
         rows = self.kv.decode_rows(decodes)
         pad = bucket - len(decodes)
         table = [row + [0] * (self.columns - len(row)) for row in rows.rows] + [self.pad_row] * pad
-        return ([s.tokens[s.cached] for s in decodes] + [0] * pad
-                + [s.cached for s in decodes] + [0] * pad
-                + rows.slots + [self.pad_slot] * pad
-                + rows.lens + [1] * pad
-                + [x for row in table for x in row])
+        return (
+            [s.tokens[s.cached] for s in decodes]
+            + [0] * pad
+            + [s.cached for s in decodes]
+            + [0] * pad
+            + rows.slots
+            + [self.pad_slot] * pad
+            + rows.lens
+            + [1] * pad
+            + [x for row in table for x in row]
+        )
 
     def run(self, decodes: list[Sequence]) -> torch.Tensor:
         """Logits ``(len(decodes), vocab)`` of one decode step."""
@@ -103,7 +115,7 @@ class DecodeGraphs:
             graph.replay()
         else:
             logits = self.forward(self.inputs(bucket))
-        return logits[:len(decodes)]
+        return logits[: len(decodes)]
 
     def _capture(self) -> None:
         """Largest bucket first, all sharing one memory pool (as nano-vllm does). Every row is a

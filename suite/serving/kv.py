@@ -13,16 +13,18 @@ index_copy_ per tensor.
 
 Both are sized from the same budget in bytes.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
-from gpubench.models.llama import LlamaWeights
 from gpubench.lib.paged_decode import gathered_decode, grouped_decode_sdpa, paged_decode_attention
+from gpubench.models.llama import LlamaWeights
 from gpubench.serving.blocks import BlockManager, SlabAllocator
 from gpubench.serving.config import KV_LAYOUTS, EngineConfig
 from gpubench.serving.sequence import Sequence
@@ -74,16 +76,24 @@ class KVBackend(ABC):
     unit: ClassVar[str]  # what one unit is called in messages
     fill: ClassVar[Callable[..., torch.Tensor]]
 
-    def __init__(self, weights: LlamaWeights, budget_bytes: int, unit_tokens: int,
-                 allocator: Callable[[int], Allocator], spare_unit: bool = False):
+    def __init__(
+        self,
+        weights: LlamaWeights,
+        budget_bytes: int,
+        unit_tokens: int,
+        allocator: Callable[[int], Allocator],
+        spare_unit: bool = False,
+    ):
         c = weights.config
         self.device = weights.device
         self.token_bytes = c.kv_bytes_per_token(weights.embed.element_size())
         self.unit_tokens = unit_tokens
         self.units = budget_bytes // (self.token_bytes * unit_tokens)
         if self.units < 1:
-            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no {unit_tokens}-token {self.unit} "
-                             f"({self.token_bytes * unit_tokens} bytes)")
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no {unit_tokens}-token {self.unit} "
+                f"({self.token_bytes * unit_tokens} bytes)"
+            )
         # A spare unit past the allocator's (CUDA graphs: a bucket's padding rows write there) is
         # outside the budget and never handed out.
         self.spare_unit = self.units if spare_unit else None
@@ -161,8 +171,9 @@ class PagedKV(KVBackend):
 
     layout, unit, fill = "paged", "block", torch.zeros
 
-    def __init__(self, weights: LlamaWeights, budget_bytes: int, block_size: int, max_len: int = 0,
-                 spare_unit: bool = False):
+    def __init__(
+        self, weights: LlamaWeights, budget_bytes: int, block_size: int, max_len: int = 0, spare_unit: bool = False
+    ):
         super().__init__(weights, budget_bytes, block_size, lambda n: BlockManager(n, block_size), spare_unit)
         self.block_size, self.max_len = block_size, max_len
         self.manager: BlockManager = self.allocator
@@ -213,8 +224,11 @@ class ContiguousKV(KVBackend):
 
     def decode_rows(self, seqs: list[Sequence]) -> DecodeRows:
         slabs = [self.slabs.owner[s.id] for s in seqs]
-        return DecodeRows([slab * self.max_len + s.cached for s, slab in zip(seqs, slabs)],
-                          [s.cached + 1 for s in seqs], [[slab] for slab in slabs])
+        return DecodeRows(
+            [slab * self.max_len + s.cached for s, slab in zip(seqs, slabs)],
+            [s.cached + 1 for s in seqs],
+            [[slab] for slab in slabs],
+        )
 
     def padding_row(self, width: int) -> tuple[int, list[int]]:
         return self.spare_unit * self.max_len, [self.spare_unit]
@@ -228,8 +242,8 @@ class ContiguousKV(KVBackend):
 
     def decode_attention(self, layer: int, q: torch.Tensor, batch: ContiguousDecode) -> torch.Tensor:
         """Read the batch's slabs up to the longest context, mask each row past its own length."""
-        keys = self.k[layer][batch.slabs, :batch.width]  # (batch, width, kv_heads, d)
-        values = self.v[layer][batch.slabs, :batch.width]
+        keys = self.k[layer][batch.slabs, : batch.width]  # (batch, width, kv_heads, d)
+        values = self.v[layer][batch.slabs, : batch.width]
         return grouped_decode_sdpa(q, keys.transpose(1, 2), values.transpose(1, 2), batch.mask)
 
 

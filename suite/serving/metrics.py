@@ -15,6 +15,7 @@ latency - TTFT) / (tokens - 1), 0 for goodput when a request has one token; a re
 ``slo_ms / 1000 >= metric_s`` for every SLO, compared in seconds in floating point exactly as
 vLLM does (so a TTFT exactly at the SLO counts as vLLM counts it); a request that produced no
 token is failed (vLLM: "Never received a valid chunk"): not completed, no latency, not good."""
+
 from __future__ import annotations
 
 import statistics
@@ -109,8 +110,9 @@ def serving_metrics(run: ServingRun, slo_ttft_ms: float, slo_tpot_ms: float) -> 
         "max_concurrency": max(tl.running) if tl.running else 0,
         "preemptions": run.preemptions,
         # how far from its end a preempted request was: what its recompute had to get right
-        "median_preempted_tokens_left": (statistics.median(run.preempted_tokens_left)
-                                         if run.preempted_tokens_left else None),
+        "median_preempted_tokens_left": (
+            statistics.median(run.preempted_tokens_left) if run.preempted_tokens_left else None
+        ),
         "steps": len(tl.t_s),
         "kv_capacity_tokens": run.kv_capacity_tokens,
     }
@@ -125,7 +127,10 @@ def serving_series(run: ServingRun) -> dict[str, list]:
     time, running requests and KV utilization (None where nothing was reserved)."""
     lat = latencies_s(run)
     tl = run.timeline
-    return {**{f"{name}_ms": [x * 1e3 for x in values] for name, values in lat.items()},
-            "t_s": tl.t_s, "running": tl.running,
-            "kv_utilization": [live / res if res else None for live, res in zip(tl.live_bytes, tl.reserved_bytes)],
-            "kv_live_fraction": [live / run.kv_budget_bytes for live in tl.live_bytes]}
+    return {
+        **{f"{name}_ms": [x * 1e3 for x in values] for name, values in lat.items()},
+        "t_s": tl.t_s,
+        "running": tl.running,
+        "kv_utilization": [live / res if res else None for live, res in zip(tl.live_bytes, tl.reserved_bytes)],
+        "kv_live_fraction": [live / run.kv_budget_bytes for live in tl.live_bytes],
+    }

@@ -8,6 +8,7 @@ K/V in one index_copy_ per tensor, runs every prefill in one padded SDPA call an
 in one paged (or padded-slab) attention call. A step of only decodes may replay a CUDA graph
 (:mod:`.graphs`). The one host sync of a step is reading its sampled tokens back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ from gpubench.serving.sequence import Sequence
 from gpubench.serving.step_inputs import Staging, StepInputs, build_step, prefill_attention
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], temperature: float,
-           margins: list[float] | None = None) -> list[int]:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], temperature: float, margins: list[float] | None = None
+) -> list[int]:
     """Greedy (temperature 0: argmax) or sampled from softmax(logits / T), each request from its
     own seeded generator, so a request draws the same numbers however it is batched, and however
     often it is preempted. A draw is the exponential race torch.multinomial runs for one sample
@@ -50,16 +52,24 @@ class ModelRunner:
     """``decode_graphs``: run decode-only steps at bucketed batch sizes up to ``max_batch`` over
     static buffers, captured as CUDA graphs on CUDA (the KV backend needs its spare unit)."""
 
-    def __init__(self, weights: LlamaWeights, kv: KVBackend, temperature: float, *,
-                 decode_graphs: bool = False, max_batch: int = 0):
+    def __init__(
+        self,
+        weights: LlamaWeights,
+        kv: KVBackend,
+        temperature: float,
+        *,
+        decode_graphs: bool = False,
+        max_batch: int = 0,
+    ):
         self.weights, self.kv, self.temperature = weights, kv, temperature
         self.device = weights.device
         self.staging = Staging(self.device)
         self.graphs = None
         if decode_graphs:
             with torch.inference_mode():
-                self.graphs = DecodeGraphs(kv, self.staging, max_batch, self.forward,
-                                           capture=self.device.type == "cuda")
+                self.graphs = DecodeGraphs(
+                    kv, self.staging, max_batch, self.forward, capture=self.device.type == "cuda"
+                )
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Logits of each sequence's last new token."""
@@ -70,10 +80,10 @@ class ModelRunner:
             if prefill is None:
                 assert decode is not None  # a step that prefills nothing decodes
                 return kv.decode_attention(layer, q, decode)
-            out = prefill_attention(kv.k[layer], kv.v[layer], q[:prefill.tokens], prefill)
+            out = prefill_attention(kv.k[layer], kv.v[layer], q[: prefill.tokens], prefill)
             if decode is None:
                 return out
-            return torch.cat([out, kv.decode_attention(layer, q[prefill.tokens:], decode)])
+            return torch.cat([out, kv.decode_attention(layer, q[prefill.tokens :], decode)])
 
         return fused_forward(self.weights, inputs.tokens, inputs.positions, attend, logits_at=inputs.logits_at)
 

@@ -9,6 +9,7 @@ time of one pass per request and step. Batched rows round differently from a lon
 matmul's shape picks its kernel), so the logits agree within rounding, not bit for bit; the
 serving check allows a divergence only where the choice was a near-tie anyway (its margin is far
 above that rounding), and tests hold the two to the same tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,9 @@ from gpubench.serving.traces import Request
 BATCH_ROWS = 64  # requests decoded together: a bigger batch pads more (the rows sorted by length)
 
 
-def reference_generate(weights: LlamaWeights, request: Request,
-                       temperature: float = 0.0) -> tuple[list[int], list[float]]:
+def reference_generate(
+    weights: LlamaWeights, request: Request, temperature: float = 0.0
+) -> tuple[list[int], list[float]]:
     """The request's tokens decoded alone, and at each step how near a tie its choice was, in
     logit units (:func:`sample`'s margins: greedy's top-2 logit gap, or the sampled race's)."""
     c = weights.config
@@ -51,27 +53,31 @@ def reference_generate(weights: LlamaWeights, request: Request,
     return seq.output, gaps
 
 
-def reference_batch(weights: LlamaWeights, requests: list[Request], temperature: float = 0.0,
-                    rows: int = BATCH_ROWS) -> dict[int, tuple[list[int], list[float]]]:
+def reference_batch(
+    weights: LlamaWeights, requests: list[Request], temperature: float = 0.0, rows: int = BATCH_ROWS
+) -> dict[int, tuple[list[int], list[float]]]:
     """:func:`reference_generate` of every request, by request id, decoded ``rows`` requests at
     a time (sorted by length, so a batch's rows finish close together)."""
     ordered = sorted(requests, key=lambda r: (r.prompt_len + r.output_len, r.id))
     out: dict[int, tuple[list[int], list[float]]] = {}
     for i in range(0, len(ordered), max(1, rows)):
-        out.update(_decode_together(weights, ordered[i:i + max(1, rows)], temperature))
+        out.update(_decode_together(weights, ordered[i : i + max(1, rows)], temperature))
     return out
 
 
-def _decode_together(weights: LlamaWeights, requests: list[Request],
-                     temperature: float) -> dict[int, tuple[list[int], list[float]]]:
+def _decode_together(
+    weights: LlamaWeights, requests: list[Request], temperature: float
+) -> dict[int, tuple[list[int], list[float]]]:
     """One padded batch: a prefill of every prompt (right-padded), then one token per unfinished
     row and step. Row b's keys are its own slots 0..length_b - 1 of the cache; a query sees the
     keys at or before its own position, nothing padded, nothing of another row."""
     c, device = weights.config, weights.device
     n = len(requests)
     total = max(r.prompt_len + r.output_len for r in requests)
-    cache_k = [torch.zeros(n, total, c.num_kv_heads, c.head_dim, dtype=weights.dtype, device=device)
-               for _ in range(c.num_layers)]
+    cache_k = [
+        torch.zeros(n, total, c.num_kv_heads, c.head_dim, dtype=weights.dtype, device=device)
+        for _ in range(c.num_layers)
+    ]
     cache_v = [torch.zeros_like(t) for t in cache_k]
     seqs = [Sequence.of(r, temperature) for r in requests]
     gaps: list[list[float]] = [[] for _ in requests]
@@ -95,7 +101,7 @@ def _decode_together(weights: LlamaWeights, requests: list[Request],
         longest = int(prompt_lens.max())
         tokens = torch.zeros(n, longest, dtype=torch.long, device=device)
         for b, r in enumerate(requests):
-            tokens[b, :r.prompt_len] = torch.tensor(r.prompt, dtype=torch.long)
+            tokens[b, : r.prompt_len] = torch.tensor(r.prompt, dtype=torch.long)
         # a padded token sits past its row's prompt: a real query never sees it, and its slot is
         # written again (by the row's next token) before any query reads it
         pos = torch.arange(longest, device=device).expand(n, longest)

@@ -12,6 +12,7 @@ When a running sequence has no room for its next token, the newest-admitted one 
 its KV is freed and it goes back to the front of the queue, to be recomputed from its prompt and
 the tokens it already produced.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -153,8 +154,10 @@ class StaticScheduler(Scheduler):
         that no more requests are coming."""
         if not self.waiting:
             return False
-        return (len(self.waiting) >= self.config.max_batch
-                or now - self.waiting[0].req.arrival_s >= self.config.batch_timeout_s)
+        return (
+            len(self.waiting) >= self.config.max_batch
+            or now - self.waiting[0].req.arrival_s >= self.config.batch_timeout_s
+        )
 
     def _end_batch(self) -> None:
         for seq in self.running:

@@ -1,5 +1,6 @@
 """One request as the engine sees it: its tokens so far, how many of them have K/V in the cache,
 and when each output token came out."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ class Sequence:
     generator: torch.Generator | None = None  # sampled decoding: the request's own seeded draws
 
     @classmethod
-    def of(cls, req: Request, temperature: float) -> "Sequence":
+    def of(cls, req: Request, temperature: float) -> Sequence:
         seq = cls(req, list(req.prompt))
         if temperature > 0:
             seq.generator = torch.Generator().manual_seed(req.seed)

@@ -9,6 +9,7 @@ sits at ``(r, i)``, its keys are gathered from the cache (the step's new K/V are
 first, so a cached prefix and the new tokens are read alike), and one SDPA call attends over all
 of them, causal when no prefill has a cached prefix, else with the mask ``key j <= past_r + i``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -115,16 +116,23 @@ def pack_prefills(kv: KVBackend, prefills: list[Sequence], pack: Pack) -> tuple[
     for r, s in enumerate(prefills):
         start, n, new = len(tokens), len(s.tokens), len(s.tokens) - s.cached
         context = kv.slot_list(s, 0, n)
-        tokens += s.tokens[s.cached:]
+        tokens += s.tokens[s.cached :]
         positions += range(s.cached, n)
-        slots += context[s.cached:]
+        slots += context[s.cached :]
         q_rows += range(start, start + new)
         q_rows += [start + new - 1] * (width_q - new)
         k_rows += context
         k_rows += [context[0]] * (width_k - n)
         out_index += range(r * width_q, r * width_q + new)
-    for name, values in (("tokens", tokens), ("positions", positions), ("slots", slots), ("q_rows", q_rows),
-                         ("k_rows", k_rows), ("out_index", out_index), ("past", [s.cached for s in prefills])):
+    for name, values in (
+        ("tokens", tokens),
+        ("positions", positions),
+        ("slots", slots),
+        ("q_rows", q_rows),
+        ("k_rows", k_rows),
+        ("out_index", out_index),
+        ("past", [s.cached for s in prefills]),
+    ):
         pack.add(name, values)
     return width_q, width_k
 
@@ -174,8 +182,9 @@ def build_step(kv: KVBackend, staging: Staging, prefills: list[Sequence], decode
     return StepInputs(tokens, positions, slots, t.get("logits_at"), layout, decode)
 
 
-def prefill_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,
-                      layout: PrefillLayout) -> torch.Tensor:
+def prefill_attention(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, layout: PrefillLayout
+) -> torch.Tensor:
     """Attention of the step's prefill tokens q ``(tokens, heads, d)`` over their contexts in the
     cache (``(units, unit_tokens, kv_heads, d)``, the new K/V already written): one SDPA call over
     the padded batch, GQA by head grouping; returns ``(tokens, heads, d)`` in q's order."""
@@ -189,7 +198,12 @@ def prefill_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Ten
     vp = v_cache.reshape(-1, kv_heads, head_dim).index_select(0, keys).view(rows, width_k, kv_heads, head_dim)
     # Without a cached prefix Q == K and plain causality is exact for every real query: a padded
     # key j >= n is only visible to padded queries i >= j, whose outputs are dropped.
-    out = F.scaled_dot_product_attention(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2),
-                                         attn_mask=layout.mask, is_causal=layout.mask is None,
-                                         enable_gqa=heads != kv_heads)
+    out = F.scaled_dot_product_attention(
+        qp.transpose(1, 2),
+        kp.transpose(1, 2),
+        vp.transpose(1, 2),
+        attn_mask=layout.mask,
+        is_causal=layout.mask is None,
+        enable_gqa=heads != kv_heads,
+    )
     return out.transpose(1, 2).reshape(rows * width_q, heads, head_dim).index_select(0, layout.out_index)

@@ -23,6 +23,7 @@ A JSONL trace file has one request per line: ``{"arrival_s": 0.12, "prompt_len":
 "output_len": 90}``, or ``"prompt": "text"`` instead of ``prompt_len`` (its UTF-8 bytes become the
 token ids, modulo the vocabulary: the models here have no tokenizer of their own).
 """
+
 from __future__ import annotations
 
 import json
@@ -132,8 +133,9 @@ def arrival_times(spec: str, n: int, gen: torch.Generator) -> list[float]:
         gaps = torch.empty(n, dtype=torch.float64).exponential_(rate, generator=gen)
     else:  # gamma with shape k and scale 1/(rate k): mean gap 1/rate, CV 1/sqrt(k)
         shape = args[1]
-        gamma = torch.distributions.Gamma(torch.full((n,), shape, dtype=torch.float64),
-                                          torch.full((n,), shape * rate, dtype=torch.float64))
+        gamma = torch.distributions.Gamma(
+            torch.full((n,), shape, dtype=torch.float64), torch.full((n,), shape * rate, dtype=torch.float64)
+        )
         # torch.distributions has no generator argument: draw through a forked global RNG state.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
@@ -161,9 +163,16 @@ def generate(spec: TraceSpec, seed: int) -> list[Request]:
     arrivals = arrival_times(spec.arrival, spec.requests, gen)
     prompts = parse_length(spec.prompt_len).sample(spec.requests, gen)
     outputs = parse_length(spec.output_len).sample(spec.requests, gen)
-    return [Request(i, arrivals[i], torch.randint(0, spec.vocab_size, (prompts[i],), generator=gen).tolist(),
-                    outputs[i], seed=seed * 1000003 + i)
-            for i in range(spec.requests)]
+    return [
+        Request(
+            i,
+            arrivals[i],
+            torch.randint(0, spec.vocab_size, (prompts[i],), generator=gen).tolist(),
+            outputs[i],
+            seed=seed * 1000003 + i,
+        )
+        for i in range(spec.requests)
+    ]
 
 
 def read_jsonl(path: str | Path, vocab_size: int, seed: int = 0) -> list[Request]:
@@ -176,8 +185,10 @@ def read_jsonl(path: str | Path, vocab_size: int, seed: int = 0) -> list[Request
         raise BadInput(f"{path}: cannot read the trace file ({exc.strerror or exc})") from None
     gen = torch.Generator().manual_seed(seed)
     out: list[Request] = []
-    allowed = "each line a JSON object with arrival_s (seconds >= 0), output_len (tokens >= 1) and " \
-              "prompt_len (tokens >= 1) or prompt (text)"
+    allowed = (
+        "each line a JSON object with arrival_s (seconds >= 0), output_len (tokens >= 1) and "
+        "prompt_len (tokens >= 1) or prompt (text)"
+    )
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -190,11 +201,18 @@ def read_jsonl(path: str | Path, vocab_size: int, seed: int = 0) -> list[Request
 
         def number_of(key: str, minimum: float, integer: bool):
             if key not in row:
-                raise BadInput(f"line {number} of {path}: {key!r} is missing; each line needs arrival_s (seconds "
-                               f">= 0), prompt_len (tokens >= 1) or prompt (text), and output_len (tokens >= 1)")
+                raise BadInput(
+                    f"line {number} of {path}: {key!r} is missing; each line needs arrival_s (seconds "
+                    f">= 0), prompt_len (tokens >= 1) or prompt (text), and output_len (tokens >= 1)"
+                )
             value = row.get(key)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and value >= minimum and (not integer or value == int(value))
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= minimum
+                and (not integer or value == int(value))
+            )
             if not ok:
                 raise BadInput(f"{path}:{number}: key {key!r} is {value!r}; {allowed}")
             return int(value) if integer else float(value)  # type: ignore[arg-type]  # ok: a finite number

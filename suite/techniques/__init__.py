@@ -16,6 +16,7 @@ folders are two modules), inside a package that stands for its folder: a module 
 imported relatively (``from . import helpers``), and ``sys.path`` is left as it is. Its recorded
 ``source`` is that resolved path, which is how a worker process or a later report finds it again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,8 +57,10 @@ def register(technique: Technique, source: str = "") -> Technique:
         raise ValueError(f"technique {name} is incomplete: {', '.join(found)}")
     known = _REGISTRY.get(technique.name)
     if known is not None and known is not technique:
-        raise ValueError(f"technique {technique.name} registered twice ({known.source or 'built in'} and "
-                         f"{source or technique.source or 'another module'})")
+        raise ValueError(
+            f"technique {technique.name} registered twice ({known.source or 'built in'} and "
+            f"{source or technique.source or 'another module'})"
+        )
     if source and not technique.source:
         technique.source = source
     _REGISTRY[technique.name] = technique
@@ -118,10 +121,12 @@ def get(name: str) -> Technique | None:
 def _validated(technique: object, where: str) -> Technique:
     found = problems(technique)
     if found:
-        raise BadInput(f"{where}: the technique cannot run: {'; '.join(found)}. A technique defines "
-                       "TECHNIQUE = gpubench.contract.Technique(...) with @TECHNIQUE.build, @TECHNIQUE.check "
-                       "and at least a baseline and an optimized variant ('Bring your own pair', "
-                       "docs/bring-your-own-pair.md).")
+        raise BadInput(
+            f"{where}: the technique cannot run: {'; '.join(found)}. A technique defines "
+            "TECHNIQUE = gpubench.contract.Technique(...) with @TECHNIQUE.build, @TECHNIQUE.check "
+            "and at least a baseline and an optimized variant ('Bring your own pair', "
+            "docs/bring-your-own-pair.md)."
+        )
     return technique  # type: ignore[return-value]
 
 
@@ -169,8 +174,10 @@ def _import(spec: str, base_dir: Path | None) -> ModuleType:
     if path is not None:
         if not path.is_file():
             what = "is a directory, not a .py file" if path.is_dir() else "no such file"
-            raise BadInput(f"technique {spec!r}: {what} ({path}); give a built-in technique, a module "
-                           f"(my_pkg.my_pair) or a .py file relative to the scenario.")
+            raise BadInput(
+                f"technique {spec!r}: {what} ({path}); give a built-in technique, a module "
+                f"(my_pkg.my_pair) or a .py file relative to the scenario."
+            )
         return _import_file(path)
     if base_dir is not None and str(base_dir) not in sys.path:
         sys.path.append(str(base_dir))
@@ -182,8 +189,10 @@ def _sibling_hint(exc: ModuleNotFoundError, path: Path | None) -> str:
     top = (exc.name or "").split(".")[0]
     if path is None or not top or not ((path.parent / f"{top}.py").is_file() or (path.parent / top).is_dir()):
         return ""
-    return (f" {top} is beside {path.name}: a plug-in file imports the modules beside it relatively "
-            f"(from . import {top}); sys.path is left as it is.")
+    return (
+        f" {top} is beside {path.name}: a plug-in file imports the modules beside it relatively "
+        f"(from . import {top}); sys.path is left as it is."
+    )
 
 
 def _where_raised(exc: BaseException) -> str:
@@ -192,8 +201,9 @@ def _where_raised(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{type(exc).__name__}: {exc.msg} at {exc.filename}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if "importlib" not in f.filename and f.filename != __file__]
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename and f.filename != __file__
+    ]
     if frames:
         text += f" at {frames[-1].filename}:{frames[-1].lineno} (in {frames[-1].name})"
     return text
@@ -210,8 +220,9 @@ def load(spec: str, base_dir: Path | None = None) -> Technique:
     if known is not None:
         return known
     if spec in _BROKEN:
-        raise BadInput(f"technique {spec!r} (entry point of group {ENTRY_POINT_GROUP}) cannot be loaded: "
-                       f"{_BROKEN[spec]}")
+        raise BadInput(
+            f"technique {spec!r} (entry point of group {ENTRY_POINT_GROUP}) cannot be loaded: {_BROKEN[spec]}"
+        )
     module_spec, _, attribute = spec.partition(":") if not spec.endswith(".py") else (spec, "", "")
     attribute = attribute or "TECHNIQUE"
     try:
@@ -220,16 +231,21 @@ def load(spec: str, base_dir: Path | None = None) -> Technique:
         raise
     except ModuleNotFoundError as exc:
         if exc.name is None or not module_spec.startswith(exc.name):  # the module is there; an import inside it is not
-            raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}."
-                           f"{_sibling_hint(exc, path)}") from None
-        raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
-                       f"importable module: {type(exc).__name__}: {exc}.") from None
+            raise BadInput(
+                f"technique {spec!r}: importing it failed: {_where_raised(exc)}.{_sibling_hint(exc, path)}"
+            ) from None
+        raise BadInput(
+            f"technique {spec!r} is neither a registered technique ({', '.join(all_techniques())}) nor an "
+            f"importable module: {type(exc).__name__}: {exc}."
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised while imported: where, no traceback
         raise BadInput(f"technique {spec!r}: importing it failed: {_where_raised(exc)}.") from None
     technique = getattr(module, attribute, None)
     if technique is None:
-        raise BadInput(f"technique {spec!r}: module {module.__name__} ({getattr(module, '__file__', '?')}) has no "
-                       f"{attribute}; define TECHNIQUE = gpubench.contract.Technique(...) at module level.")
+        raise BadInput(
+            f"technique {spec!r}: module {module.__name__} ({getattr(module, '__file__', '?')}) has no "
+            f"{attribute}; define TECHNIQUE = gpubench.contract.Technique(...) at module level."
+        )
     technique = _validated(technique, f"technique {spec!r}")
     source = str(path) if path is not None else spec
     try:

@@ -18,6 +18,7 @@ and tests/test_catalog.py fails, naming that command, while the committed file i
 Plug-ins (entry points of ``gpubench.techniques``, modules and files a scenario names) are never
 in it: where entry points are installed, :func:`declared` loads the registry as before.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +28,15 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpubench import techniques
-from gpubench.records.claims import Claim
 from gpubench.contract import Param, Technique
 from gpubench.errors import BadInput
+from gpubench.records.claims import Claim
 
 FORMAT = 1
 CATALOG_FILE = Path(__file__).resolve().parent / "catalog.json"
@@ -124,30 +126,45 @@ def source_hash(dirs: Mapping[str, Path] | None = None) -> str:
 # -- writing --------------------------------------------------------------------------------------
 def _param_entry(tech: str, param: Param) -> dict[str, Any]:
     if type(param) is not Param:  # a subclass may check values its own way: data cannot say how
-        raise ValueError(f"{tech}.{param.name}: a {type(param).__name__}, not a plain Param; the catalogue "
-                         "can only rebuild Param")
-    return {"name": param.name, "type": param.type_name, "default": param.default, "help": param.help,
-            "choices": list(param.choices) if param.choices is not None else None, "min": param.min,
-            "max": param.max, "min_exclusive": param.min_exclusive}
+        raise ValueError(
+            f"{tech}.{param.name}: a {type(param).__name__}, not a plain Param; the catalogue can only rebuild Param"
+        )
+    return {
+        "name": param.name,
+        "type": param.type_name,
+        "default": param.default,
+        "help": param.help,
+        "choices": list(param.choices) if param.choices is not None else None,
+        "min": param.min,
+        "max": param.max,
+        "min_exclusive": param.min_exclusive,
+    }
 
 
 def entry_of(tech: Technique) -> dict[str, Any]:
     """One technique's declarations as the catalogue stores them (JSON-ready)."""
-    return {"name": tech.name, "shape": tech.shape, "summary": tech.summary, "anchor": tech.anchor,
-            "gpu_specific": tech.gpu_specific, "source": tech.source,
-            "claims": [c.to_dict() for c in tech.claims],
-            "params": [_param_entry(tech.name, p) for p in tech.params],
-            "variants": [{"name": v.name, "role": v.role, "description": v.description}
-                         for v in tech.variants.values()],
-            "validates": tech.validate_fn is not None}
+    return {
+        "name": tech.name,
+        "shape": tech.shape,
+        "summary": tech.summary,
+        "anchor": tech.anchor,
+        "gpu_specific": tech.gpu_specific,
+        "source": tech.source,
+        "claims": [c.to_dict() for c in tech.claims],
+        "params": [_param_entry(tech.name, p) for p in tech.params],
+        "variants": [{"name": v.name, "role": v.role, "description": v.description} for v in tech.variants.values()],
+        "validates": tech.validate_fn is not None,
+    }
 
 
 def build() -> dict[str, Any]:
     """The catalogue of the built-in techniques as the modules declare them now (imports them)."""
-    built_in = {n: t for n, t in techniques.all_techniques().items()
-                if t.source.startswith(f"{techniques.__name__}.")}
-    return {"format": FORMAT, "source_hash": source_hash(),
-            "techniques": {n: entry_of(t) for n, t in sorted(built_in.items())}}
+    built_in = {n: t for n, t in techniques.all_techniques().items() if t.source.startswith(f"{techniques.__name__}.")}
+    return {
+        "format": FORMAT,
+        "source_hash": source_hash(),
+        "techniques": {n: entry_of(t) for n, t in sorted(built_in.items())},
+    }
 
 
 def write(path: Path = CATALOG_FILE) -> dict[str, Any]:
@@ -160,14 +177,32 @@ def write(path: Path = CATALOG_FILE) -> dict[str, Any]:
 # -- reading --------------------------------------------------------------------------------------
 def declared_of(entry: Mapping[str, Any]) -> Declared:
     """A :class:`Declared` from its catalogue entry."""
-    params = tuple(Param(p["name"], _TYPES[p["type"]], p["default"], p.get("help", ""),
-                         tuple(p["choices"]) if p.get("choices") is not None else None, p.get("min"),
-                         p.get("max"), p.get("min_exclusive", False)) for p in entry["params"])
+    params = tuple(
+        Param(
+            p["name"],
+            _TYPES[p["type"]],
+            p["default"],
+            p.get("help", ""),
+            tuple(p["choices"]) if p.get("choices") is not None else None,
+            p.get("min"),
+            p.get("max"),
+            p.get("min_exclusive", False),
+        )
+        for p in entry["params"]
+    )
     variants = {v["name"]: VariantInfo(v["name"], v["role"], v.get("description", "")) for v in entry["variants"]}
-    return Declared(entry["name"], entry["shape"], entry["summary"], params, entry.get("anchor", ""),
-                    entry.get("gpu_specific", ""), entry.get("source", ""),
-                    tuple(Claim.from_dict(c) for c in entry.get("claims", ())), variants,
-                    bool(entry.get("validates")))
+    return Declared(
+        entry["name"],
+        entry["shape"],
+        entry["summary"],
+        params,
+        entry.get("anchor", ""),
+        entry.get("gpu_specific", ""),
+        entry.get("source", ""),
+        tuple(Claim.from_dict(c) for c in entry.get("claims", ())),
+        variants,
+        bool(entry.get("validates")),
+    )
 
 
 _CACHE: dict[str, Any] = {}
@@ -230,10 +265,16 @@ def load(spec: str, base_dir: Path | None = None) -> Declared | Technique:
     known = declared()
     if spec in known:
         return known[spec]
-    if (built_ins() is not None and not entry_points_installed() and spec.isidentifier()
-            and not _importable(spec, base_dir)):
-        raise BadInput(f"technique {spec!r} is neither a registered technique ({', '.join(known)}) nor an "
-                       f"importable module: ModuleNotFoundError: No module named {spec!r}.")
+    if (
+        built_ins() is not None
+        and not entry_points_installed()
+        and spec.isidentifier()
+        and not _importable(spec, base_dir)
+    ):
+        raise BadInput(
+            f"technique {spec!r} is neither a registered technique ({', '.join(known)}) nor an "
+            f"importable module: ModuleNotFoundError: No module named {spec!r}."
+        )
     return techniques.load(spec, base_dir)
 
 
@@ -251,8 +292,11 @@ def stale_entries(committed: Mapping[str, Any], now: Mapping[str, Any]) -> list[
     if committed.get("source_hash") != now.get("source_hash"):
         out.append("the sources it was built from changed (source_hash)")
     a, b = committed.get("techniques", {}), now.get("techniques", {})
-    out += [f"{n}: {'added' if n not in a else 'removed' if n not in b else 'declarations changed'}"
-            for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
+    out += [
+        f"{n}: {'added' if n not in a else 'removed' if n not in b else 'declarations changed'}"
+        for n in sorted(set(a) | set(b))
+        if a.get(n) != b.get(n)
+    ]
     return out
 
 

@@ -1,6 +1,7 @@
 """A plug-in technique (public contract only) whose optimized variant fails the ways a new kernel
 does on its first day: a native call that never returns, a segfault, a process that exits, an
 exception. ``mode: ok`` is a healthy case."""
+
 import ctypes
 import os
 import signal
@@ -9,9 +10,15 @@ import torch
 
 from gpubench.contract import CheckResult, Param, Technique, Workload
 
-TECHNIQUE = Technique("faulty_pair", summary="a pair whose optimized side fails on purpose", shape="kernel",
-                      params=[Param("mode", str, "ok", choices=["ok", "native_hang", "segfault", "exit", "raise"]),
-                              Param("n", int, 64, min=1)])
+TECHNIQUE = Technique(
+    "faulty_pair",
+    summary="a pair whose optimized side fails on purpose",
+    shape="kernel",
+    params=[
+        Param("mode", str, "ok", choices=["ok", "native_hang", "segfault", "exit", "raise"]),
+        Param("n", int, 64, min=1),
+    ],
+)
 
 
 @TECHNIQUE.build

@@ -5,6 +5,7 @@ makes a later case finish first, on an event it can see instead of a sleep it ha
 Nothing waits unless HELD_PAIR_DIR names a directory. A held case then writes ``started-<n>``
 there (its process id) as it builds its workload, and waits for a file ``release`` there, ten
 minutes at most. A case that is not held is a plain healthy pair."""
+
 import os
 import time
 from pathlib import Path
@@ -13,8 +14,12 @@ import torch
 
 from gpubench.contract import CheckResult, Param, Technique, Workload
 
-TECHNIQUE = Technique("held_pair", summary="a pair whose held cases wait for the test to let them go", shape="kernel",
-                      params=[Param("n", int, 64, min=1), Param("held", bool, False)])
+TECHNIQUE = Technique(
+    "held_pair",
+    summary="a pair whose held cases wait for the test to let them go",
+    shape="kernel",
+    params=[Param("n", int, 64, min=1), Param("held", bool, False)],
+)
 
 HOLD_LIMIT_S = 600.0
 

@@ -43,18 +43,20 @@ Otava is installed without its dependencies (its pins would downgrade numpy); it
 scipy (its t-test): ``pip install --no-deps apache-otava==0.8.0`` and scipy, a dependency of
 gpubench.
 """
+
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from gpubench.records import stats
 from gpubench.errors import BadInput
 from gpubench.gate.history.store import HistoryCase, HistoryStore, Point
+from gpubench.records import stats
 
 MAX_PVALUE = 0.0001
 WINDOW = 50  # Otava's split pass: runs per window (half a window's step)
@@ -65,8 +67,10 @@ NEIGHBOURS = 3
 MEAN_FLOOR = 0.25  # lone_runs' SD: at least this share of the one the mean absolute deviation gives
 KEEP_FACTOR = 10  # a change point found with fewer runs stays while all the runs hold it at 10 x max_pvalue
 SEED = 0  # the bootstrap CI of each change point's magnitude
-METHOD = (f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
-          f"a level holds {MIN_LEVEL} runs or more")
+METHOD = (
+    f"Apache Otava's E-Divisive means with Student's t-test on log figures, p <= {MAX_PVALUE}; "
+    f"a level holds {MIN_LEVEL} runs or more"
+)
 INSTALL = "pip install --no-deps apache-otava==0.8.0 scipy"
 
 
@@ -75,9 +79,11 @@ def _otava() -> tuple[Any, Any]:
     try:
         from otava.analysis import merge, split
     except ImportError as exc:
-        raise BadInput(f"change points need Apache Otava's change point detection, which is not installed "
-                       f"({exc}): {INSTALL} (numpy and scipy are all it needs here; --no-deps keeps its other "
-                       f"dependencies out).") from None
+        raise BadInput(
+            f"change points need Apache Otava's change point detection, which is not installed "
+            f"({exc}): {INSTALL} (numpy and scipy are all it needs here; --no-deps keeps its other "
+            f"dependencies out)."
+        ) from None
     return split, merge
 
 
@@ -97,8 +103,11 @@ def _levels(series: list[float], max_pvalue: float) -> list[tuple[int, float]]:
         # A list, not an array: Otava 0.8.0 slices a window only out of a sequence that is not one.
         weak = split(series, WINDOW, min(max_pvalue * 10, 0.5))
         found = merge(weak, series, max_pvalue, 0.0)
-    return [(int(c.index), float(c.stats.pvalue)) for c in found
-            if not math.isnan(c.stats.pvalue) and c.stats.pvalue <= max_pvalue]
+    return [
+        (int(c.index), float(c.stats.pvalue))
+        for c in found
+        if not math.isnan(c.stats.pvalue) and c.stats.pvalue <= max_pvalue
+    ]
 
 
 def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int = NEIGHBOURS) -> list[int]:
@@ -119,7 +128,7 @@ def lone_runs(values: Sequence[float], *, k: float = OUTLIER_K, neighbours: int 
     sigma = max(1.4826 * float(np.median(spread)), MEAN_FLOOR * 1.2533 * float(np.mean(spread))) / math.sqrt(2)
     out = []
     for i in range(len(x) - 1):
-        sides = [side for side in (x[max(0, i - neighbours):i], x[i + 1:i + 1 + neighbours]) if len(side)]
+        sides = [side for side in (x[max(0, i - neighbours) : i], x[i + 1 : i + 1 + neighbours]) if len(side)]
         away = [float(x[i] - np.median(side)) for side in sides]
         if all(abs(a) > k * sigma for a in away) and (all(a > 0 for a in away) or all(a < 0 for a in away)):
             out.append(i)
@@ -136,20 +145,21 @@ def _search(logs: Sequence[float], max_pvalue: float) -> Detection:
         alone = next(((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b - a < MIN_LEVEL), None)
         if alone is None:
             return Detection(_boundaries(logs, kept, found), tuple(sorted(set(range(len(logs))) - set(kept))))
-        del kept[alone[0]:alone[1]]  # a level of one run: set it aside and look again without it
+        del kept[alone[0] : alone[1]]  # a level of one run: set it aside and look again without it
     return Detection((), tuple(sorted(set(range(len(logs))) - set(kept))) if len(logs) >= MIN_RUNS else ())
 
 
-def _boundaries(logs: Sequence[float], kept: list[int],
-                found: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+def _boundaries(
+    logs: Sequence[float], kept: list[int], found: list[tuple[int, float]]
+) -> tuple[tuple[int, float], ...]:
     """``found`` (indices into ``kept``) as indices into ``logs``; a change point whose runs just
     before it were set aside starts at the first of them nearer the new level's median than the
     old one's (the first run of a new level, overshooting it, is where the change came in)."""
     cuts = [0, *(i for i, _ in found), len(kept)]
     out = []
     for k, (i, p) in enumerate(found):
-        old = float(np.median([logs[j] for j in kept[cuts[k]:cuts[k + 1]]]))
-        new = float(np.median([logs[j] for j in kept[cuts[k + 1]:cuts[k + 2]]]))
+        old = float(np.median([logs[j] for j in kept[cuts[k] : cuts[k + 1]]]))
+        new = float(np.median([logs[j] for j in kept[cuts[k + 1] : cuts[k + 2]]]))
         start = kept[i]
         while start - 1 > kept[i - 1] and abs(logs[start - 1] - new) < abs(logs[start - 1] - old):
             start -= 1
@@ -195,8 +205,9 @@ def detect(values: Sequence[float], *, max_pvalue: float = MAX_PVALUE, keep_foun
     return Detection(held, tuple(i for i in strict.set_aside if i not in {j for j, _ in held}))
 
 
-def _held(logs: Sequence[float], found: dict[int, float], aside: set[int],
-          max_pvalue: float) -> tuple[tuple[int, float], ...]:
+def _held(
+    logs: Sequence[float], found: dict[int, float], aside: set[int], max_pvalue: float
+) -> tuple[tuple[int, float], ...]:
     """The change points of ``found`` (index: p-value) that hold at ``max_pvalue`` against their
     neighbouring levels, each level's set-aside runs left out: as Otava's merge pass, the weakest
     is dropped and the rest tested again until every one left holds."""
@@ -214,8 +225,9 @@ def _held(logs: Sequence[float], found: dict[int, float], aside: set[int],
                 continue
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore", RuntimeWarning)  # levels of equal figures: no spread
-                _, p = ttest_ind_from_stats(np.mean(left), np.std(left), len(left),
-                                            np.mean(right), np.std(right), len(right))
+                _, p = ttest_ind_from_stats(
+                    np.mean(left), np.std(left), len(left), np.mean(right), np.std(right), len(right)
+                )
             pvalues.append(1.0 if math.isnan(p) else float(p))
         worst = max(range(len(kept)), key=lambda k: pvalues[k])
         if pvalues[worst] <= max_pvalue:
@@ -236,8 +248,10 @@ def lower_is_better(metric: str, gate_metric: str | None) -> bool:
     """The metric's direction: time and the technique's gate_metric are lower-is-better."""
     if metric == "time" or (gate_metric and metric == gate_metric):
         return True
-    raise BadInput(f"metric {metric!r}: its direction is not known; allowed: time, or the case's gate_metric "
-                   f"({gate_metric or 'none for this case'}).")
+    raise BadInput(
+        f"metric {metric!r}: its direction is not known; allowed: time, or the case's gate_metric "
+        f"({gate_metric or 'none for this case'})."
+    )
 
 
 @dataclass(frozen=True)
@@ -284,7 +298,7 @@ class CaseHistory:
 
     def since_last_change(self) -> tuple[Point, ...]:
         """The points of the current level: after the latest change point (all when none)."""
-        return self.points[self.latest.index:] if self.latest else self.points
+        return self.points[self.latest.index :] if self.latest else self.points
 
 
 def segment_bounds(n: int, indices: Sequence[int]) -> list[tuple[int, int]]:
@@ -302,14 +316,16 @@ class Levels:
     set_aside: tuple[int, ...]
 
 
-def change_points(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
-                  seed: int = SEED) -> list[ChangePoint]:
+def change_points(
+    points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE, seed: int = SEED
+) -> list[ChangePoint]:
     """The change points of ``points`` (a case's figures in run order)."""
     return levels(points, lower_better=lower_better, max_pvalue=max_pvalue, seed=seed).changes
 
 
-def levels(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE,
-           seed: int = SEED) -> Levels:
+def levels(
+    points: Sequence[Point], *, lower_better: bool = True, max_pvalue: float = MAX_PVALUE, seed: int = SEED
+) -> Levels:
     """The change points of ``points`` (a case's figures in run order) and the runs set aside."""
     values = [p.median for p in points]
     if len(values) < MIN_RUNS:
@@ -328,9 +344,21 @@ def levels(points: Sequence[Point], *, lower_better: bool = True, max_pvalue: fl
         worse = ci.ratio > 1.0 if lower_better else ci.ratio < 1.0
         point = points[index]
         low, high = (ci.bounds()[0] - 1.0, ci.bounds()[1] - 1.0) if ci.has_interval else (None, None)
-        out.append(ChangePoint(index, point.run_id, point.commit, point.started_at, pvalue,
-                               stats.median(before), stats.median(after), ci.ratio - 1.0, low, high,
-                               "regression" if worse else "improvement"))
+        out.append(
+            ChangePoint(
+                index,
+                point.run_id,
+                point.commit,
+                point.started_at,
+                pvalue,
+                stats.median(before),
+                stats.median(after),
+                ci.ratio - 1.0,
+                low,
+                high,
+                "regression" if worse else "improvement",
+            )
+        )
     return Levels(out, found.set_aside)
 
 
@@ -340,9 +368,16 @@ def case_metric(case: HistoryCase) -> str:
     return case.gate_metric or "time"
 
 
-def case_histories(store: HistoryStore, device_model: str, *, case_ids: Sequence[str] | None = None,
-                   branch: str | None = None, max_pvalue: float = MAX_PVALUE, seed: int = SEED,
-                   keep: Callable[[list[Point]], list[Point]] | None = None) -> list[CaseHistory]:
+def case_histories(
+    store: HistoryStore,
+    device_model: str,
+    *,
+    case_ids: Sequence[str] | None = None,
+    branch: str | None = None,
+    max_pvalue: float = MAX_PVALUE,
+    seed: int = SEED,
+    keep: Callable[[list[Point]], list[Point]] | None = None,
+) -> list[CaseHistory]:
     """Every (case, variant) of ``device_model``'s history (or of ``case_ids``) with its change
     points; ``branch``: that branch's runs (:meth:`HistoryStore.series`), None: every run;
     ``keep``: the runs of each series to read (the history gate: those before the run judged)."""

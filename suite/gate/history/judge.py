@@ -34,20 +34,22 @@ MIN_SAMPLES_FOR_RATIO a variant) lies wholly beyond the level's ratio CI times (
 and beyond half the baseline variant's move where that move went its way, the case is
 **regressed** (**improved**) by the ratio.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from gpubench.records import stats
-from gpubench.gate.compare import MACHINE_SHARE, MIN_SAMPLES_FOR_RATIO, load_any
 from gpubench.errors import BadInput
+from gpubench.gate.compare import MACHINE_SHARE, MIN_SAMPLES_FOR_RATIO, load_any
 from gpubench.gate.history import changepoints
 from gpubench.gate.history.rows import ResultRow, device_model
 from gpubench.gate.history.since import Since
 from gpubench.gate.history.store import HistoryStore, Point
+from gpubench.records import stats
 from gpubench.records.results import RunRecord
 
 MIN_RUNS = 5
@@ -110,9 +112,14 @@ def _figure(row: ResultRow, metric: str) -> float | None:
     return row.median_s if metric == "time" else row.gate_value
 
 
-def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
-              branch: str | None = None, run: RunRecord | None = None,
-              model: str | None = None) -> list[HistoryVerdict]:
+def judge_run(
+    store: HistoryStore,
+    rows: Sequence[ResultRow],
+    threshold: float,
+    branch: str | None = None,
+    run: RunRecord | None = None,
+    model: str | None = None,
+) -> list[HistoryVerdict]:
     """A verdict per case of the current run (its optimized variant, else its only variant),
     against ``branch``'s runs (:meth:`HistoryStore.series`; None: every run). ``run``: the run the
     rows are of, for its optimized/baseline ratio CIs (:func:`run_ratios`); None: read again from
@@ -130,30 +137,60 @@ def judge_run(store: HistoryStore, rows: Sequence[ResultRow], threshold: float,
         control = next((r for r in case_rows if r.role == "baseline" and r is not row), None)
         if row.case_status not in (None, "passed"):
             failure = getattr(cases.get((row.device_model, row.case_id)), "failure", None)
-            out.append(_not_passed(row.case_id, row.variant, row.gate_metric or "time", row.case_status,
-                                   failure.message if failure else None))
+            out.append(
+                _not_passed(
+                    row.case_id,
+                    row.variant,
+                    row.gate_metric or "time",
+                    row.case_status,
+                    failure.message if failure else None,
+                )
+            )
             continue
         ratio = cis.get((row.device_model, row.case_id, row.variant, control.variant if control else None))
         out.append(_judge_case(store, row, control, threshold, branch, ratio))
     if run is not None:  # a case that failed before any variant recorded anything has no rows
         models = {row.device_model for row in rows} or {key[0] for key in cases}
         for key, case in cases.items():
-            if (case.status not in (None, "passed") and key not in by_case and (model is None or key[0] == model)
-                    and key[0] in models
-                    and not (case.status == "interrupted" and case.failure is not None and case.failure.kind == "budget")):
-                out.append(_not_passed(case.id, case.role_variant("optimized") or "", case.gate_metric or "time",
-                                       case.status, case.failure.message if case.failure else None))
+            if (
+                case.status not in (None, "passed")
+                and key not in by_case
+                and (model is None or key[0] == model)
+                and key[0] in models
+                and not (case.status == "interrupted" and case.failure is not None and case.failure.kind == "budget")
+            ):
+                out.append(
+                    _not_passed(
+                        case.id,
+                        case.role_variant("optimized") or "",
+                        case.gate_metric or "time",
+                        case.status,
+                        case.failure.message if case.failure else None,
+                    )
+                )
     return out
 
 
-def _not_passed(case_id: str, variant: str, metric: str, status: str | None,
-                message: str | None = None) -> HistoryVerdict:
+def _not_passed(
+    case_id: str, variant: str, metric: str, status: str | None, message: str | None = None
+) -> HistoryVerdict:
     """A case that did not pass in the judged run (a wrong result, an error, a timeout, an overloaded
     machine): nothing measured to judge, and a gate never passes it (as the pairwise gate)."""
-    return HistoryVerdict(case_id=case_id, variant=variant, metric=metric, verdict="failed", current=None,
-                          level_median=None, level_ci_low=None, level_ci_high=None, level_runs=0, since_commit=None,
-                          reason=f"the case {status or 'never finished'} in this run" + (f": {message}" if message else "")
-                          + "; nothing measured to judge")
+    return HistoryVerdict(
+        case_id=case_id,
+        variant=variant,
+        metric=metric,
+        verdict="failed",
+        current=None,
+        level_median=None,
+        level_ci_low=None,
+        level_ci_high=None,
+        level_runs=0,
+        since_commit=None,
+        reason=f"the case {status or 'never finished'} in this run"
+        + (f": {message}" if message else "")
+        + "; nothing measured to judge",
+    )
 
 
 def before(points: Sequence[Point], row: ResultRow) -> list[Point]:
@@ -172,8 +209,11 @@ def _level(store: HistoryStore, row: ResultRow, metric: str, branch: str | None)
     found = changepoints.levels(points)
     start = found.changes[-1].index if found.changes else 0
     aside = set(found.set_aside)
-    return _Level([p for i, p in enumerate(points) if i >= start and i not in aside],
-                  found.changes[-1].commit if found.changes else None, tuple(points[start:]))
+    return _Level(
+        [p for i, p in enumerate(points) if i >= start and i not in aside],
+        found.changes[-1].commit if found.changes else None,
+        tuple(points[start:]),
+    )
 
 
 def _verdict(figure: float, level: Sequence[float], threshold: float) -> tuple[str, stats.SampleStats]:
@@ -187,51 +227,101 @@ def _verdict(figure: float, level: Sequence[float], threshold: float) -> tuple[s
     return "passed", summary
 
 
-def _judge_case(store: HistoryStore, row: ResultRow, control: ResultRow | None, threshold: float,
-                branch: str | None, run_ratio: stats.RatioCI | None = None) -> HistoryVerdict:
+def _judge_case(
+    store: HistoryStore,
+    row: ResultRow,
+    control: ResultRow | None,
+    threshold: float,
+    branch: str | None,
+    run_ratio: stats.RatioCI | None = None,
+) -> HistoryVerdict:
     metric = row.gate_metric or "time"
     level = _level(store, row, metric, branch)
     current = _figure(row, metric)
-    base: dict[str, Any] = dict(case_id=row.case_id, variant=row.variant, metric=metric, current=current,
-                level_runs=len(level.points), since_commit=level.since_commit)
+    base: dict[str, Any] = dict(
+        case_id=row.case_id,
+        variant=row.variant,
+        metric=metric,
+        current=current,
+        level_runs=len(level.points),
+        since_commit=level.since_commit,
+    )
     if current is None:
-        return HistoryVerdict(**base, verdict="no_figure", level_median=None, level_ci_low=None, level_ci_high=None,
-                              reason=f"the run has no {metric} figure")
+        return HistoryVerdict(
+            **base,
+            verdict="no_figure",
+            level_median=None,
+            level_ci_low=None,
+            level_ci_high=None,
+            reason=f"the run has no {metric} figure",
+        )
     if metric == "time" and row.n is not None and not stats.has_interval(row.n):  # a count needs no samples
-        return HistoryVerdict(**base, verdict="inconclusive", level_median=None, level_ci_low=None,
-                              level_ci_high=None, reason=f"the run's figure rests on too few samples (n={row.n}; "
-                              f"a CI needs {stats.MIN_CI_SAMPLES})")
+        return HistoryVerdict(
+            **base,
+            verdict="inconclusive",
+            level_median=None,
+            level_ci_low=None,
+            level_ci_high=None,
+            reason=f"the run's figure rests on too few samples (n={row.n}; a CI needs {stats.MIN_CI_SAMPLES})",
+        )
     if len(level.points) < MIN_RUNS:
-        return HistoryVerdict(**base, verdict="inconclusive", level_median=None, level_ci_low=None,
-                              level_ci_high=None, reason=f"{len(level.points)} run(s) since the last change point; "
-                              f"{MIN_RUNS} needed")
+        return HistoryVerdict(
+            **base,
+            verdict="inconclusive",
+            level_median=None,
+            level_ci_low=None,
+            level_ci_high=None,
+            reason=f"{len(level.points)} run(s) since the last change point; {MIN_RUNS} needed",
+        )
     verdict, summary = _verdict(current, [p.median for p in level.points], threshold)
-    reason = (f"{current / summary.median - 1:+.1%} vs the median of {len(level.points)} runs" if summary.median > 0
-              else f"{current:.4g} vs the median of {len(level.points)} runs, {summary.median:.4g}")
+    reason = (
+        f"{current / summary.median - 1:+.1%} vs the median of {len(level.points)} runs"
+        if summary.median > 0
+        else f"{current:.4g} vs the median of {len(level.points)} runs, {summary.median:.4g}"
+    )
     moves: dict[str, Any] = {}  # HistoryVerdict's machine_move and ratio_move, where judged
     # Machine noise moves times, never a count (bytes reserved): a count is judged as it is.
     if control is not None and metric == "time":
-        verdict, reason, moves = _by_ratio(store, row, control, metric, branch, level, verdict, reason, threshold,
-                                           run_ratio)
+        verdict, reason, moves = _by_ratio(
+            store, row, control, metric, branch, level, verdict, reason, threshold, run_ratio
+        )
     named: dict[str, Any] = {}  # HistoryVerdict's suspects and last_within
     if verdict == "regressed":
         named = _suspects(store, row, control, metric, branch, level, threshold, "ratio_move" in moves)
         reason += _suspects_text(named["suspects"], named["last_within"])
-    return HistoryVerdict(**base, verdict=verdict, level_median=summary.median, level_ci_low=summary.ci_low,
-                          level_ci_high=summary.ci_high, reason=reason, **moves, **named)
+    return HistoryVerdict(
+        **base,
+        verdict=verdict,
+        level_median=summary.median,
+        level_ci_low=summary.ci_low,
+        level_ci_high=summary.ci_high,
+        reason=reason,
+        **moves,
+        **named,
+    )
 
 
-def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, metric: str, branch: str | None,
-              level: _Level, threshold: float, by_ratio: bool) -> dict[str, Any]:
+def _suspects(
+    store: HistoryStore,
+    row: ResultRow,
+    control: ResultRow | None,
+    metric: str,
+    branch: str | None,
+    level: _Level,
+    threshold: float,
+    by_ratio: bool,
+) -> dict[str, Any]:
     """The runs a regression may have come in with: those of the level after the last one within
     it (at or below the bound the run failed: ci_high x (1 + threshold) of the figures it was
     judged on, the optimized/baseline ratios where the machine moved), then the run itself. Runs
     set aside are not in the bound but may be suspects (a newest run already as slow)."""
     points, values = list(level.runs or level.points), [p.median for p in level.runs or level.points]
     if by_ratio and control is not None:
-        by_run = {(p.run_id, p.host): p.median
-                  for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
-                  if p.median > 0}
+        by_run = {
+            (p.run_id, p.host): p.median
+            for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
+            if p.median > 0
+        }
         points = [p for p in points if (p.run_id, p.host) in by_run]
         values = [p.median / by_run[p.run_id, p.host] for p in points]
     judged = [v for p, v in zip(points, values) if p in level.points]
@@ -240,11 +330,14 @@ def _suspects(store: HistoryStore, row: ResultRow, control: ResultRow | None, me
     high = summary.ci_high if summary is not None and summary.ci_high is not None else max(judged, default=0.0)
     bound = high * (1 + threshold)
     last = max((i for i, v in enumerate(values) if v <= bound), default=None)
-    after = points[0 if last is None else last + 1:]
+    after = points[0 if last is None else last + 1 :]
     this = Suspect(row.run_id, row.git_commit, row.started_at)
-    return {"suspects": tuple(Suspect(p.run_id, p.commit, p.started_at) for p in after) + (this,),
-            "last_within": None if last is None else Suspect(points[last].run_id, points[last].commit,
-                                                              points[last].started_at)}
+    return {
+        "suspects": tuple(Suspect(p.run_id, p.commit, p.started_at) for p in after) + (this,),
+        "last_within": None
+        if last is None
+        else Suspect(points[last].run_id, points[last].commit, points[last].started_at),
+    }
 
 
 def _suspects_text(suspects: Sequence[Suspect], last_within: Suspect | None) -> str:
@@ -254,9 +347,18 @@ def _suspects_text(suspects: Sequence[Suspect], last_within: Suspect | None) -> 
     return f"; suspect commits, after {last_within.describe()}, the last run within the level: {runs}"
 
 
-def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: str, branch: str | None,
-              level: _Level, verdict: str, reason: str, threshold: float,
-              run_ratio: stats.RatioCI | None = None) -> tuple[str, str, dict[str, Any]]:
+def _by_ratio(
+    store: HistoryStore,
+    row: ResultRow,
+    control: ResultRow,
+    metric: str,
+    branch: str | None,
+    level: _Level,
+    verdict: str,
+    reason: str,
+    threshold: float,
+    run_ratio: stats.RatioCI | None = None,
+) -> tuple[str, str, dict[str, Any]]:
     """The verdict read with the optimized/baseline ratio against the level's ratios (the figure a
     machine's move does not make). The baseline variant moved the same way as the optimized one,
     against its figures in the same level runs, by at least half as much (log terms): the verdict
@@ -267,10 +369,19 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     Else the verdict as it was."""
     figure, control_figure = _figure(row, metric), _figure(control, metric)
     runs = {(p.run_id, p.host) for p in level.points}  # a run is its id and host (runners may share a store)
-    by_run = {(p.run_id, p.host): p.median
-              for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
-              if (p.run_id, p.host) in runs and p.median > 0}
-    if figure is None or not control_figure or control_figure <= 0 or figure <= 0 or level.median() <= 0 or len(by_run) < MIN_RUNS:
+    by_run = {
+        (p.run_id, p.host): p.median
+        for p in store.series(control.device_model, control.case_id, control.variant, metric, branch=branch)
+        if (p.run_id, p.host) in runs and p.median > 0
+    }
+    if (
+        figure is None
+        or not control_figure
+        or control_figure <= 0
+        or figure <= 0
+        or level.median() <= 0
+        or len(by_run) < MIN_RUNS
+    ):
         return verdict, reason, {}  # no ratio of logs to take
     move = math.log(figure / level.median())
     machine = math.log(control_figure / stats.median(list(by_run.values())))
@@ -281,17 +392,31 @@ def _by_ratio(store: HistoryStore, row: ResultRow, control: ResultRow, metric: s
     clear = _ratio_clear(run_ratio, ratio_level, machine, threshold) if run_ratio is not None else None
     moves = {"machine_move": math.exp(machine) - 1, "ratio_move": math.exp(ratio_move) - 1}
     if not moved and clear in (None, verdict):
-        return verdict, reason, ({"machine_move": math.exp(machine) - 1} if verdict in ("regressed", "improved") else {})
-    ratio_text = (f"the optimized/baseline ratio moved {math.exp(ratio_move) - 1:+.1%}" + (
+        return (
+            verdict,
+            reason,
+            ({"machine_move": math.exp(machine) - 1} if verdict in ("regressed", "improved") else {}),
+        )
+    ratio_text = f"the optimized/baseline ratio moved {math.exp(ratio_move) - 1:+.1%}" + (
         f" [{run_ratio.bounds()[0] / ratio_level.median - 1:+.1%}, {run_ratio.bounds()[1] / ratio_level.median - 1:+.1%}]"
-        if clear is not None and run_ratio is not None else ""))
+        if clear is not None and run_ratio is not None
+        else ""
+    )
     if not moved:
         assert clear is not None  # not moved, and clear neither None nor the verdict (returned above)
-        return clear, (f"{ratio_text} against its level, its whole CI beyond the level's and the threshold, while "
-                       f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the ratio "
-                       f"decides, not the optimized variant's own {reason} ({verdict} by itself)"), moves
-    moved_text = (f"{reason}, but the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%} in the same "
-                  f"runs too (the machine changed); {ratio_text}")
+        return (
+            clear,
+            (
+                f"{ratio_text} against its level, its whole CI beyond the level's and the threshold, while "
+                f"the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%}: the ratio "
+                f"decides, not the optimized variant's own {reason} ({verdict} by itself)"
+            ),
+            moves,
+        )
+    moved_text = (
+        f"{reason}, but the baseline variant {control.variant} moved {math.exp(machine) - 1:+.1%} in the same "
+        f"runs too (the machine changed); {ratio_text}"
+    )
     if ratio_verdict == verdict and abs(ratio_move) > abs(machine) * MACHINE_SHARE:
         return verdict, f"{moved_text}, beyond its level and half the machine's move", moves
     if clear is not None and clear != verdict:
@@ -361,12 +486,14 @@ def regressions_since(histories: Sequence[changepoints.CaseHistory], since: Sinc
     return [r for r in changes_since(histories, since) if r.change.kind == "regression"]
 
 
-def histories_before(store: HistoryStore, rows: Sequence[ResultRow],
-                     branch: str | None) -> list[changepoints.CaseHistory]:
+def histories_before(
+    store: HistoryStore, rows: Sequence[ResultRow], branch: str | None
+) -> list[changepoints.CaseHistory]:
     """The case histories of ``rows``' run's device model (``rows``: one run, one device model),
     each cut before that run as :func:`before` cuts a level: the runs ``--since`` lists change
     points of are those each case's level was read from, so both name the same change points."""
     if not rows:
         return []
-    return changepoints.case_histories(store, rows[0].device_model, branch=branch,
-                                       keep=lambda points: before(points, rows[0]))
+    return changepoints.case_histories(
+        store, rows[0].device_model, branch=branch, keep=lambda points: before(points, rows[0])
+    )

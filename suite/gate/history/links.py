@@ -5,6 +5,7 @@ github.*) and GitLab (gitlab.com and hosts named gitlab.*, subgroups included) a
 other host, a local path or a remote that is not a URL gives no link: the commit stays plain text.
 Credentials in an https remote (``https://user:token@host/...``) never reach the link.
 """
+
 from __future__ import annotations
 
 import re
@@ -76,8 +77,9 @@ def commit_url(base: str | None, commit: str | None) -> str | None:
 def origin_remote(where: str | Path = ".") -> str | None:
     """``git remote get-url origin`` in ``where`` (None outside a checkout, without git or origin)."""
     try:
-        out = subprocess.run(["git", "-C", str(where), "remote", "get-url", "origin"], capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(where), "remote", "get-url", "origin"], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None

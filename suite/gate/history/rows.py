@@ -6,18 +6,20 @@ case and variant keys).
 Inputs: a gpubench run (read through :func:`gpubench.records.results.load_run`), or a pytest-benchmark
 JSON file (read through :func:`gpubench.gate.compare.load_any`, the gate's own reader).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from gpubench.records import stats
 from gpubench.gate.compare import load_any
+from gpubench.records import stats
 from gpubench.records.results import CaseRecord, RunRecord, Stats, VariantRecord
 
 
@@ -96,19 +98,23 @@ def _summary(variant: VariantRecord) -> dict[str, Any]:
     if _number(found.median) is None and variant.samples_s:
         found = Stats.from_dict(stats.summarize(variant.samples_s).to_dict())
     n = found.n
-    return {"median_s": _number(found.median), "ci_low_s": _number(found.ci_low),
-            "ci_high_s": _number(found.ci_high), "iqr_s": _number(found.iqr),
-            "n": int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None}
+    return {
+        "median_s": _number(found.median),
+        "ci_low_s": _number(found.ci_low),
+        "ci_high_s": _number(found.ci_high),
+        "iqr_s": _number(found.iqr),
+        "n": int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None,
+    }
 
 
 def _scalar_metrics(metrics: Mapping[str, Any]) -> str:
-    kept = {str(k): v for k, v in metrics.items()
-            if isinstance(v, (str, bool)) or v is None or _number(v) is not None}
+    kept = {str(k): v for k, v in metrics.items() if isinstance(v, (str, bool)) or v is None or _number(v) is not None}
     return json.dumps(kept, sort_keys=True)
 
 
-def rows_of_run(run: RunRecord, results_path: str | Path, *, source: str = "gpubench",
-                branch: str | None = None) -> list[ResultRow]:
+def rows_of_run(
+    run: RunRecord, results_path: str | Path, *, source: str = "gpubench", branch: str | None = None
+) -> list[ResultRow]:
     """Every (case, variant) of ``run``, whose results file is ``results_path``. ``branch``
     stands in where the run did not record its branch. A case the run's ``--budget`` cut short is
     left out (its samples stay in results.json; the gate counts it missing too), as are the cases
@@ -117,17 +123,33 @@ def rows_of_run(run: RunRecord, results_path: str | Path, *, source: str = "gpub
     git = env.get("git") or {}
     gpu = env.get("gpu") or {}
     dirty = git.get("dirty")
-    started = (utc_iso(run.started_at) or utc_iso(env.get("captured_at"))
-               or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    common = {"run_id": run.run_id or Path(results_path).parent.name, "host": str(env.get("host") or ""),
-              "started_at": started, "source": source, "run_status": _text(run.status),
-              "git_commit": _text(git.get("commit")), "branch": _text(git.get("branch")) or branch,
-              "dirty": None if dirty is None else int(bool(dirty)),
-              "driver_version": _text(gpu.get("driver_version")), "torch_version": _text(env.get("torch")),
-              "triton_version": _text(env.get("triton")), "gpubench_version": _text(env.get("gpubench_version")),
-              "scenario": _text((run.scenario or {}).get("name")), "results_path": str(Path(results_path).resolve())}
-    return [_row(common, run, case, name, variant) for case in run.cases if not _cut_by_budget(case)
-            for name, variant in case.variants.items()]
+    started = (
+        utc_iso(run.started_at)
+        or utc_iso(env.get("captured_at"))
+        or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    )
+    common = {
+        "run_id": run.run_id or Path(results_path).parent.name,
+        "host": str(env.get("host") or ""),
+        "started_at": started,
+        "source": source,
+        "run_status": _text(run.status),
+        "git_commit": _text(git.get("commit")),
+        "branch": _text(git.get("branch")) or branch,
+        "dirty": None if dirty is None else int(bool(dirty)),
+        "driver_version": _text(gpu.get("driver_version")),
+        "torch_version": _text(env.get("torch")),
+        "triton_version": _text(env.get("triton")),
+        "gpubench_version": _text(env.get("gpubench_version")),
+        "scenario": _text((run.scenario or {}).get("name")),
+        "results_path": str(Path(results_path).resolve()),
+    }
+    return [
+        _row(common, run, case, name, variant)
+        for case in run.cases
+        if not _cut_by_budget(case)
+        for name, variant in case.variants.items()
+    ]
 
 
 def device_model(run: RunRecord, case: CaseRecord) -> str:
@@ -141,12 +163,21 @@ def _cut_by_budget(case: CaseRecord) -> bool:
 
 def _row(common: dict[str, Any], run: RunRecord, case: CaseRecord, name: str, variant: VariantRecord) -> ResultRow:
     gate = case.gate_metric or None
-    return ResultRow(**common, device_model=device_model(run, case),
-                     case_id=case.id, variant=name, technique=case.technique,
-                     params_json=json.dumps(case.params, sort_keys=True, default=str), role=_text(variant.role),
-                     case_status=_text(case.status), variant_status=_text(variant.status), **_summary(variant),
-                     gate_metric=gate, gate_value=_number(variant.metric(gate)) if gate else None,
-                     metrics_json=_scalar_metrics(variant.metrics))
+    return ResultRow(
+        **common,
+        device_model=device_model(run, case),
+        case_id=case.id,
+        variant=name,
+        technique=case.technique,
+        params_json=json.dumps(case.params, sort_keys=True, default=str),
+        role=_text(variant.role),
+        case_status=_text(case.status),
+        variant_status=_text(variant.status),
+        **_summary(variant),
+        gate_metric=gate,
+        gate_value=_number(variant.metric(gate)) if gate else None,
+        metrics_json=_scalar_metrics(variant.metrics),
+    )
 
 
 def rows_of_file(path: str | Path, branch: str | None = None) -> list[ResultRow]:

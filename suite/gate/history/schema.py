@@ -6,6 +6,7 @@ Version 1: ``gpubench_meta`` (key, value: ``schema_version`` and the writer) and
 directory name and its host, so two CI machines that start the same scenario in the same second
 keep two runs. A later version migrates from ``gpubench_meta.schema_version``.
 """
+
 from __future__ import annotations
 
 SCHEMA_VERSION = 1
@@ -54,7 +55,8 @@ NAMES = tuple(name for name, _ in COLUMNS)
 CREATE = (
     f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} ("
-    + ", ".join(f"{name} {kind}" for name, kind in COLUMNS) + f", PRIMARY KEY ({', '.join(KEY)}))",
+    + ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+    + f", PRIMARY KEY ({', '.join(KEY)}))",
     f"CREATE INDEX IF NOT EXISTS gpubench_results_series ON {RESULTS_TABLE} "
     "(device_model, case_id, variant, started_at)",
 )
@@ -62,21 +64,47 @@ SET_META = f"INSERT INTO {META_TABLE} (key, value) VALUES (:key, :value) ON CONF
 GET_VERSION = f"SELECT value FROM {META_TABLE} WHERE key = 'schema_version'"
 
 # Idempotent: a row already there (same run, host, device model, case, variant) is left as it is.
-INSERT = (f"INSERT INTO {RESULTS_TABLE} ({', '.join(NAMES)}) VALUES ({', '.join(':' + n for n in NAMES)}) "
-          "ON CONFLICT DO NOTHING")
+INSERT = (
+    f"INSERT INTO {RESULTS_TABLE} ({', '.join(NAMES)}) VALUES ({', '.join(':' + n for n in NAMES)}) "
+    "ON CONFLICT DO NOTHING"
+)
 COUNT_RUN = f"SELECT COUNT(*) FROM {RESULTS_TABLE} WHERE run_id = :run_id AND host = :host"
 
-POINT_COLUMNS = ("run_id", "host", "git_commit", "branch", "dirty", "started_at", "run_status", "variant_status",
-                 "median_s", "ci_low_s", "ci_high_s", "n", "metrics_json", "results_path", "variant", "role")
-SERIES = (f"SELECT {', '.join(POINT_COLUMNS)} FROM {RESULTS_TABLE} "
-          "WHERE device_model = :device_model AND case_id = :case_id AND {match} = :variant "
-          "ORDER BY started_at, run_id, host")
-CASES = (f"SELECT case_id, technique, params_json, gate_metric, variant, role, COUNT(*), MAX(started_at) "
-         f"FROM {RESULTS_TABLE} WHERE device_model = :device_model "
-         "GROUP BY case_id, technique, params_json, gate_metric, variant, role ORDER BY case_id, variant")
-BRANCHES = (f"SELECT branch, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} WHERE device_model = :device_model "
-            "GROUP BY branch ORDER BY branch")
-DEVICE_MODELS = f"SELECT device_model, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} GROUP BY device_model ORDER BY device_model"
+POINT_COLUMNS = (
+    "run_id",
+    "host",
+    "git_commit",
+    "branch",
+    "dirty",
+    "started_at",
+    "run_status",
+    "variant_status",
+    "median_s",
+    "ci_low_s",
+    "ci_high_s",
+    "n",
+    "metrics_json",
+    "results_path",
+    "variant",
+    "role",
+)
+SERIES = (
+    f"SELECT {', '.join(POINT_COLUMNS)} FROM {RESULTS_TABLE} "
+    "WHERE device_model = :device_model AND case_id = :case_id AND {match} = :variant "
+    "ORDER BY started_at, run_id, host"
+)
+CASES = (
+    f"SELECT case_id, technique, params_json, gate_metric, variant, role, COUNT(*), MAX(started_at) "
+    f"FROM {RESULTS_TABLE} WHERE device_model = :device_model "
+    "GROUP BY case_id, technique, params_json, gate_metric, variant, role ORDER BY case_id, variant"
+)
+BRANCHES = (
+    f"SELECT branch, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} WHERE device_model = :device_model "
+    "GROUP BY branch ORDER BY branch"
+)
+DEVICE_MODELS = (
+    f"SELECT device_model, COUNT(DISTINCT run_id) FROM {RESULTS_TABLE} GROUP BY device_model ORDER BY device_model"
+)
 
 
 def series(by_role: bool) -> str:

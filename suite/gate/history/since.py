@@ -7,13 +7,14 @@ Nothing matching is bad input (exit 2) saying what was tried. A run id or commit
 history at that run in run order (start time, then run id), in every case's history, including the
 cases that run did not hold; that run itself is in it.
 """
+
 from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from gpubench.errors import BadInput
 from gpubench.gate.history.store import Point
@@ -41,8 +42,9 @@ class Since:
         if not point.commit:
             return False
         if point.commit not in self._descends:
-            self._descends[point.commit] = point.commit == self.commit or _is_ancestor(self.repo, self.commit,
-                                                                                       point.commit)
+            self._descends[point.commit] = point.commit == self.commit or _is_ancestor(
+                self.repo, self.commit, point.commit
+            )
         return self._descends[point.commit]
 
     def describe(self) -> str:
@@ -93,16 +95,21 @@ def resolve(text: str, points: Sequence[Point], repo: Path | None = None, *, whe
     # A commit prefix must look like one (7+ hex digits, as git abbreviates), so a tag such as
     # "2024" or "abc" is not read as the prefix of whatever stored commit starts with it.
     if any(p.commit == text for p in points) or (
-            _HEX.fullmatch(text) and len(text) >= MIN_PREFIX and any(p.commit and p.commit.startswith(text)
-                                                                     for p in points)):
-        return Since(text, "commit", start=min((p.started_at, p.run_id) for p in points
-                                               if p.commit and p.commit.startswith(text)))
+        _HEX.fullmatch(text) and len(text) >= MIN_PREFIX and any(p.commit and p.commit.startswith(text) for p in points)
+    ):
+        return Since(
+            text,
+            "commit",
+            start=min((p.started_at, p.run_id) for p in points if p.commit and p.commit.startswith(text)),
+        )
     repo = Path.cwd() if repo is None else repo
     commit, why = rev_parse(text, repo)
     if commit is not None:
         return Since(text, "git revision", commit, repo)
-    raise BadInput(f"--since {text}: matches nothing. Tried: a run id, and a commit or commit prefix, of the "
-                   f"{len({p.run_id for p in points})} runs read from {where}; then a git revision of the "
-                   f"repository at {repo} (git rev-parse --verify '{text}^{{commit}}': {why}). Allowed: a stored "
-                   f"run's id or commit (or its prefix), or a tag or other revision of that repository (a CI "
-                   f"checkout needs the tags: actions/checkout with fetch-depth: 0).")
+    raise BadInput(
+        f"--since {text}: matches nothing. Tried: a run id, and a commit or commit prefix, of the "
+        f"{len({p.run_id for p in points})} runs read from {where}; then a git revision of the "
+        f"repository at {repo} (git rev-parse --verify '{text}^{{commit}}': {why}). Allowed: a stored "
+        f"run's id or commit (or its prefix), or a tag or other revision of that repository (a CI "
+        f"checkout needs the tags: actions/checkout with fetch-depth: 0)."
+    )

@@ -12,6 +12,7 @@ transaction per run (``BEGIN IMMEDIATE``: the writer takes the lock before it re
 is not an SQLite database, or a database with tables of its own and no ``gpubench_meta``, is
 refused (BadInput, exit 2) and never written to.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,14 +21,15 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
-from gpubench.records import stats
 from gpubench.errors import BadInput
 from gpubench.gate.history import schema
 from gpubench.gate.history.rows import ResultRow
+from gpubench.records import stats
 
 ENV_VAR = "GPUBENCH_HISTORY"
 BUSY_TIMEOUT_S = 60.0
@@ -35,7 +37,9 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 # The branch a history's level is read from when none is named: the first of these the store holds,
 # else the branch with the most runs. Runs that recorded no branch count as this branch's.
 DEFAULT_BRANCHES = ("main", "master")
-SERVER_EXTRA = "pip install 'gpubench[history-server]' (SQLAlchemy 2) and the database's driver (psycopg for PostgreSQL)"
+SERVER_EXTRA = (
+    "pip install 'gpubench[history-server]' (SQLAlchemy 2) and the database's driver (psycopg for PostgreSQL)"
+)
 
 
 def default_path() -> Path:
@@ -102,22 +106,31 @@ class _Sqlite:
         self.is_sqlite = True
         _check_sqlite_file(path)
         if read_only and not (path.is_file() and path.stat().st_size):
-            raise BadInput(f"history store {path}: there is none (each `gpubench run` adds its run to the store; "
-                           f"`gpubench history add RUN_DIR` imports old runs); give another with --store or {ENV_VAR}.")
+            raise BadInput(
+                f"history store {path}: there is none (each `gpubench run` adds its run to the store; "
+                f"`gpubench history add RUN_DIR` imports old runs); give another with --store or {ENV_VAR}."
+            )
         try:
             if read_only:  # a reader needs no write access, and never creates or changes the file
-                self.conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
-                                            isolation_level=None)
+                self.conn = sqlite3.connect(
+                    f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None
+                )
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
-            raise BadInput(f"history store {path}: cannot be opened ({exc}); give a "
-                           f"{'readable' if read_only else 'writable'} file with --store or {ENV_VAR}.") from None
+            raise BadInput(
+                f"history store {path}: cannot be opened ({exc}); give a "
+                f"{'readable' if read_only else 'writable'} file with --store or {ENV_VAR}."
+            ) from None
 
     def tables(self) -> list[str]:
-        return [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                                "AND name NOT LIKE 'sqlite_%'")]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
 
     def prepare(self) -> None:
         """WAL (readers never block the writer, and a writer waits its turn): set once per file."""
@@ -135,7 +148,7 @@ class _Sqlite:
                 time.sleep(0.05)
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator["_Sqlite"]:
+    def transaction(self) -> Iterator[_Sqlite]:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self
@@ -161,16 +174,20 @@ class _Server:
         try:
             import sqlalchemy
         except ImportError:
-            raise BadInput(f"--store {url}: a database URL needs SQLAlchemy, which is not installed; "
-                           f"{SERVER_EXTRA}. A file path (the default) needs nothing more.") from None
+            raise BadInput(
+                f"--store {url}: a database URL needs SQLAlchemy, which is not installed; "
+                f"{SERVER_EXTRA}. A file path (the default) needs nothing more."
+            ) from None
         self.sa = sqlalchemy
         self.where = url
         try:
             self.engine = sqlalchemy.create_engine(url)
             self.conn = self.engine.connect()
         except Exception as exc:  # noqa: BLE001 - an unknown dialect, a missing driver, a refused connection
-            raise BadInput(f"--store {url}: cannot connect ({type(exc).__name__}: {exc}); allowed: a file path, "
-                           f"or a database URL SQLAlchemy can open ({SERVER_EXTRA}).") from None
+            raise BadInput(
+                f"--store {url}: cannot connect ({type(exc).__name__}: {exc}); allowed: a file path, "
+                f"or a database URL SQLAlchemy can open ({SERVER_EXTRA})."
+            ) from None
         self.writing = False
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         if self.is_sqlite:
@@ -190,7 +207,7 @@ class _Server:
             self.conn.commit()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator["_Server"]:
+    def transaction(self) -> Iterator[_Server]:
         if self.conn.in_transaction():
             self.conn.rollback()
         with self.conn.begin():  # commits, or rolls back on an exception
@@ -228,8 +245,10 @@ def _check_sqlite_file(path: Path) -> None:
     except OSError as exc:
         raise BadInput(f"history store {path}: cannot be read ({exc.strerror or exc}).") from None
     if head and head != SQLITE_HEADER:
-        raise BadInput(f"history store {path}: not an SQLite database (its first bytes are not the SQLite "
-                       f"header); it is left as it is. Give another file with --store or {ENV_VAR}.")
+        raise BadInput(
+            f"history store {path}: not an SQLite database (its first bytes are not the SQLite "
+            f"header); it is left as it is. Give another file with --store or {ENV_VAR}."
+        )
 
 
 class HistoryStore:
@@ -240,7 +259,7 @@ class HistoryStore:
         self.where = backend.where
 
     # -- opening -----------------------------------------------------------------------------
-    def _open(self, read_only: bool = False) -> "HistoryStore":
+    def _open(self, read_only: bool = False) -> HistoryStore:
         """Refuse a foreign or corrupt database before writing anything to it, then create the
         tables (in one transaction, so a second process sees all of them or none); ``read_only``:
         only check that it is a store of this schema version."""
@@ -261,11 +280,13 @@ class HistoryStore:
             raise
         except Exception as exc:  # noqa: BLE001 - sqlite3.DatabaseError ("file is not a database", malformed), a server's error
             self.backend.close()
-            raise BadInput(f"history store {self.where}: cannot be used ({type(exc).__name__}: {exc}); it may be "
-                           f"corrupt. It is left as it is; give another store with --store or {ENV_VAR}.") from None
+            raise BadInput(
+                f"history store {self.where}: cannot be used ({type(exc).__name__}: {exc}); it may be "
+                f"corrupt. It is left as it is; give another store with --store or {ENV_VAR}."
+            ) from None
         return self._check_version(version)
 
-    def _open_to_read(self) -> "HistoryStore":
+    def _open_to_read(self) -> HistoryStore:
         try:
             tables = self.backend.tables()
             self._check_tables(tables)
@@ -275,21 +296,25 @@ class HistoryStore:
             raise
         except Exception as exc:  # noqa: BLE001 - as in _open
             self.backend.close()
-            raise BadInput(f"history store {self.where}: cannot be read ({type(exc).__name__}: {exc}); it may be "
-                           f"corrupt, or not readable without write access to its folder (SQLite's WAL needs "
-                           f"it). It is left as it is.") from None
+            raise BadInput(
+                f"history store {self.where}: cannot be read ({type(exc).__name__}: {exc}); it may be "
+                f"corrupt, or not readable without write access to its folder (SQLite's WAL needs "
+                f"it). It is left as it is."
+            ) from None
         if version is None:
             self.backend.close()
             raise BadInput(f"history store {self.where}: holds no runs yet (no {schema.META_TABLE} table).")
         return self._check_version(version)
 
-    def _check_version(self, version: list[tuple[Any, ...]]) -> "HistoryStore":
+    def _check_version(self, version: list[tuple[Any, ...]]) -> HistoryStore:
         found = int(version[0][0]) if version and str(version[0][0]).isdigit() else None
         if found != schema.SCHEMA_VERSION:
             self.backend.close()
-            raise BadInput(f"history store {self.where}: schema version {version[0][0] if version else None!r} in "
-                           f"{schema.META_TABLE}; this gpubench reads version {schema.SCHEMA_VERSION} (a newer "
-                           f"gpubench wrote it?). It is left as it is.")
+            raise BadInput(
+                f"history store {self.where}: schema version {version[0][0] if version else None!r} in "
+                f"{schema.META_TABLE}; this gpubench reads version {schema.SCHEMA_VERSION} (a newer "
+                f"gpubench wrote it?). It is left as it is."
+            )
         return self
 
     def _check_tables(self, tables: Sequence[str]) -> None:
@@ -298,17 +323,21 @@ class HistoryStore:
         if schema.META_TABLE in tables:
             return
         if self.backend.is_sqlite and tables:
-            raise BadInput(f"history store {self.where}: an SQLite database of something else (tables "
-                           f"{', '.join(sorted(tables)[:5])}; no {schema.META_TABLE}); it is left as it is. "
-                           f"Give another file with --store or {ENV_VAR}.")
+            raise BadInput(
+                f"history store {self.where}: an SQLite database of something else (tables "
+                f"{', '.join(sorted(tables)[:5])}; no {schema.META_TABLE}); it is left as it is. "
+                f"Give another file with --store or {ENV_VAR}."
+            )
         if schema.RESULTS_TABLE in tables:
-            raise BadInput(f"history store {self.where}: has a {schema.RESULTS_TABLE} table but no "
-                           f"{schema.META_TABLE}: not a store this gpubench wrote; it is left as it is.")
+            raise BadInput(
+                f"history store {self.where}: has a {schema.RESULTS_TABLE} table but no "
+                f"{schema.META_TABLE}: not a store this gpubench wrote; it is left as it is."
+            )
 
     def close(self) -> None:
         self.backend.close()
 
-    def __enter__(self) -> "HistoryStore":
+    def __enter__(self) -> HistoryStore:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -340,8 +369,9 @@ class HistoryStore:
 
     def branches(self, device_model: str) -> dict[str | None, int]:
         """Each branch of ``device_model``'s runs (None: runs that recorded none), with its number of runs."""
-        return {branch: int(count) for branch, count in self.backend.rows(schema.BRANCHES,
-                                                                           {"device_model": device_model})}
+        return {
+            branch: int(count) for branch, count in self.backend.rows(schema.BRANCHES, {"device_model": device_model})
+        }
 
     def default_branch(self, device_model: str) -> str | None:
         """The branch whose runs make ``device_model``'s level when none is named: main, else
@@ -367,17 +397,28 @@ class HistoryStore:
         """The cases of ``device_model``'s history, by case id."""
         grouped: dict[str, dict[str, Any]] = {}
         for case_id, technique, params, gate, variant, role, runs, last in self.backend.rows(
-                schema.CASES, {"device_model": device_model}):
-            entry = grouped.setdefault(case_id, {"case_id": case_id, "technique": technique,
-                                                 "params": json.loads(params or "{}"), "gate_metric": gate,
-                                                 "variants": {}, "runs": 0, "last_started_at": ""})
+            schema.CASES, {"device_model": device_model}
+        ):
+            entry = grouped.setdefault(
+                case_id,
+                {
+                    "case_id": case_id,
+                    "technique": technique,
+                    "params": json.loads(params or "{}"),
+                    "gate_metric": gate,
+                    "variants": {},
+                    "runs": 0,
+                    "last_started_at": "",
+                },
+            )
             entry["variants"][variant] = role
             entry["runs"] = max(entry["runs"], int(runs))
             entry["last_started_at"] = max(entry["last_started_at"], last or "")
         return [HistoryCase(**{**e, "variants": tuple(e["variants"].items())}) for e in grouped.values()]
 
-    def series(self, device_model: str, case_id: str, variant: str, metric: str = "time",
-               branch: str | None = None) -> list[Point]:
+    def series(
+        self, device_model: str, case_id: str, variant: str, metric: str = "time", branch: str | None = None
+    ) -> list[Point]:
         """The case's figures run by run, in run order (start time, then run id), on one device
         model. ``variant``: a variant's name, or a role (``optimized``, ``baseline``) when no
         variant has that name. ``metric``: ``time`` (the median time, s, with its bootstrap CI) or
@@ -387,8 +428,9 @@ class HistoryStore:
         request's runs never move main's level; None: every run.
         Runs without the figure (a failed variant) are left out."""
         params = {"device_model": device_model, "case_id": case_id, "variant": variant}
-        found = self.backend.rows(schema.series(by_role=False), params) or \
-            self.backend.rows(schema.series(by_role=True), params)
+        found = self.backend.rows(schema.series(by_role=False), params) or self.backend.rows(
+            schema.series(by_role=True), params
+        )
         points = []
         for values in found:
             row = dict(zip(schema.POINT_COLUMNS, values))
@@ -401,10 +443,23 @@ class HistoryStore:
                 median = low = high = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
             if median is None:
                 continue
-            points.append(Point(row["run_id"], row["host"], row["git_commit"], row["branch"],
-                                None if row["dirty"] is None else bool(row["dirty"]), row["started_at"],
-                                float(median), low, high, row["n"], row["results_path"], row["variant"],
-                                row["run_status"]))
+            points.append(
+                Point(
+                    row["run_id"],
+                    row["host"],
+                    row["git_commit"],
+                    row["branch"],
+                    None if row["dirty"] is None else bool(row["dirty"]),
+                    row["started_at"],
+                    float(median),
+                    low,
+                    high,
+                    row["n"],
+                    row["results_path"],
+                    row["variant"],
+                    row["run_status"],
+                )
+            )
         if branch is None:
             return points
         unbranched_too = any(p.branch is None for p in points) and self.counts_unbranched(device_model, branch)

@@ -8,12 +8,14 @@ not exist is not created by reading it. The run's own figure comes from its reco
 :func:`gpubench.gate.history.rows_of_run`, the rows the store would hold), so a run added with
 ``--no-history``, or a report of an old run, still ends its line with its own point.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpubench.errors import BadInput
 from gpubench.gate.history import changepoints
@@ -71,12 +73,20 @@ def _sparkline(store: HistoryStore, row: ResultRow) -> Sparkline | None:
     this = (row.started_at, row.run_id)
     # The base branch's runs (the level ``compare --history`` judges a run against), then this run.
     branch = store.default_branch(row.device_model)
-    earlier = [p for p in store.series(row.device_model, row.case_id, row.variant, metric, branch=branch)
-               if (p.started_at, p.run_id) < this and not (p.run_id == row.run_id and p.host == row.host)]
+    earlier = [
+        p
+        for p in store.series(row.device_model, row.case_id, row.variant, metric, branch=branch)
+        if (p.started_at, p.run_id) < this and not (p.run_id == row.run_id and p.host == row.host)
+    ]
     if len(earlier) + 1 < MIN_POINTS:
         return None
-    return Sparkline(row.case_id, row.variant, metric, tuple(p.median for p in earlier) + (current,),
-                     tuple(p.commit for p in earlier) + (row.git_commit,))
+    return Sparkline(
+        row.case_id,
+        row.variant,
+        metric,
+        tuple(p.median for p in earlier) + (current,),
+        tuple(p.commit for p in earlier) + (row.git_commit,),
+    )
 
 
 def _is_stored(where: str) -> bool:
@@ -91,16 +101,19 @@ def _is_stored(where: str) -> bool:
         return True
 
 
-def run_trends(run: RunRecord, results_path: str | Path, store: str | None = None, *,
-               read: bool = True) -> RunTrends:
+def run_trends(run: RunRecord, results_path: str | Path, store: str | None = None, *, read: bool = True) -> RunTrends:
     """The sparklines of ``run``'s cases from the history store ``store`` (None: the default one,
     :func:`resolve_store`); ``read=False`` (``--no-history``): none, and the note says so."""
     if not read:
         return RunTrends(None, {}, "no history sparklines: the history store was not read (--no-history).")
     where = resolve_store(store)
     if not _is_stored(where):
-        return RunTrends(where, {}, f"no history sparklines: there is no history store at {where} (each "
-                                    f"`gpubench run` adds its run to it; `gpubench history add` imports old ones).")
+        return RunTrends(
+            where,
+            {},
+            f"no history sparklines: there is no history store at {where} (each "
+            f"`gpubench run` adds its run to it; `gpubench history add` imports old ones).",
+        )
     try:
         rows = _followed_rows(run, results_path)
         with open_store(where, read_only=True) as opened:
@@ -108,8 +121,11 @@ def run_trends(run: RunRecord, results_path: str | Path, store: str | None = Non
     except BadInput as exc:
         return RunTrends(where, {}, f"no history sparklines: {exc}")
     except Exception as exc:  # noqa: BLE001 - a locked, corrupt or unreachable store: the report goes on
-        return RunTrends(where, {}, f"no history sparklines: the history store {where} could not be read "
-                                    f"({type(exc).__name__}: {exc}).")
+        return RunTrends(
+            where,
+            {},
+            f"no history sparklines: the history store {where} could not be read ({type(exc).__name__}: {exc}).",
+        )
     return RunTrends(where, lines, _missing_note(where, rows, lines))
 
 
@@ -118,10 +134,14 @@ def _missing_note(where: str, rows: Sequence[ResultRow], lines: dict[str, Sparkl
     if not missing:
         return None
     if not lines:
-        return (f"no history sparklines: the history store {where} holds no earlier run of this run's cases "
-                f"on this device model (a line needs {MIN_POINTS} runs).")
-    return (f"history: {missing} case{'s' if missing != 1 else ''} without a sparkline (no earlier run of it in "
-            f"{where} on this device model, or no figure in this run).")
+        return (
+            f"no history sparklines: the history store {where} holds no earlier run of this run's cases "
+            f"on this device model (a line needs {MIN_POINTS} runs)."
+        )
+    return (
+        f"history: {missing} case{'s' if missing != 1 else ''} without a sparkline (no earlier run of it in "
+        f"{where} on this device model, or no figure in this run)."
+    )
 
 
 @dataclass(frozen=True)
@@ -139,8 +159,9 @@ def natural_key(text: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
-def technique_histories(store: HistoryStore, device_model: str,
-                        histories: Sequence[changepoints.CaseHistory]) -> list[TechniqueHistories]:
+def technique_histories(
+    store: HistoryStore, device_model: str, histories: Sequence[changepoints.CaseHistory]
+) -> list[TechniqueHistories]:
     """``histories`` (:func:`changepoints.case_histories`) grouped by technique, then case, each in
     name order (numbers by value); a case's optimized variant first, then its baseline."""
     held = {case.case_id: case for case in store.cases(device_model)}
@@ -154,12 +175,18 @@ def technique_histories(store: HistoryStore, device_model: str,
     def variant_order(h: changepoints.CaseHistory) -> tuple[int, str]:
         return rank.get(roles.get((h.case_id, h.variant)) or "", 2), h.variant
 
-    return [TechniqueHistories(
-        name, tuple((case_id, tuple(sorted(cases[case_id], key=variant_order)))
-                    for case_id in sorted(cases, key=natural_key)),
-        {key: role for key, role in roles.items() if key[0] in cases},
-        {case_id: held[case_id].params if case_id in held else {} for case_id in cases})
-        for name, cases in sorted(grouped.items())]
+    return [
+        TechniqueHistories(
+            name,
+            tuple(
+                (case_id, tuple(sorted(cases[case_id], key=variant_order)))
+                for case_id in sorted(cases, key=natural_key)
+            ),
+            {key: role for key, role in roles.items() if key[0] in cases},
+            {case_id: held[case_id].params if case_id in held else {} for case_id in cases},
+        )
+        for name, cases in sorted(grouped.items())
+    ]
 
 
 def points_by_run(histories: Sequence[changepoints.CaseHistory]) -> list[Point]:

@@ -4,19 +4,28 @@ are leaves, restored before every call), a staging-buffer allocator a stress cas
 steps without offload (with and without torch checkpointing), the step's end (gradients kept, one
 AdamW step), the check of loss and gradients, and the figures derived from :class:`OffloadStats`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from gpubench.checks import DTYPE_TOLERANCE, CheckResult, tensors_check
 from gpubench.contract import Measured, Recorder, Workload
-from gpubench.models.llama import (LlamaConfig, LlamaWeights, causal_attend, decoder_layer, head_loss,
-                                   random_weights, rope_cos_sin)
 from gpubench.lib.offload import OffloadStats
+from gpubench.models.llama import (
+    LlamaConfig,
+    LlamaWeights,
+    causal_attend,
+    decoder_layer,
+    head_loss,
+    random_weights,
+    rope_cos_sin,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # bf16 gradients come out of a backward pass through every layer, recomputed in separate graphs
@@ -41,9 +50,15 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> O
     """Seeded weights of the decoder ``params`` describe (layers, hidden, heads, kv_heads, vocab,
     dtype) and a seeded token stream of ``batch`` x ``seq_len`` next-token targets."""
     device = torch.device(device)
-    config = LlamaConfig(vocab_size=params["vocab"], hidden_size=params["hidden"], num_layers=params["layers"],
-                         num_heads=params["heads"], num_kv_heads=params["kv_heads"],
-                         head_dim=params["hidden"] // params["heads"], intermediate_size=params["hidden"] * 8 // 3)
+    config = LlamaConfig(
+        vocab_size=params["vocab"],
+        hidden_size=params["hidden"],
+        num_layers=params["layers"],
+        num_heads=params["heads"],
+        num_kv_heads=params["kv_heads"],
+        head_dim=params["hidden"] // params["heads"],
+        intermediate_size=params["hidden"] * 8 // 3,
+    )
     weights = random_weights(config, seed, DTYPES[params["dtype"]], device)
     tensors = weights.parameters()
     for t in tensors:
@@ -59,10 +74,18 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> O
                 t.copy_(t0)
                 t.grad = None
 
-    return OffloadWorkload(params=dict(params), device=device, seed=seed, reset=reset, weights=weights,
-                           tokens=stream[:, :-1].to(device), targets=stream[:, 1:].to(device),
-                           positions=positions.to(device), copy_delay_s=params["copy_delay_ms"] / 1e3,
-                           buffer_limit=params["buffer_limit"])
+    return OffloadWorkload(
+        params=dict(params),
+        device=device,
+        seed=seed,
+        reset=reset,
+        weights=weights,
+        tokens=stream[:, :-1].to(device),
+        targets=stream[:, 1:].to(device),
+        positions=positions.to(device),
+        copy_delay_s=params["copy_delay_ms"] / 1e3,
+        buffer_limit=params["buffer_limit"],
+    )
 
 
 def limited_allocator(limit: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -90,8 +113,14 @@ def finish_step(w: OffloadWorkload, loss: torch.Tensor) -> dict[str, Any]:
 
 def offloaded_step(train_step: TrainStep, w: OffloadWorkload, rec: Recorder) -> dict[str, Any]:
     """One step through an offload schedule's ``train_step``, its copy figures recorded."""
-    loss, stats = train_step(w.weights, w.tokens, w.targets, w.positions, copy_delay_s=w.copy_delay_s,
-                             allocate=limited_allocator(w.buffer_limit))
+    loss, stats = train_step(
+        w.weights,
+        w.tokens,
+        w.targets,
+        w.positions,
+        copy_delay_s=w.copy_delay_s,
+        allocate=limited_allocator(w.buffer_limit),
+    )
     rec.record(**vars(stats))
     return finish_step(w, loss)
 
@@ -130,23 +159,29 @@ def reference_step(w: OffloadWorkload) -> dict[str, Any]:
 def step_check(ref: dict[str, Any], out: dict[str, Any]) -> CheckResult:
     """The loss and every named gradient against the step without checkpointing."""
     dtype = next(iter(ref["grads"].values())).dtype
-    return tensors_check({"loss": ref["loss"], **ref["grads"]}, {"loss": out.get("loss"), **out.get("grads", {})},
-                         TOLERANCE, dtype=dtype)
+    return tensors_check(
+        {"loss": ref["loss"], **ref["grads"]}, {"loss": out.get("loss"), **out.get("grads", {})}, TOLERANCE, dtype=dtype
+    )
 
 
 def step_metrics(w: OffloadWorkload, measured: Measured) -> dict[str, Any]:
     """Tokens/s, ms per step and the loss; for an offloaded step also what the copies moved (bytes,
     buffers), their rates and the time compute waited for them (medians of the timed calls)."""
-    out: dict[str, Any] = {"tokens_per_s": w.tokens.numel() / measured.median_s,
-                           "ms_per_step": measured.median_s * 1e3, "loss": float(measured.output["loss"])}
+    out: dict[str, Any] = {
+        "tokens_per_s": w.tokens.numel() / measured.median_s,
+        "ms_per_step": measured.median_s * 1e3,
+        "loss": float(measured.output["loss"]),
+    }
     if measured.median_of("wait_ms") is None:  # a peer: nothing offloaded
         return out
     median = {k: measured.median_of(k) for k in (*COUNTS, "d2h_ms", "h2d_ms", "wait_ms")}
     out.update({k: int(median[k]) for k in COUNTS})
-    out.update({
-        "fallback": next((r["fallback"] for r in measured.records if r.get("fallback")), ""),
-        "d2h_gbps": median["bytes_d2h"] / median["d2h_ms"] / 1e6 if median["d2h_ms"] > 0 else None,
-        "h2d_gbps": median["bytes_h2d"] / median["h2d_ms"] / 1e6 if median["h2d_ms"] > 0 else None,
-        "wait_ms": median["wait_ms"],
-    })
+    out.update(
+        {
+            "fallback": next((r["fallback"] for r in measured.records if r.get("fallback")), ""),
+            "d2h_gbps": median["bytes_d2h"] / median["d2h_ms"] / 1e6 if median["d2h_ms"] > 0 else None,
+            "h2d_gbps": median["bytes_h2d"] / median["h2d_ms"] / 1e6 if median["h2d_ms"] > 0 else None,
+            "wait_ms": median["wait_ms"],
+        }
+    )
     return out

@@ -13,6 +13,7 @@ model's layer). Every variant's loss and gradients are checked against the plain
 autograd: no checkpointing, no offload, the metadata built once) of the same MoE path, and in
 float32 against the other path's plain step too.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,23 +26,46 @@ import torch.nn.functional as F
 
 from gpubench.baselines import activation_offload as one_buffer_schedule
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
-from gpubench.records.claims import COMBINED_TRAINING
-from gpubench.contract import (DTYPE_TOLERANCE, Bench, CheckResult, Headline, Measured, Param, Plot, Recorder,
-                               Technique, Workload, tensors_check)
-from gpubench.models.llama import LlamaConfig, head_loss, rope_cos_sin
-from gpubench.models.moe import MoEConfig, SyncLog, routing_problems
+from gpubench.contract import (
+    DTYPE_TOLERANCE,
+    Bench,
+    CheckResult,
+    Headline,
+    Measured,
+    Param,
+    Plot,
+    Recorder,
+    Technique,
+    Workload,
+    tensors_check,
+)
 from gpubench.lib.gqa import decoder_head_problems
 from gpubench.lib.gradients import learning_check
-from gpubench.models.moe import MoEWeights
-from gpubench.models.moe_decoder import (ATTENTION, MoEDecoderLayer, MoEDecoderWeights, moe_decoder_layer,
-                                         random_moe_decoder)
+from gpubench.lib.packing import (
+    IGNORE_INDEX,
+    StepStats,
+    build_metadata,
+    document_positions,
+    draw_doc_lens,
+    next_token_labels,
+    packed_attention,
+    phase,
+)
+from gpubench.measure.timing import count_cuda_syncs
+from gpubench.models.llama import LlamaConfig, head_loss, rope_cos_sin
+from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, routing_problems
+from gpubench.models.moe_decoder import (
+    ATTENTION,
+    MoEDecoderLayer,
+    MoEDecoderWeights,
+    moe_decoder_layer,
+    random_moe_decoder,
+)
 from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.optimizations import activation_offload as two_buffer_schedule
 from gpubench.optimizations.moe_grouping import moe_forward as sort_and_group
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
-from gpubench.lib.packing import (IGNORE_INDEX, StepStats, build_metadata, document_positions, draw_doc_lens,
-                              next_token_labels, packed_attention, phase)
-from gpubench.measure.timing import count_cuda_syncs
+from gpubench.records.claims import COMBINED_TRAINING
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BACKEND = "sdpa"  # the block-causal mask: what every device runs (flash-attn's varlen is packed_metadata's)
@@ -82,10 +106,18 @@ class Options:
 
 OFF = Options(cached_metadata=False, moe="where_loop", buffers=1)
 VARIANTS = {  # name -> (role, options, description)
-    "all_off": ("baseline", OFF, "packed metadata rebuilt in every layer (and again in its recompute), the "
-                "per-expert torch.where loop, offloaded layer inputs reloaded through one staging buffer"),
-    "all_on": ("optimized", Options(True, "sort_group", 2), "metadata built once per step and cached, "
-               "sort-and-group MoE (one host read per MoE call), reloads through two staging buffers"),
+    "all_off": (
+        "baseline",
+        OFF,
+        "packed metadata rebuilt in every layer (and again in its recompute), the "
+        "per-expert torch.where loop, offloaded layer inputs reloaded through one staging buffer",
+    ),
+    "all_on": (
+        "optimized",
+        Options(True, "sort_group", 2),
+        "metadata built once per step and cached, "
+        "sort-and-group MoE (one host read per MoE call), reloads through two staging buffers",
+    ),
     "cached_metadata": ("peer", Options(True, "where_loop", 1), "the baseline with only the metadata cache on"),
     "sort_group": ("peer", Options(False, "sort_group", 1), "the baseline with only sort-and-group MoE on"),
     "two_buffers": ("peer", Options(False, "where_loop", 2), "the baseline with only double-buffered reloads on"),
@@ -97,8 +129,8 @@ TECHNIQUE = Technique(
     name="combined_training",
     shape="training_step",
     summary="A training step of a small gpt-oss-style MoE decoder on packed sequences with offloaded "
-            "checkpointing: packed-metadata caching, sort-and-group MoE and double-buffered offload all "
-            "off against all on, each one alone as a peer.",
+    "checkpointing: packed-metadata caching, sort-and-group MoE and double-buffered offload all "
+    "off against all on, each one alone as a peer.",
     anchor="Unsloth + NVIDIA: ~25% faster training with the three together (notably on consumer RTX GPUs)",
     claims=[COMBINED_TRAINING],
     gpu_specific=(
@@ -109,10 +141,25 @@ TECHNIQUE = Technique(
         "the metadata's mask construction, the loop's per-expert op overhead and gradient assembly, and what "
         "a thread overlaps on these cores; the sync counts are the same on every device."
     ),
-    headline_figures=(Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False,
-                               replaces_time=False),),
-    benchmarks=[Bench(f"{n}-layers", {"layers": n, "hidden": 64, "experts": 8, "top_k": 2, "expert_dim": 64,
-                                         "rows": 1, "seq_len": 256, "mean_doc_len": 48}) for n in (2, 4)],
+    headline_figures=(
+        Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False, replaces_time=False),
+    ),
+    benchmarks=[
+        Bench(
+            f"{n}-layers",
+            {
+                "layers": n,
+                "hidden": 64,
+                "experts": 8,
+                "top_k": 2,
+                "expert_dim": 64,
+                "rows": 1,
+                "seq_len": 256,
+                "mean_doc_len": 48,
+            },
+        )
+        for n in (2, 4)
+    ],
     params=[
         Param("layers", int, 2, "decoder layers (each checkpointed, its input offloaded)", min=1),
         Param("hidden", int, 64, "model width (gpt-oss: 2880)", min=8),
@@ -124,15 +171,30 @@ TECHNIQUE = Technique(
         Param("expert_dim", int, 64, "expert intermediate width (gpt-oss: 2880)", min=1),
         Param("rows", int, 1, "packed rows per batch", min=1),
         Param("seq_len", int, 256, "tokens per row (documents packed without padding)", min=2),
-        Param("mean_doc_len", int, 48, "mean document length; lengths uniform in [1, min(2 * mean - 1, "
-              "seq_len - 1)], the last one cut to fill the row", min=1),
+        Param(
+            "mean_doc_len",
+            int,
+            48,
+            "mean document length; lengths uniform in [1, min(2 * mean - 1, "
+            "seq_len - 1)], the last one cut to fill the row",
+            min=1,
+        ),
         Param("dtype", str, "float32", "weights and activations", choices=list(DTYPES)),
     ],
     plots=[
-        Plot("Step time split (metadata builds, MoE forward and recompute, reload waits, optimizer, the rest)",
-             y=SPLIT, x="layers", kind="stacked", ylabel="ms per step"),
-        Plot("Host syncs per step (metadata .item() and MoE host reads) against layers", y="host_syncs_per_step",
-             x="layers", ylabel="syncs per step"),
+        Plot(
+            "Step time split (metadata builds, MoE forward and recompute, reload waits, optimizer, the rest)",
+            y=SPLIT,
+            x="layers",
+            kind="stacked",
+            ylabel="ms per step",
+        ),
+        Plot(
+            "Host syncs per step (metadata .item() and MoE host reads) against layers",
+            y="host_syncs_per_step",
+            x="layers",
+            ylabel="syncs per step",
+        ),
     ],
 )
 
@@ -150,8 +212,10 @@ def validate(params: dict[str, Any]) -> list[str]:
     # the attention's shape rules are activation_offload's, the router's moe_grouping's
     problems = decoder_head_problems(params) + routing_problems(params)
     if params["mean_doc_len"] >= params["seq_len"]:
-        problems.append(f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
-                        "a packed row holds at least two documents")
+        problems.append(
+            f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
+            "a packed row holds at least two documents"
+        )
     return problems
 
 
@@ -159,9 +223,16 @@ def validate(params: dict[str, Any]) -> list[str]:
 def build(params: dict[str, Any], device: torch.device, seed: int) -> CombinedWorkload:
     device = torch.device(device)
     hidden, heads = params["hidden"], params["heads"]
-    config = LlamaConfig(vocab_size=params["vocab"], hidden_size=hidden, num_layers=params["layers"],
-                         num_heads=heads, num_kv_heads=params["kv_heads"], head_dim=hidden // heads,
-                         intermediate_size=1, max_position=params["seq_len"])
+    config = LlamaConfig(
+        vocab_size=params["vocab"],
+        hidden_size=hidden,
+        num_layers=params["layers"],
+        num_heads=heads,
+        num_kv_heads=params["kv_heads"],
+        head_dim=hidden // heads,
+        intermediate_size=1,
+        max_position=params["seq_len"],
+    )
     moe = MoEConfig(experts=params["experts"], top_k=params["top_k"], hidden=hidden, expert_dim=params["expert_dim"])
     weights = random_moe_decoder(config, moe, seed, DTYPES[params["dtype"]], device)
     tensors = weights.parameters()
@@ -179,15 +250,24 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> CombinedWo
                 t.copy_(t0)
                 t.grad = None
 
-    return CombinedWorkload(params=dict(params), device=device, seed=seed, reset=reset, weights=weights,
-                            tokens=tokens.to(device), cache=PackedMetadataCache(),
-                            doc_lens=torch.tensor([n for row in lens for n in row], dtype=torch.int32, device=device))
+    return CombinedWorkload(
+        params=dict(params),
+        device=device,
+        seed=seed,
+        reset=reset,
+        weights=weights,
+        tokens=tokens.to(device),
+        cache=PackedMetadataCache(),
+        doc_lens=torch.tensor([n for row in lens for n in row], dtype=torch.int32, device=device),
+    )
 
 
 # -- one step -----------------------------------------------------------------------------------
 
-def train_step(w: CombinedWorkload, options: Options, stats: StepStats | None = None,
-               syncs: SyncLog | None = None) -> tuple[dict[str, Any], Any]:
+
+def train_step(
+    w: CombinedWorkload, options: Options, stats: StepStats | None = None, syncs: SyncLog | None = None
+) -> tuple[dict[str, Any], Any]:
     """One step with ``options``: the offloaded, checkpointed forward and backward of the
     schedule's buffer count (activation_offload's), every layer's attention metadata from the
     cache or rebuilt, every MoE call by ``options.moe``; then AdamW. Returns the loss and the
@@ -218,16 +298,19 @@ def train_step(w: CombinedWorkload, options: Options, stats: StepStats | None = 
         else:  # as packed_metadata's per-layer baseline: RoPE positions straight from the lengths
             with phase(stats, "build"):
                 positions = document_positions(doc_lens, rows, seq)
-        loss, offload = schedule.train_step(weights, tokens, next_token_labels(tokens, positions), positions,
-                                            layer=layer)
+        loss, offload = schedule.train_step(
+            weights, tokens, next_token_labels(tokens, positions), positions, layer=layer
+        )
     return _finish(w, loss, stats), offload
 
 
 def gradients(weights: MoEDecoderWeights) -> dict[str, torch.Tensor]:
     """Each parameter's gradient by name, copied; zeros where none reached it (a path that cuts
     the router off the loss still has a gradient to compare, and it is wrong)."""
-    return {name: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t))
-            for name, t in weights.named_parameters().items()}
+    return {
+        name: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t))
+        for name, t in weights.named_parameters().items()
+    }
 
 
 def _finish(w: CombinedWorkload, loss: torch.Tensor, stats: StepStats | None) -> dict[str, Any]:
@@ -245,11 +328,19 @@ def _run(w: CombinedWorkload, rec: Recorder, name: str) -> dict[str, Any]:
     with phase(stats, "step"):
         out, offload = train_step(w, options, stats, syncs)
     summary = stats.summary()
-    rec.record(**{key: summary[key] for key in ("build_ms", "moe_forward_ms", "optimizer_ms", "step_ms")},
-               builds=stats.builds, metadata_syncs=stats.host_syncs, moe_host_reads=len(syncs),
-               cache_hits=stats.cache_hits, cache_misses=stats.cache_misses, buffers=offload.buffers,
-               wait_ms=offload.wait_ms, bytes_h2d=offload.bytes_h2d, bytes_d2h=offload.bytes_d2h,
-               fallback=offload.fallback)
+    rec.record(
+        **{key: summary[key] for key in ("build_ms", "moe_forward_ms", "optimizer_ms", "step_ms")},
+        builds=stats.builds,
+        metadata_syncs=stats.host_syncs,
+        moe_host_reads=len(syncs),
+        cache_hits=stats.cache_hits,
+        cache_misses=stats.cache_misses,
+        buffers=offload.buffers,
+        wait_ms=offload.wait_ms,
+        bytes_h2d=offload.bytes_h2d,
+        bytes_d2h=offload.bytes_d2h,
+        fallback=offload.fallback,
+    )
     return {**out, "moe": options.moe}
 
 
@@ -269,6 +360,7 @@ for _name in VARIANTS:
 
 # -- correctness ------------------------------------------------------------------------------
 
+
 def plain_step(w: CombinedWorkload, moe: str) -> dict[str, Any]:
     """The step without any of the machinery under test: ordinary autograd through every layer
     (no checkpointing, no offload), the metadata built once with the builder, ``moe``'s path;
@@ -280,8 +372,9 @@ def plain_step(w: CombinedWorkload, moe: str) -> dict[str, Any]:
     cos, sin = rope_cos_sin(weights, meta.position_ids)
     x = F.embedding(tokens, weights.embed)
     for i in range(weights.config.num_layers):
-        x = moe_decoder_layer(weights, i, x, cos, sin, lambda _, q, k, v: packed_attention(meta, q, k, v),
-                              FORWARDS[moe])
+        x = moe_decoder_layer(
+            weights, i, x, cos, sin, lambda _, q, k, v: packed_attention(meta, q, k, v), FORWARDS[moe]
+        )
     loss = head_loss(weights, x, next_token_labels(tokens, meta.position_ids))
     loss.backward()
     out = {"loss": loss.detach().float(), "grads": gradients(weights)}
@@ -298,8 +391,10 @@ def _layer_in_float64(layer: MoEDecoderLayer) -> MoEDecoderLayer:
 
 
 def _layer_params(layer: MoEDecoderLayer) -> dict[str, torch.Tensor]:
-    return {**{name: getattr(layer, name) for name in ATTENTION},
-            **dict(zip(MoEWeights.names(), layer.experts.tensors()))}
+    return {
+        **{name: getattr(layer, name) for name in ATTENTION},
+        **dict(zip(MoEWeights.names(), layer.experts.tensors())),
+    }
 
 
 def _first_row_documents(w: CombinedWorkload, tokens: int) -> list[int]:
@@ -332,18 +427,30 @@ def layer_check(w: CombinedWorkload, moe: str) -> CheckResult:
     for i in range(c.num_layers):
         layers = list(weights.layers)
         layers[i] = _layer_in_float64(weights.layers[i])  # one float64 copy at a time (GPU memory)
-        result = _one_layer_check(MoEDecoderWeights(c, m, empty, layers, empty, empty), i, moe, meta, lens,
-                                  torch.Generator().manual_seed(w.seed + 11 + i))
+        result = _one_layer_check(
+            MoEDecoderWeights(c, m, empty, layers, empty, empty),
+            i,
+            moe,
+            meta,
+            lens,
+            torch.Generator().manual_seed(w.seed + 11 + i),
+        )
         if not result.passed:
-            return CheckResult(False, result.error, LAYER_TOLERANCE, result.metric,
-                               f"layer {i} ({moe}) against its independent float64 reference: {result.detail}")
+            return CheckResult(
+                False,
+                result.error,
+                LAYER_TOLERANCE,
+                result.metric,
+                f"layer {i} ({moe}) against its independent float64 reference: {result.detail}",
+            )
         if (result.error or 0) > (worst.error or 0):
             worst = CheckResult(True, result.error, LAYER_TOLERANCE, result.metric, f"layer {i}: {result.detail}")
     return worst
 
 
-def _one_layer_check(model: MoEDecoderWeights, i: int, moe: str, meta, lens: list[int],
-                     gen: torch.Generator) -> CheckResult:
+def _one_layer_check(
+    model: MoEDecoderWeights, i: int, moe: str, meta, lens: list[int], gen: torch.Generator
+) -> CheckResult:
     """Layer ``i`` of ``model`` (float64) by the layer code and by the independent reference."""
     c, m, device = model.config, model.moe, model.device
     cos, sin = rope_cos_sin(model, meta.position_ids)  # the tables are an input of both
@@ -356,14 +463,20 @@ def _one_layer_check(model: MoEDecoderWeights, i: int, moe: str, meta, lens: lis
             break
     upstream = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(device)
     want = torch.autograd.grad((expected * upstream).sum(), [x, *leaves])
-    got_out = moe_decoder_layer(model, i, x[None], cos, sin, lambda _, q, k, v: packed_attention(meta, q, k, v),
-                                FORWARDS[moe])[0]
+    got_out = moe_decoder_layer(
+        model, i, x[None], cos, sin, lambda _, q, k, v: packed_attention(meta, q, k, v), FORWARDS[moe]
+    )[0]
     got = torch.autograd.grad((got_out * upstream).sum(), [x, *leaves], allow_unused=True)
     names = ["input", *params]
-    return tensors_check({"output": expected.detach(), **dict(zip(names, want))},
-                         {"output": got_out.detach(),
-                          **{n: torch.zeros_like(t) if g is None else g for n, g, t in zip(names, got, [x, *leaves])}},
-                         {torch.float64: LAYER_TOLERANCE}, dtype=torch.float64)
+    return tensors_check(
+        {"output": expected.detach(), **dict(zip(names, want))},
+        {
+            "output": got_out.detach(),
+            **{n: torch.zeros_like(t) if g is None else g for n, g, t in zip(names, got, [x, *leaves])},
+        },
+        {torch.float64: LAYER_TOLERANCE},
+        dtype=torch.float64,
+    )
 
 
 @TECHNIQUE.reference
@@ -379,8 +492,9 @@ def _flat(out: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {"loss": out.get("loss"), **out.get("grads", {})}
 
 
-def same_path_check(ref: dict[str, torch.Tensor], out: dict[str, torch.Tensor], dtype: torch.dtype,
-                    cuda: bool) -> CheckResult:
+def same_path_check(
+    ref: dict[str, torch.Tensor], out: dict[str, torch.Tensor], dtype: torch.dtype, cuda: bool
+) -> CheckResult:
     """Against the plain step of the same MoE path: TOLERANCE on a CPU; on CUDA, the router
     gradients within CUDA_ROUTER_TOLERANCE and the rest within CUDA_TOLERANCE (the failing one, or
     the one with the larger error, is returned)."""
@@ -415,40 +529,60 @@ def check(ref: dict[str, dict[str, Any]], out: dict[str, Any]) -> CheckResult:
     same = same_path_check(_flat(ref[moe]), _flat(out), dtype, cuda=ref[moe]["loss"].is_cuda)
     if not same.passed or dtype not in CROSS_PATH_TOLERANCE:
         own = "bit-identical" if same.passed and same.error == 0 else same.detail
-        return CheckResult(same.passed, same.error, same.tolerance, same.metric,
-                           f"against the plain step ({moe}): {own}{independent}")
+        return CheckResult(
+            same.passed, same.error, same.tolerance, same.metric, f"against the plain step ({moe}): {own}{independent}"
+        )
     other = next(path for path in MOE_PATHS if path != moe)
     cross = tensors_check(_flat(ref[other]), _flat(out), CROSS_PATH_TOLERANCE, dtype=dtype)
     versus = f"{other} plain step: {cross.metric} {cross.error:.3g}" if cross.error is not None else other
     if not cross.passed:
-        return CheckResult(False, cross.error, cross.tolerance, cross.metric,
-                           f"against the {other} plain step: {cross.detail} (own path: {same.error:.3g})")
+        return CheckResult(
+            False,
+            cross.error,
+            cross.tolerance,
+            cross.metric,
+            f"against the {other} plain step: {cross.detail} (own path: {same.error:.3g})",
+        )
     own = "bit-identical" if same.error == 0 else same.detail
-    return CheckResult(True, same.error, same.tolerance, same.metric,
-                       f"against the plain step ({moe}): {own}; {versus}{independent}")
+    return CheckResult(
+        True, same.error, same.tolerance, same.metric, f"against the plain step ({moe}): {own}; {versus}{independent}"
+    )
 
 
 # -- metrics ----------------------------------------------------------------------------------
 
-COUNTS = {"builds": "metadata_builds_per_step", "metadata_syncs": "metadata_syncs_per_step",
-          "moe_host_reads": "moe_host_reads_per_step", "cache_hits": "cache_hits_per_step",
-          "buffers": "buffers", "bytes_h2d": "bytes_reloaded_per_step"}
+COUNTS = {
+    "builds": "metadata_builds_per_step",
+    "metadata_syncs": "metadata_syncs_per_step",
+    "moe_host_reads": "moe_host_reads_per_step",
+    "cache_hits": "cache_hits_per_step",
+    "buffers": "buffers",
+    "bytes_h2d": "bytes_reloaded_per_step",
+}
 
 
 @TECHNIQUE.metrics
 def metrics(w: CombinedWorkload, measured: Measured) -> dict[str, Any]:
     tokens = w.tokens.numel()
-    out: dict[str, Any] = {"tokens_per_s": tokens / measured.median_s, "ms_per_step": 1e3 * measured.median_s,
-                           "loss": float(measured.output["loss"]), "tokens": tokens,
-                           "documents": int(w.doc_lens.numel()), "params": w.weights.num_params()}
+    out: dict[str, Any] = {
+        "tokens_per_s": tokens / measured.median_s,
+        "ms_per_step": 1e3 * measured.median_s,
+        "loss": float(measured.output["loss"]),
+        "tokens": tokens,
+        "documents": int(w.doc_lens.numel()),
+        "params": w.weights.num_params(),
+    }
     if measured.records:
         out.update({metric: int(measured.median_of(key)) for key, metric in COUNTS.items()})
-        out["host_syncs_per_step"] = int(statistics.median(r["metadata_syncs"] + r["moe_host_reads"]
-                                                           for r in measured.records))
+        out["host_syncs_per_step"] = int(
+            statistics.median(r["metadata_syncs"] + r["moe_host_reads"] for r in measured.records)
+        )
         out.update({key: measured.median_of(key) for key in SPLIT[:-1]})
         # the rest of the step: attention, dense layers, head, backward passes, copies not waited for
-        out["other_ms"] = statistics.median(r["step_ms"] - r["build_ms"] - r["moe_forward_ms"] - r["wait_ms"]
-                                            - r["optimizer_ms"] for r in measured.records)
+        out["other_ms"] = statistics.median(
+            r["step_ms"] - r["build_ms"] - r["moe_forward_ms"] - r["wait_ms"] - r["optimizer_ms"]
+            for r in measured.records
+        )
         out["fallback"] = next((r["fallback"] for r in measured.records if r.get("fallback")), "")
     if w.device.type == "cuda":  # GPU-only: sync debug mode sees CUDA syncs only
         # Sync debug mode perturbs timing: CUDA's own count comes from one extra, untimed step.

@@ -4,19 +4,21 @@ preset's layout and seeded token data for every sequence), a variant's output
 read-back of every live token through the allocator's addressing, the check of both, and the
 figures derived from an allocation.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from gpubench.lib import kvmath
 from gpubench.checks import CheckResult
 from gpubench.contract import Measured, Workload
-from gpubench.techniques.kv_cache.server_memory import serving_memory
+from gpubench.lib import kvmath
 from gpubench.lib.kvstorage import SequenceKV, TokenRows, random_rows, same_bytes
 from gpubench.models import config as model_config
+from gpubench.techniques.kv_cache.server_memory import serving_memory
 
 ALLOCATORS = ("contiguous", "paged")  # each is also the kvmath policy it must match
 
@@ -65,15 +67,16 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> K
     if params["lengths"] == "edges":
         lengths = kvmath.block_edge_lengths(params["block_size"], params["max_len"], layout.windows)
     else:
-        lengths = torch.randint(1, params["max_len"] + 1, (params["requests"],),
-                                generator=torch.Generator().manual_seed(seed)).tolist()
+        lengths = torch.randint(
+            1, params["max_len"] + 1, (params["requests"],), generator=torch.Generator().manual_seed(seed)
+        ).tolist()
     # Token data is drawn on the device itself (gigabytes at real sizes): the same for a seed on
     # a given device type.
     data_gen = torch.Generator(device=device).manual_seed(seed + 1)
-    sequences = [SequenceKV(n, [random_rows(layout, n, data_gen) for _ in range(layout.num_layers)])
-                 for n in lengths]
-    return KVCacheWorkload(params=dict(params), device=device, seed=seed, layout=layout, lengths=lengths,
-                           sequences=sequences)
+    sequences = [SequenceKV(n, [random_rows(layout, n, data_gen) for _ in range(layout.num_layers)]) for n in lengths]
+    return KVCacheWorkload(
+        params=dict(params), device=device, seed=seed, layout=layout, lengths=lengths, sequences=sequences
+    )
 
 
 @dataclass
@@ -89,16 +92,21 @@ class Allocation:
 
 def allocate(build_cache: Callable[..., KVCache], w: KVCacheWorkload) -> Allocation:
     """The workload's sequences stored by an allocator's ``build_cache``."""
-    cache = build_cache(w.layout, w.sequences, max_len=w.params["max_len"], block_size=w.params["block_size"],
-                        device=w.device, generator=w.generator(2))
+    cache = build_cache(
+        w.layout,
+        w.sequences,
+        max_len=w.params["max_len"],
+        block_size=w.params["block_size"],
+        device=w.device,
+        generator=w.generator(2),
+    )
     return Allocation(cache, w)
 
 
 def predicted_bytes(w: KVCacheWorkload) -> dict[str, int]:
     """The calculator's prediction of each allocator's tensor storage, in bytes."""
     p = w.params
-    return {name: kvmath.cache_bytes(w.layout, w.lengths, name, p["block_size"], p["max_len"])
-            for name in ALLOCATORS}
+    return {name: kvmath.cache_bytes(w.layout, w.lengths, name, p["block_size"], p["max_len"]) for name in ALLOCATORS}
 
 
 @dataclass
@@ -144,17 +152,24 @@ def allocation_check(reference_bytes: dict[str, int], output: Allocation) -> Che
     if error or got.mismatched:
         detail = f"measured {measured} B vs predicted {predicted} B"
         if got.mismatched:
-            detail += (f"; {got.mismatched} (sequence, layer) read-backs differ ({got.missing} tokens not stored), "
-                       f"at lengths {sorted(got.at_lengths)[:8]}")
+            detail += (
+                f"; {got.mismatched} (sequence, layer) read-backs differ ({got.missing} tokens not stored), "
+                f"at lengths {sorted(got.at_lengths)[:8]}"
+            )
         return CheckResult(False, float(error), 0.0, "bytes_off_prediction", detail)
     holding = kvmath.token_bytes(w.layout, w.lengths)
     utilization = holding / measured if measured else 0.0
     if holding != got.live_bytes or not 0.0 <= utilization <= 1.0:
-        return CheckResult(False, float(abs(holding - got.live_bytes)), 0.0, "holding_bytes_off_live_count",
-                           f"bytes holding tokens {holding} B (utilization {utilization:.4g}, waste "
-                           f"{1 - utilization:.2%}) vs {got.live_bytes} B of live tokens read back "
-                           f"(utilization {got.live_bytes / measured if measured else 0.0:.4g}); utilization must "
-                           "lie in [0, 1]")
+        return CheckResult(
+            False,
+            float(abs(holding - got.live_bytes)),
+            0.0,
+            "holding_bytes_off_live_count",
+            f"bytes holding tokens {holding} B (utilization {utilization:.4g}, waste "
+            f"{1 - utilization:.2%}) vs {got.live_bytes} B of live tokens read back "
+            f"(utilization {got.live_bytes / measured if measured else 0.0:.4g}); utilization must "
+            "lie in [0, 1]",
+        )
     return CheckResult(True, 0.0, 0.0, "bytes_off_prediction", "")
 
 

@@ -3,14 +3,16 @@ weights need, and how that GPU's memory splits into weights, KV holding tokens, 
 empty, and free, for an allocator's layout of a given set of sequences (the kv_cache pair's
 memory breakdown).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from gpubench.lib import kvmath
 from gpubench.errors import BadInput
+from gpubench.lib import kvmath
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
 
@@ -37,8 +39,9 @@ def gpus_for_weights(cfg: model_config.ModelConfig, kv_dtype: str, tp: int, gpu_
     return n
 
 
-def serving_memory(device: torch.device, p: Mapping[str, Any], lengths: Sequence[int],
-                   allocator: str) -> dict[str, Any]:
+def serving_memory(
+    device: torch.device, p: Mapping[str, Any], lengths: Sequence[int], allocator: str
+) -> dict[str, Any]:
     """One GPU of a server that holds the whole model ``p["model"]`` (all layers) over
     :func:`gpus_for_weights` GPUs and fills :data:`UTILIZATION` of its memory with copies of the
     sequences of ``lengths``, laid out by ``allocator`` (``p``: kv_dtype, tp, block_size, max_len):

@@ -3,6 +3,7 @@ expert weight) of a gpt-oss MoE layer: the per-expert ``torch.where`` loop again
 with torch's grouped GEMM as a peer, checked against a float64 dense reference. Each call records
 its forward and backward seconds and its host reads by construction.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,15 +13,31 @@ import torch
 from gpubench.baselines.moe_grouping import moe_forward as per_expert_loop
 from gpubench.contract import Bench, Headline, Measured, Param, Plot, Recorder, Technique
 from gpubench.models.moe import routing_problems
-from gpubench.techniques.moe_grouping.training import (DTYPES, Forward, MoEWorkload, build_workload, config_of, dense_reference, step,
-                                   step_check, step_metrics)
-from gpubench.optimizations.moe_grouping import (grouped_gemm_path, grouped_mm_function, grouped_mm_problem,
-                                                 moe_forward as sort_and_group,
-                                                 moe_forward_grouped_mm)
+from gpubench.optimizations.moe_grouping import (
+    grouped_gemm_path,
+    grouped_mm_function,
+    grouped_mm_problem,
+    moe_forward_grouped_mm,
+)
+from gpubench.optimizations.moe_grouping import moe_forward as sort_and_group
 from gpubench.techniques.moe_grouping.claims import CLAIMS
+from gpubench.techniques.moe_grouping.training import (
+    DTYPES,
+    Forward,
+    MoEWorkload,
+    build_workload,
+    config_of,
+    dense_reference,
+    step,
+    step_check,
+    step_metrics,
+)
 
-FORWARDS: dict[str, Forward] = {"where_loop": per_expert_loop, "sort_group": sort_and_group,
-                                "grouped_mm": moe_forward_grouped_mm}
+FORWARDS: dict[str, Forward] = {
+    "where_loop": per_expert_loop,
+    "sort_group": sort_and_group,
+    "grouped_mm": moe_forward_grouped_mm,
+}
 GEMM_PATHS = {
     "where_loop": "per-expert matmul + bias in a Python loop over the experts hit",
     "sort_group": "per-expert addmm on contiguous slices of the sorted rows",
@@ -30,7 +47,7 @@ TECHNIQUE = Technique(
     name="moe_grouping",
     shape="training_step",
     summary="A gpt-oss MoE layer, forward + backward: an eager loop over the experts (one host "
-            "sync each) against sorting the routed rows by expert once and working on contiguous slices.",
+    "sync each) against sorting the routed rows by expert once and working on contiguous slices.",
     anchor="Unsloth: gpt-oss training +15%, forward +23%, backward +13%",
     claims=CLAIMS,
     gpu_specific=(
@@ -40,10 +57,10 @@ TECHNIQUE = Technique(
         "per-op overhead and the loop's per-expert gradient assembly in the backward, and torch's "
         "grouped_mm is itself a loop of matmuls, so the CPU ratio says little about a GPU's."
     ),
-    headline_figures=(Headline("syncs_per_step", "host syncs per step", higher_is_better=False,
-                               replaces_time=False),),
-    benchmarks=[Bench("32-experts-top-4", {"experts": 32, "top_k": 4, "hidden": 256, "expert_dim": 256,
-                                             "tokens": 512})],
+    headline_figures=(Headline("syncs_per_step", "host syncs per step", higher_is_better=False, replaces_time=False),),
+    benchmarks=[
+        Bench("32-experts-top-4", {"experts": 32, "top_k": 4, "hidden": 256, "expert_dim": 256, "tokens": 512})
+    ],
     params=[
         Param("experts", int, 8, "experts in the layer (gpt-oss-20b: 32, gpt-oss-120b: 128)", min=1),
         Param("top_k", int, 2, "experts per token (gpt-oss: 4)", min=1),
@@ -53,13 +70,29 @@ TECHNIQUE = Technique(
         Param("dtype", str, "float32", "dtype of the activations and weights", choices=list(DTYPES)),
     ],
     plots=[
-        Plot("Forward speedup over the per-expert loop against tokens", y="forward_s", relative=True,
-             x="tokens", variants=("optimized", "grouped_mm"), ylabel="forward speedup (x)"),
-        Plot("Backward speedup over the per-expert loop against tokens", y="backward_s", relative=True,
-             x="tokens", variants=("optimized", "grouped_mm"), ylabel="backward speedup (x)"),
-        Plot("Device-to-host synchronizations per step (forward + backward) against tokens",
-             y="syncs_per_step", x="tokens", variants=("baseline", "optimized", "grouped_mm"),
-             ylabel="syncs per step"),
+        Plot(
+            "Forward speedup over the per-expert loop against tokens",
+            y="forward_s",
+            relative=True,
+            x="tokens",
+            variants=("optimized", "grouped_mm"),
+            ylabel="forward speedup (x)",
+        ),
+        Plot(
+            "Backward speedup over the per-expert loop against tokens",
+            y="backward_s",
+            relative=True,
+            x="tokens",
+            variants=("optimized", "grouped_mm"),
+            ylabel="backward speedup (x)",
+        ),
+        Plot(
+            "Device-to-host synchronizations per step (forward + backward) against tokens",
+            y="syncs_per_step",
+            x="tokens",
+            variants=("baseline", "optimized", "grouped_mm"),
+            ylabel="syncs per step",
+        ),
     ],
 )
 
@@ -103,5 +136,6 @@ check = TECHNIQUE.check(step_check)
 def metrics(w: MoEWorkload, measured: Measured) -> dict[str, Any]:
     """The step's figures (:func:`gpubench.techniques.moe_grouping.training.step_metrics`) with this variant's GEMM path."""
     path = GEMM_PATHS.get(measured.variant) or grouped_gemm_path(w.device, w.x.dtype)
-    return step_metrics(w, measured, FORWARDS.get(measured.variant), path,
-                        syncs_in_path=measured.variant == "grouped_mm")
+    return step_metrics(
+        w, measured, FORWARDS.get(measured.variant), path, syncs_in_path=measured.variant == "grouped_mm"
+    )

@@ -4,18 +4,20 @@ input, the router and every expert weight; each part's seconds and host reads re
 own count of its syncs on CUDA, the float64 dense reference and the check against it, and the
 figures derived from the timed calls. The paths themselves are the pair's.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gpubench.checks import DTYPE_TOLERANCE, CheckResult, tensors_check
 from gpubench.contract import Measured, Recorder, Workload
-from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route
 from gpubench.measure.phase_timer import PhaseTimer
 from gpubench.measure.timing import count_cuda_syncs
+from gpubench.models.moe import MoEConfig, MoEWeights, SyncLog, expert_mlp, init_weights, route
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # bf16 (8-bit mantissa, a dozen rounded intermediates on the way to each gradient) errs 5e-3 to
@@ -36,8 +38,9 @@ class MoEWorkload(Workload):
 
 
 def config_of(params: dict[str, Any]) -> MoEConfig:
-    return MoEConfig(experts=params["experts"], top_k=params["top_k"], hidden=params["hidden"],
-                     expert_dim=params["expert_dim"])
+    return MoEConfig(
+        experts=params["experts"], top_k=params["top_k"], hidden=params["hidden"], expert_dim=params["expert_dim"]
+    )
 
 
 def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> MoEWorkload:
@@ -48,11 +51,19 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> M
     dtype = DTYPES[params["dtype"]]
     gen = torch.Generator().manual_seed(seed)
     weights = init_weights(config, gen, dtype, device).map(lambda t: t.requires_grad_(True))
-    x, grad_out = (torch.randn(params["tokens"], config.hidden, generator=gen).to(device=device, dtype=dtype)
-                   for _ in range(2))
+    x, grad_out = (
+        torch.randn(params["tokens"], config.hidden, generator=gen).to(device=device, dtype=dtype) for _ in range(2)
+    )
     # autograd.grad returns the gradients instead of accumulating them: no reset between calls.
-    return MoEWorkload(params=dict(params), device=device, seed=seed, config=config,
-                       x=x.requires_grad_(True), weights=weights, grad_out=grad_out)
+    return MoEWorkload(
+        params=dict(params),
+        device=device,
+        seed=seed,
+        config=config,
+        x=x.requires_grad_(True),
+        weights=weights,
+        grad_out=grad_out,
+    )
 
 
 def step(w: MoEWorkload, rec: Recorder, forward: Forward) -> dict[str, torch.Tensor]:
@@ -65,8 +76,12 @@ def step(w: MoEWorkload, rec: Recorder, forward: Forward) -> dict[str, torch.Ten
     with timer.span("backward"):
         grads = torch.autograd.grad(out, (w.x, *w.weights), w.grad_out)
     seconds = timer.seconds
-    rec.record(forward_s=seconds["forward"], backward_s=seconds["backward"], syncs_forward=forward_reads,
-               syncs_backward=len(log) - forward_reads)
+    rec.record(
+        forward_s=seconds["forward"],
+        backward_s=seconds["backward"],
+        syncs_forward=forward_reads,
+        syncs_backward=len(log) - forward_reads,
+    )
     return dict(zip(OUTPUT_KEYS, (out.detach(), *grads)))
 
 
@@ -89,15 +104,17 @@ def dense_reference(w: MoEWorkload) -> dict[str, torch.Tensor]:
         _, experts = route(w.x, w.weights.router_weight, w.weights.router_bias, config.top_k)
     with torch.enable_grad():
         x, rw, rb, gate_up, gate_up_bias, down, down_bias = leaves = [
-            t.detach().to(torch.float64).requires_grad_(True) for t in (w.x, *w.weights)]
+            t.detach().to(torch.float64).requires_grad_(True) for t in (w.x, *w.weights)
+        ]
         logits = x @ rw.T + rb
         routing = torch.zeros_like(logits).scatter(1, experts, logits.gather(1, experts).softmax(dim=-1))
         routing_leaf = routing.detach().requires_grad_(True)
         grad_out = w.grad_out.to(torch.float64)
         out = torch.zeros_like(x, requires_grad=False)
         for e in range(config.experts):
-            y = routing_leaf[:, e:e + 1] * expert_mlp(x, gate_up[e], gate_up_bias[e], down[e], down_bias[e],
-                                                      config.alpha, config.limit)
+            y = routing_leaf[:, e : e + 1] * expert_mlp(
+                x, gate_up[e], gate_up_bias[e], down[e], down_bias[e], config.alpha, config.limit
+            )
             y.backward(grad_out)
             out += y.detach()
         routing.backward(routing_leaf.grad)
@@ -121,8 +138,9 @@ def _median_count(measured: Measured, key: str) -> int | None:
     return None if value is None else round(value)
 
 
-def step_metrics(w: MoEWorkload, measured: Measured, forward: Forward | None, gemm_path: str,
-                 syncs_in_path: bool = False) -> dict[str, Any]:
+def step_metrics(
+    w: MoEWorkload, measured: Measured, forward: Forward | None, gemm_path: str, syncs_in_path: bool = False
+) -> dict[str, Any]:
     """GEMM FLOPs and tokens/s; forward and backward seconds and TFLOP/s; host syncs per step by
     construction, or on CUDA torch's own count from one untimed call of ``forward`` (None: not
     counted); the experts hit and the GEMM path (``syncs_in_path``: with the syncs measured)."""
@@ -137,14 +155,23 @@ def step_metrics(w: MoEWorkload, measured: Measured, forward: Forward | None, ge
     syncs_forward, syncs_backward = _median_count(measured, "syncs_forward"), _median_count(measured, "syncs_backward")
     constructed = None if syncs_forward is None or syncs_backward is None else syncs_forward + syncs_backward
     if constructed is not None:
-        out.update(syncs_per_step=constructed, syncs_forward=syncs_forward, syncs_backward=syncs_backward,
-                   syncs_method="by construction (host reads in the code)")
+        out.update(
+            syncs_per_step=constructed,
+            syncs_forward=syncs_forward,
+            syncs_backward=syncs_backward,
+            syncs_method="by construction (host reads in the code)",
+        )
     if w.device.type == "cuda" and forward is not None:  # GPU-only: sync debug mode sees CUDA syncs only
         # the timed calls recorded the by-construction counts; torch's own count needs its debug
         # mode, which slows every op, so it comes from one call of its own (timing nothing)
         fwd, bwd = cuda_syncs(w, forward)
-        out.update(syncs_per_step=fwd + bwd, syncs_forward=fwd, syncs_backward=bwd,
-                   syncs_method="torch.cuda sync debug mode", syncs_by_construction=constructed)
+        out.update(
+            syncs_per_step=fwd + bwd,
+            syncs_forward=fwd,
+            syncs_backward=bwd,
+            syncs_method="torch.cuda sync debug mode",
+            syncs_by_construction=constructed,
+        )
         if syncs_in_path:
             gemm_path += f" ({fwd + bwd} host syncs measured per step)"
     rows = expert_rows(w)

@@ -9,6 +9,7 @@ the same on both sides: the reference (:class:`~gpubench.techniques.packed_metad
 document alone through the model in float64, from the drawn document lengths and nothing of
 :mod:`gpubench.lib.packing`, and every variant's losses must match it as well as the per-layer step.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,19 +18,28 @@ import torch
 
 from gpubench.baselines.packed_metadata import train_step as per_layer_step
 from gpubench.contract import Bench, Headline, Measured, Param, Plot, Recorder, Technique
+from gpubench.lib.packing import BACKENDS, StepOutput, StepStats
 from gpubench.models.llama import SIZES
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
-from gpubench.techniques.packed_metadata.training import (DTYPES, PackedReference, PackedWorkload, build_workload, packed_check,
-                                      packed_reference, packing_problems, recorded_step, step_metrics)
-from gpubench.lib.packing import BACKENDS, StepOutput, StepStats
 from gpubench.techniques.packed_metadata.claims import CLAIMS
+from gpubench.techniques.packed_metadata.training import (
+    DTYPES,
+    PackedReference,
+    PackedWorkload,
+    build_workload,
+    packed_check,
+    packed_reference,
+    packing_problems,
+    recorded_step,
+    step_metrics,
+)
 
 TECHNIQUE = Technique(
     name="packed_metadata",
     shape="training_step",
     summary="Packed-sequence attention metadata (cu_seqlens, max_seqlen, position ids, block-causal "
-            "mask) built once per batch and shared by every layer, instead of rebuilt per layer.",
+    "mask) built once per batch and shared by every layer, instead of rebuilt per layer.",
     anchor="Unsloth: +14.3% per training step, +43.3% forward (Qwen3-14B QLoRA)",
     claims=CLAIMS,
     gpu_specific=(
@@ -40,33 +50,61 @@ TECHNIQUE = Technique(
         "the CPU ratio shows is the cost of constructing the mask (elementwise work over rows x seq^2 "
         "per layer) against the step's compute, so it is not the GPU's ratio."
     ),
-    headline_figures=(Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False,
-                               replaces_time=False),),
-    benchmarks=[Bench(f"{n}-layers", {"model": "tiny", "layers": n, "rows": 1, "seq_len": 512, "mean_doc_len": 48})
-                for n in (2, 4)],
+    headline_figures=(
+        Headline("host_syncs_per_step", "host syncs per step", higher_is_better=False, replaces_time=False),
+    ),
+    benchmarks=[
+        Bench(f"{n}-layers", {"model": "tiny", "layers": n, "rows": 1, "seq_len": 512, "mean_doc_len": 48})
+        for n in (2, 4)
+    ],
     params=[
-        Param("model", str, "tiny", "model size of gpubench.models.llama (random seeded weights)",
-              choices=list(SIZES)),
+        Param("model", str, "tiny", "model size of gpubench.models.llama (random seeded weights)", choices=list(SIZES)),
         Param("layers", int, 0, "decoder layers; 0 keeps the model size's own", min=0),
         Param("rows", int, 2, "packed rows per batch", min=1),
-        Param("micro_batches", int, 1, "batches per step, gradients accumulated (each with its own documents): "
-              "from 2 on, the cache must miss on each new batch's lengths", min=1),
+        Param(
+            "micro_batches",
+            int,
+            1,
+            "batches per step, gradients accumulated (each with its own documents): "
+            "from 2 on, the cache must miss on each new batch's lengths",
+            min=1,
+        ),
         Param("seq_len", int, 256, "tokens per row (documents packed without padding)", min=2),
-        Param("mean_doc_len", int, 64, "mean document length; lengths are uniform in "
-              "[1, min(2 * mean - 1, seq_len - 1)], the last one cut to fill the row", min=1),
+        Param(
+            "mean_doc_len",
+            int,
+            64,
+            "mean document length; lengths are uniform in "
+            "[1, min(2 * mean - 1, seq_len - 1)], the last one cut to fill the row",
+            min=1,
+        ),
         Param("dtype", str, "float32", "dtype of weights, activations and the mask", choices=list(DTYPES)),
-        Param("backend", str, "auto", "attention: sdpa (block-causal mask), triton_varlen (gpubench's Triton "
-              "varlen kernels, flash_attn_varlen_func, forward and backward; CUDA), flash_attn_varlen "
-              "(flash-attn's varlen kernel, CUDA, fp16/bf16), auto (triton_varlen on CUDA, else sdpa)",
-              choices=["auto", *BACKENDS]),
+        Param(
+            "backend",
+            str,
+            "auto",
+            "attention: sdpa (block-causal mask), triton_varlen (gpubench's Triton "
+            "varlen kernels, flash_attn_varlen_func, forward and backward; CUDA), flash_attn_varlen "
+            "(flash-attn's varlen kernel, CUDA, fp16/bf16), auto (triton_varlen on CUDA, else sdpa)",
+            choices=["auto", *BACKENDS],
+        ),
     ],
     plots=[
-        Plot("Step time split (metadata build, rest of forward, backward, optimizer) against layers",
-             y=("build_ms", "forward_rest_ms", "backward_ms", "optimizer_ms"), x="layers", kind="stacked",
-             ylabel="ms per step"),
+        Plot(
+            "Step time split (metadata build, rest of forward, backward, optimizer) against layers",
+            y=("build_ms", "forward_rest_ms", "backward_ms", "optimizer_ms"),
+            x="layers",
+            kind="stacked",
+            ylabel="ms per step",
+        ),
         Plot("Metadata build time per step against layers", y="build_ms", x="layers", ylabel="build ms per step"),
-        Plot("Forward and backward speedup over the baseline against layers", y=("forward_ms", "backward_ms"),
-             x="layers", relative=True, ylabel="speedup (x)"),
+        Plot(
+            "Forward and backward speedup over the baseline against layers",
+            y=("forward_ms", "backward_ms"),
+            x="layers",
+            relative=True,
+            ylabel="speedup (x)",
+        ),
     ],
 )
 

@@ -5,21 +5,30 @@ call), a step's named outputs and recorded phases, the reference every variant i
 against (the per_layer step, and each document run alone in float64 from the drawn lengths,
 independent of :mod:`gpubench.lib.packing`'s builder), the check, and the figures of the timed calls.
 """
+
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gpubench.checks import DTYPE_TOLERANCE, CheckResult, tensors_check
 from gpubench.contract import Measured, Recorder, Workload
-from gpubench.models.llama import (SIZES, LlamaConfig, LlamaWeights, causal_attention, forward, random_weights,
-                                   with_overrides)
 from gpubench.lib.packing import HALF, PackedBatch, StepOutput, StepStats, draw_doc_lens, resolve_backend
 from gpubench.measure.timing import count_cuda_syncs
+from gpubench.models.llama import (
+    SIZES,
+    LlamaConfig,
+    LlamaWeights,
+    causal_attention,
+    forward,
+    random_weights,
+    with_overrides,
+)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # On CUDA the attention backward (SDPA's kernels, flash-attn) accumulates with atomics, so two
@@ -51,8 +60,10 @@ def packing_problems(params: dict[str, Any]) -> list[str]:
     """The cross-param rules: a row holds at least two documents; flash-attn runs in half precision."""
     problems = []
     if params["mean_doc_len"] >= params["seq_len"]:
-        problems.append(f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
-                        "a packed row holds at least two documents")
+        problems.append(
+            f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
+            "a packed row holds at least two documents"
+        )
     if params["backend"] == "flash_attn_varlen" and params["dtype"] not in HALF:
         problems.append(f"backend flash_attn_varlen needs dtype float16 or bfloat16 (got {params['dtype']})")
     return problems
@@ -74,14 +85,21 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int, cach
     for _ in range(params["micro_batches"]):
         lens.append(draw_doc_lens(rows, seq, params["mean_doc_len"], gen))
         tokens = torch.randint(0, config.vocab_size, (rows, seq), generator=gen)
-        batches.append(PackedBatch(tokens.to(device), torch.tensor([n for row in lens[-1] for n in row],
-                                                                   dtype=torch.int32, device=device)))
+        batches.append(
+            PackedBatch(
+                tokens.to(device), torch.tensor([n for row in lens[-1] for n in row], dtype=torch.int32, device=device)
+            )
+        )
     pristine = random_weights(config, seed, dtype, device)
     # A mid-training AdamW state (seeded moments, step ADAM_STEP0), drawn on the CPU. The second
     # moments are never 0: AdamW's eps (1e-8) rounds to 0 in float16, and m / sqrt(0) is Inf.
-    moments = [((1e-3 * torch.randn(p.shape, generator=gen)).to(device=device, dtype=dtype),
-                (1e-6 * (1 + torch.rand(p.shape, generator=gen))).to(device=device, dtype=dtype))
-               for p in pristine.parameters()]
+    moments = [
+        (
+            (1e-3 * torch.randn(p.shape, generator=gen)).to(device=device, dtype=dtype),
+            (1e-6 * (1 + torch.rand(p.shape, generator=gen))).to(device=device, dtype=dtype),
+        )
+        for p in pristine.parameters()
+    ]
 
     def fresh_state() -> tuple[LlamaWeights, torch.optim.Optimizer]:
         """New leaf parameters holding the seeded weights and an AdamW holding the seeded state:
@@ -94,9 +112,18 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int, cach
 
     weights, optimizer = fresh_state()
     workload = PackedWorkload(
-        params=dict(params), device=device, seed=seed, config=config,
-        backend=resolve_backend(params["backend"], device, params["dtype"]), batches=batches, lens=lens,
-        names=list(pristine.named_parameters()), cache=cache, weights=weights, optimizer=optimizer)
+        params=dict(params),
+        device=device,
+        seed=seed,
+        config=config,
+        backend=resolve_backend(params["backend"], device, params["dtype"]),
+        batches=batches,
+        lens=lens,
+        names=list(pristine.named_parameters()),
+        cache=cache,
+        weights=weights,
+        optimizer=optimizer,
+    )
 
     def reset() -> None:
         workload.weights, workload.optimizer = fresh_state()
@@ -107,8 +134,12 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int, cach
 
 def named(w: PackedWorkload, out: StepOutput) -> dict[str, torch.Tensor]:
     """A step's outputs by name: loss, token losses, every gradient and every updated parameter."""
-    return {"loss": out.loss, "token_losses": out.token_losses, **{f"grad {n}": g for n, g in zip(w.names, out.grads)},
-            **{f"param {n}": p for n, p in zip(w.names, out.params)}}
+    return {
+        "loss": out.loss,
+        "token_losses": out.token_losses,
+        **{f"grad {n}": g for n, g in zip(w.names, out.grads)},
+        **{f"param {n}": p for n, p in zip(w.names, out.params)},
+    }
 
 
 def recorded_step(w: PackedWorkload, rec: Recorder, step: Step) -> dict[str, torch.Tensor]:
@@ -142,13 +173,15 @@ def documents_alone(w: PackedWorkload) -> dict[str, torch.Tensor]:
             for r, row in enumerate(lens):
                 start = 0
                 for n in row:
-                    doc = batch.tokens[r, start:start + n]
-                    logits = forward(weights, doc, torch.arange(n, device=w.device),
-                                     lambda layer, q, k, v: causal_attention(q, k, v))
-                    token_losses[m, r, start:start + n - 1] = F.cross_entropy(logits[:-1], doc[1:], reduction="none")
+                    doc = batch.tokens[r, start : start + n]
+                    logits = forward(
+                        weights, doc, torch.arange(n, device=w.device), lambda layer, q, k, v: causal_attention(q, k, v)
+                    )
+                    token_losses[m, r, start : start + n - 1] = F.cross_entropy(logits[:-1], doc[1:], reduction="none")
                     start += n
-    targets = torch.tensor([sum(n - 1 for row in lens for n in row) for lens in w.lens],
-                           dtype=torch.float64, device=w.device)
+    targets = torch.tensor(
+        [sum(n - 1 for row in lens for n in row) for lens in w.lens], dtype=torch.float64, device=w.device
+    )
     return {"loss": (token_losses.sum((1, 2)) / targets).mean(), "token_losses": token_losses}
 
 
@@ -171,13 +204,24 @@ def packed_check(reference: PackedReference, output: dict[str, torch.Tensor]) ->
         same = tensors_check(reference.step, output, exact=True)
     alone_error = "n/a" if alone.error is None else f"{alone.error:.3g}"
     if not same.passed:
-        return CheckResult(False, same.error, same.tolerance, same.metric,
-                           f"against the per_layer step: {same.detail} (documents alone: {ALONE_METRIC} {alone_error})")
-    versus = ("bit-identical to the per_layer step" if same.error == 0
-              else f"per_layer step: {same.metric} {same.error:.3g}")
+        return CheckResult(
+            False,
+            same.error,
+            same.tolerance,
+            same.metric,
+            f"against the per_layer step: {same.detail} (documents alone: {ALONE_METRIC} {alone_error})",
+        )
+    versus = (
+        "bit-identical to the per_layer step" if same.error == 0 else f"per_layer step: {same.metric} {same.error:.3g}"
+    )
     if not alone.passed:
-        return CheckResult(False, alone.error, alone.tolerance, ALONE_METRIC,
-                           f"against each document run alone: {alone.detail} ({versus})")
+        return CheckResult(
+            False,
+            alone.error,
+            alone.tolerance,
+            ALONE_METRIC,
+            f"against each document run alone: {alone.detail} ({versus})",
+        )
     return CheckResult(True, alone.error, alone.tolerance, ALONE_METRIC, f"{alone.detail}; {versus}")
 
 
@@ -188,10 +232,15 @@ def matmul_params(config: LlamaConfig) -> int:
 
 
 # Counted by construction, the same in every call: recorded key -> metric key.
-COUNTS = {"builds": "metadata_builds_per_step", "host_syncs": "host_syncs_per_step",
-          "mask_bytes_built": "mask_bytes_built_per_step", "mask_bytes_held": "mask_bytes_held",
-          "metadata_bytes_held": "metadata_bytes_held", "cache_hits": "cache_hits_per_step",
-          "cache_misses": "cache_misses_per_step"}
+COUNTS = {
+    "builds": "metadata_builds_per_step",
+    "host_syncs": "host_syncs_per_step",
+    "mask_bytes_built": "mask_bytes_built_per_step",
+    "mask_bytes_held": "mask_bytes_held",
+    "metadata_bytes_held": "metadata_bytes_held",
+    "cache_hits": "cache_hits_per_step",
+    "cache_misses": "cache_misses_per_step",
+}
 
 
 def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str, Any]:

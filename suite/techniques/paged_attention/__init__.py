@@ -10,6 +10,7 @@ spare ones, and every slot of the pool holds random data: a read through a wrong
 context's end changes the result. The check takes the worst sequence, so a fault in one long
 context is not diluted by the others.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,17 +19,27 @@ from typing import Any
 import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
+from gpubench.contract import (
+    Bench,
+    CheckResult,
+    Claim,
+    Measured,
+    Param,
+    Plot,
+    Technique,
+    Workload,
+    relative_l2_check,
+    tensors_check,
+)
 from gpubench.lib import gqa
 from gpubench.lib.attention import attention_flops
-from gpubench.records.claims import VLLM
-from gpubench.contract import (Bench, CheckResult, Claim, Measured, Param, Plot, Technique, Workload, relative_l2_check,
-                               tensors_check)
 from gpubench.lib.gqa import head_params, head_problems
 from gpubench.lib.kvmath import block_edge_lengths
-from gpubench.optimizations.paged_attention import paged_decode_attention_torch
 from gpubench.lib.optional import optional_import
 from gpubench.lib.paged_decode import KERNEL, decode_token_slots, grouped_decode_sdpa
 from gpubench.lib.triton_support import interpreter_note, kernel_module, kernel_problem
+from gpubench.optimizations.paged_attention import paged_decode_attention_torch
+from gpubench.records.claims import VLLM
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Blocks in the pool beyond those the sequences hold, as a fraction of those (at least one): the
@@ -39,13 +50,19 @@ TECHNIQUE = Technique(
     name="paged_attention",
     shape="kernel",
     summary="Decode attention reading K/V through the block table in place, instead of gathering "
-            "each sequence's blocks into a contiguous copy first.",
+    "each sequence's blocks into a contiguous copy first.",
     anchor="vLLM: KV memory waste under 4% (vs 60-80% for contiguous reservation); 2-4x throughput",
-    claims=[Claim(*VLLM, text="2-4x serving throughput with PagedAttention", figure=(2.0, 4.0),
-                  measures="serving throughput, paged KV vs contiguous reservation",
-                  conditions="OPT-13B to 175B and LLaMA-13B on A100s, ShareGPT and Alpaca traces",
-                  not_measured="this pair times decode attention alone; vLLM's 2-4x comes from the larger "
-                               "batches paging allows (paged_kv_serving measures that)")],
+    claims=[
+        Claim(
+            *VLLM,
+            text="2-4x serving throughput with PagedAttention",
+            figure=(2.0, 4.0),
+            measures="serving throughput, paged KV vs contiguous reservation",
+            conditions="OPT-13B to 175B and LLaMA-13B on A100s, ShareGPT and Alpaca traces",
+            not_measured="this pair times decode attention alone; vLLM's 2-4x comes from the larger "
+            "batches paging allows (paged_kv_serving measures that)",
+        )
+    ],
     gpu_specific=(
         "The win is HBM traffic: decode is memory-bound, and the gather writes every KV byte into a "
         "copy and reads it back, where the Triton kernel reads each byte once (once per KV head's "
@@ -59,15 +76,30 @@ TECHNIQUE = Technique(
         Param("head_dim", int, 64, "channels per head", choices=[64, 128]),
         Param("context_len", int, 512, "longest context (tokens); the others are drawn in [1, this]", min=1),
         Param("block_size", int, 16, "tokens per KV block", choices=[8, 16, 32]),
-        Param("lengths", str, "random", "random: `batch` contexts in [1, context_len]; full: all `batch` at "
-              "context_len (a bandwidth test: every split busy); edges: one sequence per length at and around "
-              "block edges (1, B-1, B, B+1, 2B-1, .., context_len)", choices=["random", "full", "edges"]),
-        Param("dtype", str, "float32", "dtype of q, the KV cache and the output",
-              choices=["float32", "float16", "bfloat16"]),
+        Param(
+            "lengths",
+            str,
+            "random",
+            "random: `batch` contexts in [1, context_len]; full: all `batch` at "
+            "context_len (a bandwidth test: every split busy); edges: one sequence per length at and around "
+            "block edges (1, B-1, B, B+1, 2B-1, .., context_len)",
+            choices=["random", "full", "edges"],
+        ),
+        Param(
+            "dtype",
+            str,
+            "float32",
+            "dtype of q, the KV cache and the output",
+            choices=["float32", "float16", "bfloat16"],
+        ),
     ],
     plots=[
-        Plot("Decode bandwidth (GB/s, each KV byte counted once) against the longest context",
-             y="gbps", x="context_len", ylabel="GB/s"),
+        Plot(
+            "Decode bandwidth (GB/s, each KV byte counted once) against the longest context",
+            y="gbps",
+            x="context_len",
+            ylabel="GB/s",
+        ),
         Plot("Time per decode step (ms) against batch", y="time", x="batch", scale=1e3, ylabel="ms per step"),
     ],
     benchmarks=[Bench("4-seqs-512", {"batch": 4, "heads": 8, "kv_heads": 2, "context_len": 512})],
@@ -127,7 +159,7 @@ def build_block_tables(lens: list[int], block_size: int, gen: torch.Generator) -
     tables = torch.empty(len(lens), width, dtype=torch.int32)
     start = 0
     for b, count in enumerate(counts):
-        tables[b, :count] = used[start:start + count]
+        tables[b, :count] = used[start : start + count]
         tables[b, count:] = free[torch.randint(0, len(free), (width - count,), generator=gen)]
         start += count
     return tables, needed + spare
@@ -157,29 +189,44 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> PagedDecod
     context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     (contiguous_k, contiguous_v), mask = contiguous_copy(k_cache, v_cache, tables.to(device), context_lens, max(lens))
     return PagedDecodeWorkload(
-        params=dict(params), device=device, seed=seed,
-        q=q.to(**move), k_cache=k_cache, v_cache=v_cache,
-        block_tables=tables.to(device), context_lens=context_lens,
-        lens=lens, reference_tables=tables.clone(),
+        params=dict(params),
+        device=device,
+        seed=seed,
+        q=q.to(**move),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=tables.to(device),
+        context_lens=context_lens,
+        lens=lens,
+        reference_tables=tables.clone(),
         triton_out=torch.full((batch, heads, dim), float("nan"), **move),
         torch_out=torch.full((batch, heads, dim), float("nan"), **move),
-        contiguous_k=contiguous_k, contiguous_v=contiguous_v, contiguous_mask=mask,
+        contiguous_k=contiguous_k,
+        contiguous_v=contiguous_v,
+        contiguous_mask=mask,
     )
 
 
-def contiguous_copy(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor,
-                    longest: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+def contiguous_copy(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, longest: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """((k, v), mask): the sequences' keys and values as (batch, kv_heads, longest, head_dim),
     zero past each context, and the (batch, 1, 1, longest) mask of live keys."""
     _, block_size, kv_heads, head_dim = k_cache.shape
     slots, live = decode_token_slots(tables, context_lens, block_size)
     slots, live = slots[:, :longest], live[:, :longest]
-    copies = tuple(cache.reshape(-1, kv_heads, head_dim)[slots].masked_fill(~live[:, :, None, None], 0.0)
-                   .transpose(1, 2).contiguous() for cache in (k_cache, v_cache))
+    copies = tuple(
+        cache.reshape(-1, kv_heads, head_dim)[slots]
+        .masked_fill(~live[:, :, None, None], 0.0)
+        .transpose(1, 2)
+        .contiguous()
+        for cache in (k_cache, v_cache)
+    )
     return copies, live[:, None, None, :]
 
 
 # -- variants ---------------------------------------------------------------------------------
+
 
 @TECHNIQUE.variant("gather", role="baseline")
 def gather(w: PagedDecodeWorkload) -> torch.Tensor:
@@ -187,9 +234,12 @@ def gather(w: PagedDecodeWorkload) -> torch.Tensor:
     return gather_then_attend(*w.args())
 
 
-@TECHNIQUE.variant("triton", role="optimized", unavailable=lambda device: kernel_problem(KERNEL[0], device,
-                                                                                        interpreter_ok=True),
-                   checked_only=interpreter_note(KERNEL[0]))
+@TECHNIQUE.variant(
+    "triton",
+    role="optimized",
+    unavailable=lambda device: kernel_problem(KERNEL[0], device, interpreter_ok=True),
+    checked_only=interpreter_note(KERNEL[0]),
+)
 def triton_kernel(w: PagedDecodeWorkload) -> torch.Tensor:
     """the Triton kernels: one program per (sequence, KV head, context split) loads each K/V tile once for its
     whole query-head group (tensor-core dots), a second kernel combines the splits"""
@@ -230,14 +280,22 @@ def flashinfer_wrapper(w: PagedDecodeWorkload) -> Any:
     tables = w.block_tables.cpu()
     indices = torch.cat([tables[b, :c] for b, c in enumerate(counts)]).to(device=w.device, dtype=torch.int32)
     indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=w.device)
-    last = torch.tensor([n - (c - 1) * block_size for n, c in zip(w.lens, counts)], dtype=torch.int32,
-                        device=w.device)
+    last = torch.tensor([n - (c - 1) * block_size for n, c in zip(w.lens, counts)], dtype=torch.int32, device=w.device)
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=w.device)
     # Tensor-core decode for groups above 4 query heads per KV head, as vLLM chooses it.
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
-                                                            use_tensor_cores=heads // kv_heads > 4)
-    wrapper.plan(indptr, indices, last, heads, kv_heads, head_dim, block_size,
-                 q_data_type=w.q.dtype, kv_data_type=w.k_cache.dtype, sm_scale=head_dim ** -0.5)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=heads // kv_heads > 4)
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        q_data_type=w.q.dtype,
+        kv_data_type=w.k_cache.dtype,
+        sm_scale=head_dim**-0.5,
+    )
     return wrapper
 
 
@@ -252,6 +310,7 @@ def flashinfer_decode(w: PagedDecodeWorkload) -> torch.Tensor:
 
 # -- correctness ------------------------------------------------------------------------------
 
+
 @TECHNIQUE.reference
 def reference(w: PagedDecodeWorkload) -> torch.Tensor:
     """Attention in float64 over each sequence's keys and values, gathered through the block
@@ -261,10 +320,10 @@ def reference(w: PagedDecodeWorkload) -> torch.Tensor:
     block_size, kv_heads = w.k_cache.shape[1], w.k_cache.shape[2]
     out = torch.empty_like(q)
     for b, n in enumerate(w.lens):
-        blocks = w.reference_tables[b, :-(-n // block_size)].to(device=w.k_cache.device, dtype=torch.long)
+        blocks = w.reference_tables[b, : -(-n // block_size)].to(device=w.k_cache.device, dtype=torch.long)
         k, v = (cache[blocks].flatten(0, 1)[:n].to(torch.float64) for cache in (w.k_cache, w.v_cache))
         k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))  # (n, heads, dim)
-        scores = torch.einsum("hd,nhd->hn", q[b], k) * head_dim ** -0.5
+        scores = torch.einsum("hd,nhd->hn", q[b], k) * head_dim**-0.5
         out[b] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
     return out
 
@@ -276,11 +335,15 @@ def check(reference_out: torch.Tensor, output: torch.Tensor) -> CheckResult:
     error in a long one.)"""
     if not isinstance(output, torch.Tensor) or output.shape != reference_out.shape:
         return relative_l2_check(reference_out, output)  # names what is wrong with it
-    return tensors_check({f"sequence {b}": r for b, r in enumerate(reference_out)},
-                         {f"sequence {b}": o for b, o in enumerate(output)}, dtype=output.dtype)
+    return tensors_check(
+        {f"sequence {b}": r for b, r in enumerate(reference_out)},
+        {f"sequence {b}": o for b, o in enumerate(output)},
+        dtype=output.dtype,
+    )
 
 
 # -- metrics ----------------------------------------------------------------------------------
+
 
 def decode_bytes(lens: list[int], kv_heads: int, head_dim: int, element_size: int, q_numel: int) -> int:
     """Least memory traffic of one decode step: each context's K and V read once, q read, the

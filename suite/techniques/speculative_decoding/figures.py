@@ -3,6 +3,7 @@ acceptance, tokens per verification, the draft's cost c and a verification's cos
 steps of the target, and Leviathan et al.'s predicted speedup from them (pure functions; nothing
 here runs a model).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -45,8 +46,7 @@ def generation_metrics(w: SpecWorkload, measured: Measured) -> dict[str, Any]:
     """Tokens/s and model sizes; from the records, target forwards per token and, for a drafting
     variant once plain's step time is known, acceptance, c, verify_cost and the predicted speedups."""
     new_tokens = w.params["prompts"] * w.params["max_new_tokens"]
-    m: dict[str, Any] = {"tokens_per_s": new_tokens / measured.median_s,
-                         "target_params": w.target.config.num_params()}
+    m: dict[str, Any] = {"tokens_per_s": new_tokens / measured.median_s, "target_params": w.target.config.num_params()}
     if w.draft is not None:
         m["draft_params"] = w.draft.config.num_params()
     records = measured.records
@@ -69,19 +69,24 @@ def generation_metrics(w: SpecWorkload, measured: Measured) -> dict[str, Any]:
     draft_s, verify_s = measured.median_of("draft_s"), measured.median_of("verify_s")
     c = draft_s / (drafted / calls) / step if drafted else None
     verify_cost = verify_s / (verifications / calls) / step
-    m.update({
-        "acceptance_rate": a,
-        "mean_accepted_length": total["emitted"] / verifications,
-        "per_position_acceptance": [acc / n if n else None for acc, n in
-                                    zip(_summed(records, "accepted_at"), _summed(records, "drafted_at"))],
-        "drafted_tokens": drafted / calls, "accepted_tokens": total["accepted"] / calls,
-        "verifications": verifications / calls,
-        "k_mean": k_mean,
-        "c": c,
-        "verify_cost": verify_cost,
-        "target_step_s": step,
-        "draft_time_fraction": draft_s / (draft_s + verify_s),
-    })
+    m.update(
+        {
+            "acceptance_rate": a,
+            "mean_accepted_length": total["emitted"] / verifications,
+            "per_position_acceptance": [
+                acc / n if n else None
+                for acc, n in zip(_summed(records, "accepted_at"), _summed(records, "drafted_at"))
+            ],
+            "drafted_tokens": drafted / calls,
+            "accepted_tokens": total["accepted"] / calls,
+            "verifications": verifications / calls,
+            "k_mean": k_mean,
+            "c": c,
+            "verify_cost": verify_cost,
+            "target_step_s": step,
+            "draft_time_fraction": draft_s / (draft_s + verify_s),
+        }
+    )
     if a is not None:
         m["iid_accepted_length"] = expected_tokens(a, k_mean)
         m["predicted_speedup"] = predicted_speedup(a, k_mean, c)

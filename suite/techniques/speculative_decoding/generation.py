@@ -3,6 +3,7 @@ prompts (:class:`SpecWorkload`, from :mod:`gpubench.models.decode_pair` and its 
 the params' rules, the positions one sequence may reach, each prompt's sampling generator (the
 same seed for both variants) and the drafter a prompt starts with.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,8 @@ from typing import Any
 import torch
 
 from gpubench.contract import Workload
-from gpubench.lib.drafting import ModelDrafter, NgramDrafter
 from gpubench.errors import BadInput
+from gpubench.lib.drafting import ModelDrafter, NgramDrafter
 from gpubench.models.decode_pair import load_pair, pair_problems
 from gpubench.models.llama import LlamaWeights
 
@@ -59,15 +60,24 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> S
     need = capacity(params)
     for name, model in (("target", target), ("draft", draft)):
         if model is not None and need > model.config.max_position:
-            raise BadInput(f"prompt_len + max_new_tokens (+ drafts) = {need} tokens exceeds the {name}'s "
-                           f"{model.config.max_position} positions")
+            raise BadInput(
+                f"prompt_len + max_new_tokens (+ drafts) = {need} tokens exceeds the {name}'s "
+                f"{model.config.max_position} positions"
+            )
     plen = params["prompt_len"]
     if len(source) <= plen:
         raise BadInput(f"prompt_len {plen} is longer than the held-out corpus ({len(source)} tokens)")
-    offsets = torch.randint(0, len(source) - plen, (params["prompts"],),
-                            generator=torch.Generator().manual_seed(seed)).tolist()
-    return SpecWorkload(params=dict(params), device=device, seed=seed, target=target, draft=draft,
-                        prompts=[source[o:o + plen].tolist() for o in offsets])
+    offsets = torch.randint(
+        0, len(source) - plen, (params["prompts"],), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
+    return SpecWorkload(
+        params=dict(params),
+        device=device,
+        seed=seed,
+        target=target,
+        draft=draft,
+        prompts=[source[o : o + plen].tolist() for o in offsets],
+    )
 
 
 def sampling_generator(w: SpecWorkload, i: int) -> torch.Generator | None:

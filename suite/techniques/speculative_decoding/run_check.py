@@ -2,18 +2,19 @@
 draft_verify run's verifications and its drafter's final state replayed against a cacheless
 recomputation; for sampled runs, a chi-square test of the acceptance rule at the run's own
 verifications. Nothing here reuses the KV cache or rollback logic under test."""
+
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from gpubench.contract import DTYPE_TOLERANCE, CheckResult
-from gpubench.models.llama import LlamaWeights, causal_attend, forward
 from gpubench.lib.drafting import ModelDrafter, NgramDrafter, Verification
+from gpubench.models.llama import LlamaWeights, causal_attend, forward
 
 
 @dataclass(frozen=True)
@@ -63,20 +64,29 @@ def check(ref: Decoded, out: Decoded) -> CheckResult:
     missing or extra one counting as one). Sampled: lengths, and the rule's distribution test.
     Both: draft_verify's verifications are replayed against recomputation (see :func:`replayed`)."""
     if len(ref.tokens) != len(out.tokens):
-        return CheckResult(False, None, None, "mismatched_tokens",
-                           f"{len(out.tokens)} sequences, expected {len(ref.tokens)}")
+        return CheckResult(
+            False, None, None, "mismatched_tokens", f"{len(out.tokens)} sequences, expected {len(ref.tokens)}"
+        )
     sampled = ref.temperature > 0
     results = [_lengths(ref, out) if sampled else _tokens(ref, out)]
     if out.replay is not None:
         results += replayed(out)
     elif sampled:
-        results.append(CheckResult(False, None, None, "replay", "a sampled output without its verifications: "
-                                   "its distribution cannot be tested"))
+        results.append(
+            CheckResult(
+                False,
+                None,
+                None,
+                "replay",
+                "a sampled output without its verifications: its distribution cannot be tested",
+            )
+        )
     failed = [r for r in results if not r.passed]
     main = failed[0] if failed else results[-1] if sampled else results[0]
     rest = "; ".join(_summary(r) for r in results if r is not main)
-    return CheckResult(not failed, main.error, main.tolerance, main.metric,
-                       "; ".join(x for x in (main.detail, rest) if x))
+    return CheckResult(
+        not failed, main.error, main.tolerance, main.metric, "; ".join(x for x in (main.detail, rest) if x)
+    )
 
 
 def _summary(r: CheckResult) -> str:
@@ -88,8 +98,13 @@ def _summary(r: CheckResult) -> str:
 
 def _lengths(ref: Decoded, out: Decoded) -> CheckResult:
     bad = [i for i, (r, o) in enumerate(zip(ref.tokens, out.tokens)) if len(r) != len(o)]
-    return CheckResult(not bad, float(len(bad)), None, "wrong_length_sequences",
-                       f"sequences {bad} have the wrong length" if bad else "")
+    return CheckResult(
+        not bad,
+        float(len(bad)),
+        None,
+        "wrong_length_sequences",
+        f"sequences {bad} have the wrong length" if bad else "",
+    )
 
 
 def _tokens(ref: Decoded, out: Decoded) -> CheckResult:
@@ -114,8 +129,9 @@ def recomputed(weights: LlamaWeights, tokens: list[int]) -> tuple[torch.Tensor, 
 
     device = weights.device
     with torch.inference_mode():
-        logits = forward(weights, torch.tensor([tokens], device=device),
-                         torch.arange(len(tokens), device=device)[None], attend)[0]
+        logits = forward(
+            weights, torch.tensor([tokens], device=device), torch.arange(len(tokens), device=device)[None], attend
+        )[0]
     return logits, torch.stack(ks), torch.stack(vs)
 
 
@@ -131,10 +147,10 @@ def prompt_lookup(context: list[int], k: int, n_max: int, n_min: int) -> list[in
     occurrence of the longest suffix of n_max down to n_min tokens that leaves one token after it."""
     size = len(context)
     for n in range(min(n_max, size - 1), n_min - 1, -1):
-        suffix = context[size - n:]
+        suffix = context[size - n :]
         for at in range(size - n - 1, -1, -1):
-            if context[at:at + n] == suffix:
-                return context[at + n:at + n + k]
+            if context[at : at + n] == suffix:
+                return context[at + n : at + n + k]
     return []
 
 
@@ -148,11 +164,21 @@ def replayed(out: Decoded) -> list[CheckResult]:
     context); (5) sampled: the acceptance rule's distribution test (:func:`rule_p_value`)."""
     replay, temperature = out.replay, out.temperature
     assert replay is not None  # called where the run kept its replay
-    unaccounted = [f"prompt {i}: {why}" for i, (g, new) in enumerate(zip(replay.generations, out.tokens))
-                   if (why := _accounts_for(g, new))]
+    unaccounted = [
+        f"prompt {i}: {why}"
+        for i, (g, new) in enumerate(zip(replay.generations, out.tokens))
+        if (why := _accounts_for(g, new))
+    ]
     if unaccounted or len(replay.generations) != len(out.tokens):
-        return [CheckResult(False, float(max(len(unaccounted), 1)), None, "unaccounted_generations",
-                            unaccounted[0] if unaccounted else "a generation is missing")]
+        return [
+            CheckResult(
+                False,
+                float(max(len(unaccounted), 1)),
+                None,
+                "unaccounted_generations",
+                unaccounted[0] if unaccounted else "a generation is missing",
+            )
+        ]
     tolerance = REPLAY_TOLERANCE.get(replay.target.dtype, 1e-2)
     # q is computed in float32 whatever the model's dtype, and softmax(l / T) divides a logit's
     # rounding error by T.
@@ -163,11 +189,19 @@ def replayed(out: Decoded) -> list[CheckResult]:
         target_logits = recomputed(replay.target, seq[:-1])[0]
         # Row j of a verification scores the context plus j drafts: rows up to the accepted ones
         # lie on the output's path (the rule's outcome depended on those only).
-        worst_target = max([worst_target] + [float(_row_errors(target_logits[s.start - 1:s.start + s.accepted],
-                                                               s.logits[:s.accepted + 1]).max()) for s in g.steps])
+        worst_target = max(
+            [worst_target]
+            + [
+                float(_row_errors(target_logits[s.start - 1 : s.start + s.accepted], s.logits[: s.accepted + 1]).max())
+                for s in g.steps
+            ]
+        )
         if isinstance(g.drafter, NgramDrafter):
-            unexplained += [f"prompt {i} after {s.start} tokens" for s in g.steps
-                            if s.asked and s.drafts != prompt_lookup(seq[:s.start], s.asked, *replay.ngram)]
+            unexplained += [
+                f"prompt {i} after {s.start} tokens"
+                for s in g.steps
+                if s.asked and s.drafts != prompt_lookup(seq[: s.start], s.asked, *replay.ngram)
+            ]
             state += _ngram_state(g, seq, i)
             continue
         assert replay.draft is not None  # not prompt lookup: a draft model
@@ -177,15 +211,37 @@ def replayed(out: Decoded) -> list[CheckResult]:
         else:
             unexplained += _unexplained_greedy_drafts(g, draft_logits, tolerance, i)
         state += _draft_cache_state(g, k, v, tolerance, i)
-    results = [CheckResult(worst_target <= tolerance, worst_target, tolerance, "target_logits_rel_l2",
-                           "" if worst_target <= tolerance else "a verification scored the drafts with "
-                           "target logits other than the model's")]
+    results = [
+        CheckResult(
+            worst_target <= tolerance,
+            worst_target,
+            tolerance,
+            "target_logits_rel_l2",
+            ""
+            if worst_target <= tolerance
+            else "a verification scored the drafts with target logits other than the model's",
+        )
+    ]
     if replay.draft is not None and q_tolerance is not None:  # q_tolerance: temperature > 0
-        results.append(CheckResult(worst_q <= q_tolerance, worst_q, q_tolerance, "draft_probs_rel_l2",
-                                   "" if worst_q <= q_tolerance else "the drafts' q differs from the draft model's"))
+        results.append(
+            CheckResult(
+                worst_q <= q_tolerance,
+                worst_q,
+                q_tolerance,
+                "draft_probs_rel_l2",
+                "" if worst_q <= q_tolerance else "the drafts' q differs from the draft model's",
+            )
+        )
     else:
-        results.append(CheckResult(not unexplained, float(len(unexplained)), None, "unexplained_drafts",
-                                   f"not the drafter's proposal: {', '.join(unexplained[:3])}" if unexplained else ""))
+        results.append(
+            CheckResult(
+                not unexplained,
+                float(len(unexplained)),
+                None,
+                "unexplained_drafts",
+                f"not the drafter's proposal: {', '.join(unexplained[:3])}" if unexplained else "",
+            )
+        )
     results.append(CheckResult(not state, float(len(state)), None, "drafter_state_mismatches", "; ".join(state[:3])))
     if temperature > 0:
         results.append(_rule_result(replay, temperature))
@@ -198,12 +254,14 @@ def _drafted_rows(g: Generation, draft_logits: torch.Tensor):
     for s in g.steps:
         rows = min(s.accepted + 1, len(s.drafts))
         if rows:
-            yield s, rows, draft_logits[s.start - 1:s.start - 1 + rows].double().cpu()
+            yield s, rows, draft_logits[s.start - 1 : s.start - 1 + rows].double().cpu()
 
 
 def _draft_q_errors(g: Generation, draft_logits: torch.Tensor, temperature: float) -> list[float]:
-    return [float(_row_errors(torch.softmax(ref / temperature, dim=-1), s.q[:rows]).max())
-            for s, rows, ref in _drafted_rows(g, draft_logits)]
+    return [
+        float(_row_errors(torch.softmax(ref / temperature, dim=-1), s.q[:rows]).max())
+        for s, rows, ref in _drafted_rows(g, draft_logits)
+    ]
 
 
 def _unexplained_greedy_drafts(g: Generation, draft_logits: torch.Tensor, tolerance: float, i: int) -> list[str]:
@@ -221,9 +279,14 @@ def _accounts_for(g: Generation, new: list[int]) -> str:
     at = len(g.prompt)
     seq = g.prompt + new
     for s in g.steps:
-        emitted = s.drafts[:s.accepted] + [s.token]
-        if s.start != at or seq[at:at + len(emitted)] != emitted or len(s.drafts) > s.asked \
-                or s.logits.shape[0] != len(s.drafts) + 1 or (s.q is not None and s.q.shape[0] != len(s.drafts)):
+        emitted = s.drafts[: s.accepted] + [s.token]
+        if (
+            s.start != at
+            or seq[at : at + len(emitted)] != emitted
+            or len(s.drafts) > s.asked
+            or s.logits.shape[0] != len(s.drafts) + 1
+            or (s.q is not None and s.q.shape[0] != len(s.drafts))
+        ):
             return f"the verification after {s.start} tokens does not produce token {at - len(g.prompt)} on"
         at += len(emitted)
     return "" if at == len(seq) else f"the verifications produce {at - len(g.prompt)} tokens of {len(new)}"
@@ -236,17 +299,29 @@ def _draft_cache_state(g: Generation, k: torch.Tensor, v: torch.Tensor, toleranc
     assert isinstance(g.drafter, ModelDrafter)  # prompt lookup's state is _ngram_state's
     cache = g.drafter.cache
     last = next((s for s in reversed(g.steps) if s.asked), None)
-    low, high = (0, 0) if last is None else (last.start + min(last.accepted, len(last.drafts) - 1),
-                                             last.start + last.accepted)
+    low, high = (
+        (0, 0) if last is None else (last.start + min(last.accepted, len(last.drafts) - 1), last.start + last.accepted)
+    )
     if not low <= cache.length <= high:
-        return [f"prompt {i}: the draft cache holds {cache.length} tokens, not the {low}"
-                + (f" to {high}" if high > low else "") + " confirmed ones it was fed"]
+        return [
+            f"prompt {i}: the draft cache holds {cache.length} tokens, not the {low}"
+            + (f" to {high}" if high > low else "")
+            + " confirmed ones it was fed"
+        ]
     n = cache.length
-    errors = torch.maximum(_row_errors(k[:, :n].transpose(0, 1), cache.k[:, :n].transpose(0, 1)),
-                           _row_errors(v[:, :n].transpose(0, 1), cache.v[:, :n].transpose(0, 1)))
+    errors = torch.maximum(
+        _row_errors(k[:, :n].transpose(0, 1), cache.k[:, :n].transpose(0, 1)),
+        _row_errors(v[:, :n].transpose(0, 1), cache.v[:, :n].transpose(0, 1)),
+    )
     bad = (errors > tolerance).nonzero().flatten().tolist()
-    return [f"prompt {i}: the draft cache's K/V at position {bad[0]} differ from recomputation "
-            f"(relative L2 {float(errors[bad[0]]):.3g})"] if bad else []
+    return (
+        [
+            f"prompt {i}: the draft cache's K/V at position {bad[0]} differ from recomputation "
+            f"(relative L2 {float(errors[bad[0]]):.3g})"
+        ]
+        if bad
+        else []
+    )
 
 
 def _ngram_state(g: Generation, seq: list[int], i: int) -> list[str]:
@@ -283,13 +358,16 @@ def _rule_result(replay: Replay, temperature: float) -> CheckResult:
     steps = rule_steps(replay, temperature)
     p, stat, df = rule_p_value(replay.rule, steps, temperature, RULE_DRAWS, replay.seed)
     error = -math.log10(max(p, 1e-300))
-    what = (f"acceptance rule at {len(steps)} verifications, {RULE_DRAWS} draws each: "
-            f"chi-square {stat:.1f} on {df} df, p = {p:.2g} (fails below {RULE_P_FAIL:g})")
+    what = (
+        f"acceptance rule at {len(steps)} verifications, {RULE_DRAWS} draws each: "
+        f"chi-square {stat:.1f} on {df} df, p = {p:.2g} (fails below {RULE_P_FAIL:g})"
+    )
     return CheckResult(p >= RULE_P_FAIL, error, -math.log10(RULE_P_FAIL), "rule_chi2_neg_log10_p", what)
 
 
-def rule_p_value(rule: Callable[..., tuple[int, int]], steps: list[Verification], temperature: float,
-                 draws: int, seed: int) -> tuple[float, float, int]:
+def rule_p_value(
+    rule: Callable[..., tuple[int, int]], steps: list[Verification], temperature: float, draws: int, seed: int
+) -> tuple[float, float, int]:
     """A chi-square test that ``rule`` keeps the target's distribution at these verifications.
 
     Each draw redraws the drafts (draft i from the verification's q row i; prompt lookup's fixed)
@@ -304,15 +382,20 @@ def rule_p_value(rule: Callable[..., tuple[int, int]], steps: list[Verification]
         for s in steps:
             logits, k = s.logits.cpu(), len(s.drafts)
             if s.q is not None:
-                drafts = torch.stack([torch.multinomial(s.q[i], draws, replacement=True, generator=g)
-                                      for i in range(k)], dim=1).tolist() if k else [[]] * draws
+                drafts = (
+                    torch.stack(
+                        [torch.multinomial(s.q[i], draws, replacement=True, generator=g) for i in range(k)], dim=1
+                    ).tolist()
+                    if k
+                    else [[]] * draws
+                )
             else:
                 drafts = [s.drafts] * draws
             emitted: list[list[int]] = [[] for _ in range(k + 1)]
             for m, d in enumerate(drafts):
                 used = k if m % 2 == 0 else min(k, 1)
                 q = s.q[:used] if s.q is not None else None
-                n, token = rule(logits[:used + 1], d[:used], q, temperature, g)
+                n, token = rule(logits[: used + 1], d[:used], q, temperature, g)
                 for j in range(n):
                     emitted[j].append(d[j])
                 emitted[n].append(token)
