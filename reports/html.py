@@ -39,7 +39,15 @@ from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
 from gpubench.reports.sparkline import sparkline_svg
-from gpubench.reports.terminal import case_params, check_text, clock_lines, format_speedup, headline_text, named_time
+from gpubench.reports.terminal import (
+    case_params,
+    check_text,
+    clock_lines,
+    format_speedup,
+    headline_text,
+    named_time,
+    ratio_text,
+)
 
 __all__ = ["Run", "case_params", "fleet_matrix", "headline", "load_run", "render", "summary_rows", "write_report"]
 
@@ -236,7 +244,7 @@ def _extreme(pick: Callable, measured: list[tuple[float, str]]) -> str:
     if not measured:
         return "-"
     ratio, label = pick(measured, key=lambda m: m[0])
-    return f"{ratio:.2f}x ({label})"
+    return f"{ratio_text(ratio)}x ({label})"
 
 
 def _ceilings_text(ceilings: dict[str, Any] | None) -> str:

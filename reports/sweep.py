@@ -25,7 +25,7 @@ from gpubench.records.results import CaseRecord, has_interval
 from gpubench.records.stats import MIN_CI_SAMPLES
 from gpubench.reports import drawing
 from gpubench.reports.plots import read_value
-from gpubench.reports.terminal import case_params, format_speedup
+from gpubench.reports.terminal import case_params, format_speedup, ratio_text
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -131,13 +131,13 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
         apart = too_few_text(few) if few else ""
         if not sure:  # the range, said to rest on too few samples: no median, no CI
             factors = sorted(r.factor for r in found)
-            return f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x, no CI: {apart}"
+            return f"speedup {ratio_text(factors[0])}x to {ratio_text(factors[-1])}x, no CI: {apart}"
         if len(sure) == 1:
             return f"speedup {sure[0].text}" + (f"; {apart}" if apart else "")
         factors = sorted(r.factor for r in sure)
         return (
-            f"speedup {factors[0]:.2f}x to {factors[-1]:.2f}x over {len(sure)} cases "
-            f"(median {statistics.median(factors):.2f}x)" + (f"; {apart}" if apart else "")
+            f"speedup {ratio_text(factors[0])}x to {ratio_text(factors[-1])}x over {len(sure)} cases "
+            f"(median {ratio_text(statistics.median(factors))}x)" + (f"; {apart}" if apart else "")
         )
     parts = []
     for figure in read_by:

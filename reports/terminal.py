@@ -32,6 +32,12 @@ def count_text(n: Any) -> str:
     return f"(n={n})" if isinstance(n, int) and not isinstance(n, bool) else "(no CI)"
 
 
+def ratio_text(value: float) -> str:
+    """A ratio to two decimals (``1.23``), or to two significant digits where two decimals would
+    read as zero or lose it (``0.0043``): a tiny figure never prints as a broken-looking ``0.00``."""
+    return f"{value:.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.2g}"
+
+
 def format_speedup(speedup: Speedup | Mapping[str, Any] | None) -> str:
     """``1.23x [1.10, 1.35]``; ``0.37x (n=1)`` for a speedup from fewer than MIN_CI_SAMPLES samples
     a side (no CI: :attr:`gpubench.records.results.Speedup.has_interval`); ``-`` for none. A dict (a
@@ -41,8 +47,8 @@ def format_speedup(speedup: Speedup | Mapping[str, Any] | None) -> str:
     if speedup is None or speedup.ratio is None or not speedup.has_ratio:
         return "-"
     if speedup.ci_low is not None and speedup.ci_high is not None and speedup.has_interval:
-        return f"{speedup.ratio:.2f}x [{speedup.ci_low:.2f}, {speedup.ci_high:.2f}]"
-    return f"{speedup.ratio:.2f}x {count_text(speedup.n)}"
+        return f"{ratio_text(speedup.ratio)}x [{ratio_text(speedup.ci_low)}, {ratio_text(speedup.ci_high)}]"
+    return f"{ratio_text(speedup.ratio)}x {count_text(speedup.n)}"
 
 
 def few_samples_lines(run: RunRecord) -> list[str]:

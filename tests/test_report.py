@@ -1109,3 +1109,14 @@ def test_a_technique_section_opens_with_its_answer_and_folds_the_rest(real_repor
     flash = page.split('<section id="tech-flash_attention"')[1].split("</section>")[0]
     assert 'class="more-figures"' in flash and 'class="roofline-block"' in flash
     assert flash.split("<details")[0].count("<figcaption>speedup of optimized over baseline") == 1
+
+
+def test_a_tiny_speedup_keeps_its_digits_rather_than_printing_zero():
+    """A ratio under 0.1 (a busy machine's 0.004x) prints to two significant digits, CI ends too:
+    two decimals would show 0.00x, a figure that reads as broken, not as slow."""
+    from gpubench.reports.terminal import format_speedup, ratio_text
+
+    assert ratio_text(0.0043) == "0.0043" and ratio_text(1.234) == "1.23" and ratio_text(0.5) == "0.50"
+    text = format_speedup({"ratio": 0.0043, "ci_low": 0.0011, "ci_high": 287.0, "n": 30})
+    assert text == "0.0043x [0.0011, 287.00]", text
+    assert "0.00x" not in format_speedup({"ratio": 0.004, "n": 2})
