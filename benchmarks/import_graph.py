@@ -143,19 +143,26 @@ def _positions(graph: Graph, width: float, band: float) -> dict[str, tuple[float
 
 
 def draw(graph: Graph, out: Path, by_module: bool = False) -> None:
+    """The graph into ``out`` (.svg or .png). Its settings (svg.hashsalt fixed, text kept as text) are
+    this figure's only: the process's rcParams are left as they were."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    style = {"svg.hashsalt": "gpubench-import-graph", "svg.fonttype": "none", "font.size": 9}
+    with matplotlib.rc_context(style):
+        _draw(graph, out, by_module)
+
+
+def _draw(graph: Graph, out: Path, by_module: bool) -> None:
+    from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     widest = max(sum(1 for b, (lv, _) in graph.boxes.items() if lv == level) for level, _ in graph.boxes.values())
     width, band = (max(widest * 3.2, 12.0), 2.2) if by_module else (12.0, 2.0)
     pos = _positions(graph, width, band)
-    plt.rcParams.update({"svg.hashsalt": "gpubench-import-graph", "svg.fonttype": "none", "font.size": 9})
     margin = 2.4  # the bands' names, left of the boxes
     top = max(y for _, y in pos.values()) + band / 2
-    fig, ax = plt.subplots(figsize=((width + margin) * 0.8, (top + band / 2) * 0.8 + 0.8))
+    fig = Figure(figsize=((width + margin) * 0.8, (top + band / 2) * 0.8 + 0.8))
+    ax = fig.subplots()
     ax.set_xlim(-margin, width)
     ax.set_ylim(-band / 2, top)
     ax.set_aspect("equal")  # the arcs' middles below are computed in data units
@@ -223,7 +230,6 @@ def draw(graph: Graph, out: Path, by_module: bool = False) -> None:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format=out.suffix.lstrip(".") or "svg", bbox_inches="tight", metadata=_metadata(graph, out.suffix))
-    plt.close(fig)
 
 
 def _ends(graph: Graph, pos: dict[str, tuple[float, float]], size: tuple[float, float]) -> dict:

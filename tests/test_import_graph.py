@@ -94,11 +94,16 @@ def test_a_tree_without_suite_is_refused_with_exit_2(script, tmp_path, capsys):
     assert "no suite/ folder" in capsys.readouterr().err
 
 
-def test_the_drawing_is_the_same_bytes_each_time(script, tmp_path):
+def test_the_drawing_is_the_same_bytes_each_time_and_leaves_rcparams_alone(script, tmp_path):
+    import matplotlib
+
+    before = dict(matplotlib.rcParams)
     graph = script.graph_of(_toy(tmp_path / "tree"))
     script.draw(graph, tmp_path / "a.svg")
     script.draw(graph, tmp_path / "b.svg")
     assert (tmp_path / "a.svg").read_bytes() == (tmp_path / "b.svg").read_bytes()
+    assert "<dc:date>" not in (tmp_path / "a.svg").read_text()
+    assert dict(matplotlib.rcParams) == before  # the report's figures, drawn in the same process, keep theirs
 
 
 def _recorded(svg: str, element: str) -> str:
