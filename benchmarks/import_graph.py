@@ -124,22 +124,35 @@ def _band_order(item: tuple[str, tuple[int | None, str]]) -> tuple[int, int, str
     return (99 if level is None else level, order.index(layer) if layer in order else 99, box)
 
 
-def _positions(graph: Graph, width: float, band: float) -> dict[str, tuple[float, float]]:
-    """Box centres: one band per level (the lowest at the bottom), a band's boxes spread across it;
-    a band's single box alternates left and right of the middle so long arrows do not run through it."""
-    bands: dict[int, list[str]] = defaultdict(list)
+def _positions(
+    graph: Graph, width: float, band: float, per_row: int
+) -> tuple[dict[str, tuple[float, float]], list[tuple[float, float, list[str]]]]:
+    """Box centres, and each band's (bottom, top, names of its layers): one band per level (the lowest
+    at the bottom; boxes outside LAYERS above the rest), a band's boxes spread across it in rows of
+    ``per_row``; a band's single box alternates left and right of the middle so long arrows do not run
+    through it."""
+    levels: dict[int, list[str]] = defaultdict(list)
+    names: dict[int, list[str]] = defaultdict(list)
     top = max((lv for lv, _ in graph.boxes.values() if lv is not None), default=0)
-    for box, (level, _) in sorted(graph.boxes.items(), key=_band_order):
-        bands[top + 1 if level is None else level].append(box)
-    out = {}
-    for level, boxes in sorted(bands.items()):
-        if len(boxes) == 1:
-            xs = [width / 2 + (width / 5 if level % 2 else -width / 5)]
-        else:
-            xs = [width * (i + 0.5) / len(boxes) for i in range(len(boxes))]
-        for x, box in zip(xs, boxes):
-            out[box] = (x, level * band)
-    return out
+    for box, (level, layer) in sorted(graph.boxes.items(), key=_band_order):
+        key = top + 1 if level is None else level
+        levels[key].append(box)
+        name = layer if level is None else f"{level}: {layer}"
+        if name not in names[key]:
+            names[key].append(name)
+    out, bands, y = {}, [], 0.0
+    for level, boxes in sorted(levels.items()):
+        rows = [boxes[i : i + per_row] for i in range(0, len(boxes), per_row)]
+        for r, row in enumerate(rows):
+            if len(row) == 1 and len(rows) == 1:
+                xs = [width / 2 + (width / 5 if level % 2 else -width / 5)]
+            else:
+                xs = [width * (i + 0.5) / len(row) for i in range(len(row))]
+            for x, box in zip(xs, row):
+                out[box] = (x, y + r * band)
+        bands.append((y - band / 2, y + (len(rows) - 0.5) * band, names[level]))
+        y += len(rows) * band
+    return out, bands
 
 
 def draw(graph: Graph, out: Path, by_module: bool = False) -> None:
@@ -156,11 +169,10 @@ def _draw(graph: Graph, out: Path, by_module: bool) -> None:
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    widest = max(sum(1 for b, (lv, _) in graph.boxes.items() if lv == level) for level, _ in graph.boxes.values())
-    width, band = (max(widest * 3.2, 12.0), 2.2) if by_module else (12.0, 2.0)
-    pos = _positions(graph, width, band)
+    width, band, per_row = (30.0, 1.6, 9) if by_module else (12.0, 2.0, 3)
+    pos, bands = _positions(graph, width, band, per_row)
     margin = 2.4  # the bands' names, left of the boxes
-    top = max(y for _, y in pos.values()) + band / 2
+    top = bands[-1][1]
     fig = Figure(figsize=((width + margin) * 0.8, (top + band / 2) * 0.8 + 0.8))
     ax = fig.subplots()
     ax.set_xlim(-margin, width)
@@ -168,21 +180,19 @@ def _draw(graph: Graph, out: Path, by_module: bool) -> None:
     ax.set_aspect("equal")  # the arcs' middles below are computed in data units
     ax.axis("off")
     # the bands, each named by its layers
-    bands: dict[float, list[str]] = defaultdict(list)
-    for box, (level, layer) in sorted(graph.boxes.items(), key=_band_order):
-        name = layer if level is None else f"{level}: {layer}"
-        if name not in bands[pos[box][1]]:
-            bands[pos[box][1]].append(name)
-    for i, (y, names) in enumerate(sorted(bands.items())):
-        ax.axhspan(y - band / 2, y + band / 2, color="#f3f3f3" if i % 2 else "white", zorder=0)
+    for i, (low, high, names) in enumerate(bands):
+        ax.axhspan(low, high, color="#f3f3f3" if i % 2 else "white", zorder=0)
         label = textwrap.fill(f"{names[0]}, {', '.join(n.split(': ', 1)[-1] for n in names[1:])}".rstrip(", "), 18)
-        ax.text(-margin + 0.1, y, label, va="center", ha="left", fontsize=8, color="#555555")
+        ax.text(-margin + 0.1, (low + high) / 2, label, va="center", ha="left", fontsize=8, color="#555555")
     patches = {}
-    size = (2.6, 0.5) if by_module else (2.4, 0.7)
+    size = (3.0, 0.45) if by_module else (2.4, 0.7)
     ends = _ends(graph, pos, size)
     for box, (x, y) in pos.items():
         count = sum(1 for b in graph.modules.values() if b == box)
-        text = box if by_module or box.endswith(".py") else f"{box}\n{count} modules"
+        if by_module:
+            text = box.removeprefix("gpubench.")
+        else:
+            text = box if box.endswith(".py") else f"{box}\n{count} modules"
         w, h = size
         patch = FancyBboxPatch(
             (x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05", fc="#dde8f5", ec="#3a5a80", zorder=3
@@ -223,7 +233,7 @@ def _draw(graph: Graph, out: Path, by_module: bool) -> None:
             )
     red = len(graph.red)
     ax.set_title(
-        f"gpubench's imports by folder: {len(graph.module_pairs)} module imports on {len(graph.arrows)} arrows, "
+        f"gpubench's imports by {'module' if by_module else 'folder'}: {len(graph.module_pairs)} module imports on {len(graph.arrows)} arrows, "
         f"{red} against the layers (red)\n(count: distinct importer -> imported module pairs; "
         "function-local imports included; benchmarks/import_graph.py draws it)",
         fontsize=10,

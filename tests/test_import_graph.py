@@ -87,6 +87,10 @@ def test_an_upward_import_in_a_function_is_an_arrow_drawn_red_and_named(script, 
     assert "arrow suite/records/ -> suite/run/ 1 RED" in html.unescape(svg)
     assert "#d62728" in svg  # drawn red ...
     assert svg.count("#d62728") < svg.count("#777777")  # ... and only that arrow (and its count)
+    # by module: the same import, between the two modules
+    assert script.main(["--root", str(root), "--modules", "--out", str(tmp_path / "modules.svg")]) == 1
+    described = _recorded((tmp_path / "modules.svg").read_text(), "description")
+    assert "arrow gpubench.records.results -> gpubench.run.runner 1 RED" in described.splitlines()
 
 
 def test_a_tree_without_suite_is_refused_with_exit_2(script, tmp_path, capsys):
