@@ -1,7 +1,7 @@
 # Convenience targets; README.md's two commands are the supported way in on a fresh machine.
 PY ?= .venv/bin/python
 
-.PHONY: test test-fast smoke list catalog env docs docs-serve gpu-check gpu-session
+.PHONY: test test-fast smoke list catalog architecture env docs docs-serve gpu-check gpu-session
 
 test:
 	$(PY) -m pytest -q -n auto --dist loadfile
@@ -19,6 +19,11 @@ list:
 # a scenario's validation without torch; rebuild after editing suite/, optimizations/ or baselines/.
 catalog:
 	$(PY) -m gpubench.techniques.catalog --write
+
+# docs/architecture.svg, the import graph by folder (tests/test_import_graph.py fails when it is stale);
+# redraw after moving a module or adding an import between folders.
+architecture:
+	$(PY) benchmarks/import_graph.py
 
 env:
 	.venv/bin/gpubench env --calibrate

@@ -43,8 +43,8 @@ class Import:
     imported: str  # dotted module name, resolved (gpubench.x.y, or a third-party name)
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT)
+def module_name(path: Path, root: Path | None = None) -> str:
+    rel = path.relative_to(root or ROOT)
     parts = list(rel.with_suffix("").parts)
     package = PACKAGES[parts[0]]
     rest = parts[1:]
@@ -61,12 +61,14 @@ def _resolve_relative(importer: str, is_package: bool, level: int, module: str |
     return ".".join(base + ([module] if module else []))
 
 
-def imports_of(path: Path) -> list[Import]:
-    importer = module_name(path)
+def imports_of(path: Path, root: Path | None = None) -> list[Import]:
+    """Every import in the file at ``path`` (a file of the tree at ``root``, by default this repository's)."""
+    root = root or ROOT
+    importer = module_name(path, root)
     is_package = path.name == "__init__.py"
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+        where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Import):
             found += [Import(where, importer, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -78,9 +80,10 @@ def imports_of(path: Path) -> list[Import]:
     return found
 
 
-def all_imports() -> list[Import]:
-    files = [p for folder in PACKAGES for p in sorted((ROOT / folder).rglob("*.py"))]
-    return [imp for path in files for imp in imports_of(path)]
+def all_imports(root: Path | None = None) -> list[Import]:
+    root = root or ROOT
+    files = [p for folder in PACKAGES for p in sorted((root / folder).rglob("*.py"))]
+    return [imp for path in files for imp in imports_of(path, root)]
 
 
 def _under(name: str, package: str) -> bool:
@@ -219,8 +222,9 @@ def test_reports_never_import_the_registry_or_runner_internals():
 RECORDS = ("gpubench.records.results", "gpubench.records.declarations")
 
 
-def module_files() -> dict[str, Path]:
-    return {module_name(p): p for folder in PACKAGES for p in sorted((ROOT / folder).rglob("*.py"))}
+def module_files(root: Path | None = None) -> dict[str, Path]:
+    root = root or ROOT
+    return {module_name(p, root): p for folder in PACKAGES for p in sorted((root / folder).rglob("*.py"))}
 
 
 def as_module(name: str, modules: dict[str, Path]) -> str | None:
