@@ -52,10 +52,7 @@ def test_slot_major_token_index_is_caught_in_two_top_k_cases(monkeypatch, params
     _assert_caught_only_with(monkeypatch, params, "group_by_expert", buggy)
 
 
-COUNTS = (
-    "counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(\n"
-    "        0, flat, torch.ones_like(flat))"
-)
+COUNTS = "counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))"
 
 
 @pytest.mark.parametrize("tokens", [5, 9])

@@ -53,8 +53,8 @@ def test_prompt_lookup_indexing_its_buffer_by_bytes_fails_a_greedy_runs_check(mo
         monkeypatch,
         drafting.NgramDrafter,
         "_sync",
-        "tokens[self.length:]",
-        "tokens[len(self.context_bytes):]",
+        "tokens[self.length :]",
+        "tokens[len(self.context_bytes) :]",
         drafter="ngram",
     )
     assert "mismatched_tokens 0" in check["detail"], check
