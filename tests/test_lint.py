@@ -111,18 +111,8 @@ def test_the_layout_is_the_installed_package(tmp_path):
 # written clean, so none joins it.
 NOT_YET_CLEAN = frozenset(
     {
-        "gpubench.baselines.kv_cache",
-        "gpubench.models.moe_decoder",
-        "gpubench.techniques.moe_grouping.training",
-        "gpubench.lib.offload",
-        "gpubench.techniques.activation_offload.training",
         "gpubench.optimizations.flash_attention_triton",
         "gpubench.optimizations.flash_attention_triton_bwd",
-        "gpubench.optimizations.kv_cache",
-        "gpubench.techniques.packed_metadata.training",
-        "gpubench.serving.graphs",
-        "gpubench.serving.kv",
-        "gpubench.serving.reference",
         "gpubench.techniques.combined_training",
         "gpubench.techniques.flash_attention",
         "gpubench.techniques.paged_attention",
