@@ -32,7 +32,7 @@ def _note_pair() -> str:
     worker process."""
     text = (ROOT / "benchmarks" / "tiny_pair.py").read_text()
     edits = {
-        'Technique("tiny_pair"': 'Technique("note_pair"',
+        '\n    "tiny_pair",\n': '\n    "note_pair",\n',  # TECHNIQUE = Technique(\n    "tiny_pair", ...
         "\n    return Workload(": "\n    notice(f\"note_pair: building case {params['i']} "
         "(a slow step, said out loud)\")\n    return Workload(",
         "\nimport torch\n": "\nimport torch\n\nfrom gpubench.records.notices import notice\n",
