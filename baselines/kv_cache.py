@@ -24,7 +24,9 @@ class ContiguousKVCache:
         end = start + rows.values.shape[0]
         self.layers[layer].values[index, start:end] = rows.values
         if rows.scales is not None:
-            self.layers[layer].scales[index, start:end] = rows.scales
+            scales = self.layers[layer].scales
+            assert scales is not None  # (rows with scales: a layout that keeps them)
+            scales[index, start:end] = rows.scales
 
     def read(self, index: int, layer: int, start: int, end: int) -> TokenRows:
         stored = self.layers[layer]

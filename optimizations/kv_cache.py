@@ -82,6 +82,7 @@ class PagedKVCache:
         pool, part = self.pools[layer], slice(lo - start, hi - start)
         self._flat_bytes(pool.values).index_copy_(0, slots, rows.values[part].contiguous().view(torch.uint8))
         if rows.scales is not None:
+            assert pool.scales is not None  # (rows with scales: a layout that keeps them)
             self._flat_bytes(pool.scales).index_copy_(0, slots, rows.scales[part].contiguous())
 
     def read(self, index: int, layer: int, start: int, end: int) -> TokenRows:

@@ -6,7 +6,7 @@ says so in words instead of showing empty axes."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
@@ -143,7 +143,7 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
             axes = list(fig.subplots(-(-len(panels) // cols), cols, sharex=True, sharey=True, squeeze=False).flat)
             for ax in axes[len(panels) :]:
                 ax.set_visible(False)
-        handles = {}
+        handles: dict[str, Any] = {}
         for ax, (title, members) in zip(axes, panels):
             for i in members:
                 label = series_label([p for p in keys[i] if p != title])
@@ -169,7 +169,8 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
         for ax in axes[: len(panels)]:
             if len(panels) > 1:
                 ax.tick_params(labelbottom=True)  # shared x: each panel still reads its own values
-                if not ax.get_subplotspec().is_first_col():
+                spec = ax.get_subplotspec()
+                if spec is not None and not spec.is_first_col():
                     ax.set_ylabel("")
         if left_out:
             fig.suptitle(left_out, x=0.02, ha="left", fontsize=7)
@@ -196,7 +197,8 @@ def ratio_points(
     lines = max(text_lines(r) for r in rows)
     keep, left_out = fitting_rows(len(labels), 0.16 + 0.12 * lines, 1.2 + 0.14 * text_lines(note) * bool(note))
     if left_out:
-        labels, ratios, lows, highs = ([seq[i] for i in keep] for seq in (labels, ratios, lows, highs))
+        labels = [labels[i] for i in keep]
+        ratios, lows, highs = ([seq[i] for i in keep] for seq in (ratios, lows, highs))
         colors = [colors[i] for i in keep] if colors else None
         rows, note = row_labels(labels)
         note = f"{note}; {left_out}" if note else left_out
@@ -224,7 +226,7 @@ def ratio_points(
     return fig
 
 
-def latency_boxes(rows: Sequence[tuple[str, dict[str, Sequence[float]]]]) -> Figure | None:
+def latency_boxes(rows: Sequence[tuple[str, Mapping[str, Sequence[float]]]]) -> Figure | None:
     """Box plots of the raw timing samples: per row (a case), one box per variant."""
     rows = [(label, {v: s for v, s in groups.items() if s}) for label, groups in rows]
     rows = [(label, groups) for label, groups in rows if groups]
@@ -276,7 +278,9 @@ def _horizontal_boxplot(ax: Any, data: list[list[float]], style: dict[str, Any])
 
 
 def peak_bars(
-    labels: Sequence[str], panels: dict[str, dict[str, Sequence[float | None]]], colors: dict[str, str] | None = None
+    labels: Sequence[str],
+    panels: Mapping[str, Mapping[str, Sequence[float | None]]],
+    colors: dict[str, str] | None = None,
 ) -> Figure | None:
     """Grouped horizontal bars, one panel per metric (e.g. % of peak FLOP/s, % of peak
     bandwidth): per label, one bar per variant (``colors``: each variant's, else by its place);
@@ -323,7 +327,7 @@ def peak_bars(
         label_rows(axes[0], [-i for i in range(len(labels))], shown, "")
         if note:
             fig.suptitle(wrap(note, WIDTH_IN - 0.4, 7), x=0.02, ha="left", fontsize=7)
-        handles = {}
+        handles: dict[str, Any] = {}
         for ax in axes:
             for bar in ax.containers:
                 handles.setdefault(bar.get_label(), bar)
@@ -347,15 +351,16 @@ def roofline(
     if not points:
         return None
     roof = bool(peak_tflops and peak_gbps)
-    ridge = peak_tflops * 1e3 / peak_gbps if roof else None
+    tflops, gbps = peak_tflops or 0.0, peak_gbps or 0.0  # (read only under a roof: both given)
+    ridge = tflops * 1e3 / gbps if roof else 0.0
     xs = [p[0] for p in points] + ([ridge] if roof else [])
     lo, hi = min(xs) / 4, max(xs) * 4
     with styled():
         fig = new_figure(3.4)
         ax = fig.add_subplot()
         if roof:
-            _draw_roof(ax, lo, hi, ridge, peak_tflops, peak_gbps, peak_label)
-        handles = {}
+            _draw_roof(ax, lo, hi, ridge, tflops, gbps, peak_label)
+        handles: dict[str, Any] = {}
         order = list(colors or {}) + [v for v in series if v not in (colors or {})]
         for variant, pts in series.items():
             k = order.index(variant)  # the variant's place among the technique's: its colour and marker
@@ -372,7 +377,7 @@ def roofline(
         if len(tagged) <= 24:
             for tag, (x, y) in tagged.items():
                 ax.annotate(tag, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6)
-        ys = [p[1] for p in points] + ([lo * peak_gbps / 1e3, peak_tflops] if roof else [])
+        ys = [p[1] for p in points] + ([lo * gbps / 1e3, tflops] if roof else [])
         ax.set_xlim(lo, hi)
         ax.set_ylim(min(ys) / 3, max(ys) * 3)
         log_axis(ax, "x")

@@ -43,6 +43,8 @@ def _claims_of(run: RunRecord, name: str) -> tuple[Claim, ...]:
 
 
 def _figure(reading: Reading, unit: str, predicted: bool) -> str:
+    if reading.value is None:  # (a comparable reading carries its value: never so)
+        return "-"
     text = format_value(reading.value, unit)
     if reading.low is not None and reading.high is not None and reading.high > reading.low:
         text += f" [{format_value(reading.low, unit)}, {format_value(reading.high, unit)}]"
@@ -60,7 +62,8 @@ def _distinct(reasons: list[str]) -> str:
     ("other sizes: max_len=256, max_len=72 (why)")."""
     grouped: dict[str, list[str]] = {}
     for reason in filter(None, reasons):
-        what, why = _SHARED_WHY.fullmatch(reason).groups() if _SHARED_WHY.fullmatch(reason) else (reason, "")
+        shared = _SHARED_WHY.fullmatch(reason)
+        what, why = shared.groups() if shared else (reason, "")
         grouped.setdefault(why, [])
         if what not in grouped[why]:
             grouped[why].append(what)
@@ -120,7 +123,7 @@ def _row(
         reason = "; ".join(filter(None, (stopped, _distinct([r.reason for r in readings_left]))))
         return {**row, "verdict": "not comparable", "reason": reason}
     predicted = claim.figure is None
-    ordered = sorted(comparable, key=lambda r: r.value)
+    ordered = sorted(comparable, key=lambda r: r.value or 0.0)  # (a comparable reading has a value)
     measured = _figure(ordered[0], claim.unit, predicted)
     if len(ordered) > 1:
         measured = f"{measured} to {_figure(ordered[-1], claim.unit, predicted)} over {len(ordered)} cases"

@@ -110,7 +110,9 @@ def comparison_figure(comparison: dict[str, Any]) -> Figure | None:
     fig = (
         charts.ratio_points(
             [r["label"] for r in rows],
-            *zip(*[r["ci"] for r in rows]),
+            [r["ci"][0] for r in rows],
+            [r["ci"][1] for r in rows],
+            [r["ci"][2] for r in rows],
             x_label="optimized time, this run / the other (> 1: slower now)",
             colors=[colors[r["class"]] for r in rows],
         )

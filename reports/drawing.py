@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import matplotlib
+import numpy as np
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -64,7 +65,9 @@ REFERENCE = "reference"  # gid of what is drawn for orientation (the 1x line, ca
 @contextlib.contextmanager
 def styled() -> Iterator[None]:
     """The report's matplotlib settings (figures are built and saved inside this)."""
-    with matplotlib.rc_context(STYLE):
+    # type: ignore: matplotlib's stubs want each key as one of its rc names' Literals; STYLE's are
+    # such names (matplotlib checks them at run time), written as plain strings.
+    with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]
         yield
 
 
@@ -102,9 +105,9 @@ def mark_data(fig: Any) -> int:
         for artist in [*ax.lines, *ax.patches, *ax.collections, *ax.images]:
             if artist.get_gid() == REFERENCE:
                 continue
-            if isinstance(artist, Line2D) and len(artist.get_xdata()) == 0:
+            if isinstance(artist, Line2D) and np.size(artist.get_xdata()) == 0:
                 continue  # a legend proxy
-            if isinstance(artist, PathCollection) and len(artist.get_offsets()) == 0:
+            if isinstance(artist, PathCollection) and np.size(artist.get_offsets()) == 0:
                 continue
             if artist.get_gid() is None:
                 artist.set_gid(f"data-{next(_ids)}")
@@ -202,6 +205,8 @@ class PlainLogLocator(Locator):
         self.base = base
 
     def __call__(self) -> list[float]:
+        if self.axis is None:  # (matplotlib calls a locator once it is set on an axis)
+            return []
         return self.tick_values(*self.axis.get_view_interval())
 
     def tick_values(self, vmin: float, vmax: float) -> list[float]:
@@ -288,11 +293,11 @@ def legend_below(fig: Figure, handles: dict[str, Any]) -> None:
     by the legend's height, so the axes keep theirs."""
     if not handles:
         return
-    ncol = legend_columns(handles)
+    ncol = legend_columns(list(handles))
     fig.legend(
         list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=7, bbox_to_anchor=(0.5, 0.0)
     )
-    legend_in = legend_height_in(handles)
+    legend_in = legend_height_in(list(handles))
     fig.set_figheight(fig.get_figheight() + legend_in)
     fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -90,7 +90,7 @@ def print_table(comp: Comparison, console: Console) -> None:
     table = Table(title=headline(comp), title_justify="left")
     labels = case_labels(comp.changes)
     table.add_column("case", overflow="fold")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("verdict", "left"),
         ("baseline", "right"),
         ("current", "right"),
@@ -99,7 +99,8 @@ def print_table(comp: Comparison, console: Console) -> None:
         ("threshold", "right"),
         ("baseline variant", "right"),
         ("note", "left"),
-    ):
+    )
+    for col, justify in columns:
         table.add_column(col, justify=justify, overflow="fold")
     for c in comp.changes:
         # Text, not a markup string: a case id such as "kv_cache[model=...]" is no rich tag.

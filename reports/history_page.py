@@ -59,7 +59,9 @@ def remote_text(remote: str) -> str:
 
 def report_css() -> str:
     """The run report's stylesheet, read from its template, so both pages share one."""
-    source = report_html._TEMPLATES.loader.get_source(report_html._TEMPLATES, "report.html.j2")[0]
+    loader = report_html._TEMPLATES.loader
+    assert loader is not None  # (the report's Environment is made with its package's loader)
+    source = loader.get_source(report_html._TEMPLATES, "report.html.j2")[0]
     found = re.search(r"<style>(.*?)</style>", source, re.S)
     if found is None:
         raise RuntimeError("reports/templates/report.html.j2 has no <style> block for the history page to share")
@@ -143,7 +145,8 @@ def _case_entry(
 def _change_first(row: dict[str, Any]) -> int:
     """The table's order: regressions, then improvements, then cases without a change (stable
     within each: by technique and case)."""
-    return {"regression": 0, "improvement": 1}.get((row["change"] or {}).get("kind"), 2)
+    order: dict[str | None, int] = {"regression": 0, "improvement": 1}
+    return order.get((row["change"] or {}).get("kind"), 2)
 
 
 def page_context(page: PageInput) -> dict[str, Any]:

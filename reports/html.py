@@ -121,6 +121,8 @@ def _read_telemetry(root: Path, run: RunRecord) -> tuple[pd.DataFrame | None, st
 
 
 def _date(iso: str | None) -> str:
+    if iso is None:
+        return "-"
     try:
         return _dt.datetime.fromisoformat(iso).astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     except (TypeError, ValueError):

@@ -49,7 +49,7 @@ def read_value(case: CaseRecord, name: str | None, key: str) -> Any:
     ``peak_memory`` (bytes), ``speedup`` (over the baseline: a dict with ratio and CI), else a
     metric (a dotted key reads into a nested metric, e.g. ``series.t_s``)."""
     record = case.variant(name)
-    if record is None:
+    if record is None or name is None:  # (no record without a name)
         return None
     if key == "time":
         return record.median_s
@@ -88,7 +88,7 @@ def _chosen(case: CaseRecord, plot: Plot) -> list[tuple[str, str]]:
     for want in plot.variants:
         name = case.role_variant(want) if want in ROLE_STYLE else want
         record = case.variant(name)
-        if record is not None and (name, record.role) not in out:
+        if name is not None and record is not None and (name, record.role) not in out:
             out.append((name, record.role or "peer"))
     return out
 
@@ -119,8 +119,9 @@ def _splitting(cases: list[CaseRecord], x: str, exclude: Sequence[str]) -> list[
             next(iter(c.params.get(k) for c in cases if c.params.get(x) == xv))
             for xv in sorted(at_x, key=lambda v: _sort_key((v,)))
         ]
-        numeric = all(_number(v) is not None for v in along)
-        steps = [b - a for a, b in zip(along, along[1:])] if numeric else []
+        numbers = [_number(v) for v in along]
+        numeric = all(v is not None for v in numbers)
+        steps = [b - a for a, b in zip(numbers, numbers[1:]) if a is not None and b is not None] if numeric else []
         if not numeric or not (all(d >= 0 for d in steps) or all(d <= 0 for d in steps)):
             out.append(k)
     return out
@@ -163,16 +164,19 @@ def _grid(n: int, row_in: float, cols: int = 2) -> tuple[Figure, list[Any]]:
 
 
 def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) -> Figure | None:
-    cases = [c for c in cases if plot.x in c.params]
+    x_key = plot.x
+    if x_key is None:  # (contract.Plot: a line names its x; without one no case would be drawn)
+        return None
+    cases = [c for c in cases if x_key in c.params]
     panels: dict[tuple, list[CaseRecord]] = {}
     for c in cases:
         panels.setdefault(tuple(c.params.get(p) for p in plot.panels), []).append(c)
     drawn: list[tuple[tuple, dict[tuple[str, str, str, str], list[tuple[float, float, float, float]]]]] = []
     for key, members in sorted(panels.items(), key=lambda kv: _sort_key(kv[0])):
-        split = _splitting(members, plot.x, plot.panels)
+        split = _splitting(members, x_key, plot.panels)
         lines: dict[tuple[str, str, str, str], list[tuple[float, float, float, float]]] = {}
         for c in members:
-            x = _number(c.params.get(plot.x))
+            x = _number(c.params.get(x_key))
             for name, role in _chosen(c, plot):
                 for y in plot.ys:
                     point = _scalar(c, name, y, plot)
@@ -208,6 +212,7 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
                 points.sort()
                 xs, vs, lo, hi = zip(*points)
                 marker = ROLE_STYLE.get(role, ("-", "o"))[1]
+                style: Any  # (a dash name: matplotlib's stubs want its Literal)
                 if len(plot.ys) > 1:  # several figures: a colour per line (variant, label), a dash per figure
                     color = SERIES[keys.index((name, label)) % len(SERIES)]
                     style = LINESTYLES[plot.ys.index(y) % 4]
@@ -233,10 +238,10 @@ def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) 
                 container.lines[0].set_label(text)
                 if len(plot.ys) == 1:
                     handles.setdefault(text, container.lines[0])
-            xs = [p[0] for pts in lines.values() for p in pts]
-            if max(xs) > 8 * max(1e-12, min(xs)):
+            all_xs = [p[0] for pts in lines.values() for p in pts]
+            if max(all_xs) > 8 * max(1e-12, min(all_xs)):
                 log_axis(ax, "x", base=2)
-            ticks_at(ax, xs)
+            ticks_at(ax, all_xs)
             if plot.log_y and all(p[1] > 0 for pts in lines.values() for p in pts):
                 log_axis(ax, "y", base=2)
             if plot.relative or plot.ys == ("speedup",):
@@ -295,9 +300,10 @@ def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any
         for c in sorted(members, key=lambda c: _sort_key((c.params.get(x),)) if x else ()):
             tick = str(c.params.get(x)) if x else _case_label(c, label_keys)
             for name, role in _chosen(c, plot):
-                parts = [_scalar(c, name, y, plot) for y in plot.ys]
-                if all(p is not None for p in parts):
-                    bars.setdefault(key, []).append((tick, name, role, [p[0] for p in parts]))
+                scalars = [_scalar(c, name, y, plot) for y in plot.ys]
+                found = [s[0] for s in scalars if s is not None]
+                if len(found) == len(scalars):
+                    bars.setdefault(key, []).append((tick, name, role, found))
     bars = {k: v for k, v in bars.items() if v}
     if not bars:
         return None
@@ -346,7 +352,7 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
     label_keys = _varying(cases, ())
     panels = []
     for c in cases[: plot.max_cases]:
-        content = []
+        content: list[tuple[str, str, Any]] = []  # (name, role, the bars' values or (xs, ys))
         for name, role in _chosen(c, plot):
             if plot.kind == "bars":
                 values = [_scalar(c, name, y, plot) for y in plot.ys]
@@ -354,7 +360,7 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
                     content.append((name, role, [v[0] if v else math.nan for v in values]))
                 continue
             ys = read_value(c, name, plot.ys[0])
-            xs = read_value(c, name, plot.x) if plot.kind == "series" else None
+            xs = read_value(c, name, plot.x) if plot.kind == "series" and plot.x is not None else None
             if isinstance(ys, list) and ys and (plot.kind == "cdf" or isinstance(xs, list)):
                 content.append((name, role, (xs, ys)))
         if content:
@@ -406,7 +412,7 @@ def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
                 ax.set_xticks(range(len(plot.ys)), names, fontsize=6, rotation=0 if fits(names) else 90)
                 ax.set_ylabel(plot.ylabel)
             elif plot.kind == "series":
-                ax.set_xlabel(plot.xlabel or plot.x.split(".")[-1])
+                ax.set_xlabel(plot.xlabel or (plot.x or "").split(".")[-1])
                 ax.set_ylabel(plot.ylabel)
             else:
                 ax.set_xlabel(plot.ylabel)
@@ -427,9 +433,9 @@ def declared(
     """The figure a technique declared (:class:`gpubench.contract.Plot`) drawn from its case
     records (as a results document holds them, or read back), or None when the run holds nothing
     to draw. ``defaults``: the technique's param defaults, left out of line labels."""
-    cases = [c if isinstance(c, CaseRecord) else CaseRecord.from_dict(c) for c in cases]
+    records = [c if isinstance(c, CaseRecord) else CaseRecord.from_dict(c) for c in cases]
     if plot.kind == "line":
-        return _line_figure(plot, cases, defaults or {})
+        return _line_figure(plot, records, defaults or {})
     if plot.kind == "stacked":
-        return _stacked_figure(plot, cases, defaults or {})
-    return _per_case_figure(plot, cases)
+        return _stacked_figure(plot, records, defaults or {})
+    return _per_case_figure(plot, records)

@@ -58,10 +58,14 @@ class Roof:
     @property
     def ridge(self) -> float | None:
         """FLOPs per byte where the two ceilings meet: below it a case is memory-bound."""
-        return self.peak_tflops * 1e3 / self.peak_gbps if self.complete else None
+        if not self.peak_tflops or not self.peak_gbps:  # (not complete)
+            return None
+        return self.peak_tflops * 1e3 / self.peak_gbps
 
     def attainable_tflops(self, intensity: float) -> float | None:
-        return min(self.peak_tflops, intensity * self.peak_gbps / 1e3) if self.complete else None
+        if not self.peak_tflops or not self.peak_gbps:  # (not complete)
+            return None
+        return min(self.peak_tflops, intensity * self.peak_gbps / 1e3)
 
     def bound(self, intensity: float) -> str:
         return "" if self.ridge is None else ("memory" if intensity < self.ridge else "compute")
@@ -77,7 +81,8 @@ def roof_of(ceilings: dict[str, Any] | None, device: str, on_cpu: bool) -> Roof:
     peak, bandwidth = _positive(matmul.get("peak_tflops")), _positive(copy.get("peak_gbps"))
     gaps = [what for what, value in (("matmul peak", peak), ("copy bandwidth", bandwidth)) if value is None]
     n = matmul.get("n")
-    load = ceilings.get("load") if isinstance(ceilings.get("load"), dict) else {}
+    recorded_load = ceilings.get("load")
+    load = recorded_load if isinstance(recorded_load, dict) else {}
     cpus = load.get("cpus")
     return Roof(
         device,
@@ -144,9 +149,10 @@ class Reading:
     @property
     def pct_roof(self) -> float | None:
         """The share of what the roof allows at this intensity."""
-        if self.intensity is None or self.tflops is None or not self.roof.complete:
+        if self.intensity is None or self.tflops is None:
             return None
-        return 100 * self.tflops / self.roof.attainable_tflops(self.intensity)
+        attainable = self.roof.attainable_tflops(self.intensity)  # None: the roof is not complete
+        return 100 * self.tflops / attainable if attainable is not None else None
 
     @property
     def bound(self) -> str:
@@ -174,7 +180,7 @@ def readings(
         for name in variant_order([case]):
             v = case.variants[name]
             flops, moved = _positive(v.metric("flops")), _positive(v.metric("bytes_moved"))
-            if flops is not None or moved is not None:
+            if v.median_s and (flops is not None or moved is not None):  # (variant_order: timed ones only)
                 out.append(Reading(number, params_of(case), name, v.role, flops, moved, float(v.median_s), roof))
     return out
 

@@ -110,16 +110,21 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str], defaults: dict[st
     if numeric:
         x = max(numeric, key=lambda k: len({c.params[k] for c, _, _ in points}))
         series: dict[tuple[str, ...], list[tuple[float, float, float, float]]] = {}
+        known = defaults or {}
         for c, r, _ in points:
             key = tuple(
-                param_text(c.params, k)
-                for k in varying
-                if k != x and not (k in (defaults or {}) and c.params.get(k) == defaults[k])
+                param_text(c.params, k) for k in varying if k != x and not (k in known and c.params.get(k) == known[k])
             )
             series.setdefault(key, []).append((c.params[x], *_with_ends(r)))
         return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
     ratios = [_with_ends(r) for _, r, _ in points]
-    fig = charts.ratio_points([p[2] for p in points], *zip(*ratios), x_label="speedup over baseline (x)")
+    fig = charts.ratio_points(
+        [p[2] for p in points],
+        [r[0] for r in ratios],
+        [r[1] for r in ratios],
+        [r[2] for r in ratios],
+        x_label="speedup over baseline (x)",
+    )
     return figure(title, fig)
 
 

@@ -148,10 +148,10 @@ def technique_line(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> 
         text = f"{figure.name} {_span([p[0] for p in pairs], figure)} -> {_span([p[1] for p in pairs], figure)}"
         counts = [fewest_samples(c) for c in passed if _pair(c, figure)]
         few = [n for n in counts if n is not None and n < MIN_CI_SAMPLES]
-        sure = [p for p, n in zip(pairs, counts) if n is None or n >= MIN_CI_SAMPLES]
-        better = sum((_factor(*p, figure) or 0) > 1 for p in sure)
+        sure_pairs = [p for p, n in zip(pairs, counts) if n is None or n >= MIN_CI_SAMPLES]
+        better = sum((_factor(*p, figure) or 0) > 1 for p in sure_pairs)
         if few and len(pairs) > 1:
-            text += f" (better in {better} of {len(sure)} cases; {too_few_text(few)})"
+            text += f" (better in {better} of {len(sure_pairs)} cases; {too_few_text(few)})"
         elif few:
             text += f" ({too_few_text(few)})"
         elif len(pairs) > 1:

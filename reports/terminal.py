@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -65,7 +65,7 @@ def few_samples_lines(run: RunRecord) -> list[str]:
         f"than {MIN_CI_SAMPLES} timed calls a variant ({shown}, below {MIN_CI_SAMPLES}): shown without a CI, "
         f"and no verdict rests on {'them' if len(few) != 1 else 'it'}"
     ]
-    min_reps = {c.policy.get("min_reps") for c in run.cases if isinstance(c.policy.get("min_reps"), int)}
+    min_reps = {m for c in run.cases if isinstance(m := c.policy.get("min_reps"), int)}
     low = sorted(m for m in min_reps if m < MIN_CI_SAMPLES)
     if low:
         lines.append(
@@ -95,8 +95,10 @@ def other_clock_text(variant: VariantRecord | None, always: bool = False) -> str
     """The other clock's median beside the headline's and the share of wall time that device time
     leaves out, e.g. ``wall 78.1 us (launch and syncs 42%)``, where it is material
     (:data:`MATERIAL_SHARE` of wall time or more) or ``always``; "" where there is no other clock."""
-    share = variant.launch_share if variant is not None else None
-    if share is None or variant.other_basis is None or (abs(share) < MATERIAL_SHARE and not always):
+    if variant is None or variant.launch_share is None:
+        return ""
+    share = variant.launch_share
+    if variant.other_basis is None or (abs(share) < MATERIAL_SHARE and not always):
         return ""
     return f"{variant.other_basis} {format_seconds(variant.other_median_s)} (launch and syncs {share:.0%})"
 
@@ -133,7 +135,7 @@ def clock_lines(run: RunRecord) -> list[str]:
     return lines
 
 
-def param_text(params: dict[str, Any], key: str) -> str:
+def param_text(params: Mapping[str, Any], key: str) -> str:
     """``key=value`` as a label shows it: a value that stands for another is resolved
     (``kv_heads=0`` means as many as ``heads``: ``kv_heads=8`` for 8 heads)."""
     value = params.get(key)
@@ -358,7 +360,7 @@ def headline_text(case: CaseRecord, base: str | None, opt: str | None) -> str:
     return f"{key} {_figure(before.metric(key), key)} -> {_figure(after.metric(key), key)}"
 
 
-SUMMARY_COLUMNS = (
+SUMMARY_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("case", "left"),
     ("baseline", "right"),
     ("optimized", "right"),
@@ -369,10 +371,14 @@ SUMMARY_COLUMNS = (
 )
 
 
-def summary_rows(run: RunRecord) -> list[tuple[str | Text, ...]]:
+# A summary row: label, baseline, optimized, speedup, headline (text), check and status (styled).
+SummaryRow = tuple[str, str, str, str, str, Text, Text]
+
+
+def summary_rows(run: RunRecord) -> list[SummaryRow]:
     """One row per case, in :data:`SUMMARY_COLUMNS` order."""
     shown = shown_by_technique(run)
-    rows = []
+    rows: list[SummaryRow] = []
     for case in run.cases:
         base, opt = case.role_variant("baseline"), case.role_variant("optimized")
         status = Text(case.status, style="green" if case.passed else "bold red")
@@ -412,7 +418,7 @@ def summary_table(run: RunRecord, reasons: bool = True) -> Table:
         column, justify = SUMMARY_COLUMNS[i]
         table.add_column(column, justify=justify, overflow="fold")
     for row in rows:
-        cells = [row[i] for i in keep]
+        cells: list[str | Text] = [row[i] for i in keep]
         if not reasons:
             cells[-1] = Text(row[-1].plain.split(":", 1)[0], style=row[-1].style)
         table.add_row(*cells)
@@ -485,8 +491,8 @@ def print_summary(
             for block in summary_blocks(run, console.width):
                 console.print(block, highlight=False)
     else:
-        for line in summary_lines(run):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        for plain in summary_lines(run):
+            console.print(plain, markup=False, highlight=False, soft_wrap=True)
     s = run.summary
     counts = Text(
         f"{s['passed']} passed, {s['failed']} failed"
@@ -498,8 +504,8 @@ def print_summary(
     if never > 0:  # stopped before it reached them (Ctrl-C, SIGTERM, an abort): as the report's counts say
         counts.append(f", {never} of {planned} planned not run", style="bold red")
     console.print(counts + Text(f" ({run.status})"), highlight=False, soft_wrap=not console.is_terminal)
-    for line in clock_lines(run) + few_samples_lines(run):
-        console.print(line, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+    for note in clock_lines(run) + few_samples_lines(run):
+        console.print(note, markup=False, highlight=False, soft_wrap=not console.is_terminal)
     if run.abort_reason:
         console.print(
             f"[bold red]run {run.status}[/]: {escape(run.abort_reason)}", markup=True, soft_wrap=not console.is_terminal

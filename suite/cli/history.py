@@ -249,8 +249,9 @@ def add_cmd(ctx: click.Context, paths: tuple[Path, ...], store: str | None, bran
 
     gpubench history add runs/* [--store PATH|URL]"""
     store, branch = from_group(ctx, "store", store), from_group(ctx, "branch", branch)
-    paths = runs_inside(paths)
-    found = [(path, history.rows_of_file(path, branch=branch)) for path in paths]  # every file read before any write
+    found = [
+        (path, history.rows_of_file(path, branch=branch)) for path in runs_inside(paths)
+    ]  # every file read before any write
     with history.open_store(store) as opened:
         click.echo(f"history store: {opened.where}")
         for path, rows in found:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gpubench import techniques
 from gpubench.cli.console import OldSpellings, disk_full_text, make_console
@@ -42,7 +42,7 @@ class _CaseProgress:
         self.shown = shown
         self.interactive = console.is_terminal
         self.bar: Progress | None = None
-        self.task = None
+        self.task = TaskID(0)  # the bar's task, set with it (read only while self.bar is set)
         self.t0 = time.perf_counter()
 
     def run_started(self, total: int) -> None:
@@ -73,7 +73,7 @@ class _CaseProgress:
         fields = [
             f"[{index + 1}/{self.total}] {record.status:<7} {case.technique} "
             f"{self._params(case.technique, record.params)}",
-            f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt))}",
+            f"{opt or 'optimized'} speedup {format_speedup(record.speedups.get(opt) if opt is not None else None)}",
             f"({record.elapsed_s or 0.0:.1f} s, total {time.perf_counter() - self.t0:.0f} s)",
         ]
         reason = record.failure.message if record.status != "passed" and record.failure is not None else ""
@@ -686,7 +686,7 @@ def _disk_full_run_text(outcome: RunOutcome) -> str:
         stopped = "The run stopped before any case ran"
     else:
         stopped = f"The run stopped after {done} of {planned} case{'s' if planned != 1 else ''}"
-    path, _, strerror = run.disk_full.rpartition(": ")
+    path, _, strerror = (run.disk_full or "").rpartition(": ")  # (set: the run stopped on a full disk)
     return disk_full_text(
         path,
         strerror,

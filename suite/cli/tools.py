@@ -234,7 +234,7 @@ def _list_presets(as_json: bool) -> None:
     from gpubench.models import config as model_config
     from gpubench.models import params as model_params
 
-    rows = []
+    rows: list[dict[str, Any]] = []  # (printed as JSON, or as the table's strings below)
     for name in model_config.preset_names():
         raw = model_config.preset_raw(name)
         cfg = model_config.from_dict(raw, name, f"preset {name}")

@@ -171,7 +171,7 @@ class KVLayout:
         return self.num_layers * self.bytes_per_token_per_layer
 
 
-def layout_for(cfg: ModelConfig, kv_dtype: str = "bf16", tp: int = 1) -> KVLayout:
+def layout_for(cfg: ModelConfig, kv_dtype: str | KVFormat = "bf16", tp: int = 1) -> KVLayout:
     fmt = kv_format(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
     if tp < 1:
         raise BadInput(f"--tp: {tp} is not valid; allowed: an integer >= 1.")

@@ -190,6 +190,7 @@ class OffloadedStep:
         with torch.enable_grad():
             out = self.layer(self.weights, i, inp, self.cos, self.sin)
         out.backward(self.grad)
+        assert inp.grad is not None  # (inp requires grad and out depends on it)
         self.grad = inp.grad
 
     def finish(self) -> tuple[torch.Tensor, OffloadStats]:
@@ -222,4 +223,5 @@ def offloaded_forward(
     top = h.detach().requires_grad_()
     loss = head_loss(weights, top, targets)
     loss.backward()
+    assert top.grad is not None  # (top requires grad and the loss depends on it)
     return OffloadedStep(weights, copier, cos, sin, embedded, hosts, loss, top.grad, layer)

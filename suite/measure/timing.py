@@ -192,6 +192,11 @@ class Clock:
 ONE_CALL_FLUSH_SHARE = 0.01
 
 
+def _replayed(replay: Callable[[], Any]) -> Callable[[Recorder], Any]:
+    """A variant's call (a Recorder, unused) that replays its captured graph."""
+    return lambda recorder: replay()
+
+
 def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any = None) -> Callable[[], Any]:
     """Capture ``fn`` in a CUDA graph and return its replay. Raises if capture is impossible.
     Graphs given the same ``pool`` share memory: safe here because replays never overlap and
@@ -362,7 +367,7 @@ class _Interleaving:
                 continue
             try:
                 replay = capture_cuda_graph(functools.partial(self.calls[name], Recorder()), self.device, pool)
-                self.calls[name] = lambda recorder, replay=replay: replay()
+                self.calls[name] = _replayed(replay)
                 self.timings[name].cuda_graph = "on"
             except Exception as exc:  # noqa: BLE001 - graph capture is best-effort: time eagerly
                 self.timings[name].cuda_graph = f"failed: {type(exc).__name__}: {exc}"

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,17 @@ class LayerWeights:
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
+
+
+class AttentionWeights(Protocol):
+    """What :func:`attention_residual` reads of a layer: a Llama layer's, or one whose MLP is
+    something else (the MoE decoder's)."""
+
+    attn_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
 
 
 @dataclass
@@ -273,7 +285,13 @@ def decoder_layer(
 
 
 def attention_residual(
-    c: LlamaConfig, layer: LayerWeights, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    c: LlamaConfig,
+    layer: AttentionWeights,
+    i: int,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: Attend,
 ) -> torch.Tensor:
     """The attention half of layer ``i``: ``x`` plus attention over its pre-norm states. ``layer``
     needs only attn_norm, wq, wk, wv and wo (a layer whose MLP is something else shares it)."""

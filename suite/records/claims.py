@@ -262,8 +262,8 @@ def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, floa
     if value is None:
         return f"{claim.variant} recorded no {claim.reads}"
     low = high = value
-    per_call = [_number(r.get(claim.reads)) for r in record.get("recorded") or []]
-    per_call = [v for v in per_call if v is not None]
+    read = (_number(r.get(claim.reads)) for r in record.get("recorded") or [])
+    per_call = [v for v in read if v is not None]
     stats = record.get("stats") or {}
     if len(per_call) >= 2 and len(set(per_call)) > 1 and len(per_call) < MIN_CI_SAMPLES:
         return _Unverified(value, len(per_call))  # it varies from call to call, over too few calls for a CI
@@ -273,13 +273,13 @@ def _measured(claim: Claim, case: Mapping[str, Any]) -> tuple[float, float, floa
         from gpubench.records import stats as _stats  # numpy only when a claim reads per-call records
 
         summary = _stats.summarize(per_call)
-        low, high = (summary.ci_low, summary.ci_high) if summary.has_interval else (value, value)
+        low, high = summary.bounds() if summary.has_interval else (value, value)
     elif claim.per_time:
         median, t_low, t_high = (_number(stats.get(k)) for k in ("median", "ci_low", "ci_high"))
         n = stats.get("n")
         if median and isinstance(n, int) and n < MIN_CI_SAMPLES:
             return _Unverified(value, n)
-        if not (median and t_low and t_high):
+        if not median or not t_low or not t_high:
             return f"{claim.variant} has no timing CI to carry to {claim.reads}"
         low, high = value * median / t_high, value * median / t_low
     if claim.complement:

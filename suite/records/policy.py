@@ -179,7 +179,7 @@ def memory_cap_note(
             f"memory only, so these cases had this machine's memory (remove the key, or run on a GPU)."
         )
     over = [c for c in caps if total_bytes and c * 2**30 > total_bytes]
-    if not over:
+    if not over or not total_bytes:  # (over is empty without total_bytes)
         return None
     return (
         f"{CAP_NOTE_START} {' / '.join(map(_gib, over))} GiB exceeds {label}'s "

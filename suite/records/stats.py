@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class SampleStats:
     def iqr_over_median(self) -> float:
         return self.iqr / self.median if self.median > 0 else math.inf
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:  # (the fields' own types: floats, n an int, tails a tuple)
         d = asdict(self)
         d["iqr_over_median"] = self.iqr_over_median
         return d
@@ -84,7 +85,7 @@ class RatioCI:
             raise ValueError(f"a ratio of {self.n} samples has no interval")
         return self.ci_low, self.ci_high
 
-    def to_dict(self) -> dict[str, float | int | None]:
+    def to_dict(self) -> dict[str, Any]:  # (the fields' own types)
         return asdict(self)
 
 

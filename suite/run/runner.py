@@ -263,9 +263,10 @@ def run_case(
         cap_gpu_memory(device, case.policy.gpu_memory_gib)
     interrupted = False
     by_budget = budget_s is not None and budget_s < limit.seconds
-    run.deadline = timing.timing_deadline(t0, budget_s if by_budget else limit.seconds)
+    seconds = budget_s if budget_s is not None and by_budget else limit.seconds
+    run.deadline = timing.timing_deadline(t0, seconds)
     try:
-        with deadline(budget_s if by_budget else limit.seconds, by_budget), profiling.nvtx_range(case.id, device):
+        with deadline(seconds, by_budget), profiling.nvtx_range(case.id, device):
             _measure(run)
     except BudgetSpent as exc:
         run.record.status = "interrupted"
@@ -325,7 +326,9 @@ def _build(run: CaseRun) -> Workload:
     """Stage 1: the case's seeded inputs, which every variant receives."""
     run.tag("build")
     run.phases.enter("build")
-    return run.tech.build_fn(run.case.params, run.device, run.case.seed)
+    build = run.tech.build_fn
+    assert build is not None  # a registered technique has one (contract.problems refuses it otherwise)
+    return build(run.case.params, run.device, run.case.seed)
 
 
 def _check(run: CaseRun, workload: Workload, runnable: list[Variant]) -> dict[str, Any]:
@@ -346,9 +349,11 @@ def _check(run: CaseRun, workload: Workload, runnable: list[Variant]) -> dict[st
             if failure.kind == "oom":
                 _free_memory(run.device)
     reference, to_check = _reference(run, workload, outputs)
+    check_fn = run.tech.check_fn
+    assert check_fn is not None  # a registered technique has one (contract.problems refuses it otherwise)
     for name in to_check:
         try:
-            result = run.tech.check_fn(reference, outputs[name])
+            result = check_fn(reference, outputs[name])
         except Exception as exc:  # noqa: BLE001 - a check that cannot compare is a failed check
             result = CheckResult(False, None, None, "error", f"check raised {describe(exc).message}")
         run.variant(name).check = Check(result.passed, result.error, result.tolerance, result.metric, result.detail)
@@ -380,7 +385,7 @@ def _time(run: CaseRun, workload: Workload, outputs: dict[str, Any]) -> Calls:
     """Stage 3: warm-up, then timed rounds interleaved (A B A B ...), of every variant that ran
     and is timed (a wrong result is still timed; its check fails the case). The calls timed; the
     samples are in ``run.timings``."""
-    calls = {
+    calls: Calls = {
         n: functools.partial(run.tech.variants[n].call, workload) for n in outputs if run.variant(n).timing is None
     }
     timing.measure_interleaved(
@@ -655,8 +660,10 @@ def _case_status(record: CaseRecord) -> str:
     return "passed"
 
 
-def _check_problem(role: str, name: str, check: Check) -> str:
+def _check_problem(role: str, name: str, check: Check | None) -> str:
     text = f"{role} {name}: check failed"
+    if check is None:  # (a failed check records its Check: never so)
+        return text
     if check.error is not None:
         text += f" ({check.metric} {check.error:.3g}"
         text += f" > tolerance {check.tolerance:.3g})" if check.tolerance is not None else ")"

@@ -125,7 +125,10 @@ class Scenario:
         for entry in self.entries:
             if only and entry.technique not in only:
                 continue
-            defaults = catalog.declaration(entry.technique).defaults()
+            declared = catalog.declaration(entry.technique)
+            if declared is None:  # (a loaded scenario's techniques are all known here: never so)
+                continue
+            defaults = declared.defaults()
             seen = values.setdefault(entry.technique, {})
             for key, default in defaults.items():
                 seen.setdefault(key, set()).update(map(repr, entry.grid.get(key, [default])))
@@ -482,7 +485,9 @@ def _entry(
     return Entry(technique=name, grid=grid, policy=policy, variants=variants, line=0) if ok else None
 
 
-def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) -> tuple[dict[str, list[Any]], bool]:
+def _grid(
+    tech: catalog.Declared | techniques.Technique, raw: dict[Any, Any], where: tuple, bad
+) -> tuple[dict[str, list[Any]], bool]:
     """An entry's ``params``: each key's values (a list sweeps them), coerced; and whether all were valid."""
     name = tech.name
     ok = True
@@ -520,7 +525,7 @@ def _grid(tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad) ->
 
 
 def _variants(
-    tech: techniques.Technique, raw: dict[Any, Any], where: tuple, bad
+    tech: catalog.Declared | techniques.Technique, raw: dict[Any, Any], where: tuple, bad
 ) -> tuple[tuple[str, ...] | None, bool]:
     """An entry's ``variants`` (None: all), the baseline put first; and whether they were valid."""
     name = tech.name
@@ -559,7 +564,8 @@ def _validate_fn(tech: Any) -> Any:
     """A technique's cross-param rules: code, so a catalogued built-in's come from its module
     (the registry imports it, and torch, here: only once nothing else in the scenario is wrong)."""
     if isinstance(tech, catalog.Declared):
-        return techniques.get(tech.name).validate_fn if tech.validates else None
+        built_in = techniques.get(tech.name) if tech.validates else None  # (a catalogued name: registered)
+        return built_in.validate_fn if built_in is not None else None
     return tech.validate_fn
 
 

@@ -82,7 +82,7 @@ class DecodeGraphs:
 
     def views(self, bucket: int) -> DecodeBuffers:
         parts = torch.split(self.buffer[: (4 + self.columns) * bucket], [bucket] * 4 + [bucket * self.columns])
-        return DecodeBuffers(*parts[:4], parts[4].view(bucket, self.columns))
+        return DecodeBuffers(parts[0], parts[1], parts[2], parts[3], parts[4].view(bucket, self.columns))
 
     def inputs(self, bucket: int) -> StepInputs:
         b = self.views(bucket)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 import torch
 
@@ -69,11 +69,14 @@ class ContiguousDecode:
 
 
 DecodeBatch = PagedDecode | ContiguousDecode
+# The decode batch a backend makes and reads back (PagedKV: PagedDecode, ContiguousKV: ContiguousDecode).
+BatchT = TypeVar("BatchT", PagedDecode, ContiguousDecode)
 
 
-class KVBackend(ABC):
+class KVBackend(ABC, Generic[BatchT]):
     layout: ClassVar[str]
     unit: ClassVar[str]  # what one unit is called in messages
+    max_len: int  # the longest request, in tokens: sizes decode buffers (PagedKV: 0 where not given)
     fill: ClassVar[Callable[..., torch.Tensor]]
 
     def __init__(
@@ -103,6 +106,12 @@ class KVBackend(ABC):
         self.v = [fill(shape, dtype=weights.dtype, device=self.device) for _ in range(c.num_layers)]
         self.capacity_tokens = self.units * unit_tokens
         self.allocator = allocator(self.units)
+
+    def spare(self) -> int:
+        """The spare unit (padding rows write there); only a backend made with one has it."""
+        if self.spare_unit is None:
+            raise ValueError(f"this KV backend has no spare {self.unit} for padding rows (made without spare_unit)")
+        return self.spare_unit
 
     # -- the scheduler's side -----------------------------------------------------------------
     def can_admit(self, seq: Sequence) -> bool:
@@ -152,18 +161,18 @@ class KVBackend(ABC):
         """Columns of an addressing row at the longest request (the static buffers of CUDA graphs)."""
 
     @abstractmethod
-    def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> DecodeBatch:
+    def decode_batch(self, lens: torch.Tensor, rows: torch.Tensor, width: int) -> BatchT:
         """Device-side addressing of a step's decodes from its staged ``lens`` (batch,) and
         ``rows`` (batch, columns), built once per step for every layer; ``width``: the longest
         context (contiguous KV reads that many positions). No host sync (CUDA-graph safe)."""
 
     @abstractmethod
-    def decode_attention(self, layer: int, q: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+    def decode_attention(self, layer: int, q: torch.Tensor, batch: BatchT) -> torch.Tensor:
         """(batch, heads, head_dim) attention of each decoding query over its sequence's cache,
         its own token (already written) included."""
 
 
-class PagedKV(KVBackend):
+class PagedKV(KVBackend[PagedDecode]):
     """The pool is zeroed once, so every slot holds finite values (K/V written by some sequence,
     or 0): the CPU decode gathers whole blocks through the tables and masks what lies past each
     context in the scores (a NaN in never-written memory would survive that mask as 0 * NaN).
@@ -176,7 +185,7 @@ class PagedKV(KVBackend):
     ):
         super().__init__(weights, budget_bytes, block_size, lambda n: BlockManager(n, block_size), spare_unit)
         self.block_size, self.max_len = block_size, max_len
-        self.manager: BlockManager = self.allocator
+        self.manager = cast(BlockManager, self.allocator)  # (the factory above makes a BlockManager)
 
     def slot_list(self, seq: Sequence, start: int, stop: int) -> list[int]:
         table, size = self.manager.tables[seq.id], self.block_size
@@ -190,7 +199,8 @@ class PagedKV(KVBackend):
         return DecodeRows(slots, [s.cached + 1 for s in seqs], [t + [0] * (width - len(t)) for t in tables])
 
     def padding_row(self, width: int) -> tuple[int, list[int]]:
-        return self.spare_unit * self.block_size, [self.spare_unit] * width
+        spare = self.spare()
+        return spare * self.block_size, [spare] * width
 
     def decode_width(self) -> int:
         return -(-self.max_len // self.block_size)
@@ -207,7 +217,7 @@ class PagedKV(KVBackend):
         return gathered_decode(q, self.k[layer], self.v[layer], batch.block_tables, batch.live)
 
 
-class ContiguousKV(KVBackend):
+class ContiguousKV(KVBackend[ContiguousDecode]):
     """Zeroed, as static caches are: the padded attention multiplies masked-out positions by
     probability 0, and 0 * (NaN left in never-written memory) would still be NaN."""
 
@@ -216,7 +226,7 @@ class ContiguousKV(KVBackend):
     def __init__(self, weights: LlamaWeights, budget_bytes: int, max_len: int, spare_unit: bool = False):
         super().__init__(weights, budget_bytes, max_len, lambda n: SlabAllocator(n, max_len), spare_unit)
         self.max_len = max_len
-        self.slabs: SlabAllocator = self.allocator
+        self.slabs = cast(SlabAllocator, self.allocator)  # (the factory above makes a SlabAllocator)
 
     def slot_list(self, seq: Sequence, start: int, stop: int) -> list[int]:
         base = self.slabs.owner[seq.id] * self.max_len
@@ -231,7 +241,8 @@ class ContiguousKV(KVBackend):
         )
 
     def padding_row(self, width: int) -> tuple[int, list[int]]:
-        return self.spare_unit * self.max_len, [self.spare_unit]
+        spare = self.spare()
+        return spare * self.max_len, [spare]
 
     def decode_width(self) -> int:
         return 1

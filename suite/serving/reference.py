@@ -12,6 +12,8 @@ above that rounding), and tests hold the two to the same tokens."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -83,7 +85,7 @@ def _decode_together(
     gaps: list[list[float]] = [[] for _ in requests]
     slots = torch.arange(total, device=device)
     group = c.num_heads // c.num_kv_heads
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, Any] = {}  # pos and rows (tensors), seen (an int)
 
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         pos, rows, seen = state["pos"], state["rows"], state["seen"]  # (b, t) positions; (b,) rows; slots seen

@@ -106,7 +106,10 @@ def limited_allocator(limit: int) -> Callable[[torch.Tensor], torch.Tensor]:
 def finish_step(w: OffloadWorkload, loss: torch.Tensor) -> dict[str, Any]:
     """Keep the gradients, then take the optimizer step (a fresh AdamW: reset restores the weights)."""
     named = w.weights.named_parameters()
-    grads = {name: t.grad.detach().clone() for name, t in named.items()}
+    grads: dict[str, torch.Tensor] = {}
+    for name, t in named.items():
+        assert t.grad is not None  # (every parameter is on the loss's path)
+        grads[name] = t.grad.detach().clone()
     torch.optim.AdamW(list(named.values()), lr=1e-3).step()
     return {"loss": loss.detach().float(), "grads": grads}
 
@@ -152,6 +155,7 @@ def checkpoint_step(w: OffloadWorkload) -> dict[str, Any]:
 
 def reference_step(w: OffloadWorkload) -> dict[str, Any]:
     """The same step without checkpointing, from the initial weights."""
+    assert w.reset is not None  # (the build sets it)
     w.reset()
     return no_checkpoint_step(w)
 
@@ -174,7 +178,8 @@ def step_metrics(w: OffloadWorkload, measured: Measured) -> dict[str, Any]:
     }
     if measured.median_of("wait_ms") is None:  # a peer: nothing offloaded
         return out
-    median = {k: measured.median_of(k) for k in (*COUNTS, "d2h_ms", "h2d_ms", "wait_ms")}
+    found = {k: measured.median_of(k) for k in (*COUNTS, "d2h_ms", "h2d_ms", "wait_ms")}
+    median = {k: v for k, v in found.items() if v is not None}  # (an offloaded step records each every call)
     out.update({k: int(median[k]) for k in COUNTS})
     out.update(
         {

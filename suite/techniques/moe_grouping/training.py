@@ -92,7 +92,9 @@ def cuda_syncs(w: MoEWorkload, forward: Forward) -> tuple[int, int]:
         out = forward(w.x, w.weights, w.config, SyncLog())
     with count_cuda_syncs(True) as backward_syncs:
         torch.autograd.grad(out, (w.x, *w.weights), w.grad_out)
-    return forward_syncs["n"], backward_syncs["n"]
+    forward_n, backward_n = forward_syncs["n"], backward_syncs["n"]
+    assert forward_n is not None and backward_n is not None  # (an active count is set when its block ends)
+    return forward_n, backward_n
 
 
 def dense_reference(w: MoEWorkload) -> dict[str, torch.Tensor]:

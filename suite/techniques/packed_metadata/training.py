@@ -132,6 +132,12 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int, cach
     return workload
 
 
+def restart(w: PackedWorkload) -> None:
+    """``w.reset()``: the weights and optimizer state back to the start (set by the build)."""
+    assert w.reset is not None  # (build_workload sets it)
+    w.reset()
+
+
 def named(w: PackedWorkload, out: StepOutput) -> dict[str, torch.Tensor]:
     """A step's outputs by name: loss, token losses, every gradient and every updated parameter."""
     return {
@@ -187,7 +193,7 @@ def documents_alone(w: PackedWorkload) -> dict[str, torch.Tensor]:
 
 def packed_reference(w: PackedWorkload, per_layer: Step) -> PackedReference:
     """The documents alone from the initial state, then the ``per_layer`` step from it."""
-    w.reset()
+    restart(w)
     alone = documents_alone(w)  # before the step moves the weights
     return PackedReference(named(w, per_layer(w, None)), alone, w.weights.dtype)
 
@@ -261,11 +267,12 @@ def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str,
     if measured.records:
         out.update({key: measured.median_of(key) for key in ("build_ms", "forward_ms", "backward_ms", "optimizer_ms")})
         out["forward_rest_ms"] = statistics.median(r["forward_ms"] - r["build_ms"] for r in measured.records)
-        out.update({metric: int(measured.median_of(key)) for key, metric in COUNTS.items()})
+        counts = {metric: measured.median_of(key) for key, metric in COUNTS.items()}
+        out.update({metric: int(n) for metric, n in counts.items() if n is not None})  # (recorded every call)
     if w.device.type == "cuda":  # GPU-only: sync debug mode sees CUDA syncs only
         # Sync debug mode perturbs timing, so CUDA's own count of the step's syncs comes from one
         # extra call, untimed, of the uninstrumented step.
-        w.reset()
+        restart(w)
         with count_cuda_syncs(True) as seen:
             step(w, None)
         out["host_syncs_observed"] = seen["n"]

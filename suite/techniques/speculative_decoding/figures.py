@@ -27,8 +27,9 @@ def predicted_speedup(a: float, k: float, c: float, verify_cost: float = 1.0) ->
 def target_step_seconds(w: SpecWorkload, measured: Measured) -> float | None:
     """One plain decode step of the target (forward, cache write, pick): plain's decode phase over
     its steps, median over its timed calls; kept on the workload for draft_verify's metrics."""
-    if measured.variant == "plain" and measured.median_of("decode_steps"):
-        w.target_step_s = max(measured.median_of("decode_s"), 1e-9) / measured.median_of("decode_steps")
+    steps, decode_s = measured.median_of("decode_steps"), measured.median_of("decode_s")
+    if measured.variant == "plain" and steps and decode_s is not None:  # (plain records both every call)
+        w.target_step_s = max(decode_s, 1e-9) / steps
     return w.target_step_s
 
 
@@ -67,6 +68,8 @@ def generation_metrics(w: SpecWorkload, measured: Measured) -> dict[str, Any]:
     a = total["accepted"] / drafted if drafted else None
     k_mean = drafted / verifications
     draft_s, verify_s = measured.median_of("draft_s"), measured.median_of("verify_s")
+    if draft_s is None or verify_s is None:  # (draft_verify records both every call: never so)
+        return m
     c = draft_s / (drafted / calls) / step if drafted else None
     verify_cost = verify_s / (verifications / calls) / step
     m.update(
@@ -87,7 +90,7 @@ def generation_metrics(w: SpecWorkload, measured: Measured) -> dict[str, Any]:
             "draft_time_fraction": draft_s / (draft_s + verify_s),
         }
     )
-    if a is not None:
+    if a is not None and c is not None:  # (both None where nothing was drafted)
         m["iid_accepted_length"] = expected_tokens(a, k_mean)
         m["predicted_speedup"] = predicted_speedup(a, k_mean, c)
         m["predicted_speedup_with_verify_cost"] = predicted_speedup(a, k_mean, c, verify_cost)
