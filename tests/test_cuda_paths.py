@@ -267,8 +267,9 @@ def h200(monkeypatch):
 def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
     """Tunings are kept per GPU model, the paged kernel splits for the GPU's SMs, grouped GEMM's
     path follows its compute capability, and kv_cache's serving figures use its memory."""
+    from gpubench.lib.kernels import paged_attention_triton
     from gpubench.measure import autotune
-    from gpubench.optimizations import moe_grouping, paged_attention_triton
+    from gpubench.optimizations import moe_grouping
     from gpubench.techniques.kv_cache import server_memory as kv_server_memory
 
     assert autotune.gpu_model(CUDA0) == "NVIDIA H200"
@@ -426,8 +427,8 @@ def test_the_flash_kernels_plan_for_the_gpus_capability_and_shared_memory(h200):
     """The backward's sm90 configs and the TMA path's shared-memory fit read the tensor's GPU."""
     from fake_cuda import DeviceTensor
 
-    from gpubench.optimizations import flash_attention_triton_bwd as bwd
-    from gpubench.optimizations import flash_attention_triton_tiles as tiles
+    from gpubench.lib.kernels import flash_attention_triton_bwd as bwd
+    from gpubench.lib.kernels import flash_attention_triton_tiles as tiles
 
     on_gpu, on_cpu = torch.zeros(1).as_subclass(DeviceTensor), torch.zeros(1)
     assert bwd._compute_capability(on_gpu) == 9 and bwd._compute_capability(on_cpu) == 0

@@ -11,10 +11,10 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured, relative_l2_check
+from gpubench.lib.kernels.paged_attention_triton import paged_decode_attention_triton
 from gpubench.lib.kvmath import block_edge_lengths
 from gpubench.lib.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
 from gpubench.optimizations.paged_attention import paged_decode_attention_torch
-from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
 from gpubench.reports import figures
 from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
 

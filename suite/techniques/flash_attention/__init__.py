@@ -49,7 +49,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # 192 / 128: DeepSeek's MLA prefill (q/k 192, v 128); 256: Gemma 2/3
 MODES = ("forward", "train")
 # The autograd functions of the Triton forward + backward (FlashAttention-2's recomputation from lse).
-TRAIN_KERNELS = "gpubench.optimizations.flash_attention_triton_bwd"
+TRAIN_KERNELS = "gpubench.lib.kernels.flash_attention_triton_bwd"
 OUTPUT_KEYS = ("out", "dq", "dk", "dv")
 # Gradients pass through more rounded steps than the output (the recomputed probabilities, then
 # dS = P * (dP - rowsum(dO * O)), a difference of nearby numbers). float32 keeps the output's 1e-5;
