@@ -399,13 +399,17 @@ def test_the_paged_backend_hands_the_triton_kernel_its_tables_as_int32():
 def test_on_cuda_the_router_gradients_get_their_own_looser_tolerance():
     """combined_training's same-path check on CUDA: a router gradient off by 2e-1 in bf16 passes
     (within CUDA_ROUTER_TOLERANCE), the same error in any other gradient fails."""
-    from gpubench.techniques import combined_training as ct
+    from gpubench.techniques.combined_training import correctness as ct_correctness
 
-    ref = {"loss": torch.ones(64), "layer0" + ct.ROUTER[0]: torch.ones(64)}
-    off = ref["layer0" + ct.ROUTER[0]] + 0.2
-    assert ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=True).passed
-    assert not ct.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
-    assert not ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=False).passed
+    ref = {"loss": torch.ones(64), "layer0" + ct_correctness.ROUTER[0]: torch.ones(64)}
+    off = ref["layer0" + ct_correctness.ROUTER[0]] + 0.2
+    assert ct_correctness.same_path_check(
+        ref, {**ref, "layer0" + ct_correctness.ROUTER[0]: off}, torch.bfloat16, cuda=True
+    ).passed
+    assert not ct_correctness.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
+    assert not ct_correctness.same_path_check(
+        ref, {**ref, "layer0" + ct_correctness.ROUTER[0]: off}, torch.bfloat16, cuda=False
+    ).passed
 
 
 def test_cudas_repeated_kv_heads_attend_as_sdpas_grouped_query_path(monkeypatch):
