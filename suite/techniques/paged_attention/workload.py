@@ -47,7 +47,7 @@ class PagedDecodeWorkload(Workload):
     # FlashInfer's decode wrapper, planned on the flashinfer variant's first (checked) call.
     flashinfer_decode: Any = field(default=None, repr=False)
 
-    def args(self) -> tuple[torch.Tensor, ...]:
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens
 
 
@@ -98,23 +98,23 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> P
     q = torch.randn(batch, heads, dim, generator=gen)
     k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
-    move = dict(device=device, dtype=DTYPES[params["dtype"]])
-    k_cache, v_cache = k_cache.to(**move), v_cache.to(**move)
+    dtype = DTYPES[params["dtype"]]
+    k_cache, v_cache = k_cache.to(device=device, dtype=dtype), v_cache.to(device=device, dtype=dtype)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     (contiguous_k, contiguous_v), mask = contiguous_copy(k_cache, v_cache, tables.to(device), context_lens, max(lens))
     return PagedDecodeWorkload(
         params=dict(params),
         device=device,
         seed=seed,
-        q=q.to(**move),
+        q=q.to(device=device, dtype=dtype),
         k_cache=k_cache,
         v_cache=v_cache,
         block_tables=tables.to(device),
         context_lens=context_lens,
         lens=lens,
         reference_tables=tables.clone(),
-        triton_out=torch.full((batch, heads, dim), float("nan"), **move),
-        torch_out=torch.full((batch, heads, dim), float("nan"), **move),
+        triton_out=torch.full((batch, heads, dim), float("nan"), device=device, dtype=dtype),
+        torch_out=torch.full((batch, heads, dim), float("nan"), device=device, dtype=dtype),
         contiguous_k=contiguous_k,
         contiguous_v=contiguous_v,
         contiguous_mask=mask,
@@ -123,7 +123,7 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> P
 
 def contiguous_copy(
     k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor, context_lens: torch.Tensor, longest: int
-) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """((k, v), mask): the sequences' keys and values as (batch, kv_heads, longest, head_dim),
     zero past each context, and the (batch, 1, 1, longest) mask of live keys."""
     _, block_size, kv_heads, head_dim = k_cache.shape
