@@ -1,5 +1,5 @@
 """Flash attention: exact attention by tiles with an online softmax, never storing the N x N
-scores. :func:`flash_attention` runs the Triton kernel (:mod:`.flash_attention_triton`) on CUDA
+scores. :func:`flash_attention` runs the Triton kernel (:mod:`gpubench.lib.kernels.flash_attention_triton`) on CUDA
 and :func:`flash_attention_torch`, the same algorithm as a loop of PyTorch tile operations,
 elsewhere (checkable anywhere; each tile goes through memory, so it does not realise the saving).
 """
@@ -11,7 +11,7 @@ import torch
 from gpubench.lib.attention import causal_offset, check_shapes
 from gpubench.lib.triton_support import dispatch
 
-KERNEL = ("gpubench.optimizations.flash_attention_triton", "flash_attention_triton")
+KERNEL = ("gpubench.lib.kernels.flash_attention_triton", "flash_attention_triton")
 # Tiles of the PyTorch loop: few enough Python iterations at long sequences to hide launch
 # overhead on a GPU, while one fp32 score tile stays at 2 MiB per head.
 BLOCK_M = 1024
@@ -105,7 +105,7 @@ def flash_attention_torch(
     return out
 
 
-# The differentiable entry points (forward kernel + backward kernels, gpubench.optimizations.
+# The differentiable entry points (forward kernel + backward kernels, gpubench.lib.kernels.
 # flash_attention_triton_bwd), imported on first use: that module imports Triton, this one must not.
 TRAINING_API = (
     "FlashAttentionFunction",
@@ -119,7 +119,7 @@ def __getattr__(name: str):
     from gpubench.lib.triton_support import kernel_module
 
     if name in TRAINING_API:
-        module = kernel_module("gpubench.optimizations.flash_attention_triton_bwd")
+        module = kernel_module("gpubench.lib.kernels.flash_attention_triton_bwd")
         if isinstance(module, str):
             raise ImportError(f"gpubench.optimizations.flash_attention.{name}: {module}")
         return getattr(module, name)

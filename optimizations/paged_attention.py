@@ -1,7 +1,7 @@
 """Paged decode attention read in place: one query token per sequence attends over a KV cache kept
 in blocks scattered through a pool, reading each key and value through the sequence's block table
 (no gather copy of the whole context) into an fp32 softmax. On CUDA that is the Triton kernel
-(:mod:`.paged_attention_triton`, run by :func:`gpubench.lib.paged_decode.paged_decode_attention`);
+(:mod:`gpubench.lib.kernels.paged_attention_triton`, run by :func:`gpubench.lib.paged_decode.paged_decode_attention`);
 :func:`paged_decode_attention_torch` is the kernel's logic as vectorized PyTorch (the
 paged_attention technique's CPU stand-in): the context in chunks of many blocks, each chunk's
 partial softmax for every sequence and query head at once, the chunks combined by log-sum-exp as

@@ -169,8 +169,8 @@ def test_round_trip_through_a_real_triton_autotuner(cache_dir):
 
 
 def test_flash_kernels_key_on_length_buckets_not_exact_lengths():
-    from gpubench.optimizations import flash_attention_triton as fwd
-    from gpubench.optimizations import flash_attention_triton_bwd as bwd
+    from gpubench.lib.kernels import flash_attention_triton as fwd
+    from gpubench.lib.kernels import flash_attention_triton_bwd as bwd
 
     for module, kernels in ((fwd, [fwd._flash_attention_fwd]), (bwd, [bwd._bwd_dq, bwd._bwd_dkdv])):
         assert "seq_q" not in module.AUTOTUNE_KEY and "seq_k" not in module.AUTOTUNE_KEY

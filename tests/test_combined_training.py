@@ -5,12 +5,21 @@ three optimizations promise; build / validate / metrics behave as the harness re
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from gpubench import contract
 from gpubench.contract import Measured, Recorder
+from gpubench.lib import packing
+from gpubench.models import llama, moe_decoder
 from gpubench.models.moe import route
 from gpubench.techniques import combined_training as ct
+from gpubench.techniques.combined_training import correctness as ct_correctness
+from gpubench.techniques.combined_training import figures as ct_figures
+from gpubench.techniques.combined_training import step as ct_step
+from gpubench.techniques.combined_training import workload as ct_workload
 
 CPU = torch.device("cpu")
 SMALL = dict(
@@ -46,8 +55,8 @@ def test_roles_baseline_all_off_optimized_all_on_and_one_peer_per_optimization()
     assert t.baseline.name == "all_off" and t.optimized.name == "all_on"
     peers = [v.name for v in t.variants.values() if v.role == "peer"]
     assert sorted(peers) == ["cached_metadata", "sort_group", "two_buffers"]
-    assert ct.VARIANTS["all_off"][1] == ct.OFF
-    on = ct.VARIANTS["all_on"][1]
+    assert ct_workload.VARIANTS["all_off"].options == ct_workload.OFF
+    on = ct_workload.VARIANTS["all_on"].options
     assert on.cached_metadata and on.moe == "sort_group" and on.buffers == 2
 
 
@@ -58,12 +67,12 @@ def test_every_variant_agrees_with_the_plain_step(dtype, seed):
     built once) within the stated tolerance; float32 against both MoE paths' plain steps."""
     w = make_workload(seed, dtype=dtype)
     ref = ct.reference(w)
-    for name in ct.VARIANTS:
+    for name in ct_workload.VARIANTS:
         out, _ = run(w, name)
         result = ct.check(ref, out)
         assert result.passed, (name, result)
-        assert result.error is not None and result.error <= ct.TOLERANCE[getattr(torch, dtype)]
-        assert len(out["grads"]) == len(w.weights.parameters())
+        assert result.error is not None and result.error <= ct_correctness.TOLERANCE[getattr(torch, dtype)]
+        assert len(out.grads) == len(w.weights.parameters())
         if dtype == "float32":
             assert "plain step: max_rel_l2" in result.detail, result.detail  # the other path was compared
 
@@ -71,8 +80,11 @@ def test_every_variant_agrees_with_the_plain_step(dtype, seed):
 def test_plain_steps_of_the_two_moe_paths_agree_in_float32():
     """The cross-path comparison the check makes in float32 is a real agreement, not a tautology."""
     ref = ct.reference(make_workload(1))
-    errors = ct.tensors_check(
-        ct._flat(ref["where_loop"]), ct._flat(ref["sort_group"]), ct.CROSS_PATH_TOLERANCE, dtype=torch.float32
+    errors = contract.tensors_check(
+        ref.plain["where_loop"].flat(),
+        ref.plain["sort_group"].flat(),
+        ct_correctness.CROSS_PATH_TOLERANCE,
+        dtype=torch.float32,
     )
     assert errors.passed and errors.error > 0, errors
 
@@ -91,15 +103,15 @@ def _experts_hit_per_layer(w) -> list[int]:
         def spy(x, experts, config, log):
             _, chosen = route(x, experts.router_weight, experts.router_bias, config.top_k)
             hits.append(int(chosen.unique().numel()))
-            return ct.FORWARDS["sort_group"](x, experts, config, None)
+            return ct_step.FORWARDS["sort_group"](x, experts, config, None)
 
         rows, seq = w.tokens.shape
-        meta = ct.build_metadata(w.doc_lens, rows, seq, ct.BACKEND, w.weights.dtype)
-        cos, sin = ct.rope_cos_sin(w.weights, meta.position_ids)
+        meta = packing.build_metadata(w.doc_lens, rows, seq, ct_workload.BACKEND, w.weights.dtype)
+        cos, sin = llama.rope_cos_sin(w.weights, meta.position_ids)
         x = torch.nn.functional.embedding(w.tokens, w.weights.embed)
         for i in range(w.weights.config.num_layers):
-            x = ct.moe_decoder_layer(
-                w.weights, i, x, cos, sin, lambda _, q, k, v: ct.packed_attention(meta, q, k, v), spy
+            x = moe_decoder.moe_decoder_layer(
+                w.weights, i, x, cos, sin, lambda _, q, k, v: packing.packed_attention(meta, q, k, v), spy
             )
     return hits
 
@@ -111,7 +123,7 @@ def test_each_peer_changes_only_its_own_optimization(layers):
     each variant shows exactly the options it declares."""
     w = make_workload(layers=layers)
     loop_reads = _moe_reads_where_loop(w)
-    for name, (_, options, _) in ct.VARIANTS.items():
+    for name, (_, options, _) in ct_workload.VARIANTS.items():
         _, rec = run(w, name)
         assert rec["builds"] == (1 if options.cached_metadata else 2 * layers), name
         assert rec["metadata_syncs"] == rec["builds"], name
@@ -130,7 +142,7 @@ def test_metrics_count_host_syncs_and_split_the_step():
         m = ct.metrics(w, measured)
         assert m["host_syncs_per_step"] == rec["metadata_syncs"] + rec["moe_host_reads"]
         assert m["metadata_builds_per_step"] == rec["builds"] and m["buffers"] == rec["buffers"]
-        assert all(m[key] >= 0 for key in ct.SPLIT[:-1])
+        assert all(m[key] >= 0 for key in ct_figures.SPLIT[:-1])
         assert m["tokens"] == w.tokens.numel() and m["ms_per_step"] == pytest.approx(10.0)
     assert m["host_syncs_per_step"] == 1 + 2 * w.weights.config.num_layers  # all_on: one build, one read per call
 
@@ -140,16 +152,16 @@ def test_the_step_is_repeatable_after_reset():
     w = make_workload()
     first, _ = run(w, "all_on")
     second, _ = run(w, "all_on")
-    assert ct.tensors_check(ct._flat(first), ct._flat(second), exact=True).passed
+    assert contract.tensors_check(first.flat(), second.flat(), exact=True).passed
 
 
 def test_a_wrong_output_fails_the_check():
     w = make_workload()
     ref = ct.reference(w)
     out, _ = run(w, "all_on")
-    out["grads"]["layers.1.experts.down"] = out["grads"]["layers.1.experts.down"] * 1.01
+    out.grads["layers.1.experts.down"] = out.grads["layers.1.experts.down"] * 1.01
     assert not ct.check(ref, out).passed
-    assert not ct.check(ref, {**out, "moe": "dense"}).passed
+    assert not ct.check(ref, dataclasses.replace(out, moe="dense")).passed
 
 
 @pytest.mark.parametrize(
@@ -173,7 +185,7 @@ def test_on_cuda_only_the_router_gradients_get_the_wider_bf16_limit():
     ref = {"loss": torch.ones(()), "layers.0.experts.router_bias": torch.ones(8), "layers.0.wq": torch.ones(8)}
     off = lambda name, by: {**ref, name: ref[name] * (1 + by)}
     bf16 = torch.bfloat16
-    assert ct.same_path_check(ref, off("layers.0.experts.router_bias", 0.2), bf16, cuda=True).passed
-    assert not ct.same_path_check(ref, off("layers.0.experts.router_bias", 0.5), bf16, cuda=True).passed
-    assert not ct.same_path_check(ref, off("layers.0.wq", 0.2), bf16, cuda=True).passed
-    assert not ct.same_path_check(ref, off("layers.0.experts.router_bias", 0.05), bf16, cuda=False).passed
+    assert ct_correctness.same_path_check(ref, off("layers.0.experts.router_bias", 0.2), bf16, cuda=True).passed
+    assert not ct_correctness.same_path_check(ref, off("layers.0.experts.router_bias", 0.5), bf16, cuda=True).passed
+    assert not ct_correctness.same_path_check(ref, off("layers.0.wq", 0.2), bf16, cuda=True).passed
+    assert not ct_correctness.same_path_check(ref, off("layers.0.experts.router_bias", 0.05), bf16, cuda=False).passed

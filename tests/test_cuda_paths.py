@@ -267,8 +267,9 @@ def h200(monkeypatch):
 def test_the_gpus_own_figures_are_read_where_a_gpu_runs(h200):
     """Tunings are kept per GPU model, the paged kernel splits for the GPU's SMs, grouped GEMM's
     path follows its compute capability, and kv_cache's serving figures use its memory."""
+    from gpubench.lib.kernels import paged_attention_triton
     from gpubench.measure import autotune
-    from gpubench.optimizations import moe_grouping, paged_attention_triton
+    from gpubench.optimizations import moe_grouping
     from gpubench.techniques.kv_cache import server_memory as kv_server_memory
 
     assert autotune.gpu_model(CUDA0) == "NVIDIA H200"
@@ -398,13 +399,17 @@ def test_the_paged_backend_hands_the_triton_kernel_its_tables_as_int32():
 def test_on_cuda_the_router_gradients_get_their_own_looser_tolerance():
     """combined_training's same-path check on CUDA: a router gradient off by 2e-1 in bf16 passes
     (within CUDA_ROUTER_TOLERANCE), the same error in any other gradient fails."""
-    from gpubench.techniques import combined_training as ct
+    from gpubench.techniques.combined_training import correctness as ct_correctness
 
-    ref = {"loss": torch.ones(64), "layer0" + ct.ROUTER[0]: torch.ones(64)}
-    off = ref["layer0" + ct.ROUTER[0]] + 0.2
-    assert ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=True).passed
-    assert not ct.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
-    assert not ct.same_path_check(ref, {**ref, "layer0" + ct.ROUTER[0]: off}, torch.bfloat16, cuda=False).passed
+    ref = {"loss": torch.ones(64), "layer0" + ct_correctness.ROUTER[0]: torch.ones(64)}
+    off = ref["layer0" + ct_correctness.ROUTER[0]] + 0.2
+    assert ct_correctness.same_path_check(
+        ref, {**ref, "layer0" + ct_correctness.ROUTER[0]: off}, torch.bfloat16, cuda=True
+    ).passed
+    assert not ct_correctness.same_path_check(ref, {**ref, "loss": off}, torch.bfloat16, cuda=True).passed
+    assert not ct_correctness.same_path_check(
+        ref, {**ref, "layer0" + ct_correctness.ROUTER[0]: off}, torch.bfloat16, cuda=False
+    ).passed
 
 
 def test_cudas_repeated_kv_heads_attend_as_sdpas_grouped_query_path(monkeypatch):
@@ -426,8 +431,8 @@ def test_the_flash_kernels_plan_for_the_gpus_capability_and_shared_memory(h200):
     """The backward's sm90 configs and the TMA path's shared-memory fit read the tensor's GPU."""
     from fake_cuda import DeviceTensor
 
-    from gpubench.optimizations import flash_attention_triton_bwd as bwd
-    from gpubench.optimizations import flash_attention_triton_tiles as tiles
+    from gpubench.lib.kernels import flash_attention_triton_bwd as bwd
+    from gpubench.lib.kernels import flash_attention_triton_tiles as tiles
 
     on_gpu, on_cpu = torch.zeros(1).as_subclass(DeviceTensor), torch.zeros(1)
     assert bwd._compute_capability(on_gpu) == 9 and bwd._compute_capability(on_cpu) == 0

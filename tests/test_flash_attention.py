@@ -160,7 +160,7 @@ def test_block_params_set_the_tiles_of_both_tiled_variants(monkeypatch, name):
     """block_m / block_n reach the loop and the kernel; 0 (the default) leaves them their own tiles."""
     import types
 
-    import gpubench.techniques.flash_attention as module
+    import gpubench.techniques.flash_attention.attend as module
 
     seen = []
 
@@ -313,7 +313,7 @@ def test_report_figures_leave_out_what_has_no_data():
 def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
     """The checked call's output starts as NaN: a kernel that skips an element cannot pass by
     inheriting a correct value from reused memory."""
-    import gpubench.techniques.flash_attention as module
+    import gpubench.techniques.flash_attention.attend as module
 
     w = make_workload(seq_len=33, causal=True)
     assert w.tiled_out.isnan().all() and w.triton_out.isnan().all() and w.tiled_out.shape == w.q.shape
@@ -336,7 +336,8 @@ def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_f
 from planted import mutant  # noqa: E402
 
 import gpubench.lib.attention as attention_module  # noqa: E402
-import gpubench.techniques.flash_attention as flash  # noqa: E402
+import gpubench.techniques.flash_attention.attend as flash  # noqa: E402
+import gpubench.techniques.flash_attention.workload as flash_workload  # noqa: E402
 from gpubench.lib.attention import attention_reference  # noqa: E402
 from gpubench.lib.triton_support import kernel_module, kernel_problem  # noqa: E402
 
@@ -374,7 +375,7 @@ def test_train_mode_output_and_gradients_match_float64_for_the_cpu_variants(para
         assert set(out) == set(ref) and all(out[key].shape == ref[key].shape for key in ref), name
         result = TECHNIQUE.check_fn(ref, out)
         assert result.passed, (name, result)
-        assert result.tolerance == flash.TRAIN_TOLERANCE[w.q.dtype]
+        assert result.tolerance == flash_workload.TRAIN_TOLERANCE[w.q.dtype]
 
 
 @pytest.mark.parametrize(
@@ -507,7 +508,7 @@ def test_new_params_validate_and_build_the_shapes_they_name():
     assert w.grad_out.shape == (2, 4, 5, 128) and w.tiled_out.shape == (2, 4, 5, 128)
     assert w.q.requires_grad and not make_workload().q.requires_grad
     v = make_workload(varlen=True, batch=5, seq_len=30, seq_len_q=8, heads=4, kv_heads=2)
-    tail = flash.PACKED_TAIL_ROWS  # rows after the last document, as a packed buffer of fixed capacity has
+    tail = flash_workload.PACKED_TAIL_ROWS  # rows after the last document, as a packed buffer of fixed capacity has
     assert v.q.shape == (sum(v.docs.lens_q) + tail, 4, 64) and v.k.shape == (sum(v.docs.lens_k) + tail, 2, 64)
     assert all(1 <= n <= 30 for n in v.docs.lens_k) and all(1 <= n <= 8 for n in v.docs.lens_q)
     assert v.docs.cu_seqlens_q.dtype == torch.int32 and v.docs.cu_seqlens_k.tolist()[-1] == v.k.shape[0] - tail
@@ -582,7 +583,7 @@ def test_varlen_gradients_of_the_rows_after_the_last_document_are_exactly_zero(n
         block_m=16,
         block_n=16,
     )
-    tail = flash.PACKED_TAIL_ROWS
+    tail = flash_workload.PACKED_TAIL_ROWS
     assert w.q.shape[0] == w.docs.total_q + tail and w.k.shape[0] == w.docs.total_k + tail
     ref, got = reference(w), TECHNIQUE.variants[name].fn(w)
     assert got["out"].shape[0] == ref["out"].shape[0] == w.docs.total_q

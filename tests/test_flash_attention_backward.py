@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpubench.lib.attention import attention_reference, attention_reference_varlen
-from gpubench.optimizations.flash_attention_triton_bwd import (
+from gpubench.lib.kernels.flash_attention_triton_bwd import (
     flash_attention_backward_triton,
     flash_attn_func,
     flash_attn_varlen_func,
@@ -337,7 +337,8 @@ def test_double_backward_is_refused_rather_than_silently_zero():
 
 
 def test_training_api_is_exported_from_flash_attention_module():
-    from gpubench.optimizations import flash_attention, flash_attention_triton_bwd
+    from gpubench.lib.kernels import flash_attention_triton_bwd
+    from gpubench.optimizations import flash_attention
 
     for name in flash_attention.TRAINING_API:
         assert getattr(flash_attention, name) is getattr(flash_attention_triton_bwd, name)

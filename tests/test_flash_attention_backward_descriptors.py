@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_flash_attention_backward import assert_gradients_match, random_problem
 
-import gpubench.optimizations.flash_attention_triton as fwd
-import gpubench.optimizations.flash_attention_triton_bwd as bwd
+import gpubench.lib.kernels.flash_attention_triton as fwd
+import gpubench.lib.kernels.flash_attention_triton_bwd as bwd
 
 
 @pytest.fixture(params=["descriptors", "pointers"])

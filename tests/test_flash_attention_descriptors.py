@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-import gpubench.optimizations.flash_attention_triton as fwd
-import gpubench.optimizations.flash_attention_triton_tiles as tiles
+import gpubench.lib.kernels.flash_attention_triton as fwd
+import gpubench.lib.kernels.flash_attention_triton_tiles as tiles
 from gpubench.lib.attention import attention_reference
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -279,7 +279,7 @@ def test_the_pre_hook_sets_each_descriptors_box_to_its_configs_tile():
 
 def test_the_path_is_part_of_every_autotuning_key():
     """A tuning found for one path is never reused for the other (their tiles and pipelines differ)."""
-    import gpubench.optimizations.flash_attention_triton_bwd as bwd
+    import gpubench.lib.kernels.flash_attention_triton_bwd as bwd
 
     assert "USE_TMA" in tiles.AUTOTUNE_KEY and "USE_TMA" in bwd.AUTOTUNE_KEY
 
@@ -292,7 +292,7 @@ def test_the_environment_can_turn_the_descriptor_path_off():
     import sys
 
     script = (
-        "import torch, gpubench.optimizations.flash_attention_triton as m; q = torch.randn(1, 1, 16, 16)"
+        "import torch, gpubench.lib.kernels.flash_attention_triton as m; q = torch.randn(1, 1, 16, 16)"
         ".half(); print(m.DESCRIPTORS, m.uses_descriptors(q, q, q, q))"
     )
     env = {k: v for k, v in os.environ.items() if k != "GPUBENCH_FLASH_DESCRIPTORS"}

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from gpubench.baselines.flash_attention import attention
 from gpubench.lib.attention import attention_reference, attention_reference_varlen
+from gpubench.lib.kernels.flash_attention_triton import flash_attention_triton, flash_attention_varlen_triton
 from gpubench.optimizations.flash_attention import flash_attention, flash_attention_torch
-from gpubench.optimizations.flash_attention_triton import flash_attention_triton, flash_attention_varlen_triton
 
 # Relative L2 error against float64 (the technique's): fp32 1e-5; 16-bit 1e-2. log-sum-exp, an
 # absolute quantity of size ~log(seq_k): fp32 within 1e-5, 16-bit inputs within 1e-2 (their

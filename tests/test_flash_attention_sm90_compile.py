@@ -22,8 +22,8 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import gpubench.optimizations.flash_attention_triton as fwd
-import gpubench.optimizations.flash_attention_triton_bwd as bwd
+import gpubench.lib.kernels.flash_attention_triton as fwd
+import gpubench.lib.kernels.flash_attention_triton_bwd as bwd
 
 FP32_SCALARS = ("qk_scale_log2", "sm_scale")
 DESCRIPTORS = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "do_ptr")  # out: forward, do: backward
@@ -163,7 +163,7 @@ def test_descriptor_shared_memory_estimate_bounds_the_compilers_figure(sm90_form
     """The autotuner prunes descriptor configs by descriptor_shared_bytes before tuning; that
     estimate must never be below what the compiler allocates (a config it kept could then fail to
     launch), nor far above (it would drop configs that fit)."""
-    from gpubench.optimizations.flash_attention_triton_tiles import descriptor_shared_bytes
+    from gpubench.lib.kernels.flash_attention_triton_tiles import descriptor_shared_bytes
 
     for form in (f for f in sm90_forms if f["tma"] and f["name"].startswith("fwd")):
         blocks = form["consts"]

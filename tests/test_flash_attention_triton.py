@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubench.optimizations.flash_attention_triton import flash_attention_triton
+from gpubench.lib.kernels.flash_attention_triton import flash_attention_triton
 from gpubench.techniques.flash_attention import TECHNIQUE, check, reference
 
 CPU = torch.device("cpu")
@@ -143,7 +143,7 @@ def test_kernel_rejects_what_it_cannot_run():
 def test_varlen_kernel_on_equal_documents_is_the_padded_kernel_bit_for_bit(causal):
     # Packing only moves where each document starts: the same tiles, the same arithmetic, so the
     # same bits, output and log-sum-exp (a varlen offset or stride error shows here as any change).
-    from gpubench.optimizations.flash_attention_triton import flash_attention_varlen_triton
+    from gpubench.lib.kernels.flash_attention_triton import flash_attention_varlen_triton
 
     w = make_workload(batch=3, heads=4, kv_heads=2, seq_len=37, head_dim=64, causal=causal)
     out, lse = flash_attention_triton(w.q, w.k, w.v, causal=causal, return_lse=True)

@@ -8,8 +8,10 @@ import torch
 
 from gpubench.contract import Recorder
 from gpubench.lib.gradients import dead_parameters, learning_check
+from gpubench.models import llama, moe_decoder
 from gpubench.models.moe_decoder_float64 import moe_decoder_layer_float64
 from gpubench.techniques import combined_training as ct
+from gpubench.techniques.combined_training import correctness as ct_correctness
 
 SMALL = dict(
     layers=2,
@@ -42,12 +44,12 @@ def test_combined_training_fails_a_variant_whose_parameter_got_no_gradient():
     comparison (a zero that its plain step shares would pass the comparison)."""
     w = ct.build({**ct.TECHNIQUE.defaults(), **SMALL}, torch.device("cpu"), 0)
     ref = ct.reference(w)
-    assert all(result.passed for result in ref["layer_check"].values()), ref["layer_check"]
+    assert all(result.passed for result in ref.layer_checks.values()), ref.layer_checks
     w.reset()
     out = ct.TECHNIQUE.variants["all_on"].call(w, Recorder())
     assert ct.check(ref, out).passed
-    out["grads"]["layers.1.attn_norm"].zero_()
-    ref["sort_group"]["grads"]["layers.1.attn_norm"].zero_()  # the same zero in the plain step
+    out.grads["layers.1.attn_norm"].zero_()
+    ref.plain["sort_group"].grads["layers.1.attn_norm"].zero_()  # the same zero in the plain step
     result = ct.check(ref, out)
     assert not result.passed and result.metric == "zero_gradients" and "layers.1.attn_norm" in result.detail
 
@@ -59,19 +61,19 @@ def test_the_independent_layer_reads_documents_and_routing_as_the_model_defines_
     boundaries fails."""
     for dtype in ("float32", "bfloat16"):
         w = ct.build({**ct.TECHNIQUE.defaults(), **SMALL, "dtype": dtype}, torch.device("cpu"), 1)
-        for moe in ct.MOE_PATHS:
-            result = ct.layer_check(w, moe)
+        for moe in ct_correctness.MOE_PATHS:
+            result = ct_correctness.layer_check(w, moe)
             assert result.passed and result.error < 1e-6, (dtype, moe, result)
     w = ct.build({**ct.TECHNIQUE.defaults(), **SMALL}, torch.device("cpu"), 1)
-    lens = ct._first_row_documents(w, 64)
+    lens = ct_correctness.first_row_documents(w, 64)
     assert len(lens) >= 2 and sum(lens) == 64
-    layer = ct._layer_in_float64(w.weights.layers[0])
-    params = ct._layer_params(layer)
-    model = ct.MoEDecoderWeights(
+    layer = ct_correctness.layer_in_float64(w.weights.layers[0])
+    params = ct_correctness.layer_params(layer)
+    model = moe_decoder.MoEDecoderWeights(
         w.weights.config, w.weights.moe, torch.empty(0, dtype=torch.float64), [layer], torch.empty(0), torch.empty(0)
     )
     positions = torch.cat([torch.arange(n) for n in lens])[None]
-    cos, sin = ct.rope_cos_sin(model, positions)
+    cos, sin = llama.rope_cos_sin(model, positions)
     x = torch.randn(64, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     packed, _ = moe_decoder_layer_float64(model.config, model.moe, params, x, cos[0], sin[0], lens)
     merged, _ = moe_decoder_layer_float64(model.config, model.moe, params, x, cos[0], sin[0], [64])

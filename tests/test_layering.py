@@ -285,12 +285,10 @@ def test_the_reach_follows_a_function_local_import_of_an_imported_module(tmp_pat
     ]
 
 
-# Kernels a core module finds by name (gpubench.lib.triton_support's kernel-or-fallback dispatch), so that
-# a machine without Triton still runs the fallback: the only way core reaches into a pair, each named
-# here with why. A new string naming a pair's module in core fails below until it is listed.
+# Strings in core that name a pair's module, each with why. Kernels the library runs live in the
+# library (gpubench.lib.kernels), so core never reaches into a pair by name: a new string naming a
+# pair's module in core fails below until it is listed here.
 NAMED_KERNELS = {
-    ("suite/lib/packing.py", "gpubench.optimizations.flash_attention_triton_bwd"): "packed attention's varlen kernel",
-    ("suite/lib/paged_decode.py", "gpubench.optimizations.paged_attention_triton"): "the engine's paged decode kernel",
     # not a reach: the catalogue hashes the source of both sides (finds their folders, imports neither)
     ("suite/techniques/catalog.py", "gpubench.optimizations"): "the catalogue's source hash",
     ("suite/techniques/catalog.py", "gpubench.baselines"): "the catalogue's source hash",

@@ -11,12 +11,13 @@ import torch
 
 from gpubench.baselines.paged_attention import paged_decode_attention as gather_then_attend
 from gpubench.contract import Measured, relative_l2_check
+from gpubench.lib.kernels.paged_attention_triton import paged_decode_attention_triton
 from gpubench.lib.kvmath import block_edge_lengths
 from gpubench.lib.paged_decode import decode_token_slots, paged_decode_attention, paged_decode_attention_gathered
 from gpubench.optimizations.paged_attention import paged_decode_attention_torch
-from gpubench.optimizations.paged_attention_triton import paged_decode_attention_triton
 from gpubench.reports import figures
-from gpubench.techniques.paged_attention import TECHNIQUE, build_block_tables, reference
+from gpubench.techniques.paged_attention import TECHNIQUE, reference
+from gpubench.techniques.paged_attention.workload import build_block_tables
 
 CPU = torch.device("cpu")
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
@@ -352,7 +353,7 @@ def test_kernel_plays_optimized_on_cuda_and_torch_blocks_stands_in_on_cpu(monkey
 def test_optimized_variant_writes_into_a_poisoned_buffer_so_unwritten_elements_fail(monkeypatch):
     """The checked call's output starts as NaN: a kernel that skips a sequence cannot pass by
     inheriting a correct value from reused memory."""
-    import gpubench.techniques.paged_attention as module
+    import gpubench.techniques.paged_attention.decode as module
 
     w = make_workload()
     for buffer in (w.triton_out, w.torch_out):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from compile_sm90 import compile_script_output
 
-from gpubench.optimizations.paged_attention_triton import (
+from gpubench.lib.kernels.paged_attention_triton import (
     MAX_SPLITS,
     MIN_SPLIT_TOKENS,
     PROGRAMS_PER_SM,
@@ -235,7 +235,7 @@ import os, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import gpubench.optimizations.paged_attention_triton as m
+import gpubench.lib.kernels.paged_attention_triton as m
 
 UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_tj")
 

@@ -12,10 +12,15 @@ import torch
 from planted import caught, mutant, passed, run_planted, shipped
 
 import gpubench.optimizations.activation_offload as two_buffers
+from gpubench import contract
 from gpubench.contract import Recorder
+from gpubench.models import moe_decoder
 from gpubench.optimizations import moe_grouping as sort_group_module
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.techniques import combined_training as ct
+from gpubench.techniques.combined_training import correctness as ct_correctness
+from gpubench.techniques.combined_training import step as ct_step
+from gpubench.techniques.combined_training import workload as ct_workload
 
 SMALL = dict(
     layers=3,
@@ -55,7 +60,7 @@ def test_sort_group_without_routing_weights_is_caught_three_ways(monkeypatch):
     buggy = mutant(
         sort_group_module.moe_forward, "return _scatter_back(x, y * scale, g)", "return _scatter_back(x, y, g)"
     )
-    monkeypatch.setitem(ct.FORWARDS, "sort_group", buggy)
+    monkeypatch.setitem(ct_step.FORWARDS, "sort_group", buggy)
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)
     detail = record.variants["all_on"].check["detail"]
@@ -63,11 +68,13 @@ def test_sort_group_without_routing_weights_is_caught_three_ways(monkeypatch):
     loop = record.variants["all_off"].check  # its own path is untouched: only the cross-path comparison differs
     assert "against the sort_group plain step" in loop["detail"] and "own path" in loop["detail"], loop
     w = ct.build({**ct.TECHNIQUE.defaults(), **params}, torch.device("cpu"), 0)
-    assert not ct.layer_check(w, "sort_group").passed and ct.layer_check(w, "where_loop").passed
+    assert not ct_correctness.layer_check(w, "sort_group").passed and ct_correctness.layer_check(w, "where_loop").passed
     ref = ct.reference(w)
     w.reset()
     out = ct.TECHNIQUE.variants["sort_group"].call(w, Recorder())
-    cross = ct.tensors_check(ct._flat(ref["where_loop"]), ct._flat(out), ct.CROSS_PATH_TOLERANCE, dtype=torch.float32)
+    cross = contract.tensors_check(
+        ref.plain["where_loop"].flat(), out.flat(), ct_correctness.CROSS_PATH_TOLERANCE, dtype=torch.float32
+    )
     assert not cross.passed, cross
 
 
@@ -109,15 +116,17 @@ def test_a_layer_that_skips_mlp_norm_is_caught_by_the_zero_gradient_and_the_inde
     and the layer disagrees with its independent float64 reference."""
     params = dict(SMALL, dtype=dtype)
     assert passed(shipped("combined_training", **params))
-    monkeypatch.setattr(ct, "moe_decoder_layer", mutant(ct.moe_decoder_layer, *MLP_NORM_SKIPPED))
+    buggy = mutant(moe_decoder.moe_decoder_layer, *MLP_NORM_SKIPPED)
+    for module in (ct_step, ct_correctness):  # the variants' step, and the plain step and layer check
+        monkeypatch.setattr(module, "moe_decoder_layer", buggy)
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)
-    for name in ct.VARIANTS:
+    for name in ct_workload.VARIANTS:
         check = record.variants[name].check
         assert not check["passed"] and check["metric"] == "zero_gradients", (name, check)
         assert "layers.0.mlp_norm, layers.1.mlp_norm, layers.2.mlp_norm" in check["detail"], check["detail"]
     w = ct.build({**ct.TECHNIQUE.defaults(), **params}, torch.device("cpu"), 0)
-    layer = ct.layer_check(w, "where_loop")
+    layer = ct_correctness.layer_check(w, "where_loop")
     assert not layer.passed and "layer 0 (where_loop) against its independent float64 reference" in layer.detail
     assert layer.error == 1.0, layer  # the worst: mlp_norm's gradient, 0 where the reference's is not
 
@@ -127,10 +136,11 @@ def test_a_layer_bug_that_leaves_every_gradient_nonzero_is_caught_by_the_indepen
     every parameter still learns and every variant equals its plain step, but the layer no longer
     computes what the model defines; the independent float64 layer fails every variant."""
     params = dict(SMALL, dtype="float32")
-    buggy = mutant(ct.moe_decoder_layer, "return x + moe_forward(", "return 0.5 * x + moe_forward(")
-    monkeypatch.setattr(ct, "moe_decoder_layer", buggy)
+    buggy = mutant(moe_decoder.moe_decoder_layer, "return x + moe_forward(", "return 0.5 * x + moe_forward(")
+    for module in (ct_step, ct_correctness):  # the variants' step, and the plain step and layer check
+        monkeypatch.setattr(module, "moe_decoder_layer", buggy)
     record = run_planted("combined_training", **params)
     assert caught(record), (record.status, record.failure)
-    for name in ct.VARIANTS:
+    for name in ct_workload.VARIANTS:
         check = record.variants[name].check
         assert not check["passed"] and "against its independent float64 reference" in check["detail"], (name, check)

@@ -10,7 +10,7 @@ import pytest
 from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
-import gpubench.techniques.flash_attention as flash
+import gpubench.techniques.flash_attention.attend as flash
 from gpubench.lib.triton_support import kernel_module, kernel_problem
 
 # Smoke's shapes: the default tiles (1024 x 512) cross a key tile only past 512 tokens (smoke's
@@ -26,7 +26,7 @@ LOOP = ("eager", "torch_tiled")
 
 def _assert_caught_only_with(monkeypatch, params: dict, name: str, buggy) -> None:
     """The case passes as shipped, and fails by its check on the optimized variant with ``buggy``
-    in place of the technique module's ``name``."""
+    in place of the variants module's ``name``."""
     assert passed(shipped("flash_attention", variants=LOOP, **params))
     monkeypatch.setattr(flash, name, buggy)
     record = run_planted("flash_attention", variants=LOOP, **params)

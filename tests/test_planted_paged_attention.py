@@ -8,7 +8,7 @@ from planted import caught, passed, run_planted, shipped
 from planted import mutant as _mutant
 
 import gpubench.optimizations.paged_attention as blockwise
-import gpubench.techniques.paged_attention as paged_decode
+import gpubench.techniques.paged_attention.decode as paged_decode
 
 # One sequence per context length at and around block edges; the longest (250) is not on one.
 DECODE_EDGES = dict(heads=8, kv_heads=2, context_len=250, lengths="edges")

@@ -26,7 +26,7 @@ from gpubench.models.llama import LlamaWeights
 BACKENDS = ("sdpa", "triton_varlen", "flash_attn_varlen")
 HALF = ("float16", "bfloat16")  # the dtypes flash-attn has kernels for
 # gpubench's own varlen attention (Triton forward and backward, autograd): flash_attn_varlen_func.
-TRITON_VARLEN = ("gpubench.optimizations.flash_attention_triton_bwd", "flash_attn_varlen_func")
+TRITON_VARLEN = ("gpubench.lib.kernels.flash_attention_triton_bwd", "flash_attn_varlen_func")
 IGNORE_INDEX = -100
 # enable_gqa arrived in torch 2.5 (the ignore: TorchVersion compares with a tuple; its stub says str only)
 SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # type: ignore[operator]

@@ -1,7 +1,8 @@
 """Decode attention over a paged KV cache, as the serving engine runs it and the paged_attention
 technique checks it: the shapes every paged decode accepts, where each sequence's keys lie in the
-pool, and :func:`paged_decode_attention`: the Triton kernel (found by name, as
-:func:`gpubench.lib.triton_support.dispatch` finds kernels) on CUDA and, elsewhere,
+pool, and :func:`paged_decode_attention`: the Triton kernel
+(:mod:`gpubench.lib.kernels.paged_attention_triton`, loaded lazily by
+:func:`gpubench.lib.triton_support.dispatch`) on CUDA and, elsewhere,
 :func:`paged_decode_attention_gathered`: every sequence's keys gathered through the table in one
 index_select, then one fused SDPA call (GQA without repeating K/V), no Python loop.
 
@@ -17,9 +18,9 @@ import torch.nn.functional as F
 
 from gpubench.lib.triton_support import dispatch
 
-# The paged_attention pair's Triton kernel: the engine runs it on CUDA, named rather than imported
-# so that a machine without Triton still serves (on the gathered path).
-KERNEL = ("gpubench.optimizations.paged_attention_triton", "paged_decode_attention_triton")
+# The library's paged-decode Triton kernel (the paged_attention optimization times it too): the engine
+# runs it on CUDA, loaded on first use so that a machine without Triton still serves (gathered path).
+KERNEL = ("gpubench.lib.kernels.paged_attention_triton", "paged_decode_attention_triton")
 
 
 def check_shapes(

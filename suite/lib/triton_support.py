@@ -1,7 +1,7 @@
 """Triton plumbing shared by the kernels: can Triton run here, does it run in its interpreter, and
 one call that runs a kernel on CUDA or its PyTorch stand-in elsewhere, into a given output buffer.
 
-Kernel modules (``optimizations/*_triton.py``) import triton at the top; they are loaded through
+Kernel modules (:mod:`gpubench.lib.kernels`) import triton at the top; they are loaded through
 :func:`kernel_module`, so a machine without Triton gets a reason instead of an ImportError.
 
 On a machine without CUDA, importing this module turns Triton's interpreter on for the processes

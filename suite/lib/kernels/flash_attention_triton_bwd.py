@@ -25,12 +25,10 @@ import triton
 import triton.language as tl
 
 from gpubench.lib.attention import check_shapes
-from gpubench.lib.triton_support import interpreted
-from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 
 # The forward kernel's own argument checks, tile helpers and configs: these files are one
-# optimization (the forward and backward of one kernel), so sharing its private helpers crosses no layer.
-from gpubench.optimizations.flash_attention_triton import (
+# kernel (its forward and its backward), so sharing its private helpers crosses no layer.
+from gpubench.lib.kernels.flash_attention_triton import (
     _check_call,
     _check_cu_seqlens,
     _descriptors,
@@ -41,7 +39,9 @@ from gpubench.optimizations.flash_attention_triton import (
     flash_attention_varlen_triton,
     uses_descriptors,
 )
-from gpubench.optimizations.flash_attention_triton_tiles import descriptor_configs, pointer_configs
+from gpubench.lib.kernels.flash_attention_triton_tiles import descriptor_configs, pointer_configs
+from gpubench.lib.triton_support import interpreted
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 

@@ -266,7 +266,7 @@ def paged_decode_attention_triton(
     if not q.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "the Triton paged-decode kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
-            "before gpubench.optimizations.paged_attention_triton is imported"
+            "before gpubench.lib.kernels.paged_attention_triton is imported"
         )
     batch, heads, head_dim, block_size, kv_heads = check_shapes(q, k_cache, v_cache, block_tables, context_lens)
     if tokens_per_step is None:

@@ -30,9 +30,7 @@ import triton
 import triton.language as tl
 
 from gpubench.lib.attention import CAUSAL_ALIGNS, check_shapes
-from gpubench.lib.triton_support import interpreted
-from gpubench.measure.autotune import PersistentAutotuner, length_bucket
-from gpubench.optimizations.flash_attention_triton_tiles import (
+from gpubench.lib.kernels.flash_attention_triton_tiles import (
     AUTOTUNE_KEY,
     GPU_CONFIGS,
     GPU_CONFIGS_LARGE_HEAD,
@@ -42,6 +40,8 @@ from gpubench.optimizations.flash_attention_triton_tiles import (
     descriptor_configs_fit,
     prune_forward,
 )
+from gpubench.lib.triton_support import interpreted
+from gpubench.measure.autotune import PersistentAutotuner, length_bucket
 
 INTERPRETED = interpreted()  # fixed when the kernels below are decorated
 # Whether calls whose layout allows it take the descriptor path, on sm_90+ and in Triton's
@@ -541,7 +541,7 @@ def _check_call(
     if not q.is_cuda and not INTERPRETED:
         raise RuntimeError(
             "the Triton flash-attention kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
-            "before gpubench.optimizations.flash_attention_triton is imported"
+            "before gpubench.lib.kernels.flash_attention_triton is imported"
         )
 
 
