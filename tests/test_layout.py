@@ -214,3 +214,16 @@ def test_no_tracked_text_file_holds_a_merge_conflict_marker():
             if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "======="
         ]
     assert marked == []
+
+
+def test_every_package_is_in_pyprojects_package_list():
+    """A wheel holds only the packages pyproject lists (an editable install finds the others, so
+    only a real install would miss one): every folder of suite/ with an __init__.py is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        "gpubench." + ".".join(p.parent.relative_to(ROOT / "suite").parts) if p.parent != ROOT / "suite" else "gpubench"
+        for p in (ROOT / "suite").rglob("__init__.py")
+    }
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
