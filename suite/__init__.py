@@ -64,6 +64,14 @@ MOVED: dict[str, str] = {
     "stats": "records.stats",
     "compare": "gate.compare",
     "history": "gate.history",
+    "history.changepoints": "gate.history.changepoints",
+    "history.judge": "gate.history.judge",
+    "history.links": "gate.history.links",
+    "history.rows": "gate.history.rows",
+    "history.schema": "gate.history.schema",
+    "history.since": "gate.history.since",
+    "history.store": "gate.history.store",
+    "history.trends": "gate.history.trends",
     "attention": "lib.attention",
     "gqa": "lib.gqa",
     "gradients": "lib.gradients",
@@ -115,8 +123,10 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+# First: an old package path (gpubench.history) is the new package object, whose __path__ the
+# path finder would otherwise search for gpubench.history.store, loading a second copy of it.
 if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedFinder())
+    sys.meta_path.insert(0, _MovedFinder())
 
 
 def __getattr__(name: str) -> Any:

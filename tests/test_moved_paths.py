@@ -26,6 +26,21 @@ def test_an_old_module_path_is_the_module_at_its_new_path_with_a_warning(old):
     assert moved is new
 
 
+def test_a_submodule_of_an_old_package_path_is_the_one_module_not_a_second_copy():
+    """gpubench.history was a package: its submodules by the old path are the same modules, so a
+    class imported by either path is one class (isinstance holds across them)."""
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "from gpubench.history.store import HistoryStore as Old\n"
+        "from gpubench.gate.history.store import HistoryStore as New\n"
+        "import sys, gpubench.gate.history as pkg\n"
+        "print(Old is New, pkg.store is sys.modules['gpubench.gate.history.store'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
 def test_the_old_ci_line_still_finds_the_baseline_store():
     """The line earlier gpu-regression workflows (which users copied) ran: `from gpubench import compare`."""
     code = "import sys; from gpubench import compare; print(compare.__name__, callable(compare.store_path))"

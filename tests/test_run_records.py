@@ -278,3 +278,16 @@ def test_a_record_reaches_technique_code_only_through_the_registry_its_caller_pa
         None,
         "no technique registry was given to the report (a figure function is code, not data)",
     )
+
+
+def test_a_typed_figure_still_reads_as_the_dict_it_was():
+    """Scripts written against results' dicts: get() gives its default for a key the file left out
+    (a typed field absent is not None), and keys(), items(), iteration and ** see the file's keys."""
+    from gpubench.records.results import Stats, Timing
+
+    timing = Timing.from_dict({"method": "interleaved", "rounds": 3})
+    assert timing.get("cuda_graph", "off") == "off" and "cuda_graph" not in timing
+    assert timing.get("rounds") == 3 and timing["method"] == "interleaved"
+    stats = Stats.from_dict({"median": 1.5, "n": 7, "made_up": "kept"})
+    assert list(stats.keys()) == ["median", "n", "made_up"] == list(stats)
+    assert {**stats} == dict(stats.items()) == {"median": 1.5, "n": 7, "made_up": "kept"}

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -98,15 +98,15 @@ _F = TypeVar("_F", bound="Figures")
 @dataclass
 class Figures:
     """The base of a record's typed figures: ``extra`` holds the keys no field names (never
-    dropped, never a crash); ``keys`` the key order of the dict it was read from (None: built by a
-    writer)."""
+    dropped, never a crash); ``read_keys`` the key order of the dict it was read from (None: built by
+    a writer)."""
 
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
-    keys: tuple[str, ...] | None = field(default=None, kw_only=True, repr=False, compare=False)
+    read_keys: tuple[str, ...] | None = field(default=None, kw_only=True, repr=False, compare=False)
 
     @classmethod
     def typed_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "keys"))
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("extra", "read_keys"))
 
     @classmethod
     def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,7 +118,7 @@ class Figures:
         names = cls.typed_fields()
         known = cls._field_values({k: v for k, v in data.items() if k in names})
         return cls(
-            **known, extra={str(k): v for k, v in data.items() if k not in names}, keys=tuple(str(k) for k in data)
+            **known, extra={str(k): v for k, v in data.items() if k not in names}, read_keys=tuple(str(k) for k in data)
         )
 
     def _value(self, name: str) -> Any:
@@ -133,20 +133,31 @@ class Figures:
 
     def to_dict(self) -> dict[str, Any]:
         names = self.typed_fields()
-        if self.keys is None:
+        if self.read_keys is None:
             omit = {f.name for f in dataclasses.fields(self) if f.metadata.get("omit_none")}
             order = [n for n in names if not (n in omit and getattr(self, n) is None)] + list(self.extra)
         else:  # as read, then what was set since
-            order = list(self.keys) + [n for n in names if n not in self.keys and getattr(self, n) != _default(self, n)]
+            order = list(self.read_keys)
+            order += [n for n in names if n not in self.read_keys and getattr(self, n) != _default(self, n)]
             order += [k for k in self.extra if k not in order]
         return {k: self._value(k) if k in names else self.extra[k] for k in order if k in names or k in self.extra}
 
     # Reads by key, for scripts and plug-ins written against the dicts these were (gpubench's own
     # readers read the fields).
     def get(self, key: str, default: Any = None) -> Any:
-        if key in self.typed_fields():
-            return getattr(self, key)
-        return self.extra.get(key, default)
+        """``default`` where the dict this stands for has no ``key`` (a typed field a file left out)."""
+        if key not in self:
+            return default
+        return getattr(self, key) if key in self.typed_fields() else self.extra[key]
+
+    def keys(self) -> KeysView[str]:
+        return self.to_dict().keys()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.to_dict().items()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
 
     def __getitem__(self, key: str) -> Any:
         if key in self.typed_fields():
@@ -247,7 +258,7 @@ class Profile(Figures):
 
     @classmethod
     def failed(cls, error: str) -> Profile:
-        return cls(error=error, keys=("error",))
+        return cls(error=error, read_keys=("error",))
 
     @classmethod
     def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,7 +284,7 @@ class Speedup(Figures):
 
     @classmethod
     def failed(cls, error: str) -> Speedup:
-        return cls(error=error, keys=("ratio", "ci_low", "ci_high", "error"))
+        return cls(error=error, read_keys=("ratio", "ci_low", "ci_high", "error"))
 
     @property
     def has_ratio(self) -> bool:
