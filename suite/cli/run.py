@@ -27,6 +27,7 @@ from gpubench.run.outcome import EXIT_DISK_FULL, EXIT_INTERRUPTED, EXIT_OVERLOAD
 
 if TYPE_CHECKING:
     from gpubench.measure.devicecache import CaseTimes
+    from gpubench.run.estimate import Estimate
     from gpubench.run.run_options import RunOptions
 
 # torch (through env, estimate and run_options) is imported inside the functions that need it, so
@@ -132,9 +133,6 @@ def _print_dry_run(
 ) -> None:
     """The cases a run would measure (a count per technique, the first cases' params that vary),
     its estimated time, and with a budget the plan (:func:`_print_budget_plan`)."""
-    import torch
-
-    from gpubench.run import estimate
 
     shown = scen.varying(only)
     first: dict[str, list[str]] = {}
@@ -154,16 +152,7 @@ def _print_dry_run(
             markup=False,
             soft_wrap=not out.is_terminal,
         )
-    guess = estimate.estimate(
-        scen,
-        None,
-        torch.device(device.split("#")[0]),
-        out_root=out_root,
-        only=only,
-        repeat_scale=repeat_scale,
-        workers=workers,
-        history=_case_times(device),
-    )
+    guess = _estimate(scen, only, device, out_root, repeat_scale, workers)
     out.print(f"estimated time: {guess.text()}", markup=False, soft_wrap=not out.is_terminal)
     if budget_s is not None:
         _print_budget_plan(out, scen, only, device, out_root, repeat_scale, workers, budget_s, fill)
@@ -233,6 +222,27 @@ def _print_budget_plan(
         f"would run {ran} of {len(steps)} cases" + (f"; {results.not_run_text(skipped)}" if skipped else ""),
         markup=False,
         soft_wrap=not out.is_terminal,
+    )
+
+
+def _estimate(
+    scen: scenariomod.Scenario, only: list[str] | None, device: str, out_root: Path, repeat_scale: float, workers: int
+) -> Estimate:
+    """The run's estimated time on ``device``, from this device model's recorded case times where
+    there are (a dry run's and a large run's warning say the same figure)."""
+    import torch  # past the checks of the input: a bad option or scenario is refused without it
+
+    from gpubench.run import estimate
+
+    return estimate.estimate(
+        scen,
+        None,
+        torch.device(device.split("#")[0]),
+        out_root=out_root,
+        only=only,
+        repeat_scale=repeat_scale,
+        workers=workers,
+        history=_case_times(device),
     )
 
 
@@ -514,20 +524,8 @@ def _warn_large_run(
     workers: int,
 ) -> None:
     """A run of more than LARGE_RUN_CASES cases without a budget: its estimated time, and how to list or stop it."""
-    import torch  # past the checks of the input: a bad option or scenario is refused without it
 
-    from gpubench.run import estimate
-
-    guess = estimate.estimate(
-        scen,
-        None,
-        torch.device(device.split("#")[0]),
-        out_root=out_root,
-        only=only_list,
-        repeat_scale=repeat_scale,
-        workers=workers,
-        history=_case_times(device),
-    )
+    guess = _estimate(scen, only_list, device, out_root, repeat_scale, workers)
     out.print(
         f"[bold yellow]warning[/]: {total:,} cases (more than {LARGE_RUN_CASES:,}); estimated time "
         f"{escape(guess.text())}. `gpubench run --dry-run` lists them without running; Ctrl-C stops "
