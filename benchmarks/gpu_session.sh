@@ -44,6 +44,7 @@ LOG=$OUT/session.log
 export PYTHONUNBUFFERED=1
 
 log() { echo "[$((SECONDS - T0)) s] $*" | tee -a "$LOG"; }
+log_at() { local at=$1; shift; echo "[$at s] $*" | tee -a "$LOG"; }  # log_at SECONDS_INTO_SESSION TEXT
 left() { echo $((DEADLINE_S - (SECONDS - T0))); }
 
 if [ -n "${REHEARSE:-}" ]; then
@@ -131,14 +132,15 @@ trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
 part() {  # part NAME MAX_S FUNCTION: FUNCTION's commands run inside the part's limit, logged and packed
-  local name=$1 max=$2 fn=$3 limit rc
-  limit=$(($(left) - STOP_S))
+  local name=$1 max=$2 fn=$3 limit rc now=$SECONDS  # one clock reading: the limit, the end and the log agree
+  local left_s=$((DEADLINE_S - (now - T0)))
+  limit=$((left_s - STOP_S))
   ((limit > max)) && limit=$max
-  if ((limit < MIN_PART_S)); then log "$name: not started ($(left) s of the deadline left)"; return; fi
-  CUR=$name; DIR=$SCRATCH/$name; mkdir -p "$DIR"; PART_END=$((SECONDS + limit))
-  echo "$name: started at $((SECONDS - T0)) s of the session, limit $limit s" > "$DIR/log.txt"
+  if ((limit < MIN_PART_S)); then log_at "$((now - T0))" "$name: not started ($left_s s of the deadline left)"; return; fi
+  CUR=$name; DIR=$SCRATCH/$name; mkdir -p "$DIR"; PART_END=$((now + limit))
+  echo "$name: started at $((now - T0)) s of the session, limit $limit s" > "$DIR/log.txt"
   pack "$name" "$DIR"  # a part the log calls started has its tarball already, whatever kills the script
-  log "$name: started, limit $limit s"
+  log_at "$((now - T0))" "$name: started, limit $limit s"
   (while sleep "$SNAPSHOT_S"; do pack "$name" "$DIR"; done) &
   SNAP=$!
   "$fn" >> "$DIR/log.txt" 2>&1 &
