@@ -44,6 +44,23 @@ class MLA:
 
 
 @dataclass(frozen=True)
+class MoE:
+    """Mixture-of-experts MLP layers: routed experts, how many a token takes, their width, the
+    always-on shared experts, and which layers have them (the others are dense MLPs)."""
+
+    num_experts: int
+    top_k: int
+    expert_dim: int  # intermediate width of one routed expert
+    shared_experts: int  # always-on experts per MoE layer (DeepSeek n_shared_experts; Qwen2-MoE, Llama-4: 1)
+    shared_expert_dim: int | None  # their width (None: no shared expert)
+    layers: tuple[bool, ...]  # per layer: True where the MLP is the MoE one
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.layers)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     model_type: str
@@ -62,6 +79,8 @@ class ModelConfig:
     torch_dtype: str
     tie_word_embeddings: bool
     raw: dict[str, Any] = field(repr=False, compare=False)
+    moe: MoE | None = None
+    hidden_act: str = "silu"
 
     @property
     def attention(self) -> str:
@@ -84,7 +103,10 @@ class ModelConfig:
         cache layout at a size a small machine can hold."""
         from dataclasses import replace
 
-        return replace(self, num_layers=n, layer_windows=self.layer_windows[:n], layer_chunks=self.layer_chunks[:n])
+        moe = None if self.moe is None else replace(self.moe, layers=self.moe.layers[:n])
+        return replace(
+            self, num_layers=n, layer_windows=self.layer_windows[:n], layer_chunks=self.layer_chunks[:n], moe=moe
+        )
 
 
 # Integer fields a plan reads, each with a bound far above any published model (layers: the largest
@@ -108,6 +130,10 @@ CONFIG_LIMITS = {
     "n_routed_experts": 2**16,
     "num_local_experts": 2**16,
     "attention_chunk_size": 2**30,
+    "num_experts": 2**16,
+    "num_experts_per_tok": 2**16,
+    "experts_per_token": 2**16,
+    "shared_expert_intermediate_size": 2**22,
 }
 
 
@@ -185,7 +211,89 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         ),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         raw=raw,
+        moe=_moe(raw, layers, source),
+        hidden_act=str(raw.get("hidden_act") or raw.get("hidden_activation") or "silu"),
     )
+
+
+EXPERT_COUNT_FIELDS = (
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts",
+)  # gpt-oss/Mixtral/Llama-4, DeepSeek, Qwen-MoE
+TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
+
+
+def _moe(raw: dict[str, Any], layers: int, source: str) -> MoE | None:
+    """The MoE layers as each family's modeling code builds them (transformers / vLLM):
+
+    - gpt-oss, Mixtral: every layer; ``intermediate_size`` is one expert's width, no shared expert;
+    - Qwen2-MoE / Qwen3-MoE: ``moe_intermediate_size`` wide; layer i is MoE unless it is in
+      ``mlp_only_layers``, when (i + 1) % ``decoder_sparse_step`` == 0; Qwen2-MoE adds one shared
+      expert ``shared_expert_intermediate_size`` wide;
+    - DeepSeek-V2/V3: ``moe_intermediate_size`` wide; layer i is MoE when i >= ``first_k_dense_replace``
+      and i % ``moe_layer_freq`` == 0; ``n_shared_experts`` shared experts of the same width;
+    - Llama-4: ``intermediate_size`` wide, one shared expert of that width; the layers in
+      ``moe_layers`` when given, else every ``interleave_moe_layer_step``-th ((i + 1) % step == 0).
+    """
+    counts = [(k, raw[k]) for k in EXPERT_COUNT_FIELDS if raw.get(k) is not None]
+    if not counts:
+        return None
+    key, experts = counts[0]
+    top = [(k, raw[k]) for k in TOP_K_FIELDS if raw.get(k) is not None]
+    if not top:
+        raise BadInput(
+            f"{source}: {key}={experts} says the model has experts, but no field says how many a token "
+            f"takes; allowed: {' or '.join(TOP_K_FIELDS)} (a positive integer)."
+        )
+    top_k = top[0][1]
+    if top_k > experts:
+        raise BadInput(f"{source}: {top[0][0]}={top_k} exceeds {key}={experts} (a token cannot take more experts).")
+    model_type = str(raw.get("model_type") or "")
+    width_key = "moe_intermediate_size" if raw.get("moe_intermediate_size") is not None else "intermediate_size"
+    expert_dim = raw.get(width_key)
+    if expert_dim is None:
+        raise BadInput(
+            f"{source}: an MoE config needs one expert's width: moe_intermediate_size (Qwen-MoE, DeepSeek) "
+            "or intermediate_size (gpt-oss, Mixtral, Llama-4)."
+        )
+
+    def count(name: str, default: int, low: int = 0) -> int:
+        value = raw.get(name, default)
+        if value is None:
+            value = default
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise BadInput(f"{source}: {name}={value!r}; allowed: an integer >= {low}.")
+        return value
+
+    shared, shared_dim = 0, None
+    if model_type.startswith("deepseek"):
+        first_dense = count("first_k_dense_replace", 0)
+        freq = count("moe_layer_freq", 1, low=1)
+        pattern = tuple(i >= first_dense and i % freq == 0 for i in range(layers))
+        shared = count("n_shared_experts", 0)
+        shared_dim = expert_dim if shared else None
+    elif model_type.startswith("qwen2_moe") or model_type.startswith("qwen3_moe"):
+        step = count("decoder_sparse_step", 1, low=1)
+        only_mlp = raw.get("mlp_only_layers") or []
+        if not isinstance(only_mlp, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only_mlp):
+            raise BadInput(f"{source}: mlp_only_layers must be a list of layer indices.")
+        pattern = tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers))
+        if raw.get("shared_expert_intermediate_size"):
+            shared, shared_dim = 1, raw["shared_expert_intermediate_size"]
+    elif model_type.startswith("llama4"):
+        listed = raw.get("moe_layers")
+        if listed:
+            if not isinstance(listed, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in listed):
+                raise BadInput(f"{source}: moe_layers must be a list of layer indices.")
+            pattern = tuple(i in listed for i in range(layers))
+        else:
+            step = count("interleave_moe_layer_step", 1, low=1)
+            pattern = tuple((i + 1) % step == 0 for i in range(layers))
+        shared, shared_dim = 1, expert_dim
+    else:
+        pattern = (True,) * layers
+    return MoE(experts, top_k, expert_dim, shared, shared_dim, pattern)
 
 
 FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
@@ -325,6 +433,27 @@ def preset_raw(name: str) -> dict[str, Any]:
 
 def load_preset(name: str) -> ModelConfig:
     return from_dict(preset_raw(name), name, f"preset {name}")
+
+
+def load_model(spec: str | Path) -> ModelConfig:
+    """A model named the three ways a user names one: a preset (``gpubench kv-cache --list``), a
+    Hugging Face ``config.json``, or a checkpoint directory holding one."""
+    text = str(spec)
+    if text in preset_names():
+        return load_preset(text)
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"{path}: a directory without config.json; give a Hugging Face checkpoint directory.")
+        return load_config_file(path / "config.json")
+    if path.is_file():
+        return load_config_file(path)
+    hint = difflib.get_close_matches(text.lower(), preset_names(), n=3, cutoff=0.5)
+    raise BadInput(
+        f"model {text!r} is neither a preset"
+        + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
+        + f" nor an existing config.json or checkpoint directory; presets: {', '.join(preset_names())}."
+    )
 
 
 def load_config_file(path: str | Path) -> ModelConfig:
