@@ -9,9 +9,10 @@ engine writes ``k, v`` into its KV cache there and attends over it; a training s
 block-diagonal mask; a reference generation concatenates. Leading dimensions are free: tokens may
 be ``(n,)`` (a flat batch of tokens, as serving engines lay them out) or ``(batch, seq)``.
 
-Weights are seeded random by default (sizes from :data:`SIZES`, ~1M to ~1B parameters), or read
+Weights are seeded random by default (sizes from :data:`SIZES`, ~1M to ~1B parameters, or a
+real model's shapes from its preset or config.json: :meth:`LlamaConfig.from_model`), or read
 from a local Hugging Face Llama-style checkpoint directory with :func:`load_hf` (needs the
-optional ``transformers`` package; never downloads).
+optional ``transformers`` package; never downloads). :func:`model_from` takes any of these.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.errors import BadInput
+from gpubench.models import stand_in
+from gpubench.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,43 @@ class LlamaConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_model(cls, cfg: ModelConfig, layers: int = 0) -> LlamaConfig:
+        """The Llama-style stand-in of a model's config (:mod:`gpubench.models.stand_in`): its
+        hidden size, query and KV heads, head_dim (the config's, which is not always hidden /
+        heads), vocabulary, RoPE base, RMSNorm eps and tied embeddings, its first ``layers``
+        layers (0: all). An MoE model's MLP becomes a dense SwiGLU as wide as what one token
+        computes through, ``top_k * expert_dim`` plus the shared experts' width (the active
+        width; :func:`~gpubench.models.stand_in.stand_in_note` says so in what a case records).
+        Sliding and chunked layers attend fully here. BadInput for an MLA model (a Llama layer
+        cannot hold a latent cache) and for more layers than the model has."""
+        if cfg.mla is not None:
+            raise BadInput(stand_in.mla_refusal(cfg))
+        if layers > cfg.num_layers:
+            raise BadInput(
+                f"layers ({layers}) exceeds {cfg.name}'s {cfg.num_layers} layers; allowed: 0 (all) to {cfg.num_layers}."
+            )
+        if cfg.vocab_size is None:
+            raise BadInput(f"{cfg.name}: the config has no vocab_size; the stand-in needs it for its embedding.")
+        if cfg.head_dim % 2:
+            raise BadInput(f"{cfg.name}: head_dim {cfg.head_dim} is odd; RoPE rotates pairs of channels.")
+        raw = cfg.raw
+        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        theta = raw.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_layers=layers or cfg.num_layers,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            intermediate_size=stand_in.active_mlp_width(cfg),
+            rope_theta=float(theta),
+            rms_eps=float(raw.get("rms_norm_eps") or raw.get("layer_norm_epsilon") or 1e-5),
+            max_position=cfg.max_position_embeddings or 4096,
+            tie_word_embeddings=cfg.tie_word_embeddings,
+        )
+
 
 # Named sizes: "tiny" for CPU tests (~0.4M parameters), up to ~1B for a GPU.
 SIZES: dict[str, LlamaConfig] = {
@@ -93,6 +133,7 @@ SIZES: dict[str, LlamaConfig] = {
         intermediate_size=5632,
     ),
 }
+assert tuple(SIZES) == stand_in.BUILT_IN_SIZES, "stand_in.BUILT_IN_SIZES names SIZES for torch-free checks"
 
 
 @dataclass
@@ -471,15 +512,37 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     return LlamaWeights(config, embed, layers, take("model.norm.weight"), lm_head, source=str(path))
 
 
-def model_from(size_or_path: str, seed: int, dtype: torch.dtype, device: torch.device | str) -> LlamaWeights:
-    """A named size from :data:`SIZES` with seeded random weights, or a local checkpoint directory."""
-    if size_or_path in SIZES:
-        return random_weights(SIZES[size_or_path], seed, dtype, device)
-    if "/" in size_or_path or Path(size_or_path).exists():
-        return load_hf(size_or_path, dtype, device)
-    raise BadInput(
-        f"model {size_or_path!r} is neither a built-in size ({', '.join(SIZES)}) nor a local checkpoint directory"
-    )
+def model_from(spec: str, seed: int, dtype: torch.dtype, device: torch.device | str, layers: int = 0) -> LlamaWeights:
+    """The decoder a technique's ``model`` param names (:mod:`gpubench.models.stand_in`):
+
+    - a built-in size of :data:`SIZES`: seeded random weights (``layers``: that many layers
+      instead of its own, any number);
+    - a checkpoint directory holding weights: those weights (``layers``: its first ones);
+    - a preset, a config.json, or a checkpoint directory without weights: seeded random weights at
+      that model's shapes (:meth:`LlamaConfig.from_model`; its first ``layers`` layers).
+
+    ``layers`` 0 keeps the model's own. BadInput naming what is allowed when ``spec`` names
+    nothing, and for MLA models."""
+    resolved = stand_in.resolve(spec)
+    if resolved.kind == "size":
+        config = SIZES[spec]
+        return random_weights(replace(config, num_layers=layers) if layers else config, seed, dtype, device)
+    if resolved.kind == "checkpoint":
+        weights = load_hf(spec, dtype, device)
+        if layers > weights.config.num_layers:
+            raise BadInput(
+                f"layers ({layers}) exceeds {spec}'s {weights.config.num_layers} layers; "
+                f"allowed: 0 (all) to {weights.config.num_layers}."
+            )
+        if layers:
+            weights = replace(
+                weights, config=replace(weights.config, num_layers=layers), layers=weights.layers[:layers]
+            )
+        return weights
+    assert resolved.config is not None  # (resolve parses every "config" spec)
+    weights = random_weights(LlamaConfig.from_model(resolved.config, layers), seed, dtype, device)
+    weights.source = f"random at {resolved.config.name}'s shapes"
+    return weights
 
 
 def with_overrides(config: LlamaConfig, **overrides) -> LlamaConfig:

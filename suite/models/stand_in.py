@@ -1,0 +1,145 @@
+"""Which model a technique's ``model`` param names, and what the Llama-style stand-in of it keeps.
+
+A technique that runs the decoder of :mod:`gpubench.models.llama` (packed_metadata, the serving
+pairs) takes its ``model`` four ways: a built-in size (seeded random weights), a preset or a
+``config.json`` (seeded random weights at that model's shapes), or a checkpoint directory (its
+weights where it holds them). The stand-in keeps a model's attention shapes (hidden size, query
+and KV heads, head_dim), its vocabulary, RoPE base and tied embeddings; what a Llama layer cannot
+hold is said in :func:`stand_in_note`, which a case records so a report is honest about it.
+
+Torch-free (config files only): a scenario's check and the generator of model scenarios read it
+without the decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpubench.errors import BadInput
+from gpubench.models.config import ModelConfig, load_model, preset_names
+
+# The names of gpubench.models.llama.SIZES (kept equal there, by an assertion at its import).
+BUILT_IN_SIZES = ("tiny", "small", "100m", "1b")
+# Files that say a directory holds weights, not a config alone (transformers' names).
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A ``model`` value resolved: ``kind`` is "size" (a built-in size), "checkpoint" (a directory
+    with weights, loaded) or "config" (a preset, a config.json or a directory without weights:
+    random weights at its shapes, ``config`` its parsed config)."""
+
+    text: str
+    kind: str
+    config: ModelConfig | None = None
+
+
+def allowed_models() -> str:
+    """What a ``model`` param accepts, in words (for help texts and refusals)."""
+    return (
+        f"a built-in size ({', '.join(BUILT_IN_SIZES)}), a preset ({', '.join(preset_names())}), "
+        "a config.json path, or a Hugging Face checkpoint directory"
+    )
+
+
+def has_weights(path: Path) -> bool:
+    return path.is_dir() and any(next(path.glob(p), None) is not None for p in WEIGHT_PATTERNS)
+
+
+def resolve(text: str, weights: bool = True) -> ModelSpec:
+    """``text`` resolved (BadInput naming what is allowed when it names nothing). ``weights``:
+    whether a checkpoint directory with weights is to be loaded (else random at its shapes)."""
+    if text in BUILT_IN_SIZES:
+        return ModelSpec(text, "size")
+    if weights and has_weights(Path(text)):
+        return ModelSpec(text, "checkpoint")
+    try:
+        return ModelSpec(text, "config", load_model(text))
+    except BadInput:
+        if text in preset_names() or Path(text).exists():  # it names a config, which is wrong
+            raise
+        raise BadInput(f"model {text!r} names nothing known; allowed: {allowed_models()}.") from None
+
+
+def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str]:
+    """Why ``model`` (with its first ``layers`` layers, 0 = all) cannot be run by the Llama-style
+    decoder: it names nothing, its config is invalid, it is an MLA model, or it has fewer layers.
+    A checkpoint directory's own checks wait for its loading (they need transformers)."""
+    try:
+        spec = resolve(text, weights)
+    except BadInput as exc:
+        return [str(exc)]
+    if spec.config is None:
+        return []
+    cfg = spec.config
+    problems = []
+    if cfg.mla is not None:
+        problems.append(mla_refusal(cfg))
+    if layers > cfg.num_layers:
+        problems.append(
+            f"layers ({layers}) exceeds {cfg.name}'s {cfg.num_layers} layers; allowed: 0 (all) to {cfg.num_layers}"
+        )
+    if cfg.head_dim % 2:
+        problems.append(f"{cfg.name}: head_dim {cfg.head_dim} is odd; RoPE rotates pairs of channels")
+    if cfg.vocab_size is None:
+        problems.append(f"{cfg.name}: the config has no vocab_size; the stand-in needs it for its embedding")
+    if cfg.moe is None and cfg.intermediate_size is None:
+        problems.append(f"{cfg.name}: the config has no intermediate_size; the stand-in needs its MLP width")
+    return problems
+
+
+def mla_refusal(cfg: ModelConfig) -> str:
+    return (
+        f"{cfg.name} uses multi-head latent attention (MLA: a {cfg.mla.kv_lora_rank}-wide latent plus a "
+        f"{cfg.mla.qk_rope_head_dim}-wide RoPE key cached per token), which the Llama-style stand-in cannot "
+        "hold: its cache keeps full K and V per KV head, so it would measure another model's memory and "
+        "time. Allowed: a model with MHA, GQA or MQA attention (a Llama, Qwen, Mistral, gpt-oss preset or "
+        "config); the MLA cache itself is measured by kv_cache."
+    )
+
+
+def active_mlp_width(cfg: ModelConfig) -> int:
+    """The stand-in's dense MLP width: the model's ``intermediate_size``, or for an MoE model the
+    width a token's MLP computes through, top_k routed experts plus the shared ones
+    (``top_k * expert_dim + shared_experts * shared_expert_dim``)."""
+    if cfg.moe is None:
+        if cfg.intermediate_size is None:
+            raise BadInput(f"{cfg.name}: the config has no intermediate_size; the stand-in needs its MLP width.")
+        return cfg.intermediate_size
+    moe = cfg.moe
+    return moe.top_k * moe.expert_dim + moe.shared_experts * (moe.shared_expert_dim or 0)
+
+
+def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
+    """One paragraph a case records: which model the random-weight stand-in stands for, at which
+    shapes, how many of its layers, and what of it is not applied."""
+    used = layers or cfg.num_layers
+    parts = [
+        f"Llama-style stand-in at {cfg.name}'s attention shapes ({cfg.attention} {cfg.num_heads} q / "
+        f"{cfg.num_kv_heads} kv heads x {cfg.head_dim}, hidden {cfg.hidden_size}), {used} of "
+        f"{cfg.num_layers} layers, seeded random weights"
+    ]
+    if cfg.moe is not None:
+        moe = cfg.moe
+        shared = f" + {moe.shared_experts} shared x {moe.shared_expert_dim}" if moe.shared_experts else ""
+        text = (
+            f"MoE as a dense MLP of the active width (top-{moe.top_k} x {moe.expert_dim}{shared} = "
+            f"{active_mlp_width(cfg)}; the {moe.num_experts} experts and their routing not modelled"
+        )
+        sparse = sum(moe.layers[:used])
+        if sparse < used:
+            text += f"; {used - sparse} of these {used} layers are dense in the model and get this width too"
+        parts.append(text + ")")
+    for what, per_layer, label in (
+        ("sliding windows", cfg.layer_windows, "window"),
+        ("chunked attention", cfg.layer_chunks, "chunk"),
+    ):
+        sizes = [n for n in per_layer[:used] if n is not None]
+        if sizes:
+            widths = "/".join(str(n) for n in sorted(set(sizes)))
+            parts.append(
+                f"{what} not applied (the model has them on {len(sizes)} of these {used} layers, {label} {widths})"
+            )
+    return "; ".join(parts)
