@@ -16,6 +16,7 @@ import torch
 
 from gpubench.contract import Bench, CheckResult, Measured, Param, Plot, Recorder, Workload
 from gpubench.measure import machine_load
+from gpubench.models import stand_in
 from gpubench.models.llama import SIZES, LlamaWeights, causal_attention, forward, model_from
 from gpubench.serving.config import EngineConfig
 from gpubench.serving.engine import Engine, ServingRun
@@ -80,8 +81,18 @@ def common_params() -> list[Param]:
             "model",
             str,
             "tiny",
-            f"a built-in size ({', '.join(SIZES)}; seeded random weights) or a "
-            "local Hugging Face Llama-style checkpoint directory",
+            f"a built-in size ({', '.join(SIZES)}; seeded random weights), a preset or a config.json "
+            "(seeded random weights at that model's shapes: a Llama-style stand-in, MoE as a dense MLP of "
+            "the active width, sliding windows not applied; the case records which), or a local Hugging "
+            "Face Llama-style checkpoint directory (its weights)",
+        ),
+        Param(
+            "layers",
+            int,
+            0,
+            "decoder layers run: 0 keeps the model's own; else a built-in size gets that many, a "
+            "preset, config or checkpoint its first N",
+            min=0,
         ),
         Param("dtype", str, "float32", "weights, activations and KV cache", choices=list(DTYPES)),
         Param("requests", int, 50, "requests in the synthetic trace", min=1),
@@ -144,8 +155,7 @@ def validate(params: dict[str, Any]) -> list[str]:
                 f"max_len {params['max_len']} is below the longest request the trace can draw "
                 f"({longest} tokens: prompt_len and output_len maxima)"
             )
-    if params["model"] not in SIZES and not Path(params["model"]).is_dir():
-        problems.append(f"model {params['model']!r} is neither a built-in size ({', '.join(SIZES)}) nor a directory")
+    problems += stand_in.model_problems(params["model"], params["layers"])
     if params["trace_file"] and not Path(params["trace_file"]).is_file():
         problems.append(f"trace_file {params['trace_file']!r} does not exist")
     if params["min_preemptions"]:
@@ -168,11 +178,12 @@ class ServingWorkload(Workload):
     slo_tpot_ms: float
     check_requests: int  # requests regenerated alone for the token check (0: all)
     min_preemptions: int  # the fewest preemptions a run with paged KV must make
+    model_note: str = ""  # which model the weights stand for, when they are a stand-in (stand_in_note)
 
 
 def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWorkload:
     device = torch.device(device)
-    weights = model_from(params["model"], seed, DTYPES[params["dtype"]], device)
+    weights = model_from(params["model"], seed, DTYPES[params["dtype"]], device, layers=params["layers"])
     spec = TraceSpec(
         params["requests"],
         params["arrival"],
@@ -208,7 +219,15 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWor
         slo_tpot_ms=params["slo_tpot_ms"],
         check_requests=params["check_requests"],
         min_preemptions=params["min_preemptions"],
+        model_note=model_note(params["model"], params["layers"]),
     )
+
+
+def model_note(model: str, layers: int) -> str:
+    """What a case records about its model: the stand-in paragraph for a preset or config.json
+    (:func:`gpubench.models.stand_in.stand_in_note`), nothing for a built-in size or checkpoint."""
+    spec = stand_in.resolve(model)
+    return stand_in.stand_in_note(spec.config, layers) if spec.config is not None else ""
 
 
 def _warm_up(weights: LlamaWeights) -> None:
@@ -359,6 +378,9 @@ def metrics(w: ServingWorkload, measured: Measured) -> dict[str, Any]:
     m["series"] = serving_series(typical)
     m["scheduler"], m["kv"] = typical.scheduler, typical.kv
     m["model_params"] = w.weights.config.num_params()
+    m["model_layers"] = w.weights.config.num_layers
+    if w.model_note:
+        m["model_note"] = w.model_note
     return m
 
 

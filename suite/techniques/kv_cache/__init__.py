@@ -1,6 +1,6 @@
 """kv_cache: allocate a model's real KV cache, ``contiguous`` at max length vs ``paged`` blocks, and
 check the bytes each holds against the calculator's (:mod:`gpubench.lib.kvmath`) prediction, to the
-byte. The layout is a preset's published config (its first ``layers`` layers, so the cache fits
+byte. The layout is a preset's published config or a config.json's (its first ``layers`` layers, so the cache fits
 any machine); every sequence's tokens (random data, never zeros) are written and read back
 bit-exact through the allocator's addressing. Lengths are random, or ``edges``: at and around
 block (and window) edges, where block arithmetic goes wrong.
@@ -42,8 +42,8 @@ TECHNIQUE = Technique(
             "model",
             str,
             "llama-2-7b",
-            "published config whose layout is allocated",
-            choices=model_config.preset_names(),
+            f"whose layout is allocated: a preset ({', '.join(model_config.preset_names())}) or a "
+            "Hugging Face config.json path (or a checkpoint directory holding one)",
         ),
         Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),
         Param("layers", int, 2, "first N layers of the model (0 = all)", min=0),

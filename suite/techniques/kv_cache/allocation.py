@@ -1,5 +1,5 @@
 """A model's KV cache as the kv_cache pair allocates it, whichever allocator: the workload (a
-preset's layout and seeded token data for every sequence), a variant's output
+model's layout, from a preset or config.json, and seeded token data for every sequence), a variant's output
 (:class:`Allocation`), the calculator's prediction of its bytes (:func:`predicted_bytes`), the
 read-back of every live token through the allocator's addressing, the check of both, and the
 figures derived from an allocation.
@@ -15,6 +15,7 @@ import torch
 
 from gpubench.checks import CheckResult
 from gpubench.contract import Measured, Workload
+from gpubench.errors import BadInput
 from gpubench.lib import kvmath
 from gpubench.lib.kvstorage import SequenceKV, TokenRows, random_rows, same_bytes
 from gpubench.models import config as model_config
@@ -44,9 +45,13 @@ class KVCacheWorkload(Workload):
 
 
 def layout_problems(params: dict[str, Any]) -> list[str]:
-    """Why the preset cannot give the layout ``params`` ask for (too many layers, a KV format or
+    """Why the model (a preset or a config.json: :func:`gpubench.models.config.load_model`) cannot
+    give the layout ``params`` ask for (it names nothing, too many layers, a KV format or
     tensor-parallel degree it does not take)."""
-    cfg = model_config.load_preset(params["model"])
+    try:
+        cfg = model_config.load_model(params["model"])
+    except BadInput as exc:
+        return [str(exc)]
     if params["layers"] > cfg.num_layers:
         return [f"layers ({params['layers']}) exceeds {params['model']}'s {cfg.num_layers} layers"]
     try:
@@ -57,9 +62,9 @@ def layout_problems(params: dict[str, Any]) -> list[str]:
 
 
 def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> KVCacheWorkload:
-    """The preset's layout (its first ``layers`` layers, one GPU's share of ``tp``), the sequence
+    """The model's layout (a preset or config.json; its first ``layers`` layers, one GPU's share of ``tp``), the sequence
     lengths (seeded random, or at and around block and window edges) and their token data."""
-    cfg = model_config.load_preset(params["model"])
+    cfg = model_config.load_model(params["model"])
     if params["layers"]:
         cfg = cfg.with_layers(params["layers"])
     layout = kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])

@@ -46,7 +46,7 @@ def serving_memory(
     :func:`gpus_for_weights` GPUs and fills :data:`UTILIZATION` of its memory with copies of the
     sequences of ``lengths``, laid out by ``allocator`` (``p``: kv_dtype, tp, block_size, max_len):
     weights, KV holding tokens, KV reserved but empty, free, in GiB."""
-    cfg = model_config.load_preset(p["model"])
+    cfg = model_config.load_model(p["model"])
     on_gpu = device.type == "cuda"
     gpu = torch.cuda.get_device_properties(device).total_memory if on_gpu else REFERENCE_GPU_BYTES
     gpus = gpus_for_weights(cfg, p["kv_dtype"], p["tp"], gpu)

@@ -58,8 +58,21 @@ TECHNIQUE = Technique(
         for n in (2, 4)
     ],
     params=[
-        Param("model", str, "tiny", "model size of gpubench.models.llama (random seeded weights)", choices=list(SIZES)),
-        Param("layers", int, 0, "decoder layers; 0 keeps the model size's own", min=0),
+        Param(
+            "model",
+            str,
+            "tiny",
+            f"a built-in size of gpubench.models.llama ({', '.join(SIZES)}), a preset, a config.json "
+            "path or a checkpoint directory: seeded random weights at its shapes (a Llama-style stand-in: "
+            "MoE as a dense MLP of the active width, sliding windows not applied; the case records which)",
+        ),
+        Param(
+            "layers",
+            int,
+            0,
+            "decoder layers; 0 keeps the model's own; a built-in size gets that many, a preset or config its first N",
+            min=0,
+        ),
         Param("rows", int, 2, "packed rows per batch", min=1),
         Param(
             "micro_batches",

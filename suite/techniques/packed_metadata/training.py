@@ -20,6 +20,7 @@ from gpubench.checks import DTYPE_TOLERANCE, CheckResult, tensors_check
 from gpubench.contract import Measured, Recorder, Workload
 from gpubench.lib.packing import HALF, PackedBatch, StepOutput, StepStats, draw_doc_lens, resolve_backend
 from gpubench.measure.timing import count_cuda_syncs
+from gpubench.models import stand_in
 from gpubench.models.llama import (
     SIZES,
     LlamaConfig,
@@ -57,8 +58,9 @@ Step = Callable[[PackedWorkload, StepStats | None], StepOutput]
 
 
 def packing_problems(params: dict[str, Any]) -> list[str]:
-    """The cross-param rules: a row holds at least two documents; flash-attn runs in half precision."""
-    problems = []
+    """The cross-param rules: the model names a built-in size or a model the stand-in can take (at
+    most its own layers); a row holds at least two documents; flash-attn runs in half precision."""
+    problems = stand_in.model_problems(params["model"], params["layers"], weights=False)
     if params["mean_doc_len"] >= params["seq_len"]:
         problems.append(
             f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
@@ -70,8 +72,20 @@ def packing_problems(params: dict[str, Any]) -> list[str]:
 
 
 def config_of(params: dict[str, Any]) -> LlamaConfig:
+    """The decoder's config: a built-in size (``layers`` of them when set), or the stand-in of a
+    preset, config.json or checkpoint directory at its shapes (its first ``layers``; never its
+    weights: the step trains from seeded ones)."""
+    spec = stand_in.resolve(params["model"], weights=False)
+    if spec.config is not None:
+        return LlamaConfig.from_model(spec.config, params["layers"])
     config = SIZES[params["model"]]
     return with_overrides(config, num_layers=params["layers"]) if params["layers"] else config
+
+
+def model_note(params: dict[str, Any]) -> str:
+    """The stand-in paragraph of a preset or config (what a case records); "" for a built-in size."""
+    spec = stand_in.resolve(params["model"], weights=False)
+    return stand_in.stand_in_note(spec.config, params["layers"]) if spec.config is not None else ""
 
 
 def build_workload(params: dict[str, Any], device: torch.device, seed: int, cache: Any) -> PackedWorkload:
@@ -264,6 +278,8 @@ def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str,
         # scores not counted.
         "flops": 6 * matmul_params(w.config) * tokens,
     }
+    if note := model_note(w.params):
+        out["model_note"] = note
     if measured.records:
         out.update({key: measured.median_of(key) for key in ("build_ms", "forward_ms", "backward_ms", "optimizer_ms")})
         out["forward_rest_ms"] = statistics.median(r["forward_ms"] - r["build_ms"] for r in measured.records)
