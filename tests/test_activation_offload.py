@@ -214,3 +214,41 @@ def test_figures_draw_step_time_of_all_four_and_wait_of_the_pair_against_layers(
     assert wait == {"one_buffer": [1.0, 2.0, 4.0], "two_buffers": pytest.approx([0.2, 0.4, 0.8])}
     assert drawn["Peak device memory (MiB) against layers"] is None
     assert all(figures.declared(plot, cases[:1]) is None for plot in TECHNIQUE.plots)
+
+
+def test_head_dim_and_intermediate_set_the_real_shapes_and_the_step_stays_right():
+    """head_dim need not be hidden / heads (Qwen3-0.6B: hidden 1024, 16 heads of 128) and the MLP
+    width is its own: the weights take those shapes, offloaded steps still give plain training's
+    loss and gradients, and the bytes moved are still the layer inputs (hidden wide)."""
+    w = make(layers=2, head_dim=16, intermediate=40)  # 4 heads x 16 = 64 != hidden 32
+    layer = w.weights.layers[0]
+    assert layer.wq.shape == (4 * 16, 32) and layer.wk.shape == (2 * 16, 32) and layer.wo.shape == (32, 64)
+    assert layer.w_gate.shape == (40, 32) and layer.w_down.shape == (32, 40)
+    ref = reference(w)
+    per_layer = SMALL["batch"] * SMALL["seq_len"] * SMALL["hidden"] * 4
+    for variant in ("one_buffer", "two_buffers"):
+        rec = Recorder()
+        out = run(w, variant, rec)
+        assert TECHNIQUE.check_fn(ref, out).passed
+        m = TECHNIQUE.metrics_fn(w, Measured(variant, [0.01], 0.01, out, CPU, records=[rec.values]))
+        assert m["bytes_d2h"] == m["bytes_h2d"] == 2 * per_layer
+
+
+def test_head_dim_and_intermediate_default_to_todays_rule():
+    """0 keeps hidden / heads and hidden * 8 // 3: old scenarios build the same decoder."""
+    assert (TECHNIQUE.defaults()["head_dim"], TECHNIQUE.defaults()["intermediate"]) == (0, 0)
+    c = make().weights.config
+    assert (c.head_dim, c.intermediate_size) == (32 // 4, 32 * 8 // 3)
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"head_dim": 7}, "head_dim 7 must be even"),
+        ({"hidden": 30, "heads": 4}, "not a multiple of heads 4 (or set head_dim)"),
+    ],
+)
+def test_validate_names_a_bad_head_dim(bad, words):
+    problems = TECHNIQUE.validate_fn({**TECHNIQUE.defaults(), **SMALL, **bad})
+    assert any(words in p for p in problems), problems
+    assert TECHNIQUE.validate_fn({**TECHNIQUE.defaults(), **SMALL, "hidden": 30, "heads": 4, "head_dim": 8}) == []

@@ -168,6 +168,7 @@ def test_a_wrong_output_fails_the_check():
     "bad, words",
     [
         (dict(hidden=30, heads=4), "not a multiple of heads"),
+        (dict(head_dim=9), "head_dim 9 must be even"),
         (dict(hidden=36, heads=4, kv_heads=2), "must be even"),
         (dict(heads=4, kv_heads=3), "kv_heads"),
         (dict(experts=2, top_k=3), "top_k"),
@@ -189,3 +190,17 @@ def test_on_cuda_only_the_router_gradients_get_the_wider_bf16_limit():
     assert not ct_correctness.same_path_check(ref, off("layers.0.experts.router_bias", 0.5), bf16, cuda=True).passed
     assert not ct_correctness.same_path_check(ref, off("layers.0.wq", 0.2), bf16, cuda=True).passed
     assert not ct_correctness.same_path_check(ref, off("layers.0.experts.router_bias", 0.05), bf16, cuda=False).passed
+
+
+def test_head_dim_apart_from_hidden_over_heads_keeps_every_variant_right():
+    """gpt-oss's attention is 64 heads of 64 on a hidden of 2880: head_dim is its own param. At
+    head_dim 16 (4 heads: 64 wide on a hidden of 32) every variant still gives the plain step's
+    loss and gradients, and 0 keeps today's hidden / heads."""
+    assert ct.TECHNIQUE.defaults()["head_dim"] == 0 and make_workload().weights.config.head_dim == 32 // 4
+    w = make_workload(head_dim=16)
+    assert w.weights.config.head_dim == 16 and w.weights.layers[0].wq.shape == (4 * 16, 32)
+    ref = ct.reference(w)
+    for name in ct_workload.VARIANTS:
+        out, _ = run(w, name)
+        result = ct.TECHNIQUE.check_fn(ref, out)
+        assert result.passed, (name, result.detail)

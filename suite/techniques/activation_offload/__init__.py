@@ -34,8 +34,16 @@ TECHNIQUE = Technique(
     params=[
         Param("layers", int, 4, "decoder layers (each one checkpoint)", min=1),
         Param("hidden", int, 128, "hidden size", min=8),
-        Param("heads", int, 4, "query heads (head_dim = hidden / heads)", min=1),
+        Param("heads", int, 4, "query heads", min=1),
         Param("kv_heads", int, 2, "key/value heads", min=1),
+        Param(
+            "head_dim",
+            int,
+            0,
+            "channels per head, even; 0 = hidden / heads (real models differ: Qwen3-0.6B has hidden 1024, 16 x 128)",
+            min=0,
+        ),
+        Param("intermediate", int, 0, "MLP (SwiGLU) width; 0 = hidden * 8 // 3", min=0),
         Param("batch", int, 2, "sequences per step", min=1),
         Param("seq_len", int, 128, "tokens per sequence", min=2),
         Param("vocab", int, 256, "vocabulary size", min=2),

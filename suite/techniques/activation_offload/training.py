@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gpubench.checks import DTYPE_TOLERANCE, CheckResult, tensors_check
 from gpubench.contract import Measured, Recorder, Workload
+from gpubench.lib.gqa import decoder_head_dim
 from gpubench.lib.offload import OffloadStats
 from gpubench.models.llama import (
     LlamaConfig,
@@ -47,8 +48,8 @@ class OffloadWorkload(Workload):
 
 
 def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> OffloadWorkload:
-    """Seeded weights of the decoder ``params`` describe (layers, hidden, heads, kv_heads, vocab,
-    dtype) and a seeded token stream of ``batch`` x ``seq_len`` next-token targets."""
+    """Seeded weights of the decoder ``params`` describe (layers, hidden, heads, kv_heads, head_dim,
+    intermediate, vocab, dtype) and a seeded token stream of ``batch`` x ``seq_len`` next-token targets."""
     device = torch.device(device)
     config = LlamaConfig(
         vocab_size=params["vocab"],
@@ -56,8 +57,8 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> O
         num_layers=params["layers"],
         num_heads=params["heads"],
         num_kv_heads=params["kv_heads"],
-        head_dim=params["hidden"] // params["heads"],
-        intermediate_size=params["hidden"] * 8 // 3,
+        head_dim=decoder_head_dim(params),
+        intermediate_size=params.get("intermediate", 0) or params["hidden"] * 8 // 3,
     )
     weights = random_weights(config, seed, DTYPES[params["dtype"]], device)
     tensors = weights.parameters()

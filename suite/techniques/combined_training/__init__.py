@@ -67,8 +67,9 @@ TECHNIQUE = Technique(
     params=[
         Param("layers", int, 2, "decoder layers (each checkpointed, its input offloaded)", min=1),
         Param("hidden", int, 64, "model width (gpt-oss: 2880)", min=8),
-        Param("heads", int, 4, "query heads (head_dim = hidden / heads, even)", min=1),
+        Param("heads", int, 4, "query heads", min=1),
         Param("kv_heads", int, 2, "key/value heads", min=1),
+        Param("head_dim", int, 0, "channels per head, even; 0 = hidden / heads (gpt-oss: 64 of hidden 2880)", min=0),
         Param("vocab", int, 256, "vocabulary size", min=2),
         Param("experts", int, 8, "experts per MoE layer (gpt-oss-20b: 32)", min=1),
         Param("top_k", int, 2, "experts per token (gpt-oss: 4)", min=1),

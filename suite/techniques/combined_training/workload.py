@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpubench.contract import Workload
-from gpubench.lib.gqa import decoder_head_problems
+from gpubench.lib.gqa import decoder_head_dim, decoder_head_problems
 from gpubench.lib.packing import draw_doc_lens
 from gpubench.models.llama import LlamaConfig
 from gpubench.models.moe import MoEConfig, routing_problems
@@ -88,14 +88,14 @@ def workload_problems(params: dict[str, Any]) -> list[str]:
 def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> CombinedWorkload:
     """A random decoder (its initial weights restored by ``reset``) and packed rows of random documents."""
     device = torch.device(device)
-    hidden, heads = params["hidden"], params["heads"]
+    hidden, heads = params["hidden"], params["heads"]  # head_dim: 0 means hidden / heads
     config = LlamaConfig(
         vocab_size=params["vocab"],
         hidden_size=hidden,
         num_layers=params["layers"],
         num_heads=heads,
         num_kv_heads=params["kv_heads"],
-        head_dim=hidden // heads,
+        head_dim=decoder_head_dim(params),
         intermediate_size=1,
         max_position=params["seq_len"],
     )
