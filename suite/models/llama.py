@@ -91,7 +91,8 @@ class LlamaConfig:
         if cfg.head_dim % 2:
             raise BadInput(f"{cfg.name}: head_dim {cfg.head_dim} is odd; RoPE rotates pairs of channels.")
         raw = cfg.raw
-        rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        params = raw.get("rope_parameters")  # transformers 5 keeps rope_theta there
+        rope: dict = params if isinstance(params, dict) else {}
         theta = raw.get("rope_theta") or rope.get("rope_theta") or 10000.0
         return cls(
             vocab_size=cfg.vocab_size,

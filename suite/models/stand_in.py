@@ -91,6 +91,8 @@ def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str
 
 
 def mla_refusal(cfg: ModelConfig) -> str:
+    """Why an MLA model (``cfg.mla`` set) cannot be run by the stand-in, and what is allowed."""
+    assert cfg.mla is not None  # (asked only of MLA models)
     return (
         f"{cfg.name} uses multi-head latent attention (MLA: a {cfg.mla.kv_lora_rank}-wide latent plus a "
         f"{cfg.mla.qk_rope_head_dim}-wide RoPE key cached per token), which the Llama-style stand-in cannot "
