@@ -191,7 +191,7 @@ def test_the_stand_in_note_says_shapes_layers_moe_and_windows(tmp_path):
     assert note.startswith("Llama-style stand-in at gpt-oss-20b's attention shapes (GQA 64 q / 8 kv heads x 64")
     assert "2 of 24 layers" in note and "seeded random weights" in note
     assert "MoE as a dense MLP of the active width (top-4 x 2880 = 11520" in note
-    assert "sliding windows not applied (the model has them on 1 of these 2 layers, window 128)" in note
+    assert "sliding windows not applied (window 128 on 1 of the 2 layers run)" in note
     dense = stand_in.stand_in_note(load_model("llama-3.1-8b"))
     assert "32 of 32 layers" in dense and "MoE" not in dense and "sliding" not in dense
 
@@ -306,3 +306,45 @@ def test_kv_cache_allocates_a_config_json_layout(tmp_path):
         assert T.check_fn(predicted, out).passed
     problems = T.validate_fn({**T.defaults(), "model": "llama-9z"})
     assert problems and "presets:" in problems[0] and "config.json" in problems[0]
+
+
+def test_the_serve_command_runs_a_configs_first_layers_and_says_which_stand_in(tmp_path):
+    """`gpubench serve --model config.json --layers 1`: the stand-in's first layer serves the
+    trace; the JSON names the layers and the stand-in; more layers than the model has is exit 2."""
+    from click.testing import CliRunner
+
+    from gpubench.cli import main
+
+    path = write_config(tmp_path / "moe-like", MOE_LIKE)
+    args = ["serve", "--model", str(path), "--requests", "3", "--arrival", "all", "--prompt-len", "fixed:4"]
+    args += ["--output-len", "fixed:3", "--max-len", "16", "--engine", "continuous+paged", "--device", "cpu"]
+    result = CliRunner().invoke(main, [*args, "--layers", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["layers"] == 1 and "moe-like's attention shapes" in doc["model_note"]
+    assert doc["engines"]["continuous+paged"]["requests"] == 3
+    result = CliRunner().invoke(main, [*args, "--layers", "3"])
+    assert result.exit_code == 2 and "layers (3) exceeds moe-like's 2 layers" in result.output
+
+
+def test_the_note_names_dense_layers_of_an_moe_and_chunked_layers(tmp_path):
+    """Qwen2-MoE style (MoE on every second layer, a shared expert): the active width adds the
+    shared expert and the note says the dense layers take it too; chunked layers are named."""
+    qwen_moe = {
+        **QWEN3_LIKE,
+        "model_type": "qwen2_moe",
+        "num_hidden_layers": 4,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 40,
+        "decoder_sparse_step": 2,
+    }
+    cfg = load_model(write_config(tmp_path / "qwen-moe", qwen_moe))
+    assert LlamaConfig.from_model(cfg).intermediate_size == 2 * 16 + 40
+    note = stand_in.stand_in_note(cfg)
+    assert "top-2 x 16 + 1 shared x 40 = 72" in note and "2 of the 4 layers run are dense in the model" in note
+    chunked = {**QWEN3_LIKE, "num_hidden_layers": 2, "attention_chunk_size": 16}
+    chunked["layer_types"] = ["chunked_attention", "full_attention"]
+    note = stand_in.stand_in_note(load_model(write_config(tmp_path / "chunked", chunked)), layers=1)
+    assert "chunked attention not applied (chunk 16 on 1 of the 1 layers run)" in note

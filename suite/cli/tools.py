@@ -295,9 +295,18 @@ def _list_presets(as_json: bool) -> None:
     "-m",
     default="tiny",
     show_default=True,
-    metavar="SIZE|DIR",
-    help="A built-in size (tiny, small, 100m, 1b; seeded random weights) or a local Hugging Face "
+    metavar="SIZE|PRESET|CONFIG|DIR",
+    help="A built-in size (tiny, small, 100m, 1b; seeded random weights), a preset or a config.json "
+    "(seeded random weights at that model's shapes: a Llama-style stand-in), or a local Hugging Face "
     "Llama-style checkpoint directory (needs transformers: pip install 'gpubench[hf]').",
+)
+@click.option(
+    "--layers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Decoder layers run: 0 keeps the model's own; a built-in size gets that many, a preset, "
+    "config or checkpoint its first N (a large model's shapes on a small device).",
 )
 @click.option(
     "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16", "float64"])
@@ -353,6 +362,7 @@ def _list_presets(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 def serve(
     model,
+    layers,
     dtype,
     device,
     trace_file,
@@ -377,7 +387,7 @@ def serve(
     (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
     from gpubench.measure import env as envmod
     from gpubench.models.llama import model_from
-    from gpubench.serving.bench import DTYPES
+    from gpubench.serving.bench import DTYPES, model_note
     from gpubench.serving.config import KV_LAYOUTS, SCHEDULERS, EngineConfig
     from gpubench.serving.engine import Engine
     from gpubench.serving.metrics import serving_metrics
@@ -405,7 +415,8 @@ def serve(
         if value < 1:
             raise BadInput(f"{option}: {value} is not valid; allowed: an integer >= 1.")
     dev = envmod.resolve_device(device)
-    weights = model_from(model, seed, DTYPES[dtype], dev)
+    weights = model_from(model, seed, DTYPES[dtype], dev, layers=layers)
+    stand_in_note = model_note(model, layers)
     reqs = generate(
         TraceSpec(requests, arrival, prompt_len, output_len, weights.config.vocab_size, trace_file), seed + 1
     )
@@ -441,7 +452,9 @@ def serve(
             json.dumps(
                 {
                     "model": model,
+                    "layers": weights.config.num_layers,
                     "params": weights.config.num_params(),
+                    **({"model_note": stand_in_note} if stand_in_note else {}),
                     "device": str(dev),
                     "engines": results_by_engine,
                 },
@@ -480,6 +493,8 @@ def serve(
         f"{dtype}) on {envmod.device_label(dev)}, KV budget {budget / 2**20:.1f} MiB"
         + (", all at once" if no_wait else ""),
     )
+    if stand_in_note:
+        out.print(stand_in_note, markup=False, soft_wrap=not out.is_terminal)
     for name, m in results_by_engine.items():
         if m["accounting_problems"]:
             out.print(

@@ -132,7 +132,7 @@ def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
         )
         sparse = sum(moe.layers[:used])
         if sparse < used:
-            text += f"; {used - sparse} of these {used} layers are dense in the model and get this width too"
+            text += f"; {used - sparse} of the {used} layers run are dense in the model and get this width too"
         parts.append(text + ")")
     for what, per_layer, label in (
         ("sliding windows", cfg.layer_windows, "window"),
@@ -141,7 +141,5 @@ def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
         sizes = [n for n in per_layer[:used] if n is not None]
         if sizes:
             widths = "/".join(str(n) for n in sorted(set(sizes)))
-            parts.append(
-                f"{what} not applied (the model has them on {len(sizes)} of these {used} layers, {label} {widths})"
-            )
+            parts.append(f"{what} not applied ({label} {widths} on {len(sizes)} of the {used} layers run)")
     return "; ".join(parts)
