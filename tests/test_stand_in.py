@@ -25,7 +25,9 @@ from gpubench.techniques import continuous_batching, kv_cache, packed_metadata, 
 CPU = torch.device("cpu")
 # Qwen3-0.6B's attention shapes at a tenth of the size: head_dim (32) is not hidden / heads (16).
 QWEN3_LIKE = {
+    "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
+    "hidden_act": "silu",
     "hidden_size": 64,
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
@@ -37,10 +39,17 @@ QWEN3_LIKE = {
     "rope_theta": 1000000,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "max_window_layers": 3,
+    "attention_bias": False,
+    "torch_dtype": "bfloat16",
 }
 # A gpt-oss-like MoE config: 8 experts, top-2 of width 24, sliding windows on even layers.
 MOE_LIKE = {
+    "architectures": ["GptOssForCausalLM"],
     "model_type": "gpt_oss",
+    "hidden_act": "silu",
     "hidden_size": 48,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
@@ -49,7 +58,13 @@ MOE_LIKE = {
     "intermediate_size": 24,
     "num_local_experts": 8,
     "num_experts_per_tok": 2,
+    "experts_per_token": 2,
     "vocab_size": 101,
+    "max_position_embeddings": 512,
+    "rope_theta": 150000,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
     "sliding_window": 8,
     "layer_types": ["sliding_attention", "full_attention"],
 }
@@ -344,7 +359,27 @@ def test_the_note_names_dense_layers_of_an_moe_and_chunked_layers(tmp_path):
     assert LlamaConfig.from_model(cfg).intermediate_size == 2 * 16 + 40
     note = stand_in.stand_in_note(cfg)
     assert "top-2 x 16 + 1 shared x 40 = 72" in note and "2 of the 4 layers run are dense in the model" in note
-    chunked = {**QWEN3_LIKE, "num_hidden_layers": 2, "attention_chunk_size": 16}
-    chunked["layer_types"] = ["chunked_attention", "full_attention"]
-    note = stand_in.stand_in_note(load_model(write_config(tmp_path / "chunked", chunked)), layers=1)
-    assert "chunked attention not applied (chunk 16 on 1 of the 1 layers run)" in note
+    llama4 = {  # Llama-4 style: RoPE layers chunked, every 4th a NoPE layer with full attention
+        "architectures": ["Llama4ForCausalLM"],
+        "model_type": "llama4_text",
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 32,
+        "intermediate_size_mlp": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 1,
+        "vocab_size": 97,
+        "max_position_embeddings": 512,
+        "rope_theta": 500000,
+        "rms_norm_eps": 1e-5,
+        "attention_chunk_size": 16,
+        "no_rope_layers": [1, 1, 1, 0],
+    }
+    note = stand_in.stand_in_note(load_model(write_config(tmp_path / "llama4-like", llama4)))
+    assert "chunked attention not applied (chunk 16 on 3 of the 4 layers run)" in note
+    assert "top-1 x 32 + 1 shared x 32 = 64" in note
