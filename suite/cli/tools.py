@@ -386,8 +386,9 @@ def serve(
     """Serve a request trace through one or more engines and print vLLM-style serving metrics
     (throughput, TTFT / TPOT / ITL / end-to-end percentiles, goodput, KV utilization, concurrency)."""
     from gpubench.measure import env as envmod
+    from gpubench.models import stand_in
     from gpubench.models.llama import model_from
-    from gpubench.serving.bench import DTYPES, model_note
+    from gpubench.serving.bench import DTYPES
     from gpubench.serving.config import KV_LAYOUTS, SCHEDULERS, EngineConfig
     from gpubench.serving.engine import Engine
     from gpubench.serving.metrics import serving_metrics
@@ -416,7 +417,7 @@ def serve(
             raise BadInput(f"{option}: {value} is not valid; allowed: an integer >= 1.")
     dev = envmod.resolve_device(device)
     weights = model_from(model, seed, DTYPES[dtype], dev, layers=layers)
-    stand_in_note = model_note(model, layers)
+    stand_in_note = stand_in.case_note(model, layers)
     reqs = generate(
         TraceSpec(requests, arrival, prompt_len, output_len, weights.config.vocab_size, trace_file), seed + 1
     )

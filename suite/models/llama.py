@@ -80,16 +80,10 @@ class LlamaConfig:
         width; :func:`~gpubench.models.stand_in.stand_in_note` says so in what a case records).
         Sliding and chunked layers attend fully here. BadInput for an MLA model (a Llama layer
         cannot hold a latent cache) and for more layers than the model has."""
-        if cfg.mla is not None:
-            raise BadInput(stand_in.mla_refusal(cfg))
-        if layers > cfg.num_layers:
-            raise BadInput(
-                f"layers ({layers}) exceeds {cfg.name}'s {cfg.num_layers} layers; allowed: 0 (all) to {cfg.num_layers}."
-            )
-        if cfg.vocab_size is None:
-            raise BadInput(f"{cfg.name}: the config has no vocab_size; the stand-in needs it for its embedding.")
-        if cfg.head_dim % 2:
-            raise BadInput(f"{cfg.name}: head_dim {cfg.head_dim} is odd; RoPE rotates pairs of channels.")
+        problems = stand_in.config_problems(cfg, layers)
+        if problems:
+            raise BadInput("; ".join(problems) + ".")
+        assert cfg.vocab_size is not None  # (config_problems refuses a config without it)
         raw = cfg.raw
         params = raw.get("rope_parameters")  # transformers 5 keeps rope_theta there
         rope: dict = params if isinstance(params, dict) else {}

@@ -65,15 +65,18 @@ def resolve(text: str, weights: bool = True) -> ModelSpec:
 
 def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str]:
     """Why ``model`` (with its first ``layers`` layers, 0 = all) cannot be run by the Llama-style
-    decoder: it names nothing, its config is invalid, it is an MLA model, or it has fewer layers.
-    A checkpoint directory's own checks wait for its loading (they need transformers)."""
+    decoder: it names nothing, or :func:`config_problems`. A checkpoint directory's own checks
+    wait for its loading (they need transformers)."""
     try:
         spec = resolve(text, weights)
     except BadInput as exc:
         return [str(exc)]
-    if spec.config is None:
-        return []
-    cfg = spec.config
+    return [] if spec.config is None else config_problems(spec.config, layers)
+
+
+def config_problems(cfg: ModelConfig, layers: int = 0) -> list[str]:
+    """Why the stand-in cannot take ``cfg`` (its first ``layers``): an MLA model, more layers than
+    it has, an odd head_dim, or no vocabulary or MLP width in its config."""
     problems = []
     if cfg.mla is not None:
         problems.append(mla_refusal(cfg))
@@ -88,6 +91,13 @@ def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str
     if cfg.moe is None and cfg.intermediate_size is None:
         problems.append(f"{cfg.name}: the config has no intermediate_size; the stand-in needs its MLP width")
     return problems
+
+
+def case_note(text: str, layers: int = 0, weights: bool = True) -> str:
+    """What a case at ``model`` records about it: :func:`stand_in_note` for a preset or config
+    (random weights at its shapes), "" for a built-in size or a checkpoint's own weights."""
+    spec = resolve(text, weights)
+    return stand_in_note(spec.config, layers) if spec.config is not None else ""
 
 
 def mla_refusal(cfg: ModelConfig) -> str:
@@ -107,8 +117,7 @@ def active_mlp_width(cfg: ModelConfig) -> int:
     width a token's MLP computes through, top_k routed experts plus the shared ones
     (``top_k * expert_dim + shared_experts * shared_expert_dim``)."""
     if cfg.moe is None:
-        if cfg.intermediate_size is None:
-            raise BadInput(f"{cfg.name}: the config has no intermediate_size; the stand-in needs its MLP width.")
+        assert cfg.intermediate_size is not None  # (config_problems refuses a config without it)
         return cfg.intermediate_size
     moe = cfg.moe
     return moe.top_k * moe.expert_dim + moe.shared_experts * (moe.shared_expert_dim or 0)

@@ -219,15 +219,8 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWor
         slo_tpot_ms=params["slo_tpot_ms"],
         check_requests=params["check_requests"],
         min_preemptions=params["min_preemptions"],
-        model_note=model_note(params["model"], params["layers"]),
+        model_note=stand_in.case_note(params["model"], params["layers"]),
     )
-
-
-def model_note(model: str, layers: int) -> str:
-    """What a case records about its model: the stand-in paragraph for a preset or config.json
-    (:func:`gpubench.models.stand_in.stand_in_note`), nothing for a built-in size or checkpoint."""
-    spec = stand_in.resolve(model)
-    return stand_in.stand_in_note(spec.config, layers) if spec.config is not None else ""
 
 
 def _warm_up(weights: LlamaWeights) -> None:

@@ -82,12 +82,6 @@ def config_of(params: dict[str, Any]) -> LlamaConfig:
     return with_overrides(config, num_layers=params["layers"]) if params["layers"] else config
 
 
-def model_note(params: dict[str, Any]) -> str:
-    """The stand-in paragraph of a preset or config (what a case records); "" for a built-in size."""
-    spec = stand_in.resolve(params["model"], weights=False)
-    return stand_in.stand_in_note(spec.config, params["layers"]) if spec.config is not None else ""
-
-
 def build_workload(params: dict[str, Any], device: torch.device, seed: int, cache: Any) -> PackedWorkload:
     """Seeded micro-batches of packed documents, the model size's seeded weights and a seeded
     mid-training optimizer state, fresh from every reset; ``cache`` is the cached variant's."""
@@ -278,7 +272,7 @@ def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str,
         # scores not counted.
         "flops": 6 * matmul_params(w.config) * tokens,
     }
-    if note := model_note(w.params):
+    if note := stand_in.case_note(w.params["model"], w.params["layers"], weights=False):
         out["model_note"] = note
     if measured.records:
         out.update({key: measured.median_of(key) for key in ("build_ms", "forward_ms", "backward_ms", "optimizer_ms")})
