@@ -7,8 +7,8 @@ weights where it holds them). The stand-in keeps a model's attention shapes (hid
 and KV heads, head_dim), its vocabulary, RoPE base and tied embeddings; what a Llama layer cannot
 hold is said in :func:`stand_in_note`, which a case records so a report is honest about it.
 
-Torch-free (config files only): a scenario's check and the generator of model scenarios read it
-without the decoder.
+Torch-free (it reads config files only), so what only checks or describes a model (the
+techniques' param rules, the generator of model scenarios) needs nothing of the decoder.
 """
 
 from __future__ import annotations
