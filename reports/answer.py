@@ -87,12 +87,14 @@ VERDICT_CLASS = {
     GPU_ONLY: "not-comparable",
     NOT_MEASURED: "fail",
 }
+NO_MEMORY = "not measured"
 MAX_CASES = 4  # a technique of more cases in a run without a model block is a sweep: left out
 RULE = (
     "Ranked by the lower end of each figure's 95% CI (the speedup, or the technique's own figure where "
     "its win is not time); only a figure whose whole CI is above 1 is ranked. A CI that reaches 1 is no "
     "gain at these shapes; a failed check comes first, whatever its speed."
 )
+MEMORY_NOTE = "peak memory: not measured in this run (CUDA allocations only)"
 RULE_SHORT = "ranked by the lower end of each 95% CI; nothing whose CI reaches 1 is ranked"
 CPU_NOTE = (
     "Measured on a CPU: a technique whose win is GPU-specific (host syncs, HBM traffic, copy overlap) is "
@@ -174,6 +176,11 @@ class Answer:
     rule: str = RULE
 
     @property
+    def memory_measured(self) -> bool:
+        """Whether any row has a peak memory figure (CUDA allocations only: none on a CPU run)."""
+        return any(r.memory != NO_MEMORY for r in self.rows)
+
+    @property
     def cpu_note(self) -> str:
         return CPU_NOTE if self.on_cpu and any(r.verdict == GPU_ONLY for r in self.rows) else ""
 
@@ -232,7 +239,7 @@ def memory_text(case: CaseRecord) -> str:
     before = base.peak_memory_bytes if base is not None else None
     after = opt.peak_memory_bytes if opt is not None else None
     if before is None or after is None:
-        return "not measured"
+        return NO_MEMORY
     change = after - before
     sign = "+" if change > 0 else "-" if change < 0 else "±"
     return f"{sign}{human_bytes(abs(change))} ({human_bytes(before)} -> {human_bytes(after)})"
@@ -248,10 +255,10 @@ def error_text(case: CaseRecord) -> str:
     if check.metric == "reference":
         return "it is the reference"
     figure = f"{check.metric or 'error'} {check.error:.2g}" if isinstance(check.error, (int, float)) else "passed"
-    if isinstance(check.tolerance, (int, float)):
+    if isinstance(check.tolerance, (int, float)) and check.tolerance > 0:
         figure += f" (tolerance {check.tolerance:.0e})"
     elif isinstance(check.error, (int, float)):
-        figure += " (exact)"
+        figure += " (exact)"  # no tolerance, or none above 0: the outputs must match
     return figure if check.passed is not False else f"FAILED: {figure}"
 
 
@@ -409,11 +416,12 @@ def rank(rows: list[Row]) -> list[Row]:
 HEADER = ("technique", "verdict", "what it buys [95% CI]", "what it costs", "published claim")
 
 
-def cells(row: Row) -> list[str]:
-    """A row as the terminal and summary.md show it, in :data:`HEADER` order."""
+def cells(row: Row, memory: bool = True) -> list[str]:
+    """A row as the terminal and summary.md show it, in :data:`HEADER` order (``memory=False``:
+    the costs without the peak memory no row of the run measured)."""
     name = (f"{row.rank}. " if row.rank else "") + row.label + (f" ({row.note})" if row.note else "")
     said = row.verdict + (f" ({row.why})" if row.why else "")
-    return [name, said, row.buys, row.costs, row.claim_text]
+    return [name, said, row.buys, row.costs if memory else f"check {row.error}", row.claim_text]
 
 
 def _lines_after(ans: Answer, short: bool = False) -> list[str]:
@@ -425,6 +433,8 @@ def _lines_after(ans: Answer, short: bool = False) -> list[str]:
     ]
     lines += [f"sizing: {s}" for s in ans.sizing]
     lines += [f"not in this table: {s}" for s in ans.left_out]
+    if ans.rows and not ans.memory_measured:
+        lines.append(MEMORY_NOTE)
     lines += [x for x in (ans.scope, RULE_SHORT if short else ans.rule, ans.cpu_note) if x]
     return lines
 
@@ -440,7 +450,8 @@ def blocks(ans: Answer, width: int) -> list[str]:
         lines += fit_fields([name + ":", row.verdict], width, indent="  ", sep=" ")
         if row.why:
             lines += ["    " + line for line in wrap_words(row.why, width - 4, "  ")]
-        fields = [f"buys {buys}", f"memory {row.memory}", f"check {row.error}", f"claim {claim}"]
+        memory = [f"memory {row.memory}"] if ans.memory_measured else []
+        fields = [f"buys {buys}", *memory, f"check {row.error}", f"claim {claim}"]
         lines += ["    " + line for line in fit_fields(fields, width - 4, indent="  ")]
     return lines
 
@@ -452,7 +463,10 @@ def table(ans: Answer) -> Table:
         out.add_column(name, overflow="fold")
     for row in ans.rows:
         out.add_row(
-            *(Text(cell, style=_STYLE.get(row.verdict, "") if j == 1 else "") for j, cell in enumerate(cells(row)))
+            *(
+                Text(cell, style=_STYLE.get(row.verdict, "") if j == 1 else "")
+                for j, cell in enumerate(cells(row, ans.memory_measured))
+            )
         )
     return out
 
@@ -480,7 +494,7 @@ def print_answer(doc: RunRecord | Mapping[str, Any], console: Console) -> None:
     if not ans.rows:
         say("no case of this run can be answered here")
     elif log:
-        for line in plain_lines(HEADER, [cells(r) for r in ans.rows]):
+        for line in plain_lines(HEADER, [cells(r, ans.memory_measured) for r in ans.rows]):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     else:
         drawn = table(ans)
@@ -505,7 +519,7 @@ def markdown_lines(ans: Answer | None, cell: Any) -> list[str]:
     if ans.rows:
         lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
         for row in ans.rows:
-            values = cells(row)
+            values = cells(row, ans.memory_measured)
             values[1] = f"**{values[1]}**"
             lines.append("| " + " | ".join(cell(v) for v in values) + " |")
         lines.append("")

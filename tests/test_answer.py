@@ -216,8 +216,14 @@ def test_costs_say_the_memory_change_and_the_check_error_against_its_tolerance()
     assert rows["fused"].memory == "-2 GiB (3 GiB -> 1 GiB)"
     assert rows["bigger"].memory.startswith("+1 GiB (1 GiB -> 2 GiB)")
     assert rows["fused"].error == "rel_l2 3e-07 (tolerance 1e-05)"
+    shown = _printed(doc(cases), 200, terminal=False)
+    assert "memory -2 GiB (3 GiB -> 1 GiB); check rel_l2 3e-07 (tolerance 1e-05)" in shown
+    assert answer.MEMORY_NOTE not in shown
     wrong = answer.answer(doc([case("w", 2.0, 1.9, 2.1, passed=False)])).rows[0]
     assert wrong.error == "FAILED: rel_l2 0.4 (tolerance 1e-05)" and wrong.verdict == WRONG
+    exact = case("tokens", 1.5, 1.4, 1.6)
+    exact["variants"]["fused"]["check"].update(error=0, tolerance=0, metric="mismatched_tokens")
+    assert answer.answer(doc([exact])).rows[0].error == "mismatched_tokens 0 (exact)"
     cpu = answer.answer(doc([case("c", 1.5, 1.4, 1.6, device="cpu")], device="cpu")).rows[0]
     assert cpu.memory == "not measured"
 
@@ -399,7 +405,8 @@ def test_a_log_gets_one_plain_line_per_row():
     rows = lines[start + 1 : start + 9]
     assert [r.split()[0] for r in rows] == ["wrong_fast", "1.", "2.", "spiky", "slower", "few", "syncs", "crashed"]
     assert all("rel_l2" in r for r in rows) and not set("┃│┏━") & set("".join(lines))
-    assert lines[start + 9].startswith("A run without a model")
+    assert lines[start + 9] == answer.MEMORY_NOTE  # no row measured memory: said once, not per row
+    assert not any("memory not measured" in r for r in rows)
 
 
 def test_the_answer_goes_through_the_run_s_own_record_fields():
