@@ -442,3 +442,20 @@ def test_in_a_browser_at_phone_width_the_answer_never_scrolls_the_page(model_rep
     for state in ("closed", "opened"):
         seen = result[state]
         assert seen["scroll_width"] <= PHONE and seen["wide"] == [], (state, seen["scroll_width"], seen["wide"][:10])
+
+
+def test_gpubench_run_prints_the_answer_before_the_summary(tmp_path):
+    """The terminal summary's first block: `gpubench run` prints the answer, then the summary."""
+    from test_cli_output import FAST, ROOT, invoke
+
+    path = tmp_path / "answered.yaml"
+    path.write_text(
+        f"name: answered\n{FAST}entries:\n  - technique: {ROOT / 'benchmarks' / 'tiny_pair.py'}\n    params: {{}}\n"
+    )
+    result = invoke("run", "--scenario", path, "--out", tmp_path / "runs", "--no-calibrate", "--isolation", "none")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    answer_at = next(i for i, line in enumerate(lines) if line.startswith("What to turn on: answered on "))
+    summary_at = next(i for i, line in enumerate(lines) if line.startswith("answered on "))
+    assert answer_at < summary_at
+    assert any(line.startswith("tiny_pair") for line in lines[answer_at:summary_at])
