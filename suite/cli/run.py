@@ -585,7 +585,7 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
 
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     try:  # the answer first: what to turn on, ranked; a fault in it costs the table, never the run
-        print_answer(outcome.doc, out)
+        print_answer(outcome.record, out)
     except Exception as exc:  # noqa: BLE001 - the summary, the history and the report still follow
         out.print(f"the answer table could not be drawn: {type(exc).__name__}: {exc}", markup=False)
     print_summary(outcome.doc, out, notes)
