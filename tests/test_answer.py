@@ -459,3 +459,24 @@ def test_gpubench_run_prints_the_answer_before_the_summary(tmp_path):
     summary_at = next(i for i, line in enumerate(lines) if line.startswith("answered on "))
     assert answer_at < summary_at
     assert any(line.startswith("tiny_pair") for line in lines[answer_at:summary_at])
+
+
+def test_the_model_block_s_text_is_escaped_in_the_page_and_in_markdown(tmp_path):
+    """The model block is read from results.json (input): its name, summary, notes and reasons
+    reach the page escaped, and a Markdown cell neither breaks the table nor carries a tag."""
+    run = model_run()
+    run["scenario"]["model"] = {
+        **MODEL,
+        "name": "<script>alert(1)</script>",
+        "not_applicable": [{"technique": "paged_attention", "reason": "a | pipe <b>and</b> a tag"}],
+    }
+    run["scenario"]["entries"][1]["note"] = "sliding <i>layers</i>"
+    written = html.write_report(write_run(tmp_path / "run", run), read_history=False)
+    page = written.html.read_text()
+    section = page[page.index('<section id="answer">') :]
+    section = section[: section.index("</section>")]
+    assert "<script>" not in section and "&lt;script&gt;" in section
+    assert "<i>layers</i>" not in section and "<b>and</b>" not in section
+    md = written.markdown.read_text()
+    assert "<script>" not in md and "&lt;script>" in md
+    assert "a \\| pipe &lt;b>and&lt;/b> a tag" in md
