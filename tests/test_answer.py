@@ -168,6 +168,8 @@ def test_too_few_samples_is_never_ranked_even_with_a_ci_recorded():
     ans = answer.answer(doc([case("thin", 3.0, 2.5, 3.5, n=3)]))
     assert verdicts(ans) == [("thin", TOO_FEW, None)]
     assert ans.rows[0].buys == "3.00x (n=3)"
+    unrecorded = answer.answer(doc([case("bare", 3.0, None, None, n=9)])).rows[0]
+    assert (unrecorded.verdict, unrecorded.why) == (TOO_FEW, "n=9, but no CI recorded")
 
 
 def test_a_bookkeeping_figure_is_ranked_exact_on_any_device_and_a_rate_by_its_time():
