@@ -175,6 +175,21 @@ def claim_rows(doc: RunRecord | dict[str, Any], registry: Registry | None = None
     return sorted(rows, key=lambda r: (r["verdict"] == "not comparable") + (r["reason"] == NOT_IN_RUN))
 
 
+def case_claim_rows(doc: RunRecord | dict[str, Any], case: CaseRecord) -> list[dict[str, Any]]:
+    """The rows of :func:`claim_rows` for one case of the run: each claim its technique declares,
+    read against that case alone (the same rule and reasons), for a table of one row per case."""
+    run = as_run(doc)
+    label = case_params(case, shown_by_technique(run).get(case.technique))
+    unpassed = {case.id: (case.status or "did not pass", label or case.id)} if case.status != "passed" else {}
+    rows = [
+        _row(case.technique, claim, read_cases(claim, [case.to_dict()], run.device), unpassed)
+        for claim in _claims_of(run, case.technique)
+    ]
+    for row in rows:
+        row["verdict_class"] = VERDICT_CLASS.get(row["verdict"], "")
+    return rows
+
+
 def split(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(the rows this run read against its cases, the rows of techniques it did not include)."""
     return [r for r in rows if r["reason"] != NOT_IN_RUN], [r for r in rows if r["reason"] == NOT_IN_RUN]

@@ -34,7 +34,7 @@ from gpubench.records.atomic import DiskFull, atomic_write_text
 from gpubench.records.declarations import Registry
 from gpubench.records.results import CaseRecord, RunRecord, as_run, duration_text, not_run_text
 from gpubench.records.results import load_run as load_record
-from gpubench.reports import charts, claims, markdown, phases, profile_view, sweep
+from gpubench.reports import answer, charts, claims, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
@@ -437,6 +437,7 @@ def render(
     }
     energy_note = markdown.TIMED_CALLS_NOTE if any(r["energy_over_timed_calls"] for r in rows) else None
     context = {
+        "answer": answer.answer(record),
         "head": head,
         "rows": rows,
         "fleet": side_by_side.fleet_matrix([record, *others]),
@@ -505,7 +506,9 @@ def write_report(
     text = render(
         run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent, trends=trends
     )
-    summary = markdown.render_summary(headline(run.record), summary_rows(run.record), compared)
+    summary = markdown.render_summary(
+        headline(run.record), summary_rows(run.record), compared, answer=answer.answer(run.record)
+    )
     write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--out")
     return Written(html_path, md_path)
 

@@ -1,5 +1,6 @@
-"""summary.md: the run's headline, summary table and published claims (and, with --compare, the
-count of changes) in GitHub-flavoured Markdown, for a CI job summary or a pull-request comment.
+"""summary.md: what to turn on (the answer table), the run's headline, summary table and published
+claims (and, with --compare, the count of changes) in GitHub-flavoured Markdown, for a CI job
+summary or a pull-request comment.
 
 It formats what :mod:`gpubench.reports.html` has already read out of the results (the headline
 and summary rows), escapes every cell, and stays under :data:`MAX_BYTES`: rows past the budget
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpubench.reports import answer as answer_table
 from gpubench.reports.claims import markdown_lines
 
 MAX_BYTES = 60_000
@@ -128,10 +130,12 @@ def render_summary(
     rows: list[dict[str, Any]],
     comparison: dict[str, Any] | None = None,
     max_bytes: int = MAX_BYTES,
+    answer: answer_table.Answer | None = None,
 ) -> str:
-    """The headline, the comparison's counts (if any), the summary table, then the published claims
-    (the table gets what the rest leaves of ``max_bytes``)."""
-    lines = _headline(head)
+    """The answer table first (:mod:`gpubench.reports.answer`: what to turn on, where given), the
+    headline, the comparison's counts (if any), the summary table, then the published claims (the
+    table gets what the rest leaves of ``max_bytes``)."""
+    lines = answer_table.markdown_lines(answer, cell) + _headline(head)
     if comparison is not None:
         lines += _comparison(comparison)
     claims = markdown_lines(head.get("claims") or [], cell)

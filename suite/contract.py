@@ -317,13 +317,19 @@ class Headline:
     ``replaces_time`` (the default): the win is this figure, not time (kv_cache: KV utilization;
     serving: output tokens/s), so it stands in place of the speedup and ranks the cases. False: a
     figure shown beside the speedup, the win is still time (moe_grouping: host syncs per step). A
-    technique that declares none is read by time alone: the optimized variant's speedup."""
+    technique that declares none is read by time alone: the optimized variant's speedup.
+
+    ``exact``: the figure is bookkeeping (bytes, blocks, requests that fit): the same at every call
+    and on any device, so it needs no confidence interval (the report's answer table ranks on it
+    as it stands). False (the default): a figure measured over the timed calls (tokens/s), as sure
+    as the time it was measured over."""
 
     metric: str
     label: str = ""  # default: the metric's name
     percent: bool = False
     higher_is_better: bool = True
     replaces_time: bool = True
+    exact: bool = False
 
     @property
     def name(self) -> str:

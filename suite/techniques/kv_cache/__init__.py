@@ -33,7 +33,7 @@ TECHNIQUE = Technique(
     anchor="vLLM: prior systems use 20.4-38.2% of KV memory for token states; vLLM wastes under 4%",
     claims=[vllm_kv_waste("utilization")],
     benchmarks=[Bench(model, {"model": model, "max_len": 512}) for model in ("llama-3.1-8b", "gpt-oss-20b")],
-    headline_figures=(Headline("utilization", "KV utilization", percent=True),),
+    headline_figures=(Headline("utilization", "KV utilization", percent=True, exact=True),),
     gate_metric="bytes_reserved",
     gpu_specific="The bytes are the same on any device; the time (allocate and write the cache) "
     "is a device figure, and on a CPU it says little about a GPU allocator.",

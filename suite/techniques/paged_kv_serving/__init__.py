@@ -52,8 +52,8 @@ TECHNIQUE = Technique(
     "as the Triton kernel does.",
     benchmarks=bench.BENCHMARKS,
     headline_figures=(
-        Headline("max_concurrency", "max concurrent requests"),
-        Headline("kv_utilization", "KV utilization", percent=True),
+        Headline("max_concurrency", "max concurrent requests", exact=True),
+        Headline("kv_utilization", "KV utilization", percent=True, exact=True),
         Headline("output_tokens_per_s", "output tokens/s"),
     ),
     plots=bench.PLOTS,
