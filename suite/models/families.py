@@ -207,7 +207,15 @@ FAMILIES: dict[str, Family] = {
             ("LlamaForCausalLM",),
             # rope_interleaved and is_llama_config: published by SmolLM2 (a nanotron export);
             # transformers stores and ignores them.
-            _f("head_dim", "hidden_act", "attention_bias", "mlp_bias", "pretraining_tp", "rope_interleaved"),
+            _f(
+                "head_dim",
+                "hidden_act",
+                "attention_bias",
+                "mlp_bias",
+                "pretraining_tp",
+                "rope_interleaved",
+                "is_llama_config",
+            ),
             {
                 "hidden_act": "silu",
                 "intermediate_size": 11008,
