@@ -136,7 +136,7 @@ COMMON_FIELDS = frozenset(
     }
 )
 
-_MOE_SHAPE_NEUTRAL = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "norm_topk_prob"}
+_MOE_SHAPE_NEUTRAL = {"output_router_logits", "router_aux_loss_coef", "norm_topk_prob"}
 _QWEN_WINDOW = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}
 _DEEPSEEK = {
     "kv_lora_rank",
@@ -165,7 +165,6 @@ _DEEPSEEK = {
     "seq_aux",
     "ep_size",
     "pretraining_tp",
-    "rope_interleave",
     # the multi-token-prediction module sits outside num_hidden_layers (not measured)
     "num_nextn_predict_layers",
 }
@@ -452,7 +451,6 @@ FAMILIES: dict[str, Family] = {
                 "num_experts_per_tok",
                 "experts_per_token",
                 "swiglu_limit",
-                "initial_context_length",
                 _MOE_SHAPE_NEUTRAL,
             ),
             {
@@ -493,7 +491,7 @@ FAMILIES: dict[str, Family] = {
             "deepseek_v3",
             ("deepseek_v3",),
             ("DeepseekV3ForCausalLM",),
-            frozenset(_DEEPSEEK),
+            frozenset(_DEEPSEEK | {"rope_interleave"}),
             {
                 "num_key_value_heads": 128,
                 "hidden_act": "silu",
@@ -531,6 +529,7 @@ FAMILIES: dict[str, Family] = {
                 "attn_temperature_tuning",
                 "floor_scale",
                 "attn_scale",
+                "router_jitter_noise",
                 _MOE_SHAPE_NEUTRAL,
             ),
             {
@@ -562,9 +561,9 @@ FAMILIES: dict[str, Family] = {
                 "resid_pdrop",
                 "embd_pdrop",
                 "original_max_position_embeddings",
+                # Phi-4-mini publishes it (RoPE over part of each head: values, not shapes)
                 "partial_rotary_factor",
                 "attention_bias",
-                "lm_head_bias",
             ),
             {
                 "hidden_act": "silu",
