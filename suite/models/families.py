@@ -451,6 +451,7 @@ FAMILIES: dict[str, Family] = {
                 "num_experts_per_tok",
                 "experts_per_token",
                 "swiglu_limit",
+                "initial_context_length",  # YaRN's original length (RoPE values, not shapes)
                 _MOE_SHAPE_NEUTRAL,
             ),
             {
