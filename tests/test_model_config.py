@@ -256,6 +256,15 @@ def test_ignore_fields_accepts_named_fields_unread_and_underscore_keys_are_notes
     assert cfg.ignored_fields == ("zz_new",) and "zz_new" not in cfg.raw
     with pytest.raises(BadInput, match="zz_other"):  # only the fields named
         model_config.from_dict(_llama(zz_new=1, zz_other=2), "x", "t", ignore_fields=["zz_new"])
+    absent = model_config.from_dict(_llama(), "x", "t", ignore_fields=["zz_new"])
+    assert absent.ignored_fields == ()  # named but not there: nothing was ignored
+    with pytest.raises(BadInput, match="--ignore-field head_dim, rope_theta: the llama reader uses or knows"):
+        model_config.from_dict(_llama(), "x", "t", ignore_fields=["rope_theta", "head_dim"])
+
+
+def test_a_defaulted_kv_head_count_that_does_not_divide_says_where_it_came_from():
+    with pytest.raises(BadInput, match="no num_key_value_heads: 32 is transformers' Qwen3Config default; set it"):
+        model_config.from_dict({**_llama(), "model_type": "qwen3"}, "x", "t")
 
 
 def test_a_family_field_is_refused_in_another_family():

@@ -217,6 +217,13 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     change nothing measured). Keys starting with "_" (the presets' notes) are never read."""
     ignore = frozenset(str(f) for f in ignore_fields)
     family = _family_of(raw, source)
+    read = sorted(ignore & (COMMON_FIELDS | family.fields | family.wrapper_fields))
+    if read:
+        raise BadInput(
+            f"{source}: --ignore-field {', '.join(read)}: the {family.name} reader uses or knows "
+            f"{'that field' if len(read) == 1 else 'those fields'}; ignore only a field it refuses as unknown."
+        )
+    ignored: set[str] = set()
     if isinstance(raw.get("text_config"), dict):  # multimodal wrappers keep the LM config inside
         if str(raw.get("model_type") or "") not in WRAPPER_TYPES and raw.get("model_type") is not None:
             raise BadInput(f"{source}: text_config is set but model_type {raw['model_type']!r} is not a wrapper.")
@@ -224,6 +231,7 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         _refuse_unknown(
             _unknown_fields(outer, COMMON_FIELDS | family.wrapper_fields, ignore), outer, family, source, "wrapper "
         )
+        ignored |= ignore & set(outer)
         inner = outer["text_config"]
         # the wrapper's own dtype / quantization apply where the text config does not repeat them
         raw = {
@@ -238,7 +246,8 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
                 f"its wrapper (model_type {outer.get('model_type')!r}) names."
             )
     _refuse_unknown(_unknown_fields(raw, COMMON_FIELDS | family.fields, ignore), raw, family, source)
-    raw = {k: v for k, v in raw.items() if k not in ignore or k in COMMON_FIELDS | family.fields}
+    ignored |= ignore & set(raw)
+    raw = {k: v for k, v in raw.items() if k not in ignore}
     if family.name == "falcon":
         for old, new in FALCON_ALIASES.items():
             if old in raw and new not in raw:
@@ -286,8 +295,15 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     heads = raw["num_attention_heads"]
     kv_heads = _kv_heads(raw, heads, source)
     if heads % kv_heads:
+        defaulted = any(u.startswith("num_key_value_heads=") for u in used)
         raise BadInput(
-            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})."
+            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+            + (
+                f" (the config has no num_key_value_heads: {kv_heads} is transformers' "
+                f"{family.transformers_class} default; set it)."
+                if defaulted
+                else "."
+            )
         )
     head_dim = raw.get("head_dim")
     if head_dim is None:
@@ -340,7 +356,7 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         gated_mlp=gated,
         swiglu_limit=limit,
         defaults_used=used,
-        ignored_fields=tuple(sorted(ignore)),
+        ignored_fields=tuple(sorted(ignored)),
     )
 
 
@@ -363,11 +379,6 @@ def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, 
     return value, None
 
 
-EXPERT_COUNT_FIELDS = (
-    "num_local_experts",
-    "n_routed_experts",
-    "num_experts",
-)  # gpt-oss/Mixtral/Llama-4, DeepSeek, Qwen-MoE
 TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
 MOE_FIELDS = {  # family -> (expert count field, expert width field)
     "mixtral": ("num_local_experts", "intermediate_size"),
@@ -397,10 +408,7 @@ def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE |
       ``moe_layers`` when given, else every ``interleave_moe_layer_step``-th ((i + 1) % step == 0);
       its dense layers are ``intermediate_size_mlp`` wide.
     """
-    if family.name not in MOE_FIELDS:
-        stray = [k for k in EXPERT_COUNT_FIELDS if raw.get(k) is not None]
-        if stray:  # (the strict field check refuses these first; kept for hand-built dicts)
-            raise BadInput(f"{source}: {stray[0]} is set but the {family.name} family has no experts.")
+    if family.name not in MOE_FIELDS:  # (its strict field list has no expert fields)
         return None
     key, width_key = MOE_FIELDS[family.name]
     experts = raw.get(key)
@@ -462,14 +470,17 @@ def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE |
 
 
 FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
-# The fields a config may name its KV heads by, in the order vLLM's config code reads them.
-KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+# The fields a config may name its KV heads by, in the order vLLM's config code reads them (the
+# strict field lists leave each family only its own: Falcon's num_kv_heads / n_head_kv, the others'
+# num_key_value_heads).
+KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads")
 
 
 def _kv_heads(raw: dict[str, Any], heads: int, source: str) -> int:
     """KV heads as vLLM's config code reads them: Falcon's ``multi_query`` (outside its new decoder
     architecture) is one KV head; else the first of :data:`KV_HEAD_FIELDS` the config sets (Falcon-40B
-    says ``num_kv_heads``, ChatGLM ``multi_query_group_num``); else every attention head (MHA)."""
+    says ``num_kv_heads``); else every attention head (MHA; the families whose transformers class
+    defaults to a number have it filled in already)."""
     new_falcon = raw.get("model_type") in FALCON_TYPES and bool(raw.get("new_decoder_architecture"))
     if not new_falcon and raw.get("multi_query"):
         return 1
@@ -499,7 +510,7 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
       absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
     - Gemma-2: layers alternate, starting with a sliding one;
-    - Mistral / Mixtral, Phi-3, Starcoder2 and any other family: one window for every layer, as
+    - Mistral / Mixtral, Phi-3 (the other families with a ``sliding_window``): one window for every layer, as
       vLLM reads a ``sliding_window`` that nothing else qualifies (its attention layers all take
       the config's window unless the model's own code interleaves them, which the families above
       cover). Phi-3-mini-4k publishes ``sliding_window: 2047`` and no pattern: vLLM serves it with
@@ -535,7 +546,7 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
     if model_type in INTERLEAVED_EVERY_OTHER:
         return tuple(window if i % 2 == 0 else None for i in range(layers))
-    return (window,) * layers  # Mistral, Mixtral, Phi-3, Starcoder2, ...: every layer, as vLLM reads it
+    return (window,) * layers  # Mistral, Mixtral, Phi-3: every layer, as vLLM reads it
 
 
 def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
