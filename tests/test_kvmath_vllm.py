@@ -143,6 +143,7 @@ def test_the_largest_allowed_config_plans_quickly():
     sums take one term per distinct window, so the plan answers at once."""
     raw = {
         "model_type": "qwen3",
+        "use_sliding_window": True,  # Qwen reads layer_types' windows only with it
         "hidden_size": 8192,
         "num_hidden_layers": 10_000,
         "num_attention_heads": 64,

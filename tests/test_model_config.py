@@ -483,3 +483,69 @@ def test_kv_cache_prints_the_defaults_a_config_left_to_transformers():
     )
     assert result.exit_code == 0, result.output
     assert "absent fields at transformers' defaults: max_position_embeddings=2048" in " ".join(result.output.split())
+
+
+# -- configs as transformers 5 saves them -----------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", sorted(families.MODEL_TYPES))
+def test_a_config_transformers_5_saves_is_read(model_type):
+    """Every field a transformers 5 config class writes (its defaults, to_dict) is one the
+    family's reader knows, under either of its names (attribute_map's aliases)."""
+    transformers = pytest.importorskip("transformers")
+    if not transformers.__version__.startswith("5."):
+        pytest.skip(f"transformers 5's fields; installed {transformers.__version__}")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type}: no transformers class (RefinedWeb* are remote-code names)")
+    saved = json.loads(CONFIG_MAPPING[model_type]().to_json_string())
+    if model_type == "deepseek_v2":
+        saved["num_experts_per_tok"] = 6  # DeepseekV2Config has no default for it
+    cfg = model_config.from_dict(saved, model_type, f"transformers {model_type}")
+    assert cfg.family == families.MODEL_TYPES[model_type]
+
+
+def test_an_alias_reads_as_its_field_and_two_different_values_are_refused():
+    raw = {k: v for k, v in model_config.preset_raw("qwen3-30b-a3b").items() if not k.startswith("_")}
+    renamed = {**{k: v for k, v in raw.items() if k != "num_experts"}, "num_local_experts": 128}
+    assert model_config.from_dict(renamed, "q", "t").moe.num_experts == 128  # Qwen3MoeConfig's other name
+    with pytest.raises(BadInput, match="num_local_experts=64 and num_experts=128 name the same field"):
+        model_config.from_dict({**raw, "num_local_experts": 64}, "q", "t")
+
+
+def test_mla_and_gemma_consistency_checks():
+    v3 = model_config.preset_raw("deepseek-v3")
+    assert model_config.from_dict({**v3, "qk_head_dim": 192}, "d", "t").mla.qk_rope_head_dim == 64
+    with pytest.raises(BadInput, match=r"qk_head_dim=128 is not qk_nope_head_dim \+ qk_rope_head_dim \(128 \+ 64\)"):
+        model_config.from_dict({**v3, "qk_head_dim": 128}, "d", "t")
+    with pytest.raises(BadInput, match="use_bidirectional_attention is true: not a causal language model"):
+        model_config.from_dict(
+            {**model_config.preset_raw("gemma-2-2b-it"), "use_bidirectional_attention": True}, "g", "t"
+        )
+
+
+def test_falcon_norms_follow_num_ln_in_parallel_attn():
+    """Falcon's new decoder architecture has two LayerNorms per parallel block unless
+    num_ln_in_parallel_attn says one (transformers' FalconDecoderLayer)."""
+    base = {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    two = model_config.from_dict({**base, "new_decoder_architecture": True, "num_kv_heads": 2}, "f", "t")
+    one = model_config.from_dict(
+        {**base, "new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}, "f", "t"
+    )
+    assert model_params.count_parameters(two).groups["norms"] == 2 * 2 * 2 * 64 + 2 * 64
+    assert model_params.count_parameters(one).groups["norms"] == 2 * 1 * 2 * 64 + 2 * 64
+
+
+def test_qwen_slides_only_with_use_sliding_window_whatever_layer_types_say():
+    """transformers' Qwen configs set the window to None unless use_sliding_window, so a config it
+    saves (layer_types always written) with sliding_attention entries has no sliding layer."""
+    raw = {
+        **_llama(num_hidden_layers=4, num_key_value_heads=2),
+        "model_type": "qwen3",
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    }
+    assert model_config.from_dict(raw, "q", "t").sliding_layers == 0
+    on = model_config.from_dict({**raw, "use_sliding_window": True}, "q", "t")
+    assert on.layer_windows == (64, None, 64, None)

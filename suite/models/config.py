@@ -99,6 +99,7 @@ class ModelConfig:
     dense_intermediate_size: int | None = None
     gated_mlp: bool = True  # gate/up/down (SwiGLU, GeGLU); False: Falcon's up/down MLP
     swiglu_limit: float | None = None  # gpt-oss: the clamp of its SwiGLU
+    swiglu_alpha: float | None = None  # gpt-oss: its sigmoid's scale (1.702)
     defaults_used: tuple[str, ...] = ()  # "field=value" for each transformers default applied
     ignored_fields: tuple[str, ...] = ()  # fields accepted unread (--ignore-field)
 
@@ -207,17 +208,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# RefinedWeb (the first Falcon configs) names, as transformers' FalconConfig reads them.
-FALCON_ALIASES = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embed": "hidden_size"}
-
-
 def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterable[str] = ()) -> ModelConfig:
     """Parse a Hugging Face config strictly; raise BadInput naming every unknown, missing or
     invalid field. ``ignore_fields``: field names to accept unread (the user's word that they
     change nothing measured). Keys starting with "_" (the presets' notes) are never read."""
     ignore = frozenset(str(f) for f in ignore_fields)
     family = _family_of(raw, source)
-    read = sorted(ignore & (COMMON_FIELDS | family.fields | family.wrapper_fields))
+    read = sorted(ignore & (COMMON_FIELDS | family.fields | family.wrapper_fields | set(family.aliases)))
     if read:
         raise BadInput(
             f"{source}: --ignore-field {', '.join(read)}: the {family.name} reader uses or knows "
@@ -245,15 +242,23 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
                 f"{source}: text_config.model_type {raw['model_type']!r} is not of the {family.name} family "
                 f"its wrapper (model_type {outer.get('model_type')!r}) names."
             )
-    _refuse_unknown(_unknown_fields(raw, COMMON_FIELDS | family.fields, ignore), raw, family, source)
+    known = COMMON_FIELDS | family.fields | set(family.aliases)
+    _refuse_unknown(_unknown_fields(raw, frozenset(known), ignore), raw, family, source)
     ignored |= ignore & set(raw)
     raw = {k: v for k, v in raw.items() if k not in ignore}
-    if family.name == "falcon":
-        for old, new in FALCON_ALIASES.items():
-            if old in raw and new not in raw:
-                raw[new] = raw[old]
-        if "n_head_kv" in raw and "num_kv_heads" not in raw:
-            raw["num_kv_heads"] = raw["n_head_kv"]
+    for alias, name in family.aliases.items():
+        if alias in raw:
+            if name in raw and raw[name] != raw[alias]:
+                raise BadInput(
+                    f"{source}: {alias}={_short(raw[alias])} and {name}={_short(raw[name])} name the same "
+                    f"field of the {family.name} family ({family.transformers_class}) and differ."
+                )
+            raw[name] = raw.pop(alias)
+    if family.name in ("gemma2", "gemma3") and raw.get("use_bidirectional_attention"):
+        raise BadInput(
+            f"{source}: use_bidirectional_attention is true: not a causal language model (an embedding "
+            "model); the techniques measure causal decoders."
+        )
     required = ["hidden_size", "num_hidden_layers", "num_attention_heads"]
     if family.name.startswith("deepseek"):
         required += ["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"]
@@ -274,6 +279,9 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     used = tuple(f"{k}={_short(v)}" for k, v in family.defaults.items() if k not in raw)
     from_config = raw.get("head_dim") is not None  # (not derived, not a family default)
     raw = {**family.defaults, **raw}
+    if "use_sliding_window" in family.defaults and not raw.get("use_sliding_window"):
+        # Qwen's window is off: transformers ignores sliding_window then (Qwen2MoeConfig saves 0)
+        raw["sliding_window"] = None
     bad = [
         f"{k}={raw[k]!r}"
         for k in CONFIG_LIMITS
@@ -311,6 +319,12 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     layers = raw["num_hidden_layers"]
     mla = None
     if family.name.startswith("deepseek"):
+        qk = raw.get("qk_head_dim")
+        if qk is not None and qk != raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]:
+            raise BadInput(
+                f"{source}: qk_head_dim={qk!r} is not qk_nope_head_dim + qk_rope_head_dim "
+                f"({raw['qk_nope_head_dim']} + {raw['qk_rope_head_dim']}), as transformers derives it."
+            )
         mla = MLA(
             raw["kv_lora_rank"],
             raw["qk_rope_head_dim"],
@@ -318,7 +332,7 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
             raw["qk_nope_head_dim"],
             raw["v_head_dim"],
         )
-    act, limit = _activation(raw, family, source)
+    act, limit, alpha = _activation(raw, family, source)
     moe = _moe(raw, family, layers, source)
     gated = family.name != "falcon"
     if family.name == "falcon":
@@ -355,28 +369,31 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         dense_intermediate_size=dense,
         gated_mlp=gated,
         swiglu_limit=limit,
+        swiglu_alpha=alpha,
         defaults_used=used,
         ignored_fields=tuple(sorted(ignored)),
     )
 
 
-def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, float | None]:
+def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, float | None, float | None]:
     """The MLP activation as each family's modeling code reads it: Gemma's ``hidden_activation``
     (gelu_pytorch_tanh), Falcon's ``activation`` (gelu; a plain 4h MLP, not gated), gpt-oss's
     clamped SwiGLU ("swiglu_clamp": gate clamped above, linear part to +-``swiglu_limit``,
-    gate * sigmoid(1.702 gate) * (linear + 1)), else ``hidden_act`` (silu: SwiGLU)."""
+    gate * sigmoid(``swiglu_alpha`` gate) * (linear + 1), alpha 1.702), else ``hidden_act`` (silu:
+    SwiGLU)."""
     if family.name == "gpt_oss":
-        limit = raw.get("swiglu_limit")
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
-            raise BadInput(f"{source}: swiglu_limit={limit!r}; allowed: a positive number (gpt-oss publishes 7.0).")
-        return "swiglu_clamp", float(limit)
+        limit, alpha = raw.get("swiglu_limit"), raw.get("swiglu_alpha")
+        for key, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise BadInput(f"{source}: {key}={value!r}; allowed: a positive number (gpt-oss: 7.0 and 1.702).")
+        return "swiglu_clamp", float(limit), float(alpha)
     key = {"gemma2": "hidden_activation", "gemma3": "hidden_activation", "falcon": "activation"}.get(
         family.name, "hidden_act"
     )
     value = raw.get(key)
     if not isinstance(value, str) or not value:
         raise BadInput(f"{source}: {key}={value!r}; allowed: an activation name such as silu or gelu_pytorch_tanh.")
-    return value, None
+    return value, None, None
 
 
 TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
@@ -504,9 +521,9 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     """Which layers attend through a sliding window, as transformers reads each family's config:
 
     - ``layer_types`` (gpt-oss, newer configs): "sliding_attention" layers use ``sliding_window``;
-    - Qwen2-style ``use_sliding_window``: when true, layers from ``max_window_layers`` on slide
-      (the first ``max_window_layers`` use full attention); when false, none does, whatever
-      ``sliding_window`` says;
+    - Qwen2-style ``use_sliding_window``: when false, no layer slides, whatever ``sliding_window``
+      or ``layer_types`` say (transformers sets the window to None); when true, ``layer_types``
+      if given, else layers from ``max_window_layers`` on slide;
     - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
       absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
     - Gemma-2: layers alternate, starting with a sliding one;
@@ -519,6 +536,8 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
     model_type = str(raw.get("model_type") or "")
+    if "use_sliding_window" in raw and not raw["use_sliding_window"]:
+        return (None,) * layers  # Qwen: no window at all, whatever layer_types says (transformers)
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise BadInput(

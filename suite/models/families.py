@@ -165,6 +165,8 @@ _DEEPSEEK = {
     "seq_aux",
     "ep_size",
     "pretraining_tp",
+    "output_router_logits",
+    "qk_head_dim",  # qk_nope_head_dim + qk_rope_head_dim (refused when it is not)
     # the multi-token-prediction module sits outside num_hidden_layers (not measured)
     "num_nextn_predict_layers",
 }
@@ -179,6 +181,9 @@ class Family:
     defaults: dict[str, Any] = field(default_factory=dict)
     transformers_class: str = ""
     wrapper_fields: frozenset[str] = frozenset()  # multimodal wrapper's own keys (text_config inside)
+    # Other names of a field, as transformers' attribute_map (or FalconConfig) reads them: alias ->
+    # the name the reader uses (a config transformers 5 saves may use either)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def _f(*names: str | set[str]) -> frozenset[str]:
@@ -194,6 +199,9 @@ _WRAPPER = {
     "boi_token_index",
     "eoi_token_index",
     "image_token_index",
+    "boi_token_id",
+    "eoi_token_id",
+    "image_token_id",
     "initializer_range",
 }
 
@@ -252,6 +260,7 @@ FAMILIES: dict[str, Family] = {
                 "sliding_window",
                 "num_local_experts",
                 "num_experts_per_tok",
+                "router_jitter_noise",
                 _MOE_SHAPE_NEUTRAL,
             ),
             {
@@ -266,6 +275,7 @@ FAMILIES: dict[str, Family] = {
                 "num_experts_per_tok": 2,
             },
             "MixtralConfig",
+            aliases={"num_experts": "num_local_experts"},
         ),
         Family(
             "qwen2",
@@ -369,6 +379,7 @@ FAMILIES: dict[str, Family] = {
                 "mlp_only_layers": [],
             },
             "Qwen3MoeConfig",
+            aliases={"num_local_experts": "num_experts"},
         ),
         Family(
             "gemma2",
@@ -389,6 +400,7 @@ FAMILIES: dict[str, Family] = {
                 # gemma-2-9b publishes this older name beside sliding_window, which transformers
                 # reads; the reader refuses the two when they differ
                 "sliding_window_size",
+                "use_bidirectional_attention",  # refused when true: not a causal LM
             ),
             {
                 "num_key_value_heads": 4,
@@ -451,6 +463,7 @@ FAMILIES: dict[str, Family] = {
                 "num_experts_per_tok",
                 "experts_per_token",
                 "swiglu_limit",
+                "swiglu_alpha",
                 "initial_context_length",  # YaRN's original length (RoPE values, not shapes)
                 _MOE_SHAPE_NEUTRAL,
             ),
@@ -465,9 +478,11 @@ FAMILIES: dict[str, Family] = {
                 "num_local_experts": 128,
                 "num_experts_per_tok": 4,
                 "swiglu_limit": 7.0,
+                "swiglu_alpha": 1.702,
                 "attention_bias": True,
             },
             "GptOssConfig",
+            aliases={"num_experts": "num_local_experts"},
         ),
         Family(
             "deepseek_v2",
@@ -487,6 +502,7 @@ FAMILIES: dict[str, Family] = {
                 "moe_layer_freq": 1,
             },
             "DeepseekV2Config",
+            aliases={"num_experts": "n_routed_experts"},
         ),
         Family(
             "deepseek_v3",
@@ -508,6 +524,7 @@ FAMILIES: dict[str, Family] = {
                 "moe_layer_freq": 1,
             },
             "DeepseekV3Config",
+            aliases={"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
         ),
         Family(
             "llama4",
@@ -590,11 +607,7 @@ FAMILIES: dict[str, Family] = {
                 "activation",
                 "alibi",
                 "apply_residual_connection_post_layernorm",
-                # RefinedWeb's names for layers / heads / KV heads / width (FalconConfig reads them)
-                "n_layer",
-                "n_head",
-                "n_head_kv",
-                "n_embed",
+                "num_ln_in_parallel_attn",  # LayerNorms of a parallel block (new architecture: 2)
             ),
             {
                 "activation": "gelu",
@@ -607,6 +620,13 @@ FAMILIES: dict[str, Family] = {
                 "tie_word_embeddings": True,
             },
             "FalconConfig",
+            # RefinedWeb's names for layers / heads / KV heads / width (FalconConfig reads them)
+            aliases={
+                "n_layer": "num_hidden_layers",
+                "n_head": "num_attention_heads",
+                "n_head_kv": "num_kv_heads",
+                "n_embed": "hidden_size",
+            },
         ),
     )
 }

@@ -119,8 +119,9 @@ def _mlp(cfg: ModelConfig, pc: ParamCount) -> None:
 
 def _norms(cfg: ModelConfig, pc: ParamCount) -> None:
     raw, h, n = cfg.raw, cfg.hidden_size, cfg.num_layers
-    if cfg.family == "falcon":  # LayerNorms, weight and bias
-        per_layer = 2 if raw.get("new_decoder_architecture") or not raw.get("parallel_attn") else 1
+    if cfg.family == "falcon":  # LayerNorms, weight and bias (transformers' FalconDecoderLayer)
+        lns = raw.get("num_ln_in_parallel_attn") or (2 if raw.get("new_decoder_architecture") else 1)
+        per_layer = 2 if not raw.get("parallel_attn") else lns
         pc.add("norms", n * per_layer * 2 * h + 2 * h)
         return
     per_layer = 4 if cfg.family in ("gemma2", "gemma3") else 2
