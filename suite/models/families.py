@@ -35,7 +35,8 @@ gemma2            num_key_value_heads 4, head_dim 256, hidden_activation gelu_py
 gemma3            as gemma2 but vocab 262208, max_position_embeddings 131072,
                   sliding_window_pattern 6
 gpt_oss           num_key_value_heads 8, head_dim 64, sliding_window 128, intermediate_size 2880,
-                  num_local_experts 128, num_experts_per_tok 4, swiglu_limit 7.0, attention_bias true
+                  num_local_experts 128, num_experts_per_tok 4, swiglu_limit 7.0, swiglu_alpha 1.702,
+                  attention_bias true
 deepseek_v2       num_key_value_heads = heads, intermediate_size 11008, vocab 102400,
                   max_position_embeddings 2048, n_routed_experts 64, n_shared_experts 2,
                   moe_intermediate_size 1407, first_k_dense_replace 0, moe_layer_freq 1
@@ -51,8 +52,14 @@ phi3              num_key_value_heads = heads, intermediate_size 8192, vocab 320
                   max_position_embeddings 4096, sliding_window none
 falcon            ffn_hidden_size = 4 x hidden_size, activation gelu, multi_query true,
                   new_decoder_architecture false, parallel_attn true, bias false, vocab 65024,
-                  max_position_embeddings 2048, tie_word_embeddings TRUE
+                  max_position_embeddings 2048, tie_word_embeddings TRUE, num_ln_in_parallel_attn
+                  = 2 in the new decoder architecture, else 1
 ================  =====================================================================================
+
+A field may come under another name (``Family.aliases``: transformers' ``attribute_map``, e.g.
+Qwen3-MoE's ``num_local_experts`` for ``num_experts``, which a config saved by transformers 5
+uses; Falcon's RefinedWeb ``n_layer`` / ``n_head`` / ``n_head_kv`` / ``n_embed``); both names
+given with different values are refused.
 
 Always required, defaults or not (a default describes one published model, not the user's):
 hidden_size, num_hidden_layers, num_attention_heads, and for MLA models kv_lora_rank,
