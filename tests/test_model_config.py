@@ -156,6 +156,7 @@ def test_every_preset_has_published_expectations():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_preset_reads_as_published(name):
     want, cfg = EXPECTED[name], model_config.load_preset(name)
+    assert cfg.name == name
     assert (cfg.family, cfg.attention, cfg.num_heads, cfg.num_kv_heads) == (
         want["family"],
         want["attention"],
@@ -482,7 +483,9 @@ def test_kv_cache_prints_the_defaults_a_config_left_to_transformers():
         main, ["kv-cache", "--model", "smollm2-135m", "--gpu-memory", "80", "--seq-len", "1024"]
     )
     assert result.exit_code == 0, result.output
-    assert "absent fields at transformers' defaults: max_position_embeddings=2048" in " ".join(result.output.split())
+    text = " ".join(result.output.split())
+    assert "absent fields read at defaults (transformers' unless said): max_position_embeddings=2048" in text
+    assert text.index("smollm2-135m: GQA, 30 layers") > text.index("max_position_embeddings=2048")
 
 
 # -- configs as transformers 5 saves them -----------------------------------------------------

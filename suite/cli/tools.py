@@ -227,7 +227,8 @@ def kv_cache(
             out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
         if cfg.defaults_used:  # never a silent default: each one the config left to transformers
             out.print(
-                f"{cfg.family} config: absent fields at transformers' defaults: {', '.join(cfg.defaults_used)}",
+                f"{cfg.family} config: absent fields read at defaults (transformers' unless said): "
+                + ", ".join(cfg.defaults_used),
                 markup=False,
                 soft_wrap=not out.is_terminal,
             )

@@ -230,9 +230,14 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         )
         ignored |= ignore & set(outer)
         inner = outer["text_config"]
-        # the wrapper's own dtype / quantization apply where the text config does not repeat them
+        # the wrapper's own dtype / quantization / head tying apply where the text config does not
+        # repeat them (transformers ties the wrapper's LM head by its top-level config)
         raw = {
-            **{k: outer[k] for k in ("torch_dtype", "dtype", "quantization_config") if k in outer},
+            **{
+                k: outer[k]
+                for k in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings")
+                if k in outer
+            },
             **inner,
             "architectures": outer.get("architectures"),
         }
@@ -246,14 +251,14 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     _refuse_unknown(_unknown_fields(raw, frozenset(known), ignore), raw, family, source)
     ignored |= ignore & set(raw)
     raw = {k: v for k, v in raw.items() if k not in ignore}
-    for alias, name in family.aliases.items():
+    for alias, field_name in family.aliases.items():
         if alias in raw:
-            if name in raw and raw[name] != raw[alias]:
+            if field_name in raw and raw[field_name] != raw[alias]:
                 raise BadInput(
-                    f"{source}: {alias}={_short(raw[alias])} and {name}={_short(raw[name])} name the same "
-                    f"field of the {family.name} family ({family.transformers_class}) and differ."
+                    f"{source}: {alias}={_short(raw[alias])} and {field_name}={_short(raw[field_name])} name "
+                    f"the same field of the {family.name} family ({family.transformers_class}) and differ."
                 )
-            raw[name] = raw.pop(alias)
+            raw[field_name] = raw.pop(alias)
     if family.name in ("gemma2", "gemma3") and raw.get("use_bidirectional_attention"):
         raise BadInput(
             f"{source}: use_bidirectional_attention is true: not a causal language model (an embedding "
@@ -345,6 +350,8 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     if family.name == "llama4":
         dense = raw["intermediate_size_mlp"]
     dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    if not (raw.get("torch_dtype") or raw.get("dtype")):  # (transformers' own: none; float32 on load)
+        used += ("torch_dtype='bfloat16' (assumed for weight bytes: the config names no dtype)",)
     return ModelConfig(
         name=name,
         model_type=str(raw.get("model_type") or family.model_types[0]),
