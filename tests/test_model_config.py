@@ -552,3 +552,22 @@ def test_qwen_slides_only_with_use_sliding_window_whatever_layer_types_say():
     assert model_config.from_dict(raw, "q", "t").sliding_layers == 0
     on = model_config.from_dict({**raw, "use_sliding_window": True}, "q", "t")
     assert on.layer_windows == (64, None, 64, None)
+
+
+def test_the_one_line_summary_names_the_measured_shapes():
+    """The line the generated scenario's model block carries (issue 37's example for gpt-oss-20b)."""
+    summary = {
+        n: model_config.load_preset(n).summary
+        for n in ("gpt-oss-20b", "deepseek-v2-lite", "llama-4-scout-17b-16e-instruct")
+    }
+    assert (
+        summary["gpt-oss-20b"]
+        == "24 layers; GQA 64 q / 8 kv heads x 64; sliding 128 on 12 layers; MoE 32 experts top-4 x 2880"
+    )
+    assert summary["deepseek-v2-lite"] == (
+        "27 layers; MLA 16 heads, latent 512 + rope 64; MoE 64 experts top-6 x 1408 + 2 shared x 1408 "
+        "on 26 layers (dense x 10944)"
+    )
+    assert summary["llama-4-scout-17b-16e-instruct"] == (
+        "48 layers; GQA 40 q / 8 kv heads x 128; chunked 8192 on 36 layers; MoE 16 experts top-1 x 8192 + 1 shared x 8192"
+    )

@@ -119,6 +119,31 @@ class ModelConfig:
     def chunked_layers(self) -> int:
         return sum(c is not None for c in self.layer_chunks)
 
+    @property
+    def summary(self) -> str:
+        """One line of the shapes a technique measures, e.g. gpt-oss-20b: "24 layers; GQA 64 q / 8 kv
+        heads x 64; sliding 128 on 12 layers; MoE 32 experts top-4 x 2880"."""
+        parts = [f"{self.num_layers} layers"]
+        if self.mla is not None:
+            m = self.mla
+            parts.append(f"MLA {self.num_heads} heads, latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}")
+        else:
+            parts.append(f"{self.attention} {self.num_heads} q / {self.num_kv_heads} kv heads x {self.head_dim}")
+        for kind, spans in (("sliding", self.layer_windows), ("chunked", self.layer_chunks)):
+            sizes = sorted({s for s in spans if s is not None})
+            if sizes:
+                count = sum(s is not None for s in spans)
+                parts.append(f"{kind} {'/'.join(map(str, sizes))} on {count} layers")
+        if self.moe is not None:
+            moe = self.moe
+            text = f"MoE {moe.num_experts} experts top-{moe.top_k} x {moe.expert_dim}"
+            if moe.shared_experts and moe.shared_expert_dim:
+                text += f" + {moe.shared_experts} shared x {moe.shared_expert_dim}"
+            if moe.moe_layers < self.num_layers:
+                text += f" on {moe.moe_layers} layers (dense x {self.dense_intermediate_size})"
+            parts.append(text)
+        return "; ".join(parts)
+
     def with_layers(self, n: int) -> ModelConfig:
         """The first ``n`` layers only (the same per-layer pattern): for allocating a model's real
         cache layout at a size a small machine can hold."""
