@@ -43,6 +43,16 @@ EXPECTED = {
         dense=14336,
     ),
     "qwen2.5-7b": dict(family="qwen2", attention="GQA", heads=28, kv=4, head_dim=128, act="silu", dense=18944),
+    "qwen1.5-moe-a2.7b-chat": dict(
+        family="qwen2_moe",
+        attention="MHA",
+        heads=16,
+        kv=16,
+        head_dim=128,
+        act="silu",
+        moe=(60, 4, 1408, 24, 1, 5632),
+        dense=5632,
+    ),
     "qwen3-0.6b": dict(
         family="qwen3", attention="GQA", heads=16, kv=8, head_dim=128, act="silu", dense=3072, tied=True
     ),
