@@ -121,7 +121,15 @@ def test_the_bar_labels_are_the_tables_figures_and_never_wider_than_the_gpu(gpu,
 def test_a_billion_layer_config_is_refused_at_once(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(
-        json.dumps({"hidden_size": 4096, "num_hidden_layers": 10**9, "num_attention_heads": 32, "sliding_window": 4096})
+        json.dumps(
+            {
+                "model_type": "mistral",
+                "hidden_size": 4096,
+                "num_hidden_layers": 10**9,
+                "num_attention_heads": 32,
+                "sliding_window": 4096,
+            }
+        )
     )
     t0 = time.perf_counter()
     result = cli("--config", str(path))
@@ -134,6 +142,8 @@ def test_the_largest_allowed_config_plans_quickly():
     """10,000 layers alternating sliding and full, a 2^30-token window and sequence: the per-layer
     sums take one term per distinct window, so the plan answers at once."""
     raw = {
+        "model_type": "qwen3",
+        "use_sliding_window": True,  # Qwen reads layer_types' windows only with it
         "hidden_size": 8192,
         "num_hidden_layers": 10_000,
         "num_attention_heads": 64,
@@ -156,7 +166,7 @@ def test_the_largest_allowed_config_plans_quickly():
     [("num_attention_heads", 2**17), ("max_position_embeddings", 2**31), ("vocab_size", 2**25), ("hidden_size", 2**21)],
 )
 def test_config_bounds_name_the_key_and_the_range(key, value):
-    raw = {"hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, key: value}
+    raw = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32, key: value}
     with pytest.raises(BadInput, match=rf"{key}={value:,} \(allowed: 1 to {model_config.CONFIG_LIMITS[key]:,}\)"):
         model_config.from_dict(raw, "x", "cfg.json")
 
@@ -488,23 +498,24 @@ def test_falcon_kv_heads_are_read_as_vllm_reads_them(tmp_path):
         },
     )
     assert falcon_40b.num_kv_heads == 8  # multi_query means nothing in the new architecture
-    chatglm = _config(
-        tmp_path,
-        {
-            "model_type": "chatglm",
-            "hidden_size": 4096,
-            "num_attention_heads": 32,
-            "num_hidden_layers": 28,
-            "multi_query_group_num": 2,
-        },
-    )
-    assert chatglm.num_kv_heads == 2
+    # ChatGLM (multi_query_group_num) is not a family the reader knows: refused, naming it
+    with pytest.raises(BadInput, match=r"model_type 'chatglm' is not a family gpubench reads; families"):
+        _config(
+            tmp_path,
+            {
+                "model_type": "chatglm",
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_hidden_layers": 28,
+                "multi_query_group_num": 2,
+            },
+        )
 
 
-def test_phi3_and_unknown_families_slide_every_layer_as_vllm_serves_them(tmp_path):
+def test_phi3_slides_every_layer_as_vllm_serves_it_and_unknown_families_are_refused(tmp_path):
     """Phi-3-mini-4k publishes sliding_window 2047 with no per-layer pattern: vLLM serves it with
-    all 32 layers sliding (it was refused with exit 2). A family gpubench does not name reads the
-    same way, as vLLM reads it."""
+    all 32 layers sliding (it was refused with exit 2). A family gpubench does not name is refused
+    (it used to be read as vLLM reads it, every layer sliding: a guess about its layout)."""
     phi3 = _config(
         tmp_path,
         {
@@ -519,14 +530,14 @@ def test_phi3_and_unknown_families_slide_every_layer_as_vllm_serves_them(tmp_pat
         },
     )
     assert phi3.layer_windows == (2047,) * 32 and phi3.sliding_layers == 32
-    other = _config(
-        tmp_path,
-        {
-            "model_type": "mystery",
-            "hidden_size": 1024,
-            "num_attention_heads": 8,
-            "num_hidden_layers": 4,
-            "sliding_window": 4096,
-        },
-    )
-    assert other.layer_windows == (4096,) * 4
+    with pytest.raises(BadInput, match="model_type 'mystery' is not a family"):
+        _config(
+            tmp_path,
+            {
+                "model_type": "mystery",
+                "hidden_size": 1024,
+                "num_attention_heads": 8,
+                "num_hidden_layers": 4,
+                "sliding_window": 4096,
+            },
+        )

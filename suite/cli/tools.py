@@ -45,9 +45,23 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+IGNORE_FIELD_HELP = (
+    "A config.json field to accept unread (repeatable). The reader refuses fields it does not know "
+    "for the model's family; name one here only when it changes nothing measured."
+)
+
+
+def ignore_field_option(f: Any) -> Any:
+    """The ``--ignore-field NAME`` option (repeatable; a tuple of names as ``ignore_fields``) of
+    every command that reads a model config: pass the tuple to
+    :func:`gpubench.models.config.load_model`'s ``ignore_fields``."""
+    return click.option("--ignore-field", "ignore_fields", multiple=True, metavar="NAME", help=IGNORE_FIELD_HELP)(f)
+
+
 @click.command(name="kv-cache")
 @click.option("--model", "-m", metavar="PRESET", help="A built-in preset (see --list).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="A Hugging Face config.json.")
+@ignore_field_option
 @click.option("--list", "list_presets", is_flag=True, help="List the presets and exit.")
 @click.option("--seq-len", default=4096, show_default=True, type=int, help="Tokens per sequence.")
 @click.option(
@@ -114,6 +128,7 @@ def parse_size(text: str, option: str, default_unit: str = "b") -> int:
 def kv_cache(
     model,
     config_path,
+    ignore_fields,
     list_presets,
     seq_len,
     batch,
@@ -152,7 +167,10 @@ def kv_cache(
             "kv-cache: give exactly one of --model PRESET or --config path/to/config.json "
             f"(presets: {', '.join(model_config.preset_names())})."
         )
-    cfg = model_config.load_preset(model) if model else model_config.load_config_file(config_path)
+    if model:
+        cfg = model_config.load_preset(model, ignore_fields)
+    else:
+        cfg = model_config.load_config_file(config_path, ignore_fields)
     kv_fmt = kvmath.kv_format(kv_dtype)
     if batch == "fit":
         n_batch = None
@@ -200,12 +218,22 @@ def kv_cache(
         kv_scales_in_weights=weight_bytes is not None,
         hybrid=not no_hybrid,
     )
+    read_note = {"config_defaults_used": list(cfg.defaults_used), "ignored_fields": list(cfg.ignored_fields)}
     if as_json:
-        click.echo(json.dumps({**plan.to_dict(), "gpu_memory_note": memory_note.strip(" ()")}, indent=2))
+        click.echo(json.dumps({**plan.to_dict(), "gpu_memory_note": memory_note.strip(" ()"), **read_note}, indent=2))
     else:
         out = make_console()
         if memory_note:
             out.print(f"GPU memory {gpu_bytes / 2**30:.0f} GiB{memory_note}")
+        if cfg.defaults_used:  # never a silent default: each one the config left to transformers
+            out.print(
+                f"{cfg.family} config: absent fields read at defaults (transformers' unless said): "
+                + ", ".join(cfg.defaults_used),
+                markup=False,
+                soft_wrap=not out.is_terminal,
+            )
+        if cfg.ignored_fields:
+            out.print(f"fields accepted unread (--ignore-field): {', '.join(cfg.ignored_fields)}", markup=False)
         kv_table.render(plan, out)
     refused = _vllm_refuses(plan)
     if not plan.fits or refused:  # a result, not bad input: exit 1 (see the docstring)
@@ -241,6 +269,7 @@ def _list_presets(as_json: bool) -> None:
         rows.append(
             {
                 "preset": name,
+                "family": cfg.family,
                 "model_type": cfg.model_type,
                 "attention": cfg.attention,
                 "layers": cfg.num_layers,
@@ -261,7 +290,7 @@ def _list_presets(as_json: bool) -> None:
         make_console(),
         (
             "preset",
-            "type",
+            "family",
             "attention",
             "layers",
             "KV heads",
@@ -273,7 +302,7 @@ def _list_presets(as_json: bool) -> None:
         [
             (
                 r["preset"],
-                r["model_type"],
+                r["family"],
                 r["attention"],
                 str(r["layers"]),
                 str(r["kv_heads"] or "-"),

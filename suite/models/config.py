@@ -1,4 +1,7 @@
-"""Model configurations: Hugging Face ``config.json`` -> :class:`ModelConfig`.
+"""Model configurations: Hugging Face ``config.json`` -> :class:`ModelConfig`, one strict reader
+for every family in :mod:`gpubench.models.families` (an unknown family or field is refused, naming
+it; a transformers default stands in for an absent field only where the family table says so, and
+:attr:`ModelConfig.defaults_used` lists each one).
 
 Only what memory planning needs is read: layer count, attention heads and KV heads, head_dim
 (from the config when it is there: it is not always hidden_size / num_attention_heads), the
@@ -12,11 +15,21 @@ from __future__ import annotations
 import difflib
 import importlib.resources
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpubench.errors import BadInput
+from gpubench.models.families import (
+    ARCHITECTURES,
+    COMMON_FIELDS,
+    FAMILIES,
+    MODEL_TYPES,
+    WRAPPER_TYPES,
+    Family,
+    family_list,
+)
 
 DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 DTYPE_ALIASES = {
@@ -78,9 +91,17 @@ class ModelConfig:
     mla: MLA | None
     torch_dtype: str
     tie_word_embeddings: bool
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)  # as read, the family's defaults filled in
     moe: MoE | None = None
-    hidden_act: str = "silu"
+    hidden_act: str = "silu"  # as the family's MLP reads it; gpt-oss: "swiglu_clamp"
+    family: str = "llama"  # gpubench.models.families.FAMILIES key
+    # Width of the dense (non-MoE) MLP layers: intermediate_size, but Llama-4's intermediate_size_mlp
+    dense_intermediate_size: int | None = None
+    gated_mlp: bool = True  # gate/up/down (SwiGLU, GeGLU); False: Falcon's up/down MLP
+    swiglu_limit: float | None = None  # gpt-oss: the clamp of its SwiGLU
+    swiglu_alpha: float | None = None  # gpt-oss: its sigmoid's scale (1.702)
+    defaults_used: tuple[str, ...] = ()  # "field=value" for each transformers default applied
+    ignored_fields: tuple[str, ...] = ()  # fields accepted unread (--ignore-field)
 
     @property
     def attention(self) -> str:
@@ -97,6 +118,31 @@ class ModelConfig:
     @property
     def chunked_layers(self) -> int:
         return sum(c is not None for c in self.layer_chunks)
+
+    @property
+    def summary(self) -> str:
+        """One line of the shapes a technique measures, e.g. gpt-oss-20b: "24 layers; GQA 64 q / 8 kv
+        heads x 64; sliding 128 on 12 layers; MoE 32 experts top-4 x 2880"."""
+        parts = [f"{self.num_layers} layers"]
+        if self.mla is not None:
+            m = self.mla
+            parts.append(f"MLA {self.num_heads} heads, latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}")
+        else:
+            parts.append(f"{self.attention} {self.num_heads} q / {self.num_kv_heads} kv heads x {self.head_dim}")
+        for kind, spans in (("sliding", self.layer_windows), ("chunked", self.layer_chunks)):
+            sizes = sorted({s for s in spans if s is not None})
+            if sizes:
+                count = sum(s is not None for s in spans)
+                parts.append(f"{kind} {'/'.join(map(str, sizes))} on {count} layers")
+        if self.moe is not None:
+            moe = self.moe
+            text = f"MoE {moe.num_experts} experts top-{moe.top_k} x {moe.expert_dim}"
+            if moe.shared_experts and moe.shared_expert_dim:
+                text += f" + {moe.shared_experts} shared x {moe.shared_expert_dim}"
+            if moe.moe_layers < self.num_layers:
+                text += f" on {moe.moe_layers} layers (dense x {self.dense_intermediate_size})"
+            parts.append(text)
+        return "; ".join(parts)
 
     def with_layers(self, n: int) -> ModelConfig:
         """The first ``n`` layers only (the same per-layer pattern): for allocating a model's real
@@ -134,25 +180,138 @@ CONFIG_LIMITS = {
     "num_experts_per_tok": 2**16,
     "experts_per_token": 2**16,
     "shared_expert_intermediate_size": 2**22,
+    "intermediate_size_mlp": 2**22,
+    "ffn_hidden_size": 2**22,
+    "num_kv_heads": 2**16,
+    "decoder_sparse_step": 10_000,
+    "interleave_moe_layer_step": 10_000,
+    "moe_layer_freq": 10_000,
 }
 
 
-def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
-    """Parse a Hugging Face config; raise BadInput naming every missing or invalid field."""
+def _family_of(raw: dict[str, Any], source: str) -> Family:
+    """The family a config belongs to: its ``model_type``, else its ``architectures``."""
+    model_type = raw.get("model_type")
+    if model_type is not None:
+        family = MODEL_TYPES.get(str(model_type))
+        if family is None:
+            raise BadInput(
+                f"{source}: model_type {model_type!r} is not a family gpubench reads; families (model_type): "
+                f"{family_list()}. A model of another family needs its reader added "
+                "(gpubench.models.families)."
+            )
+        return FAMILIES[family]
+    archs = raw.get("architectures") or []
+    found = [ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES]
+    if not found:
+        raise BadInput(
+            f"{source}: the config has no model_type and its architectures ({archs or 'none'}) name no family "
+            f"gpubench reads; families (model_type): {family_list()}."
+        )
+    return FAMILIES[found[0]]
+
+
+def _unknown_fields(raw: dict[str, Any], allowed: frozenset[str], ignore: frozenset[str]) -> list[str]:
+    return sorted(k for k in raw if not str(k).startswith("_") and k not in allowed and k not in ignore)
+
+
+def _refuse_unknown(unknown: list[str], raw: dict[str, Any], family: Family, source: str, where: str = "") -> None:
+    if not unknown:
+        return
+    shown = ", ".join(f"{k}={_short(raw[k])}" for k in unknown)
+    raise BadInput(
+        f"{source}: {where}field(s) {shown} are not known for the {family.name} family; gpubench reads a config "
+        f"only where it knows what each field does to the measured shapes (allowed: the fields "
+        f"transformers' {family.transformers_class} reads, listed in gpubench.models.families). If they "
+        "change nothing a technique measures, go on with --ignore-field NAME (repeatable; "
+        "from_dict(..., ignore_fields=[...]) in code); otherwise this model needs its reader extended."
+    )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterable[str] = ()) -> ModelConfig:
+    """Parse a Hugging Face config strictly; raise BadInput naming every unknown, missing or
+    invalid field. ``ignore_fields``: field names to accept unread (the user's word that they
+    change nothing measured). Keys starting with "_" (the presets' notes) are never read."""
+    ignore = frozenset(str(f) for f in ignore_fields)
+    family = _family_of(raw, source)
+    read = sorted(ignore & (COMMON_FIELDS | family.fields | family.wrapper_fields | set(family.aliases)))
+    if read:
+        raise BadInput(
+            f"{source}: --ignore-field {', '.join(read)}: the {family.name} reader uses or knows "
+            f"{'that field' if len(read) == 1 else 'those fields'}; ignore only a field it refuses as unknown."
+        )
+    ignored: set[str] = set()
     if isinstance(raw.get("text_config"), dict):  # multimodal wrappers keep the LM config inside
-        raw = {**raw["text_config"], "architectures": raw.get("architectures")}
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+        if str(raw.get("model_type") or "") not in WRAPPER_TYPES and raw.get("model_type") is not None:
+            raise BadInput(f"{source}: text_config is set but model_type {raw['model_type']!r} is not a wrapper.")
+        outer = raw
+        _refuse_unknown(
+            _unknown_fields(outer, COMMON_FIELDS | family.wrapper_fields, ignore), outer, family, source, "wrapper "
+        )
+        ignored |= ignore & set(outer)
+        inner = outer["text_config"]
+        # the wrapper's own dtype / quantization / head tying apply where the text config does not
+        # repeat them (transformers ties the wrapper's LM head by its top-level config)
+        raw = {
+            **{
+                k: outer[k]
+                for k in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings")
+                if k in outer
+            },
+            **inner,
+            "architectures": outer.get("architectures"),
+        }
+        raw.setdefault("model_type", family.model_types[0])
+        if MODEL_TYPES.get(str(raw["model_type"])) != family.name:
+            raise BadInput(
+                f"{source}: text_config.model_type {raw['model_type']!r} is not of the {family.name} family "
+                f"its wrapper (model_type {outer.get('model_type')!r}) names."
+            )
+    known = COMMON_FIELDS | family.fields | set(family.aliases)
+    _refuse_unknown(_unknown_fields(raw, frozenset(known), ignore), raw, family, source)
+    ignored |= ignore & set(raw)
+    raw = {k: v for k, v in raw.items() if k not in ignore}
+    for alias, field_name in family.aliases.items():
+        if alias in raw:
+            if field_name in raw and raw[field_name] != raw[alias]:
+                raise BadInput(
+                    f"{source}: {alias}={_short(raw[alias])} and {field_name}={_short(raw[field_name])} name "
+                    f"the same field of the {family.name} family ({family.transformers_class}) and differ."
+                )
+            raw[field_name] = raw.pop(alias)
+    if family.name in ("gemma2", "gemma3") and raw.get("use_bidirectional_attention"):
+        raise BadInput(
+            f"{source}: use_bidirectional_attention is true: not a causal language model (an embedding "
+            "model); the techniques measure causal decoders."
+        )
+    required = ["hidden_size", "num_hidden_layers", "num_attention_heads"]
+    if family.name.startswith("deepseek"):
+        required += ["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"]
+        if family.name == "deepseek_v2":
+            required.append("num_experts_per_tok")  # DeepseekV2Config has no default for it
     missing = [k for k in required if raw.get(k) is None]
-    mla_keys = ("kv_lora_rank", "qk_rope_head_dim")
-    is_mla = raw.get("kv_lora_rank") is not None
-    if is_mla:
-        missing += [k for k in mla_keys + ("qk_nope_head_dim", "v_head_dim") if raw.get(k) is None]
     if missing:
         raise BadInput(
-            f"{source}: the config lacks required field(s) {', '.join(missing)}; a KV-cache "
-            f"plan needs hidden_size, num_hidden_layers, num_attention_heads "
-            f"(and for MLA models kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)."
+            f"{source}: the config lacks required field(s) {', '.join(missing)}; every model needs hidden_size, "
+            f"num_hidden_layers, num_attention_heads (and MLA models kv_lora_rank, qk_rope_head_dim, "
+            f"qk_nope_head_dim, v_head_dim). No default stands in for them."
         )
+    if "sliding_window_size" in raw and raw["sliding_window_size"] != raw.get("sliding_window"):
+        raise BadInput(
+            f"{source}: sliding_window_size={raw['sliding_window_size']!r} and sliding_window="
+            f"{raw.get('sliding_window')!r} differ; transformers reads sliding_window: set both alike."
+        )
+    used = tuple(f"{k}={_short(v)}" for k, v in family.defaults.items() if k not in raw)
+    from_config = raw.get("head_dim") is not None  # (not derived, not a family default)
+    raw = {**family.defaults, **raw}
+    if "use_sliding_window" in family.defaults and not raw.get("use_sliding_window"):
+        # Qwen's window is off: transformers ignores sliding_window then (Qwen2MoeConfig saves 0)
+        raw["sliding_window"] = None
     bad = [
         f"{k}={raw[k]!r}"
         for k in CONFIG_LIMITS
@@ -174,16 +333,28 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     heads = raw["num_attention_heads"]
     kv_heads = _kv_heads(raw, heads, source)
     if heads % kv_heads:
+        defaulted = any(u.startswith("num_key_value_heads=") for u in used)
         raise BadInput(
-            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})."
+            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+            + (
+                f" (the config has no num_key_value_heads: {kv_heads} is transformers' "
+                f"{family.transformers_class} default; set it)."
+                if defaulted
+                else "."
+            )
         )
     head_dim = raw.get("head_dim")
-    from_config = head_dim is not None
     if head_dim is None:
         head_dim = raw["hidden_size"] // heads
     layers = raw["num_hidden_layers"]
     mla = None
-    if is_mla:
+    if family.name.startswith("deepseek"):
+        qk = raw.get("qk_head_dim")
+        if qk is not None and qk != raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]:
+            raise BadInput(
+                f"{source}: qk_head_dim={qk!r} is not qk_nope_head_dim + qk_rope_head_dim "
+                f"({raw['qk_nope_head_dim']} + {raw['qk_rope_head_dim']}), as transformers derives it."
+            )
         mla = MLA(
             raw["kv_lora_rank"],
             raw["qk_rope_head_dim"],
@@ -191,9 +362,24 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
             raw["qk_nope_head_dim"],
             raw["v_head_dim"],
         )
+    act, limit, alpha = _activation(raw, family, source)
+    moe = _moe(raw, family, layers, source)
+    gated = family.name != "falcon"
+    if family.name == "falcon":
+        inter = raw.get("ffn_hidden_size") or 4 * raw["hidden_size"]
+        if raw.get("ffn_hidden_size") is None:
+            used += (f"ffn_hidden_size={inter} (4 x hidden_size)",)
+    else:
+        inter = raw.get("intermediate_size")
+    dense = inter
+    if family.name == "llama4":
+        dense = raw["intermediate_size_mlp"]
+    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
+    if not (raw.get("torch_dtype") or raw.get("dtype")):  # (transformers' own: none; float32 on load)
+        used += ("torch_dtype='bfloat16' (assumed for weight bytes: the config names no dtype)",)
     return ModelConfig(
         name=name,
-        model_type=str(raw.get("model_type") or "unknown"),
+        model_type=str(raw.get("model_type") or family.model_types[0]),
         hidden_size=raw["hidden_size"],
         num_layers=layers,
         num_heads=heads,
@@ -201,94 +387,130 @@ def from_dict(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         head_dim=head_dim,
         head_dim_from_config=from_config,
         vocab_size=raw.get("vocab_size"),
-        intermediate_size=raw.get("intermediate_size"),
+        intermediate_size=inter,
         max_position_embeddings=raw.get("max_position_embeddings"),
         layer_windows=_layer_windows(raw, layers, source),
         layer_chunks=_layer_chunks(raw, layers, source),
         mla=mla,
-        torch_dtype=DTYPE_ALIASES.get(
-            str(raw.get("torch_dtype") or "bfloat16"), str(raw.get("torch_dtype") or "bfloat16")
-        ),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        torch_dtype=DTYPE_ALIASES.get(dtype, dtype),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings")),
         raw=raw,
-        moe=_moe(raw, layers, source),
-        hidden_act=str(raw.get("hidden_act") or raw.get("hidden_activation") or "silu"),
+        moe=moe,
+        hidden_act=act,
+        family=family.name,
+        dense_intermediate_size=dense,
+        gated_mlp=gated,
+        swiglu_limit=limit,
+        swiglu_alpha=alpha,
+        defaults_used=used,
+        ignored_fields=tuple(sorted(ignored)),
     )
 
 
-EXPERT_COUNT_FIELDS = (
-    "num_local_experts",
-    "n_routed_experts",
-    "num_experts",
-)  # gpt-oss/Mixtral/Llama-4, DeepSeek, Qwen-MoE
+def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, float | None, float | None]:
+    """The MLP activation as each family's modeling code reads it: Gemma's ``hidden_activation``
+    (gelu_pytorch_tanh), Falcon's ``activation`` (gelu; a plain 4h MLP, not gated), gpt-oss's
+    clamped SwiGLU ("swiglu_clamp": gate clamped above, linear part to +-``swiglu_limit``,
+    gate * sigmoid(``swiglu_alpha`` gate) * (linear + 1), alpha 1.702), else ``hidden_act`` (silu:
+    SwiGLU)."""
+    if family.name == "gpt_oss":
+        limit, alpha = raw.get("swiglu_limit"), raw.get("swiglu_alpha")
+        for key, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise BadInput(f"{source}: {key}={value!r}; allowed: a positive number (gpt-oss: 7.0 and 1.702).")
+        return "swiglu_clamp", float(limit), float(alpha)
+    key = {"gemma2": "hidden_activation", "gemma3": "hidden_activation", "falcon": "activation"}.get(
+        family.name, "hidden_act"
+    )
+    value = raw.get(key)
+    if not isinstance(value, str) or not value:
+        raise BadInput(f"{source}: {key}={value!r}; allowed: an activation name such as silu or gelu_pytorch_tanh.")
+    return value, None, None
+
+
 TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
+MOE_FIELDS = {  # family -> (expert count field, expert width field)
+    "mixtral": ("num_local_experts", "intermediate_size"),
+    "gpt_oss": ("num_local_experts", "intermediate_size"),
+    "llama4": ("num_local_experts", "intermediate_size"),
+    "qwen2_moe": ("num_experts", "moe_intermediate_size"),
+    "qwen3_moe": ("num_experts", "moe_intermediate_size"),
+    "deepseek_v2": ("n_routed_experts", "moe_intermediate_size"),
+    "deepseek_v3": ("n_routed_experts", "moe_intermediate_size"),
+}
 
 
-def _moe(raw: dict[str, Any], layers: int, source: str) -> MoE | None:
-    """The MoE layers as each family's modeling code builds them (transformers / vLLM):
+def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE | None:
+    """The MoE layers as each family's modeling code builds them (transformers 5.25; vLLM alike):
 
-    - gpt-oss, Mixtral: every layer; ``intermediate_size`` is one expert's width, no shared expert;
+    - Mixtral, gpt-oss: every layer; ``intermediate_size`` is one expert's width, no shared expert;
     - Qwen2-MoE / Qwen3-MoE: ``moe_intermediate_size`` wide; layer i is MoE unless it is in
-      ``mlp_only_layers``, when (i + 1) % ``decoder_sparse_step`` == 0; Qwen2-MoE adds one shared
-      expert ``shared_expert_intermediate_size`` wide;
+      ``mlp_only_layers``, when (i + 1) % ``decoder_sparse_step`` == 0 (the others are dense MLPs
+      ``intermediate_size`` wide); Qwen2-MoE always adds one shared expert
+      ``shared_expert_intermediate_size`` wide (with a sigmoid gate), Qwen3-MoE none;
     - DeepSeek-V2/V3: ``moe_intermediate_size`` wide; layer i is MoE when i >= ``first_k_dense_replace``
-      and i % ``moe_layer_freq`` == 0; ``n_shared_experts`` shared experts of the same width;
+      and i % ``moe_layer_freq`` == 0 (vLLM and DeepSeek's own code; transformers ignores the
+      frequency, which every published config sets to 1); ``n_shared_experts`` shared experts of
+      the same width (transformers builds them as one MLP n_shared x as wide: the same weights);
+      the dense layers are ``intermediate_size`` wide;
     - Llama-4: ``intermediate_size`` wide, one shared expert of that width; the layers in
-      ``moe_layers`` when given, else every ``interleave_moe_layer_step``-th ((i + 1) % step == 0).
+      ``moe_layers`` when given, else every ``interleave_moe_layer_step``-th ((i + 1) % step == 0);
+      its dense layers are ``intermediate_size_mlp`` wide.
     """
-    counts = [(k, raw[k]) for k in EXPERT_COUNT_FIELDS if raw.get(k) is not None]
-    if not counts:
+    if family.name not in MOE_FIELDS:  # (its strict field list has no expert fields)
         return None
-    key, experts = counts[0]
-    top = [(k, raw[k]) for k in TOP_K_FIELDS if raw.get(k) is not None]
+    key, width_key = MOE_FIELDS[family.name]
+    experts = raw.get(key)
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 0:
+        raise BadInput(f"{source}: {key}={experts!r}; allowed: a positive integer (the routed experts).")
+    top = {k: raw[k] for k in TOP_K_FIELDS if raw.get(k) is not None}
+    if len(set(top.values())) > 1:
+        raise BadInput(f"{source}: {' and '.join(f'{k}={v}' for k, v in top.items())} disagree on experts per token.")
     if not top:
         raise BadInput(
             f"{source}: {key}={experts} says the model has experts, but no field says how many a token "
             f"takes; allowed: {' or '.join(TOP_K_FIELDS)} (a positive integer)."
         )
-    top_k = top[0][1]
+    top_key, top_k = next(iter(top.items()))
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0:
+        raise BadInput(f"{source}: {top_key}={top_k!r}; allowed: a positive integer.")
     if top_k > experts:
-        raise BadInput(f"{source}: {top[0][0]}={top_k} exceeds {key}={experts} (a token cannot take more experts).")
-    model_type = str(raw.get("model_type") or "")
-    width_key = "moe_intermediate_size" if raw.get("moe_intermediate_size") is not None else "intermediate_size"
+        raise BadInput(f"{source}: {top_key}={top_k} exceeds {key}={experts} (a token cannot take more experts).")
     expert_dim = raw.get(width_key)
     if expert_dim is None:
-        raise BadInput(
-            f"{source}: an MoE config needs one expert's width: moe_intermediate_size (Qwen-MoE, DeepSeek) "
-            "or intermediate_size (gpt-oss, Mixtral, Llama-4)."
-        )
+        raise BadInput(f"{source}: an MoE config of the {family.name} family needs {width_key} (one expert's width).")
 
-    def count(name: str, default: int, low: int = 0) -> int:
-        value = raw.get(name, default)
-        if value is None:
-            value = default
+    def count(name: str, low: int = 0) -> int:
+        value = raw.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise BadInput(f"{source}: {name}={value!r}; allowed: an integer >= {low}.")
         return value
 
+    def index_list(name: str) -> list[int]:
+        listed = raw.get(name) or []
+        if not isinstance(listed, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in listed):
+            raise BadInput(f"{source}: {name} must be a list of layer indices.")
+        return listed
+
     shared, shared_dim = 0, None
-    if model_type.startswith("deepseek"):
-        first_dense = count("first_k_dense_replace", 0)
-        freq = count("moe_layer_freq", 1, low=1)
+    if family.name.startswith("deepseek"):
+        first_dense = count("first_k_dense_replace")
+        freq = count("moe_layer_freq", low=1)
         pattern = tuple(i >= first_dense and i % freq == 0 for i in range(layers))
-        shared = count("n_shared_experts", 0)
+        shared = count("n_shared_experts")
         shared_dim = expert_dim if shared else None
-    elif model_type.startswith("qwen2_moe") or model_type.startswith("qwen3_moe"):
-        step = count("decoder_sparse_step", 1, low=1)
-        only_mlp = raw.get("mlp_only_layers") or []
-        if not isinstance(only_mlp, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only_mlp):
-            raise BadInput(f"{source}: mlp_only_layers must be a list of layer indices.")
+    elif family.name in ("qwen2_moe", "qwen3_moe"):
+        step = count("decoder_sparse_step", low=1)
+        only_mlp = index_list("mlp_only_layers")
         pattern = tuple(i not in only_mlp and (i + 1) % step == 0 for i in range(layers))
-        if raw.get("shared_expert_intermediate_size"):
-            shared, shared_dim = 1, raw["shared_expert_intermediate_size"]
-    elif model_type.startswith("llama4"):
-        listed = raw.get("moe_layers")
-        if listed:
-            if not isinstance(listed, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in listed):
-                raise BadInput(f"{source}: moe_layers must be a list of layer indices.")
+        if family.name == "qwen2_moe":
+            shared, shared_dim = 1, count("shared_expert_intermediate_size", low=1)
+    elif family.name == "llama4":
+        if raw.get("moe_layers") is not None:
+            listed = index_list("moe_layers")
             pattern = tuple(i in listed for i in range(layers))
         else:
-            step = count("interleave_moe_layer_step", 1, low=1)
+            step = count("interleave_moe_layer_step", low=1)
             pattern = tuple((i + 1) % step == 0 for i in range(layers))
         shared, shared_dim = 1, expert_dim
     else:
@@ -297,14 +519,17 @@ def _moe(raw: dict[str, Any], layers: int, source: str) -> MoE | None:
 
 
 FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
-# The fields a config may name its KV heads by, in the order vLLM's config code reads them.
-KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+# The fields a config may name its KV heads by, in the order vLLM's config code reads them (the
+# strict field lists leave each family only its own: Falcon's num_kv_heads / n_head_kv, the others'
+# num_key_value_heads).
+KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads")
 
 
 def _kv_heads(raw: dict[str, Any], heads: int, source: str) -> int:
     """KV heads as vLLM's config code reads them: Falcon's ``multi_query`` (outside its new decoder
     architecture) is one KV head; else the first of :data:`KV_HEAD_FIELDS` the config sets (Falcon-40B
-    says ``num_kv_heads``, ChatGLM ``multi_query_group_num``); else every attention head (MHA)."""
+    says ``num_kv_heads``); else every attention head (MHA; the families whose transformers class
+    defaults to a number have it filled in already)."""
     new_falcon = raw.get("model_type") in FALCON_TYPES and bool(raw.get("new_decoder_architecture"))
     if not new_falcon and raw.get("multi_query"):
         return 1
@@ -328,13 +553,13 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     """Which layers attend through a sliding window, as transformers reads each family's config:
 
     - ``layer_types`` (gpt-oss, newer configs): "sliding_attention" layers use ``sliding_window``;
-    - Qwen2-style ``use_sliding_window``: when true, layers from ``max_window_layers`` on slide
-      (the first ``max_window_layers`` use full attention); when false, none does, whatever
-      ``sliding_window`` says;
+    - Qwen2-style ``use_sliding_window``: when false, no layer slides, whatever ``sliding_window``
+      or ``layer_types`` say (transformers sets the window to None); when true, ``layer_types``
+      if given, else layers from ``max_window_layers`` on slide;
     - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
       absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
     - Gemma-2: layers alternate, starting with a sliding one;
-    - Mistral / Mixtral, Phi-3, Starcoder2 and any other family: one window for every layer, as
+    - Mistral / Mixtral, Phi-3 (the other families with a ``sliding_window``): one window for every layer, as
       vLLM reads a ``sliding_window`` that nothing else qualifies (its attention layers all take
       the config's window unless the model's own code interleaves them, which the families above
       cover). Phi-3-mini-4k publishes ``sliding_window: 2047`` and no pattern: vLLM serves it with
@@ -343,6 +568,8 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
     model_type = str(raw.get("model_type") or "")
+    if "use_sliding_window" in raw and not raw["use_sliding_window"]:
+        return (None,) * layers  # Qwen: no window at all, whatever layer_types says (transformers)
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise BadInput(
@@ -370,7 +597,7 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
     if model_type in INTERLEAVED_EVERY_OTHER:
         return tuple(window if i % 2 == 0 else None for i in range(layers))
-    return (window,) * layers  # Mistral, Mixtral, Phi-3, Starcoder2, ...: every layer, as vLLM reads it
+    return (window,) * layers  # Mistral, Mixtral, Phi-3: every layer, as vLLM reads it
 
 
 def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
@@ -431,23 +658,24 @@ def preset_raw(name: str) -> dict[str, Any]:
     return json.loads((_presets_dir() / f"{name}.json").read_text())
 
 
-def load_preset(name: str) -> ModelConfig:
-    return from_dict(preset_raw(name), name, f"preset {name}")
+def load_preset(name: str, ignore_fields: Iterable[str] = ()) -> ModelConfig:
+    return from_dict(preset_raw(name), name, f"preset {name}", ignore_fields)
 
 
-def load_model(spec: str | Path) -> ModelConfig:
+def load_model(spec: str | Path, ignore_fields: Iterable[str] = ()) -> ModelConfig:
     """A model named the three ways a user names one: a preset (``gpubench kv-cache --list``), a
-    Hugging Face ``config.json``, or a checkpoint directory holding one."""
+    Hugging Face ``config.json``, or a checkpoint directory holding one. ``ignore_fields``: config
+    fields to accept unread (``--ignore-field``; see :func:`from_dict`)."""
     text = str(spec)
     if text in preset_names():
-        return load_preset(text)
+        return load_preset(text, ignore_fields)
     path = Path(text)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise BadInput(f"{path}: a directory without config.json; give a Hugging Face checkpoint directory.")
-        return load_config_file(path / "config.json")
+        return load_config_file(path / "config.json", ignore_fields)
     if path.is_file():
-        return load_config_file(path)
+        return load_config_file(path, ignore_fields)
     hint = difflib.get_close_matches(text.lower(), preset_names(), n=3, cutoff=0.5)
     raise BadInput(
         f"model {text!r} is neither a preset"
@@ -456,7 +684,7 @@ def load_model(spec: str | Path) -> ModelConfig:
     )
 
 
-def load_config_file(path: str | Path) -> ModelConfig:
+def load_config_file(path: str | Path, ignore_fields: Iterable[str] = ()) -> ModelConfig:
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -466,4 +694,5 @@ def load_config_file(path: str | Path) -> ModelConfig:
         raise BadInput(f"{path}: not a readable JSON config ({exc}).") from None
     if not isinstance(raw, dict):
         raise BadInput(f"{path}: a config must be a JSON object with hidden_size, num_hidden_layers, ...")
-    return from_dict(raw, path.stem if path.name != "config.json" else path.parent.name or "config", str(path))
+    name = path.stem if path.name != "config.json" else path.parent.name or "config"
+    return from_dict(raw, name, str(path), ignore_fields)
