@@ -345,8 +345,9 @@ def test_the_serve_command_runs_a_configs_first_layers_and_says_which_stand_in(t
 def test_the_note_names_dense_layers_of_an_moe_and_chunked_layers(tmp_path):
     """Qwen2-MoE style (MoE on every second layer, a shared expert): the active width adds the
     shared expert and the note says the dense layers take it too; chunked layers are named."""
-    qwen_moe = {
-        **QWEN3_LIKE,
+    qwen_moe = {  # as Qwen2-MoE publishes: no head_dim (hidden / heads) and no attention_bias field
+        **{k: v for k, v in QWEN3_LIKE.items() if k not in ("head_dim", "attention_bias")},
+        "architectures": ["Qwen2MoeForCausalLM"],
         "model_type": "qwen2_moe",
         "num_hidden_layers": 4,
         "num_experts": 8,
