@@ -179,12 +179,15 @@ def build_model_scenario(
     draft: str | None = None,
     *,
     spec: str | None = None,
+    supported_only: bool = True,
 ) -> dict[str, Any]:
     """The scenario mapping for ``cfg`` (``spec``: the model as the user named it, a preset or a
     path; default ``cfg.name``) on ``device`` ("cuda" or "cpu") holding ``memory_bytes``.
     ``seq_len`` / ``batch`` None: the defaults (:data:`DEFAULTS_RULE`). ``draft``: speculative
     decoding's draft model (a checkpoint directory or ``early:N``), with a checkpoint directory only.
-    BadInput for a workload, device or size that is not allowed."""
+    ``supported_only``: leave out the entries this build's techniques cannot take (said in the
+    ``model`` block); False keeps every entry as the mapping writes it. BadInput for a workload,
+    device or size that is not allowed, or a model no technique applies to."""
     check_request(workload, seq_len, batch)
     if device not in DEVICES:
         raise BadInput(f"device {device!r}: a model scenario is built for {' or '.join(DEVICES)}.")
@@ -213,7 +216,8 @@ def build_model_scenario(
             plan.skip(technique, f"{kind} technique; not in --workload {workload} (use {other})")
             continue
         GENERATORS[technique](plan, workload, model_param, checkpoint, draft)
-    _drop_unsupported(plan)
+    if supported_only:
+        _drop_unsupported(plan)
     if not plan.entries:
         raise BadInput(
             f"--model {spec}: no technique applies to this model on {device} (--workload {workload}): "
