@@ -1,7 +1,10 @@
 """What `gpubench run --model` costs (issue 37 point 4): the generator's own time, and the generated
 scenario's run time against what its dry run estimated.
 
-    python benchmarks/model_scenario_cost.py [--model examples/tiny-gpt-oss-config.json] [--repeat 20]
+    python benchmarks/model_scenario_cost.py [--model PRESET|config.json] [--repeat 20] [--no-run]
+
+(--model: default the preset smollm2-135m where this build has it, else
+examples/tiny-gpt-oss-config.json.)
 
 1. The generator: build_model_scenario, then apart the YAML and the scenario parser after it
    (the techniques' cross-param rules included: the first call imports their modules, torch with
@@ -28,7 +31,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_MODEL = HERE.parent / "examples" / "tiny-gpt-oss-config.json"
+SMALL_PRESET = "smollm2-135m"  # the smallest published preset, where this build ships it
+EXAMPLE = HERE.parent / "examples" / "tiny-gpt-oss-config.json"
+
+
+def default_model() -> str:
+    from gpubench.models.config import preset_names
+
+    return SMALL_PRESET if SMALL_PRESET in preset_names() else str(EXAMPLE)
 
 
 def generator_times(models: list[str], repeat: int) -> None:
@@ -87,7 +97,8 @@ def run_cost(model: str) -> None:
             "GPUBENCH_HISTORY": str(root / "history.sqlite"),
             "COLUMNS": "200",
         }
-        base = ["run", "--model", str(Path(model).resolve()), "--device", "cpu", "-o", str(root / "runs")]
+        spec = str(Path(model).resolve()) if Path(model).exists() else model
+        base = ["run", "--model", spec, "--device", "cpu", "-o", str(root / "runs")]
         _, dry = cli([*base, "--dry-run"], env, root)
         cases = re.search(r"on cpu: (\d[\d,]*) cases?", dry)
         print(f"generated scenario: {cases.group(1) if cases else '?'} cases on cpu")
@@ -101,17 +112,18 @@ def run_cost(model: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a preset, config.json or checkpoint directory")
+    parser.add_argument("--model", default=None, help="a preset, config.json or checkpoint directory")
     parser.add_argument(
         "--repeat", type=int, default=20, help="generator calls per model and device (the median is printed)"
     )
     parser.add_argument("--no-run", action="store_true", help="time the generator only")
     args = parser.parse_args()
+    model = args.model or default_model()
     load0 = os.getloadavg()
     print(f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)")
-    generator_times([args.model], args.repeat)
+    generator_times([] if model == SMALL_PRESET else [model], args.repeat)
     if not args.no_run:
-        run_cost(args.model)
+        run_cost(model)
     load1 = os.getloadavg()
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
 

@@ -55,6 +55,7 @@ GPT_OSS = {  # gpt-oss-like: sliding and full layers alternating, every layer Mo
     "sliding_window": 32,
     "num_local_experts": 8,
     "experts_per_token": 2,
+    "num_experts_per_tok": 2,
     "intermediate_size": 128,
     "vocab_size": 512,
     "max_position_embeddings": 4096,
@@ -64,6 +65,7 @@ DEEPSEEK = {  # DeepSeek-like MLA: q/k 96 + 32 = 128, v 64; layer 0 dense, one s
     "hidden_size": 256,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
+    "num_key_value_heads": 4,
     "kv_lora_rank": 64,
     "qk_rope_head_dim": 32,
     "qk_nope_head_dim": 96,
@@ -201,7 +203,8 @@ def test_gpt_oss_like_sliding_layers_get_their_own_attention_entries(tmp_path):
     }
     assert "activation differs" not in moe["note"]  # the layer is gpt-oss's own
     assert entries(doc, "combined_training")[0]["params"]["experts"] == 8
-    assert "MoE layers" in reason(doc, "packed_metadata")
+    (packed,) = entries(doc, "packed_metadata")  # a Llama-style stand-in, its MLP the active width
+    assert "MoE MLP as a dense one of the active width (256)" in packed["note"]
     assert "sliding 32 on 2 layers" in doc["model"]["summary"]
 
 
@@ -216,7 +219,8 @@ def test_qwen3_moe_notes_that_its_activation_is_not_the_measured_layers(tmp_path
     (moe,) = entries(doc, "moe_grouping")
     assert (moe["params"]["experts"], moe["params"]["top_k"], moe["params"]["expert_dim"]) == (8, 2, 128)
     assert "qwen3_moe's experts use silu" in moe["note"] and "activation differs" in moe["note"]
-    assert entries(doc, "combined_training") and "MoE layers" in reason(doc, "paged_kv_serving")
+    assert entries(doc, "combined_training") and entries(doc, "paged_kv_serving")
+    assert "active width (256)" in entries(doc, "paged_kv_serving")[0]["note"]  # top-2 x 128
 
 
 def test_deepseek_like_mla_prefill_dims_and_latent_cache_reasons(tmp_path):
@@ -376,9 +380,9 @@ def test_entries_this_build_cannot_take_are_left_out_and_said(tmp_path, monkeypa
 
 
 def test_a_model_no_technique_applies_to_is_refused(tmp_path):
-    odd = {**LLAMA, "head_dim": 80}
+    odd = {**LLAMA, "head_dim": 80}  # no attention kernel takes it; 1 byte holds no training step
     with pytest.raises(BadInput, match="no technique applies to this model on cpu \\(--workload train\\)"):
-        generate(tmp_path, {**odd, "model_type": "falcon"}, "train", memory=1)
+        generate(tmp_path, odd, "train", memory=1)
 
 
 # -- the scenario file's model block and entry note ----------------------------------------------------

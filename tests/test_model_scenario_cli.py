@@ -157,3 +157,26 @@ def test_a_real_run_of_a_tiny_model_on_the_cpu(tiny, tmp_path):
     assert case["params"]["heads"] == 4 and case["params"]["kv_heads"] == 2 and case["params"]["head_dim"] == 64
     notes = [e.get("note") for e in doc["scenario"]["entries"] if e["technique"] == "paged_attention"]
     assert notes == ["full-attention layers (4 of 4)"]
+
+
+def test_a_gpu_scenario_is_sized_to_the_gpus_memory_in_bfloat16(tmp_path, monkeypatch):
+    """--device cuda: the GPU's total memory sizes the cases (a GPU faked: the scenario is only
+    written, nothing runs on it)."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(total_memory=80 * 2**30)
+    )
+    target = tmp_path / "gpu.yaml"
+    result = invoke("run", "--model", "llama-3.1-8b", "--device", "cuda", "--emit-scenario", target)
+    assert result.exit_code == 0, result.output
+    scen = scenariomod.load(target)
+    assert scen.device == "cuda" and scen.model["memory_gib"] == 80.0 and scen.model["dtype"] == "bfloat16"
+    assert (scen.model["seq_len"], scen.model["batch"]) == (4096, 4)
+    assert scen.policy.flush_l2 and "for cuda (80.0 GiB)" in target.read_text().splitlines()[0]
+    flash = next(e for e in scen.entries if e.technique == "flash_attention")
+    assert flash.grid["heads"] == [32] and flash.grid["kv_heads"] == [8] and flash.grid["dtype"] == ["bfloat16"]

@@ -377,10 +377,9 @@ def _default_scenario(device_opt: str | None) -> str:
 )
 @click.option(
     "--workload",
-    default="both",
-    show_default=True,
+    default=None,
     metavar="train|serve|both",
-    help="With --model: the training techniques, the serving ones, or both.",
+    help="With --model: the training techniques, the serving ones, or both [default: both].",
 )
 @click.option(
     "--seq-len", type=int, default=None, help="With --model: tokens per sequence [default: see docs/model-runs.md]."
@@ -429,7 +428,7 @@ def run(
     budget_text: str | None,
     fill_budget: bool,
     model_spec: str | None = None,
-    workload: str = "both",
+    workload: str | None = None,
     seq_len: int | None = None,
     batch: int | None = None,
     draft: str | None = None,
@@ -447,7 +446,7 @@ def run(
     budget_s = parse_duration(budget_text) if budget_text is not None else None
     _check_run_flags(repeat_scale, telemetry_interval, gpu_type, cluster)
     model_flags = {
-        "--workload": workload != "both",
+        "--workload": workload is not None,
         "--seq-len": seq_len is not None,
         "--batch": batch is not None,
         "--draft": draft is not None,
@@ -461,7 +460,9 @@ def run(
                 f"--scenario {scenario_name} and --model {model_spec}: give one of them (--model builds the "
                 "scenario from the model; --emit-scenario FILE writes it for --scenario FILE)."
             )
-        scen, generated = _model_scenario(model_spec, workload, seq_len, batch, draft, ignore_fields, devices, cluster)
+        scen, generated = _model_scenario(
+            model_spec, workload or "both", seq_len, batch, draft, ignore_fields, devices, cluster
+        )
     else:
         given = [flag for flag, on in model_flags.items() if on]
         if given:

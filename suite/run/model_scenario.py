@@ -628,10 +628,7 @@ def _activation_offload(plan: _Plan, *_: Any) -> None:
     cfg = plan.cfg
     vocab = cfg.vocab_size or 32000
     h = cfg.hidden_size
-    if cfg.moe is not None:
-        inter = cfg.moe.top_k * cfg.moe.expert_dim + cfg.moe.shared_experts * (cfg.moe.shared_expert_dim or 0)
-    else:
-        inter = cfg.intermediate_size or h * 8 // 3
+    inter = _mlp_width(cfg)
     b = plan.b
     per_layer = _attention_params(cfg) + 3 * h * inter
     embed = vocab * h * (1 if cfg.tie_word_embeddings else 2)
@@ -669,15 +666,47 @@ def _activation_offload(plan: _Plan, *_: Any) -> None:
     plan.add("activation_offload", fitted, text, STEP_POLICY[plan.device])
 
 
-def _dense_layer_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters of one decoder layer, of the embeddings and head), from gpubench.models.params."""
-    pc = count_parameters(cfg.with_layers(1))
-    outside = pc.groups.get("embedding", 0) + pc.groups.get("lm_head", 0) + cfg.hidden_size
-    return pc.total - outside, outside
+def _stand_in_params(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(parameters of one layer, of the embeddings and head, the MLP width) of the Llama-style
+    stand-in the model-taking techniques build at ``cfg``'s shapes: for a Llama-style dense family
+    its layer as gpubench.models.params counts it; for another, its attention and a dense MLP of
+    the width a token computes through (an MoE's top-k experts and shared ones)."""
+    h = cfg.hidden_size
+    if cfg.moe is None and _family(cfg) in LLAMA_STYLE:
+        pc = count_parameters(cfg.with_layers(1))
+        outside = pc.groups.get("embedding", 0) + pc.groups.get("lm_head", 0) + h
+        return pc.total - outside, outside, cfg.intermediate_size or 4 * h
+    width = _mlp_width(cfg)
+    outside = (cfg.vocab_size or 32000) * h * (1 if cfg.tie_word_embeddings else 2) + h
+    return _attention_params(cfg) + 3 * h * width + 2 * h, outside, width
+
+
+def _mlp_width(cfg: ModelConfig) -> int:
+    """The dense MLP width a stand-in gives ``cfg``: its own, or an MoE's active width."""
+    if cfg.moe is None:
+        return cfg.intermediate_size or cfg.hidden_size * 8 // 3
+    moe = cfg.moe
+    return moe.top_k * moe.expert_dim + moe.shared_experts * (moe.shared_expert_dim or 0)
+
+
+def _stand_in_blocker(cfg: ModelConfig) -> str | None:
+    """Why a Llama-style stand-in cannot hold ``cfg`` (its MLA), or None."""
+    if cfg.mla is not None:
+        return "MLA: the Llama-style stand-in caches full keys and values per KV head, an MLA model a latent"
+    return None
+
+
+def _stand_in_note(cfg: ModelConfig) -> str:
+    """What of the model a stand-in leaves out, for a family that is not Llama-style."""
+    if cfg.moe is not None:
+        return f"; a Llama-style stand-in: the MoE MLP as a dense one of the active width ({_mlp_width(cfg)})"
+    if _family(cfg) not in LLAMA_STYLE:
+        return f"; a Llama-style stand-in at {_family(cfg)}'s shapes (its own norms and activation not applied)"
+    return ""
 
 
 def _llama_style(cfg: ModelConfig) -> str | None:
-    """Why the Llama-style dense decoder cannot stand for ``cfg``, or None when it can."""
+    """Why ``cfg`` is not a Llama-style dense decoder (a checkpoint a target loads), or None."""
     if cfg.mla is not None:
         return "MLA attention"
     if cfg.moe is not None:
@@ -689,13 +718,12 @@ def _llama_style(cfg: ModelConfig) -> str | None:
 
 def _packed_metadata(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
     cfg = plan.cfg
-    unlike = _llama_style(cfg)
-    if unlike:
-        plan.skip("packed_metadata", f"it builds a Llama-style dense decoder; this model has {unlike}")
+    blocker = _stand_in_blocker(cfg)
+    if blocker:
+        plan.skip("packed_metadata", blocker)
         return
-    layer, outside = _dense_layer_params(cfg)
+    layer, outside, inter = _stand_in_params(cfg)
     b, h, vocab = plan.b, cfg.hidden_size, cfg.vocab_size or 32000
-    inter = cfg.intermediate_size or 4 * h
 
     def cost(p: dict[str, Any]) -> tuple[float, float]:
         tokens = p["rows"] * p["seq_len"]
@@ -725,9 +753,8 @@ def _packed_metadata(plan: _Plan, workload: str, model_param: str, *_: Any) -> N
         dtype=plan.dtype,
         backend="sdpa" if plan.device == "cpu" else "auto",
     )
-    plan.add(
-        "packed_metadata", fitted, "AdamW step of the model's decoder on packed documents", STEP_POLICY[plan.device]
-    )
+    text = "AdamW step of the model's decoder on packed documents" + _stand_in_note(cfg)
+    plan.add("packed_metadata", fitted, text, STEP_POLICY[plan.device])
 
 
 def _kv_layer_bytes(cfg: ModelConfig, b: int) -> int:
@@ -763,25 +790,18 @@ def _kv_cache(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
     plan.add("kv_cache", params, "the model's cache layout, contiguous vs paged, checked against the calculator")
 
 
-def _serving_blocker(cfg: ModelConfig) -> str | None:
-    if cfg.mla is not None:
-        return "MLA: the engine caches per-head keys and values, an MLA model a latent"
-    unlike = _llama_style(cfg)
-    return f"the engine runs a Llama-style dense decoder; this model has {unlike}" if unlike else None
-
-
 def _serving(technique: str):
     def generate(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
         cfg = plan.cfg
-        blocker = _serving_blocker(cfg)
+        blocker = _stand_in_blocker(cfg)
         if blocker:
             plan.skip(technique, blocker)
             return
-        layer, outside = _dense_layer_params(cfg)
+        layer, outside, _ = _stand_in_params(cfg)
         b = 4 if plan.device == "cpu" else plan.b
         dtype = "float32" if plan.device == "cpu" else plan.dtype
         cpu = plan.device == "cpu"
-        max_len = min(plan.seq_len, 512 if cpu else 1024)
+        max_len = max(64, min(plan.seq_len, 512 if cpu else 1024))  # a trace's prompt + output fit
         max_batch = 8 if cpu else 64
         kv_token = _kv_layer_bytes(cfg, b)
 
@@ -814,7 +834,8 @@ def _serving(technique: str):
             f"shapes), max_len {max_len}, KV budget {fitted['kv_budget_mib']} MiB (half the batch at full length)"
         )
         policy = dict(RUN_POLICY, case_timeout_s=300 if cpu else 240)
-        plan.add(technique, fitted, f"{fitted['layers']} decoder layers serving a Poisson trace", policy)
+        text = f"{fitted['layers']} decoder layers serving a Poisson trace" + _stand_in_note(cfg)
+        plan.add(technique, fitted, text, policy)
 
     return generate
 
@@ -828,6 +849,10 @@ def _speculative_decoding(
             "speculative_decoding",
             "acceptance depends on the model's weights: give --model a checkpoint directory holding them",
         )
+        return
+    unlike = _llama_style(cfg)
+    if unlike:
+        plan.skip("speculative_decoding", f"the target loads a Llama-style checkpoint; this model has {unlike}")
         return
     weights = count_parameters(cfg).total * 4  # loaded in float32
     if weights > plan.budget:
