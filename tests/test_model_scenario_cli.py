@@ -98,6 +98,10 @@ def test_emit_scenario_writes_yaml_that_reruns_the_same_cases(tiny, tmp_path):
             ["--model", "llama-2-7b", "--draft", "early:2"],
             ["--draft early:2: a draft model needs the target's weights"],
         ),
+        (
+            ["--model", "llama-2-7b", "--device", "cpu", "--only", "moe_grouping"],
+            ["has no entry for 'moe_grouping' (not applicable to this model: no MoE layers)"],
+        ),
     ],
 )
 def test_bad_input_is_one_paragraph_and_exit_2(args, fragments):

@@ -662,9 +662,14 @@ def _only_techniques(only: str | None, scen: scenariomod.Scenario) -> list[str] 
                 f"--only: {name!r} is not a registered technique; allowed: {', '.join(techniques.all_techniques())}."
             )
         if name not in in_scenario:
+            why = next(
+                (n.get("reason") for n in (scen.model or {}).get("not_applicable") or [] if n.get("technique") == name),
+                None,
+            )
             raise BadInput(
-                f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
-                f"its techniques: {', '.join(in_scenario)}."
+                f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}"
+                + (f" (not applicable to this model: {why})" if why else "")
+                + f"; its techniques: {', '.join(in_scenario)}."
             )
     return only_list
 

@@ -53,8 +53,9 @@ KV_DTYPE = {"cuda": "bf16", "cpu": "fp32"}
 
 FLASH_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # flash_attention's head_dim choices
 PAGED_HEAD_DIMS = (64, 128)  # paged_attention's
-# Families the Llama-style dense decoder (gpubench.models.llama) stands for: packed_metadata builds it
-# at the model's shapes; other families' layers differ in kind (MoE MLPs, latent attention).
+# Families whose layers the Llama-style decoder (gpubench.models.llama) holds as they are: a checkpoint
+# of one loads as a speculative target; for the others (MoE MLPs, other norms and activations) the
+# model-taking techniques run a stand-in at their attention shapes, and the entry's note says so.
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 FEW_LAYERS = {"cuda": 4, "cpu": 2}  # "a few layers" for the multi-layer training and serving cases
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
