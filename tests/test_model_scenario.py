@@ -185,11 +185,11 @@ def test_workload_picks_the_training_or_serving_techniques_and_flash_attentions_
 
 def test_gpt_oss_like_sliding_layers_get_their_own_attention_entries(tmp_path):
     doc = generate(tmp_path, GPT_OSS)
-    full, sliding = entries(doc, "flash_attention")
+    sliding, full = entries(doc, "flash_attention")
     assert "window" not in full["params"] and full["note"] == "full-attention layers (2 of 4) at 256 tokens"
     assert sliding["params"]["window"] == 32 and sliding["note"] == "sliding layers (2 of 4), window 32"
     assert sliding["params"]["heads"] == 8 and sliding["params"]["kv_heads"] == 2
-    paged_full, paged_sliding = entries(doc, "paged_attention")
+    paged_sliding, paged_full = entries(doc, "paged_attention")
     assert paged_full["params"]["context_len"] == 256
     assert paged_sliding["params"]["context_len"] == 32 and "window 32" in paged_sliding["note"]
     (moe,) = entries(doc, "moe_grouping")
@@ -238,10 +238,10 @@ def test_deepseek_like_mla_prefill_dims_and_latent_cache_reasons(tmp_path):
 
 def test_llama4_like_chunked_layers_get_their_own_attention_entry(tmp_path):
     doc = generate(tmp_path, LLAMA4)
-    full, chunked = entries(doc, "flash_attention")
+    chunked, full = entries(doc, "flash_attention")
     assert chunked["params"]["chunk"] == 64 and chunked["note"] == "chunked layers (3 of 4), chunk 64"
     assert "chunk" not in full["params"] and full["note"].startswith("full-attention layers (1 of 4)")
-    paged_chunked = entries(doc, "paged_attention")[1]
+    paged_chunked = entries(doc, "paged_attention")[0]
     assert paged_chunked["params"]["context_len"] == 64 and "its own chunk" in paged_chunked["note"]
 
 
@@ -419,3 +419,24 @@ def test_a_scenario_without_model_block_is_unchanged(tmp_path):
     noted = parse("name: x\nmodel: {name: m, workload: train}\n" + ENTRY + "    note: MoE layers (2 of 4)\n", tmp_path)
     assert noted.model == {"name": "m", "workload": "train"}
     assert noted.to_dict()["entries"][0]["note"] == "MoE layers (2 of 4)"
+
+
+def test_each_case_finds_its_own_entrys_note_first(tmp_path):
+    """The report gives a case the note of the first entry of its technique whose params it was
+    drawn from: a sliding or chunked case must not be found under the full layers' entry, whose
+    params leave window and chunk at their defaults (0)."""
+    from gpubench.techniques import catalog
+
+    for raw in (GPT_OSS, LLAMA4):
+        doc = generate(tmp_path, raw)
+        for i, entry in enumerate(doc["entries"]):
+            declared = catalog.declaration(entry["technique"])
+            defaults = {"window": 0, "chunk": 0, **(declared.defaults() if declared else {})}
+            case = {**defaults, **{k: (v[0] if isinstance(v, list) else v) for k, v in entry["params"].items()}}
+            first = next(
+                e
+                for e in doc["entries"]
+                if e["technique"] == entry["technique"]
+                and all(case.get(k) in (v if isinstance(v, list) else [v]) for k, v in e["params"].items())
+            )
+            assert first is entry, (raw["model_type"], i, entry.get("note"), first.get("note"))

@@ -374,8 +374,8 @@ def _attention_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
 
 
 def _layer_groups(cfg: ModelConfig, seq_len: int) -> list[tuple[str, int, int, int]]:
-    """(kind, size, layers, of which) per attention pattern: full, each sliding window and each
-    chunk size; a window or chunk at least seq_len attends as a full layer at this length."""
+    """(kind, size, layers, of which) per attention pattern: each sliding window, each chunk size,
+    then full; a window or chunk at least seq_len attends as a full layer at this length."""
     full = 0
     sliding: dict[int, int] = {}
     chunked: dict[int, int] = {}
@@ -386,10 +386,12 @@ def _layer_groups(cfg: ModelConfig, seq_len: int) -> list[tuple[str, int, int, i
             chunked[chunk] = chunked.get(chunk, 0) + 1
         else:
             full += 1
-    groups = [("full", 0, full, cfg.num_layers)] if full else []
-    groups += [("window", w, n, cfg.num_layers) for w, n in sliding.items()]
+    # The local patterns first: a reader matching a case to the first entry whose params it was
+    # drawn from (the report's notes) finds a sliding case under its own entry, not under the full
+    # one, whose params leave window and chunk at their defaults.
+    groups = [("window", w, n, cfg.num_layers) for w, n in sliding.items()]
     groups += [("chunk", c, n, cfg.num_layers) for c, n in chunked.items()]
-    return groups
+    return groups + ([("full", 0, full, cfg.num_layers)] if full else [])
 
 
 def _group_note(kind: str, size: int, layers: int, total: int, seq_len: int) -> str:
