@@ -800,7 +800,7 @@ def _serving(technique: str):
         if blocker:
             plan.skip(technique, blocker)
             return
-        layer, outside, _ = _stand_in_params(cfg)
+        layer, outside, _width = _stand_in_params(cfg)
         b = 4 if plan.device == "cpu" else plan.b
         dtype = "float32" if plan.device == "cpu" else plan.dtype
         cpu = plan.device == "cpu"
