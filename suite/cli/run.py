@@ -367,6 +367,45 @@ def _default_scenario(device_opt: str | None) -> str:
     help="The history store the run is added "
     "to (see `gpubench history add --help`; default $GPUBENCH_HISTORY, else ~/.local/share/gpubench/history.sqlite).",
 )
+@click.option(
+    "--model",
+    "model_spec",
+    metavar="PRESET|config.json|DIR",
+    help="Instead of --scenario: build the scenario from a model (a preset of `gpubench kv-cache --list`, "
+    "a Hugging Face config.json or checkpoint directory): every technique that applies, at the model's "
+    "shapes, sized to the device; see docs/model-runs.md.",
+)
+@click.option(
+    "--workload",
+    default=None,
+    metavar="train|serve|both",
+    help="With --model: the training techniques, the serving ones, or both [default: both].",
+)
+@click.option(
+    "--seq-len", type=int, default=None, help="With --model: tokens per sequence [default: see docs/model-runs.md]."
+)
+@click.option(
+    "--batch", type=int, default=None, help="With --model: sequences per step [default: 4 on cuda, 1 on cpu]."
+)
+@click.option(
+    "--draft",
+    metavar="DIR|early:N",
+    help="With --model DIR (a checkpoint with weights): speculative decoding's draft model as well as the n-gram drafter.",
+)
+@click.option(
+    "--ignore-field",
+    "ignore_fields",
+    multiple=True,
+    metavar="NAME",
+    help="With --model: a config.json field the reader may leave unread (repeatable).",
+)
+@click.option(
+    "--emit-scenario",
+    "emit_path",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --model: write the generated scenario as YAML (edit it, run it with --scenario FILE) and exit.",
+)
 def run(
     scenario_name: str | None,
     devices: str | None,
@@ -388,15 +427,54 @@ def run(
     history_store: str | None,
     budget_text: str | None,
     fill_budget: bool,
+    model_spec: str | None = None,
+    workload: str | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    draft: str | None = None,
+    ignore_fields: tuple[str, ...] = (),
+    emit_path: Path | None = None,
 ) -> None:
-    """Run a scenario: check and time every case, write a run directory and add it to the history store."""
+    """Run a scenario: check and time every case, write a run directory and add it to the history store.
+
+    With --model instead of --scenario, the scenario is built from a model's config (see
+    docs/model-runs.md); --dry-run shows it, --emit-scenario FILE writes it."""
     from gpubench.run.budget import parse_duration
 
     budget_from = time.monotonic()  # the budget counts the whole command
     stopping.sigint_restored()  # `gpubench run &` from a script: SIGINT inherited ignored, Ctrl-C still stops it
     budget_s = parse_duration(budget_text) if budget_text is not None else None
     _check_run_flags(repeat_scale, telemetry_interval, gpu_type, cluster)
-    scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    model_flags = {
+        "--workload": workload is not None,
+        "--seq-len": seq_len is not None,
+        "--batch": batch is not None,
+        "--draft": draft is not None,
+        "--ignore-field": bool(ignore_fields),
+        "--emit-scenario": emit_path is not None,
+    }
+    generated: str | None = None  # the generated scenario's YAML (--model)
+    if model_spec is not None:
+        if scenario_name is not None:
+            raise BadInput(
+                f"--scenario {scenario_name} and --model {model_spec}: give one of them (--model builds the "
+                "scenario from the model; --emit-scenario FILE writes it for --scenario FILE)."
+            )
+        scen, generated = _model_scenario(
+            model_spec, workload or "both", seq_len, batch, draft, ignore_fields, devices, cluster
+        )
+    else:
+        given = [flag for flag, on in model_flags.items() if on]
+        if given:
+            raise BadInput(
+                f"{', '.join(given)}: only with --model (a scenario built from a model); with --scenario "
+                "the scenario file sets the shapes."
+            )
+        scen = scenariomod.load(scenario_name or _default_scenario(devices))
+    if emit_path is not None:
+        assert generated is not None  # (--emit-scenario is refused above without --model)
+        _emit_scenario(emit_path, generated, scen)
+        return
     from gpubench.run import run_options  # torch: past the scenario's name and keys
 
     device_list = _run_devices(devices, cluster, scen)
@@ -420,7 +498,11 @@ def run(
     counts = scen.count(only_list)  # a huge sweep is counted, not built
     total = sum(counts.values())
     workers = 1 if cluster or isolation == "none" else min(len(device_list), max_parallel or len(device_list))
+    if generated is not None and dry_run:
+        out.print(generated.rstrip(), markup=False, soft_wrap=True)
     _print_run_start(out, scen, device_list, only_list, total, cluster, isolation, dry_run)
+    if scen.model is not None:
+        _print_model_block(out, scen.model)
     if dry_run:
         _print_dry_run(
             out, scen, counts, only_list, device_list[0], Path(out_root), repeat_scale, workers, budget_s, fill_budget
@@ -441,6 +523,107 @@ def run(
             None if no_history else history_store or "",
         )
     )
+
+
+def _model_scenario(
+    spec: str,
+    workload: str,
+    seq_len: int | None,
+    batch: int | None,
+    draft: str | None,
+    ignore_fields: tuple[str, ...],
+    devices: str | None,
+    cluster: str | None,
+) -> tuple[scenariomod.Scenario, str]:
+    """The scenario ``gpubench run --model`` builds (validated as a scenario file is) and its YAML.
+    Bad input (an unknown model, workload, size or draft) is refused before torch is imported."""
+    import inspect
+
+    from gpubench.models import config as model_config
+    from gpubench.run import model_scenario
+
+    model_scenario.check_request(workload, seq_len, batch)
+    if ignore_fields and "ignore_fields" not in inspect.signature(model_config.load_model).parameters:
+        raise BadInput("--ignore-field: this build's config reader reads every field; it takes no --ignore-field.")
+    kwargs = {"ignore_fields": tuple(ignore_fields)} if ignore_fields else {}
+    cfg = model_config.load_model(spec, **kwargs)
+    model_scenario.check_draft(spec, workload, draft)
+    device, memory = _model_device(devices, cluster)
+    doc = model_scenario.build_model_scenario(cfg, workload, seq_len, batch, device, memory, draft, spec=spec)
+    command = " ".join(
+        ["gpubench run --model", spec, "--workload", workload]
+        + ([f"--seq-len {seq_len}"] if seq_len is not None else [])
+        + ([f"--batch {batch}"] if batch is not None else [])
+        + ([f"--draft {draft}"] if draft is not None else [])
+    )
+    header = (
+        f"Generated by `{command}` for {device} ({memory / 2**30:.1f} GiB).\n"
+        "An ordinary scenario: edit it, then `gpubench run --scenario THIS_FILE` measures its cases."
+    )
+    text = model_scenario.to_yaml(doc, header)
+    try:
+        scen = scenariomod.parse(text, Path(f"--model {spec}"))
+    except BadInput as exc:
+        raise BadInput(
+            f"--model {spec}: the generated scenario is not valid (a gpubench bug, please report it; "
+            f"--emit-scenario FILE writes it for a look): {exc}"
+        ) from None
+    return scen, text
+
+
+def _model_device(devices: str | None, cluster: str | None) -> tuple[str, int]:
+    """The kind of device a --model scenario is sized for ("cuda" or "cpu") and its memory in
+    bytes: the GPU's total memory, or the machine's available memory."""
+    import torch
+
+    from gpubench.run import run_options
+
+    if cluster and devices is None:
+        raise BadInput(
+            "--model with --cluster: the cluster's GPU memory is not known here; build the scenario on a "
+            "machine with that GPU (--emit-scenario FILE), then run --scenario FILE --cluster ..."
+        )
+    first = run_options.resolve_devices(devices or "auto", "--devices")[0]
+    if first.startswith("cuda"):
+        index = torch.device(first).index or 0
+        return "cuda", int(torch.cuda.get_device_properties(index).total_memory)
+    return "cpu", _available_memory()
+
+
+def _available_memory() -> int:
+    """The machine's available memory in bytes (Linux: MemAvailable; else the physical memory)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _emit_scenario(path: Path, text: str, scen: scenariomod.Scenario) -> None:
+    """--emit-scenario FILE: the generated scenario written (BadInput when it cannot be)."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"--emit-scenario {path}: cannot write the scenario ({exc.strerror or exc}).") from None
+    total = sum(scen.count().values())
+    click.echo(
+        f"scenario written: {path} ({total} case{'s' if total != 1 else ''} of "
+        f"{len({e.technique for e in scen.entries})} techniques); run it with gpubench run --scenario {path}"
+    )
+
+
+def _print_model_block(out: Console, model: dict[str, Any]) -> None:
+    """A --model scenario's model line, its sizing and the techniques left out with their reason."""
+    soft = not out.is_terminal
+    out.print(f"model {model.get('name')}: {model.get('summary', '')}", markup=False, soft_wrap=soft)
+    for line in model.get("sizing") or []:
+        out.print(f"  sizing: {line}", markup=False, soft_wrap=soft)
+    for item in model.get("not_applicable") or []:
+        out.print(f"  not measured: {item['technique']}: {item['reason']}", markup=False, soft_wrap=soft)
 
 
 def _check_run_flags(repeat_scale: float, telemetry_interval: float, gpu_type: str | None, cluster: str | None) -> None:
@@ -479,9 +662,14 @@ def _only_techniques(only: str | None, scen: scenariomod.Scenario) -> list[str] 
                 f"--only: {name!r} is not a registered technique; allowed: {', '.join(techniques.all_techniques())}."
             )
         if name not in in_scenario:
+            why = next(
+                (n.get("reason") for n in (scen.model or {}).get("not_applicable") or [] if n.get("technique") == name),
+                None,
+            )
             raise BadInput(
-                f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}; "
-                f"its techniques: {', '.join(in_scenario)}."
+                f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}"
+                + (f" (not applicable to this model: {why})" if why else "")
+                + f"; its techniques: {', '.join(in_scenario)}."
             )
     return only_list
 
