@@ -414,11 +414,13 @@ def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, 
     gate * sigmoid(``swiglu_alpha`` gate) * (linear + 1), alpha 1.702), else ``hidden_act`` (silu:
     SwiGLU)."""
     if family.name == "gpt_oss":
-        limit, alpha = raw.get("swiglu_limit"), raw.get("swiglu_alpha")
-        for key, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
+        numbers: list[float] = []
+        for key in ("swiglu_limit", "swiglu_alpha"):
+            value = raw.get(key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise BadInput(f"{source}: {key}={value!r}; allowed: a positive number (gpt-oss: 7.0 and 1.702).")
-        return "swiglu_clamp", float(limit), float(alpha)
+            numbers.append(float(value))
+        return "swiglu_clamp", numbers[0], numbers[1]
     key = {"gemma2": "hidden_activation", "gemma3": "hidden_activation", "falcon": "activation"}.get(
         family.name, "hidden_act"
     )
