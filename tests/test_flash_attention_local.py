@@ -329,3 +329,17 @@ def test_peers_without_a_local_mask_are_skipped_with_their_reason():
     # flash-attn: a window is its window_size; it has no chunk (reason only when it is installed)
     reason = TECHNIQUE.variants["flash_attn"].unavailable_reason(cuda, chunked)
     assert reason and ("chunk" in reason or "flash_attn" in reason)
+
+
+def test_the_published_throughput_claims_never_read_a_windows_band():
+    # FA2's and FA3's TFLOP/s were measured on full and causal attention: a window's or a chunk's
+    # case is another workload; a case from results written before these params still compares.
+    from gpubench.records.claims import _param_problem
+
+    params = {**TECHNIQUE.defaults(), "dtype": "bfloat16", "seq_len": 4096, "head_dim": 128, "causal": True}
+    for claim in TECHNIQUE.claims:
+        assert _param_problem(claim, params) is None
+        assert "sliding window" in _param_problem(claim, {**params, "window": 128})
+        assert "chunked" in _param_problem(claim, {**params, "chunk": 8192})
+        older = {k: v for k, v in params.items() if k not in ("window", "chunk")}
+        assert _param_problem(claim, older) is None

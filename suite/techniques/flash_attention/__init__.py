@@ -42,6 +42,9 @@ TECHNIQUE = Technique(
                 "seq_len": (">=", 512),
                 "mode": ("==", "forward"),
                 "varlen": ("==", False),
+                # full or causal, as measured; None: results from before these params (issue 37)
+                "window": ("in", (0, None), "measured full or causal, not a sliding window's band"),
+                "chunk": ("in", (0, None), "measured full or causal, not chunked local attention"),
             },
             caveat="measured: the optimized variant (gpubench's Triton kernel, FA2's algorithm), "
             "not the FA2 CUDA kernel",
@@ -63,6 +66,9 @@ TECHNIQUE = Technique(
                 "seq_len": (">=", 512),
                 "mode": ("==", "forward"),
                 "varlen": ("==", False),
+                # full or causal, as measured; None: results from before these params (issue 37)
+                "window": ("in", (0, None), "measured full or causal, not a sliding window's band"),
+                "chunk": ("in", (0, None), "measured full or causal, not chunked local attention"),
             },
             caveat="measured: gpubench's Triton kernel (FA2's algorithm), not FA3's warp-specialized "
             "Hopper kernel; an H200 has the H100's compute with more HBM",
