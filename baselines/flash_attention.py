@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.lib.attention import causal_offset, check_shapes, softmax_with_empty_rows
+from gpubench.lib.attention import (
+    causal_offset,
+    check_local,
+    check_shapes,
+    sees_no_key,
+    softmax_with_empty_rows,
+    visible_keys,
+)
 
 
 def attention(
@@ -18,9 +25,14 @@ def attention(
     scale: float | None = None,
     *,
     causal_align: str = "bottom_right",
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.lib.attention`), differentiable."""
+    """softmax(q k^T * scale) v in SDPA's layout (conventions: :mod:`gpubench.lib.attention`), differentiable.
+    ``window`` / ``chunk`` (causal only): a sliding window or chunked local attention as a mask of the
+    scores (transformers' eager path), every score still computed."""
     check_shapes(q, k, v)
+    check_local(causal, window, chunk)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     offset = causal_offset(seq_q, seq_k, causal_align)
@@ -31,10 +43,15 @@ def attention(
         k = k[:, :, None].expand(batch, kv_heads, group, *k.shape[2:]).flatten(1, 2)
         v = v[:, :, None].expand(batch, kv_heads, group, *v.shape[2:]).flatten(1, 2)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
+    local = bool(window or chunk)
+    if local:
+        pos_q, pos_k = torch.arange(seq_q, device=q.device), torch.arange(seq_k, device=q.device)
+        hidden = ~visible_keys(pos_q[:, None], pos_k[None, :], offset, window, chunk)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    elif causal:
         above_diagonal = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu(offset + 1)
         scores = scores.masked_fill(above_diagonal, float("-inf"))
-    if causal and offset < 0 or seq_k == 0:  # some rows see no key: softmax would make them NaN
+    if sees_no_key(seq_q, seq_k, causal, causal_align, window, chunk):  # softmax would make those rows NaN
         return softmax_with_empty_rows(scores, v)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubench.lib.attention import causal_offset, check_shapes
+from gpubench.lib.attention import causal_offset, check_local, check_shapes, first_visible_key, visible_keys
 from gpubench.lib.triton_support import dispatch
 
 KERNEL = ("gpubench.lib.kernels.flash_attention_triton", "flash_attention_triton")
@@ -27,14 +27,18 @@ def flash_attention(
     *,
     out: torch.Tensor | None = None,
     causal_align: str = "bottom_right",
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v in SDPA's layout: q (batch, heads, seq_q, head_dim), k (batch,
     kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple of
     kv_heads; causal aligned bottom-right by default (flash-attn's; "top_left" is SDPA's
-    ``is_causal``), conventions as :mod:`gpubench.lib.attention`. The Triton kernel on
+    ``is_causal``), with a sliding ``window`` or a ``chunk`` (local attention, causal only),
+    conventions as :mod:`gpubench.lib.attention`. The Triton kernel on
     CUDA, the tiled PyTorch loop elsewhere; ``out`` receives the result."""
+    local = {"window": window, "chunk": chunk} if window or chunk else {}  # kept off calls that need none
     return dispatch(
-        KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out, causal_align=causal_align
+        KERNEL, flash_attention_torch, q, k, v, causal=causal, scale=scale, out=out, causal_align=causal_align, **local
     )
 
 
@@ -49,12 +53,17 @@ def flash_attention_torch(
     block_n: int = BLOCK_N,
     out: torch.Tensor | None = None,
     causal_align: str = "bottom_right",
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """:func:`flash_attention` as a loop of PyTorch tile operations, on any device; each tile's
     rows are written into ``out`` (allocated when not given). Differentiable: with gradients
     wanted, autograd runs backward through the tiles (each tile's weights are kept for it, so
-    this saves nothing over eager attention in training; it is the stand-in off CUDA)."""
+    this saves nothing over eager attention in training; it is the stand-in off CUDA). A local
+    mask (``window`` / ``chunk``) loads only the key tiles its query tile's rows can see."""
     check_shapes(q, k, v)
+    check_local(causal, window, chunk)
+    local = bool(window or chunk)
     batch, heads, seq_q, head_dim = q.shape
     kv_heads, seq_k, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
     offset = causal_offset(seq_q, seq_k, causal_align)  # causal: query i sees keys j <= i + offset
@@ -80,15 +89,23 @@ def flash_attention_torch(
         acc = torch.zeros(batch, kv_heads, group * rows, head_dim_v, dtype=torch.float32, device=q.device)
         # Rows that see no key at all (bottom-right with seq_q > seq_k, or no keys): their maximum stays
         # -inf, so they are shifted by 0 instead (weights exp(-inf) = 0, not NaN) and end as 0.
-        empty_rows = causal and m_start + offset < 0 or seq_k == 0
-        # Causal: K/V tiles wholly above the diagonal are never loaded.
+        # A local mask: a row may see nothing of a tile its neighbours see (or nothing at all).
+        empty_rows = causal and m_start + offset < 0 or seq_k == 0 or local
+        # Causal: K/V tiles wholly above the diagonal are never loaded; local: nor those wholly
+        # before the first row's first visible key.
         n_stop = max(0, min(seq_k, m_end + offset)) if causal else seq_k
-        for n_start in range(0, n_stop, block_n):
+        n_first = max(0, first_visible_key(m_start + offset, window, chunk)) // block_n * block_n if local else 0
+        # Keys from here on are seen by every row of the tile as far as the local mask goes.
+        n_full = first_visible_key(m_end - 1 + offset, window, chunk) if local else 0
+        for n_start in range(n_first, n_stop, block_n):
             n_end = min(n_start + block_n, n_stop)
             scores = torch.matmul(q_tile, k[:, :, n_start:n_end].transpose(-2, -1)).float().mul_(scale)
-            if causal and n_end - 1 > m_start + offset:  # only tiles crossing the diagonal need a mask
-                future = key_pos[n_start:n_end][None, :] > query_pos[m_start:m_end][:, None] + offset
-                scores.view(batch, kv_heads, group, rows, n_end - n_start).masked_fill_(future, float("-inf"))
+            # only tiles crossing the diagonal (or a local mask's lower edge) need a mask
+            if causal and (n_end - 1 > m_start + offset or n_start < n_full):
+                hidden = ~visible_keys(
+                    query_pos[m_start:m_end][:, None], key_pos[n_start:n_end][None, :], offset, window, chunk
+                )
+                scores.view(batch, kv_heads, group, rows, n_end - n_start).masked_fill_(hidden, float("-inf"))
             # The running maximum is only a shift that cancels between numerator and
             # denominator, so it is kept out of autograd's graph (its gradient is exactly 0);
             # every in-place update below then overwrites nothing a backward pass needs.

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 import gpubench.lib.kernels.flash_attention_triton as fwd
+import gpubench.lib.kernels.flash_attention_triton_bwd as bwd
 import gpubench.lib.kernels.flash_attention_triton_tiles as tiles
 from gpubench.lib.attention import attention_reference
 
@@ -160,49 +161,144 @@ def _ranges_kernel(
     out_ptr,
     seq_q,
     seq_k,
+    local_size,
     CAUSAL: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     m_block = tl.program_id(0)
-    _, full_end, masked_end = fwd._key_ranges(m_block * BLOCK_M, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
-    tl.store(out_ptr + 2 * m_block, full_end)
-    tl.store(out_ptr + 2 * m_block + 1, masked_end)
+    _, n_first, full_start, full_end, masked_end = fwd._key_ranges(
+        m_block * BLOCK_M, seq_q, seq_k, local_size, CAUSAL, BOTTOM_RIGHT, LOCAL, BLOCK_M, BLOCK_N
+    )
+    tl.store(out_ptr + 4 * m_block, n_first)
+    tl.store(out_ptr + 4 * m_block + 1, full_start)
+    tl.store(out_ptr + 4 * m_block + 2, full_end)
+    tl.store(out_ptr + 4 * m_block + 3, masked_end)
 
 
-def brute_force_ranges(m_start, seq_q, seq_k, causal, diagonal, block_m, block_n):
-    """(full_end, masked_end) from the definition: the key tiles every existing row of the query
-    tile sees whole form a prefix; the last tile any row sees a key of ends the masked range."""
+def sees(i, j, seq_q, seq_k, causal, diagonal, window, chunk):
+    """Whether query i sees key j, from the definitions (gpubench.lib.attention's module docstring)."""
+    p = i + diagonal
+    if not causal:
+        return True
+    if window:
+        return 0 <= p - j < window
+    if chunk:
+        return 0 <= j <= p and p // chunk == j // chunk
+    return j <= p
+
+
+def brute_force_ranges(m_start, seq_q, seq_k, causal, diagonal, block_m, block_n, window=0, chunk=0):
+    """(whole, seen) key tiles of the query tile from the definition: the tiles every existing row
+    sees whole, and those any row sees a key of."""
     rows = range(m_start, min(m_start + block_m, seq_q))
-    visible = [[j for j in range(seq_k) if not causal or j <= i + diagonal] for i in rows]
+    visible = [{j for j in range(seq_k) if sees(i, j, seq_q, seq_k, causal, diagonal, window, chunk)} for i in rows]
     tiles = range(0, seq_k, block_n)
-    whole = [n for n in tiles if n + block_n <= seq_k and all(n + block_n - 1 in keys for keys in visible)]
+    whole = [n for n in tiles if n + block_n <= seq_k and all(set(range(n, n + block_n)) <= keys for keys in visible)]
     seen = [n for n in tiles if any(n <= j < n + block_n for keys in visible for j in keys)]
-    full_end = whole[-1] + block_n if whole else 0
-    assert whole == list(range(0, full_end, block_n))  # a prefix
-    return full_end, (seen[-1] + block_n if seen and seen[-1] >= full_end else full_end)
+    return whole, seen
 
 
-@pytest.mark.parametrize("causal,align", [(True, "bottom_right"), (True, "top_left"), (False, "bottom_right")])
+def tiles_in(lo, hi, block_n):
+    """The key tiles a loop over [lo, hi) runs (those starting there)."""
+    return list(range(lo, hi, block_n))
+
+
+# (causal, causal_align, window, chunk): not causal; causal either way, plain and local
+LOCAL_MASKS = [(0, 0), (1, 0), (7, 0), (20, 0), (0, 5), (0, 16)]
+SPLIT_MASKS = [(False, "bottom_right", 0, 0)] + [
+    (True, align, window, chunk) for align in ("bottom_right", "top_left") for window, chunk in LOCAL_MASKS
+]
+
+
 @pytest.mark.parametrize("seq_q,seq_k", [(45, 19), (19, 45), (33, 33), (64, 64), (1, 50)])
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16), (64, 16)])
-def test_masked_tiles_are_exactly_those_crossing_the_diagonal(causal, align, seq_q, seq_k, block_m, block_n):
-    """Per query tile, the unmasked range is every key tile all its rows see whole, and the masked
-    range ends at the last tile any of its rows sees (a tile past it is never loaded): no tile is
-    masked that needs no mask beyond the last, and none is skipped that a row needs."""
+@pytest.mark.parametrize("causal,align,window,chunk", SPLIT_MASKS)
+def test_masked_tiles_are_exactly_those_crossing_the_diagonal(
+    causal, align, seq_q, seq_k, block_m, block_n, window, chunk
+):
+    """Per query tile, the unmasked range is every key tile all its rows see whole, the masked ranges
+    hold the others any row sees (a local mask's lower edge first, then the diagonal), and a tile no
+    row sees is never loaded: no tile is masked that needs no mask, none is skipped that a row needs,
+    none runs twice. With a window or a chunk, that is where the work shrinks to the band."""
     diagonal = seq_k - seq_q if (causal and align == "bottom_right") else 0
     blocks = triton.cdiv(seq_q, block_m)
-    got = torch.zeros(2 * blocks, dtype=torch.int32)
+    got = torch.zeros(4 * blocks, dtype=torch.int32)
+    kind, size = fwd.local_mask(window, chunk)
     _ranges_kernel[(blocks,)](
-        got, seq_q, seq_k, CAUSAL=causal, BOTTOM_RIGHT=align == "bottom_right", BLOCK_M=block_m, BLOCK_N=block_n
+        got,
+        seq_q,
+        seq_k,
+        size,
+        CAUSAL=causal,
+        BOTTOM_RIGHT=align == "bottom_right",
+        LOCAL=kind,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
     )
     for b in range(blocks):
-        full_end, masked_end = brute_force_ranges(b * block_m, seq_q, seq_k, causal, diagonal, block_m, block_n)
-        got_full, got_masked = got[2 * b].item(), got[2 * b + 1].item()
-        assert got_full == full_end, (b, got_full, full_end)
-        # masked_end is an exclusive key bound: the tiles starting below it run
-        assert triton.cdiv(max(got_masked, got_full), block_n) * block_n == masked_end, (b, got_masked, masked_end)
+        whole, seen = brute_force_ranges(b * block_m, seq_q, seq_k, causal, diagonal, block_m, block_n, window, chunk)
+        n_first, full_start, full_end, masked_end = got[4 * b : 4 * b + 4].tolist()
+        full = tiles_in(full_start, full_end, block_n)
+        masked = tiles_in(n_first, full_start, block_n) + tiles_in(full_end, masked_end, block_n)
+        assert full == whole, (b, full, whole)
+        assert sorted(full + masked) == seen, (b, full, masked, seen)
+
+
+@triton.jit
+def _query_ranges_kernel(
+    out_ptr,
+    seq_q,
+    seq_k,
+    diagonal,
+    local_size,
+    CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    n_block = tl.program_id(0)
+    m_lo, m_full, m_full_end, m_end = bwd._query_ranges(
+        n_block * BLOCK_N, seq_q, seq_k, diagonal, local_size, CAUSAL, LOCAL, BLOCK_M, BLOCK_N
+    )
+    tl.store(out_ptr + 4 * n_block, m_lo)
+    tl.store(out_ptr + 4 * n_block + 1, m_full)
+    tl.store(out_ptr + 4 * n_block + 2, m_full_end)
+    tl.store(out_ptr + 4 * n_block + 3, m_end)
+
+
+@pytest.mark.parametrize("align", ["bottom_right", "top_left"])
+@pytest.mark.parametrize("seq_q,seq_k", [(45, 19), (19, 45), (33, 33), (64, 64), (1, 50)])
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16)])
+@pytest.mark.parametrize("window,chunk", LOCAL_MASKS)
+def test_backward_query_tiles_of_a_key_tile_are_exactly_those_that_see_it(
+    align, seq_q, seq_k, block_m, block_n, window, chunk
+):
+    """The dK/dV kernel's mirror of the split: per key tile, a query tile runs unmasked only if
+    every row of it sees every key of the tile, masked if some row sees some key, never if none
+    does, and each runs once. (Causal only: without it every query tile runs unmasked.)"""
+    diagonal = seq_k - seq_q if align == "bottom_right" else 0
+    blocks = triton.cdiv(seq_k, block_n)
+    got = torch.zeros(4 * blocks, dtype=torch.int32)
+    kind, size = fwd.local_mask(window, chunk)
+    _query_ranges_kernel[(blocks,)](
+        got, seq_q, seq_k, diagonal, size, CAUSAL=True, LOCAL=kind, BLOCK_M=block_m, BLOCK_N=block_n
+    )
+    for b in range(blocks):
+        n_start = b * block_n
+        keys = range(n_start, min(n_start + block_n, seq_k))
+        tiles = range(0, seq_q, block_m)
+        rows = lambda m: range(m, min(m + block_m, seq_q))
+        seeing = lambda i, j: sees(i, j, seq_q, seq_k, True, diagonal, window, chunk)
+        whole = [m for m in tiles if all(seeing(i, j) for i in rows(m) for j in keys)]
+        seen = [m for m in tiles if any(seeing(i, j) for i in rows(m) for j in keys)]
+        m_lo, m_full, m_full_end, m_end = got[4 * b : 4 * b + 4].tolist()
+        full = list(range(m_full, m_full_end, block_m))
+        masked = list(range(m_lo, m_full, block_m)) + list(range(m_full_end, m_end, block_m))
+        assert set(full) <= set(whole), (b, full, whole)
+        assert sorted(full + masked) == seen, (b, full, masked, seen)
 
 
 @triton.jit

@@ -67,29 +67,37 @@ def dims(d, dv):
 
 
 COMMON = dict(DOT_PRECISION="tf32", DOT_IN_FP32=False)
-FORWARD = [  # name, (d, dv), causal, bottom_right, varlen, lse, tma, (BLOCK_M, BLOCK_N, warps, stages)
-    ("fwd pointer 64 varlen", (64, 64), True, True, True, True, False, (32, 16, 4, 2)),
-    ("fwd pointer 128 causal", (128, 128), True, True, False, True, False, (128, 64, 8, 3)),
-    ("fwd pointer 192/128 top-left", (192, 128), True, False, False, False, False, (32, 16, 4, 2)),
-    ("fwd pointer 256", (256, 256), False, False, False, True, False, (128, 64, 8, 2)),
-    ("fwd tma 128 causal", (128, 128), True, True, False, True, True, (128, 128, 8, 3)),
-    ("fwd tma 128 top-left", (128, 128), True, False, False, False, True, (256, 64, 8, 2)),
-    ("fwd tma 64", (64, 64), False, False, False, True, True, (128, 64, 4, 4)),
-    ("fwd tma 96 causal", (96, 96), True, True, False, True, True, (128, 64, 4, 3)),
-    ("fwd tma 192/128 causal", (192, 128), True, True, False, True, True, (128, 64, 8, 3)),
-    ("fwd tma 256", (256, 256), False, False, False, True, True, (64, 64, 4, 3)),
+FORWARD = [  # name, (d, dv), causal, bottom_right, varlen, lse, tma, (BLOCK_M, BLOCK_N, warps, stages), LOCAL
+    ("fwd pointer 64 varlen", (64, 64), True, True, True, True, False, (32, 16, 4, 2), 0),
+    ("fwd pointer 128 causal", (128, 128), True, True, False, True, False, (128, 64, 8, 3), 0),
+    ("fwd pointer 192/128 top-left", (192, 128), True, False, False, False, False, (32, 16, 4, 2), 0),
+    ("fwd pointer 256", (256, 256), False, False, False, True, False, (128, 64, 8, 2), 0),
+    ("fwd tma 128 causal", (128, 128), True, True, False, True, True, (128, 128, 8, 3), 0),
+    ("fwd tma 128 top-left", (128, 128), True, False, False, False, True, (256, 64, 8, 2), 0),
+    ("fwd tma 64", (64, 64), False, False, False, True, True, (128, 64, 4, 4), 0),
+    ("fwd tma 96 causal", (96, 96), True, True, False, True, True, (128, 64, 4, 3), 0),
+    ("fwd tma 192/128 causal", (192, 128), True, True, False, True, True, (128, 64, 8, 3), 0),
+    ("fwd tma 256", (256, 256), False, False, False, True, True, (64, 64, 4, 3), 0),
+    # local masks (issue 37): a sliding window (LOCAL 1) and chunks (2), both load paths
+    ("fwd pointer 128 window", (128, 128), True, True, False, True, False, (128, 64, 8, 3), 1),
+    ("fwd pointer 64 varlen chunk", (64, 64), True, True, True, True, False, (64, 32, 4, 3), 2),
+    ("fwd tma 128 window", (128, 128), True, True, False, True, True, (128, 128, 8, 3), 1),
+    ("fwd tma 64 chunk", (64, 64), True, True, False, True, True, (128, 64, 4, 4), 2),
 ]
-BACKWARD = [  # name, kernel, (d, dv), causal, varlen, tma, (BLOCK_M, BLOCK_N, warps, stages)
-    ("bwd dq 128 causal", bwd._bwd_dq, (128, 128), True, False, False, (128, 64, 8, 3)),
-    ("bwd dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, False, (64, 128, 8, 3)),
-    ("bwd dq 192/128 varlen", bwd._bwd_dq, (192, 128), True, True, False, (64, 32, 8, 2)),
-    ("bwd dkdv 256", bwd._bwd_dkdv, (256, 256), False, False, False, (32, 64, 8, 2)),
-    ("bwd tma dq 128 causal", bwd._bwd_dq, (128, 128), True, False, True, (128, 32, 4, 5)),
-    ("bwd tma dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, True, (64, 128, 8, 4)),
-    ("bwd tma dq 96", bwd._bwd_dq, (96, 96), False, False, True, (128, 64, 8, 3)),
-    ("bwd tma dkdv 192/128 causal", bwd._bwd_dkdv, (192, 128), True, False, True, (32, 64, 8, 2)),
+BACKWARD = [  # name, kernel, (d, dv), causal, varlen, tma, (BLOCK_M, BLOCK_N, warps, stages), LOCAL
+    ("bwd dq 128 causal", bwd._bwd_dq, (128, 128), True, False, False, (128, 64, 8, 3), 0),
+    ("bwd dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, False, (64, 128, 8, 3), 0),
+    ("bwd dq 192/128 varlen", bwd._bwd_dq, (192, 128), True, True, False, (64, 32, 8, 2), 0),
+    ("bwd dkdv 256", bwd._bwd_dkdv, (256, 256), False, False, False, (32, 64, 8, 2), 0),
+    ("bwd tma dq 128 causal", bwd._bwd_dq, (128, 128), True, False, True, (128, 32, 4, 5), 0),
+    ("bwd tma dkdv 128 causal", bwd._bwd_dkdv, (128, 128), True, False, True, (64, 128, 8, 4), 0),
+    ("bwd tma dq 96", bwd._bwd_dq, (96, 96), False, False, True, (128, 64, 8, 3), 0),
+    ("bwd tma dkdv 192/128 causal", bwd._bwd_dkdv, (192, 128), True, False, True, (32, 64, 8, 2), 0),
+    ("bwd tma dq 128 window", bwd._bwd_dq, (128, 128), True, False, True, (128, 32, 4, 5), 1),
+    ("bwd tma dkdv 128 window", bwd._bwd_dkdv, (128, 128), True, False, True, (64, 128, 8, 4), 1),
+    ("bwd dq 64 varlen chunk", bwd._bwd_dq, (64, 64), True, True, False, (64, 32, 4, 3), 2),
+    ("bwd dkdv 64 varlen chunk", bwd._bwd_dkdv, (64, 64), True, True, False, (32, 64, 4, 3), 2),
 ]
-
 
 def compile_form(name, fn, consts, tma, warps, stages):
     kernel = triton.compile(ASTSource(fn, signature(fn, consts, tma), consts), target=GPUTarget("cuda", 90, 32),
@@ -100,14 +108,15 @@ def compile_form(name, fn, consts, tma, warps, stages):
                                                                         if k.startswith("BLOCK")}, stages=stages)
 
 
-for name, (d, dv), causal, bottom_right, varlen, lse, tma, (bm, bn, warps, stages) in FORWARD:
+for name, (d, dv), causal, bottom_right, varlen, lse, tma, (bm, bn, warps, stages), local in FORWARD:
     # A negative scale is the rare form (scaled before the row maximum): one pointer form has it.
     consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=bottom_right, VARLEN=varlen, STORE_LSE=lse, USE_TMA=tma,
-                  SCALE_POSITIVE=name != "fwd pointer 192/128 top-left", BLOCK_M=bm, BLOCK_N=bn, **COMMON)
-    print(json.dumps(compile_form(name, fwd._flash_attention_fwd, consts, tma, warps, stages)), flush=True)
-for name, kernel, (d, dv), causal, varlen, tma, (bm, bn, warps, stages) in BACKWARD:
-    consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=True, VARLEN=varlen, USE_TMA=tma, BLOCK_M=bm, BLOCK_N=bn,
+                  SCALE_POSITIVE=name != "fwd pointer 192/128 top-left", LOCAL=local, BLOCK_M=bm, BLOCK_N=bn,
                   **COMMON)
+    print(json.dumps(compile_form(name, fwd._flash_attention_fwd, consts, tma, warps, stages)), flush=True)
+for name, kernel, (d, dv), causal, varlen, tma, (bm, bn, warps, stages), local in BACKWARD:
+    consts = dict(dims(d, dv), CAUSAL=causal, BOTTOM_RIGHT=True, VARLEN=varlen, USE_TMA=tma, LOCAL=local, BLOCK_M=bm,
+                  BLOCK_N=bn, **COMMON)
     print(json.dumps(compile_form(name, kernel, consts, tma, warps, stages)), flush=True)
 consts = dict(HEAD_DIM_V=128, BLOCK_DV=128, VARLEN=True, BLOCK_M=bwd.PREPROCESS_BLOCK_M)
 print(json.dumps(compile_form("bwd preprocess 128 varlen", bwd._bwd_preprocess, consts, False, 4, 2)), flush=True)
@@ -143,10 +152,10 @@ def sm90_forms(tmp_path_factory):
 
 
 def test_every_kernel_form_compiles_for_sm90_and_fits_its_shared_memory(sm90_forms):
-    """All 19 forms (10 forward and 8 backward, on the pointer and descriptor paths, and the
-    backward's preprocess) compile for sm_90, each within the 227 KiB of shared memory an H100 /
-    H200 block may use."""
-    assert len(sm90_forms) == 19
+    """All 27 forms (14 forward and 12 backward, on the pointer and descriptor paths, plain and with a
+    sliding window or chunks, and the backward's preprocess) compile for sm_90, each within the 227
+    KiB of shared memory an H100 / H200 block may use."""
+    assert len(sm90_forms) == 27
     too_big = [f["name"] for f in sm90_forms if f["shared"] > SM90_SHARED_BYTES]
     assert not too_big, too_big
 

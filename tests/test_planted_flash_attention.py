@@ -49,8 +49,8 @@ def test_causal_mask_on_the_aligned_key_tile_only_is_caught(monkeypatch, params)
     and 512 at the default tiles)."""
     buggy = _mutant(
         flash.flash_attention_torch,
-        "if causal and n_end - 1 > m_start + offset:",
-        "if causal and n_start == m_start + offset:",
+        "if causal and (n_end - 1 > m_start + offset or n_start < n_full):",
+        "if causal and (n_start == m_start + offset or n_start < n_full):",
     )
     _assert_caught_only_with(monkeypatch, params, "flash_attention_torch", buggy)
 
@@ -219,3 +219,52 @@ def test_triton_varlen_gradients_left_unwritten_after_the_last_document_are_caug
     record = run_planted("flash_attention", **params)
     assert caught(record, "triton"), (record.status, record.failure)
     assert "NaN" in record.variants["triton"].check["detail"]
+
+
+# -- local masks (issue 37) ------------------------------------------------------------------------
+
+LOCAL = dict(batch=1, heads=4, kv_heads=2, seq_len=90, head_dim=32, dtype="float32", causal=True)
+LOCAL_KERNEL_BUGS = {
+    # the forward's masked tiles apply the causal bound but forget the window's or chunk's lower edge
+    "forward-no-lower-edge": (flash.KERNEL[0], "visible = visible & (offs_n[None, :] >= first)", "visible = visible"),
+    # the dK/dV program stops one query tile early: the last rows that see its keys add nothing
+    "dkdv-range-one-tile-short": (
+        flash.TRAIN_KERNELS,
+        "m_end = tl.minimum(m_end, seq_q)",
+        "m_end = tl.minimum(m_end - BLOCK_M, seq_q)",
+    ),
+}
+
+
+@pytest.mark.parametrize("local", [dict(window=20), dict(chunk=24)], ids=["window", "chunk"])
+@pytest.mark.parametrize("bug", list(LOCAL_KERNEL_BUGS))
+def test_triton_kernel_with_a_wrong_local_mask_is_caught(monkeypatch, tmp_path, bug, local):
+    """A one-line bug in the kernels' sliding-window / chunk handling (run by the interpreter, with
+    tiles small enough that 90 tokens cross several), in a case run as the harness runs it, fails
+    the Triton variant's check, while the shipped kernels pass."""
+    module, old, new = LOCAL_KERNEL_BUGS[bug]
+    problem = kernel_problem(module, "cpu", interpreter_ok=True)
+    if problem:
+        pytest.skip(problem)
+    params = dict(LOCAL, **local, mode="train" if module == flash.TRAIN_KERNELS else "forward")
+    if params["mode"] == "forward":
+        params.update(block_m=32, block_n=16)
+    assert passed(shipped("flash_attention", **params))
+    buggy = _module_with(tmp_path, module, old, new)
+    real = flash.kernel_module
+    monkeypatch.setattr(flash, "kernel_module", lambda name: buggy if name == module else real(name))
+    record = run_planted("flash_attention", **params)
+    assert caught(record, "triton"), (record.status, record.failure, record.variants["triton"].check)
+
+
+def test_tile_loop_skipping_the_tile_across_a_windows_edge_is_caught(monkeypatch):
+    """The tile loop starts at the tile after the first row's first visible key (rounded up, not
+    down), so that row's earliest keys are never seen: caught by the check on torch_tiled."""
+    buggy = _mutant(
+        flash.flash_attention_torch,
+        "first_visible_key(m_start + offset, window, chunk)) // block_n * block_n",
+        "first_visible_key(m_start + offset, window, chunk)) // block_n * block_n + block_n",
+    )
+    _assert_caught_only_with(
+        monkeypatch, dict(SMALL_TILES, seq_len=150, causal=True, window=40), "flash_attention_torch", buggy
+    )

@@ -57,7 +57,8 @@ class Claim:
 
     Which cases are comparable: ``device_type`` (``cuda``, or empty for any device: a claim about
     bookkeeping), ``gpus`` (substrings of the GPU's name, any when empty) and ``when`` (param ->
-    (operator, value[, why it matters]), operators ``>= <= == != in``). ``caveat`` says what still differs
+    (operator, value[, why it matters]), operators ``>= <= == != in``; a param a case lacks (results
+    written before the param existed) passes only an ``in`` whose values list None). ``caveat`` says what still differs
     when a case is comparable (our model is not theirs); ``device_reason`` why a CPU cannot check
     it; ``not_measured`` why the pair never measures what the claim does (it stays listed)."""
 
@@ -197,7 +198,7 @@ def _param_problem(claim: Claim, params: Mapping[str, Any]) -> str | None:
     for name, (op, wanted, *why) in claim.when.items():
         have = params.get(name)
         try:
-            ok = have is not None and _OPS[op](have, wanted)
+            ok = _OPS[op](have, wanted) if have is not None else op == "in" and None in wanted
         except TypeError:
             ok = False
         if not ok:

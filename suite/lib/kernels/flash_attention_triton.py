@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubench.lib.attention import CAUSAL_ALIGNS, check_shapes
+from gpubench.lib.attention import CAUSAL_ALIGNS, check_local, check_shapes
 from gpubench.lib.kernels.flash_attention_triton_tiles import (
     AUTOTUNE_KEY,
     GPU_CONFIGS,
@@ -111,6 +111,18 @@ def _load_rows(
 
 
 @triton.jit
+def _first_visible(pos, local_size, LOCAL: tl.constexpr):
+    """The first key a query at aligned position ``pos`` sees under a local mask (keys j <= pos are
+    causal's bound): LOCAL 1, a sliding window of local_size keys, pos - local_size + 1; LOCAL 2,
+    chunks of local_size positions, the start of pos's chunk (gpubench.lib.attention.first_visible_key)."""
+    if LOCAL == 1:
+        first = pos - local_size + 1
+    else:
+        first = tl.maximum(pos, 0) // local_size * local_size
+    return first
+
+
+@triton.jit
 def _attend_key_tiles(
     acc,
     row_max,
@@ -133,12 +145,14 @@ def _attend_key_tiles(
     n_hi,
     seq_k,
     diagonal,
+    local_size,
     qk_scale_log2,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
     USE_TMA: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -148,7 +162,8 @@ def _attend_key_tiles(
 
     MASKED is a compile-time flag: the caller runs the tiles that every query of the tile can
     fully see with MASKED=False, so only the ragged last tile and the tiles crossing the causal
-    diagonal pay for building and applying a mask. Causal: query i sees keys j <= i + diagonal.
+    diagonal (or a local mask's lower edge) pay for building and applying a mask. Causal: query i
+    sees keys j <= i + diagonal; with LOCAL also only keys j >= _first_visible(i + diagonal).
     ``k_src`` / ``v_src`` are this (batch, kv head)'s base pointers, or with USE_TMA the whole
     tensors' descriptors, read at (desc_b, desc_h): the loads differ, the tile logic is the same.
     """
@@ -194,6 +209,9 @@ def _attend_key_tiles(
             visible = offs_n[None, :] < seq_k
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
+                if LOCAL != 0:
+                    first = _first_visible(offs_m[:, None] + diagonal, local_size, LOCAL)
+                    visible = visible & (offs_n[None, :] >= first)
             scores = tl.where(visible, scores, float("-inf"))
         tile_max = tl.max(scores, 1)
         if SCALE_POSITIVE:
@@ -203,10 +221,10 @@ def _attend_key_tiles(
         # row maximum; when this tile raises the maximum, the old sum and output are too large
         # by exp(old - new), so both are rescaled by that factor before this tile's weights,
         # taken against the new maximum (never above 1, so nothing overflows), are added.
-        # Unmasked tiles come first and every row sees all of them, so there the maximum is
-        # finite after the first tile. A masked tile can leave a row's maximum at -inf (it has
-        # seen no key yet: bottom-right alignment with seq_q > seq_k, or keys still ahead of
-        # the diagonal); such a row is shifted by 0 instead, so its weights are exp2(-inf) = 0,
+        # Every row sees all of an unmasked tile, so there the maximum is finite after it. A
+        # masked tile can leave a row's maximum at -inf (it has seen no key yet: bottom-right
+        # alignment with seq_q > seq_k, keys still ahead of the diagonal, or before the row's
+        # window or chunk, whose tiles come first); such a row is shifted by 0 instead, so its weights are exp2(-inf) = 0,
         # never the NaN of (-inf) - (-inf).
         new_max = tl.maximum(row_max, tile_max)
         if MASKED:
@@ -254,8 +272,10 @@ def _key_ranges(
     m_start,
     seq_q,
     seq_k,
+    local_size,
     CAUSAL: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -270,6 +290,15 @@ def _key_ranges(
     tile stops at seq_q) sees keys up to min(m_start + BLOCK_M, seq_q) - 1 + diagonal, so tiles
     starting past it are skipped: the masked range is exactly the tiles crossing the diagonal, for
     any BLOCK_M / BLOCK_N and either alignment. Not causal: only the ragged last tile is masked.
+
+    Returned as (diagonal, n_first, full_start, full_end, masked_end): key tiles starting in
+    [n_first, full_start) are masked too, and none before n_first is loaded. Without a local mask both
+    are 0. LOCAL (a sliding window or chunks, :func:`_first_visible`): nothing before the tile's
+    first row's first visible key is seen (n_first, the tile holding it), and a tile is whole only
+    from the last row's first visible key on (full_start, rounded up to a tile); where the rows'
+    edges leave no tile whole, full_start clips so the masked ranges still cover each tile once. A
+    window of w keys so loads about (w + BLOCK_M) / BLOCK_N key tiles per query tile, not the causal
+    triangle's up to seq_k / BLOCK_N: that is the win.
     """
     if CAUSAL:
         if BOTTOM_RIGHT:
@@ -282,7 +311,20 @@ def _key_ranges(
         diagonal = seq_k * 0
         full_end = (seq_k // BLOCK_N) * BLOCK_N
         masked_end = seq_k
-    return diagonal, full_end, masked_end
+    if LOCAL != 0:
+        last_pos = tl.minimum(m_start + BLOCK_M, seq_q) - 1 + diagonal
+        first_key = tl.maximum(_first_visible(m_start + diagonal, local_size, LOCAL), 0)
+        # no row sees a key (top-left, every window or chunk of the tile past the last key): no tile
+        masked_end = tl.where(first_key >= masked_end, 0, masked_end)
+        full_end = tl.minimum(full_end, masked_end)
+        n_first = first_key // BLOCK_N * BLOCK_N
+        full_start = tl.cdiv(tl.maximum(_first_visible(last_pos, local_size, LOCAL), 0), BLOCK_N) * BLOCK_N
+        full_start = tl.minimum(full_start, masked_end)
+        full_end = tl.maximum(full_end, full_start)
+    else:
+        n_first = seq_k * 0
+        full_start = seq_k * 0
+    return diagonal, n_first, full_start, full_end, masked_end
 
 
 @triton.jit
@@ -331,14 +373,17 @@ def _flash_attention_fwd(
     seq_q,
     seq_k,
     qk_scale_log2,
+    local_size,
     seq_q_bucket,
     seq_k_bucket,
+    local_bucket,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    LOCAL: tl.constexpr,
     VARLEN: tl.constexpr,
     STORE_LSE: tl.constexpr,
     USE_TMA: tl.constexpr,
@@ -407,9 +452,47 @@ def _flash_attention_fwd(
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    # The tiles every row sees whole first, unmasked; then those crossing the diagonal or the
-    # ragged end, masked (_key_ranges).
-    diagonal, full_end, masked_end = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+    # A local mask's tiles crossing its lower edge first, masked; then the tiles every row sees
+    # whole, unmasked; then those crossing the diagonal or the ragged end, masked (_key_ranges).
+    diagonal, n_first, full_start, full_end, masked_end = _key_ranges(
+        m_start, seq_q, seq_k, local_size, CAUSAL, BOTTOM_RIGHT, LOCAL, BLOCK_M, BLOCK_N
+    )
+    if LOCAL != 0:
+        acc, row_max, row_sum = _attend_key_tiles(
+            acc,
+            row_max,
+            row_sum,
+            q,
+            k_src,
+            v_src,
+            b,
+            kv_h,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            offs_m,
+            offs_d,
+            d_mask,
+            offs_dv,
+            dv_mask,
+            n_first,
+            full_start,
+            seq_k,
+            diagonal,
+            local_size,
+            qk_scale_log2,
+            BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D,
+            BLOCK_DV=BLOCK_DV,
+            MASKED=True,
+            CAUSAL=CAUSAL,
+            LOCAL=LOCAL,
+            USE_TMA=USE_TMA,
+            SCALE_POSITIVE=SCALE_POSITIVE,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_IN_FP32=DOT_IN_FP32,
+        )
     acc, row_max, row_sum = _attend_key_tiles(
         acc,
         row_max,
@@ -428,16 +511,18 @@ def _flash_attention_fwd(
         d_mask,
         offs_dv,
         dv_mask,
-        0,
+        full_start,
         full_end,
         seq_k,
         diagonal,
+        local_size,
         qk_scale_log2,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         BLOCK_DV=BLOCK_DV,
         MASKED=False,
         CAUSAL=CAUSAL,
+        LOCAL=LOCAL,
         USE_TMA=USE_TMA,
         SCALE_POSITIVE=SCALE_POSITIVE,
         DOT_PRECISION=DOT_PRECISION,
@@ -465,12 +550,14 @@ def _flash_attention_fwd(
         masked_end,
         seq_k,
         diagonal,
+        local_size,
         qk_scale_log2,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         BLOCK_DV=BLOCK_DV,
         MASKED=True,
         CAUSAL=CAUSAL,
+        LOCAL=LOCAL,
         USE_TMA=USE_TMA,
         SCALE_POSITIVE=SCALE_POSITIVE,
         DOT_PRECISION=DOT_PRECISION,
@@ -530,9 +617,18 @@ def check_blocks(block_m: int | None, block_n: int | None) -> None:
 
 
 def _check_call(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int | None, block_n: int | None, causal_align: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_m: int | None,
+    block_n: int | None,
+    causal_align: str,
+    causal: bool = False,
+    window: int = 0,
+    chunk: int = 0,
 ) -> None:
     """ValueError (or RuntimeError: no way to run here) for what the kernel cannot run."""
+    check_local(causal, window, chunk)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q, k, v must share one dtype of {SUPPORTED_DTYPES} (got {q.dtype}, {k.dtype}, {v.dtype})")
     if causal_align not in CAUSAL_ALIGNS:
@@ -554,6 +650,12 @@ def _output(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Tensor) -
             f"{q.dtype} on {q.device} (got {tuple(out.shape)} {out.dtype} on {out.device})"
         )
     return out
+
+
+def local_mask(window: int, chunk: int) -> tuple[int, int]:
+    """The kernels' (LOCAL, local_size): (0, 1) none (the size unread), (1, window) a sliding
+    window, (2, chunk) chunks (:func:`_first_visible`)."""
+    return (1, window) if window else (2, chunk) if chunk else (0, 1)
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
@@ -619,6 +721,8 @@ def _launch(
     varlen,
     block_m,
     block_n,
+    window=0,
+    chunk=0,
 ):
     """One launch of the kernel; ``strides`` are q, k, v, out (each batch, head, row, channel) and
     lse (batch, head, row), 0 where a layout has no such axis."""
@@ -648,8 +752,10 @@ def _launch(
         seq_q,
         seq_k,
         scale * math.log2(math.e),
+        local_mask(window, chunk)[1],
         length_bucket(seq_q),
         length_bucket(seq_k),
+        length_bucket(window or chunk) if window or chunk else 0,
     )
     # Triton's interpreter keeps bf16 as raw uint16 bits and its tl.dot multiplies those bits as
     # integers (triton-lang/triton#11584; its debugging guide says to cast bf16 to fp32 there),
@@ -664,6 +770,7 @@ def _launch(
         BLOCK_DV=block_dv,
         CAUSAL=bool(causal),
         BOTTOM_RIGHT=causal_align == "bottom_right",
+        LOCAL=local_mask(window, chunk)[0],
         VARLEN=varlen,
         STORE_LSE=lse is not None,
         USE_TMA=use_tma,
@@ -696,6 +803,8 @@ def flash_attention_triton(
     out: torch.Tensor | None = None,
     causal_align: str = "bottom_right",
     return_lse: bool = False,
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale) v by the Triton kernel. q (batch, heads, seq_q, head_dim), k
     (batch, kv_heads, seq_k, head_dim), v (batch, kv_heads, seq_k, head_dim_v), heads a multiple
@@ -708,9 +817,12 @@ def flash_attention_triton(
     ``block_m`` / ``block_n`` (powers of two >= 16) fix the tiles instead of the autotuned ones
     (GPU) or the interpreter's fixed ones; give both or neither.
     ``out``: write into this tensor (the output's shape, q's dtype and device; any strides).
+    ``window`` / ``chunk`` (causal only; :mod:`gpubench.lib.attention`): a sliding window of that
+    many keys, or chunked local attention; the key tiles outside every row's window or chunk are
+    never loaded.
     """
     check_shapes(q, k, v)
-    _check_call(q, k, v, block_m, block_n, causal_align)
+    _check_call(q, k, v, block_m, block_n, causal_align, causal, window, chunk)
     batch, heads, seq_q, _ = q.shape
     kv_heads, seq_k = k.shape[1], k.shape[2]
     out = _output(out, (batch, heads, seq_q, v.shape[3]), q)
@@ -737,6 +849,8 @@ def flash_attention_triton(
             varlen=False,
             block_m=block_m,
             block_n=block_n,
+            window=window,
+            chunk=chunk,
         )
     return (out, lse) if return_lse else out
 
@@ -790,12 +904,14 @@ def flash_attention_varlen_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Packed documents, flash-attn's varlen layout: q (total_q, heads, head_dim), k (total_k,
     kv_heads, head_dim), v (total_k, kv_heads, head_dim_v); document b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] against k/v rows cu_seqlens_k[b]:cu_seqlens_k[b + 1]
-    (int32 offsets on q's device), and attends to nothing outside itself; causal alignment is per
-    document. ``max_seqlen_q`` / ``max_seqlen_k`` must be at least every document's length (on
+    (int32 offsets on q's device), and attends to nothing outside itself; causal alignment (and a
+    window or chunk: positions count from the document's start) is per document. ``max_seqlen_q`` / ``max_seqlen_k`` must be at least every document's length (on
     CUDA they are trusted, as flash-attn does: checking would synchronize; off CUDA they are
     checked). Returns out (total_q, heads, head_dim_v) [and lse (heads, total_q) float32]; packed
     rows past cu_seqlens_q[-1] are left unwritten. Other arguments as
@@ -805,7 +921,7 @@ def flash_attention_varlen_triton(
     reuse a few tunings instead of tuning on every new maximum.
     """
     check_shapes(q, k, v, seq_dim=0)
-    _check_call(q, k, v, block_m, block_n, causal_align)
+    _check_call(q, k, v, block_m, block_n, causal_align, causal, window, chunk)
     _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     heads, kv_heads = q.shape[1], k.shape[1]
     batch = cu_seqlens_q.numel() - 1
@@ -834,5 +950,7 @@ def flash_attention_varlen_triton(
             varlen=True,
             block_m=block_m,
             block_n=block_n,
+            window=window,
+            chunk=chunk,
         )
     return (out, lse) if return_lse else out

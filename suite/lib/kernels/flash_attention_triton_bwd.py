@@ -32,11 +32,13 @@ from gpubench.lib.kernels.flash_attention_triton import (
     _check_call,
     _check_cu_seqlens,
     _descriptors,
+    _first_visible,
     _heavy_first,
     _key_ranges,
     _load_rows,
     flash_attention_triton,
     flash_attention_varlen_triton,
+    local_mask,
     uses_descriptors,
 )
 from gpubench.lib.kernels.flash_attention_triton_tiles import descriptor_configs, pointer_configs
@@ -86,6 +88,8 @@ AUTOTUNE_KEY = [
     "BOTTOM_RIGHT",
     "VARLEN",
     "USE_TMA",
+    "LOCAL",  # a sliding window or chunks, and its size's bucket, as the forward's
+    "local_bucket",
 ]  # + dtypes
 
 
@@ -119,6 +123,17 @@ def _autotuned(kernel, shapes, wide_shapes, sm90_shapes, name, descriptors=False
             name,
         )
     )
+
+
+@triton.jit
+def _first_past(key, local_size, LOCAL: tl.constexpr):
+    """The first aligned query position whose first visible key (the forward's _first_visible) lies
+    past ``key`` (>= 0): key + window under a sliding window, the next chunk's start under chunks."""
+    if LOCAL == 1:
+        first = key + local_size
+    else:
+        first = (key // local_size + 1) * local_size
+    return first
 
 
 @triton.jit
@@ -327,12 +342,14 @@ def _dq_key_tiles(
     n_hi,
     seq_k,
     diagonal,
+    local_size,
     qk_scale_log2,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
     USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -390,6 +407,9 @@ def _dq_key_tiles(
             visible = n_mask[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + diagonal)
+                if LOCAL != 0:
+                    first = _first_visible(offs_m[:, None] + diagonal, local_size, LOCAL)
+                    visible = visible & (offs_n[None, :] >= first)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
         # dS goes to the inputs' dtype for the matmul (16-bit tensor cores), accumulated in fp32.
@@ -425,12 +445,15 @@ def _dkdv_query_tiles(
     m_lo,
     m_hi,
     seq_q,
+    seq_k,
     diagonal,
+    local_size,
     qk_scale_log2,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
+    LOCAL: tl.constexpr,
     USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
@@ -470,7 +493,14 @@ def _dkdv_query_tiles(
             do = do.to(tl.float32)
         pt = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale_log2 - lse2[None, :])
         if MASKED:  # a tile crossing the causal diagonal: query i sees key j iff j <= i + diagonal
-            pt = tl.where(offs_n[:, None] <= offs_m[None, :] + diagonal, pt, 0.0)
+            visible = offs_n[:, None] <= offs_m[None, :] + diagonal
+            if LOCAL != 0:
+                # and a local mask's lower edge: j >= _first_visible(i + diagonal); and keys past
+                # seq_k, which a row seeing no key at all (lse -inf, top-left past the last key)
+                # would otherwise weigh as inf into rows that are never stored
+                first = _first_visible(offs_m[None, :] + diagonal, local_size, LOCAL)
+                visible = visible & (offs_n[:, None] >= first) & (offs_n[:, None] < seq_k)
+            pt = tl.where(visible, pt, 0.0)
         # As the forward's second matmul: probabilities rounded to the inputs' dtype, fp32 accumulation.
         pt_in = pt.to(in_dtype)
         if DOT_IN_FP32:
@@ -482,6 +512,51 @@ def _dkdv_query_tiles(
             dst = dst.to(tl.float32)
         dk = tl.dot(dst, q, dk, input_precision=DOT_PRECISION)
     return dk, dv
+
+
+@triton.jit
+def _query_ranges(
+    n_start,
+    seq_q,
+    seq_k,
+    diagonal,
+    local_size,
+    CAUSAL: tl.constexpr,
+    LOCAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The dK/dV program's split of the query tiles for its key tile at n_start, (m_lo, m_full,
+    m_full_end, m_end): tiles starting in [m_lo, m_full) and [m_full_end, m_end) masked, in
+    [m_full, m_full_end) whole (every row sees every key of the tile), none other run.
+
+    Causal: query tiles before the first query that sees this tile's first key are skipped;
+    from m_lo the tiles crossing the diagonal are masked; from m_full every query sees every key
+    of the tile. Keys a causal mask hides from every query (top-left, seq_k > seq_q) get m_lo at
+    seq_q: no tile runs and their gradients are stored as 0.
+    A local mask: query tiles from m_end on see none of this tile's keys (each row's first visible
+    key is past its last key) and are skipped; from m_full_end some row misses its first key, so
+    those up to m_end are masked again. Where no query tile sees the whole key tile the ranges
+    clip, so that each query tile still runs once."""
+    if CAUSAL:
+        m_lo = tl.maximum(n_start - diagonal, 0) // BLOCK_M * BLOCK_M
+        m_lo = tl.where(n_start - diagonal >= seq_q, seq_q, m_lo)  # no query reaches this tile's keys
+        m_full = tl.cdiv(tl.maximum(n_start + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
+        m_full = tl.minimum(tl.maximum(m_full, m_lo), seq_q)
+    else:
+        m_lo = seq_q * 0
+        m_full = seq_q * 0
+    if LOCAL != 0:
+        n_last = tl.minimum(n_start + BLOCK_N, seq_k) - 1
+        m_end = tl.cdiv(tl.maximum(_first_past(n_last, local_size, LOCAL) - diagonal, 0), BLOCK_M) * BLOCK_M
+        m_end = tl.minimum(m_end, seq_q)
+        m_full = tl.minimum(m_full, m_end)
+        m_full_end = tl.maximum(_first_past(n_start, local_size, LOCAL) - diagonal, 0) // BLOCK_M * BLOCK_M
+        m_full_end = tl.maximum(tl.minimum(m_full_end, m_end), m_full)
+    else:
+        m_end = seq_q
+        m_full_end = seq_q
+    return m_lo, m_full, m_full_end, m_end
 
 
 @triton.jit
@@ -524,14 +599,17 @@ def _bwd_dq(
     seq_k,
     sm_scale,
     qk_scale_log2,
+    local_size,
     seq_q_bucket,
     seq_k_bucket,
+    local_bucket,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    LOCAL: tl.constexpr,
     VARLEN: tl.constexpr,
     USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -596,9 +674,48 @@ def _bwd_dq(
 
     # Key tiles every row of this query tile sees whole run unmasked; then the tiles crossing the
     # diagonal (and the ragged last one) masked; tiles past the last visible key of the tile's last
-    # row are skipped: the forward's split (_key_ranges).
-    diagonal, full_end, n_hi = _key_ranges(m_start, seq_q, seq_k, CAUSAL, BOTTOM_RIGHT, BLOCK_M, BLOCK_N)
+    # row are skipped: the forward's split (_key_ranges). A local mask adds the masked tiles across
+    # its lower edge, before them, and skips every tile wholly before the first row's first key.
+    diagonal, n_first, full_start, full_end, n_hi = _key_ranges(
+        m_start, seq_q, seq_k, local_size, CAUSAL, BOTTOM_RIGHT, LOCAL, BLOCK_M, BLOCK_N
+    )
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if LOCAL != 0:
+        dq = _dq_key_tiles(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            k_src,
+            v_src,
+            b,
+            kv_h,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            offs_m,
+            offs_d,
+            offs_dv,
+            d_mask,
+            dv_mask,
+            n_first,
+            full_start,
+            seq_k,
+            diagonal,
+            local_size,
+            qk_scale_log2,
+            BLOCK_N=BLOCK_N,
+            BLOCK_D=BLOCK_D,
+            BLOCK_DV=BLOCK_DV,
+            MASKED=True,
+            CAUSAL=CAUSAL,
+            LOCAL=LOCAL,
+            USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_IN_FP32=DOT_IN_FP32,
+        )
     dq = _dq_key_tiles(
         dq,
         q,
@@ -618,16 +735,18 @@ def _bwd_dq(
         offs_dv,
         d_mask,
         dv_mask,
-        0,
+        full_start,
         full_end,
         seq_k,
         diagonal,
+        local_size,
         qk_scale_log2,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         BLOCK_DV=BLOCK_DV,
         MASKED=False,
         CAUSAL=CAUSAL,
+        LOCAL=LOCAL,
         USE_TMA=USE_TMA,
         DOT_PRECISION=DOT_PRECISION,
         DOT_IN_FP32=DOT_IN_FP32,
@@ -655,12 +774,14 @@ def _bwd_dq(
         n_hi,
         seq_k,
         diagonal,
+        local_size,
         qk_scale_log2,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         BLOCK_DV=BLOCK_DV,
         MASKED=True,
         CAUSAL=CAUSAL,
+        LOCAL=LOCAL,
         USE_TMA=USE_TMA,
         DOT_PRECISION=DOT_PRECISION,
         DOT_IN_FP32=DOT_IN_FP32,
@@ -720,14 +841,17 @@ def _bwd_dkdv(
     seq_k,
     sm_scale,
     qk_scale_log2,
+    local_size,
     seq_q_bucket,
     seq_k_bucket,
+    local_bucket,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    LOCAL: tl.constexpr,
     VARLEN: tl.constexpr,
     USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -780,17 +904,9 @@ def _bwd_dkdv(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
 
-    # Causal: query tiles before the first query that sees this tile's first key are skipped;
-    # from m_lo the tiles crossing the diagonal are masked; from m_full every query sees every key
-    # of the tile. Keys a causal mask hides from every query (top-left, seq_k > seq_q) get m_lo past
-    # seq_q: no tile runs and their gradients are stored as 0.
-    if CAUSAL:
-        m_lo = tl.maximum(n_start - diagonal, 0) // BLOCK_M * BLOCK_M
-        m_full = tl.cdiv(tl.maximum(n_start + BLOCK_N - 1 - diagonal, 0), BLOCK_M) * BLOCK_M
-        m_full = tl.minimum(tl.maximum(m_full, m_lo), seq_q)
-    else:
-        m_lo = seq_q * 0
-        m_full = seq_q * 0
+    m_lo, m_full, m_full_end, m_end = _query_ranges(
+        n_start, seq_q, seq_k, diagonal, local_size, CAUSAL, LOCAL, BLOCK_M, BLOCK_N
+    )
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     # GQA: the query heads of this kv head's group are summed here, in one program, so no two
@@ -826,12 +942,15 @@ def _bwd_dkdv(
             m_lo,
             m_full,
             seq_q,
+            seq_k,
             diagonal,
+            local_size,
             qk_scale_log2,
             BLOCK_M=BLOCK_M,
             BLOCK_D=BLOCK_D,
             BLOCK_DV=BLOCK_DV,
             MASKED=CAUSAL,
+            LOCAL=LOCAL,
             USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION,
             DOT_IN_FP32=DOT_IN_FP32,
@@ -858,18 +977,59 @@ def _bwd_dkdv(
             d_mask,
             dv_mask,
             m_full,
+            m_full_end,
             seq_q,
-            seq_q,
+            seq_k,
             diagonal,
+            local_size,
             qk_scale_log2,
             BLOCK_M=BLOCK_M,
             BLOCK_D=BLOCK_D,
             BLOCK_DV=BLOCK_DV,
             MASKED=False,
+            LOCAL=LOCAL,
             USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION,
             DOT_IN_FP32=DOT_IN_FP32,
         )
+        if LOCAL != 0:
+            dk, dv = _dkdv_query_tiles(
+                dk,
+                dv,
+                k,
+                v,
+                q_src,
+                do_src,
+                b,
+                h,
+                lse_base,
+                delta_base,
+                stride_qm,
+                stride_qd,
+                stride_dom,
+                stride_dod,
+                stride_lm,
+                offs_n,
+                offs_d,
+                offs_dv,
+                d_mask,
+                dv_mask,
+                m_full_end,
+                m_end,
+                seq_q,
+                seq_k,
+                diagonal,
+                local_size,
+                qk_scale_log2,
+                BLOCK_M=BLOCK_M,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                MASKED=True,
+                LOCAL=LOCAL,
+                USE_TMA=USE_TMA,
+                DOT_PRECISION=DOT_PRECISION,
+                DOT_IN_FP32=DOT_IN_FP32,
+            )
     tl.store(
         _base(dk_ptr, b, kv_h, k_start, stride_dkb, stride_dkh, stride_dkn)
         + offs_n[:, None] * stride_dkn
@@ -925,11 +1085,14 @@ def _check_backward_inputs(
     block_m,
     block_n,
     causal_align,
+    causal=False,
+    window=0,
+    chunk=0,
 ):
     """ValueError (RuntimeError: no way to run here) for what the backward cannot run; q, k, v, the
-    tiles, causal_align and the varlen offsets as the forward checks them."""
+    tiles, causal_align, a local mask and the varlen offsets as the forward checks them."""
     check_shapes(q, k, v, seq_dim=0 if varlen else 2)
-    _check_call(q, k, v, block_m, block_n, causal_align)
+    _check_call(q, k, v, block_m, block_n, causal_align, causal, window, chunk)
     if varlen:
         if cu_seqlens_k is None or max_seqlen_q is None or max_seqlen_k is None:
             raise ValueError("varlen: give cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k together")
@@ -970,6 +1133,8 @@ def flash_attention_backward_triton(
     max_seqlen_k: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    window: int = 0,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of out = softmax(q k^T * scale) v given do = dL/d(out), from the forward's out
     and lse (natural-log log-sum-exp of the scaled scores over visible keys, float32).
@@ -980,6 +1145,8 @@ def flash_attention_backward_triton(
     gradients in the inputs' dtypes. Causal: query i of a sequence sees key j iff j <= i + (Sk - Sq)
     (``causal_align="bottom_right"``) or j <= i (``"top_left"``). ``block_m`` / ``block_n`` fix
     the tiles of both kernels (powers of two >= 16) instead of the autotuned / interpreter ones.
+    ``window`` / ``chunk``: the forward's local mask (causal only), whose skipped tiles both
+    kernels skip too.
     """
     varlen = cu_seqlens_q is not None
     _check_backward_inputs(
@@ -997,6 +1164,9 @@ def flash_attention_backward_triton(
         block_m,
         block_n,
         causal_align,
+        causal,
+        window,
+        chunk,
     )
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -1058,6 +1228,7 @@ def flash_attention_backward_triton(
         BLOCK_DV=block_dv,
         CAUSAL=bool(causal),
         BOTTOM_RIGHT=causal_align == "bottom_right",
+        LOCAL=local_mask(window, chunk)[0],
         VARLEN=varlen,
         USE_TMA=use_tma,
         # fp32 inputs: full-precision products, not TF32 (10-bit mantissa), as the forward.
@@ -1071,8 +1242,11 @@ def flash_attention_backward_triton(
         *_layout_strides(do, varlen),
         *_layout_strides(lse, varlen),
     )
-    # the scales, then the lengths' autotuning buckets
-    scales = (scale, scale * LOG2E, length_bucket(seq_q), length_bucket(seq_k))
+    # the scales and the local mask's size, then the lengths' autotuning buckets
+    # a local mask's size (1, unread, without one) and its autotuning bucket, as the forward's
+    local_size = local_mask(window, chunk)[1]
+    local_bucket = length_bucket(window or chunk) if window or chunk else 0
+    scales = (scale, scale * LOG2E, local_size, length_bucket(seq_q), length_bucket(seq_k), local_bucket)
     dq_args = (
         *inputs,
         lse,
@@ -1120,9 +1294,26 @@ class FlashAttentionFunction(torch.autograd.Function):
     out and lse (O(seq) extra, never the N x N probabilities), and the backward kernels above."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        causal,
+        scale,
+        causal_align,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        window=0,
+        chunk=0,
+    ):
+        local = dict(window=window, chunk=chunk)
         if cu_seqlens_q is None:
-            out, lse = flash_attention_triton(q, k, v, causal, scale, causal_align=causal_align, return_lse=True)
+            out, lse = flash_attention_triton(
+                q, k, v, causal, scale, causal_align=causal_align, return_lse=True, **local
+            )
         else:
             out, lse = flash_attention_varlen_triton(
                 q,
@@ -1136,10 +1327,16 @@ class FlashAttentionFunction(torch.autograd.Function):
                 scale,
                 causal_align=causal_align,
                 return_lse=True,
+                **local,
             )
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.options = dict(
-            causal=causal, scale=scale, causal_align=causal_align, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k
+            causal=causal,
+            scale=scale,
+            causal_align=causal_align,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            **local,
         )
         return out
 
@@ -1150,7 +1347,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         dq, dk, dv = flash_attention_backward_triton(
             do, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **ctx.options
         )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def flash_attn_func(
@@ -1161,10 +1358,13 @@ def flash_attn_func(
     scale: float | None = None,
     *,
     causal_align: str = "bottom_right",
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v, differentiable, by the Triton kernels: q (B, H, Sq, D), k (B, Hkv, Sk, D),
-    v (B, Hkv, Sk, Dv) -> (B, H, Sq, Dv). Causal aligned bottom-right by default (flash-attn >= 2.1)."""
-    return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, None, None, None, None)
+    v (B, Hkv, Sk, Dv) -> (B, H, Sq, Dv). Causal aligned bottom-right by default (flash-attn >= 2.1);
+    ``window`` / ``chunk`` a sliding window or chunked local attention (causal only)."""
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, causal_align, None, None, None, None, window, chunk)
 
 
 def flash_attn_varlen_func(
@@ -1179,10 +1379,12 @@ def flash_attn_varlen_func(
     scale: float | None = None,
     *,
     causal_align: str = "bottom_right",
+    window: int = 0,
+    chunk: int = 0,
 ) -> torch.Tensor:
     """:func:`flash_attn_func` over packed documents, flash-attn's varlen layout: q (Tq, H, D), k (Tk, Hkv, D),
     v (Tk, Hkv, Dv) -> (Tq, H, Dv); document b is rows cu_seqlens_*[b]:cu_seqlens_*[b + 1] and attends
     only to itself, with causal alignment per document."""
     return FlashAttentionFunction.apply(
-        q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        q, k, v, causal, scale, causal_align, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, chunk
     )

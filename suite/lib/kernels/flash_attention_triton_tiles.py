@@ -111,11 +111,23 @@ GPU_CONFIGS_TMA_LARGE_HEAD = descriptor_configs(
 )
 # Lengths enter the key as power-of-two buckets (seq_*_bucket, read by nothing else), so a new
 # length re-tunes only when it crosses a power of two, and the tunings persist on disk per GPU model
-# and Triton version (gpubench.measure.autotune). USE_TMA selects the path (each has its own tuner and
+# and Triton version (gpubench.measure.autotune); so does a local mask's size (local_bucket). USE_TMA selects the path (each has its own tuner and
 # candidates; in the key too, so a tuning never crosses paths). Triton adds the dtypes of the
 # tensor arguments; a descriptor's is not among them, so on the descriptor path fp16 and bf16 may
 # share a tuning (the same tiles suit both: same bytes, same tensor-core rate).
-AUTOTUNE_KEY = ["seq_q_bucket", "seq_k_bucket", "HEAD_DIM", "HEAD_DIM_V", "CAUSAL", "VARLEN", "USE_TMA"]
+AUTOTUNE_KEY = [
+    "seq_q_bucket",
+    "seq_k_bucket",
+    "HEAD_DIM",
+    "HEAD_DIM_V",
+    "CAUSAL",
+    "VARLEN",
+    "USE_TMA",
+    # a local mask's kind and its window or chunk as a bucket: a 128-key window is a different
+    # loop from the causal triangle at the same length
+    "LOCAL",
+    "local_bucket",
+]
 
 
 def descriptor_shared_bytes(

@@ -21,7 +21,8 @@ TECHNIQUE = Technique(
     name="flash_attention",
     shape="kernel",
     summary="Exact attention by tiles with an online softmax, never storing the N x N scores; forward, "
-    "or forward + backward (train); padded batches or packed variable-length documents.",
+    "or forward + backward (train); padded batches or packed variable-length documents; full, causal, "
+    "sliding-window or chunked local masks.",
     anchor="FA2: 50-73% of peak on A100; FA3: 740 TFLOP/s fp16 on H100 (75% of peak)",
     claims=[
         Claim(
@@ -41,6 +42,9 @@ TECHNIQUE = Technique(
                 "seq_len": (">=", 512),
                 "mode": ("==", "forward"),
                 "varlen": ("==", False),
+                # full or causal, as measured; None: results from before these params (issue 37)
+                "window": ("in", (0, None), "measured full or causal, not a sliding window's band"),
+                "chunk": ("in", (0, None), "measured full or causal, not chunked local attention"),
             },
             caveat="measured: the optimized variant (gpubench's Triton kernel, FA2's algorithm), "
             "not the FA2 CUDA kernel",
@@ -62,6 +66,9 @@ TECHNIQUE = Technique(
                 "seq_len": (">=", 512),
                 "mode": ("==", "forward"),
                 "varlen": ("==", False),
+                # full or causal, as measured; None: results from before these params (issue 37)
+                "window": ("in", (0, None), "measured full or causal, not a sliding window's band"),
+                "chunk": ("in", (0, None), "measured full or causal, not chunked local attention"),
             },
             caveat="measured: gpubench's Triton kernel (FA2's algorithm), not FA3's warp-specialized "
             "Hopper kernel; an H200 has the H100's compute with more HBM",
@@ -107,6 +114,23 @@ TECHNIQUE = Technique(
         ),
         Param("dtype", str, "float32", "dtype of q, k, v and the output", choices=["float32", "float16", "bfloat16"]),
         Param("causal", bool, False, "each query sees only keys up to its own position"),
+        Param(
+            "window",
+            int,
+            0,
+            "sliding-window attention (Mistral, Gemma 2/3, gpt-oss; as transformers and vLLM): query i "
+            "sees key j iff 0 <= i' - j < window, i' its position aligned as causal_align says; 0: none; "
+            "needs causal; the tiled variants never load the key tiles outside every row's window",
+            min=0,
+        ),
+        Param(
+            "chunk",
+            int,
+            0,
+            "Llama 4's chunked local attention: query i sees key j iff j <= i' and i' // chunk == "
+            "j // chunk (i' as for window); 0: none; needs causal; not with window",
+            min=0,
+        ),
         Param(
             "causal_align",
             str,
@@ -163,12 +187,16 @@ TECHNIQUE = Technique(
         ),
     ],
     benchmarks=[
-        Bench(name, {"batch": 1, "heads": 4, "seq_len": 512, "causal": causal, "mode": mode})
-        for name, causal, mode in (
-            ("full", False, "forward"),
-            ("causal", True, "forward"),
-            ("causal-train", True, "train"),
-        )
+        *(
+            Bench(name, {"batch": 1, "heads": 4, "seq_len": 512, "causal": causal, "mode": mode})
+            for name, causal, mode in (
+                ("full", False, "forward"),
+                ("causal", True, "forward"),
+                ("causal-train", True, "train"),
+            )
+        ),
+        # gpt-oss's sliding window at the same length: the tiled variants load a quarter of the tiles
+        Bench("window-128", {"batch": 1, "heads": 4, "seq_len": 512, "causal": True, "window": 128}),
     ],
 )
 
@@ -186,13 +214,13 @@ torch_tiled = TECHNIQUE.variant("torch_tiled", role="optimized")(attend.torch_ti
 
 # -- peers --------------------------------------------------------------------------------------
 
-run_sdpa = TECHNIQUE.variant("sdpa")(attend.run_sdpa)
+run_sdpa = TECHNIQUE.variant("sdpa", unavailable=attend.sdpa_unavailable)(attend.run_sdpa)
 for _name, _backend in attend.PINNED_BACKENDS:
     TECHNIQUE.variant(
         _name,
         description=f"torch SDPA pinned to the {_backend.name} backend "
         "(repeats k/v heads when that backend has no GQA path); padded batches only",
-        unavailable=attend.needs_cuda,
+        unavailable=attend.pinned_unavailable(_backend),
     )(attend.pinned_sdpa(_name, _backend))
 run_flash_attn = TECHNIQUE.variant("flash_attn", unavailable=attend.flash_attn_unavailable)(attend.run_flash_attn)
 

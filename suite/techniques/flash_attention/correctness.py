@@ -15,6 +15,7 @@ from gpubench.lib.attention import (
     attention_flops,
     attention_reference,
     attention_reference_varlen,
+    keys_seen,
     reference_backward,
 )
 from gpubench.techniques.flash_attention.workload import OUTPUT_KEYS, TRAIN_TOLERANCE, AttentionWorkload
@@ -34,6 +35,7 @@ def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: tor
             as_batch(w.grad_out[rows_q]),
             w.causal,
             w.causal_align,
+            **w.local,
         )
         for grad, rows, part in zip(grads, (rows_q, rows_k, rows_k), doc):
             grad[rows] = part[0].transpose(0, 1)
@@ -44,7 +46,7 @@ def float64_reference(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Te
     """Attention in float64 (``attention_reference``; varlen: each document alone, the documents'
     rows); train mode adds dq, dk, dv by :func:`reference_backward`, a chunk of query rows at a
     time (varlen: exactly 0 on the tail after the last document)."""
-    args = dict(causal=w.causal, causal_align=w.causal_align, return_lse=w.train)
+    args = dict(causal=w.causal, causal_align=w.causal_align, return_lse=w.train, **w.local)
     with torch.no_grad():
         if w.docs is None:
             result = attention_reference(w.q, w.k, w.v, **args)
@@ -54,7 +56,7 @@ def float64_reference(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Te
             return result
         out, lse = result
         if w.docs is None:
-            grads = reference_backward(w.q, w.k, w.v, out, lse, w.grad_out, w.causal, w.causal_align)
+            grads = reference_backward(w.q, w.k, w.v, out, lse, w.grad_out, w.causal, w.causal_align, **w.local)
         else:
             grads = _reference_varlen_backward(w, out, lse)
     return dict(zip(OUTPUT_KEYS, (out, *grads)))
@@ -75,20 +77,29 @@ def output_check(reference_output: torch.Tensor | dict[str, torch.Tensor], outpu
 
 
 def attention_metrics(w: AttentionWorkload, measured: Measured) -> dict[str, Any]:
-    """FLOPs (train: forward + backward at 2.5x the forward), bytes moved, tokens per second."""
+    """FLOPs (train: forward + backward at 2.5x the forward), bytes moved, tokens per second. A
+    sliding window or a chunk counts only the pairs it attends (``attention_flops``) and reads only
+    the keys some query sees (``keys_seen``), so its TFLOP/s and GB/s are of the work it does."""
     heads, head_dim, head_dim_v = w.q.shape[1], w.q.shape[-1], w.v.shape[-1]  # heads: dim 1 in both layouts
     if w.docs is None:
         problems = [(w.q.shape[0], w.q.shape[2], w.k.shape[2])]
     else:
         problems = [(1, n_q, n_k) for n_q, n_k in zip(w.docs.lens_q, w.docs.lens_k)]
     forward = sum(
-        attention_flops(b, heads, s_q, s_k, head_dim, head_dim_v, w.causal, w.causal_align) for b, s_q, s_k in problems
+        attention_flops(b, heads, s_q, s_k, head_dim, head_dim_v, w.causal, w.causal_align, **w.local)
+        for b, s_q, s_k in problems
     )
     tokens = sum(b * s_q for b, s_q, _ in problems)
     q, k, v = (
         (w.q, w.k, w.v) if w.docs is None else (w.q[: w.docs.total_q], w.k[: w.docs.total_k], w.v[: w.docs.total_k])
     )
-    out: dict[str, Any] = {"bytes_moved": attention_bytes(q, k, v, w.train), "tokens_per_s": tokens / measured.median_s}
+    keys_read = None
+    if w.local["window"] or w.local["chunk"]:
+        keys_read = sum(b * keys_seen(s_q, s_k, w.causal, w.causal_align, **w.local) for b, s_q, s_k in problems)
+    out: dict[str, Any] = {
+        "bytes_moved": attention_bytes(q, k, v, w.train, keys_read=keys_read),
+        "tokens_per_s": tokens / measured.median_s,
+    }
     if w.train:
         # The flash-attention repository's benchmark: backward 2.5x the forward, a step 3.5x.
         out.update(flops=forward * 7 // 2, forward_flops=forward, backward_flops=forward * 5 // 2)

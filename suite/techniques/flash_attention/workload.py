@@ -39,6 +39,7 @@ class AttentionWorkload(Workload):
     v: torch.Tensor  # as k, with head_dim_v channels
     causal: bool
     causal_align: str
+    local: dict[str, int]  # window and chunk, each 0 for none (gpubench.lib.attention)
     train: bool  # q, k, v require grad; every variant returns the output and dq, dk, dv
     grad_out: torch.Tensor | None  # train: the upstream gradient, shaped like the output (varlen: documents' rows)
     docs: Documents | None  # varlen: the packing
@@ -48,11 +49,32 @@ class AttentionWorkload(Workload):
     # kernel never writes fails the check instead of inheriting a correct value from memory.
     triton_out: torch.Tensor
     tiled_out: torch.Tensor
+    # SDPA's boolean mask of a sliding window or a chunk, made by its first call (attend.local_mask)
+    sdpa_mask: torch.Tensor | None = None
 
 
 def block_problems(params: dict[str, Any]) -> list[str]:
-    """The head params' problems, and block_m / block_n: both or neither, each a power of two >= 16."""
+    """The head params' problems, block_m / block_n: both or neither, each a power of two >= 16,
+    and window / chunk: each only with causal, not both."""
     problems = head_problems(params)
+    window, chunk = params["window"], params["chunk"]
+    if window and chunk:
+        problems.append(
+            f"window ({window}) and chunk ({chunk}) are two kinds of local attention: give one, or neither (0)"
+        )
+    for name, size in (("window", window), ("chunk", chunk)):
+        if size and not params["causal"]:
+            problems.append(
+                f"{name} {size} needs causal: true (a sliding window or a chunk narrows the causal mask); "
+                f"set causal: true or {name}: 0"
+            )
+        if size == 1 and params["mode"] == "train":
+            # softmax over one key is constant: dq and dk are exactly 0, and a variant's rounding
+            # noise (1e-7 in fp32) against a float64 reference's (1e-16) is no relative error
+            problems.append(
+                f"{name} 1 in train mode: each query sees only itself, so dq and dk are exactly 0 and "
+                "cannot be checked by their relative error; use mode: forward or a size >= 2"
+            )
     block_m, block_n = params["block_m"], params["block_n"]
     if (block_m == 0) != (block_n == 0):
         problems.append(f"give both block_m and block_n, or neither (got {block_m}, {block_n})")
@@ -92,6 +114,7 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> A
         v=v.requires_grad_(train),
         causal=params["causal"],
         causal_align=params["causal_align"],
+        local={"window": params["window"], "chunk": params["chunk"]},
         train=train,
         grad_out=grad_out,
         docs=docs,
