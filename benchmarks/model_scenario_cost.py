@@ -88,7 +88,7 @@ def estimate_line(out: str) -> str:
     return found.group(1) if found else "(no estimate printed)"
 
 
-def run_cost(model: str) -> None:
+def run_cost(model: str, keep_output: Path | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         env = {
@@ -104,6 +104,8 @@ def run_cost(model: str) -> None:
         print(f"generated scenario: {cases.group(1) if cases else '?'} cases on cpu")
         print(f"estimate, empty history:     {estimate_line(dry)}")
         seconds, out = cli([*base, "--no-history"], env, root)
+        if keep_output is not None:  # the run's own output, e.g. for the docs' end-to-end example
+            keep_output.write_text(f"$ gpubench {' '.join(['run', '--model', model, '--device', 'cpu'])}\n{out}")
         summary = re.search(r"^(\d+ passed, \d+ failed.*)$", out, re.MULTILINE)
         print(f"measured run (wall, whole command): {seconds:.1f} s ({summary.group(1) if summary else 'no summary'})")
         _, dry_after = cli([*base, "--dry-run"], env, root)
@@ -117,13 +119,14 @@ def main() -> None:
         "--repeat", type=int, default=20, help="generator calls per model and device (the median is printed)"
     )
     parser.add_argument("--no-run", action="store_true", help="time the generator only")
+    parser.add_argument("--keep-output", type=Path, default=None, help="write the measured run's output to this file")
     args = parser.parse_args()
     model = args.model or default_model()
     load0 = os.getloadavg()
     print(f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)")
     generator_times([] if model == SMALL_PRESET else [model], args.repeat)
     if not args.no_run:
-        run_cost(model)
+        run_cost(model, args.keep_output)
     load1 = os.getloadavg()
     print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
 
