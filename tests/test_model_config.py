@@ -539,9 +539,10 @@ def _transformers_spans(hf, layers):
 @pytest.mark.parametrize("layer_types", ["as saved", "left out"])
 def test_a_config_transformers_5_saves_is_read(model_type, layer_types):
     """Every field a transformers 5 config class writes (its defaults, to_dict) is one the
-    family's reader knows, under either of its names (attribute_map's aliases); and its sliding
-    and chunked layers are the ones transformers' class says, whether the dict lists layer_types
-    or leaves the class to default them (gpt-oss: alternating, not every layer)."""
+    family's reader knows, under either of its names (attribute_map's aliases); its sliding and
+    chunked layers are the ones transformers' class says, whether the dict lists layer_types or
+    leaves the class to default them (gpt-oss: alternating, not every layer); its MoE layers are
+    those of the decoder transformers builds from it."""
     mapping = _transformers_5()
     if model_type not in mapping:
         pytest.skip(f"{model_type}: no transformers class (RefinedWeb* are remote-code names)")
@@ -552,8 +553,11 @@ def test_a_config_transformers_5_saves_is_read(model_type, layer_types):
         saved = _without_layer_types(saved)
     cfg = model_config.from_dict(saved, model_type, f"transformers {model_type}")
     assert cfg.family == families.MODEL_TYPES[model_type]
-    windows, chunks = _transformers_spans(mapping[model_type].from_dict(saved), cfg.num_layers)
+    hf = mapping[model_type].from_dict(saved)
+    windows, chunks = _transformers_spans(hf, cfg.num_layers)
     assert (cfg.layer_windows, cfg.layer_chunks) == (windows, chunks)
+    if cfg.family in model_config.MOE_FIELDS:
+        assert cfg.moe is not None and cfg.moe.layers == _moe_layers_transformers_builds(hf)
 
 
 # Small configs, as keyword arguments of transformers' config classes, whose layer patterns are
