@@ -501,22 +501,161 @@ def test_kv_cache_prints_the_defaults_a_config_left_to_transformers():
 # -- configs as transformers 5 saves them -----------------------------------------------------
 
 
-@pytest.mark.parametrize("model_type", sorted(families.MODEL_TYPES))
-def test_a_config_transformers_5_saves_is_read(model_type):
-    """Every field a transformers 5 config class writes (its defaults, to_dict) is one the
-    family's reader knows, under either of its names (attribute_map's aliases)."""
+def _transformers_5():
     transformers = pytest.importorskip("transformers")
     if not transformers.__version__.startswith("5."):
         pytest.skip(f"transformers 5's fields; installed {transformers.__version__}")
     from transformers import CONFIG_MAPPING
 
-    if model_type not in CONFIG_MAPPING:
+    return CONFIG_MAPPING
+
+
+def _without_layer_types(saved):
+    """The saved dict as an older or hand-written config has it: no layer_types (inner or outer)."""
+    out = {k: v for k, v in saved.items() if k != "layer_types"}
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = {k: v for k, v in out["text_config"].items() if k != "layer_types"}
+    return out
+
+
+def _transformers_spans(hf, layers):
+    """(windows, chunks) per layer as transformers' config object says: its layer_types (which
+    each class defaults from the family's rule when the dict has none) with its sliding_window and
+    attention_chunk_size; a class without layer_types (Mistral, Mixtral, Phi-3) passes its one
+    sliding_window to every layer's attention."""
+    hf = getattr(hf, "text_config", None) or hf
+    window, chunk = getattr(hf, "sliding_window", None), getattr(hf, "attention_chunk_size", None)
+    types = getattr(hf, "layer_types", None)
+    if types is None:
+        return (window,) * layers, (None,) * layers
+    assert len(types) == layers
+    return (
+        tuple(window if t == "sliding_attention" else None for t in types),
+        tuple(chunk if t == "chunked_attention" else None for t in types),
+    )
+
+
+@pytest.mark.parametrize("model_type", sorted(families.MODEL_TYPES))
+@pytest.mark.parametrize("layer_types", ["as saved", "left out"])
+def test_a_config_transformers_5_saves_is_read(model_type, layer_types):
+    """Every field a transformers 5 config class writes (its defaults, to_dict) is one the
+    family's reader knows, under either of its names (attribute_map's aliases); its sliding and
+    chunked layers are the ones transformers' class says, whether the dict lists layer_types or
+    leaves the class to default them (gpt-oss: alternating, not every layer); its MoE layers are
+    those of the decoder transformers builds from it."""
+    mapping = _transformers_5()
+    if model_type not in mapping:
         pytest.skip(f"{model_type}: no transformers class (RefinedWeb* are remote-code names)")
-    saved = json.loads(CONFIG_MAPPING[model_type]().to_json_string())
+    saved = json.loads(mapping[model_type]().to_json_string())
     if model_type == "deepseek_v2":
         saved["num_experts_per_tok"] = 6  # DeepseekV2Config has no default for it
+    if layer_types == "left out":
+        saved = _without_layer_types(saved)
     cfg = model_config.from_dict(saved, model_type, f"transformers {model_type}")
     assert cfg.family == families.MODEL_TYPES[model_type]
+    hf = mapping[model_type].from_dict(saved)
+    windows, chunks = _transformers_spans(hf, cfg.num_layers)
+    assert (cfg.layer_windows, cfg.layer_chunks) == (windows, chunks)
+    if cfg.family in model_config.MOE_FIELDS:
+        assert cfg.moe is not None and cfg.moe.layers == _moe_layers_transformers_builds(hf)
+
+
+# Small configs, as keyword arguments of transformers' config classes, whose layer patterns are
+# not all-alike: sliding from max_window_layers, Gemma-3's every sixth layer full, dense layers
+# by decoder_sparse_step / mlp_only_layers / first_k_dense_replace / interleave_moe_layer_step /
+# moe_layers, Llama-4's chunked RoPE layers.
+_SMALL = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 32,
+    "vocab_size": 64,
+    "num_hidden_layers": 6,
+}
+_MLA = {
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "n_group": 1,
+    "topk_group": 1,
+}
+PATTERN_CASES = {
+    "gemma2": ("gemma2", {**_SMALL, "sliding_window": 16}),
+    "gemma3": ("gemma3_text", {**_SMALL, "sliding_window": 16, "num_hidden_layers": 12}),
+    "gpt_oss": ("gpt_oss", {**_SMALL, "sliding_window": 16, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2": ("qwen2", {**_SMALL, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}),
+    "qwen3": ("qwen3", {**_SMALL, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}),
+    "qwen2_moe": (
+        "qwen2_moe",
+        {
+            **_SMALL,
+            "decoder_sparse_step": 2,
+            "mlp_only_layers": [3],
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16,
+        },
+    ),
+    "qwen3_moe": (
+        "qwen3_moe",
+        {**_SMALL, "mlp_only_layers": [0, 5], "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+    ),
+    "llama4": (
+        "llama4_text",
+        {
+            **_SMALL,
+            "interleave_moe_layer_step": 3,
+            "attention_chunk_size": 32,
+            "intermediate_size_mlp": 48,
+            "num_local_experts": 4,
+        },
+    ),
+    "llama4 moe_layers": (
+        "llama4_text",
+        {**_SMALL, "moe_layers": [0, 4], "intermediate_size_mlp": 48, "num_local_experts": 4},
+    ),
+    "deepseek_v3": ("deepseek_v3", {**_SMALL, **_MLA, "first_k_dense_replace": 2}),
+    "deepseek_v2": ("deepseek_v2", {**_SMALL, **_MLA, "first_k_dense_replace": 1}),
+    "mixtral": ("mixtral", {**_SMALL, "sliding_window": 16, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "mistral": ("mistral", {**_SMALL, "sliding_window": 16}),
+}
+
+
+MOE_CASES = {c for c, (t, _) in PATTERN_CASES.items() if families.MODEL_TYPES[t] in model_config.MOE_FIELDS}
+
+
+def _moe_layers_transformers_builds(hf):
+    """Per layer, whether the decoder transformers builds from ``hf`` has an MoE MLP (one with
+    experts), built on the meta device (no memory, no weights)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    return tuple(hasattr(getattr(layer, "mlp", None) or layer.feed_forward, "experts") for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("case", sorted(PATTERN_CASES))
+def test_layer_patterns_read_as_transformers_builds_them(case):
+    """Sliding, chunked and MoE layers, per layer, are what transformers' config class says and
+    its modeling code builds, with layer_types as saved and left out."""
+    mapping = _transformers_5()
+    model_type, kwargs = PATTERN_CASES[case]
+    hf, layers = mapping[model_type](**kwargs), kwargs["num_hidden_layers"]
+    moe_layers = _moe_layers_transformers_builds(hf) if case in MOE_CASES else (False,) * layers
+    saved = json.loads(hf.to_json_string())
+    for raw in (saved, _without_layer_types(saved)):
+        cfg = model_config.from_dict(raw, case, f"transformers {case}")
+        assert cfg.num_layers == layers
+        assert (cfg.layer_windows, cfg.layer_chunks) == _transformers_spans(mapping[model_type].from_dict(raw), layers)
+        assert (cfg.moe.layers if cfg.moe else (False,) * layers) == moe_layers
 
 
 def test_an_alias_reads_as_its_field_and_two_different_values_are_refused():
@@ -581,3 +720,109 @@ def test_the_one_line_summary_names_the_measured_shapes():
     assert summary["llama-4-scout-17b-16e-instruct"] == (
         "48 layers; GQA 40 q / 8 kv heads x 128; chunked 8192 on 36 layers; MoE 16 experts top-1 x 8192 + 1 shared x 8192"
     )
+
+
+# -- review fixes (issue 37) -------------------------------------------------------------------
+
+
+def test_gpt_oss_without_layer_types_alternates_sliding_and_full_layers():
+    """GptOssConfig (and vLLM) default layer_types to sliding on even layers, full on odd ones:
+    a gpt-oss config without layer_types is not every layer sliding."""
+    raw = {k: v for k, v in model_config.preset_raw("gpt-oss-20b").items() if k != "layer_types"}
+    cfg = model_config.from_dict(raw, "g", "t")
+    assert cfg.layer_windows == (128, None) * 12
+    assert cfg.layer_windows == model_config.load_preset("gpt-oss-20b").layer_windows
+
+
+@pytest.mark.parametrize("value", ["1", -1, True, 1.5])
+def test_max_window_layers_must_be_an_integer_of_at_least_zero(value):
+    raw = {**_llama(num_key_value_heads=2), "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8}
+    assert model_config.from_dict({**raw, "max_window_layers": 1}, "q", "t").layer_windows == (None, 8)
+    with pytest.raises(BadInput, match=r"max_window_layers=.*allowed: an integer >= 0"):
+        model_config.from_dict({**raw, "max_window_layers": value}, "q", "t")
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.parametrize("value", ["float64", ["x"], "int3", ""])
+def test_an_unknown_weight_dtype_is_refused_naming_the_field_and_the_allowed(key, value):
+    """Weight bytes are read from the dtype: one not known is refused, never read as 2 bytes."""
+    with pytest.raises(BadInput) as err:
+        model_config.from_dict(_llama(**{key: value}), "x", "cfg.json")
+    text = str(err.value)
+    assert f"cfg.json: {key}=" in text and "allowed: float32, float16, bfloat16" in text and "bf16" in text
+
+
+def test_a_known_dtype_and_its_alias_set_the_weight_bytes():
+    for value, width in (("float32", 4), ("bf16", 2), ("float16", 2)):
+        cfg = model_config.from_dict(_llama(torch_dtype=value), "x", "t")
+        pc = model_params.count_parameters(cfg)
+        assert model_params.weight_bytes(cfg).bytes == pc.total * width
+    assert model_config.from_dict(_llama(dtype="bf16", torch_dtype="bfloat16"), "x", "t").torch_dtype == "bfloat16"
+    with pytest.raises(BadInput, match="torch_dtype='float32' and dtype='bfloat16' name the weights' dtype twice"):
+        model_config.from_dict(_llama(dtype="bfloat16", torch_dtype="float32"), "x", "t")
+
+
+def _qwen3_moe(**extra):
+    return {
+        **_llama(num_hidden_layers=2, num_key_value_heads=2),
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "intermediate_size": 48,
+        **extra,
+    }
+
+
+def test_moe_layer_indices_outside_the_model_are_refused():
+    with pytest.raises(BadInput, match=r"mlp_only_layers names layer\(s\) 2, 5, but the model has 2 .*0 to 1"):
+        model_config.from_dict(_qwen3_moe(mlp_only_layers=[0, 5, 2]), "q", "t")
+    with pytest.raises(BadInput, match=r"mlp_only_layers names layer\(s\) -1"):
+        model_config.from_dict(_qwen3_moe(mlp_only_layers=[-1]), "q", "t")
+    raw = json.loads(json.dumps(model_config.preset_raw("llama-4-scout-17b-16e-instruct")))
+    raw["text_config"].update(num_hidden_layers=2, moe_layers=[5])
+    with pytest.raises(BadInput, match=r"moe_layers names layer\(s\) 5, but the model has 2"):
+        model_config.from_dict(raw, "l4", "t")
+
+
+def test_an_moe_config_with_no_moe_layer_reads_as_the_dense_model_transformers_builds():
+    """Every layer in mlp_only_layers (or Llama-4's moe_layers empty, DeepSeek's dense layers
+    covering all): transformers builds dense MLPs only, so no MoE is read (no technique measures
+    experts the model lacks), and the parameters are the dense MLPs'."""
+    cfg = model_config.from_dict(_qwen3_moe(mlp_only_layers=[0, 1]), "q", "t")
+    assert cfg.moe is None and "MoE" not in cfg.summary
+    assert model_params.count_parameters(cfg).groups["mlp"] == 2 * 3 * 64 * 48
+    raw = json.loads(json.dumps(model_config.preset_raw("llama-4-scout-17b-16e-instruct")))
+    raw["text_config"].update(num_hidden_layers=2, moe_layers=[])
+    llama4 = model_config.from_dict(raw, "l4", "t")
+    assert llama4.moe is None and llama4.intermediate_size == llama4.dense_intermediate_size == 16384
+    v2 = {**model_config.preset_raw("deepseek-v2-lite"), "num_hidden_layers": 1}  # first_k_dense_replace 1
+    assert model_config.from_dict(v2, "d", "t").moe is None
+
+
+def test_mla_reads_no_kv_head_count():
+    """MLA caches a latent and gives every query head its own key and value: a DeepSeek-V3-shaped
+    config of 16 heads without num_key_value_heads (DeepseekV3Config's default 128) is read."""
+    raw = {k: v for k, v in model_config.preset_raw("deepseek-v3").items() if k != "num_key_value_heads"}
+    cfg = model_config.from_dict({**raw, "num_attention_heads": 16}, "d", "t")
+    assert (cfg.attention, cfg.num_heads, cfg.num_kv_heads) == ("MLA", 16, 16)
+    assert not any(u.startswith("num_key_value_heads=") for u in cfg.defaults_used)
+
+
+def test_a_family_named_by_its_architectures_reads_its_own_rules():
+    """Without model_type, the family the architectures name decides: Falcon's new decoder
+    architecture reads num_kv_heads (not multi_query's one head); Gemma-2's layers alternate."""
+    falcon = {
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "new_decoder_architecture": True,
+        "num_kv_heads": 2,
+    }
+    assert model_config.from_dict(falcon, "f", "t").num_kv_heads == 2
+    gemma = {
+        k: v for k, v in model_config.preset_raw("gemma-2-2b-it").items() if k not in ("model_type", "layer_types")
+    }
+    assert model_config.from_dict(gemma, "g", "t").layer_windows[:4] == (4096, None, 4096, None)
+    assert model_config.from_dict(gemma, "g", "t").sliding_layers == 13

@@ -331,7 +331,16 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
             f"model (at most a few hundred layers, a few million positions); fix the config."
         )
     heads = raw["num_attention_heads"]
-    kv_heads = _kv_heads(raw, heads, source)
+    mla_family = family.name.startswith("deepseek")
+    if mla_family:
+        # MLA caches one latent per token, and every query head gets its own key and value from it:
+        # num_key_value_heads shapes no cache or weight (vLLM does not read it; transformers loads
+        # any value; the published configs set it to the head count), so it is neither read nor
+        # checked, nor listed as a default applied.
+        kv_heads = heads
+        used = tuple(u for u in used if not u.startswith("num_key_value_heads="))
+    else:
+        kv_heads = _kv_heads(raw, family, heads, source)
     if heads % kv_heads:
         defaulted = any(u.startswith("num_key_value_heads=") for u in used)
         raise BadInput(
@@ -348,7 +357,7 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         head_dim = raw["hidden_size"] // heads
     layers = raw["num_hidden_layers"]
     mla = None
-    if family.name.startswith("deepseek"):
+    if mla_family:
         qk = raw.get("qk_head_dim")
         if qk is not None and qk != raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"]:
             raise BadInput(
@@ -374,8 +383,11 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
     dense = inter
     if family.name == "llama4":
         dense = raw["intermediate_size_mlp"]
-    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16")
-    if not (raw.get("torch_dtype") or raw.get("dtype")):  # (transformers' own: none; float32 on load)
+        if moe is None:  # no MoE layer: intermediate_size (an expert's width) is used by none
+            inter = dense
+    dtype = _dtype(raw, source)
+    if dtype is None:  # (transformers' own: none; float32 on load)
+        dtype = "bfloat16"
         used += ("torch_dtype='bfloat16' (assumed for weight bytes: the config names no dtype)",)
     return ModelConfig(
         name=name,
@@ -389,10 +401,10 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         vocab_size=raw.get("vocab_size"),
         intermediate_size=inter,
         max_position_embeddings=raw.get("max_position_embeddings"),
-        layer_windows=_layer_windows(raw, layers, source),
-        layer_chunks=_layer_chunks(raw, layers, source),
+        layer_windows=_layer_windows(raw, family.name, layers, source),
+        layer_chunks=_layer_chunks(raw, family.name, layers, source),
         mla=mla,
-        torch_dtype=DTYPE_ALIASES.get(dtype, dtype),
+        torch_dtype=dtype,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings")),
         raw=raw,
         moe=moe,
@@ -405,6 +417,28 @@ def from_dict(raw: dict[str, Any], name: str, source: str, ignore_fields: Iterab
         defaults_used=used,
         ignored_fields=tuple(sorted(ignored)),
     )
+
+
+def _dtype(raw: dict[str, Any], source: str) -> str | None:
+    """The weights' dtype the config names (``torch_dtype``, or ``dtype`` as transformers 5 saves
+    it), one of :data:`DTYPE_BYTES` or its aliases; None when it names none. Anything else is
+    refused: the weight bytes are read from it, and no default stands in for a dtype not known."""
+    named = {k: raw[k] for k in ("torch_dtype", "dtype") if raw.get(k) is not None}
+    read: dict[str, str] = {}
+    for key, value in named.items():
+        canonical = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else None
+        if canonical not in DTYPE_BYTES:
+            raise BadInput(
+                f"{source}: {key}={_short(value)} is not a weight dtype gpubench knows; allowed: "
+                f"{', '.join(DTYPE_BYTES)} (or {', '.join(DTYPE_ALIASES)})."
+            )
+        read[key] = canonical
+    if len(set(read.values())) > 1:
+        raise BadInput(
+            f"{source}: torch_dtype={named['torch_dtype']!r} and dtype={named['dtype']!r} name the weights' "
+            "dtype twice and differ; set one (transformers 5 writes dtype)."
+        )
+    return next(iter(read.values()), None)
 
 
 def _activation(raw: dict[str, Any], family: Family, source: str) -> tuple[str, float | None, float | None]:
@@ -458,6 +492,13 @@ def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE |
     - Llama-4: ``intermediate_size`` wide, one shared expert of that width; the layers in
       ``moe_layers`` when given, else every ``interleave_moe_layer_step``-th ((i + 1) % step == 0);
       its dense layers are ``intermediate_size_mlp`` wide.
+
+    A layer index in ``mlp_only_layers`` or ``moe_layers`` outside 0 .. layers - 1 is refused
+    (transformers ignores it: a list written for another layer count). A config whose pattern
+    leaves no layer MoE (every layer in ``mlp_only_layers``, ``moe_layers`` empty,
+    ``first_k_dense_replace`` >= the layers, a sparse step above them) is what transformers builds
+    from it, a dense model: read as one (None; every MLP at the dense width), so that no
+    technique measures experts the model does not have.
     """
     if family.name not in MOE_FIELDS:  # (its strict field list has no expert fields)
         return None
@@ -492,6 +533,12 @@ def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE |
         listed = raw.get(name) or []
         if not isinstance(listed, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in listed):
             raise BadInput(f"{source}: {name} must be a list of layer indices.")
+        outside = sorted({i for i in listed if not 0 <= i < layers})
+        if outside:
+            raise BadInput(
+                f"{source}: {name} names layer(s) {', '.join(map(str, outside))}, but the model has {layers} "
+                f"(num_hidden_layers); allowed: indices 0 to {layers - 1}."
+            )
         return listed
 
     shared, shared_dim = 0, None
@@ -517,22 +564,24 @@ def _moe(raw: dict[str, Any], family: Family, layers: int, source: str) -> MoE |
         shared, shared_dim = 1, expert_dim
     else:
         pattern = (True,) * layers
+    if not any(pattern):
+        return None  # transformers builds every MLP dense (see above)
     return MoE(experts, top_k, expert_dim, shared, shared_dim, pattern)
 
 
-FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
 # The fields a config may name its KV heads by, in the order vLLM's config code reads them (the
 # strict field lists leave each family only its own: Falcon's num_kv_heads / n_head_kv, the others'
 # num_key_value_heads).
 KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads")
 
 
-def _kv_heads(raw: dict[str, Any], heads: int, source: str) -> int:
+def _kv_heads(raw: dict[str, Any], family: Family, heads: int, source: str) -> int:
     """KV heads as vLLM's config code reads them: Falcon's ``multi_query`` (outside its new decoder
     architecture) is one KV head; else the first of :data:`KV_HEAD_FIELDS` the config sets (Falcon-40B
     says ``num_kv_heads``); else every attention head (MHA; the families whose transformers class
-    defaults to a number have it filled in already)."""
-    new_falcon = raw.get("model_type") in FALCON_TYPES and bool(raw.get("new_decoder_architecture"))
+    defaults to a number have it filled in already). The family is the resolved one: a config
+    naming Falcon by its ``architectures`` alone is Falcon too."""
+    new_falcon = family.name == "falcon" and bool(raw.get("new_decoder_architecture"))
     if not new_falcon and raw.get("multi_query"):
         return 1
     for key in KV_HEAD_FIELDS:
@@ -544,14 +593,17 @@ def _kv_heads(raw: dict[str, Any], heads: int, source: str) -> int:
     return heads
 
 
-# Families whose published configs set ``sliding_window`` without saying which layers use it, and
-# how transformers reads them (their modeling / configuration code, not a guess):
-INTERLEAVED_EVERY_OTHER = ("gemma2",)  # layer i slides when i is even (transformers' Gemma2: (i + 1) % 2)
-PATTERNED = {"gemma3": 6, "gemma3_text": 6}  # full when (i + 1) % sliding_window_pattern == 0; its default
-CHUNKED_FAMILIES = {"llama4": 4, "llama4_text": 4}  # RoPE layers chunked; no_rope_layer_interval's default
+# Families (gpubench.models.families names, so a config naming its family by ``architectures``
+# alone reads alike) whose configs may set ``sliding_window`` without saying which layers use it,
+# and how transformers reads them (their configuration / modeling code, not a guess):
+# layer i slides when i is even: Gemma2Config and GptOssConfig default layer_types to
+# "sliding_attention" where (i + 1) % 2 (vLLM's gpt-oss alike)
+INTERLEAVED_EVERY_OTHER = ("gemma2", "gpt_oss")
+PATTERNED = {"gemma3": 6}  # full when (i + 1) % sliding_window_pattern == 0; its default
+CHUNKED_FAMILIES = {"llama4": 4}  # RoPE layers chunked; no_rope_layer_interval's default
 
 
-def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
+def _layer_windows(raw: dict[str, Any], family: str, layers: int, source: str) -> tuple[int | None, ...]:
     """Which layers attend through a sliding window, as transformers reads each family's config:
 
     - ``layer_types`` (gpt-oss, newer configs): "sliding_attention" layers use ``sliding_window``;
@@ -560,7 +612,7 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
       if given, else layers from ``max_window_layers`` on slide;
     - ``sliding_window_pattern`` P (Gemma-3, Cohere2; Gemma-3's default P = 6 when the key is
       absent): layer i uses full attention when (i + 1) % P == 0, the others slide;
-    - Gemma-2: layers alternate, starting with a sliding one;
+    - Gemma-2, gpt-oss (without ``layer_types``): layers alternate, starting with a sliding one;
     - Mistral / Mixtral, Phi-3 (the other families with a ``sliding_window``): one window for every layer, as
       vLLM reads a ``sliding_window`` that nothing else qualifies (its attention layers all take
       the config's window unless the model's own code interleaves them, which the families above
@@ -569,7 +621,14 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     """
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
-    model_type = str(raw.get("model_type") or "")
+    first_sliding = raw.get("max_window_layers")
+    if first_sliding is not None and (
+        not isinstance(first_sliding, int) or isinstance(first_sliding, bool) or first_sliding < 0
+    ):
+        raise BadInput(
+            f"{source}: max_window_layers={_short(first_sliding)}; allowed: an integer >= 0 (layers from that "
+            "index on use the sliding window when use_sliding_window is true, as transformers' Qwen2 reads it)."
+        )
     if "use_sliding_window" in raw and not raw["use_sliding_window"]:
         return (None,) * layers  # Qwen: no window at all, whatever layer_types says (transformers)
     if types is not None:
@@ -584,11 +643,10 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
     if "use_sliding_window" in raw:
         if not raw["use_sliding_window"] or window is None:
             return (None,) * layers
-        first_sliding = raw.get("max_window_layers", 0) or 0
-        return tuple(window if i >= first_sliding else None for i in range(layers))
+        return tuple(window if i >= (first_sliding or 0) else None for i in range(layers))
     if window is None:
         return (None,) * layers
-    pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", PATTERNED.get(model_type)))
+    pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", PATTERNED.get(family)))
     if pattern is not None:
         if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern <= 0:
             raise BadInput(
@@ -597,12 +655,12 @@ def _layer_windows(raw: dict[str, Any], layers: int, source: str) -> tuple[int |
                 "or a layer_types list."
             )
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(layers))
-    if model_type in INTERLEAVED_EVERY_OTHER:
+    if family in INTERLEAVED_EVERY_OTHER:
         return tuple(window if i % 2 == 0 else None for i in range(layers))
     return (window,) * layers  # Mistral, Mixtral, Phi-3: every layer, as vLLM reads it
 
 
-def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | None, ...]:
+def _layer_chunks(raw: dict[str, Any], family: str, layers: int, source: str) -> tuple[int | None, ...]:
     """Which layers use chunked local attention (Llama-4's ``attention_chunk_size``: a token attends
     only to the tokens of its own chunk), as transformers and vLLM read the config: layers whose
     ``layer_types`` entry is "chunked_attention", else Llama-4's RoPE layers (``no_rope_layers[i]``
@@ -614,8 +672,8 @@ def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | 
     types = raw.get("layer_types")
     if isinstance(types, list) and len(types) == layers and "chunked_attention" in types:
         return tuple(chunk if t == "chunked_attention" else None for t in types)
-    model_type = str(raw.get("model_type") or "")
-    if model_type not in CHUNKED_FAMILIES:
+    if family not in CHUNKED_FAMILIES:
+        model_type = str(raw.get("model_type") or "")
         raise BadInput(
             f"{source}: attention_chunk_size={chunk} is set but which layers use it cannot be known: "
             f"model_type {model_type or '(none)'!r} is not Llama-4 and layer_types has no "
@@ -624,7 +682,7 @@ def _layer_chunks(raw: dict[str, Any], layers: int, source: str) -> tuple[int | 
         )
     rope = raw.get("no_rope_layers")
     if not rope:
-        interval = raw.get("no_rope_layer_interval", CHUNKED_FAMILIES[model_type])
+        interval = raw.get("no_rope_layer_interval", CHUNKED_FAMILIES[family])
         if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
             raise BadInput(f"{source}: no_rope_layer_interval={interval!r}; allowed: a positive integer.")
         rope = [int((i + 1) % interval != 0) for i in range(layers)]

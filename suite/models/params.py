@@ -161,7 +161,7 @@ def weight_bytes(cfg: ModelConfig, weight_dtype: str | None = None) -> WeightByt
             math.ceil(pc.total * DTYPE_BYTES[dtype]),
             f"{pc.total / 1e9:.2f}B parameters x {DTYPE_BYTES[dtype]:g} B ({dtype}); {pc.method}",
         )
-    base = DTYPE_BYTES.get(cfg.torch_dtype, 2.0)
+    base = DTYPE_BYTES[cfg.torch_dtype]  # (the reader refuses a dtype it does not know)
     total = 0.0
     for group, n in pc.groups.items():
         fmt = pc.quantized.get(group)
