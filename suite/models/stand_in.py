@@ -123,6 +123,17 @@ def active_mlp_width(cfg: ModelConfig) -> int:
     return moe.top_k * moe.expert_dim + moe.shared_experts * (moe.shared_expert_dim or 0)
 
 
+def gated_mlp_note(cfg: ModelConfig) -> str:
+    """What the stand-in's gated MLP makes of a model whose MLP is plain up/down (Falcon's,
+    ``cfg.gated_mlp`` False): the same width with a gate added, so 1.5x the MLP's weights and
+    FLOPs (three width x hidden matrices instead of two)."""
+    width = cfg.intermediate_size or 4 * cfg.hidden_size
+    return (
+        f"{cfg.name}'s plain MLP (up/down, width {width}) as a gated SwiGLU one of the same width: "
+        "1.5x its MLP weights and FLOPs"
+    )
+
+
 def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
     """One paragraph a case records: which model the random-weight stand-in stands for, at which
     shapes, how many of its layers, and what of it is not applied."""
@@ -143,6 +154,8 @@ def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
         if sparse < used:
             text += f"; {used - sparse} of the {used} layers run are dense in the model and get this width too"
         parts.append(text + ")")
+    if not getattr(cfg, "gated_mlp", True):
+        parts.append(gated_mlp_note(cfg))
     for what, per_layer, label in (
         ("sliding windows", cfg.layer_windows, "window"),
         ("chunked attention", cfg.layer_chunks, "chunk"),

@@ -30,8 +30,10 @@ from typing import Any
 import yaml
 
 from gpubench.errors import BadInput
+from gpubench.models import stand_in
 from gpubench.models.config import ModelConfig
 from gpubench.models.params import count_parameters
+from gpubench.records.stats import MIN_CI_SAMPLES
 
 WORKLOADS = ("train", "serve", "both")
 DEVICES = ("cuda", "cpu")
@@ -61,7 +63,8 @@ FEW_LAYERS = {"cuda": 4, "cpu": 2}  # "a few layers" for the multi-layer trainin
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 # The measurement policies: smoke's on a CPU, gpu-first's on a GPU, and the serving/generation
-# runs' (each run is the whole trace: two runs after the checked one).
+# runs' (each run is the whole trace). Every policy takes at least MIN_CI_SAMPLES samples, so that
+# each case gets a confidence interval and can be ranked in the answer table.
 POLICY = {
     "cpu": {
         "warmup_s": 0.02,
@@ -84,10 +87,17 @@ POLICY = {
         "energy_s": 0.2,
     },
 }
-RUN_POLICY = {"warmup_s": 0, "min_reps": 2, "max_reps": 2, "min_time_s": 0}
+RUN_POLICY = {"warmup_s": 0, "min_reps": MIN_CI_SAMPLES, "max_reps": MIN_CI_SAMPLES, "min_time_s": 0}
 STEP_POLICY = {
     "cpu": {"max_reps": 10, "max_time_s": 2.0},
-    "cuda": {"warmup_s": 0, "min_reps": 3, "max_reps": 10, "min_time_s": 0, "max_time_s": 4.0, "case_timeout_s": 300},
+    "cuda": {
+        "warmup_s": 0,
+        "min_reps": MIN_CI_SAMPLES,
+        "max_reps": 10,
+        "min_time_s": 0,
+        "max_time_s": 4.0,
+        "case_timeout_s": 300,
+    },
 }
 
 # Every technique the generator knows, in the order its entries are written.
@@ -347,8 +357,13 @@ def _source(spec: str) -> str:
 
 def _model_param(spec: str) -> str:
     """The model as a technique's ``model`` param names it: a preset's name, or an absolute path
-    (the emitted scenario re-runs from any directory)."""
+    (the emitted scenario re-runs from any directory). A checkpoint directory is named by its
+    ``config.json``: the stand-in entries run seeded random weights at its shapes, sized for a few
+    layers; the directory itself would load the whole checkpoint's weights (only a speculative
+    target does that, from its own ``target`` param)."""
     path = Path(spec)
+    if path.is_dir():
+        return str((path / "config.json").resolve())
     return str(path.resolve()) if path.exists() else spec
 
 
@@ -704,7 +719,10 @@ def _stand_in_note(cfg: ModelConfig) -> str:
     if cfg.moe is not None:
         return f"; a Llama-style stand-in: the MoE MLP as a dense one of the active width ({_mlp_width(cfg)})"
     if _family(cfg) not in LLAMA_STYLE:
-        return f"; a Llama-style stand-in at {_family(cfg)}'s shapes (its own norms and activation not applied)"
+        text = f"; a Llama-style stand-in at {_family(cfg)}'s shapes (its own norms and activation not applied)"
+        if not getattr(cfg, "gated_mlp", True):
+            text += "; " + stand_in.gated_mlp_note(cfg)
+        return text
     return ""
 
 
