@@ -490,3 +490,43 @@ def test_falcons_plain_mlp_stood_in_by_a_gated_one_says_its_extra_cost(tmp_path)
     assert stand_ins and all("1.5x its MLP weights and FLOPs" in e["note"] for e in stand_ins)
     assert "1.5x its MLP weights and FLOPs" in stand_in.stand_in_note(cfg, 2)
     assert "1.5x" not in stand_in.stand_in_note(load_model("llama-2-7b"), 2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"model_type": "qwen2"}, "model_type 'qwen2' has bias terms on its q/k/v projections"),
+        ({"model_type": "qwen3", "head_dim": 64}, "model_type 'qwen3' is not Llama-shaped; allowed: llama, mistral"),
+        ({"model_type": "phi3"}, "model_type 'phi3' is not Llama-shaped"),
+        ({"attention_bias": True}, "attention_bias set: the checkpoint has bias terms"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}},
+            "RoPE scaling 'llama3' is not supported (plain RoPE only)",
+        ),
+    ],
+)
+def test_speculative_decoding_is_not_applicable_where_the_target_loader_refuses(tmp_path, changes, words):
+    """The speculative target is loaded by load_hf: a checkpoint it refuses (its own rules,
+    stand_in.checkpoint_problems) is listed not applicable with those words, not generated."""
+    from gpubench.models import stand_in
+
+    raw = {**LLAMA, **changes}
+    assert any(words in p for p in stand_in.checkpoint_problems(raw))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    doc = ms.build_model_scenario(load_model(ckpt), "serve", None, None, "cpu", BIG, spec=str(ckpt))
+    assert entries(doc, "speculative_decoding") == []
+    assert words in reason(doc, "speculative_decoding")
+
+
+def test_load_hf_refuses_by_the_same_rule_before_loading_anything(tmp_path):
+    """load_hf applies stand_in.checkpoint_problems to config.json first: the same words, and no
+    weights read (there are none here)."""
+    pytest.importorskip("torch")
+    from gpubench.models.llama import load_hf
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "model_type": "qwen3", "head_dim": 64}))
+    with pytest.raises(BadInput, match="model_type 'qwen3' is not Llama-shaped; allowed: llama, mistral"):
+        load_hf(tmp_path)

@@ -184,3 +184,32 @@ def test_a_gpu_scenario_is_sized_to_the_gpus_memory_in_bfloat16(tmp_path, monkey
     assert scen.policy.flush_l2 and "for cuda (80.0 GiB)" in target.read_text().splitlines()[0]
     flash = next(e for e in scen.entries if e.technique == "flash_attention")
     assert flash.grid["heads"] == [32] and flash.grid["kv_heads"] == [8] and flash.grid["dtype"] == ["bfloat16"]
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path) -> Path:
+    """A directory holding TINY's config.json and a (never loaded) weights file."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(TINY))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    return ckpt
+
+
+@pytest.mark.parametrize("draft", ["early:abc", "early:99", "early:0", "early:4", "early:"])
+def test_a_draft_early_n_outside_1_to_layers_minus_1_is_bad_input_naming_the_flag(tiny_checkpoint, draft):
+    """--draft early:N is the speculative technique's rule (N whole, 1 to the target's layers - 1),
+    checked when the scenario is built: exit 2 naming the flag, not "a gpubench bug"."""
+    result = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", draft)
+    assert_bad_input(result, f"--draft {draft}: draft {draft!r}: N must be a whole number from 1", "(3)")
+    assert "gpubench bug" not in result.output
+
+
+def test_a_draft_directory_the_loader_cannot_load_is_bad_input(tiny_checkpoint, tmp_path):
+    draft = tmp_path / "qwen-draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({**TINY, "model_type": "qwen2"}))
+    result = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", draft)
+    assert_bad_input(result, f"--draft {draft}: the draft's loader cannot load", "bias terms")
+    ok = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", "early:3")
+    assert ok.exit_code == 0, ok.output

@@ -547,7 +547,7 @@ def _model_scenario(
         raise BadInput("--ignore-field: this build's config reader reads every field; it takes no --ignore-field.")
     kwargs = {"ignore_fields": tuple(ignore_fields)} if ignore_fields else {}
     cfg = model_config.load_model(spec, **kwargs)
-    model_scenario.check_draft(spec, workload, draft)
+    model_scenario.check_draft(spec, workload, draft, cfg.num_layers)
     device, memory = _model_device(devices, cluster)
     doc = model_scenario.build_model_scenario(cfg, workload, seq_len, batch, device, memory, draft, spec=spec)
     command = " ".join(
@@ -768,14 +768,17 @@ def _close_run(out: Console, outcome: RunOutcome, history_store: str | None = No
     """The summary, where the run is, the run added to the history store (``history_store``: its
     --store, "" for the default one, None for --no-history), its report; the exit code (the run's,
     unless the report could not be written: 74 on a full disk, 130 / 143 when stopped while writing it)."""
-    from gpubench.reports.answer import print_answer  # (matplotlib, through the sweep's figures: not at start-up)
+    from gpubench.reports.answer import (
+        UNAVAILABLE,
+        print_answer,
+    )  # (matplotlib, through the sweep's figures: not at start-up)
     from gpubench.run import estimate
 
     notes = {name: t.gpu_specific for name, t in techniques.all_techniques().items()}
     try:  # the answer first: what to turn on, ranked; a fault in it costs the table, never the run
         print_answer(outcome.record, out)
     except Exception as exc:  # noqa: BLE001 - the summary, the history and the report still follow
-        out.print(f"the answer table could not be drawn: {type(exc).__name__}: {exc}", markup=False)
+        out.print(f"{UNAVAILABLE}: {type(exc).__name__}: {exc}", markup=False)
     print_summary(outcome.doc, out, notes)
     if outcome.record.time_use is not None:
         out.print(outcome.record.time_use.text(), markup=False, soft_wrap=not out.is_terminal)

@@ -13,8 +13,10 @@ techniques' param rules, the generator of model scenarios) needs nothing of the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpubench.errors import BadInput
 from gpubench.models.config import ModelConfig, load_model, preset_names
@@ -23,6 +25,50 @@ from gpubench.models.config import ModelConfig, load_model, preset_names
 BUILT_IN_SIZES = ("tiny", "small", "100m", "1b")
 # Files that say a directory holds weights, not a config alone (transformers' names).
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+# The checkpoints gpubench.models.llama.load_hf reads as they are (its rules: checkpoint_problems).
+HF_LOADABLE = ("llama", "mistral")
+
+
+def checkpoint_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Why :func:`gpubench.models.llama.load_hf` cannot load a checkpoint whose ``config.json`` is
+    ``raw`` (its own rules, checked before it loads anything, and by the generator of model
+    scenarios before it writes a speculative target): a model_type that is not a bias-free
+    Llama-shaped decoder (Qwen2's q/k/v projections always carry biases; MoE, MLA and other
+    families have other layers), bias terms the config turns on, or RoPE scaling (plain RoPE only)."""
+    problems = []
+    model_type = raw.get("model_type")
+    if model_type == "qwen2":
+        problems.append("model_type 'qwen2' has bias terms on its q/k/v projections (only bias-free models load)")
+    elif model_type not in HF_LOADABLE:
+        problems.append(f"model_type {model_type!r} is not Llama-shaped; allowed: {', '.join(HF_LOADABLE)}")
+    biased = [key for key in ("attention_bias", "mlp_bias") if raw.get(key)]
+    if biased:
+        problems.append(f"{' and '.join(biased)} set: the checkpoint has bias terms (only bias-free models load)")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else rope
+    if kind not in (None, "default"):
+        problems.append(f"RoPE scaling {kind!r} is not supported (plain RoPE only)")
+    return problems
+
+
+def early_draft_problem(draft: str, layers: int | None) -> str | None:
+    """Why a speculative draft ``early:N`` cannot be the first N of a target's ``layers`` (None:
+    not known), or None (also for a draft that is not ``early:N``): N must be a whole number from
+    1 to ``layers`` - 1. The speculative_decoding technique's rule (gpubench.models.decode_pair),
+    here torch-free so that ``gpubench run --model --draft`` checks it before importing torch."""
+    if not draft.startswith("early:"):
+        return None
+    try:
+        n = int(draft.split(":", 1)[1])
+    except ValueError:
+        n = -1
+    if n < 1 or (layers is not None and n >= layers):
+        return f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1" + (
+            f" ({layers - 1})" if layers else ""
+        )
+    return None
 
 
 @dataclass(frozen=True)

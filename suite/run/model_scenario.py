@@ -22,6 +22,7 @@ applicable with the figure that does not fit. Every shrink is said in ``model.si
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +56,10 @@ KV_DTYPE = {"cuda": "bf16", "cpu": "fp32"}
 
 FLASH_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # flash_attention's head_dim choices
 PAGED_HEAD_DIMS = (64, 128)  # paged_attention's
-# Families whose layers the Llama-style decoder (gpubench.models.llama) holds as they are: a checkpoint
-# of one loads as a speculative target; for the others (MoE MLPs, other norms and activations) the
-# model-taking techniques run a stand-in at their attention shapes, and the entry's note says so.
+# Families whose layers the Llama-style decoder (gpubench.models.llama) holds nearly as they are;
+# for the others (MoE MLPs, other norms and activations) the model-taking techniques' stand-in at
+# their attention shapes leaves more out, and the entry's note says so. Which checkpoints load as a
+# speculative target is load_hf's own rule (gpubench.models.stand_in.checkpoint_problems).
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 FEW_LAYERS = {"cuda": 4, "cpu": 2}  # "a few layers" for the multi-layer training and serving cases
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
@@ -203,7 +205,7 @@ def build_model_scenario(
     if device not in DEVICES:
         raise BadInput(f"device {device!r}: a model scenario is built for {' or '.join(DEVICES)}.")
     spec = spec if spec is not None else cfg.name
-    checkpoint = check_draft(spec, workload, draft)
+    checkpoint = check_draft(spec, workload, draft, cfg.num_layers)
     default_len = default_seq_len(cfg, device)
     plan = _Plan(
         cfg=cfg,
@@ -283,9 +285,10 @@ def check_request(workload: str, seq_len: int | None, batch: int | None) -> None
             raise BadInput(f"{flag}: {value!r} is not valid; allowed: an integer >= {low}.")
 
 
-def check_draft(spec: str, workload: str, draft: str | None) -> Path | None:
+def check_draft(spec: str, workload: str, draft: str | None, layers: int | None = None) -> Path | None:
     """``spec`` as a checkpoint directory holding weights (else None); BadInput for a ``draft``
-    without one, or with --workload train."""
+    without one, with --workload train, an ``early:N`` that is not 1 to ``layers`` - 1 (the
+    target's layers), or a draft directory the target's loader cannot load."""
     checkpoint = _checkpoint_dir(spec)
     if draft is None:
         return checkpoint
@@ -298,6 +301,21 @@ def check_draft(spec: str, workload: str, draft: str | None) -> Path | None:
         raise BadInput("--draft: speculative decoding is a serving case; use --workload serve or both.")
     if not (draft.startswith("early:") or Path(draft).is_dir()):
         raise BadInput(f"--draft {draft}: allowed: a checkpoint directory or early:N (the target's first N layers).")
+    problem = stand_in.early_draft_problem(draft, layers)
+    if problem:
+        raise BadInput(f"--draft {draft}: {problem} (early:N: the target's first N layers).")
+    if Path(draft).is_dir():
+        path = Path(draft) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--draft {draft}: {path} is not a readable config.json ({exc}).") from None
+        problems = stand_in.checkpoint_problems(raw if isinstance(raw, dict) else {})
+        if problems:
+            raise BadInput(
+                f"--draft {draft}: the draft's loader cannot load this checkpoint: {'; '.join(problems)}; "
+                f"allowed: a bias-free {' or '.join(stand_in.HF_LOADABLE)} checkpoint with plain RoPE, or early:N."
+            )
     return checkpoint
 
 
@@ -726,17 +744,6 @@ def _stand_in_note(cfg: ModelConfig) -> str:
     return ""
 
 
-def _llama_style(cfg: ModelConfig) -> str | None:
-    """Why ``cfg`` is not a Llama-style dense decoder (a checkpoint a target loads), or None."""
-    if cfg.mla is not None:
-        return "MLA attention"
-    if cfg.moe is not None:
-        return "MoE layers"
-    if _family(cfg) not in LLAMA_STYLE:
-        return f"family {_family(cfg)} (Llama-style: {', '.join(LLAMA_STYLE)})"
-    return None
-
-
 def _packed_metadata(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
     cfg = plan.cfg
     blocker = _stand_in_blocker(cfg)
@@ -871,9 +878,13 @@ def _speculative_decoding(
             "acceptance depends on the model's weights: give --model a checkpoint directory holding them",
         )
         return
-    unlike = _llama_style(cfg)
-    if unlike:
-        plan.skip("speculative_decoding", f"the target loads a Llama-style checkpoint; this model has {unlike}")
+    try:
+        raw = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raw = {"model_type": f"unreadable config.json ({exc})"}
+    problems = stand_in.checkpoint_problems(raw if isinstance(raw, dict) else {})
+    if problems:
+        plan.skip("speculative_decoding", "the target's loader cannot load this checkpoint: " + "; ".join(problems))
         return
     weights = count_parameters(cfg).total * 4  # loaded in float32
     if weights > plan.budget:
