@@ -530,3 +530,22 @@ def test_load_hf_refuses_by_the_same_rule_before_loading_anything(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "model_type": "qwen3", "head_dim": 64}))
     with pytest.raises(BadInput, match="model_type 'qwen3' is not Llama-shaped; allowed: llama, mistral"):
         load_hf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"hidden_size": 200, "num_attention_heads": 8, "num_key_value_heads": 8}, "head_dim 25 is odd"),
+        ({"intermediate_size": None}, "the config has no intermediate_size"),
+    ],
+)
+def test_an_entry_a_techniques_own_rules_refuse_is_not_applicable_with_the_rules_words(tmp_path, changes, words):
+    """The techniques' cross-param rules (validate_fn) run on each generated entry: one they refuse
+    is listed not applicable with the rule's words, and the rest loads through the ordinary parser
+    (before, the whole scenario was refused as "a gpubench bug")."""
+    raw = {**LLAMA, **changes}
+    doc = generate(tmp_path, raw, supported_only=True)
+    for technique in ("packed_metadata", "paged_kv_serving", "continuous_batching"):
+        assert entries(doc, technique) == [] and words in reason(doc, technique), (technique, reason(doc, technique))
+    assert doc["entries"]
+    scenariomod.parse(ms.to_yaml(doc), tmp_path / "s.yaml")

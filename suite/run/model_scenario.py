@@ -8,7 +8,8 @@ device, and under the top-level ``model`` key what was generated, how it was siz
 techniques do not apply, each with its reason. The mapping then goes through the ordinary scenario
 loader, so ``--emit-scenario`` writes a file that re-runs the same cases.
 
-Pure arithmetic: no torch (the device's memory comes from the caller).
+Arithmetic (the device's memory comes from the caller), then the techniques' own rules on each
+entry (:func:`_drop_unsupported`: their code, so torch, imported once the request is valid).
 
 Sizing. A case must fit ``MEMORY_SHARE`` of the device's memory (what it allocates, estimated
 below from the shapes: weights, gradients, optimizer state, activations, caches) and, on a CPU,
@@ -923,15 +924,25 @@ def _speculative_decoding(
 
 def _drop_unsupported(plan: _Plan) -> None:
     """Leave out the entries whose params this build's techniques do not declare or refuse (a
-    gpubench older than a param the generator writes, or a plug-in shadowing a built-in), so the
-    generated scenario always loads: a technique left with no entry is listed as not applicable
-    with the reason, an entry left out beside others is said in ``model.sizing``."""
+    gpubench older than a param the generator writes, or a plug-in shadowing a built-in), or that
+    a technique's own rules across params refuse (its ``validate_fn``, as the scenario loader runs
+    it: an odd head_dim RoPE cannot rotate, a config without the MLP width the stand-in needs), so
+    the generated scenario always loads: a technique left with no entry is listed as not
+    applicable with the reason (the rule's own words), an entry left out beside others is said in
+    ``model.sizing``. The rules are code: this imports the techniques (torch)."""
+    from gpubench.run import scenario as scenariomod
     from gpubench.techniques import catalog
 
     kept: list[tuple[dict[str, Any], None]] = []
     dropped: list[tuple[dict[str, Any], str]] = []
     for entry in plan.entries:
-        problem = _unsupported(catalog.declaration(entry["technique"]), entry)
+        declared = catalog.declaration(entry["technique"])
+        problem = _unsupported(declared, entry)
+        if problem is None:
+            try:
+                problem = "; ".join(scenariomod.rule_problems(declared, entry["params"])) or None
+            except Exception:  # noqa: BLE001 - a rule that raises is a bug: the loader reports it as one
+                problem = None
         if problem is None:
             kept.append((entry, None))
         else:
