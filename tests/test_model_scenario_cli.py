@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from gpubench.cli import main
@@ -223,3 +224,33 @@ def test_a_model_a_stand_in_rule_refuses_still_runs_the_rest(tmp_path):
     result = invoke("run", "--model", path, "--device", "cpu", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "gpubench bug" not in result.output and "head_dim 25 is odd" in result.output
+
+
+def test_ignore_field_reaches_the_techniques_that_read_the_config(tmp_path):
+    """--ignore-field NAME: the generator writes it into every entry whose `model` reads the config
+    (kv_cache, packed_metadata, the serving pairs' `ignore_fields`), so their own rules read the
+    config as the generator did; before, the scenario was refused as "a gpubench bug"."""
+    path = tmp_path / "extra.json"
+    path.write_text(json.dumps({**TINY, "my_unknown_field": 3}))
+    refused = invoke("run", "--model", path, "--device", "cpu", "--dry-run")
+    assert_bad_input(refused, "my_unknown_field", "--ignore-field")
+    target = tmp_path / "s.yaml"
+    args = ["run", "--model", path, "--device", "cpu", "--ignore-field", "my_unknown_field", "--emit-scenario", target]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "gpubench bug" not in result.output
+    scenariomod.load(target)  # the techniques' own rules included
+    taking = [e for e in yaml.safe_load(target.read_text())["entries"] if "model" in e["params"]]
+    assert {e["technique"] for e in taking} >= {
+        "kv_cache",
+        "packed_metadata",
+        "paged_kv_serving",
+        "continuous_batching",
+    }
+    assert all(e["params"]["ignore_fields"] == "my_unknown_field" for e in taking)
+    assert "--ignore-field my_unknown_field" in target.read_text()
+
+
+def test_an_ignore_field_with_a_comma_is_bad_input(tiny):
+    result = invoke("run", "--model", tiny, "--dry-run", "--ignore-field", "a,b")
+    assert_bad_input(result, "--ignore-field 'a,b': not a field name")

@@ -510,7 +510,9 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     return LlamaWeights(config, embed, layers, take("model.norm.weight"), lm_head, source=str(path))
 
 
-def model_from(spec: str, seed: int, dtype: torch.dtype, device: torch.device | str, layers: int = 0) -> LlamaWeights:
+def model_from(
+    spec: str, seed: int, dtype: torch.dtype, device: torch.device | str, layers: int = 0, ignore_fields: str = ""
+) -> LlamaWeights:
     """The decoder a technique's ``model`` param names (:mod:`gpubench.models.stand_in`):
 
     - a built-in size of :data:`SIZES`: seeded random weights (``layers``: that many layers
@@ -519,9 +521,10 @@ def model_from(spec: str, seed: int, dtype: torch.dtype, device: torch.device | 
     - a preset, a config.json, or a checkpoint directory without weights: seeded random weights at
       that model's shapes (:meth:`LlamaConfig.from_model`; its first ``layers`` layers).
 
-    ``layers`` 0 keeps the model's own. BadInput naming what is allowed when ``spec`` names
-    nothing, and for MLA models."""
-    resolved = stand_in.resolve(spec)
+    ``layers`` 0 keeps the model's own; ``ignore_fields``: config fields to accept unread
+    (:func:`gpubench.models.stand_in.ignore_list`). BadInput naming what is allowed when ``spec``
+    names nothing, and for MLA models."""
+    resolved = stand_in.resolve(spec, ignore_fields=ignore_fields)
     if resolved.kind == "size":
         config = SIZES[spec]
         return random_weights(replace(config, num_layers=layers) if layers else config, seed, dtype, device)

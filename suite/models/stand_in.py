@@ -82,6 +82,18 @@ class ModelSpec:
     config: ModelConfig | None = None
 
 
+IGNORE_FIELDS_HELP = (
+    "config.json fields to accept unread, comma-separated (gpubench run --model ... --ignore-field NAME "
+    "writes them here): the user's word that they change nothing the case measures"
+)
+
+
+def ignore_list(text: str | None) -> tuple[str, ...]:
+    """An ``ignore_fields`` param ("a,b", "" for none) as the names
+    :func:`gpubench.models.config.load_model` takes."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
 def allowed_models() -> str:
     """What a ``model`` param accepts, in words (for help texts and refusals)."""
     return (
@@ -94,27 +106,28 @@ def has_weights(path: Path) -> bool:
     return path.is_dir() and any(next(path.glob(p), None) is not None for p in WEIGHT_PATTERNS)
 
 
-def resolve(text: str, weights: bool = True) -> ModelSpec:
+def resolve(text: str, weights: bool = True, ignore_fields: str = "") -> ModelSpec:
     """``text`` resolved (BadInput naming what is allowed when it names nothing). ``weights``:
-    whether a checkpoint directory with weights is to be loaded (else random at its shapes)."""
+    whether a checkpoint directory with weights is to be loaded (else random at its shapes).
+    ``ignore_fields``: the config fields to accept unread (:func:`ignore_list`)."""
     if text in BUILT_IN_SIZES:
         return ModelSpec(text, "size")
     if weights and has_weights(Path(text)):
         return ModelSpec(text, "checkpoint")
     try:
-        return ModelSpec(text, "config", load_model(text))
+        return ModelSpec(text, "config", load_model(text, ignore_list(ignore_fields)))
     except BadInput:
         if text in preset_names() or Path(text).exists():  # it names a config, which is wrong
             raise
         raise BadInput(f"model {text!r} names nothing known; allowed: {allowed_models()}.") from None
 
 
-def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str]:
+def model_problems(text: str, layers: int = 0, weights: bool = True, ignore_fields: str = "") -> list[str]:
     """Why ``model`` (with its first ``layers`` layers, 0 = all) cannot be run by the Llama-style
     decoder: it names nothing, or :func:`config_problems`. A checkpoint directory's own checks
     wait for its loading (they need transformers)."""
     try:
-        spec = resolve(text, weights)
+        spec = resolve(text, weights, ignore_fields)
     except BadInput as exc:
         return [str(exc)]
     return [] if spec.config is None else config_problems(spec.config, layers)
@@ -139,10 +152,10 @@ def config_problems(cfg: ModelConfig, layers: int = 0) -> list[str]:
     return problems
 
 
-def case_note(text: str, layers: int = 0, weights: bool = True) -> str:
+def case_note(text: str, layers: int = 0, weights: bool = True, ignore_fields: str = "") -> str:
     """What a case at ``model`` records about it: :func:`stand_in_note` for a preset or config
     (random weights at its shapes), "" for a built-in size or a checkpoint's own weights."""
-    spec = resolve(text, weights)
+    spec = resolve(text, weights, ignore_fields)
     return stand_in_note(spec.config, layers) if spec.config is not None else ""
 
 

@@ -194,13 +194,17 @@ def build_model_scenario(
     *,
     spec: str | None = None,
     supported_only: bool = True,
+    ignore_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The scenario mapping for ``cfg`` (``spec``: the model as the user named it, a preset or a
     path; default ``cfg.name``) on ``device`` ("cuda" or "cpu") holding ``memory_bytes``.
     ``seq_len`` / ``batch`` None: the defaults (:data:`DEFAULTS_RULE`). ``draft``: speculative
     decoding's draft model (a checkpoint directory or ``early:N``), with a checkpoint directory only.
     ``supported_only``: leave out the entries this build's techniques cannot take (said in the
-    ``model`` block); False keeps every entry as the mapping writes it. BadInput for a workload,
+    ``model`` block); False keeps every entry as the mapping writes it. ``ignore_fields``: the
+    config fields the user accepts unread (--ignore-field), written into each entry whose ``model``
+    reads the config (its ``ignore_fields`` param), so the techniques read it as the generator did.
+    BadInput for a workload,
     device or size that is not allowed, or a model no technique applies to."""
     check_request(workload, seq_len, batch)
     if device not in DEVICES:
@@ -230,6 +234,10 @@ def build_model_scenario(
             plan.skip(technique, f"{kind} technique; not in --workload {workload} (use {other})")
             continue
         GENERATORS[technique](plan, workload, model_param, checkpoint, draft)
+    if ignore_fields:
+        for entry in plan.entries:
+            if "model" in entry["params"]:
+                entry["params"]["ignore_fields"] = ",".join(ignore_fields)
     if supported_only:
         _drop_unsupported(plan)
     if not plan.entries:
