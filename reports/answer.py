@@ -25,8 +25,10 @@ The verdicts, in the order the table lists them:
 7. the case failed otherwise (an error, out of memory, a timeout, another variant's check): "not
    measured here".
 
-Rule 1 comes before all, rule 6 before 2-5 (a CPU ratio of such a technique says nothing of the
-GPU's, whichever way it points), rule 5 before 2-4.
+:func:`verdict` checks them in this order, the first that applies: rule 1, then rule 7 (a case
+that failed, or has no figure of both variants, is not measured on any device, a GPU-specific
+technique's CPU case too), then rule 6 (a CPU ratio of such a technique says nothing of the GPU's,
+whichever way it points), then rule 5, then rules 2-4 (which exclude each other).
 
 Cases: a run with a ``model`` block (``gpubench run --model``) has a row per case, named by its
 scenario entry's ``note`` (which layers it stands for: "sliding layers (12 of 24), window 128")
@@ -42,6 +44,7 @@ and :func:`markdown_lines` format it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,6 +188,18 @@ class Answer:
         return CPU_NOTE if self.on_cpu and any(r.verdict == GPU_ONLY for r in self.rows) else ""
 
 
+UNAVAILABLE = "answer table unavailable"
+log = logging.getLogger(__name__)
+
+
+def unavailable(exc: Exception, where: str) -> str:
+    """What a page says in place of the answer when building or drawing it raised (a gpubench bug):
+    the answer section is lost, never the rest of the report. Logged with ``where`` it happened."""
+    text = f"{UNAVAILABLE}: {type(exc).__name__}: {exc}"
+    log.warning("%s: %s", where, text)
+    return text
+
+
 # -- reading a case ----------------------------------------------------------------------------
 def bought(case: CaseRecord, tech: TechniqueRecord | None) -> Bought | None:
     """What the optimized variant buys in ``case`` by the technique's headline figure (see the
@@ -212,7 +227,7 @@ def bought(case: CaseRecord, tech: TechniqueRecord | None) -> Bought | None:
 
 
 def verdict(case: CaseRecord, figure: Bought | None, gpu_specific: str = "", on_cpu: bool = False) -> tuple[str, str]:
-    """The verdict on one case and what it rests on (the module's rules 1-7, in their order)."""
+    """The verdict on one case and what it rests on (the module's rules, checked 1, 7, 6, 5, 2-4)."""
     optimized = case.variant(case.role_variant("optimized"))
     check = optimized.check if optimized is not None else None
     if (check is not None and check.passed is False) or (optimized is not None and optimized.status == "check_failed"):

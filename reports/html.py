@@ -395,6 +395,20 @@ def fleet_matrix(docs: Sequence[RunRecord | Mapping[str, Any]]) -> dict[str, Any
     return side_by_side.fleet_matrix([as_run(d) for d in docs])
 
 
+def answer_section(record: RunRecord) -> markupsafe.Markup:
+    """The answer's section of the page (answer.html.j2), "" where the run has none. A fault in
+    building or drawing it costs that section only: it reads "answer table unavailable: <error>"
+    (logged), and the rest of the report is written."""
+    try:
+        ans = answer.answer(record)
+        if ans is None:
+            return markupsafe.Markup("")
+        return markupsafe.Markup(_TEMPLATES.get_template("answer.html.j2").render(answer=ans))
+    except Exception as exc:  # noqa: BLE001 - the rest of the report still follows
+        text = markupsafe.escape(answer.unavailable(exc, "report.html"))
+        return markupsafe.Markup('<section id="answer"><p class="note">') + text + markupsafe.Markup("</p></section>")
+
+
 def render(
     run: Run,
     other: Run | None = None,
@@ -437,7 +451,7 @@ def render(
     }
     energy_note = markdown.TIMED_CALLS_NOTE if any(r["energy_over_timed_calls"] for r in rows) else None
     context = {
-        "answer": answer.answer(record),
+        "answer": answer_section(record),
         "head": head,
         "rows": rows,
         "fleet": side_by_side.fleet_matrix([record, *others]),
@@ -507,7 +521,7 @@ def write_report(
         run, other, compared, more=() if other is not None else loaded, output_dir=html_path.parent, trends=trends
     )
     summary = markdown.render_summary(
-        headline(run.record), summary_rows(run.record), compared, answer=answer.answer(run.record)
+        headline(run.record), summary_rows(run.record), compared, answer=markdown.guarded_answer(run.record)
     )
     write_pages([(html_path, text), (md_path, summary)], "the report", "-o/--out")
     return Written(html_path, md_path)

@@ -125,17 +125,36 @@ def _comparison(comparison: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def guarded_answer(record: Any) -> answer_table.Answer | str | None:
+    """The run's answer (:func:`gpubench.reports.answer.answer`), or where building it raised, the
+    line that says so (logged): a fault in the answer costs its section, never summary.md."""
+    try:
+        return answer_table.answer(record)
+    except Exception as exc:  # noqa: BLE001 - the rest of summary.md still follows
+        return answer_table.unavailable(exc, "summary.md")
+
+
+def _answer_lines(answer: answer_table.Answer | str | None) -> list[str]:
+    """The answer's first section of summary.md; its error line where building or drawing it raised."""
+    try:
+        if isinstance(answer, str):
+            return [f"_{cell(answer)}_", ""]
+        return answer_table.markdown_lines(answer, cell)
+    except Exception as exc:  # noqa: BLE001 - the rest of summary.md still follows
+        return [f"_{cell(answer_table.unavailable(exc, 'summary.md'))}_", ""]
+
+
 def render_summary(
     head: dict[str, Any],
     rows: list[dict[str, Any]],
     comparison: dict[str, Any] | None = None,
     max_bytes: int = MAX_BYTES,
-    answer: answer_table.Answer | None = None,
+    answer: answer_table.Answer | str | None = None,
 ) -> str:
     """The answer table first (:mod:`gpubench.reports.answer`: what to turn on, where given), the
     headline, the comparison's counts (if any), the summary table, then the published claims (the
     table gets what the rest leaves of ``max_bytes``)."""
-    lines = answer_table.markdown_lines(answer, cell) + _headline(head)
+    lines = _answer_lines(answer) + _headline(head)
     if comparison is not None:
         lines += _comparison(comparison)
     claims = markdown_lines(head.get("claims") or [], cell)

@@ -489,3 +489,44 @@ def test_the_model_block_s_text_is_escaped_in_the_page_and_in_markdown(tmp_path)
     md = written.markdown.read_text()
     assert "<script>" not in md and "&lt;script>" in md
     assert "a \\| pipe &lt;b>and&lt;/b> a tag" in md
+
+
+VERDICT_CHECK_ORDER = [WRONG, NOT_MEASURED, GPU_ONLY, TOO_FEW, TURN_ON, NO_GAIN, SLOWER]
+
+
+def test_the_verdict_rules_apply_in_the_order_docs_report_md_states():
+    """docs/report.md's verdict table reads "the first that applies": its rows are in the order
+    answer.verdict checks them, shown by cases that meet two rules at once (a failed CPU case of a
+    GPU-specific technique is not measured; a GPU-specific CPU case with too few samples is GPU-only)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "report.md").read_text()
+    table = text[text.index("| verdict | when |") :].split("\n\n")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert rows == VERDICT_CHECK_ORDER
+    gpu = {"syncs": declared("syncs", gpu_specific=GPU_NOTE)}
+    failed = case("syncs", 2.5, 2.4, 2.6, device="cpu", failure={"kind": "timeout", "message": "too long"})
+    few = case("syncs", 2.5, None, None, n=2, device="cpu")
+    wrong_cpu = case("syncs", 2.5, 2.4, 2.6, device="cpu", passed=False)
+    got = [answer.answer(doc([c], dict(gpu), device="cpu")).rows[0].verdict for c in (wrong_cpu, failed, few)]
+    assert got == [WRONG, NOT_MEASURED, GPU_ONLY]
+
+
+@pytest.mark.parametrize("broken", ["answer", "markdown_lines"])
+def test_a_fault_in_the_answer_costs_its_section_never_the_report(tmp_path, monkeypatch, caplog, broken):
+    """A bug in building the answer (or drawing summary.md's table) loses only the answer: the
+    page and summary.md are written with "answer table unavailable: <error>" in its place (logged),
+    and every section after it."""
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(answer, broken, boom)
+    run_dir = write_run(tmp_path / "run", model_run())
+    written = html.write_report(run_dir, read_history=False)
+    page, summary = written.html.read_text(), written.markdown.read_text()
+    unavailable = "answer table unavailable: RuntimeError: boom"
+    assert unavailable in summary and "| technique" in summary
+    if broken == "answer":
+        assert unavailable in page and 'id="summary"' in page
+    assert unavailable in caplog.text

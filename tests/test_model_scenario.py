@@ -443,3 +443,109 @@ def test_each_case_finds_its_own_entrys_note_first(tmp_path):
                 and all(case.get(k) in (v if isinstance(v, list) else [v]) for k, v in e["params"].items())
             )
             assert first is entry, (raw["model_type"], i, entry.get("note"), first.get("note"))
+
+
+def test_a_checkpoint_directory_gives_the_stand_in_entries_its_config_not_its_weights(tmp_path):
+    """--model DIR (config.json and weights): the stand-in entries (packed, serving, kv_cache) name
+    DIR/config.json, so they run seeded random weights at its shapes for the layers they are sized
+    for instead of loading the whole checkpoint; only the speculative target names DIR."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(LLAMA))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    doc = ms.build_model_scenario(load_model(ckpt), "both", None, None, "cpu", BIG, spec=str(ckpt))
+    stand_ins = [e for e in doc["entries"] if "model" in e["params"]]
+    assert {e["technique"] for e in stand_ins} >= {"packed_metadata", "paged_kv_serving", "continuous_batching"}
+    assert all(e["params"]["model"] == str((ckpt / "config.json").resolve()) for e in stand_ins)
+    assert [e["params"]["target"] for e in entries(doc, "speculative_decoding")] == [str(ckpt.resolve())]
+
+
+def test_every_generated_case_takes_enough_samples_to_be_ranked(tmp_path):
+    """Each entry's policy (the scenario's, then the entry's own) asks for at least
+    MIN_CI_SAMPLES samples: fewer get no confidence interval and the answer table never ranks them
+    (continuous_batching at 2 runs, cuda steps at 3 did)."""
+    from gpubench.records.stats import MIN_CI_SAMPLES
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(LLAMA))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    for device in ms.DEVICES:
+        doc = ms.build_model_scenario(load_model(ckpt), "both", None, None, device, BIG, spec=str(ckpt))
+        for entry in doc["entries"]:
+            policy = {**doc["policy"], **entry.get("policy", {})}
+            assert policy["min_reps"] >= MIN_CI_SAMPLES, (device, entry["technique"], policy)
+            assert policy["max_reps"] >= policy["min_reps"], (device, entry["technique"], policy)
+
+
+def test_falcons_plain_mlp_stood_in_by_a_gated_one_says_its_extra_cost(tmp_path):
+    """Falcon's MLP is up/down (cfg.gated_mlp False); the stand-in's is SwiGLU at the same width,
+    1.5x the MLP's weights and FLOPs: the generated notes and the case's own note say so."""
+    from gpubench.models import stand_in
+
+    cfg = load_model("falcon-7b-instruct")
+    assert cfg.gated_mlp is False
+    doc = ms.build_model_scenario(cfg, "both", None, None, "cuda", 80 * GIB, spec="falcon-7b-instruct")
+    stand_ins = [e for e in doc["entries"] if "model" in e["params"] and e["technique"] != "kv_cache"]
+    assert stand_ins and all("1.5x its MLP weights and FLOPs" in e["note"] for e in stand_ins)
+    assert "1.5x its MLP weights and FLOPs" in stand_in.stand_in_note(cfg, 2)
+    assert "1.5x" not in stand_in.stand_in_note(load_model("llama-2-7b"), 2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"model_type": "qwen2"}, "model_type 'qwen2' has bias terms on its q/k/v projections"),
+        ({"model_type": "qwen3", "head_dim": 64}, "model_type 'qwen3' is not Llama-shaped; allowed: llama, mistral"),
+        ({"model_type": "phi3"}, "model_type 'phi3' is not Llama-shaped"),
+        ({"attention_bias": True}, "attention_bias set: the checkpoint has bias terms"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}},
+            "RoPE scaling 'llama3' is not supported (plain RoPE only)",
+        ),
+    ],
+)
+def test_speculative_decoding_is_not_applicable_where_the_target_loader_refuses(tmp_path, changes, words):
+    """The speculative target is loaded by load_hf: a checkpoint it refuses (its own rules,
+    stand_in.checkpoint_problems) is listed not applicable with those words, not generated."""
+    from gpubench.models import stand_in
+
+    raw = {**LLAMA, **changes}
+    assert any(words in p for p in stand_in.checkpoint_problems(raw))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    doc = ms.build_model_scenario(load_model(ckpt), "serve", None, None, "cpu", BIG, spec=str(ckpt))
+    assert entries(doc, "speculative_decoding") == []
+    assert words in reason(doc, "speculative_decoding")
+
+
+def test_load_hf_refuses_by_the_same_rule_before_loading_anything(tmp_path):
+    """load_hf applies stand_in.checkpoint_problems to config.json first: the same words, and no
+    weights read (there are none here)."""
+    pytest.importorskip("torch")
+    from gpubench.models.llama import load_hf
+
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "model_type": "qwen3", "head_dim": 64}))
+    with pytest.raises(BadInput, match="model_type 'qwen3' is not Llama-shaped; allowed: llama, mistral"):
+        load_hf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"hidden_size": 200, "num_attention_heads": 8, "num_key_value_heads": 8}, "head_dim 25 is odd"),
+        ({"intermediate_size": None}, "the config has no intermediate_size"),
+    ],
+)
+def test_an_entry_a_techniques_own_rules_refuse_is_not_applicable_with_the_rules_words(tmp_path, changes, words):
+    """The techniques' cross-param rules (validate_fn) run on each generated entry: one they refuse
+    is listed not applicable with the rule's words, and the rest loads through the ordinary parser
+    (before, the whole scenario was refused as "a gpubench bug")."""
+    raw = {**LLAMA, **changes}
+    doc = generate(tmp_path, raw, supported_only=True)
+    for technique in ("packed_metadata", "paged_kv_serving", "continuous_batching"):
+        assert entries(doc, technique) == [] and words in reason(doc, technique), (technique, reason(doc, technique))
+    assert doc["entries"]
+    scenariomod.parse(ms.to_yaml(doc), tmp_path / "s.yaml")

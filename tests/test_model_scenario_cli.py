@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from gpubench.cli import main
@@ -184,3 +185,72 @@ def test_a_gpu_scenario_is_sized_to_the_gpus_memory_in_bfloat16(tmp_path, monkey
     assert scen.policy.flush_l2 and "for cuda (80.0 GiB)" in target.read_text().splitlines()[0]
     flash = next(e for e in scen.entries if e.technique == "flash_attention")
     assert flash.grid["heads"] == [32] and flash.grid["kv_heads"] == [8] and flash.grid["dtype"] == ["bfloat16"]
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path) -> Path:
+    """A directory holding TINY's config.json and a (never loaded) weights file."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(TINY))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    return ckpt
+
+
+@pytest.mark.parametrize("draft", ["early:abc", "early:99", "early:0", "early:4", "early:"])
+def test_a_draft_early_n_outside_1_to_layers_minus_1_is_bad_input_naming_the_flag(tiny_checkpoint, draft):
+    """--draft early:N is the speculative technique's rule (N whole, 1 to the target's layers - 1),
+    checked when the scenario is built: exit 2 naming the flag, not "a gpubench bug"."""
+    result = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", draft)
+    assert_bad_input(result, f"--draft {draft}: draft {draft!r}: N must be a whole number from 1", "(3)")
+    assert "gpubench bug" not in result.output
+
+
+def test_a_draft_directory_the_loader_cannot_load_is_bad_input(tiny_checkpoint, tmp_path):
+    draft = tmp_path / "qwen-draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({**TINY, "model_type": "qwen2"}))
+    result = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", draft)
+    assert_bad_input(result, f"--draft {draft}: the draft's loader cannot load", "bias terms")
+    ok = invoke("run", "--model", tiny_checkpoint, "--device", "cpu", "--dry-run", "--draft", "early:3")
+    assert ok.exit_code == 0, ok.output
+
+
+def test_a_model_a_stand_in_rule_refuses_still_runs_the_rest(tmp_path):
+    """head_dim 25 (hidden 200, 8 heads): the stand-in techniques' own rule refuses it (RoPE
+    rotates pairs); they are listed not measured with that rule, not reported as a gpubench bug."""
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({**TINY, "hidden_size": 200, "num_attention_heads": 8, "num_key_value_heads": 8}))
+    result = invoke("run", "--model", path, "--device", "cpu", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "gpubench bug" not in result.output and "head_dim 25 is odd" in result.output
+
+
+def test_ignore_field_reaches_the_techniques_that_read_the_config(tmp_path):
+    """--ignore-field NAME: the generator writes it into every entry whose `model` reads the config
+    (kv_cache, packed_metadata, the serving pairs' `ignore_fields`), so their own rules read the
+    config as the generator did; before, the scenario was refused as "a gpubench bug"."""
+    path = tmp_path / "extra.json"
+    path.write_text(json.dumps({**TINY, "my_unknown_field": 3}))
+    refused = invoke("run", "--model", path, "--device", "cpu", "--dry-run")
+    assert_bad_input(refused, "my_unknown_field", "--ignore-field")
+    target = tmp_path / "s.yaml"
+    args = ["run", "--model", path, "--device", "cpu", "--ignore-field", "my_unknown_field", "--emit-scenario", target]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "gpubench bug" not in result.output
+    scenariomod.load(target)  # the techniques' own rules included
+    taking = [e for e in yaml.safe_load(target.read_text())["entries"] if "model" in e["params"]]
+    assert {e["technique"] for e in taking} >= {
+        "kv_cache",
+        "packed_metadata",
+        "paged_kv_serving",
+        "continuous_batching",
+    }
+    assert all(e["params"]["ignore_fields"] == "my_unknown_field" for e in taking)
+    assert "--ignore-field my_unknown_field" in target.read_text()
+
+
+def test_an_ignore_field_with_a_comma_is_bad_input(tiny):
+    result = invoke("run", "--model", tiny, "--dry-run", "--ignore-field", "a,b")
+    assert_bad_input(result, "--ignore-field 'a,b': not a field name")

@@ -384,3 +384,29 @@ def test_the_note_names_dense_layers_of_an_moe_and_chunked_layers(tmp_path):
     note = stand_in.stand_in_note(load_model(write_config(tmp_path / "llama4-like", llama4)))
     assert "chunked attention not applied (chunk 16 on 3 of the 4 layers run)" in note
     assert "top-1 x 32 + 1 shared x 32 = 64" in note
+
+
+@pytest.mark.parametrize("module", [kv_cache, packed_metadata, paged_kv_serving, continuous_batching])
+def test_ignore_fields_carries_the_users_word_into_each_techniques_rules(tmp_path, module):
+    """A config with a field the reader does not know: refused by the technique's rules, accepted
+    with ignore_fields naming it (comma-separated: more than one), as `run --model --ignore-field`
+    writes it."""
+    raw = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 96,
+        "max_position_embeddings": 256,
+        "odd_one": 1,
+        "odd_two": 2,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    tech = module.TECHNIQUE
+    params = {**tech.defaults(), "model": str(path), "layers": 1}
+    assert any("odd_one" in p for p in tech.validate_fn(params))
+    assert tech.validate_fn({**params, "ignore_fields": "odd_one, odd_two"}) == []
+    assert stand_in.ignore_list(" odd_one, ,odd_two") == ("odd_one", "odd_two")

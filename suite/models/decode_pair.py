@@ -14,7 +14,7 @@ import torch
 
 from gpubench.errors import BadInput
 from gpubench.lib.optional import optional_import
-from gpubench.models import train_small
+from gpubench.models import stand_in, train_small
 from gpubench.models.decode_cache import KVCache
 from gpubench.models.llama import LlamaWeights, load_hf
 
@@ -46,14 +46,10 @@ def pair_problems(target: str, draft: str | None) -> list[str]:
         problems.append(f"target {target!r} is neither 'trained' nor a checkpoint directory holding config.json")
     if draft is None:
         return problems
-    early = _early_layers(draft)
-    if early is not None:
+    if draft.startswith("early:"):
         layers = train_small.TARGET_CONFIG.num_layers if target == TRAINED else _hf_layers(target)
-        if early < 1 or (layers is not None and early >= layers):
-            problems.append(
-                f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1"
-                + (f" ({layers - 1})" if layers else "")
-            )
+        if problem := stand_in.early_draft_problem(draft, layers):
+            problems.append(problem)
     elif draft == TRAINED:
         if target != TRAINED:
             problems.append(

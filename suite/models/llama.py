@@ -17,6 +17,7 @@ optional ``transformers`` package; never downloads). :func:`model_from` takes an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -441,6 +442,13 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
             "give a local directory holding config.json and the weights"
         )
     try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path / 'config.json'}: not readable as JSON ({exc})") from None
+    problems = stand_in.checkpoint_problems(raw if isinstance(raw, dict) else {})
+    if problems:
+        raise BadInput(f"{path}: cannot be loaded as a Llama-shaped checkpoint: {'; '.join(problems)}")
+    try:
         import transformers
     except ImportError as exc:
         raise BadInput(
@@ -456,15 +464,10 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     except Exception as exc:  # noqa: BLE001 - any loader failure is the user's checkpoint
         raise BadInput(f"{path}: transformers could not load this checkpoint: {exc}") from None
     hf = model.config
-    allowed = {"llama", "mistral", "qwen2"}
-    if hf.model_type not in allowed:
-        raise BadInput(f"{path}: model_type {hf.model_type!r} is not Llama-shaped; allowed: {sorted(allowed)}")
     heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     # transformers 5 keeps RoPE settings in rope_parameters; 4.x in rope_theta / rope_scaling.
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
-    if rope.get("rope_type", rope.get("type")) not in (None, "default"):
-        raise BadInput(f"{path}: RoPE scaling {rope} is not supported (plain RoPE only)")
     theta = rope.get("rope_theta") or getattr(hf, "rope_theta", None) or 10000.0
     config = LlamaConfig(
         vocab_size=hf.vocab_size,
@@ -507,7 +510,9 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.
     return LlamaWeights(config, embed, layers, take("model.norm.weight"), lm_head, source=str(path))
 
 
-def model_from(spec: str, seed: int, dtype: torch.dtype, device: torch.device | str, layers: int = 0) -> LlamaWeights:
+def model_from(
+    spec: str, seed: int, dtype: torch.dtype, device: torch.device | str, layers: int = 0, ignore_fields: str = ""
+) -> LlamaWeights:
     """The decoder a technique's ``model`` param names (:mod:`gpubench.models.stand_in`):
 
     - a built-in size of :data:`SIZES`: seeded random weights (``layers``: that many layers
@@ -516,9 +521,10 @@ def model_from(spec: str, seed: int, dtype: torch.dtype, device: torch.device | 
     - a preset, a config.json, or a checkpoint directory without weights: seeded random weights at
       that model's shapes (:meth:`LlamaConfig.from_model`; its first ``layers`` layers).
 
-    ``layers`` 0 keeps the model's own. BadInput naming what is allowed when ``spec`` names
-    nothing, and for MLA models."""
-    resolved = stand_in.resolve(spec)
+    ``layers`` 0 keeps the model's own; ``ignore_fields``: config fields to accept unread
+    (:func:`gpubench.models.stand_in.ignore_list`). BadInput naming what is allowed when ``spec``
+    names nothing, and for MLA models."""
+    resolved = stand_in.resolve(spec, ignore_fields=ignore_fields)
     if resolved.kind == "size":
         config = SIZES[spec]
         return random_weights(replace(config, num_layers=layers) if layers else config, seed, dtype, device)

@@ -13,8 +13,10 @@ techniques' param rules, the generator of model scenarios) needs nothing of the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpubench.errors import BadInput
 from gpubench.models.config import ModelConfig, load_model, preset_names
@@ -23,6 +25,50 @@ from gpubench.models.config import ModelConfig, load_model, preset_names
 BUILT_IN_SIZES = ("tiny", "small", "100m", "1b")
 # Files that say a directory holds weights, not a config alone (transformers' names).
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+# The checkpoints gpubench.models.llama.load_hf reads as they are (its rules: checkpoint_problems).
+HF_LOADABLE = ("llama", "mistral")
+
+
+def checkpoint_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Why :func:`gpubench.models.llama.load_hf` cannot load a checkpoint whose ``config.json`` is
+    ``raw`` (its own rules, checked before it loads anything, and by the generator of model
+    scenarios before it writes a speculative target): a model_type that is not a bias-free
+    Llama-shaped decoder (Qwen2's q/k/v projections always carry biases; MoE, MLA and other
+    families have other layers), bias terms the config turns on, or RoPE scaling (plain RoPE only)."""
+    problems = []
+    model_type = raw.get("model_type")
+    if model_type == "qwen2":
+        problems.append("model_type 'qwen2' has bias terms on its q/k/v projections (only bias-free models load)")
+    elif model_type not in HF_LOADABLE:
+        problems.append(f"model_type {model_type!r} is not Llama-shaped; allowed: {', '.join(HF_LOADABLE)}")
+    biased = [key for key in ("attention_bias", "mlp_bias") if raw.get(key)]
+    if biased:
+        problems.append(f"{' and '.join(biased)} set: the checkpoint has bias terms (only bias-free models load)")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else rope
+    if kind not in (None, "default"):
+        problems.append(f"RoPE scaling {kind!r} is not supported (plain RoPE only)")
+    return problems
+
+
+def early_draft_problem(draft: str, layers: int | None) -> str | None:
+    """Why a speculative draft ``early:N`` cannot be the first N of a target's ``layers`` (None:
+    not known), or None (also for a draft that is not ``early:N``): N must be a whole number from
+    1 to ``layers`` - 1. The speculative_decoding technique's rule (gpubench.models.decode_pair),
+    here torch-free so that ``gpubench run --model --draft`` checks it before importing torch."""
+    if not draft.startswith("early:"):
+        return None
+    try:
+        n = int(draft.split(":", 1)[1])
+    except ValueError:
+        n = -1
+    if n < 1 or (layers is not None and n >= layers):
+        return f"draft {draft!r}: N must be a whole number from 1 to the target's layers - 1" + (
+            f" ({layers - 1})" if layers else ""
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -34,6 +80,18 @@ class ModelSpec:
     text: str
     kind: str
     config: ModelConfig | None = None
+
+
+IGNORE_FIELDS_HELP = (
+    "config.json fields to accept unread, comma-separated (gpubench run --model ... --ignore-field NAME "
+    "writes them here): the user's word that they change nothing the case measures"
+)
+
+
+def ignore_list(text: str | None) -> tuple[str, ...]:
+    """An ``ignore_fields`` param ("a,b", "" for none) as the names
+    :func:`gpubench.models.config.load_model` takes."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 
 def allowed_models() -> str:
@@ -48,27 +106,28 @@ def has_weights(path: Path) -> bool:
     return path.is_dir() and any(next(path.glob(p), None) is not None for p in WEIGHT_PATTERNS)
 
 
-def resolve(text: str, weights: bool = True) -> ModelSpec:
+def resolve(text: str, weights: bool = True, ignore_fields: str = "") -> ModelSpec:
     """``text`` resolved (BadInput naming what is allowed when it names nothing). ``weights``:
-    whether a checkpoint directory with weights is to be loaded (else random at its shapes)."""
+    whether a checkpoint directory with weights is to be loaded (else random at its shapes).
+    ``ignore_fields``: the config fields to accept unread (:func:`ignore_list`)."""
     if text in BUILT_IN_SIZES:
         return ModelSpec(text, "size")
     if weights and has_weights(Path(text)):
         return ModelSpec(text, "checkpoint")
     try:
-        return ModelSpec(text, "config", load_model(text))
+        return ModelSpec(text, "config", load_model(text, ignore_list(ignore_fields)))
     except BadInput:
         if text in preset_names() or Path(text).exists():  # it names a config, which is wrong
             raise
         raise BadInput(f"model {text!r} names nothing known; allowed: {allowed_models()}.") from None
 
 
-def model_problems(text: str, layers: int = 0, weights: bool = True) -> list[str]:
+def model_problems(text: str, layers: int = 0, weights: bool = True, ignore_fields: str = "") -> list[str]:
     """Why ``model`` (with its first ``layers`` layers, 0 = all) cannot be run by the Llama-style
     decoder: it names nothing, or :func:`config_problems`. A checkpoint directory's own checks
     wait for its loading (they need transformers)."""
     try:
-        spec = resolve(text, weights)
+        spec = resolve(text, weights, ignore_fields)
     except BadInput as exc:
         return [str(exc)]
     return [] if spec.config is None else config_problems(spec.config, layers)
@@ -93,10 +152,10 @@ def config_problems(cfg: ModelConfig, layers: int = 0) -> list[str]:
     return problems
 
 
-def case_note(text: str, layers: int = 0, weights: bool = True) -> str:
+def case_note(text: str, layers: int = 0, weights: bool = True, ignore_fields: str = "") -> str:
     """What a case at ``model`` records about it: :func:`stand_in_note` for a preset or config
     (random weights at its shapes), "" for a built-in size or a checkpoint's own weights."""
-    spec = resolve(text, weights)
+    spec = resolve(text, weights, ignore_fields)
     return stand_in_note(spec.config, layers) if spec.config is not None else ""
 
 
@@ -123,6 +182,17 @@ def active_mlp_width(cfg: ModelConfig) -> int:
     return moe.top_k * moe.expert_dim + moe.shared_experts * (moe.shared_expert_dim or 0)
 
 
+def gated_mlp_note(cfg: ModelConfig) -> str:
+    """What the stand-in's gated MLP makes of a model whose MLP is plain up/down (Falcon's,
+    ``cfg.gated_mlp`` False): the same width with a gate added, so 1.5x the MLP's weights and
+    FLOPs (three width x hidden matrices instead of two)."""
+    width = cfg.intermediate_size or 4 * cfg.hidden_size
+    return (
+        f"{cfg.name}'s plain MLP (up/down, width {width}) as a gated SwiGLU one of the same width: "
+        "1.5x its MLP weights and FLOPs"
+    )
+
+
 def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
     """One paragraph a case records: which model the random-weight stand-in stands for, at which
     shapes, how many of its layers, and what of it is not applied."""
@@ -143,6 +213,8 @@ def stand_in_note(cfg: ModelConfig, layers: int = 0) -> str:
         if sparse < used:
             text += f"; {used - sparse} of the {used} layers run are dense in the model and get this width too"
         parts.append(text + ")")
+    if not getattr(cfg, "gated_mlp", True):
+        parts.append(gated_mlp_note(cfg))
     for what, per_layer, label in (
         ("sliding windows", cfg.layer_windows, "window"),
         ("chunked attention", cfg.layer_chunks, "chunk"),

@@ -8,7 +8,8 @@ device, and under the top-level ``model`` key what was generated, how it was siz
 techniques do not apply, each with its reason. The mapping then goes through the ordinary scenario
 loader, so ``--emit-scenario`` writes a file that re-runs the same cases.
 
-Pure arithmetic: no torch (the device's memory comes from the caller).
+Arithmetic (the device's memory comes from the caller), then the techniques' own rules on each
+entry (:func:`_drop_unsupported`: their code, so torch, imported once the request is valid).
 
 Sizing. A case must fit ``MEMORY_SHARE`` of the device's memory (what it allocates, estimated
 below from the shapes: weights, gradients, optimizer state, activations, caches) and, on a CPU,
@@ -22,6 +23,7 @@ applicable with the figure that does not fit. Every shrink is said in ``model.si
 from __future__ import annotations
 
 import copy
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +32,10 @@ from typing import Any
 import yaml
 
 from gpubench.errors import BadInput
+from gpubench.models import stand_in
 from gpubench.models.config import ModelConfig
 from gpubench.models.params import count_parameters
+from gpubench.records.stats import MIN_CI_SAMPLES
 
 WORKLOADS = ("train", "serve", "both")
 DEVICES = ("cuda", "cpu")
@@ -53,15 +57,17 @@ KV_DTYPE = {"cuda": "bf16", "cpu": "fp32"}
 
 FLASH_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # flash_attention's head_dim choices
 PAGED_HEAD_DIMS = (64, 128)  # paged_attention's
-# Families whose layers the Llama-style decoder (gpubench.models.llama) holds as they are: a checkpoint
-# of one loads as a speculative target; for the others (MoE MLPs, other norms and activations) the
-# model-taking techniques run a stand-in at their attention shapes, and the entry's note says so.
+# Families whose layers the Llama-style decoder (gpubench.models.llama) holds nearly as they are;
+# for the others (MoE MLPs, other norms and activations) the model-taking techniques' stand-in at
+# their attention shapes leaves more out, and the entry's note says so. Which checkpoints load as a
+# speculative target is load_hf's own rule (gpubench.models.stand_in.checkpoint_problems).
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 FEW_LAYERS = {"cuda": 4, "cpu": 2}  # "a few layers" for the multi-layer training and serving cases
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 # The measurement policies: smoke's on a CPU, gpu-first's on a GPU, and the serving/generation
-# runs' (each run is the whole trace: two runs after the checked one).
+# runs' (each run is the whole trace). Every policy takes at least MIN_CI_SAMPLES samples, so that
+# each case gets a confidence interval and can be ranked in the answer table.
 POLICY = {
     "cpu": {
         "warmup_s": 0.02,
@@ -84,10 +90,17 @@ POLICY = {
         "energy_s": 0.2,
     },
 }
-RUN_POLICY = {"warmup_s": 0, "min_reps": 2, "max_reps": 2, "min_time_s": 0}
+RUN_POLICY = {"warmup_s": 0, "min_reps": MIN_CI_SAMPLES, "max_reps": MIN_CI_SAMPLES, "min_time_s": 0}
 STEP_POLICY = {
     "cpu": {"max_reps": 10, "max_time_s": 2.0},
-    "cuda": {"warmup_s": 0, "min_reps": 3, "max_reps": 10, "min_time_s": 0, "max_time_s": 4.0, "case_timeout_s": 300},
+    "cuda": {
+        "warmup_s": 0,
+        "min_reps": MIN_CI_SAMPLES,
+        "max_reps": 10,
+        "min_time_s": 0,
+        "max_time_s": 4.0,
+        "case_timeout_s": 300,
+    },
 }
 
 # Every technique the generator knows, in the order its entries are written.
@@ -181,19 +194,23 @@ def build_model_scenario(
     *,
     spec: str | None = None,
     supported_only: bool = True,
+    ignore_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The scenario mapping for ``cfg`` (``spec``: the model as the user named it, a preset or a
     path; default ``cfg.name``) on ``device`` ("cuda" or "cpu") holding ``memory_bytes``.
     ``seq_len`` / ``batch`` None: the defaults (:data:`DEFAULTS_RULE`). ``draft``: speculative
     decoding's draft model (a checkpoint directory or ``early:N``), with a checkpoint directory only.
     ``supported_only``: leave out the entries this build's techniques cannot take (said in the
-    ``model`` block); False keeps every entry as the mapping writes it. BadInput for a workload,
+    ``model`` block); False keeps every entry as the mapping writes it. ``ignore_fields``: the
+    config fields the user accepts unread (--ignore-field), written into each entry whose ``model``
+    reads the config (its ``ignore_fields`` param), so the techniques read it as the generator did.
+    BadInput for a workload,
     device or size that is not allowed, or a model no technique applies to."""
     check_request(workload, seq_len, batch)
     if device not in DEVICES:
         raise BadInput(f"device {device!r}: a model scenario is built for {' or '.join(DEVICES)}.")
     spec = spec if spec is not None else cfg.name
-    checkpoint = check_draft(spec, workload, draft)
+    checkpoint = check_draft(spec, workload, draft, cfg.num_layers)
     default_len = default_seq_len(cfg, device)
     plan = _Plan(
         cfg=cfg,
@@ -217,6 +234,10 @@ def build_model_scenario(
             plan.skip(technique, f"{kind} technique; not in --workload {workload} (use {other})")
             continue
         GENERATORS[technique](plan, workload, model_param, checkpoint, draft)
+    if ignore_fields:
+        for entry in plan.entries:
+            if "model" in entry["params"]:
+                entry["params"]["ignore_fields"] = ",".join(ignore_fields)
     if supported_only:
         _drop_unsupported(plan)
     if not plan.entries:
@@ -273,9 +294,10 @@ def check_request(workload: str, seq_len: int | None, batch: int | None) -> None
             raise BadInput(f"{flag}: {value!r} is not valid; allowed: an integer >= {low}.")
 
 
-def check_draft(spec: str, workload: str, draft: str | None) -> Path | None:
+def check_draft(spec: str, workload: str, draft: str | None, layers: int | None = None) -> Path | None:
     """``spec`` as a checkpoint directory holding weights (else None); BadInput for a ``draft``
-    without one, or with --workload train."""
+    without one, with --workload train, an ``early:N`` that is not 1 to ``layers`` - 1 (the
+    target's layers), or a draft directory the target's loader cannot load."""
     checkpoint = _checkpoint_dir(spec)
     if draft is None:
         return checkpoint
@@ -288,6 +310,21 @@ def check_draft(spec: str, workload: str, draft: str | None) -> Path | None:
         raise BadInput("--draft: speculative decoding is a serving case; use --workload serve or both.")
     if not (draft.startswith("early:") or Path(draft).is_dir()):
         raise BadInput(f"--draft {draft}: allowed: a checkpoint directory or early:N (the target's first N layers).")
+    problem = stand_in.early_draft_problem(draft, layers)
+    if problem:
+        raise BadInput(f"--draft {draft}: {problem} (early:N: the target's first N layers).")
+    if Path(draft).is_dir():
+        path = Path(draft) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"--draft {draft}: {path} is not a readable config.json ({exc}).") from None
+        problems = stand_in.checkpoint_problems(raw if isinstance(raw, dict) else {})
+        if problems:
+            raise BadInput(
+                f"--draft {draft}: the draft's loader cannot load this checkpoint: {'; '.join(problems)}; "
+                f"allowed: a bias-free {' or '.join(stand_in.HF_LOADABLE)} checkpoint with plain RoPE, or early:N."
+            )
     return checkpoint
 
 
@@ -347,8 +384,13 @@ def _source(spec: str) -> str:
 
 def _model_param(spec: str) -> str:
     """The model as a technique's ``model`` param names it: a preset's name, or an absolute path
-    (the emitted scenario re-runs from any directory)."""
+    (the emitted scenario re-runs from any directory). A checkpoint directory is named by its
+    ``config.json``: the stand-in entries run seeded random weights at its shapes, sized for a few
+    layers; the directory itself would load the whole checkpoint's weights (only a speculative
+    target does that, from its own ``target`` param)."""
     path = Path(spec)
+    if path.is_dir():
+        return str((path / "config.json").resolve())
     return str(path.resolve()) if path.exists() else spec
 
 
@@ -704,19 +746,11 @@ def _stand_in_note(cfg: ModelConfig) -> str:
     if cfg.moe is not None:
         return f"; a Llama-style stand-in: the MoE MLP as a dense one of the active width ({_mlp_width(cfg)})"
     if _family(cfg) not in LLAMA_STYLE:
-        return f"; a Llama-style stand-in at {_family(cfg)}'s shapes (its own norms and activation not applied)"
+        text = f"; a Llama-style stand-in at {_family(cfg)}'s shapes (its own norms and activation not applied)"
+        if not getattr(cfg, "gated_mlp", True):
+            text += "; " + stand_in.gated_mlp_note(cfg)
+        return text
     return ""
-
-
-def _llama_style(cfg: ModelConfig) -> str | None:
-    """Why ``cfg`` is not a Llama-style dense decoder (a checkpoint a target loads), or None."""
-    if cfg.mla is not None:
-        return "MLA attention"
-    if cfg.moe is not None:
-        return "MoE layers"
-    if _family(cfg) not in LLAMA_STYLE:
-        return f"family {_family(cfg)} (Llama-style: {', '.join(LLAMA_STYLE)})"
-    return None
 
 
 def _packed_metadata(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
@@ -853,9 +887,13 @@ def _speculative_decoding(
             "acceptance depends on the model's weights: give --model a checkpoint directory holding them",
         )
         return
-    unlike = _llama_style(cfg)
-    if unlike:
-        plan.skip("speculative_decoding", f"the target loads a Llama-style checkpoint; this model has {unlike}")
+    try:
+        raw = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raw = {"model_type": f"unreadable config.json ({exc})"}
+    problems = stand_in.checkpoint_problems(raw if isinstance(raw, dict) else {})
+    if problems:
+        plan.skip("speculative_decoding", "the target's loader cannot load this checkpoint: " + "; ".join(problems))
         return
     weights = count_parameters(cfg).total * 4  # loaded in float32
     if weights > plan.budget:
@@ -894,15 +932,25 @@ def _speculative_decoding(
 
 def _drop_unsupported(plan: _Plan) -> None:
     """Leave out the entries whose params this build's techniques do not declare or refuse (a
-    gpubench older than a param the generator writes, or a plug-in shadowing a built-in), so the
-    generated scenario always loads: a technique left with no entry is listed as not applicable
-    with the reason, an entry left out beside others is said in ``model.sizing``."""
+    gpubench older than a param the generator writes, or a plug-in shadowing a built-in), or that
+    a technique's own rules across params refuse (its ``validate_fn``, as the scenario loader runs
+    it: an odd head_dim RoPE cannot rotate, a config without the MLP width the stand-in needs), so
+    the generated scenario always loads: a technique left with no entry is listed as not
+    applicable with the reason (the rule's own words), an entry left out beside others is said in
+    ``model.sizing``. The rules are code: this imports the techniques (torch)."""
+    from gpubench.run import scenario as scenariomod
     from gpubench.techniques import catalog
 
     kept: list[tuple[dict[str, Any], None]] = []
     dropped: list[tuple[dict[str, Any], str]] = []
     for entry in plan.entries:
-        problem = _unsupported(catalog.declaration(entry["technique"]), entry)
+        declared = catalog.declaration(entry["technique"])
+        problem = _unsupported(declared, entry)
+        if problem is None:
+            try:
+                problem = "; ".join(scenariomod.rule_problems(declared, entry["params"])) or None
+            except Exception:  # noqa: BLE001 - a rule that raises is a bug: the loader reports it as one
+                problem = None
         if problem is None:
             kept.append((entry, None))
         else:

@@ -661,6 +661,16 @@ def _check_combinations(tech: Any, grid: dict[str, list[Any]], where: tuple, bad
                 bad(where + ("params",), f"{name}.params", problem)
 
 
+def rule_problems(tech: Any, params: dict[str, Any]) -> list[str]:
+    """The technique's own rules across params (its ``validate_fn``, as :func:`parse` checks an
+    entry) on ``params`` over its defaults, a list value standing for each of its items; [] where
+    it has none. Imports the technique's code (torch) for a catalogued built-in."""
+    grid = {k: v if isinstance(v, list) else [v] for k, v in params.items()}
+    found: list[str] = []
+    _check_combinations(tech, grid, (), lambda where, label, problem: found.append(problem))
+    return found
+
+
 # --------------------------------------------------------------------------------------------
 # One case, for `gpubench profile`
 

@@ -86,6 +86,7 @@ def common_params() -> list[Param]:
             "the active width, sliding windows not applied; the case records which), or a local Hugging "
             "Face Llama-style checkpoint directory (its weights)",
         ),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
         Param(
             "layers",
             int,
@@ -155,7 +156,9 @@ def validate(params: dict[str, Any]) -> list[str]:
                 f"max_len {params['max_len']} is below the longest request the trace can draw "
                 f"({longest} tokens: prompt_len and output_len maxima)"
             )
-    problems += stand_in.model_problems(params["model"], params["layers"])
+    problems += stand_in.model_problems(
+        params["model"], params["layers"], ignore_fields=params.get("ignore_fields", "")
+    )
     if params["trace_file"] and not Path(params["trace_file"]).is_file():
         problems.append(f"trace_file {params['trace_file']!r} does not exist")
     if params["min_preemptions"]:
@@ -183,7 +186,10 @@ class ServingWorkload(Workload):
 
 def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWorkload:
     device = torch.device(device)
-    weights = model_from(params["model"], seed, DTYPES[params["dtype"]], device, layers=params["layers"])
+    ignore = params.get("ignore_fields", "")
+    weights = model_from(
+        params["model"], seed, DTYPES[params["dtype"]], device, layers=params["layers"], ignore_fields=ignore
+    )
     spec = TraceSpec(
         params["requests"],
         params["arrival"],
@@ -219,7 +225,7 @@ def build(params: dict[str, Any], device: torch.device, seed: int) -> ServingWor
         slo_tpot_ms=params["slo_tpot_ms"],
         check_requests=params["check_requests"],
         min_preemptions=params["min_preemptions"],
-        model_note=stand_in.case_note(params["model"], params["layers"]),
+        model_note=stand_in.case_note(params["model"], params["layers"], ignore_fields=ignore),
     )
 
 

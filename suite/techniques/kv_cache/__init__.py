@@ -12,6 +12,7 @@ from gpubench.baselines.kv_cache import build_cache as build_contiguous
 from gpubench.contract import Bench, Headline, Param, Plot, Technique
 from gpubench.lib import kvmath
 from gpubench.models import config as model_config
+from gpubench.models import stand_in
 from gpubench.optimizations.kv_cache import build_cache as build_paged
 from gpubench.records.claims import vllm_kv_waste
 from gpubench.techniques.kv_cache.allocation import (
@@ -45,6 +46,7 @@ TECHNIQUE = Technique(
             f"whose layout is allocated: a preset ({', '.join(model_config.preset_names())}) or a "
             "Hugging Face config.json path (or a checkpoint directory holding one)",
         ),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
         Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),
         Param("layers", int, 2, "first N layers of the model (0 = all)", min=0),
         Param("requests", int, 4, "sequences in the cache (lengths: random)", min=1),

@@ -7,7 +7,7 @@ figures derived from an allocation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from gpubench.errors import BadInput
 from gpubench.lib import kvmath
 from gpubench.lib.kvstorage import SequenceKV, TokenRows, random_rows, same_bytes
 from gpubench.models import config as model_config
+from gpubench.models import stand_in
 from gpubench.techniques.kv_cache.server_memory import serving_memory
 
 ALLOCATORS = ("contiguous", "paged")  # each is also the kvmath policy it must match
@@ -44,12 +45,17 @@ class KVCacheWorkload(Workload):
     sequences: list[SequenceKV]  # their token data, every layer
 
 
+def load_config(params: Mapping[str, Any]) -> model_config.ModelConfig:
+    """The model ``params["model"]`` names, its ``ignore_fields`` (comma-separated) accepted unread."""
+    return model_config.load_model(params["model"], stand_in.ignore_list(params.get("ignore_fields", "")))
+
+
 def layout_problems(params: dict[str, Any]) -> list[str]:
     """Why the model (a preset or a config.json: :func:`gpubench.models.config.load_model`) cannot
     give the layout ``params`` ask for (it names nothing, too many layers, a KV format or
     tensor-parallel degree it does not take)."""
     try:
-        cfg = model_config.load_model(params["model"])
+        cfg = load_config(params)
     except BadInput as exc:
         return [str(exc)]
     if params["layers"] > cfg.num_layers:
@@ -64,7 +70,7 @@ def layout_problems(params: dict[str, Any]) -> list[str]:
 def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> KVCacheWorkload:
     """The model's layout (a preset or config.json; its first ``layers`` layers, one GPU's share of ``tp``), the sequence
     lengths (seeded random, or at and around block and window edges) and their token data."""
-    cfg = model_config.load_model(params["model"])
+    cfg = load_config(params)
     if params["layers"]:
         cfg = cfg.with_layers(params["layers"])
     layout = kvmath.layout_for(cfg, params["kv_dtype"], params["tp"])

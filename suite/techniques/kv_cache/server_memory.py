@@ -15,6 +15,7 @@ from gpubench.errors import BadInput
 from gpubench.lib import kvmath
 from gpubench.models import config as model_config
 from gpubench.models import params as model_params
+from gpubench.models import stand_in
 
 GIB = 2**30
 REFERENCE_GPU_BYTES = 80 * GIB  # for the memory breakdown when the run is not on a GPU
@@ -46,7 +47,7 @@ def serving_memory(
     :func:`gpus_for_weights` GPUs and fills :data:`UTILIZATION` of its memory with copies of the
     sequences of ``lengths``, laid out by ``allocator`` (``p``: kv_dtype, tp, block_size, max_len):
     weights, KV holding tokens, KV reserved but empty, free, in GiB."""
-    cfg = model_config.load_model(p["model"])
+    cfg = model_config.load_model(p["model"], stand_in.ignore_list(p.get("ignore_fields", "")))
     on_gpu = device.type == "cuda"
     gpu = torch.cuda.get_device_properties(device).total_memory if on_gpu else REFERENCE_GPU_BYTES
     gpus = gpus_for_weights(cfg, p["kv_dtype"], p["tp"], gpu)

@@ -19,6 +19,7 @@ import torch
 from gpubench.baselines.packed_metadata import train_step as per_layer_step
 from gpubench.contract import Bench, Headline, Measured, Param, Plot, Recorder, Technique
 from gpubench.lib.packing import BACKENDS, StepOutput, StepStats
+from gpubench.models import stand_in
 from gpubench.models.llama import SIZES
 from gpubench.optimizations.packed_metadata import PackedMetadataCache
 from gpubench.optimizations.packed_metadata import train_step as cached_step
@@ -66,6 +67,7 @@ TECHNIQUE = Technique(
             "path or a checkpoint directory: seeded random weights at its shapes (a Llama-style stand-in: "
             "MoE as a dense MLP of the active width, sliding windows not applied; the case records which)",
         ),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
         Param(
             "layers",
             int,

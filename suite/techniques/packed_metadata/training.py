@@ -60,7 +60,8 @@ Step = Callable[[PackedWorkload, StepStats | None], StepOutput]
 def packing_problems(params: dict[str, Any]) -> list[str]:
     """The cross-param rules: the model names a built-in size or a model the stand-in can take (at
     most its own layers); a row holds at least two documents; flash-attn runs in half precision."""
-    problems = stand_in.model_problems(params["model"], params["layers"], weights=False)
+    ignore = params.get("ignore_fields", "")
+    problems = stand_in.model_problems(params["model"], params["layers"], weights=False, ignore_fields=ignore)
     if params["mean_doc_len"] >= params["seq_len"]:
         problems.append(
             f"mean_doc_len ({params['mean_doc_len']}) must be below seq_len ({params['seq_len']}): "
@@ -75,7 +76,7 @@ def config_of(params: dict[str, Any]) -> LlamaConfig:
     """The decoder's config: a built-in size (``layers`` of them when set), or the stand-in of a
     preset, config.json or checkpoint directory at its shapes (its first ``layers``; never its
     weights: the step trains from seeded ones)."""
-    spec = stand_in.resolve(params["model"], weights=False)
+    spec = stand_in.resolve(params["model"], weights=False, ignore_fields=params.get("ignore_fields", ""))
     if spec.config is not None:
         return LlamaConfig.from_model(spec.config, params["layers"])
     config = SIZES[params["model"]]
@@ -272,7 +273,8 @@ def step_metrics(w: PackedWorkload, measured: Measured, step: Step) -> dict[str,
         # scores not counted.
         "flops": 6 * matmul_params(w.config) * tokens,
     }
-    if note := stand_in.case_note(w.params["model"], w.params["layers"], weights=False):
+    ignore = w.params.get("ignore_fields", "")
+    if note := stand_in.case_note(w.params["model"], w.params["layers"], weights=False, ignore_fields=ignore):
         out["model_note"] = note
     if measured.records:
         out.update({key: measured.median_of(key) for key in ("build_ms", "forward_ms", "backward_ms", "optimizer_ms")})
