@@ -275,10 +275,11 @@ def test_a_small_device_measures_fewer_layers_and_says_so(tmp_path):
     roomy = generate(tmp_path, LLAMA, device="cuda", memory=BIG)
     assert entries(roomy, "kv_cache")[0]["params"]["layers"] == 0
     assert "kv_cache: the whole model (4 layers) allocated" in roomy["model"]["sizing"]
-    # 2 x 2 kv heads x 64 x 2 B x 4 requests x 2048 tokens = 4 MiB a layer, 3 copies: 12 MiB; 60% of 40 MiB holds 2
-    small = generate(tmp_path, LLAMA, device="cuda", memory=40 * 2**20)
+    # 2 x 2 kv heads x 64 x 2 B x 16 requests (at least 16) x 2048 tokens = 16 MiB a layer, 3 copies:
+    # 48 MiB; 60% of 160 MiB holds 2
+    small = generate(tmp_path, LLAMA, device="cuda", memory=160 * 2**20)
     params = entries(small, "kv_cache")[0]["params"]
-    assert params["layers"] == 2
+    assert params["layers"] == 2 and params["requests"] == ms.KV_MIN_REQUESTS
     assert any(line.startswith("kv_cache: the first 2 of 4 layers allocated") for line in small["model"]["sizing"])
     packed = entries(small, "packed_metadata")
     assert not packed or packed[0]["params"]["layers"] < 4

@@ -801,20 +801,26 @@ def _kv_layer_bytes(cfg: ModelConfig, b: int) -> int:
     return 2 * cfg.num_kv_heads * cfg.head_dim * b
 
 
+# kv_cache's waste figure is over requests of random lengths: from one request (a CPU's batch) it
+# would be one draw of one length, so the cache holds at least this many (the batch where larger).
+KV_MIN_REQUESTS = 16
+
+
 def _kv_cache(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
     cfg = plan.cfg
-    per_layer = plan.batch * plan.seq_len * _kv_layer_bytes(cfg, plan.b)
+    requests = max(plan.batch, KV_MIN_REQUESTS)
+    per_layer = requests * plan.seq_len * _kv_layer_bytes(cfg, plan.b)
     # the token data, the contiguous reservation and the paged blocks: three copies per layer
     fit_layers = int(plan.budget // max(1, 3 * per_layer))
     if fit_layers < 1:
-        plan.skip("kv_cache", f"one layer's cache for {plan.batch} x {plan.seq_len} tokens does not fit {_why(plan)}")
+        plan.skip("kv_cache", f"one layer's cache for {requests} x {plan.seq_len} tokens does not fit {_why(plan)}")
         return
     layers = min(cfg.num_layers, fit_layers)
     params = {
         "model": model_param,
         "kv_dtype": KV_DTYPE[plan.device],
         "layers": 0 if layers == cfg.num_layers else layers,
-        "requests": plan.batch,
+        "requests": requests,
         "max_len": plan.seq_len,
     }
     if layers == cfg.num_layers:
