@@ -102,6 +102,10 @@ class Param:
     max: float | None = None
     # True: ``min`` itself is refused (a timeout, a duration to divide by: "> 0", not ">= 0").
     min_exclusive: bool = False
+    # True for a param added after runs were recorded: at its default it is left out of the case id
+    # (gpubench.run.scenario.Case.id), so the ids and seeds of cases that do not use it stay as they
+    # were and `gpubench compare` and the history still match them across the upgrade.
+    omit_default_from_id: bool = False
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:
