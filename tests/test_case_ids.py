@@ -198,3 +198,25 @@ def test_compare_matches_a_baseline_written_before_the_new_params(tmp_path):
     result = compare.compare(compare.load_any(tmp_path / "results.json"), current)
     assert {c.case_id: c.verdict for c in result.changes} == {OLD_IDS[t]: "unchanged" for t in old_catalog}
     assert result.passed
+
+
+def test_labels_tell_a_case_at_an_omitted_default_from_one_that_sets_the_param():
+    # compare's and `history`'s labels come from ids alone: the id without window is the one at
+    # window's default, and its label says so rather than falling back to the whole id
+    from gpubench.reports.terminal import id_labels
+
+    plain = _one("flash_attention", '{"causal": true}').id
+    windowed = _one("flash_attention", '{"causal": true, "window": 64}').id
+    assert id_labels([plain, windowed]) == {
+        plain: "flash_attention window=default",
+        windowed: "flash_attention window=64",
+    }
+
+
+def test_labels_are_whole_when_the_ids_come_as_a_generator():
+    # `gpubench history` passes a generator: read once, the ids without a varying param got no
+    # label at all (a KeyError in the terminal table)
+    from gpubench.reports.terminal import id_labels
+
+    ids = [OLD_IDS["kv_cache"], OLD_IDS["flash_attention"]]
+    assert id_labels(i for i in ids) == {i: i for i in ids}
