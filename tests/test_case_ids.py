@@ -220,3 +220,28 @@ def test_labels_are_whole_when_the_ids_come_as_a_generator():
 
     ids = [OLD_IDS["kv_cache"], OLD_IDS["flash_attention"]]
     assert id_labels(i for i in ids) == {i: i for i in ids}
+
+
+def test_the_history_holds_one_series_across_the_upgrade(tmp_path):
+    # A run recorded before the new params and one after: one case, one series of two points.
+    from gpubench.gate import history
+
+    case = _one("flash_attention")
+    samples = [1e-3, 1.01e-3, 0.99e-3, 1e-3, 1.02e-3]
+    paths = []
+    for n, (case_id, params) in enumerate(
+        [
+            (OLD_IDS["flash_attention"], {k: v for k, v in case.params.items() if k not in ("window", "chunk")}),
+            (case.id, case.params),
+        ]
+    ):
+        doc = _results(case_id, "flash_attention", params, samples, [{"technique": "flash_attention"}])
+        doc.update(run_id=f"run{n}", started_at=f"2026-12-0{n + 1}T10:00:00+00:00", env={"host": "h"})
+        (tmp_path / f"run{n}").mkdir()
+        paths.append(tmp_path / f"run{n}" / "results.json")
+        paths[-1].write_text(json.dumps(doc))
+    with history.open_store(tmp_path / "h.sqlite") as store:
+        rows = [r for p in paths for r in history.rows_of_file(p)]
+        store.add(rows)
+        assert {r.case_id for r in rows} == {OLD_IDS["flash_attention"]}
+        assert len(store.series(rows[0].device_model, OLD_IDS["flash_attention"], "optimized")) == 2
