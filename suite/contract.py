@@ -91,7 +91,12 @@ _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
 @dataclass(frozen=True)
 class Param:
-    """One scenario-settable parameter of a technique."""
+    """One scenario-settable parameter of a technique.
+
+    A case's id names every param, defaults included (``compare``, the history and the case's seed
+    key on it); a param added after runs were recorded sets ``omit_default_from_id=True``, so at its
+    default it is left out of the id and the ids and seeds of cases that do not use it stay as they
+    were."""
 
     name: str
     type: type

@@ -245,3 +245,25 @@ def test_the_history_holds_one_series_across_the_upgrade(tmp_path):
         store.add(rows)
         assert {r.case_id for r in rows} == {OLD_IDS["flash_attention"]}
         assert len(store.series(rows[0].device_model, OLD_IDS["flash_attention"], "optimized")) == 2
+
+
+@pytest.fixture
+def forget_idpair():
+    yield
+    techniques.unregister("idpair")  # loading the file registered it: later tests list the built-ins
+
+
+def test_a_plug_in_s_param_declared_so_is_left_out_too(tmp_path, forget_idpair):
+    # a pair of one's own is built from its module, not the catalogue: the flag works there as well
+    (tmp_path / "idpair.py").write_text(
+        "from gpubench.contract import Param, Technique\n"
+        "TECHNIQUE = Technique('idpair', summary='ids', shape='kernel', params=[Param('n', int, 1), "
+        "Param('extra', int, 0, omit_default_from_id=True)])\n"
+        "@TECHNIQUE.build\ndef build(params, device, seed): ...\n"
+        "@TECHNIQUE.variant('a', role='baseline')\ndef a(w): ...\n"
+        "@TECHNIQUE.variant('b', role='optimized')\ndef b(w): ...\n"
+        "@TECHNIQUE.check\ndef check(reference, output): ...\n"
+    )
+    (tmp_path / "s.yaml").write_text("name: s\nentries:\n  - technique: idpair.py\n    params: {extra: [0, 3]}\n")
+    ids = [c.id for c in scenario.load(str(tmp_path / "s.yaml")).cases()]
+    assert [i.split("[", 1)[1] for i in ids] == ["n=1]", "n=1,extra=3]"]
