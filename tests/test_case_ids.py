@@ -245,6 +245,9 @@ def test_the_history_holds_one_series_across_the_upgrade(tmp_path):
         store.add(rows)
         assert {r.case_id for r in rows} == {OLD_IDS["flash_attention"]}
         assert len(store.series(rows[0].device_model, OLD_IDS["flash_attention"], "optimized")) == 2
+        # and one case of two runs, shown with the newest run's params (the new ones among them)
+        (held,) = store.cases(rows[0].device_model)
+        assert (held.case_id, held.runs, held.params) == (OLD_IDS["flash_attention"], 2, case.params)
 
 
 @pytest.fixture
