@@ -286,8 +286,9 @@ def print_rows(
 
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
     """The params worth printing for a technique's cases: those whose value differs between
-    cases; for a single case, those the scenario set. The rest are the same everywhere."""
-    keys = {k for k in swept if len({repr(p.get(k)) for p in cases_params}) > 1}
+    cases; for a single case, those the scenario set. The rest are the same everywhere. A case
+    recorded before a param existed (its params lack it) does not make that param vary."""
+    keys = {k for k in swept if len({repr(p[k]) for p in cases_params if k in p}) > 1}
     return keys or set(swept)
 
 

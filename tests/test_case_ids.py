@@ -270,3 +270,13 @@ def test_a_plug_in_s_param_declared_so_is_left_out_too(tmp_path, forget_idpair):
     (tmp_path / "s.yaml").write_text("name: s\nentries:\n  - technique: idpair.py\n    params: {extra: [0, 3]}\n")
     ids = [c.id for c in scenario.load(str(tmp_path / "s.yaml")).cases()]
     assert [i.split("[", 1)[1] for i in ids] == ["n=1]", "n=1,extra=3]"]
+
+
+def test_a_run_from_before_a_param_existed_does_not_make_it_vary_in_labels():
+    # the fleet matrix labels the cases of several runs alike: an older run's params lack window
+    from gpubench.reports.terminal import shown_params
+
+    new = _one("flash_attention").params
+    old = {k: v for k, v in new.items() if k not in ("window", "chunk")}
+    assert shown_params([old, new], set(new)) == set(new)  # nothing varies: the scenario's keys
+    assert shown_params([old, new, {**new, "window": 64}], set(new)) == {"window"}
