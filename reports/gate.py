@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpubench.gate.compare import Comparison
-from gpubench.reports.terminal import count_text, fit_fields, format_seconds, param_text, shorten_words, wrap_words
+from gpubench.reports.terminal import count_text, fit_fields, format_seconds, id_labels, shorten_words, wrap_words
 
 STYLE = {
     "regressed": "bold red",
@@ -51,17 +51,7 @@ def _context(c) -> str:
 
 def case_labels(changes) -> dict[str, str]:
     """Short labels: the technique and only the params whose values differ between its cases."""
-    parsed = {}
-    for c in changes:
-        name, _, inner = c.case_id.partition("[")
-        params = dict(kv.split("=", 1) for kv in inner.rstrip("]").split(",") if "=" in kv)
-        parsed[c.case_id] = (name, params)
-    labels = {}
-    for case_id, (name, params) in parsed.items():
-        peers = [p for n, p in parsed.values() if n == name]
-        varying = [k for k in params if len({p.get(k) for p in peers}) > 1]
-        labels[case_id] = f"{name} " + " ".join(param_text(params, k) for k in varying) if varying else case_id
-    return labels
+    return id_labels(c.case_id for c in changes)
 
 
 def headline(comp: Comparison) -> str:

@@ -152,7 +152,9 @@ def case_params(case: CaseRecord | Mapping[str, Any], swept: set[str] | None = N
 def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     """Labels for case ids (``kv_cache[model=x,kv_dtype=bf16]``) that tell them apart: the
     technique and only the params whose values differ between its cases here; an id that does not
-    parse as ``name[k=v,...]`` is its own label."""
+    parse as ``name[k=v,...]`` is its own label. A param one id names and another leaves out (one
+    declared ``omit_default_from_id``, at its default there) shows as ``name=default``."""
+    case_ids = list(case_ids)  # read twice: a generator (the history's) would be spent after once
     parsed: dict[str, tuple[str, dict[str, str]]] = {}
     for case_id in case_ids:
         name, bracket, inner = case_id.partition("[")
@@ -161,9 +163,12 @@ def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     labels = {case_id: case_id for case_id in case_ids}
     for case_id, (name, params) in parsed.items():
         peers = [p for n, p in parsed.values() if n == name]
-        varying = [k for k in params if len({p.get(k) for p in peers}) > 1]
+        keys = dict.fromkeys([*params, *(k for p in peers for k in p)])
+        varying = [k for k in keys if len({p.get(k) for p in peers}) > 1]
         if varying:
-            labels[case_id] = f"{name} " + " ".join(param_text(params, k) for k in varying)
+            labels[case_id] = f"{name} " + " ".join(
+                param_text(params, k) if k in params else f"{k}=default" for k in varying
+            )
     return labels
 
 
@@ -281,8 +286,9 @@ def print_rows(
 
 def shown_params(cases_params: list[dict[str, Any]], swept: set[str]) -> set[str]:
     """The params worth printing for a technique's cases: those whose value differs between
-    cases; for a single case, those the scenario set. The rest are the same everywhere."""
-    keys = {k for k in swept if len({repr(p.get(k)) for p in cases_params}) > 1}
+    cases; for a single case, those the scenario set. The rest are the same everywhere. A case
+    recorded before a param existed (its params lack it) does not make that param vary."""
+    keys = {k for k in swept if len({repr(p[k]) for p in cases_params if k in p}) > 1}
     return keys or set(swept)
 
 

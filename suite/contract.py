@@ -91,7 +91,12 @@ _TYPE_NAMES = {int: "int", float: "float", str: "str", bool: "bool"}
 
 @dataclass(frozen=True)
 class Param:
-    """One scenario-settable parameter of a technique."""
+    """One scenario-settable parameter of a technique.
+
+    A case's id names every param, defaults included (``compare``, the history and the case's seed
+    key on it); a param added after runs were recorded sets ``omit_default_from_id=True``, so at its
+    default it is left out of the id and the ids and seeds of cases that do not use it stay as they
+    were."""
 
     name: str
     type: type
@@ -102,6 +107,10 @@ class Param:
     max: float | None = None
     # True: ``min`` itself is refused (a timeout, a duration to divide by: "> 0", not ">= 0").
     min_exclusive: bool = False
+    # True for a param added after runs were recorded: at its default it is left out of the case id
+    # (gpubench.run.scenario.Case.id), so the ids and seeds of cases that do not use it stay as they
+    # were and `gpubench compare` and the history still match them across the upgrade.
+    omit_default_from_id: bool = False
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:

@@ -31,7 +31,7 @@ import importlib.resources
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from gpubench import techniques
+from gpubench.contract import Param
 from gpubench.errors import BadInput
 from gpubench.records.policy import POLICY_PARAMS, Policy, parse_threshold, policy_problems
 from gpubench.techniques import catalog
@@ -76,11 +77,28 @@ class Case:
     policy: Policy
     seed: int
     variants: tuple[str, ...] | None = None  # None: all; names, or roles resolved on the device
+    # param -> its declared default, for the params declared ``omit_default_from_id`` (added after
+    # runs were recorded): at that default the id leaves them out, so it (and the seed drawn from
+    # it) stays what it was before they existed and `compare` and the history still match the case.
+    id_omits: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
-        inner = ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items())
+        inner = ",".join(f"{k}={_fmt(v)}" for k, v in self.params.items() if not self._at_omitted_default(k, v))
         return f"{self.technique}[{inner}]"
+
+    def _at_omitted_default(self, key: str, value: Any) -> bool:
+        # equal as values (a float param's 0 and 0.0 are one value; a bool is never a number here)
+        if key not in self.id_omits:
+            return False
+        default = self.id_omits[key]
+        return isinstance(value, bool) == isinstance(default, bool) and value == default
+
+
+def id_omits(params: Iterable[Param]) -> dict[str, Any]:
+    """A technique's (or catalogue entry's) :attr:`Case.id_omits`: name -> default of each param
+    declared ``omit_default_from_id``."""
+    return {p.name: p.default for p in params if p.omit_default_from_id}
 
 
 def _fmt(value: Any) -> str:
@@ -134,9 +152,11 @@ class Scenario:
         assert tech is not None  # validated at load
         defaults = tech.defaults()
         policy = entry.policy.scaled(repeat_scale) if repeat_scale != 1.0 else entry.policy
+        omits = id_omits(tech.params)
         keys = list(entry.grid)
         for combo in itertools.product(*(entry.grid[k] for k in keys)):
-            case = Case(entry.technique, {**defaults, **dict(zip(keys, combo))}, policy, 0, entry.variants)
+            params = {**defaults, **dict(zip(keys, combo))}
+            case = Case(entry.technique, params, policy, 0, entry.variants, omits)
             yield dataclasses.replace(case, seed=case_seed(case.id, self.seed))
 
     def varying(self, only: list[str] | None = None) -> dict[str, set[str]]:

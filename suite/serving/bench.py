@@ -86,7 +86,7 @@ def common_params() -> list[Param]:
             "the active width, sliding windows not applied; the case records which), or a local Hugging "
             "Face Llama-style checkpoint directory (its weights)",
         ),
-        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param(
             "layers",
             int,
@@ -94,6 +94,7 @@ def common_params() -> list[Param]:
             "decoder layers run: 0 keeps the model's own; else a built-in size gets that many, a "
             "preset, config or checkpoint its first N",
             min=0,
+            omit_default_from_id=True,
         ),
         Param("dtype", str, "float32", "weights, activations and KV cache", choices=list(DTYPES)),
         Param("requests", int, 50, "requests in the synthetic trace", min=1),

@@ -138,6 +138,7 @@ def _param_entry(tech: str, param: Param) -> dict[str, Any]:
         "min": param.min,
         "max": param.max,
         "min_exclusive": param.min_exclusive,
+        "omit_default_from_id": param.omit_default_from_id,
     }
 
 
@@ -187,6 +188,7 @@ def declared_of(entry: Mapping[str, Any]) -> Declared:
             p.get("min"),
             p.get("max"),
             p.get("min_exclusive", False),
+            p.get("omit_default_from_id", False),
         )
         for p in entry["params"]
     )

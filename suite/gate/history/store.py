@@ -394,8 +394,11 @@ class HistoryStore:
         return branch in DEFAULT_BRANCHES or branch == self.default_branch(device_model)
 
     def cases(self, device_model: str) -> list[HistoryCase]:
-        """The cases of ``device_model``'s history, by case id."""
+        """The cases of ``device_model``'s history, by case id. One id can hold rows of several
+        params (a param added since, left out of the id at its default, is in the newer rows'
+        params only): their runs add up, and the params are the newest run's."""
         grouped: dict[str, dict[str, Any]] = {}
+        runs_of: dict[tuple[str, str], int] = {}  # (case id, variant) -> runs, over its params' groups
         for case_id, technique, params, gate, variant, role, runs, last in self.backend.rows(
             schema.CASES, {"device_model": device_model}
         ):
@@ -411,8 +414,11 @@ class HistoryStore:
                     "last_started_at": "",
                 },
             )
+            if (last or "") > entry["last_started_at"]:
+                entry["params"] = json.loads(params or "{}")
             entry["variants"][variant] = role
-            entry["runs"] = max(entry["runs"], int(runs))
+            runs_of[case_id, variant] = runs_of.get((case_id, variant), 0) + int(runs)
+            entry["runs"] = max(entry["runs"], runs_of[case_id, variant])
             entry["last_started_at"] = max(entry["last_started_at"], last or "")
         return [HistoryCase(**{**e, "variants": tuple(e["variants"].items())}) for e in grouped.values()]
 

@@ -122,6 +122,7 @@ TECHNIQUE = Technique(
             "sees key j iff 0 <= i' - j < window, i' its position aligned as causal_align says; 0: none; "
             "needs causal; the tiled variants never load the key tiles outside every row's window",
             min=0,
+            omit_default_from_id=True,
         ),
         Param(
             "chunk",
@@ -130,6 +131,7 @@ TECHNIQUE = Technique(
             "Llama 4's chunked local attention: query i sees key j iff j <= i' and i' // chunk == "
             "j // chunk (i' as for window); 0: none; needs causal; not with window",
             min=0,
+            omit_default_from_id=True,
         ),
         Param(
             "causal_align",

@@ -46,7 +46,7 @@ TECHNIQUE = Technique(
             f"whose layout is allocated: a preset ({', '.join(model_config.preset_names())}) or a "
             "Hugging Face config.json path (or a checkpoint directory holding one)",
         ),
-        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),
         Param("layers", int, 2, "first N layers of the model (0 = all)", min=0),
         Param("requests", int, 4, "sequences in the cache (lengths: random)", min=1),

@@ -67,7 +67,7 @@ TECHNIQUE = Technique(
             "path or a checkpoint directory: seeded random weights at its shapes (a Llama-style stand-in: "
             "MoE as a dense MLP of the active width, sliding windows not applied; the case records which)",
         ),
-        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP),
+        Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param(
             "layers",
             int,
