@@ -13,6 +13,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from gpubench.records.case_ids import id_pairs
 from gpubench.records.results import BASIS_TEXT, MATERIAL_SHARE, CaseRecord, RunRecord, Speedup, VariantRecord, as_run
 from gpubench.records.stats import MIN_CI_SAMPLES
 
@@ -159,7 +160,7 @@ def id_labels(case_ids: Iterable[str]) -> dict[str, str]:
     for case_id in case_ids:
         name, bracket, inner = case_id.partition("[")
         if bracket and inner.endswith("]"):
-            parsed[case_id] = (name, dict(kv.split("=", 1) for kv in inner[:-1].split(",") if "=" in kv))
+            parsed[case_id] = (name, dict(kv.split("=", 1) for kv in id_pairs(inner[:-1]) if "=" in kv))
     labels = {case_id: case_id for case_id in case_ids}
     for case_id, (name, params) in parsed.items():
         peers = [p for n, p in parsed.values() if n == name]

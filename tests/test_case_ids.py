@@ -280,3 +280,33 @@ def test_a_run_from_before_a_param_existed_does_not_make_it_vary_in_labels():
     old = {k: v for k, v in new.items() if k not in ("window", "chunk")}
     assert shown_params([old, new], set(new)) == set(new)  # nothing varies: the scenario's keys
     assert shown_params([old, new, {**new, "window": 64}], set(new)) == {"window"}
+
+
+# -- ids whose values hold commas (review of issue 37) ---------------------------------------------
+
+
+def test_a_case_id_with_a_comma_in_a_value_reads_back_whole():
+    """`ignore_fields=a,b` keeps its comma: `gpubench profile` parses the id the run printed, and
+    the labels show the whole value (splitting at every comma lost `b` or refused the id)."""
+    from gpubench.records.case_ids import id_pairs
+    from gpubench.reports.terminal import id_labels
+
+    assert id_pairs("model=x,ignore_fields=a,b,kv_dtype=bf16") == ["model=x", "ignore_fields=a,b", "kv_dtype=bf16"]
+    labels = id_labels(["kv_cache[model=x,ignore_fields=a,b]", "kv_cache[model=x,ignore_fields=a,c]"])
+    assert sorted(labels.values()) == ["kv_cache ignore_fields=a,b", "kv_cache ignore_fields=a,c"]
+    scen = scenario.one_case_scenario("kv_cache[model=llama-3.1-8b,ignore_fields=a,b,kv_dtype=bf16]", [], None, "cpu")
+    assert scen.cases()[0].params["ignore_fields"] == "a,b"
+
+
+def test_ignored_fields_in_any_order_or_repeated_are_one_case():
+    """The same fields named in another order, or twice, give the same params (so the same id and
+    seed): compare and the history would otherwise split one case in two."""
+    from gpubench.models.config import load_model
+    from gpubench.run.model_scenario import build_model_scenario
+
+    def kv(fields):
+        doc = build_model_scenario(load_model("llama-3.1-8b"), "serve", 256, 1, "cpu", 8 * 2**30, ignore_fields=fields)
+        return [e["params"] for e in doc["entries"] if e["technique"] == "kv_cache"]
+
+    assert kv(("zz_b", "zz_a")) == kv(("zz_a", "zz_b", "zz_a"))
+    assert kv(("zz_b", "zz_a"))[0]["ignore_fields"] == "zz_a,zz_b"

@@ -285,6 +285,16 @@ def test_a_small_device_measures_fewer_layers_and_says_so(tmp_path):
     assert not packed or packed[0]["params"]["layers"] < 4
 
 
+def test_the_kv_cache_request_floor_gives_way_before_the_case_does(tmp_path):
+    """kv_cache holds at least 16 requests, but where one layer of 16 does not fit, fewer (down to
+    the batch) rather than no case, and the sizing says so."""
+    # 2 x 2 kv heads x 64 x 2 B x 2048 tokens = 1 MiB a request a layer, 3 copies: 3 MiB; 60% of 20 MiB holds 4
+    doc = generate(tmp_path, LLAMA, device="cuda", memory=20 * 2**20)
+    params = entries(doc, "kv_cache")[0]["params"]
+    assert params["requests"] == 4 and params["layers"] == 1
+    assert any(line.startswith("kv_cache: 4 requests (not 16)") for line in doc["model"]["sizing"])
+
+
 def test_what_does_not_fit_at_its_smallest_is_not_applicable_with_the_figure(tmp_path):
     doc = generate(tmp_path, QWEN3_MOE, device="cuda", memory=2**20)
     text = reason(doc, "moe_grouping")

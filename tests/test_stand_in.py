@@ -410,3 +410,17 @@ def test_ignore_fields_carries_the_users_word_into_each_techniques_rules(tmp_pat
     assert any("odd_one" in p for p in tech.validate_fn(params))
     assert tech.validate_fn({**params, "ignore_fields": "odd_one, odd_two"}) == []
     assert stand_in.ignore_list(" odd_one, ,odd_two") == ("odd_one", "odd_two")
+
+
+def test_a_checkpoint_the_loader_refuses_is_refused_when_the_scenario_loads(tmp_path):
+    """A checkpoint directory with weights whose config load_hf refuses (Qwen2's biases) is a
+    problem of the model param itself, found torch-free before any case runs."""
+    folder = tmp_path / "qwen2-ckpt"
+    write_config(folder, {**QWEN3_LIKE, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
+    (folder / "model.safetensors").write_bytes(b"")
+    problems = stand_in.model_problems(str(folder))
+    assert problems and "qwen2" in problems[0] and "bias" in problems[0]
+    llama = tmp_path / "llama-ckpt"
+    write_config(llama, {**QWEN3_LIKE, "model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    (llama / "model.safetensors").write_bytes(b"")
+    assert stand_in.model_problems(str(llama)) == []

@@ -13,6 +13,7 @@ techniques' param rules, the generator of model scenarios) needs nothing of the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,12 +125,22 @@ def resolve(text: str, weights: bool = True, ignore_fields: str = "") -> ModelSp
 
 def model_problems(text: str, layers: int = 0, weights: bool = True, ignore_fields: str = "") -> list[str]:
     """Why ``model`` (with its first ``layers`` layers, 0 = all) cannot be run by the Llama-style
-    decoder: it names nothing, or :func:`config_problems`. A checkpoint directory's own checks
-    wait for its loading (they need transformers)."""
+    decoder: it names nothing, or :func:`config_problems`; a checkpoint directory with weights,
+    :func:`checkpoint_problems` of its config.json (torch-free, so a scenario naming one the loader
+    refuses is refused when it loads, not case by case)."""
     try:
         spec = resolve(text, weights, ignore_fields)
     except BadInput as exc:
         return [str(exc)]
+    if spec.kind == "checkpoint":
+        config = Path(text) / "config.json"
+        try:
+            raw = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return [f"{config}: not a readable JSON config ({exc})"]
+        if not isinstance(raw, dict):
+            return [f"{config}: a config must be a JSON object"]
+        return [f"checkpoint {text}: {problem}" for problem in checkpoint_problems(raw)]
     return [] if spec.config is None else config_problems(spec.config, layers)
 
 

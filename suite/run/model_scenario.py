@@ -237,7 +237,8 @@ def build_model_scenario(
     if ignore_fields:
         for entry in plan.entries:
             if "model" in entry["params"]:
-                entry["params"]["ignore_fields"] = ",".join(ignore_fields)
+                # sorted, once each: the same fields in any order or repeated are the same case id
+                entry["params"]["ignore_fields"] = ",".join(sorted(dict.fromkeys(ignore_fields)))
     if supported_only:
         _drop_unsupported(plan)
     if not plan.entries:
@@ -808,13 +809,21 @@ KV_MIN_REQUESTS = 16
 
 def _kv_cache(plan: _Plan, workload: str, model_param: str, *_: Any) -> None:
     cfg = plan.cfg
-    requests = max(plan.batch, KV_MIN_REQUESTS)
-    per_layer = requests * plan.seq_len * _kv_layer_bytes(cfg, plan.b)
-    # the token data, the contiguous reservation and the paged blocks: three copies per layer
+    token_bytes = plan.seq_len * _kv_layer_bytes(cfg, plan.b)
+    # the token data, the contiguous reservation and the paged blocks: three copies per layer; the
+    # floor of requests gives way (down to the batch) where one layer of them does not fit
+    fit_requests = int(plan.budget // max(1, 3 * token_bytes))
+    requests = max(plan.batch, min(KV_MIN_REQUESTS, fit_requests))
+    per_layer = requests * token_bytes
     fit_layers = int(plan.budget // max(1, 3 * per_layer))
     if fit_layers < 1:
         plan.skip("kv_cache", f"one layer's cache for {requests} x {plan.seq_len} tokens does not fit {_why(plan)}")
         return
+    if requests < KV_MIN_REQUESTS:  # the floor gave way
+        plan.size(
+            f"kv_cache: {requests} requests (not {KV_MIN_REQUESTS}): one layer's cache for more at "
+            f"{plan.seq_len} tokens does not fit {_why(plan)}"
+        )
     layers = min(cfg.num_layers, fit_layers)
     params = {
         "model": model_param,

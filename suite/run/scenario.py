@@ -41,6 +41,7 @@ import yaml
 from gpubench import techniques
 from gpubench.contract import Param
 from gpubench.errors import BadInput
+from gpubench.records.case_ids import id_pairs
 from gpubench.records.policy import POLICY_PARAMS, Policy, parse_threshold, policy_problems
 from gpubench.techniques import catalog
 
@@ -703,7 +704,7 @@ def one_case_scenario(
     its policy come from that scenario (the case with that id, or the technique's first case);
     ``params`` (``KEY=VALUE``) override. Validated as a scenario file is (BadInput, exit 2)."""
     technique, _, inner = target.partition("[")
-    from_id = _parse_pairs([p for p in inner.rstrip("]").split(",") if p], "the case id") if inner else {}
+    from_id = _parse_pairs(id_pairs(inner.rstrip("]")), "the case id") if inner else {}
     overrides = _parse_pairs(list(params), "--param")
     if techniques.get(technique) is None:
         raise BadInput(
