@@ -20,11 +20,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import markupsafe
-import pandas as pd
 
 from gpubench.errors import BadInput
 from gpubench.gate.history.trends import RunTrends, run_trends
@@ -38,6 +37,9 @@ from gpubench.reports import answer, charts, claims, markdown, phases, profile_v
 from gpubench.reports import comparison as side_by_side
 from gpubench.reports.kv_table import human_bytes
 from gpubench.reports.sections import Figure, Labels, figure, technique_sections
+
+if TYPE_CHECKING:  # pandas is imported only where a run has telemetry (0.4 s of a report's start)
+    import pandas as pd
 from gpubench.reports.sparkline import sparkline_svg
 from gpubench.reports.terminal import (
     case_params,
@@ -58,8 +60,28 @@ TELEMETRY_PANELS = (
     ("mem_used_mb", "memory used (MiB)"),
 )
 
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
+    """The templates compiled once per user (jinja2's per-user temporary folder): compiling them
+    took 0.4 s of every report. A cache that cannot be written (a full disk, a read-only temporary
+    folder) costs only the time it would have saved, never the report."""
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _template_cache() -> jinja2.BytecodeCache | None:
+    try:
+        return _TemplateCache()
+    except (OSError, RuntimeError):  # no safe per-user temporary folder: compile each time
+        return None
+
+
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+    bytecode_cache=_template_cache(),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
@@ -110,6 +132,8 @@ def _read_telemetry(root: Path, run: RunRecord) -> tuple[pd.DataFrame | None, st
     if summary.get("status") != "ok":
         return None, summary.get("reason") or "the run recorded no telemetry"
     try:
+        import pandas as pd
+
         frame = pd.read_csv(root / "telemetry.csv")
     except FileNotFoundError:
         return None, "telemetry.csv is missing from the run directory"
@@ -365,6 +389,8 @@ def telemetry_section(run: Run) -> dict[str, Any]:
 
 
 def _telemetry_figure(frame: pd.DataFrame, numbers: dict[str, int], half: float) -> Figure | None:
+    import pandas as pd
+
     t = pd.to_numeric(frame["t_s"], errors="coerce")
     t = (t - t.min()).tolist()
     spans = []
