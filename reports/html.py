@@ -60,6 +60,7 @@ TELEMETRY_PANELS = (
     ("mem_used_mb", "memory used (MiB)"),
 )
 
+
 class _TemplateCache(jinja2.FileSystemBytecodeCache):
     """The templates compiled once per user (jinja2's per-user temporary folder): compiling them
     took 0.4 s of every report. A cache that cannot be written (a full disk, a read-only temporary

@@ -31,6 +31,8 @@ pick the other with ``time_basis="device"`` or ``"wall"``. On a CPU they are one
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import math
 import re
@@ -96,7 +98,11 @@ class Param:
     A case's id names every param, defaults included (``compare``, the history and the case's seed
     key on it); a param added after runs were recorded sets ``omit_default_from_id=True``, so at its
     default it is left out of the id and the ids and seeds of cases that do not use it stay as they
-    were."""
+    were.
+
+    A value is checked for its ``type``, ``choices`` and ``min``/``max``; a rule on one value beyond
+    those is ``check="module:function"``, a torch-free function that returns why the value is
+    refused, or None (rules across params: ``Technique.validate``)."""
 
     name: str
     type: type
@@ -111,10 +117,18 @@ class Param:
     # (gpubench.run.scenario.Case.id), so the ids and seeds of cases that do not use it stay as they
     # were and `gpubench compare` and the history still match them across the upgrade.
     omit_default_from_id: bool = False
+    # A rule for one value beyond its type, choices and range, named ``"module:function"``: the
+    # function takes the value and returns why it is refused, or None (a model param: a preset, a
+    # config.json or a directory that exists). Named, not passed, so the catalogue of declarations
+    # keeps it; it must import no torch, since a scenario's values are checked before any
+    # technique code loads. Rules across several params belong in ``validate_fn``.
+    check: str | None = None
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:
             raise TypeError(f"Param {self.name}: type must be one of int, float, str, bool")
+        if self.check is not None and not _CHECK_NAME.fullmatch(self.check):
+            raise ValueError(f"Param {self.name}: check {self.check!r} must name a function as 'module:function'")
         if self.min_exclusive and self.min is None:
             raise ValueError(f"Param {self.name}: min_exclusive needs a min")
         problem = self.problem(self.default)
@@ -166,7 +180,21 @@ class Param:
             return f"{value!r} is below the minimum {self.min}"
         if self.max is not None and value > self.max:
             return f"{value!r} is above the maximum {self.max}"
+        if self.check is not None:
+            problem: str | None = _value_check(self.check)(value)
+            return problem
         return None
+
+
+_CHECK_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+@functools.cache
+def _value_check(name: str) -> Callable[[Any], str | None]:
+    """The function a :attr:`Param.check` names, imported once."""
+    module, _, attr = name.partition(":")
+    function: Callable[[Any], str | None] = getattr(importlib.import_module(module), attr)
+    return function
 
 
 @dataclass

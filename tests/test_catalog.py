@@ -42,6 +42,9 @@ PROBES = (
     "float32",
     "bfloat16",
     "poisson:40",
+    "tiny",  # a model param's value check (Param.check): a built-in size, a preset, a misspelt one
+    "llama-2-7b",
+    "lama-2-7b",
     [1],
 )
 
@@ -102,7 +105,16 @@ def test_each_declaration_rebuilds_as_the_module_declares_it(fresh):
         assert mine.validates == (tech.validate_fn is not None), name
         assert mine.defaults() == tech.defaults(), name
         for theirs, ours in zip(tech.params, mine.params, strict=True):
-            assert (ours.name, ours.type, ours.default, ours.help, ours.min, ours.max, ours.min_exclusive) == (
+            assert (
+                ours.name,
+                ours.type,
+                ours.default,
+                ours.help,
+                ours.min,
+                ours.max,
+                ours.min_exclusive,
+                ours.check,
+            ) == (
                 theirs.name,
                 theirs.type,
                 theirs.default,
@@ -110,6 +122,7 @@ def test_each_declaration_rebuilds_as_the_module_declares_it(fresh):
                 theirs.min,
                 theirs.max,
                 theirs.min_exclusive,
+                theirs.check,
             ), (name, theirs.name)
             assert ours.allowed() == theirs.allowed(), (name, theirs.name)
             for value in PROBES:

@@ -199,6 +199,36 @@ def test_an_exclusive_minimum_refuses_the_minimum_itself_and_says_so():
         Param("x", float, 1.0, min_exclusive=True)
 
 
+def test_a_value_check_named_by_a_param_refuses_what_its_function_refuses():
+    """``Param.check`` names a torch-free function of one value ("module:function"): a value it
+    refuses is refused with its words; a default it refuses, or a name not of that form, fails the
+    declaration, so a plug-in's typo shows when it loads, not when a scenario is read."""
+    model = Param("model", str, "tiny", check="gpubench.models.stand_in:model_name_problem")
+    assert model.problem("tiny") is None and model.problem("llama-2-7b") is None
+    refusal = model.problem("lama-2-7b")
+    assert refusal is not None and refusal.startswith("'lama-2-7b' names nothing known (did you mean 'llama-2-7b'")
+    assert model.problem(3) == "3 is not a str"  # the type first: the function sees only strings
+    with pytest.raises(ValueError, match="default 'nope'"):
+        Param("model", str, "nope", check="gpubench.models.stand_in:model_name_problem")
+    with pytest.raises(ValueError, match="'module:function'"):
+        Param("model", str, "tiny", check="gpubench.models.stand_in.model_name_problem")
+
+
+def test_a_model_param_takes_an_existing_config_path_and_refuses_a_missing_one(tmp_path):
+    """kv_cache's and the stand-ins' ``model``: a config.json or a directory that exists passes the
+    value check (whether it is a config the reader takes is the technique's rule); one that does
+    not is refused by its value, naming the presets."""
+    from gpubench.techniques import all_techniques
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    for name in ("kv_cache", "packed_metadata", "paged_kv_serving", "continuous_batching"):
+        param = next(p for p in all_techniques()[name].params if p.name == "model")
+        assert param.problem(str(config)) is None and param.problem(str(tmp_path)) is None, name
+        refusal = param.problem(str(tmp_path / "missing.json"))
+        assert refusal is not None and "llama-2-7b" in refusal, (name, refusal)
+
+
 # -- declared benchmark sizes ---------------------------------------------------------------------
 def test_benchmark_sizes_are_checked_against_the_params_when_declared():
     params = [Param("n", int, 4, min=1), Param("mode", str, "a", choices=["a", "b"])]

@@ -736,11 +736,25 @@ def load_model(spec: str | Path, ignore_fields: Iterable[str] = ()) -> ModelConf
         return load_config_file(path / "config.json", ignore_fields)
     if path.is_file():
         return load_config_file(path, ignore_fields)
+    raise BadInput(f"model {text!r} {_names_nothing(text)}.")
+
+
+def model_name_problem(text: str) -> str | None:
+    """Why ``text`` names no model (no preset, no file or directory by that path), or None: the
+    value check of a ``model`` param that takes a preset or a config (its ``Param.check``), so a
+    misspelt preset is refused as the scenario is read, before torch loads. Whether the config it
+    names is one the reader takes is :func:`load_model`'s to say."""
+    if text in preset_names() or Path(text).exists():
+        return None
+    return f"{text!r} {_names_nothing(text)}"
+
+
+def _names_nothing(text: str) -> str:
     hint = difflib.get_close_matches(text.lower(), preset_names(), n=3, cutoff=0.5)
-    raise BadInput(
-        f"model {text!r} is neither a preset"
+    return (
+        "is neither a preset"
         + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
-        + f" nor an existing config.json or checkpoint directory; presets: {', '.join(preset_names())}."
+        + f" nor an existing config.json or checkpoint directory; presets: {', '.join(preset_names())}"
     )
 
 

@@ -13,6 +13,7 @@ techniques' param rules, the generator of model scenarios) needs nothing of the 
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -100,6 +101,21 @@ def allowed_models() -> str:
     return (
         f"a built-in size ({', '.join(BUILT_IN_SIZES)}), a preset ({', '.join(preset_names())}), "
         "a config.json path, or a Hugging Face checkpoint directory"
+    )
+
+
+def model_name_problem(text: str) -> str | None:
+    """Why ``text`` names no model (no built-in size, preset, file or directory), or None: the
+    value check of a stand-in's ``model`` param (its ``Param.check``), torch-free, so a misspelt
+    model is refused as the scenario is read; whether the stand-in can run the model it names is
+    :func:`model_problems`' to say."""
+    if text in BUILT_IN_SIZES or text in preset_names() or Path(text).exists():
+        return None
+    hint = difflib.get_close_matches(text.lower(), [*BUILT_IN_SIZES, *preset_names()], n=3, cutoff=0.5)
+    return (
+        f"{text!r} names nothing known"
+        + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
+        + f"; allowed: {allowed_models()}"
     )
 
 

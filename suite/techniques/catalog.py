@@ -139,6 +139,7 @@ def _param_entry(tech: str, param: Param) -> dict[str, Any]:
         "max": param.max,
         "min_exclusive": param.min_exclusive,
         "omit_default_from_id": param.omit_default_from_id,
+        "check": param.check,
     }
 
 
@@ -189,6 +190,7 @@ def declared_of(entry: Mapping[str, Any]) -> Declared:
             p.get("max"),
             p.get("min_exclusive", False),
             p.get("omit_default_from_id", False),
+            p.get("check"),
         )
         for p in entry["params"]
     )
