@@ -56,6 +56,7 @@ from rich.text import Text
 
 from gpubench.lib.kvmath import human_bytes
 from gpubench.records.declarations import TechniqueRecord
+from gpubench.records.model_origin import ModelOrigin
 from gpubench.records.results import CaseRecord, RunRecord, as_run, has_interval
 from gpubench.records.stats import MIN_CI_SAMPLES
 from gpubench.reports import claims, sweep
@@ -302,40 +303,25 @@ def entry_notes(run: RunRecord) -> dict[str, str]:
     return notes
 
 
-def model_block(run: RunRecord) -> dict[str, Any]:
-    """The scenario's ``model`` block as the run recorded it ({} for a run without one)."""
-    block = run.scenario.get("model")
-    return dict(block) if isinstance(block, Mapping) else {}
-
-
-def title(run: RunRecord, model: Mapping[str, Any]) -> str:
+def title(run: RunRecord, model: ModelOrigin | None) -> str:
     device = run.device_label or run.device or "?"
-    if not model:
+    if model is None:
         return f"What to turn on: {run.scenario.get('name', '?')} on {device}"
-    name = str(model.get("name") or "the model")
-    family = f" ({model['family']})" if model.get("family") else ""
-    shapes = ", ".join(
-        f"{key.replace('_', ' ')} {model[key]}" if key != "workload" else str(model[key])
-        for key in ("workload", "seq_len", "batch")
-        if model.get(key) not in (None, "")
+    family = f" ({model.family})" if model.family else ""
+    shapes = model.shapes_text()
+    return (
+        f"What to turn on for {model.name or 'the model'}{family}"
+        + (f": {shapes}," if shapes else "")
+        + f" on {device}"
     )
-    return f"What to turn on for {name}{family}" + (f": {shapes}," if shapes else "") + f" on {device}"
-
-
-def _not_applicable(model: Mapping[str, Any]) -> list[tuple[str, str]]:
-    out = []
-    for item in model.get("not_applicable") or []:
-        if isinstance(item, Mapping) and item.get("technique"):
-            out.append((str(item["technique"]), str(item.get("reason") or "")))
-    return out
 
 
 def answer(doc: RunRecord | Mapping[str, Any]) -> Answer | None:
     """The answer table of a run; None where there is nothing to answer (no model block, and no
     case outside a sweep)."""
     run = as_run(doc)
-    model = model_block(run)
-    if not run.cases and not model:
+    model = run.model_origin
+    if not run.cases and model is None:
         return None
     notes = entry_notes(run)
     numbers = {c.id: n for n, c in enumerate(run.cases, 1)}
@@ -343,7 +329,7 @@ def answer(doc: RunRecord | Mapping[str, Any]) -> Answer | None:
     for case in run.cases:
         grouped.setdefault(case.technique, []).append(case)
     left_out = []
-    if not model:
+    if model is None:
         for name, cases in grouped.items():
             if len(cases) > MAX_CASES:
                 left_out.append(f"{name}: {len(cases)} cases swept, no one answer at one size (its section reads them)")
@@ -379,23 +365,24 @@ def answer(doc: RunRecord | Mapping[str, Any]) -> Answer | None:
                 )
             )
     rows = rank(rows)
-    if not rows and not model:  # only sweeps: nothing this table can answer
+    if not rows and model is None:  # only sweeps: nothing this table can answer
         return None
     scope = (
         ""
-        if model
+        if model is not None
         else f"A run without a model: a row per case of each technique it measured at {MAX_CASES} cases or fewer."
     )
     return Answer(
         title=title(run, model),
         rows=rows,
-        summary=str(model.get("summary") or ""),
-        source=str(model.get("source") or ""),
-        not_applicable=_not_applicable(model),
-        sizing=[str(s) for s in model.get("sizing") or [] if s],
+        summary=model.summary if model is not None else "",
+        source=model.source if model is not None else "",
+        not_applicable=[(n.technique, n.reason) for n in model.not_applicable] if model is not None else [],
+        sizing=list(model.sizing) if model is not None else [],
         left_out=left_out,
         scope=scope,
-        on_cpu=any(_on_cpu(run, c) for c in run.cases) or str(model.get("device") or run.device) == "cpu",
+        on_cpu=any(_on_cpu(run, c) for c in run.cases)
+        or ((model.device if model is not None else "") or run.device) == "cpu",
     )
 
 

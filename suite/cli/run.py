@@ -19,6 +19,7 @@ from gpubench.cli.console import OldSpellings, disk_full_text, make_console
 from gpubench.errors import BadInput
 from gpubench.records import results
 from gpubench.records.atomic import DiskFull
+from gpubench.records.model_origin import ModelOrigin
 from gpubench.records.policy import CAP_NOTE_START, memory_cap_note
 from gpubench.reports.terminal import case_params, fit_fields, format_speedup, print_summary, wrap_words
 from gpubench.run import scenario as scenariomod
@@ -625,14 +626,15 @@ def _emit_scenario(path: Path, text: str, scen: scenariomod.Scenario) -> None:
     )
 
 
-def _print_model_block(out: Console, model: dict[str, Any]) -> None:
+def _print_model_block(out: Console, raw: dict[str, Any]) -> None:
     """A --model scenario's model line, its sizing and the techniques left out with their reason."""
+    model = ModelOrigin.from_dict(raw) or ModelOrigin()
     soft = not out.is_terminal
-    out.print(f"model {model.get('name')}: {model.get('summary', '')}", markup=False, soft_wrap=soft)
-    for line in model.get("sizing") or []:
+    out.print(f"model {model.name or '?'}: {model.summary}", markup=False, soft_wrap=soft)
+    for line in model.sizing:
         out.print(f"  sizing: {line}", markup=False, soft_wrap=soft)
-    for item in model.get("not_applicable") or []:
-        out.print(f"  not measured: {item['technique']}: {item['reason']}", markup=False, soft_wrap=soft)
+    for item in model.not_applicable:
+        out.print(f"  not measured: {item.technique}: {item.reason}", markup=False, soft_wrap=soft)
 
 
 def _check_run_flags(repeat_scale: float, telemetry_interval: float, gpu_type: str | None, cluster: str | None) -> None:
@@ -671,10 +673,8 @@ def _only_techniques(only: str | None, scen: scenariomod.Scenario) -> list[str] 
                 f"--only: {name!r} is not a registered technique; allowed: {', '.join(techniques.all_techniques())}."
             )
         if name not in in_scenario:
-            why = next(
-                (n.get("reason") for n in (scen.model or {}).get("not_applicable") or [] if n.get("technique") == name),
-                None,
-            )
+            origin = ModelOrigin.from_dict(scen.model)
+            why = origin.reason_left_out(name) if origin is not None else None
             raise BadInput(
                 f"--only: scenario {scen.name} ({scen.path}) has no entry for {name!r}"
                 + (f" (not applicable to this model: {why})" if why else "")

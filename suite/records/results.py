@@ -42,6 +42,7 @@ from gpubench.records.declarations import (
     legacy_record,
 )
 from gpubench.records.energy import EnergyMeasurement
+from gpubench.records.model_origin import ModelOrigin
 
 if TYPE_CHECKING:  # pandas is imported where a frame is made: the CLI starts without it
     import pandas as pd
@@ -855,6 +856,12 @@ class RunRecord:
     def thresholds(self) -> dict[str, float]:
         """The scenario's gate threshold per technique (a slowdown fraction), where it sets one."""
         return {str(k): float(v) for k, v in (self.scenario.get("thresholds") or {}).items()}
+
+    @property
+    def model_origin(self) -> ModelOrigin | None:
+        """The model a ``gpubench run --model`` scenario was generated from (its ``model:`` block,
+        typed); None for any other run."""
+        return ModelOrigin.from_dict(self.scenario.get("model"))
 
     def device_of(self, case: CaseRecord) -> str:
         """The hardware a case ran on by name: its own record's (a run over several device

@@ -42,29 +42,12 @@ from gpubench import techniques
 from gpubench.contract import Param
 from gpubench.errors import BadInput
 from gpubench.records.case_ids import id_pairs
+from gpubench.records.model_origin import MODEL_KEYS, MODEL_WORKLOADS
 from gpubench.records.policy import POLICY_PARAMS, Policy, parse_threshold, policy_problems
 from gpubench.techniques import catalog
 
 TOP_KEYS = ("name", "description", "device", "seed", "policy", "thresholds", "order", "model", "entries")
 ENTRY_KEYS = ("technique", "params", "policy", "variants", "note")
-# The `model` block of a scenario generated from a model (gpubench.run.model_scenario): key -> the
-# types its value may have. Every key is optional (a user may trim an emitted scenario).
-MODEL_KEYS: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "source": (str,),
-    "family": (str,),
-    "workload": (str,),
-    "seq_len": (int,),
-    "batch": (int,),
-    "device": (str,),
-    "dtype": (str,),
-    "memory_gib": (int, float),
-    "summary": (str,),
-    "defaults": (str,),
-    "sizing": (list,),
-    "not_applicable": (list,),
-}
-MODEL_WORKLOADS = ("train", "serve", "both")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 DEVICE_ALLOWED = "auto, cpu, cuda or cuda:N"
 
