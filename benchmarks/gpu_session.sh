@@ -20,6 +20,8 @@
 #            decode case (they should agree within 5%)
 #   kernels  issue 28's goal cases: kernels-h200 (paged decode), kernels-h200-flash, and the flash
 #            cases again on the pointer path (GPUBENCH_FLASH_DESCRIPTORS=0) while time remains
+#   model    `run --model` on a published model (gpt-oss-20b: MoE, sliding windows, sinks; MODEL to
+#            change it), train and serve: what to turn on for it on this GPU, sized to its memory
 #   rest     gpu-quick, its --dry-run estimate first, with all the time left
 #
 # What comes back (at most 8 files, the device machine's limit): session.log (what ran, when, with
@@ -53,6 +55,7 @@ if [ -n "${REHEARSE:-}" ]; then
   PAGED="--scenario smoke --only paged_attention --repeat-scale 0.3"
   FLASH="--scenario smoke --only flash_attention --repeat-scale 0.3"
   REST="--scenario smoke --only packed_metadata,activation_offload --repeat-scale 0.3"
+  MODEL_RUN="--model ${MODEL:-smollm2-135m} --workload serve --repeat-scale 0.3"
   # A rehearsal's runs are not this machine's history: they go to a store of the rehearsal's own,
   # thrown away with its scratch folder, never into $GPUBENCH_HISTORY or the default store.
   export GPUBENCH_HISTORY=$SCRATCH/history.sqlite
@@ -60,8 +63,9 @@ else
   DEVICE=cuda; PY=${PY:-python3}
   FIRST="--scenario gpu-first"; PAGED="--scenario kernels-h200"; FLASH="--scenario kernels-h200-flash"
   REST="--scenario gpu-quick"
+  MODEL_RUN="--model ${MODEL:-gpt-oss-20b} --workload both"
 fi
-PARTS=${PARTS:-"env first dobench kernels rest"}
+PARTS=${PARTS:-"env first dobench kernels model rest"}
 echo "gpu_session: started $(date -u +%FT%TZ), deadline $DEADLINE_S s, parts: $PARTS, out $OUT" > "$LOG"
 
 if [ -z "${REHEARSE:-}" ]; then
@@ -163,6 +167,10 @@ part_kernels() {
   run flash $FLASH
   GPUBENCH_FLASH_DESCRIPTORS=0 run flash-pointers $FLASH
 }
+part_model() {
+  lim "$PY" -m gpubench.cli run $MODEL_RUN --device "$DEVICE" --budget "$(budget)s" --fill-budget --dry-run
+  run model $MODEL_RUN
+}
 part_rest() {
   lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)s" --fill-budget --dry-run
   run runs $REST
@@ -174,8 +182,9 @@ for p in $PARTS; do
     first) part first 180 part_first ;;
     dobench) part dobench 45 part_dobench ;;
     kernels) part kernels 200 part_kernels ;;
+    model) part model 150 part_model ;;
     rest) part rest 100000 part_rest ;;
-    *) log "unknown part $p (known: env first dobench kernels rest)" ;;
+    *) log "unknown part $p (known: env first dobench kernels model rest)" ;;
   esac
 done
 pack cache "$GPUBENCH_CACHE_DIR"

@@ -127,7 +127,7 @@ def test_parts_run_in_order_within_one_deadline_and_each_run_gets_a_budget(tmp_p
     proc = start(tmp_path, out, DEADLINE_S="300")
     assert proc.wait(timeout=240) == 0, proc.stdout.read()
     log = (out / "session.log").read_text()
-    assert started_parts(log) == ["env", "first", "dobench", "kernels", "rest"]
+    assert started_parts(log) == ["env", "first", "dobench", "kernels", "model", "rest"]
     assert "pip install failed" in log and "Could not find a version" in log  # logged, not lost
     pip = [c for c in calls(tmp_path) if c[:2] == ["-m", "pip"]]
     assert pip and "--no-index" in pip[0] and "--disable-pip-version-check" in pip[0]
@@ -140,19 +140,34 @@ def test_parts_run_in_order_within_one_deadline_and_each_run_gets_a_budget(tmp_p
     for at, limit in starts:  # every part's limit is cut from what is left of the one deadline
         assert at + limit <= 300 - 20, (at, limit)
     runs = [c for c in calls(tmp_path) if c[:3] == ["-m", "gpubench.cli", "run"]]
-    assert {c[c.index("--scenario") + 1] for c in runs} == {
+    assert {c[c.index("--scenario") + 1] for c in runs if "--scenario" in c} == {
         "gpu-first",
         "kernels-h200",
         "kernels-h200-flash",
         "gpu-quick",
     }
+    # a published model, its --dry-run plan first, then the run itself
+    model_runs = [c for c in runs if "--model" in c]
+    assert [("--dry-run" in c, c[c.index("--model") + 1]) for c in model_runs] == [
+        (True, "gpt-oss-20b"),
+        (False, "gpt-oss-20b"),
+    ]
     for c in runs:
         budget = c[c.index("--budget") + 1]
         assert budget.endswith("s") and 0 < int(budget[:-1]) <= max(limits), c
         assert "--fill-budget" in c  # the session uses its time to the end
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted(
-        ["session.log", "cache.tar.gz", "env.tar.gz", "first.tar.gz", "dobench.tar.gz", "kernels.tar.gz", "rest.tar.gz"]
+        [
+            "session.log",
+            "cache.tar.gz",
+            "env.tar.gz",
+            "first.tar.gz",
+            "dobench.tar.gz",
+            "kernels.tar.gz",
+            "model.tar.gz",
+            "rest.tar.gz",
+        ]
     )
     assert len(files) <= MAX_FILES_BACK
     assert "./tuning.json" in members(out / "cache.tar.gz")  # the next session starts warm
