@@ -156,6 +156,20 @@ class AttentionWeights(Protocol):
     wo: torch.Tensor
 
 
+class DecoderWeights(Protocol):
+    """What :func:`rope_cos_sin` and :func:`head_loss` read of a model: a :class:`LlamaWeights`, or
+    a decoder's whose layers are something else (the MoE decoder's), with the same config, final
+    norm, LM head and RoPE table cache."""
+
+    config: LlamaConfig
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+    _rope: dict
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
 @dataclass
 class LlamaWeights:
     config: LlamaConfig
@@ -254,7 +268,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def rope_cos_sin(weights: LlamaWeights, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(weights: DecoderWeights, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for ``positions`` (any shape), each ``positions.shape + (head_dim,)``, in the
     "rotate half" layout Hugging Face's Llama uses (channel i pairs with i + head_dim/2)."""
     c = weights.config
@@ -381,7 +395,7 @@ def fused_forward(
     return F.linear(rms_norm(x, weights.final_norm, c.rms_eps), weights.lm_head)
 
 
-def head_loss(weights: LlamaWeights, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def head_loss(weights: DecoderWeights, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Final norm, LM head and mean next-token cross-entropy of hidden states ``x`` (float32 logits)."""
     logits = F.linear(rms_norm(x, weights.final_norm, weights.config.rms_eps), weights.lm_head)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -782,8 +782,8 @@ def _launch(
     )
     tuned = _flash_attention_fwd_tma_tuned if use_tma else _flash_attention_fwd_tuned
     if block_m is None and tuned is not None:
-        grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)
-        tuned[grid](*args, **constants)
+        tuned_grid = lambda meta: (triton.cdiv(grid_m, meta["BLOCK_M"]), batch * heads)
+        tuned[tuned_grid](*args, **constants)
     else:
         block_m = block_m or INTERPRETER_BLOCK_M
         block_n = block_n or INTERPRETER_BLOCK_N
@@ -828,7 +828,7 @@ def flash_attention_triton(
     out = _output(out, (batch, heads, seq_q, v.shape[3]), q)
     lse = torch.empty(batch, heads, seq_q, dtype=torch.float32, device=q.device) if return_lse else None
     if out.numel() > 0:
-        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *(lse.stride() if return_lse else (0, 0, 0)))
+        strides = (*q.stride(), *k.stride(), *v.stride(), *out.stride(), *((0, 0, 0) if lse is None else lse.stride()))
         _launch(
             q,
             k,
@@ -852,7 +852,7 @@ def flash_attention_triton(
             window=window,
             chunk=chunk,
         )
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)
 
 
 def _check_cu_seqlens(
@@ -929,7 +929,7 @@ def flash_attention_varlen_triton(
     lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
     if batch > 0 and max_seqlen_q > 0 and out.numel() > 0:
         strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0), t.stride(2)))
-        strides += (0, *lse.stride()) if return_lse else (0, 0, 0)
+        strides += (0, 0, 0) if lse is None else (0, *lse.stride())
         _launch(
             q,
             k,
@@ -953,4 +953,4 @@ def flash_attention_varlen_triton(
             window=window,
             chunk=chunk,
         )
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)

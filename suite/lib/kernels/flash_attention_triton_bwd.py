@@ -1173,6 +1173,9 @@ def flash_attention_backward_triton(
     if scale is None:
         scale = head_dim**-0.5
     if varlen:
+        # (_check_backward_inputs refuses varlen without all four of its arguments)
+        assert cu_seqlens_q is not None and cu_seqlens_k is not None
+        assert max_seqlen_q is not None and max_seqlen_k is not None
         batch = cu_seqlens_q.numel() - 1
         grid_q, grid_k = max_seqlen_q, max_seqlen_k
         # As the forward: the kernels read each document's lengths from cu_seqlens; the length

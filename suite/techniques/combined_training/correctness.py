@@ -52,6 +52,7 @@ def plain_step(w: CombinedWorkload, moe: str) -> Step:
     """The step without any of the machinery under test: ordinary autograd through every layer
     (no checkpointing, no offload), the metadata built once with the builder, ``moe``'s path;
     from the initial weights (reset), the gradients left cleared."""
+    assert w.reset is not None  # (build_workload sets it)
     w.reset()
     weights, tokens = w.weights, w.tokens
     rows, seq = tokens.shape

@@ -35,7 +35,8 @@ def step_metrics(w: CombinedWorkload, measured: Measured) -> dict[str, Any]:
         "params": w.weights.num_params(),
     }
     if measured.records:
-        out.update({metric: int(measured.median_of(key)) for key, metric in COUNTS.items()})
+        # every call records each count (step.train_step)
+        out.update({metric: int(statistics.median(r[key] for r in measured.records)) for key, metric in COUNTS.items()})
         out["host_syncs_per_step"] = int(
             statistics.median(r["metadata_syncs"] + r["moe_host_reads"] for r in measured.records)
         )
@@ -48,6 +49,7 @@ def step_metrics(w: CombinedWorkload, measured: Measured) -> dict[str, Any]:
         out["fallback"] = next((r["fallback"] for r in measured.records if r.get("fallback")), "")
     if w.device.type == "cuda":  # GPU-only: sync debug mode sees CUDA syncs only
         # Sync debug mode perturbs timing: CUDA's own count comes from one extra, untimed step.
+        assert w.reset is not None  # (build_workload sets it)
         w.reset()
         with count_cuda_syncs(True) as seen:
             train_step(w, VARIANTS[measured.variant].options)

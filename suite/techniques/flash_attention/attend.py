@@ -7,6 +7,7 @@ for them, and the peers (torch SDPA, default or pinned to a backend, and the fla
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -15,7 +16,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.torch_version import TorchVersion
 
 from gpubench.baselines.flash_attention import attention
-from gpubench.contract import Workload
 from gpubench.lib.attention import Documents, causal_offset, first_visible_key, sees_no_key, visible_keys
 from gpubench.lib.optional import optional_import
 from gpubench.lib.triton_support import kernel_module, kernel_problem
@@ -91,7 +91,8 @@ def eager(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
     """materialized scores, float32 softmax, @ V (Hugging Face's eager path); varlen: the documents
     padded to the longest with a mask; train: autograd's backward through it"""
     if w.docs is not None:
-        return run_mode(w, lambda: padded_attention(w.q, w.k, w.v, w.docs, w.causal, w.causal_align, **w.local))
+        d = w.docs
+        return run_mode(w, lambda: padded_attention(w.q, w.k, w.v, d, w.causal, w.causal_align, **w.local))
     return run_mode(w, lambda: attention(w.q, w.k, w.v, causal=w.causal, causal_align=w.causal_align, **w.local))
 
 
@@ -100,6 +101,14 @@ def triton_problem(device: torch.device) -> str | None:
     return kernel_problem(KERNEL[0], device, interpreter_ok=True) or kernel_problem(
         TRAIN_KERNELS, device, interpreter_ok=True
     )
+
+
+def _kernels(name: str) -> ModuleType:
+    """Kernel module ``name``: imported wherever the variant runs (:func:`triton_problem` found it)."""
+    module = kernel_module(name)
+    if isinstance(module, str):
+        raise RuntimeError(module)
+    return module
 
 
 # Forward tiles where Triton's interpreter runs a case that fixes none (on a GPU the autotuner
@@ -115,7 +124,7 @@ def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor
     recomputing the scores from the saved log-sum-exp"""
     args = dict(causal=w.causal, causal_align=w.causal_align, **w.local)
     if w.train:
-        functions = kernel_module(TRAIN_KERNELS)
+        functions = _kernels(TRAIN_KERNELS)
         if w.docs is None:
             return run_mode(w, lambda: functions.flash_attn_func(w.q, w.k, w.v, **args))
         d = w.docs
@@ -125,7 +134,7 @@ def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor
                 w.q, w.k, w.v, d.cu_seqlens_q, d.cu_seqlens_k, d.max_seqlen_q, d.max_seqlen_k, **args
             )[: d.total_q],
         )
-    kernels = kernel_module(KERNEL[0])
+    kernels = _kernels(KERNEL[0])
     blocks = w.blocks or (INTERPRETER_BLOCKS if getattr(kernels, "INTERPRETED", False) else {})
     if w.docs is None:
         return getattr(kernels, KERNEL[1])(w.q, w.k, w.v, out=w.triton_out, **args, **blocks)
@@ -147,8 +156,10 @@ def triton_kernel(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor
 def tiled_per_document(w: AttentionWorkload) -> torch.Tensor:
     """The tiled loop on each packed document alone (the loop has no varlen form), into
     ``tiled_out``'s rows of that document (train: concatenated, so autograd sees every one)."""
+    docs = w.docs
+    assert docs is not None  # (torch_tiled calls this for varlen cases only)
     outs = []
-    for rows_q, rows_k in w.docs.spans():
+    for rows_q, rows_k in docs.spans():
         q, k, v = (t[rows].transpose(0, 1)[None] for t, rows in ((w.q, rows_q), (w.k, rows_k), (w.v, rows_k)))
         out = None if w.train else w.tiled_out[rows_q].transpose(0, 1)[None]
         outs.append(
@@ -156,7 +167,7 @@ def tiled_per_document(w: AttentionWorkload) -> torch.Tensor:
                 q, k, v, causal=w.causal, causal_align=w.causal_align, out=out, **w.blocks, **w.local
             )[0].transpose(0, 1)
         )
-    return torch.cat(outs) if w.train else w.tiled_out[: w.docs.total_q]
+    return torch.cat(outs) if w.train else w.tiled_out[: docs.total_q]
 
 
 def torch_tiled(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -234,7 +245,8 @@ def _sdpa(w: AttentionWorkload, gqa: bool) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, _repeat_kv(k, heads), _repeat_kv(v, heads), is_causal=w.causal)
 
 
-SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # enable_gqa arrived in torch 2.5
+# enable_gqa arrived in torch 2.5 (the ignore: TorchVersion compares with a tuple; its stub says str only)
+SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)  # type: ignore[operator]
 
 
 def sdpa_unavailable(device: torch.device, params: dict[str, Any] | None = None) -> str | None:
@@ -279,7 +291,9 @@ def pinned_unavailable(backend: SDPBackend) -> Callable[..., str | None]:
 _NO_GQA_BACKENDS: set[str] = set()
 
 
-def pinned_sdpa(name: str, backend: SDPBackend) -> Callable[[Workload], Any]:
+def pinned_sdpa(
+    name: str, backend: SDPBackend
+) -> Callable[[AttentionWorkload], torch.Tensor | dict[str, torch.Tensor]]:
     def attend(w: AttentionWorkload) -> torch.Tensor:
         grouped = w.q.shape[1] != w.k.shape[1]
         with sdpa_kernel(backend):

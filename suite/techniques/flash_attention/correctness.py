@@ -11,6 +11,7 @@ import torch
 
 from gpubench.contract import CheckResult, Measured, relative_l2_check, tensors_check
 from gpubench.lib.attention import (
+    Documents,
     attention_bytes,
     attention_flops,
     attention_reference,
@@ -21,18 +22,21 @@ from gpubench.lib.attention import (
 from gpubench.techniques.flash_attention.workload import OUTPUT_KEYS, TRAIN_TOLERANCE, AttentionWorkload
 
 
-def _reference_varlen_backward(w: AttentionWorkload, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """:func:`reference_backward` of each packed document alone, into packed gradients."""
+def _reference_varlen_backward(
+    w: AttentionWorkload, docs: Documents, grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """:func:`reference_backward` of each packed document (``docs``: the workload's) alone, into
+    packed gradients."""
     grads = [torch.zeros(t.shape, dtype=torch.float64, device=t.device) for t in (w.q, w.k, w.v)]
     as_batch = lambda t: t.transpose(0, 1)[None]
-    for rows_q, rows_k in w.docs.spans():
+    for rows_q, rows_k in docs.spans():
         doc = reference_backward(
             as_batch(w.q[rows_q]),
             as_batch(w.k[rows_k]),
             as_batch(w.v[rows_k]),
             as_batch(out[rows_q]),
             lse[None, :, rows_q],
-            as_batch(w.grad_out[rows_q]),
+            as_batch(grad_out[rows_q]),
             w.causal,
             w.causal_align,
             **w.local,
@@ -46,19 +50,32 @@ def float64_reference(w: AttentionWorkload) -> torch.Tensor | dict[str, torch.Te
     """Attention in float64 (``attention_reference``; varlen: each document alone, the documents'
     rows); train mode adds dq, dk, dv by :func:`reference_backward`, a chunk of query rows at a
     time (varlen: exactly 0 on the tail after the last document)."""
-    args = dict(causal=w.causal, causal_align=w.causal_align, return_lse=w.train, **w.local)
     with torch.no_grad():
         if w.docs is None:
-            result = attention_reference(w.q, w.k, w.v, **args)
+            result = attention_reference(
+                w.q, w.k, w.v, causal=w.causal, causal_align=w.causal_align, return_lse=w.train, **w.local
+            )
         else:
-            result = attention_reference_varlen(w.q, w.k, w.v, w.docs.cu_seqlens_q, w.docs.cu_seqlens_k, **args)
+            result = attention_reference_varlen(
+                w.q,
+                w.k,
+                w.v,
+                w.docs.cu_seqlens_q,
+                w.docs.cu_seqlens_k,
+                causal=w.causal,
+                causal_align=w.causal_align,
+                return_lse=w.train,
+                **w.local,
+            )
         if not w.train:
+            assert isinstance(result, torch.Tensor)  # (no lse asked)
             return result
         out, lse = result
+        assert w.grad_out is not None  # (train mode draws it)
         if w.docs is None:
             grads = reference_backward(w.q, w.k, w.v, out, lse, w.grad_out, w.causal, w.causal_align, **w.local)
         else:
-            grads = _reference_varlen_backward(w, out, lse)
+            grads = _reference_varlen_backward(w, w.docs, w.grad_out, out, lse)
     return dict(zip(OUTPUT_KEYS, (out, *grads)))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -32,6 +32,14 @@ TRAIN_TOLERANCE = {**DTYPE_TOLERANCE, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 PACKED_TAIL_ROWS = 5
 
 
+class LocalMask(TypedDict):
+    """A case's local attention (:mod:`gpubench.lib.attention`), as keyword arguments of the
+    attention functions: a sliding window or a chunk of that many keys, each 0 for none."""
+
+    window: int
+    chunk: int
+
+
 @dataclass(kw_only=True)
 class AttentionWorkload(Workload):
     q: torch.Tensor  # (batch, heads, seq_q, head_dim); varlen (total_q + PACKED_TAIL_ROWS, heads, head_dim)
@@ -39,7 +47,7 @@ class AttentionWorkload(Workload):
     v: torch.Tensor  # as k, with head_dim_v channels
     causal: bool
     causal_align: str
-    local: dict[str, int]  # window and chunk, each 0 for none (gpubench.lib.attention)
+    local: LocalMask
     train: bool  # q, k, v require grad; every variant returns the output and dq, dk, dv
     grad_out: torch.Tensor | None  # train: the upstream gradient, shaped like the output (varlen: documents' rows)
     docs: Documents | None  # varlen: the packing
@@ -91,6 +99,7 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> A
     seq_k, seq_q = params["seq_len"], params["seq_len_q"] or params["seq_len"]
     gen = torch.Generator().manual_seed(seed)
     docs = None
+    shapes: tuple[tuple[int, ...], ...]  # q's, k's and v's
     if params["varlen"]:
         lens_k = torch.randint(1, seq_k + 1, (batch,), generator=gen).tolist()
         lens_q = torch.randint(1, seq_q + 1, (batch,), generator=gen).tolist() if params["seq_len_q"] else lens_k
@@ -114,7 +123,7 @@ def build_workload(params: dict[str, Any], device: torch.device, seed: int) -> A
         v=v.requires_grad_(train),
         causal=params["causal"],
         causal_align=params["causal_align"],
-        local={"window": params["window"], "chunk": params["chunk"]},
+        local=LocalMask(window=params["window"], chunk=params["chunk"]),
         train=train,
         grad_out=grad_out,
         docs=docs,
