@@ -31,7 +31,7 @@ from gpubench.measure.energy import METHOD_TIMED_CALLS
 from gpubench.measure.throttle import BENIGN_REASONS
 from gpubench.records.atomic import DiskFull, atomic_write_text
 from gpubench.records.declarations import Registry
-from gpubench.records.results import CaseRecord, RunRecord, as_run, duration_text, not_run_text
+from gpubench.records.results import CaseRecord, RunRecord, RunTelemetry, as_run, duration_text, not_run_text
 from gpubench.records.results import load_run as load_record
 from gpubench.reports import answer, charts, claims, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
@@ -129,9 +129,9 @@ def _read_env(root: Path, run: RunRecord) -> dict[str, Any] | None:
 
 
 def _read_telemetry(root: Path, run: RunRecord) -> tuple[pd.DataFrame | None, str | None]:
-    summary = run.telemetry or {}
-    if summary.get("status") != "ok":
-        return None, summary.get("reason") or "the run recorded no telemetry"
+    summary = run.telemetry
+    if summary is None or not summary.available:
+        return None, (summary.reason if summary is not None else None) or "the run recorded no telemetry"
     try:
         import pandas as pd
 
@@ -179,12 +179,12 @@ def _warnings(run: RunRecord) -> list[str]:
             "could not hold them, so they were never started (listed under the counts; neither passed "
             "nor failed, and missing to the gate)."
         )
-    tele = run.telemetry or {}
-    if tele.get("throttled"):
-        share = tele.get("throttled_fraction")
+    tele = run.telemetry
+    if tele is not None and tele.throttled:
+        share = tele.throttled_fraction
         warnings.append(
             "the GPU throttled during the run ("
-            + ", ".join(tele.get("throttle_reasons", []))
+            + ", ".join(tele.throttle_reasons)
             + (f", {share:.0%} of samples" if isinstance(share, (int, float)) else "")
             + "): timings may be slower than the hardware allows."
         )
@@ -360,7 +360,7 @@ def telemetry_section(run: Run) -> dict[str, Any]:
     """Power, SM clock, temperature and memory over time with each case's span shaded, and the
     throttle reasons that fired (run-wide and per case)."""
     record = run.record
-    summary = record.telemetry or {}
+    summary = record.telemetry or RunTelemetry()
     numbers = {c.id: n for n, c in enumerate(record.cases, 1)}
     labels = Labels(record)
     throttled_cases = [
@@ -372,15 +372,15 @@ def telemetry_section(run: Run) -> dict[str, Any]:
         "available": run.telemetry is not None,
         "note": f"telemetry unavailable: {run.telemetry_note}",
         "figure": None,
-        "reasons": summary.get("throttle_reasons") or [],
-        "benign": summary.get("benign_reasons") or [],
+        "reasons": summary.throttle_reasons,
+        "benign": summary.benign_reasons,
         "throttled_cases": throttled_cases,
-        "samples": summary.get("n_samples"),
-        "interval": summary.get("interval_s"),
+        "samples": summary.n_samples,
+        "interval": summary.interval_s,
     }
     if run.telemetry is None:
         return section
-    section["figure"] = _telemetry_figure(run.telemetry, numbers, (summary.get("interval_s") or 0.0) / 2)
+    section["figure"] = _telemetry_figure(run.telemetry, numbers, (summary.interval_s or 0.0) / 2)
     if section["figure"] is None:
         section.update(
             available=False,

@@ -522,10 +522,8 @@ def print_summary(
         for name, note in sorted(gpu_notes.items()):
             if name in ran and note:
                 console.print(f"[yellow]note[/]: {name} measured on a CPU: {note}", soft_wrap=not console.is_terminal)
-    tele = run.telemetry or {}
-    if tele.get("status") == "unavailable":
-        console.print(f"telemetry: unavailable: {tele.get('reason')}")
-    elif tele.get("throttled"):
-        console.print(
-            f"[bold yellow]warning[/]: the GPU throttled during the run: {', '.join(tele.get('throttle_reasons', []))}"
-        )
+    tele = run.telemetry
+    if tele is not None and tele.status == "unavailable":
+        console.print(f"telemetry: unavailable: {tele.reason}")
+    elif tele is not None and tele.throttled:
+        console.print(f"[bold yellow]warning[/]: the GPU throttled during the run: {', '.join(tele.throttle_reasons)}")

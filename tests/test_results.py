@@ -281,3 +281,36 @@ def test_a_real_run_read_back_writes_the_same_bytes(small_run_dir):
     variant = case.variants[case.role_variant("baseline")]
     assert isinstance(variant.stats, Stats) and isinstance(variant.check, Check) and isinstance(variant.timing, Timing)
     assert isinstance(case.device, Device) and all(isinstance(s, Speedup) for s in case.speedups.values())
+
+
+def test_the_run_telemetry_summary_writes_what_the_sampler_wrote_and_reads_by_field():
+    """The run-level telemetry (RunTelemetry) is the sampler's summary, key for key and in order,
+    with the per-device summaries of a run over several GPUs added last as before; readers get
+    fields (status, reason, throttled, ...), and a CPU run's "unavailable" reads back as such."""
+    from gpubench.measure.telemetry import TelemetrySampler
+    from gpubench.records.results import RunTelemetry
+
+    sampled = {
+        "status": "ok",
+        "reason": None,
+        "interval_s": 0.05,
+        "read_errors": 0,
+        "last_read_error": None,
+        "skipped_ticks": 1,
+        "n_samples": 40,
+        "power_w_mean": 512.5,
+        "throttled": True,
+        "throttle_reasons": ["sw_thermal"],
+        "a_key_of_a_newer_sampler": 3,
+        "device": {"name": "NVIDIA H200"},
+    }
+    one = RunTelemetry.from_dict(sampled)
+    one.devices = {"cuda:0": RunTelemetry.from_dict(sampled), "cuda:1": RunTelemetry.from_dict(sampled)}
+    expected = {**sampled, "devices": {"cuda:0": sampled, "cuda:1": sampled}}
+    assert json.dumps(one.to_dict()) == json.dumps(expected)
+    read = RunTelemetry.from_dict(expected)
+    assert read.available and read.throttled and read.throttle_reasons == ["sw_thermal"]
+    assert read.devices["cuda:1"].power_w_mean == 512.5 and read.extra == {"a_key_of_a_newer_sampler": 3}
+    cpu = TelemetrySampler(None, unavailable_reason="device is cpu (NVML reports NVIDIA GPUs only)").run_summary()
+    unavailable = RunTelemetry.from_dict(cpu)
+    assert not unavailable.available and unavailable.reason and unavailable.to_dict() == cpu

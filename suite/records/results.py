@@ -347,6 +347,39 @@ class Telemetry(Figures):
 
 
 @dataclass
+class RunTelemetry(Telemetry):
+    """The run's telemetry (gpubench.measure.telemetry.TelemetrySampler.run_summary): whether
+    it was sampled (``status`` "ok" or "unavailable", with the ``reason``), how sampling went, the
+    whole run's NVML figures, and, for a run over several devices, each one's own by worker slot
+    (``devices``). None where the run recorded none."""
+
+    status: str | None = None
+    reason: str | None = None
+    interval_s: float | None = None
+    read_errors: int | None = None
+    last_read_error: str | None = None
+    skipped_ticks: int | None = None
+    device: dict[str, Any] | None = None  # what NVML says of the GPU sampled
+    unsupported_fields: list[str] = field(default_factory=list)
+    devices: dict[str, RunTelemetry] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = super()._field_values(data)
+        if "devices" in out:
+            out["devices"] = {
+                str(k): RunTelemetry.from_dict(v) for k, v in (out["devices"] or {}).items() if isinstance(v, Mapping)
+            }
+        if "unsupported_fields" in out and out["unsupported_fields"] is None:
+            out["unsupported_fields"] = []
+        return out
+
+
+@dataclass
 class Device(Figures):
     """The device a case ran on (gpubench.run.worker.DeviceInfo as recorded)."""
 
@@ -790,7 +823,7 @@ class RunRecord:
     started_at: str = ""
     finished_at: str | None = None
     ceilings: dict[str, Any] | None = None
-    telemetry: dict[str, Any] | None = None
+    telemetry: RunTelemetry | None = None
     cases: list[CaseRecord] = field(default_factory=list)
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # every device used, by worker slot
     warnings: list[str] = field(default_factory=list)  # what the reader must know first (busy GPUs)
@@ -925,7 +958,7 @@ class RunRecord:
         skip = ("cases", "declarations", "schema_version", "source", "path", "registry")
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         fields = {
-            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, (type, Figures)) else v
             for k, v in fields.items()
         }
         fields["not_run"] = [dataclasses.asdict(c) for c in self.not_run]
@@ -969,6 +1002,7 @@ class RunRecord:
                 "devices": fields.get("devices") or {},
                 "warnings": fields.get("warnings") or [],
                 "crash": _typed(Failure, fields.get("crash")),
+                "telemetry": _typed(RunTelemetry, fields.get("telemetry")),
                 "time_use": _typed(TimeUse, fields.get("time_use")),
                 "not_run": [NotRunCase.from_dict(c) for c in fields.get("not_run") or [] if isinstance(c, Mapping)],
                 "declarations": Declarations.from_dicts(data.get("techniques"), data.get("claims_elsewhere")),

@@ -96,9 +96,9 @@ def attach_telemetry(run: RunRecord, states: Sequence[DeviceState]) -> None:
     if not samplers:
         return
     first = next(iter(samplers.values()))
-    run.telemetry = first.run_summary()
+    run.telemetry = results.RunTelemetry.from_dict(first.run_summary())
     if len(samplers) > 1:
-        run.telemetry["devices"] = {key: s.run_summary() for key, s in samplers.items()}
+        run.telemetry.devices = {key: results.RunTelemetry.from_dict(s.run_summary()) for key, s in samplers.items()}
     for record in run.cases:
         key = record.device.key if record.device is not None else None
         sampler = samplers.get(key) if isinstance(key, str) else None

@@ -279,9 +279,11 @@ def _close(r: _Run) -> None:
     run.time_use = results.TimeUse.of(run.cases, time.perf_counter() - r.t_start, max(1, len(run.devices)))
     closing.remember_case_times(run)
     if r.options.cluster:
-        run.telemetry = {
-            "status": "unavailable",
-            "reason": "the cases ran as Ray tasks: telemetry is not sampled on the cluster's nodes",
-        }
+        run.telemetry = results.RunTelemetry.from_dict(
+            {
+                "status": "unavailable",
+                "reason": "the cases ran as Ray tasks: telemetry is not sampled on the cluster's nodes",
+            }
+        )
     closing.write_run(sink.run_dir, run, sink.records, states)
     sink.progress.run_finished()
