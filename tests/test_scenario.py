@@ -84,6 +84,34 @@ def test_invalid_yaml_reports_the_line(write_scenario):
     assert message.startswith(f"{path}:") and "invalid YAML" in message
 
 
+INVALID_YAML = {
+    # text -> (line, the message's words): PyYAML's pure-Python parser's, with or without libyaml
+    "name: t\nentries:\n\t- technique: kv_cache\n": (3, "found character '\\t' that cannot start any token"),
+    "name:\tt\nentries: []\n": (1, "found character '\\t' that cannot start any token"),
+    "name: t\nentries: [a, @b]\n": (2, "found character '@' that cannot start any token"),
+    "name: t\nentries: *x\n": (2, "found undefined alias 'x'"),
+    "name: t\ndescription: !foo x\nentries: []\n": (2, "could not determine a constructor for the tag '!foo'"),
+    "name: t\ndescription: 2020-13-45\nentries: []\n": (2, "'2020-13-45' cannot be read (month must be in 1..12)"),
+    "name: t\nbase: &b {technique: x}\nentries:\n  - <<: *b\n": (4, "a merge key (<<) is not read here"),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["libyaml", "python"])
+@pytest.mark.parametrize("text", INVALID_YAML)
+def test_invalid_yaml_reads_the_same_with_or_without_libyaml(write_scenario, monkeypatch, text, fast):
+    """A file YAML refuses, or a value it cannot build (an unknown tag, a merge key, a date that
+    does not exist), is one line naming the file, the line and what is wrong, the same words
+    whether or not PyYAML has libyaml (which says less, and lets tabs pass): never a traceback."""
+    if not fast:
+        monkeypatch.setattr(scenario, "_FAST_LOADER", None)
+    elif scenario._FAST_LOADER is None:
+        pytest.skip("this PyYAML has no libyaml")
+    path = write_scenario(text, policy=False)
+    line, words = INVALID_YAML[text]
+    message, _ = problems_of(path)
+    assert message.startswith(f"{path}:{line}: invalid YAML") and words in message, message
+
+
 def test_bad_device_and_policy_are_reported(toys, write_scenario):
     path = write_scenario(GOOD + "device: gpu0\npolicy:\n  min_reps: 0\n  warmup: 1\n", policy=False)
     _, problems = problems_of(path)

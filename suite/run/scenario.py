@@ -247,12 +247,25 @@ class _Located:
         self._constructor = yaml.constructor.SafeConstructor()
         self.value = self._convert(node, ())
 
+    def _build(self, node: yaml.Node) -> Any:
+        """The Python value of a key or scalar node; _BadValue (its line) where YAML cannot build
+        it: an unknown tag, a merge key, a date that does not exist."""
+        if node.tag == "tag:yaml.org,2002:merge":
+            raise _BadValue(node.start_mark.line + 1, "a merge key (<<) is not read here; write the keys out")
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None) or node.start_mark
+            raise _BadValue(mark.line + 1, getattr(exc, "problem", None) or str(exc)) from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise _BadValue(node.start_mark.line + 1, f"{node.value!r} cannot be read ({exc})") from None
+
     def _convert(self, node: yaml.Node, path: tuple) -> Any:
         self.lines[path] = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
-                key = self._constructor.construct_object(key_node, deep=True)
+                key = self._build(key_node)
                 if not isinstance(key, (str, int, float, bool)) and key is not None:
                     self.bad_keys.append((path, key_node.start_mark.line + 1))
                     continue
@@ -263,7 +276,7 @@ class _Located:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self._convert(item, path + (i,)) for i, item in enumerate(node.value)]
-        return self._constructor.construct_object(node, deep=True)
+        return self._build(node)
 
     def line(self, path: tuple) -> int:
         while path not in self.lines and path:
@@ -339,16 +352,40 @@ def parse(text: str, path: Path, cross_checks: bool = True) -> Scenario:
     )
 
 
-# libyaml's parser where PyYAML was built with it (the wheels are): the same nodes and marks, ~10x
-# faster than the pure-Python one (gpubench list reads every shipped scenario).
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's parser where PyYAML was built with it (the wheels are): ~10x faster than the pure-Python
+# one (gpubench list reads every shipped scenario), and on a valid file the same nodes and marks.
+# They differ on invalid ones: libyaml's messages say less ("found character that cannot start any
+# token", not which), and it lets tabs pass where the Python parser refuses them. So a file with a
+# tab, or one libyaml refuses, is read by the Python parser: the verdict and the message are the
+# same whether or not PyYAML has libyaml.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", None)
+
+
+def _compose_node(text: str) -> yaml.Node | None:
+    if _FAST_LOADER is None or "\t" in text:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    try:
+        return yaml.compose(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError as fast_error:
+        try:
+            return yaml.compose(text, Loader=yaml.SafeLoader)
+        except RecursionError:  # nested past Python's stack: libyaml's refusal says so
+            raise fast_error from None
+
+
+class _BadValue(Exception):
+    """A scalar YAML parses but cannot build (``!foo x``, ``2020-13-45``), at ``line``."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line = line
 
 
 def _compose(text: str, path: Path) -> _Located:
     """The YAML document of ``text`` with the line of every key; BadInput (its line) for invalid
-    YAML or an empty file."""
+    YAML, a value YAML cannot build, or an empty file."""
     try:
-        node = yaml.compose(text, Loader=_LOADER)
+        node = _compose_node(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
@@ -356,7 +393,10 @@ def _compose(text: str, path: Path) -> _Located:
         raise BadInput(f"{path}:{line}: invalid YAML: {problem}") from None
     if node is None:
         raise BadInput(f"{path}:1: the scenario file is empty; it needs at least 'name' and 'entries'.")
-    return _Located(node)
+    try:
+        return _Located(node)
+    except _BadValue as exc:
+        raise BadInput(f"{path}:{exc.line}: invalid YAML value: {exc}") from None
 
 
 def _key_problems(doc: _Located, path: Path) -> list[str]:
