@@ -101,7 +101,7 @@ class Param:
     were.
 
     A value is checked for its ``type``, ``choices`` and ``min``/``max``; a rule on one value beyond
-    those is ``check="module:function"``, a torch-free function that returns why the value is
+    those is ``value_check="module:function"``, a torch-free function that returns why the value is
     refused, or None (rules across params: ``Technique.validate``)."""
 
     name: str
@@ -121,14 +121,24 @@ class Param:
     # function takes the value and returns why it is refused, or None (a model param: a preset, a
     # config.json or a directory that exists). Named, not passed, so the catalogue of declarations
     # keeps it; it must import no torch, since a scenario's values are checked before any
-    # technique code loads. Rules across several params belong in ``validate_fn``.
-    check: str | None = None
+    # technique code loads. Rules across several params belong in ``validate_fn``. Keyword-only, so
+    # a subclass's own positional fields (a PolicyParam's ``above``) stay where they were.
+    value_check: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:
             raise TypeError(f"Param {self.name}: type must be one of int, float, str, bool")
-        if self.check is not None and not _CHECK_NAME.fullmatch(self.check):
-            raise ValueError(f"Param {self.name}: check {self.check!r} must name a function as 'module:function'")
+        if self.value_check is not None:
+            if not _CHECK_NAME.fullmatch(self.value_check):
+                raise ValueError(
+                    f"Param {self.name}: value_check {self.value_check!r} must name a function as 'module:function'"
+                )
+            try:
+                _value_check(self.value_check)
+            except Exception as exc:  # noqa: BLE001 - the declaration names the check it cannot load
+                raise ValueError(
+                    f"Param {self.name}: value_check {self.value_check!r} cannot be loaded ({type(exc).__name__}: {exc})"
+                ) from None
         if self.min_exclusive and self.min is None:
             raise ValueError(f"Param {self.name}: min_exclusive needs a min")
         problem = self.problem(self.default)
@@ -180,8 +190,11 @@ class Param:
             return f"{value!r} is below the minimum {self.min}"
         if self.max is not None and value > self.max:
             return f"{value!r} is above the maximum {self.max}"
-        if self.check is not None:
-            problem: str | None = _value_check(self.check)(value)
+        if self.value_check is not None:
+            try:
+                problem: str | None = _value_check(self.value_check)(value)
+            except Exception as exc:  # noqa: BLE001 - a check that fails refuses the value, saying why
+                return f"{value!r}: its check {self.value_check} failed ({type(exc).__name__}: {exc})"
             return problem
         return None
 
@@ -191,7 +204,7 @@ _CHECK_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 @functools.cache
 def _value_check(name: str) -> Callable[[Any], str | None]:
-    """The function a :attr:`Param.check` names, imported once."""
+    """The function a :attr:`Param.value_check` names, imported once."""
     module, _, attr = name.partition(":")
     function: Callable[[Any], str | None] = getattr(importlib.import_module(module), attr)
     return function

@@ -42,7 +42,7 @@ PROBES = (
     "float32",
     "bfloat16",
     "poisson:40",
-    "tiny",  # a model param's value check (Param.check): a built-in size, a preset, a misspelt one
+    "tiny",  # a model param's value check (Param.value_check): a built-in size, a preset, a misspelt one
     "llama-2-7b",
     "lama-2-7b",
     [1],
@@ -113,7 +113,7 @@ def test_each_declaration_rebuilds_as_the_module_declares_it(fresh):
                 ours.min,
                 ours.max,
                 ours.min_exclusive,
-                ours.check,
+                ours.value_check,
             ) == (
                 theirs.name,
                 theirs.type,
@@ -122,7 +122,7 @@ def test_each_declaration_rebuilds_as_the_module_declares_it(fresh):
                 theirs.min,
                 theirs.max,
                 theirs.min_exclusive,
-                theirs.check,
+                theirs.value_check,
             ), (name, theirs.name)
             assert ours.allowed() == theirs.allowed(), (name, theirs.name)
             for value in PROBES:

@@ -79,7 +79,7 @@ BAD_SCENARIOS = {
     "unknown param": "  - technique: kv_cache\n    params: {no_such: 1}\n",
     "bad value": "  - technique: flash_attention\n    params: {dtype: float8, seq_len: -4}\n",
     "unknown technique": "  - technique: flash_atention\n  - technique: nosuchthing\n",
-    # a model param's own value check (Param.check, torch-free): a misspelt preset, a missing file
+    # a model param's own value check (Param.value_check, torch-free): a misspelt preset, a missing file
     "misspelt model": (
         "  - technique: kv_cache\n    params: {model: lama-2-7b}\n"
         "  - technique: paged_kv_serving\n    params: {model: [tiny, /no/such/config.json]}\n"

@@ -200,33 +200,63 @@ def test_an_exclusive_minimum_refuses_the_minimum_itself_and_says_so():
 
 
 def test_a_value_check_named_by_a_param_refuses_what_its_function_refuses():
-    """``Param.check`` names a torch-free function of one value ("module:function"): a value it
-    refuses is refused with its words; a default it refuses, or a name not of that form, fails the
-    declaration, so a plug-in's typo shows when it loads, not when a scenario is read."""
-    model = Param("model", str, "tiny", check="gpubench.models.stand_in:model_name_problem")
+    """``Param.value_check`` names a torch-free function of one value ("module:function"): a value
+    it refuses is refused with its words; a default it refuses, a name not of that form, or one that
+    cannot be imported fails the declaration, so a plug-in's typo shows when it loads."""
+    model = Param("model", str, "tiny", value_check="gpubench.models.stand_in:model_name_problem")
     assert model.problem("tiny") is None and model.problem("llama-2-7b") is None
     refusal = model.problem("lama-2-7b")
     assert refusal is not None and refusal.startswith("'lama-2-7b' names nothing known (did you mean 'llama-2-7b'")
     assert model.problem(3) == "3 is not a str"  # the type first: the function sees only strings
     with pytest.raises(ValueError, match="default 'nope'"):
-        Param("model", str, "nope", check="gpubench.models.stand_in:model_name_problem")
+        Param("model", str, "nope", value_check="gpubench.models.stand_in:model_name_problem")
     with pytest.raises(ValueError, match="'module:function'"):
-        Param("model", str, "tiny", check="gpubench.models.stand_in.model_name_problem")
+        Param("model", str, "tiny", value_check="gpubench.models.stand_in.model_name_problem")
+    with pytest.raises(ValueError, match="cannot be loaded .*AttributeError"):
+        Param("model", str, "tiny", value_check="gpubench.models.stand_in:no_such_function")
 
 
-def test_a_model_param_takes_an_existing_config_path_and_refuses_a_missing_one(tmp_path):
-    """kv_cache's and the stand-ins' ``model``: a config.json or a directory that exists passes the
-    value check (whether it is a config the reader takes is the technique's rule); one that does
-    not is refused by its value, naming the presets."""
+def raises_on_odd_sizes(value):  # a plug-in's check with a bug: int() of what it did not expect
+    return None if int(value.split("x")[0]) > 0 else "not positive"
+
+
+def test_a_value_check_that_raises_refuses_the_value_and_says_why():
+    """A check that raises is a refusal of that value naming the check and the error (exit 2
+    with the scenario's file:line), never a traceback out of scenario validation."""
+    size = Param("size", str, "4x4", value_check=f"{__name__}:raises_on_odd_sizes")
+    assert size.problem("8x8") is None
+    assert size.problem("abc") == (
+        f"'abc': its check {__name__}:raises_on_odd_sizes failed "
+        "(ValueError: invalid literal for int() with base 10: 'abc')"
+    )
+
+
+def test_value_check_is_keyword_only_so_a_subclass_keeps_its_positional_fields():
+    """Adding value_check to Param must not shift a subclass's own fields: PolicyParam's ``above``
+    is still its tenth positional argument."""
+    from gpubench.records.policy import PolicyParam
+
+    timeout = PolicyParam("t", float, 1.0, "h", None, 0, None, False, False, 0)
+    assert timeout.above == 0 and timeout.value_check is None and timeout.problem(0.0) == "0.0 is not above 0"
+
+
+def test_a_model_param_takes_an_existing_config_and_refuses_what_names_none(tmp_path):
+    """kv_cache's and the stand-ins' ``model``: a config.json or a directory holding one passes the
+    value check (whether it is a config the reader takes is the technique's rule); a missing file, a
+    directory without config.json, an empty value or a name the file system refuses (too long) is
+    refused by its value, naming the presets, without a traceback."""
     from gpubench.techniques import all_techniques
 
     config = tmp_path / "config.json"
     config.write_text("{}")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
     for name in ("kv_cache", "packed_metadata", "paged_kv_serving", "continuous_batching"):
         param = next(p for p in all_techniques()[name].params if p.name == "model")
         assert param.problem(str(config)) is None and param.problem(str(tmp_path)) is None, name
-        refusal = param.problem(str(tmp_path / "missing.json"))
-        assert refusal is not None and "llama-2-7b" in refusal, (name, refusal)
+        for bad in (str(tmp_path / "missing.json"), str(empty_dir), "", "x" * 300):
+            refusal = param.problem(bad)
+            assert refusal is not None and "llama-2-7b" in refusal and "failed" not in refusal, (name, bad, refusal)
 
 
 # -- declared benchmark sizes ---------------------------------------------------------------------

@@ -741,12 +741,24 @@ def load_model(spec: str | Path, ignore_fields: Iterable[str] = ()) -> ModelConf
 
 def model_name_problem(text: str) -> str | None:
     """Why ``text`` names no model (no preset, no file or directory by that path), or None: the
-    value check of a ``model`` param that takes a preset or a config (its ``Param.check``), so a
+    value check of a ``model`` param that takes a preset or a config (its ``Param.value_check``), so a
     misspelt preset is refused as the scenario is read, before torch loads. Whether the config it
     names is one the reader takes is :func:`load_model`'s to say."""
-    if text in preset_names() or Path(text).exists():
+    if text in preset_names() or names_a_config(text):
         return None
     return f"{text!r} {_names_nothing(text)}"
+
+
+def names_a_config(text: str) -> bool:
+    """Whether ``text`` is a path to a file, or to a directory holding config.json (a name the
+    file system refuses, too long or with a NUL, names none)."""
+    if not text:
+        return False
+    try:
+        path = Path(text)
+        return path.is_file() or (path / "config.json").is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _names_nothing(text: str) -> str:
@@ -754,7 +766,7 @@ def _names_nothing(text: str) -> str:
     return (
         "is neither a preset"
         + (f" (did you mean {', '.join(map(repr, hint))}?)" if hint else "")
-        + f" nor an existing config.json or checkpoint directory; presets: {', '.join(preset_names())}"
+        + f" nor an existing config.json or a checkpoint directory holding one; presets: {', '.join(preset_names())}"
     )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpubench.errors import BadInput
-from gpubench.models.config import ModelConfig, load_model, preset_names
+from gpubench.models.config import ModelConfig, load_model, names_a_config, preset_names
 
 # The names of gpubench.models.llama.SIZES (kept equal there, by an assertion at its import).
 BUILT_IN_SIZES = ("tiny", "small", "100m", "1b")
@@ -106,10 +106,10 @@ def allowed_models() -> str:
 
 def model_name_problem(text: str) -> str | None:
     """Why ``text`` names no model (no built-in size, preset, file or directory), or None: the
-    value check of a stand-in's ``model`` param (its ``Param.check``), torch-free, so a misspelt
+    value check of a stand-in's ``model`` param (its ``Param.value_check``), torch-free, so a misspelt
     model is refused as the scenario is read; whether the stand-in can run the model it names is
     :func:`model_problems`' to say."""
-    if text in BUILT_IN_SIZES or text in preset_names() or Path(text).exists():
+    if text in BUILT_IN_SIZES or text in preset_names() or names_a_config(text):
         return None
     hint = difflib.get_close_matches(text.lower(), [*BUILT_IN_SIZES, *preset_names()], n=3, cutoff=0.5)
     return (

@@ -85,7 +85,7 @@ def common_params() -> list[Param]:
             "(seeded random weights at that model's shapes: a Llama-style stand-in, MoE as a dense MLP of "
             "the active width, sliding windows not applied; the case records which), or a local Hugging "
             "Face Llama-style checkpoint directory (its weights)",
-            check="gpubench.models.stand_in:model_name_problem",
+            value_check="gpubench.models.stand_in:model_name_problem",
         ),
         Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param(

@@ -139,7 +139,7 @@ def _param_entry(tech: str, param: Param) -> dict[str, Any]:
         "max": param.max,
         "min_exclusive": param.min_exclusive,
         "omit_default_from_id": param.omit_default_from_id,
-        "check": param.check,
+        "value_check": param.value_check,
     }
 
 
@@ -190,7 +190,7 @@ def declared_of(entry: Mapping[str, Any]) -> Declared:
             p.get("max"),
             p.get("min_exclusive", False),
             p.get("omit_default_from_id", False),
-            p.get("check"),
+            value_check=p.get("value_check"),
         )
         for p in entry["params"]
     )

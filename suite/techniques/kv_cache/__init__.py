@@ -45,7 +45,7 @@ TECHNIQUE = Technique(
             "llama-2-7b",
             f"whose layout is allocated: a preset ({', '.join(model_config.preset_names())}) or a "
             "Hugging Face config.json path (or a checkpoint directory holding one)",
-            check="gpubench.models.config:model_name_problem",
+            value_check="gpubench.models.config:model_name_problem",
         ),
         Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param("kv_dtype", str, "bf16", "KV storage format (scales included)", choices=list(kvmath.KV_FORMATS)),

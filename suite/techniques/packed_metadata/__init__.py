@@ -66,7 +66,7 @@ TECHNIQUE = Technique(
             f"a built-in size of gpubench.models.llama ({', '.join(SIZES)}), a preset, a config.json "
             "path or a checkpoint directory: seeded random weights at its shapes (a Llama-style stand-in: "
             "MoE as a dense MLP of the active width, sliding windows not applied; the case records which)",
-            check="gpubench.models.stand_in:model_name_problem",
+            value_check="gpubench.models.stand_in:model_name_problem",
         ),
         Param("ignore_fields", str, "", stand_in.IGNORE_FIELDS_HELP, omit_default_from_id=True),
         Param(
