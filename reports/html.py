@@ -14,13 +14,14 @@ by jinja2's autoescaping; only matplotlib's SVG markup is inserted as it is.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import itertools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import jinja2
 import markupsafe
@@ -61,10 +62,28 @@ TELEMETRY_PANELS = (
 )
 
 
+# How the templates are compiled: jinja2 keys its bytecode cache on a template's name and source
+# only, so these go into the cache files' names (an upgrade or a changed option compiles anew).
+class _Options(TypedDict):
+    autoescape: bool
+    trim_blocks: bool
+    lstrip_blocks: bool
+
+
+_TEMPLATE_OPTIONS: _Options = {"autoescape": True, "trim_blocks": True, "lstrip_blocks": True}
+
+
 class _TemplateCache(jinja2.FileSystemBytecodeCache):
     """The templates compiled once per user (jinja2's per-user temporary folder): compiling them
     took 0.4 s of every report. A cache that cannot be written (a full disk, a read-only temporary
-    folder) costs only the time it would have saved, never the report."""
+    folder) or read back (a file cut short) costs only the time it would have saved, never the
+    report."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except Exception:  # noqa: BLE001 - a damaged cache file: compile from the template
+            bucket.reset()
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
         try:
@@ -74,8 +93,9 @@ class _TemplateCache(jinja2.FileSystemBytecodeCache):
 
 
 def _template_cache() -> jinja2.BytecodeCache | None:
+    key = hashlib.sha256(repr((jinja2.__version__, sorted(_TEMPLATE_OPTIONS.items()))).encode()).hexdigest()[:12]
     try:
-        return _TemplateCache()
+        return _TemplateCache(pattern=f"__gpubench_{key}_%s.cache")
     except (OSError, RuntimeError):  # no safe per-user temporary folder: compile each time
         return None
 
@@ -83,10 +103,8 @@ def _template_cache() -> jinja2.BytecodeCache | None:
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
     bytecode_cache=_template_cache(),
-    autoescape=True,
     undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
+    **_TEMPLATE_OPTIONS,
 )
 
 
@@ -132,9 +150,9 @@ def _read_telemetry(root: Path, run: RunRecord) -> tuple[pd.DataFrame | None, st
     summary = run.telemetry
     if summary is None or not summary.available:
         return None, (summary.reason if summary is not None else None) or "the run recorded no telemetry"
-    try:
-        import pandas as pd
+    import pandas as pd
 
+    try:
         frame = pd.read_csv(root / "telemetry.csv")
     except FileNotFoundError:
         return None, "telemetry.csv is missing from the run directory"
