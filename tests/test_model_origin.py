@@ -29,13 +29,16 @@ def test_a_trimmed_or_damaged_block_reads_what_is_valid_and_keeps_newer_keys():
         {
             "name": "my-model",
             "seq_len": "long",  # the wrong type: read as absent, not an error (a report shows what it can)
+            "batch": float("nan"),
+            "memory_gib": float("inf"),
             "sizing": ["two layers of 40", 3, ""],
             "not_applicable": [{"technique": "paged_attention", "reason": "no decode"}, "junk", {"reason": "x"}],
             "future_key": {"kept": True},
         }
     )
     assert origin is not None
-    assert origin.seq_len is None and origin.batch is None and origin.shapes_text() == ""
+    assert origin.seq_len is None and origin.batch is None and origin.memory_gib is None
+    assert origin.shapes_text() == ""
     assert origin.sizing == ("two layers of 40",)
     assert origin.not_applicable == (NotApplicable("paged_attention", "no decode"),)
     assert origin.reason_left_out("paged_attention") == "no decode" and origin.reason_left_out("kv_cache") is None
