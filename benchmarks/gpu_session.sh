@@ -20,9 +20,10 @@
 #            decode case (they should agree within 5%)
 #   kernels  issue 28's goal cases: kernels-h200 (paged decode), kernels-h200-flash, and the flash
 #            cases again on the pointer path (GPUBENCH_FLASH_DESCRIPTORS=0) while time remains
-#   model    `run --model` on a published model (gpt-oss-20b: MoE, sliding windows, sinks; MODEL to
-#            change it), train and serve: what to turn on for it on this GPU, sized to its memory
 #   rest     gpu-quick, its --dry-run estimate first, with all the time left
+#   model    `run --model` on a published model (gpt-oss-20b: MoE, sliding windows, sinks; MODEL to
+#            change it), train and serve: what to turn on for it on this GPU, sized to its memory.
+#            Last, so it runs only on time gpu-quick leaves; PARTS="env model" gives it a session
 #
 # What comes back (at most 8 files, the device machine's limit): session.log (what ran, when, with
 # which limit and exit code; a failed install's output), one <part>.tar.gz a part (packed when it
@@ -65,7 +66,7 @@ else
   REST="--scenario gpu-quick"
   MODEL_RUN="--model ${MODEL:-gpt-oss-20b} --workload both"
 fi
-PARTS=${PARTS:-"env first dobench kernels model rest"}
+PARTS=${PARTS:-"env first dobench kernels rest model"}
 echo "gpu_session: started $(date -u +%FT%TZ), deadline $DEADLINE_S s, parts: $PARTS, out $OUT" > "$LOG"
 
 if [ -z "${REHEARSE:-}" ]; then
@@ -97,6 +98,11 @@ lim() {  # lim COMMAND...: run it under what is left of the part, SIGINT first (
 }
 budget() {  # a run's --budget in seconds: what the part has left, less the kill grace and Python's start-up
   echo "$((PART_END - SECONDS - KILL_S - 5))"
+}
+plan() {  # plan ARGS...: gpubench run --dry-run of what `run` would do with the part's time left
+  local b; b=$(budget)
+  if ((b < 10)); then echo "not planned (the part has ${b} s of budget left): gpubench run $*"; return 124; fi
+  lim "$PY" -m gpubench.cli run "$@" --device "$DEVICE" --budget "${b}s" --fill-budget --dry-run
 }
 run() {  # run NAME ARGS...: gpubench run into the part's folder, planned to fit what the part has left
   local name=$1 b; shift
@@ -167,13 +173,13 @@ part_kernels() {
   run flash $FLASH
   GPUBENCH_FLASH_DESCRIPTORS=0 run flash-pointers $FLASH
 }
-part_model() {
-  lim "$PY" -m gpubench.cli run $MODEL_RUN --device "$DEVICE" --budget "$(budget)s" --fill-budget --dry-run
-  run model $MODEL_RUN
-}
 part_rest() {
-  lim "$PY" -m gpubench.cli run $REST --device "$DEVICE" --budget "$(budget)s" --fill-budget --dry-run
+  plan $REST
   run runs $REST
+}
+part_model() {
+  plan $MODEL_RUN
+  run model $MODEL_RUN
 }
 
 for p in $PARTS; do
@@ -182,9 +188,9 @@ for p in $PARTS; do
     first) part first 180 part_first ;;
     dobench) part dobench 45 part_dobench ;;
     kernels) part kernels 200 part_kernels ;;
-    model) part model 150 part_model ;;
     rest) part rest 100000 part_rest ;;
-    *) log "unknown part $p (known: env first dobench kernels model rest)" ;;
+    model) part model 100000 part_model ;;
+    *) log "unknown part $p (known: env first dobench kernels rest model)" ;;
   esac
 done
 pack cache "$GPUBENCH_CACHE_DIR"
