@@ -30,7 +30,7 @@ def test_a_trimmed_or_damaged_block_reads_what_is_valid_and_keeps_newer_keys():
             "name": "my-model",
             "seq_len": "long",  # the wrong type: read as absent, not an error (a report shows what it can)
             "batch": float("nan"),
-            "memory_gib": float("inf"),
+            "memory_gib": 10**400,  # past any float: no figure, not an OverflowError
             "sizing": ["two layers of 40", 3, ""],
             "not_applicable": [{"technique": "paged_attention", "reason": "no decode"}, "junk", {"reason": "x"}],
             "future_key": {"kept": True},

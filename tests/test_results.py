@@ -314,3 +314,20 @@ def test_the_run_telemetry_summary_writes_what_the_sampler_wrote_and_reads_by_fi
     cpu = TelemetrySampler(None, unavailable_reason="device is cpu (NVML reports NVIDIA GPUs only)").run_summary()
     unavailable = RunTelemetry.from_dict(cpu)
     assert not unavailable.available and unavailable.reason and unavailable.to_dict() == cpu
+
+
+def test_run_telemetry_of_an_odd_shape_reads_as_far_as_it_is_valid():
+    """A hand-edited results.json whose run-level telemetry holds a list or a string where a
+    mapping belongs (devices, variants) or nulls where lists belong reads without an error: the
+    report and the gate show what they can."""
+    from gpubench.records.results import RunTelemetry
+
+    for odd in (
+        {"status": "ok", "devices": [{"status": "ok"}]},
+        {"status": "ok", "devices": "cuda:0"},
+        {"status": "ok", "variants": [1]},
+        {"status": "ok", "devices": None, "throttle_reasons": None, "unsupported_fields": None},
+    ):
+        read = RunTelemetry.from_dict(odd)
+        assert read.available and read.devices == {} and read.variants == {} and read.throttle_reasons == []
+        assert json.dumps(read.to_dict())  # writes back without an error

@@ -81,11 +81,14 @@ class ModelOrigin:
             return value if isinstance(value, int) and not isinstance(value, bool) else None
 
         memory = raw.get("memory_gib")
-        memory_gib = (
-            float(memory)
-            if isinstance(memory, (int, float)) and not isinstance(memory, bool) and math.isfinite(memory)
-            else None
-        )
+        try:
+            memory_gib = (
+                float(memory)
+                if isinstance(memory, (int, float)) and not isinstance(memory, bool) and math.isfinite(memory)
+                else None
+            )
+        except OverflowError:  # an integer past any float (10**400): no figure, not a failed report
+            memory_gib = None
         listed = raw.get("not_applicable")
         sizing = raw.get("sizing")
         return cls(

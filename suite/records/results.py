@@ -334,10 +334,11 @@ class Telemetry(Figures):
     @classmethod
     def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(data)
-        if "variants" in out:
+        if "variants" in out:  # a mapping of variant -> figures; anything else (a hand-edited file) reads as none
+            variants = out["variants"]
             out["variants"] = {
                 str(n): VariantTelemetry.from_dict(v)
-                for n, v in (out["variants"] or {}).items()
+                for n, v in (variants.items() if isinstance(variants, Mapping) else ())
                 if isinstance(v, Mapping)
             }
         for key in ("throttle_reasons", "benign_reasons"):
@@ -370,9 +371,12 @@ class RunTelemetry(Telemetry):
     @classmethod
     def _field_values(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         out = super()._field_values(data)
-        if "devices" in out:
+        if "devices" in out:  # slot -> that device's summary; anything else reads as none
+            devices = out["devices"]
             out["devices"] = {
-                str(k): RunTelemetry.from_dict(v) for k, v in (out["devices"] or {}).items() if isinstance(v, Mapping)
+                str(k): RunTelemetry.from_dict(v)
+                for k, v in (devices.items() if isinstance(devices, Mapping) else ())
+                if isinstance(v, Mapping)
             }
         if "unsupported_fields" in out and out["unsupported_fields"] is None:
             out["unsupported_fields"] = []
