@@ -363,7 +363,7 @@ _FAST_LOADER = getattr(yaml, "CSafeLoader", None)
 
 def _compose_node(text: str) -> yaml.Node | None:
     if _FAST_LOADER is None or "\t" in text:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return _compose_in_python(text)
     try:
         return yaml.compose(text, Loader=_FAST_LOADER)
     except yaml.YAMLError as fast_error:
@@ -371,6 +371,13 @@ def _compose_node(text: str) -> yaml.Node | None:
             return yaml.compose(text, Loader=yaml.SafeLoader)
         except RecursionError:  # nested past Python's stack: libyaml's refusal says so
             raise fast_error from None
+
+
+def _compose_in_python(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:  # the parser recurses per level: a refusal, not a traceback
+        raise yaml.YAMLError("exceeded maximum nesting depth") from None
 
 
 class _BadValue(Exception):
