@@ -21,9 +21,11 @@
 #   kernels  issue 28's goal cases: kernels-h200 (paged decode), kernels-h200-flash, and the flash
 #            cases again on the pointer path (GPUBENCH_FLASH_DESCRIPTORS=0) while time remains
 #   rest     gpu-quick, its --dry-run estimate first, with all the time left
+#
+# Named in PARTS only (gpu-quick fills the time left, so after it nothing would run):
 #   model    `run --model` on a published model (gpt-oss-20b: MoE, sliding windows, sinks; MODEL to
 #            change it), train and serve: what to turn on for it on this GPU, sized to its memory.
-#            Last, so it runs only on time gpu-quick leaves; PARTS="env model" gives it a session
+#            PARTS="env model" gives it a session; PARTS="env first model rest" a share of one
 #
 # What comes back (at most 8 files, the device machine's limit): session.log (what ran, when, with
 # which limit and exit code; a failed install's output), one <part>.tar.gz a part (packed when it
@@ -66,7 +68,7 @@ else
   REST="--scenario gpu-quick"
   MODEL_RUN="--model ${MODEL:-gpt-oss-20b} --workload both"
 fi
-PARTS=${PARTS:-"env first dobench kernels rest model"}
+PARTS=${PARTS:-"env first dobench kernels rest"}
 echo "gpu_session: started $(date -u +%FT%TZ), deadline $DEADLINE_S s, parts: $PARTS, out $OUT" > "$LOG"
 
 if [ -z "${REHEARSE:-}" ]; then
