@@ -54,7 +54,6 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.lib.kvmath import human_bytes
 from gpubench.records.declarations import TechniqueRecord
 from gpubench.records.model_origin import ModelOrigin
 from gpubench.records.results import CaseRecord, RunRecord, as_run, has_interval
@@ -70,6 +69,7 @@ from gpubench.reports.terminal import (
     shown_params,
     wrap_words,
 )
+from gpubench.units import human_bytes
 
 WRONG = "wrong here: do not turn on"
 TURN_ON = "turn on"

@@ -14,9 +14,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpubench.lib.kvmath import human_bytes
 from gpubench.records.results import CaseRecord, Profile, RunRecord
 from gpubench.reports.terminal import fit_fields, wrap_words
+from gpubench.units import human_bytes
 
 TOP_SHOWN = 5
 CLEAR_RATIO = 1.25  # a count that moved by less than this is not called a reason

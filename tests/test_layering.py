@@ -107,7 +107,11 @@ def is_technique_module(name: str) -> bool:
 # (the base: the package itself and errors; the public contract and its checks share layer 1 with the
 # records: a record holds a technique's declared Plot/Headline/Param, the contract re-exports Claim)
 LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
-    (0, "the base", ("gpubench.__init__", "gpubench.__version__", "gpubench.errors")),
+    (
+        0,
+        "the base",
+        ("gpubench.__init__", "gpubench.__version__", "gpubench.errors", "gpubench.lazy", "gpubench.units"),
+    ),
     (1, "the contract and the records", ("gpubench.contract", "gpubench.checks", "gpubench.records")),
     (2, "measure", ("gpubench.measure",)),
     (3, "the library", ("gpubench.lib", "gpubench.models", "gpubench.serving")),
@@ -197,9 +201,10 @@ def test_every_layer_imports_only_the_layers_under_it():
 
 def test_suite_has_no_top_level_module_but_the_base():
     """Every module of suite/ lives in its layer's folder; at the top only the base (the public
-    contract, its checks, errors), which every layer may import."""
+    contract, its checks, errors, and two helpers of no layer's own: modules imported when first
+    used, sizes as a person reads them), which every layer may import."""
     top = sorted(p.stem for p in (ROOT / "suite").glob("*.py") if p.stem != "__init__")
-    assert top == ["checks", "contract", "errors"]
+    assert top == ["checks", "contract", "errors", "lazy", "units"]
     folders = sorted(p.name for p in (ROOT / "suite").iterdir() if (p / "__init__.py").is_file())
     assert all(layer_of(f"gpubench.{name}") is not None for name in folders), folders
 

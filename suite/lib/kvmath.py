@@ -45,6 +45,7 @@ from typing import Any
 
 from gpubench.errors import BadInput
 from gpubench.models.config import ModelConfig
+from gpubench.units import human_bytes as human_bytes  # (kvmath.human_bytes: where it was first)
 
 
 @dataclass(frozen=True)
@@ -335,17 +336,6 @@ def naive_bytes_per_token(cfg: ModelConfig, fmt: KVFormat) -> float:
 DEFAULT_BLOCK_SIZE = 16  # vLLM's on CUDA
 MLA_BLOCK_SIZE = 64  # vLLM's FlashMLA backend forces it for MLA models (its CUTLASS MLA backend: 128)
 MAX_SUGGESTED_TP = 1024
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    sign, n = ("-" if n < 0 else ""), abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.3g} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
-        n /= 1024
-    return f"{sign}{n:.3g} TiB"
 
 
 def block_size_for(cfg: ModelConfig, given: int | None) -> tuple[int, str]:

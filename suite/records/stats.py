@@ -19,9 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from gpubench.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy")  # imported when first used (0.1 s of a command's start)
+
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_LEVEL = 0.95
