@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-
-from gpubench.reports.drawing import (
-    COLORS,
+from gpubench.reports.figure_style import (
     MAX_HEIGHT_IN,
     SERIES,
     WIDTH_IN,
@@ -22,27 +17,20 @@ from gpubench.reports.drawing import (
     label_rows,
     legend_below,
     legend_height_in,
-    log_axis,
-    log_x_if_spread,
-    new_figure,
     reference,
     row_labels,
     rows_that_fit,
     spread_pick,
-    styled,
     text_lines,
-    ticks_at,
     time_unit,
+    variant_color,
     wrap,
 )
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # with the colours: 56 variants told apart
-
-
-def variant_color(variant: str, k: int) -> str:
-    """The colour of the ``k``-th variant of a figure: the same in every figure that lists the
-    variants in the same order."""
-    return COLORS.get(variant, SERIES[(k + 2) % len(SERIES)])
 
 
 def fitting_rows(n: int, row_in: float, fixed_in: float) -> tuple[list[int], str]:
@@ -106,6 +94,8 @@ def speedup_sweep(series: dict[Any, list[tuple[float, float, float, float]]], x_
     part every line shares is left out of the labels; past :data:`MAX_SERIES` lines the figure
     splits into small multiples by a param (:func:`split_series`) sharing both axes, a colour per
     label the same in every panel."""
+    from gpubench.reports.drawing import log_x_if_spread, new_figure, styled, ticks_at
+
     series = {(k,) if isinstance(k, str) else tuple(k): sorted(v) for k, v in series.items() if v}
     series = {tuple(p for p in k if p): v for k, v in series.items()}
     if not series:
@@ -191,6 +181,8 @@ def ratio_points(
 ) -> Figure | None:
     """One row per label: a ratio with its CI as a horizontal bar, a dashed line at 1 (no change).
     Used where there is no numeric sweep (a single case, categorical params) and for comparisons."""
+    from gpubench.reports.drawing import log_x_if_spread, new_figure, styled
+
     if not labels:
         return None
     rows, note = row_labels(labels)
@@ -228,6 +220,10 @@ def ratio_points(
 
 def latency_boxes(rows: Sequence[tuple[str, Mapping[str, Sequence[float]]]]) -> Figure | None:
     """Box plots of the raw timing samples: per row (a case), one box per variant."""
+    from matplotlib.patches import Patch
+
+    from gpubench.reports.drawing import log_x_if_spread, new_figure, styled
+
     rows = [(label, {v: s for v, s in groups.items() if s}) for label, groups in rows]
     rows = [(label, groups) for label, groups in rows if groups]
     if not rows:
@@ -285,6 +281,8 @@ def peak_bars(
     """Grouped horizontal bars, one panel per metric (e.g. % of peak FLOP/s, % of peak
     bandwidth): per label, one bar per variant (``colors``: each variant's, else by its place);
     None values are left out."""
+    from gpubench.reports.drawing import new_figure, styled
+
     panels = {
         title: {v: vals for v, vals in by_variant.items() if any(x is not None for x in vals)}
         for title, by_variant in panels.items()
@@ -347,6 +345,8 @@ def roofline(
     (``series``: its points ``(intensity, tflops, tag)``; ``colors``: each variant's, else by its
     place), under the roof min(``peak_tflops``, intensity x ``peak_gbps``) when both ceilings are
     given. Tags label the points where there are few; ``note`` goes above the axes."""
+    from gpubench.reports.drawing import log_axis, new_figure, styled
+
     points = [p for pts in series.values() for p in pts if p[0] > 0 and p[1] > 0]
     if not points:
         return None
@@ -434,6 +434,10 @@ def telemetry_timeline(
 ) -> Figure | None:
     """Stacked time series (power, clocks, temperature, memory) sharing the time axis; each case's
     time span shaded and numbered; samples with a harmful throttle reason marked in red."""
+    from matplotlib.lines import Line2D
+
+    from gpubench.reports.drawing import new_figure, styled
+
     panels = [(label, values) for label, values in panels if any(v is not None and not math.isnan(v) for v in values)]
     if not t_s or not panels:
         return None

@@ -9,7 +9,7 @@ from typing import Any
 from gpubench.gate import compare as gate
 from gpubench.records.results import CaseRecord, RunRecord
 from gpubench.reports import charts
-from gpubench.reports.sections import Figure, Labels, figure
+from gpubench.reports.sections import Figure, Labels, drawn
 from gpubench.reports.terminal import count_text, format_seconds, format_speedup, shown_params
 
 # The gate's verdicts, in the order the comparison lists them, and how the report words them.
@@ -107,19 +107,18 @@ def _change_row(change: gate.Change, case: CaseRecord, old: CaseRecord, labels: 
 def comparison_figure(comparison: dict[str, Any]) -> Figure | None:
     colors = {"regressed": "#c0392b", "improved": "#2e9b45", "unchanged": "#8c8c8c"}
     rows = [r for r in comparison["rows"] if r["ci"] is not None and r["class"] in colors]
-    fig = (
-        charts.ratio_points(
-            [r["label"] for r in rows],
-            [r["ci"][0] for r in rows],
-            [r["ci"][1] for r in rows],
-            [r["ci"][2] for r in rows],
-            x_label="optimized time, this run / the other (> 1: slower now)",
-            colors=[colors[r["class"]] for r in rows],
-        )
-        if rows
-        else None
+    if not rows:
+        return None
+    return drawn(
+        "change per case (95% CI)",
+        charts.ratio_points,
+        [r["label"] for r in rows],
+        [r["ci"][0] for r in rows],
+        [r["ci"][1] for r in rows],
+        [r["ci"][2] for r in rows],
+        x_label="optimized time, this run / the other (> 1: slower now)",
+        colors=[colors[r["class"]] for r in rows],
     )
-    return figure("change per case (95% CI)", fig)
 
 
 def _cell(case: CaseRecord) -> dict[str, str]:

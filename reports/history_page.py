@@ -19,6 +19,7 @@ from typing import Any
 from gpubench.gate.history import changepoints, links
 from gpubench.gate.history.changepoints import CaseHistory
 from gpubench.gate.history.trends import TechniqueHistories, points_by_run
+from gpubench.reports import figure_cache
 from gpubench.reports import html as report_html
 from gpubench.reports.sections import figure
 from gpubench.reports.sparkline import figure_text
@@ -151,6 +152,7 @@ def _change_first(row: dict[str, Any]) -> int:
 
 def page_context(page: PageInput) -> dict[str, Any]:
     """The template's context: the table of latest changes and the charts, by technique."""
+    figure_cache.new_page()
     base = links.commit_url_base(page.remote)
     link = lambda commit: links.commit_url(base, commit)
     numbers = itertools.count(1)

@@ -34,10 +34,10 @@ from gpubench.records.atomic import DiskFull, atomic_write_text
 from gpubench.records.declarations import Registry
 from gpubench.records.results import CaseRecord, RunRecord, RunTelemetry, as_run, duration_text, not_run_text
 from gpubench.records.results import load_run as load_record
-from gpubench.reports import answer, charts, claims, markdown, phases, profile_view, sweep
+from gpubench.reports import answer, charts, claims, figure_cache, markdown, phases, profile_view, sweep
 from gpubench.reports import comparison as side_by_side
-from gpubench.reports.kv_table import human_bytes
-from gpubench.reports.sections import Figure, Labels, figure, technique_sections
+from gpubench.reports.sections import Figure, Labels, drawn, technique_sections
+from gpubench.units import human_bytes
 
 if TYPE_CHECKING:  # pandas is imported only where a run has telemetry (0.4 s of a report's start)
     import pandas as pd
@@ -423,9 +423,13 @@ def _telemetry_figure(frame: pd.DataFrame, numbers: dict[str, int], half: float)
     panels = [
         (label, pd.to_numeric(frame[col], errors="coerce").tolist()) for col, label in TELEMETRY_PANELS if col in frame
     ]
-    return figure(
+    return drawn(
         "telemetry over the run (shaded: cases, numbered as in the summary table)",
-        charts.telemetry_timeline(t, panels, spans, throttled_t),
+        charts.telemetry_timeline,
+        t,
+        panels,
+        spans,
+        throttled_t,
     )
 
 
@@ -465,6 +469,7 @@ def render(
     """The report as one HTML string: with a comparison section when ``other`` is given, a
     technique x device matrix when the cases span several device models (``more``: further runs),
     and a sparkline per case from ``trends`` (the history store's, read by :func:`write_report`)."""
+    figure_cache.new_page()
     record = run.record
     if other is not None and comparison is None:
         comparison = compare_runs(record, other.record)

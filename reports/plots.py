@@ -8,15 +8,11 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+from typing import TYPE_CHECKING, Any
 
 from gpubench.contract import Plot
 from gpubench.records.results import CaseRecord, Speedup
-from gpubench.reports.drawing import (
+from gpubench.reports.figure_style import (
     COLORS,
     MAX_HEIGHT_IN,
     ROW_LABEL_IN,
@@ -24,16 +20,15 @@ from gpubench.reports.drawing import (
     WIDTH_IN,
     error_bars,
     legend_below,
-    log_axis,
-    new_figure,
     reference,
     spread_pick,
-    styled,
     text_lines,
-    ticks_at,
     wrap,
 )
 from gpubench.reports.terminal import param_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ROLE_STYLE = {"baseline": ("--", "s"), "optimized": ("-", "o"), "peer": (":", "^")}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -154,6 +149,8 @@ def _params_label(params: Mapping[str, Any], keys: Sequence[str], defaults: dict
 
 
 def _grid(n: int, row_in: float, cols: int = 2) -> tuple[Figure, list[Any]]:
+    from gpubench.reports.drawing import new_figure
+
     cols = min(cols, n)
     rows = -(-n // cols)
     fig = new_figure(row_in * rows + 0.6)
@@ -164,6 +161,10 @@ def _grid(n: int, row_in: float, cols: int = 2) -> tuple[Figure, list[Any]]:
 
 
 def _line_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) -> Figure | None:
+    from matplotlib.lines import Line2D
+
+    from gpubench.reports.drawing import log_axis, styled, ticks_at
+
     x_key = plot.x
     if x_key is None:  # (contract.Plot: a line names its x; without one no case would be drawn)
         return None
@@ -289,6 +290,10 @@ def _fit_screen(
 
 def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any]) -> Figure | None:
     """Stacked bars of the metrics in ``plot.y``: per x value (or per case), a bar per variant."""
+    from matplotlib.patches import Patch
+
+    from gpubench.reports.drawing import styled
+
     x = plot.x
     groups: dict[str, list[CaseRecord]] = {}
     label_keys = _varying(cases, (x,) if x else ())
@@ -349,6 +354,8 @@ def _stacked_figure(plot: Plot, cases: list[CaseRecord], defaults: dict[str, Any
 def _per_case_figure(plot: Plot, cases: list[CaseRecord]) -> Figure | None:
     """``bars``, ``series`` and ``cdf``: a panel per case (the first ``plot.max_cases``), titled by
     the params that vary (all of them: a panel's title names its case alone)."""
+    from gpubench.reports.drawing import log_axis, styled
+
     label_keys = _varying(cases, ())
     panels = []
     for c in cases[: plot.max_cases]:

@@ -12,7 +12,7 @@ when it can be loaded here; when it cannot, the section says why its figures are
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpubench.records.declarations import Registry, TechniqueRecord, figures_hook
@@ -25,7 +25,8 @@ from gpubench.records.results import (
     elapsed_text,
     has_interval,
 )
-from gpubench.reports import charts, drawing, phases, plots, roofline, sweep
+from gpubench.reports import charts, figure_cache, phases, plots, roofline, sweep
+from gpubench.reports.figure_style import variant_color
 from gpubench.reports.terminal import (
     case_params,
     check_text,
@@ -78,12 +79,17 @@ class Labels:
 # -- figures -----------------------------------------------------------------------------------
 def figure(title: str, fig: Any) -> Figure | None:
     """A figure for the template: its SVG, or None when there is no figure or it has no data: the
-    report leaves out what it cannot draw rather than show an empty frame."""
-    if fig is None or drawing.mark_data(fig) == 0:
-        if fig is not None:
-            drawing.close(fig)
-        return None
-    return {"title": title, "svg": drawing.to_svg(fig), "note": None}
+    report leaves out what it cannot draw rather than show an empty frame. ``fig``: one drawn
+    already (a technique's own hook's); the report's own figures go through :func:`drawn`."""
+    text = figure_cache.figure_svg(fig)
+    return {"title": title, "svg": text, "note": None} if text is not None else None
+
+
+def drawn(title: str, builder: Callable[..., Any], *args: Any, **kwargs: Any) -> Figure | None:
+    """:func:`figure` of ``builder(*args, **kwargs)``, read from the figure cache where the same
+    builder drew it from the same numbers before (:mod:`gpubench.reports.figure_cache`)."""
+    text = figure_cache.svg(builder, *args, **kwargs)
+    return {"title": title, "svg": text, "note": None} if text is not None else None
 
 
 def _missing(title: str, why: str) -> Figure:
@@ -116,16 +122,17 @@ def speedup_figure(cases: list[CaseRecord], labels: list[str], defaults: dict[st
                 param_text(c.params, k) for k in varying if k != x and not (k in known and c.params.get(k) == known[k])
             )
             series.setdefault(key, []).append((c.params[x], *_with_ends(r)))
-        return figure(f"{title} vs {x}", charts.speedup_sweep(series, x))
+        return drawn(f"{title} vs {x}", charts.speedup_sweep, series, x)
     ratios = [_with_ends(r) for _, r, _ in points]
-    fig = charts.ratio_points(
+    return drawn(
+        title,
+        charts.ratio_points,
         [p[2] for p in points],
         [r[0] for r in ratios],
         [r[1] for r in ratios],
         [r[2] for r in ratios],
         x_label="speedup over baseline (x)",
     )
-    return figure(title, fig)
 
 
 def _with_ends(speedup: Speedup) -> tuple[float, float, float]:
@@ -145,12 +152,12 @@ def latency_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
         (label, {n: _samples(c, n) for n in (c.role_variant("baseline"), c.role_variant("optimized")) if n})
         for c, label in zip(cases, labels)
     ]
-    return figure("time per call, raw samples (box: quartiles, line: median)", charts.latency_boxes(rows))
+    return drawn("time per call, raw samples (box: quartiles, line: median)", charts.latency_boxes, rows)
 
 
 def variant_colors(cases: list[CaseRecord]) -> dict[str, str]:
     """One colour per timed variant of a technique, the same in each of its figures."""
-    return {name: charts.variant_color(name, k) for k, name in enumerate(roofline.variant_order(cases))}
+    return {name: variant_color(name, k) for k, name in enumerate(roofline.variant_order(cases))}
 
 
 def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
@@ -169,7 +176,7 @@ def peak_figure(cases: list[CaseRecord], labels: list[str]) -> Figure | None:
             ("pct_peak_bandwidth", "% of measured peak bandwidth"),
         )
     }
-    return figure("share of the measured device peak", charts.peak_bars(labels, panels, variant_colors(cases)))
+    return drawn("share of the measured device peak", charts.peak_bars, labels, panels, variant_colors(cases))
 
 
 def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: Labels) -> dict[str, Any] | None:
@@ -191,7 +198,7 @@ def roofline_block(run: RunRecord, group: list[tuple[int, CaseRecord]], labels: 
             else "achieved TFLOP/s against arithmetic intensity (no measured ceilings)"
         )
         title += f" of {roof.device}" if several else ""
-        figures.append(figure(title, charts.roofline(series, roof.peak_tflops, roof.peak_gbps, peak, note, colors)))
+        figures.append(drawn(title, charts.roofline, series, roof.peak_tflops, roof.peak_gbps, peak, note, colors))
     ridges = [f"{roof.ridge:.3g}" for roof in roofline.device_roofs(found).values() if roof.ridge]
     return {
         "figures": [f for f in figures if f],
@@ -214,7 +221,7 @@ def technique_figures(
     out = []
     for plot in tech.plots:
         try:
-            out.append(figure(plot.title, plots.declared(plot, cases, tech.defaults())))
+            out.append(drawn(plot.title, plots.declared, plot, cases, tech.defaults()))
         except Exception as exc:  # noqa: BLE001 - a figure never takes the report down
             out.append(_missing(plot.title, f"the figure failed: {type(exc).__name__}: {exc}"))
     hook, why_not = figures_hook(tech, registry)
@@ -222,6 +229,8 @@ def technique_figures(
         out.append(_missing(f"{tech.name}'s own figures", f"not drawn: {why_not}"))
     if hook is not None:
         try:
+            from gpubench.reports import drawing
+
             with drawing.styled():
                 made = list(hook([c.to_dict() for c in cases]))  # the hook's contract: case dicts
             out += [figure(str(title), fig) for title, fig in made]
@@ -430,7 +439,7 @@ def technique_section(
         "params": param_rows(tech, cases),
         "cpu_note": tech.gpu_specific if tech and run.device == "cpu" else "",
         "clock_note": clock_note(cases),
-        "surface": figure(sweep.surface_title(read_by), sweep.surface(cases, read_by)) if large else None,
+        "surface": drawn(sweep.surface_title(read_by), sweep.surface, cases, read_by) if large else None,
         "ranked_by": read_by[0].name if read_by else "speedup [95% CI]",
         "best": _extreme_rows(best, numbers, labels),
         "worst": _extreme_rows(worst, numbers, labels),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from gpubench.reports.drawing import COLORS, plain_number
+from gpubench.reports.figure_style import COLORS, plain_number
 from gpubench.reports.terminal import format_seconds
 
 WIDTH_PX, HEIGHT_PX, PAD_PX = 96, 22, 3

@@ -13,19 +13,18 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import matplotlib
-import numpy as np
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from gpubench.contract import Headline
 from gpubench.records.declarations import TechniqueRecord
 from gpubench.records.results import CaseRecord, has_interval
 from gpubench.records.stats import MIN_CI_SAMPLES
-from gpubench.reports import drawing
+from gpubench.reports import figure_style
 from gpubench.reports.plots import read_value
 from gpubench.reports.terminal import case_params, format_speedup, ratio_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LARGE = 24  # past this many cases a technique reads as a surface; its per-case rows collapse
 EXTREMES = 5  # best and worst cases listed first in a large sweep
@@ -212,6 +211,12 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
     a grey cell marked "fail". The figure is the report's width and at most a screen tall (rows
     past that are drawn evenly spread, said above the axes); tick labels that would overlap are
     thinned. None when fewer than two cases have the figure or nothing varies."""
+    import matplotlib
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from gpubench.reports import drawing
+
     found = readings(cases, read_by)
     if len(found) < 2:
         return None
@@ -249,7 +254,7 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
         grid[cell(r.case)] = math.log2(r.factor)
     failed = [cell(c) for c in cases if c.status not in ("passed", None)]
     bound = max(float(np.nanmax(np.abs(grid))), math.log2(1.25))
-    shown_rows = drawing.spread_pick(len(rows), ROWS_FIT)
+    shown_rows = figure_style.spread_pick(len(rows), ROWS_FIT)
     note = (
         f"{len(shown_rows)} of {len(rows)} rows drawn, evenly spread (every case: the tables below)"
         if len(shown_rows) < len(rows)
@@ -258,11 +263,11 @@ def surface(cases: Sequence[CaseRecord], read_by: Sequence[Headline]) -> Figure 
     new_row = {old: new for new, old in enumerate(shown_rows)}
     grid = grid[shown_rows]
     n_rows, n_cols = grid.shape
-    width_pt = (drawing.WIDTH_IN - 2.8) * 72 / n_cols  # a cell's width, the row labels and colour bar aside
+    width_pt = (figure_style.WIDTH_IN - 2.8) * 72 / n_cols  # a cell's width, the row labels and colour bar aside
     longest = max(len(t) for t in col_labels.values())
     rotate = longest * 6.5 * 0.62 > width_pt - 2
     fixed_in = 1.1 + (longest * 6.5 * 0.62 / 72 if rotate else 0.0) + 0.15 * bool(note)
-    row_in = min(0.3, max(0.12, (drawing.MAX_HEIGHT_IN - fixed_in) / n_rows))
+    row_in = min(0.3, max(0.12, (figure_style.MAX_HEIGHT_IN - fixed_in) / n_rows))
     annotate = n_cols <= ANNOTATED_COLUMNS and width_pt >= 20 and row_in >= 0.15
     with drawing.styled():
         fig = Figure(figsize=(drawing.WIDTH_IN, fixed_in + row_in * n_rows))

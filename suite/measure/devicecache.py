@@ -5,7 +5,9 @@
 - ``case-times/<device>.json``: what each case took on this device model, what each technique's
   cases spent beside their warm-up and timing loops (building inputs, checks, first compiles), and
   a run's fixed cost (worker start-up, calibration), so ``gpubench run --dry-run`` and ``--budget``
-  can say how long a run will take from what this device measured before (:class:`CaseTimes`).
+  can say how long a run will take from what this device measured before (:class:`CaseTimes`);
+- ``figures/<key>.svg``: the report's figures, each drawn once from the same numbers
+  (:mod:`gpubench.reports.figure_cache`).
 
 Everything here is a cache: a missing, unreadable or foreign file costs a tuning or a vaguer
 estimate, never a run; writers merge under a lock, so two runs on one machine can share it.
