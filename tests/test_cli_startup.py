@@ -5,45 +5,18 @@ imported; no timing here (benchmarks/cli_startup.py measures it)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_probe import probe
 from report_runs import recorded_runs
-
-# Runs the CLI as the console script does, then writes what it imported and its exit code.
-PROBE = """
-import json, sys
-from gpubench.cli import main
-sys.argv = ["gpubench", *json.loads(sys.argv[1])]
-code = 0
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-with open(OUT, "w") as f:
-    json.dump({"code": code, "heavy": sorted(m for m in ("torch", "triton") if m in sys.modules)}, f)
-"""
 
 
 def _probe(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / "probe.json"
-    env = {**os.environ, "GPUBENCH_HISTORY": str(tmp_path / "history.sqlite"), "COLUMNS": "100"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE.replace("OUT", repr(str(out))), json.dumps(list(args))],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.exists(), proc.stderr
-    result = json.loads(out.read_text())
-    result["stderr"] = proc.stderr
-    return result
+    result = probe(tmp_path, *args)
+    return {**result, "heavy": result["imported"]}
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +131,21 @@ def test_the_contract_imports_without_torch_and_still_names_the_checks():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["False", "True", "True", "True"], out.stderr
+
+
+def test_each_command_is_found_where_the_command_table_says():
+    """gpubench.cli imports a command's module only when the command runs (COMMANDS): every name
+    there is that module's command of that name, and --help lists every one of them."""
+    import click
+
+    from gpubench.cli import COMMANDS, main
+
+    ctx = click.Context(main)
+    for name in COMMANDS:
+        command = main.get_command(ctx, name)
+        assert command is not None and command.name == name, name
+    assert main.list_commands(ctx) == sorted(COMMANDS)
+    listed = subprocess.run(
+        [sys.executable, "-m", "gpubench.cli", "--help"], capture_output=True, text=True, timeout=300
+    ).stdout
+    assert all(f"  {name} " in listed for name in COMMANDS), listed

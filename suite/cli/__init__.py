@@ -3,10 +3,11 @@
 Command line: ``gpubench run | profile | report | compare | baseline save | list | env | kv-cache | serve |
 prepare | history add``.
 
-This module is the console script (``gpubench.cli:main``) and the map of the commands; each family
-lives in its own module: cli.run (run, profile, report), cli.gate (compare, baseline save),
-cli.info (list, env), cli.tools (kv-cache, serve, prepare), cli.history (history add); cli.console holds
-what they share.
+This module is the console script (``gpubench.cli:main``) and the map of the commands
+(:data:`COMMANDS`); each family lives in its own module, imported when one of its commands runs:
+cli.run (run, profile), cli.report (report), cli.gate (compare, baseline save), cli.info (list,
+env), cli.tools (kv-cache, serve, prepare), cli.history (history add, html); cli.console holds what
+they share.
 
 Exit codes: 0 every case passed, 1 some case failed, 2 bad input (one paragraph, no traceback),
 74 the disk is full (what finished is kept), 130 interrupted by Ctrl-C and 143 by SIGTERM (what
@@ -15,41 +16,67 @@ finished is saved).
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import click
 
-from gpubench.cli import gate as cli_gate
-from gpubench.cli import history as cli_history
-from gpubench.cli import info as cli_info
-from gpubench.cli import run as cli_run
-from gpubench.cli import tools as cli_tools
 from gpubench.cli.console import CommandGroup, disk_full_text
-from gpubench.cli.run import DRY_RUN_IDS, LARGE_RUN_CASES, _CaseProgress
-from gpubench.cli.tools import parse_size
 
 __all__ = ["main", "disk_full_text", "parse_size", "DRY_RUN_IDS", "LARGE_RUN_CASES", "_CaseProgress"]
 
+# Each command: the module that defines it and the command's name there. A command's module is
+# imported when the command is looked up (click's lazy subcommands), so `gpubench report` imports
+# what a report needs and not the history store, the KV calculator or the scenario lister; `--help`
+# and a misspelt command look up every one, as before.
+COMMANDS = {
+    "run": ("gpubench.cli.run", "run"),
+    "profile": ("gpubench.cli.run", "profile_cmd"),
+    "report": ("gpubench.cli.report", "report"),
+    "compare": ("gpubench.cli.gate", "compare_cmd"),
+    "baseline": ("gpubench.cli.gate", "baseline_group"),
+    "list": ("gpubench.cli.info", "list_"),
+    "env": ("gpubench.cli.info", "env_"),
+    "kv-cache": ("gpubench.cli.tools", "kv_cache"),
+    "serve": ("gpubench.cli.tools", "serve"),
+    "prepare": ("gpubench.cli.tools", "prepare"),
+    "history": ("gpubench.cli.history", "history_group"),
+}
+_REEXPORTED = {  # names this module has always offered, from the modules that define them
+    "parse_size": "gpubench.cli.tools",
+    "DRY_RUN_IDS": "gpubench.cli.run",
+    "LARGE_RUN_CASES": "gpubench.cli.run",
+    "_CaseProgress": "gpubench.cli.run",
+}
 
-@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyCommands(CommandGroup):
+    """The command group, each command imported from :data:`COMMANDS` when it is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, name = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), name)
+            if not isinstance(command, click.Command) or command.name != cmd_name:
+                raise RuntimeError(f"{module}.{name} is not the command {cmd_name!r}")  # a table out of step
+            self.add_command(command)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyCommands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gpubench")
 def main() -> None:
     """gpubench: what LLM training and inference optimizations are worth on this machine."""
 
 
-for _command in (
-    cli_run.run,
-    cli_run.profile_cmd,
-    cli_run.report,
-    cli_gate.compare_cmd,
-    cli_gate.baseline_group,
-    cli_info.list_,
-    cli_info.env_,
-    cli_tools.kv_cache,
-    cli_tools.serve,
-    cli_tools.prepare,
-    cli_history.history_group,
-):
-    main.add_command(_command)
+def __getattr__(name: str) -> Any:
+    if name in _REEXPORTED:
+        return getattr(importlib.import_module(_REEXPORTED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if __name__ == "__main__":  # pragma: no cover - after every command is registered
+if __name__ == "__main__":  # pragma: no cover
     main()

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpubench.records.results import CaseRecord, RunRecord
-from gpubench.run.scenario import Case
+
+if TYPE_CHECKING:  # (annotations only: reading a run's outcome needs no scenario parser)
+    from gpubench.run.scenario import Case
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as a shell reports a process it killed
