@@ -84,10 +84,15 @@ STYLE = {
 
 @contextlib.contextmanager
 def styled() -> Iterator[None]:
-    """The report's matplotlib settings (figures are built and saved inside this)."""
-    # type: ignore: matplotlib's stubs want each key as one of its rc names' Literals; STYLE's are
-    # such names (matplotlib checks them at run time), written as plain strings.
-    with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]
+    """The report's matplotlib settings (figures are built and saved inside this): the defaults of
+    matplotlib and the user's matplotlibrc, then :data:`STYLE`; never what some code (a technique's
+    module, a notebook) set in this process, so a figure is the same in any process (the figure
+    cache keeps it). Everything is restored on leaving."""
+    with matplotlib.rc_context():
+        matplotlib.rc_file_defaults()
+        # type: ignore: matplotlib's stubs want each key as one of its rc names' Literals; STYLE's
+        # are such names (matplotlib checks them at run time), written as plain strings.
+        matplotlib.rcParams.update(STYLE)  # type: ignore[arg-type]
         yield
 
 

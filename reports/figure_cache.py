@@ -18,8 +18,13 @@ report does not know) means that figure is drawn every time: never a figure draw
 numbers. The cache is ``figures/`` in gpubench's cache folder
 (:func:`gpubench.measure.devicecache.cache_root`: ``$GPUBENCH_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/gpubench``, else ``~/.cache/gpubench``); it keeps the most recently used
-figures, at most :data:`KEEP_FILES` of them and :data:`KEEP_BYTES` (a small run's are 10-20 kB). A cache that cannot be read or written (a read-only
-home, a full disk, a file cut short) costs the time it would have saved, never the report.
+figures, at most :data:`KEEP_FILES` of them and :data:`KEEP_BYTES` (a small run's are 10-20 kB).
+A cache that cannot be read or written (a read-only home, a full disk, a file cut short) costs
+the time it would have saved, never the report. A kept figure goes into the page as it is, so
+figures are read only from a folder this user owns and no one else may write (created 0700), and
+only files this user owns: a shared, group-writable cache folder draws every figure. The drawing
+itself starts from matplotlib's defaults and the user's ``matplotlibrc`` (:func:`gpubench.reports.drawing.styled`),
+never from settings some code changed in the process, so what is kept is what any process draws.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ import importlib.util
 import itertools
 import os
 import re
+import stat
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,10 +50,8 @@ from gpubench.measure.devicecache import cache_root
 KEEP_FILES = 2000  # past either bound, the least recently used go, down to three quarters of it
 KEEP_BYTES = 100 * 2**20
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
-_DATA_ID = re.compile(r'id="data-\d+"')
-# What a browser would run in an SVG put into the page: matplotlib writes none of it (a label's "<" is
-# written "&lt;"), so a kept figure holding one was not drawn here and is never shown.
-_ACTIVE = re.compile(r"<\s*(script|foreignObject|iframe|object|embed)\b|\bon[a-z]+\s*=\s*[\"']|javascript:", re.I)
+_DATA_ID = re.compile(r'<g id="data-\d+"')  # as matplotlib writes an artist's gid (a label's "<" is "&lt;")
+NOTHING = "<!-- nothing to draw -->\n"  # kept for a figure with no data; an empty file is a damaged one
 _next_id = itertools.count(1)  # the data ids of the page being written (new_page starts them again)
 _pruned = False
 
@@ -65,12 +71,12 @@ def svg(builder: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:
     draw (no figure, or a figure with no data: :func:`gpubench.reports.drawing.mark_data`)."""
     key = figure_key(builder, args, kwargs)
     if key is not None:
-        found = _read(cache_dir() / f"{key}.svg")
+        found = _read(cache_dir(), f"{key}.svg")
         if found is not None:
-            return _page_ids(found) if found else None
+            return _page_ids(found) if found != NOTHING else None
     text = _svg_of(builder(*args, **kwargs))
     if key is not None:  # kept with its ids from 1: the same figure, the same file
-        _write(cache_dir(), f"{key}.svg", _DATA_ID.sub(_numbered(itertools.count(1)), text or ""))
+        _write(cache_dir(), f"{key}.svg", _DATA_ID.sub(_numbered(itertools.count(1)), text) if text else NOTHING)
     return _page_ids(text) if text else None
 
 
@@ -100,7 +106,7 @@ def _page_ids(text: str) -> str:
 
 
 def _numbered(ids: Iterator[int]) -> Callable[[re.Match[str]], str]:
-    return lambda _: f'id="data-{next(ids)}"'
+    return lambda _: f'<g id="data-{next(ids)}"'
 
 
 def new_page() -> None:
@@ -197,15 +203,28 @@ def _feed(digest: Any, value: Any) -> None:
 
 
 # -- the files ---------------------------------------------------------------------------------
-def _read(path: Path) -> str | None:
-    """A kept figure ("" for nothing to draw), or None: not kept, or damaged."""
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is a directory this user owns and no one else may write: a kept figure goes
+    into the page as it is, so figures are read from and kept in no other (a shared, group-writable
+    ``$GPUBENCH_CACHE_DIR`` draws every figure)."""
     try:
+        found = os.stat(folder)  # through a link: what it points to must be ours
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o022
+
+
+def _read(folder: Path, name: str) -> str | None:
+    """A kept figure (:data:`NOTHING` for no figure), or None: not kept, damaged, or not ours."""
+    path = folder / name
+    try:
+        if not _private(folder) or not stat.S_ISREG((found := os.lstat(path)).st_mode) or found.st_uid != os.getuid():
+            return None
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    whole = not text or (text.startswith("<svg") and text.rstrip().endswith("</svg>"))
-    if not whole or _ACTIVE.search(text):
-        return None  # cut short, or not matplotlib's (it writes nothing a browser runs): drawn again
+    if text != NOTHING and not (text.startswith("<svg") and text.rstrip().endswith("</svg>")):
+        return None  # cut short (an empty file too): drawn again, and the file rewritten whole
     try:
         os.utime(path)  # recently used: the last to be pruned
     except OSError:
@@ -214,15 +233,22 @@ def _read(path: Path) -> str | None:
 
 
 def _write(folder: Path, name: str, text: str) -> None:
-    """Keep ``text`` as ``folder/name``, whole or not at all (written aside, then renamed)."""
-    aside = folder / f".{name}.{os.getpid()}.tmp"
+    """Keep ``text`` as ``folder/name``, whole or not at all: written to a new file of its own
+    (never one that was there, nor through a link), then renamed over the old one."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        aside.write_text(text, encoding="utf-8")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(folder):
+            return
+        handle, aside = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
         os.replace(aside, folder / name)
     except OSError:
         try:
-            aside.unlink(missing_ok=True)
+            os.unlink(aside)
         except OSError:
             pass
         return
@@ -231,11 +257,18 @@ def _write(folder: Path, name: str, text: str) -> None:
 
 def _prune(folder: Path) -> None:
     """Past :data:`KEEP_FILES` figures or :data:`KEEP_BYTES`, remove the least recently used
-    down to three quarters of both (once per process: a report adds tens of figures)."""
+    down to three quarters of both, and files a killed writer left over an hour ago (once per
+    process: a report adds tens of figures)."""
     global _pruned
     if _pruned:
         return
     _pruned = True
+    for aside in folder.glob(".*.tmp"):  # left by a process killed while writing
+        try:
+            if aside.stat().st_mtime < time.time() - 3600:
+                aside.unlink()
+        except OSError:
+            pass
     try:
         kept = sorted(((s.st_mtime, s.st_size, p) for p in folder.glob("*.svg") for s in [p.stat()]), reverse=True)
     except OSError:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from gpubench.gate.history.changepoints import CaseHistory
 from gpubench.gate.history.store import Point
-from gpubench.reports.drawing import COLORS, SERIES, error_bars, plain_number, reference, styled, time_unit
+from gpubench.reports.figure_style import COLORS, SERIES, error_bars, plain_number, reference, time_unit
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WIDTH_IN, HEIGHT_IN = 4.6, 2.3
 PANEL_IN = 1.5  # the height of each variant's panel where a case has several
@@ -80,6 +81,10 @@ def trend_figure(
     of them holds, in order: :func:`gpubench.gate.history.trends.points_by_run`), ``roles`` (variant ->
     role), ``link`` (commit -> its URL or None). Several variants: a panel each, one above the
     other, x shared, each with its own y scale."""
+    from matplotlib.figure import Figure
+
+    from gpubench.reports.drawing import styled
+
     if not runs:
         return None
     x_of = {run_key(p): i for i, p in enumerate(runs)}

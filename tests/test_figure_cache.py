@@ -129,24 +129,68 @@ def test_a_damaged_figure_is_drawn_again_and_replaced():
     assert path.read_text() == whole
 
 
-def test_a_kept_figure_a_browser_would_run_code_from_is_never_shown():
-    """The cache folder may be shared ($GPUBENCH_CACHE_DIR): an SVG there with a script or an event
-    handler (matplotlib writes neither) is drawn again, not put into the page."""
+def test_a_folder_others_may_write_is_never_read_nor_written():
+    """A kept figure goes into the page as it is: from a cache folder others may write (a shared
+    $GPUBENCH_CACHE_DIR) nothing is read, a file planted there never reaches the page, and
+    nothing is kept there."""
     args, kwargs = _ratio_args()
     key = figure_cache.figure_key(charts.ratio_points, tuple(args), kwargs)
     folder = figure_cache.cache_dir()
     folder.mkdir(parents=True)
-    for planted in ('<svg><script>alert(1)</script></svg>\n', '<svg onload="alert(1)"></svg>\n'):
-        (folder / f"{key}.svg").write_text(planted)
-        text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
-        assert text is not None and "alert" not in text and "data-" in text
+    folder.chmod(0o777)
+    planted = '<svg><g id="data-1"></g><script>alert(1)</script></svg>\n'
+    (folder / f"{key}.svg").write_text(planted)
+    text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    assert text is not None and "alert" not in text and "<g id=\"data-" in text
+    assert (folder / f"{key}.svg").read_text() == planted
+    assert [p.name for p in folder.iterdir()] == [f"{key}.svg"]
+    folder.chmod(0o700)  # the same file in a folder of this user's own is read back
+    assert _page_ids_of(figure_cache.svg(charts.ratio_points, *args, **kwargs) or "") == _page_ids_of(planted)
+
+
+def _page_ids_of(text: str) -> str:
+    return re.sub(r'<g id="data-\d+"', '<g id="data-N"', text)
+
+
+def test_an_empty_file_is_a_damaged_one_not_a_figure_with_nothing_to_draw():
+    """A file cut to nothing (a crash between rename and flush) is drawn again, never read as the
+    marker of a figure with no data (which would drop the figure from every later report)."""
+    args, kwargs = _ratio_args()
+    figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    key = figure_cache.figure_key(charts.ratio_points, tuple(args), kwargs)
+    (figure_cache.cache_dir() / f"{key}.svg").write_text("")
+    assert figure_cache.svg(charts.ratio_points, *args, **kwargs) is not None
+
+
+def test_a_label_that_reads_like_a_data_id_is_left_as_written():
+    """Only the data artists' ids are numbered per page, never text in a label."""
+    label = 'mode=id="data-7"'
+    text = figure_cache.svg(charts.ratio_points, [label, "b"], [1.5, 2.0], [1.2, 1.8], [1.8, 2.2], x_label="x")
+    text_again = figure_cache.svg(charts.ratio_points, [label, "b"], [1.5, 2.0], [1.2, 1.8], [1.8, 2.2], x_label="x")
+    assert text is not None and text_again is not None
+    assert 'id="data-7"' in text.replace('<g id="data-7"', "") and 'id="data-7"' in text_again
+
+
+def test_settings_some_code_changed_in_the_process_never_reach_a_kept_figure(tmp_path, monkeypatch):
+    """A module that changed matplotlib's settings (a technique's, a notebook's) changes no figure:
+    drawn from the defaults and the report's style, what is kept is what a clean process draws."""
+    import matplotlib
+
+    args, kwargs = _ratio_args()
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path / "leaky"))
+    with matplotlib.rc_context({"axes.facecolor": "#ff0000", "lines.linewidth": 7.0}):
+        leaky = figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    monkeypatch.setenv("GPUBENCH_CACHE_DIR", str(tmp_path / "clean"))
+    clean = figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    assert leaky is not None and "#ff0000" not in leaky
+    assert _page_ids_of(leaky) == _page_ids_of(clean or "")
 
 
 def test_nothing_to_draw_is_kept_as_nothing():
     """A builder that draws nothing (no rows) gives None, read back as None, not an empty frame."""
     assert figure_cache.svg(charts.ratio_points, [], [], [], [], x_label="x") is None
     assert figure_cache.svg(charts.ratio_points, [], [], [], [], x_label="x") is None
-    assert [p.read_text() for p in figure_cache.cache_dir().glob("*.svg")] == [""]
+    assert [p.read_text() for p in figure_cache.cache_dir().glob("*.svg")] == [figure_cache.NOTHING]
 
 
 def test_the_cache_keeps_the_most_recently_used_within_its_bounds(monkeypatch):
@@ -158,12 +202,17 @@ def test_the_cache_keeps_the_most_recently_used_within_its_bounds(monkeypatch):
         path = folder / f"{i:040d}.svg"
         path.write_text("<svg></svg>\n")
         os.utime(path, (1_000_000 + i, 1_000_000 + i))
-    assert figure_cache._read(folder / f"{0:040d}.svg") == "<svg></svg>\n"  # used now: the newest
+    assert figure_cache._read(folder, f"{0:040d}.svg") == "<svg></svg>\n"  # used now: the newest
+    old_aside, new_aside = folder / ".old.tmp", folder / ".new.tmp"  # a killed writer's; one writing now
+    for path in (old_aside, new_aside):
+        path.write_text("<svg")
+    os.utime(old_aside, (1_000_000, 1_000_000))
     monkeypatch.setattr(figure_cache, "KEEP_FILES", 8)
     monkeypatch.setattr(figure_cache, "_pruned", False)
     figure_cache._prune(folder)
     left = sorted(int(p.stem) for p in folder.glob("*.svg"))
     assert left == [0, 5, 6, 7, 8, 9], left
+    assert not old_aside.exists() and new_aside.exists()
     monkeypatch.setattr(figure_cache, "KEEP_BYTES", 30)
     monkeypatch.setattr(figure_cache, "_pruned", False)
     figure_cache._prune(folder)
