@@ -89,6 +89,8 @@ def main() -> None:
         commands["gpubench report A --no-history (figures drawn)"] = commands["gpubench report A --no-history"]
         cold = "gpubench report A --no-history (figures drawn)"  # each time in an empty cache
         subprocess.run(commands["gpubench report A --no-history"], env=env, cwd=root, capture_output=True, check=True)
+        if not list((root / "figures" / "figures").glob("*.svg")):
+            sys.exit("the warm-up report kept no figure: the cached rows would time drawing")
         load0 = os.getloadavg()
         print(
             f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)"

@@ -19,6 +19,8 @@ class LazyModule:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr == "_name":  # copy and pickle probe these before _name is set
+            raise AttributeError(attr)
         value = getattr(importlib.import_module(self._name), attr)
         setattr(self, attr, value)
         return value

@@ -149,3 +149,10 @@ def test_each_command_is_found_where_the_command_table_says():
         [sys.executable, "-m", "gpubench.cli", "--help"], capture_output=True, text=True, timeout=300
     ).stdout
     assert all(f"  {name} " in listed for name in COMMANDS), listed
+
+
+def test_a_misspelt_command_is_still_told_the_closest_ones(tmp_path):
+    """A command not found is answered with the closest names, though no command was loaded yet."""
+    result = probe(tmp_path, "reprot")
+    assert result["code"] == 2
+    assert "No such command 'reprot'" in result["stderr"] and "'report'" in result["stderr"], result["stderr"]

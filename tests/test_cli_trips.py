@@ -53,7 +53,11 @@ def test_threshold_shows_what_it_takes_not_text():
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
-    for name, command in group.commands.items():
+    """Every command under ``group``, looked up as click does (gpubench's are imported lazily)."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         yield prefix + (name,), command
         if isinstance(command, click.Group):
             yield from _commands(command, prefix + (name,))
@@ -61,6 +65,8 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
 
 def test_no_option_of_any_command_shows_its_type_as_text():
     """Every option taking a string says what it takes (PERCENT, N|fit, DTYPE, ...), never TEXT."""
+    walked = [" ".join(path) for path, _ in _commands(main)]
+    assert {"run", "report", "list", "kv-cache", "baseline save", "history html"} <= set(walked), walked
     shown = []
     for path, command in _commands(main):
         ctx = click.Context(command, info_name=" ".join(path))

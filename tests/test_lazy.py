@@ -45,3 +45,14 @@ def test_a_missing_module_fails_at_its_first_use_as_import_would():
         missing.anything  # noqa: B018 - the read is the test
     with pytest.raises(AttributeError):
         LazyModule("colorsys").no_such_function  # noqa: B018
+
+
+def test_a_lazy_module_copies_and_pickles_without_importing():
+    """copy and pickle look for special methods before the object is whole: they get none, not a
+    loop (a RecursionError) and not an import."""
+    import copy
+    import pickle
+
+    lazy = LazyModule("gpubench_no_such_module")
+    for again in (copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
+        assert repr(again) == repr(lazy)

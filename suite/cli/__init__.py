@@ -27,8 +27,8 @@ __all__ = ["main", "disk_full_text", "parse_size", "DRY_RUN_IDS", "LARGE_RUN_CAS
 
 # Each command: the module that defines it and the command's name there. A command's module is
 # imported when the command is looked up (click's lazy subcommands), so `gpubench report` imports
-# what a report needs and not the history store, the KV calculator or the scenario lister; `--help`
-# and a misspelt command look up every one, as before.
+# what a report needs and not the scenario parser, the KV calculator or the other commands'
+# modules; `--help` and a misspelt command (for its "did you mean") look up every one.
 COMMANDS = {
     "run": ("gpubench.cli.run", "run"),
     "profile": ("gpubench.cli.run", "profile_cmd"),
@@ -55,6 +55,14 @@ class LazyCommands(CommandGroup):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+            for name in COMMANDS:  # click suggests the loaded commands closest to a misspelt one
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
