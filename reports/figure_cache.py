@@ -21,10 +21,12 @@ numbers. The cache is ``figures/`` in gpubench's cache folder
 figures, at most :data:`KEEP_FILES` of them and :data:`KEEP_BYTES` (a small run's are 10-20 kB).
 A cache that cannot be read or written (a read-only home, a full disk, a file cut short) costs
 the time it would have saved, never the report. A kept figure goes into the page as it is, so
-figures are read only from a folder this user owns and no one else may write (created 0700), and
-only files this user owns: a shared, group-writable cache folder draws every figure. The drawing
-itself starts from matplotlib's defaults and the user's ``matplotlibrc`` (:func:`gpubench.reports.drawing.styled`),
-never from settings some code changed in the process, so what is kept is what any process draws.
+figures are read only from a folder this user owns and no one else may write (created 0700; one of
+this user's that others could write is emptied and closed), only files this user owns, never
+through a link, each operation through one checked descriptor of the folder: a cache folder of
+another user's draws every figure. The drawing itself starts from matplotlib's defaults and the
+user's ``matplotlibrc`` (:func:`gpubench.reports.drawing.styled`), never from settings some code
+changed in the process, so what is kept is what any process draws.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import importlib.util
 import itertools
 import os
 import re
+import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -50,7 +52,9 @@ from gpubench.measure.devicecache import cache_root
 KEEP_FILES = 2000  # past either bound, the least recently used go, down to three quarters of it
 KEEP_BYTES = 100 * 2**20
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
-_DATA_ID = re.compile(r'<g id="data-\d+"')  # as matplotlib writes an artist's gid (a label's "<" is "&lt;")
+# A data artist's id as matplotlib writes it, inside a tag (<g id=...>, <image ... id=...>); never
+# text in a label, whose "<" is written "&lt;".
+_DATA_ID = re.compile(r'(<[A-Za-z][\w:-]*\s[^<>]*?)id="data-\d+"')
 NOTHING = "<!-- nothing to draw -->\n"  # kept for a figure with no data; an empty file is a damaged one
 _next_id = itertools.count(1)  # the data ids of the page being written (new_page starts them again)
 _pruned = False
@@ -106,7 +110,7 @@ def _page_ids(text: str) -> str:
 
 
 def _numbered(ids: Iterator[int]) -> Callable[[re.Match[str]], str]:
-    return lambda _: f'<g id="data-{next(ids)}"'
+    return lambda found: f'{found.group(1)}id="data-{next(ids)}"'
 
 
 def new_page() -> None:
@@ -203,83 +207,109 @@ def _feed(digest: Any, value: Any) -> None:
 
 
 # -- the files ---------------------------------------------------------------------------------
-def _private(folder: Path) -> bool:
-    """Whether ``folder`` is a directory this user owns and no one else may write: a kept figure goes
-    into the page as it is, so figures are read from and kept in no other (a shared, group-writable
-    ``$GPUBENCH_CACHE_DIR`` draws every figure)."""
+# Every file operation goes through one descriptor of the folder, checked once (fstat): a path
+# looked up again could be a link another user swapped in between the check and the use.
+def _open_folder(folder: Path, *, make: bool = False) -> int | None:
+    """A descriptor of ``folder`` if it is a directory this user owns and no one else may write (a
+    kept figure goes into the page as it is), else None. ``make``: create it (0700) where missing,
+    and where it is ours but others may write it, empty it (who wrote what cannot be told) and make
+    it 0700."""
     try:
-        found = os.stat(folder)  # through a link: what it points to must be ours
+        if make:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return False
-    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o022
+        return None
+    try:
+        found = os.fstat(handle)
+        if found.st_uid == os.getuid() and not found.st_mode & 0o022:
+            return handle
+        if make and found.st_uid == os.getuid():
+            for name in os.listdir(handle):
+                if name.endswith((".svg", ".tmp")):
+                    os.unlink(name, dir_fd=handle)
+            os.fchmod(handle, 0o700)
+            return handle
+    except OSError:
+        pass
+    os.close(handle)
+    return None
 
 
 def _read(folder: Path, name: str) -> str | None:
     """A kept figure (:data:`NOTHING` for no figure), or None: not kept, damaged, or not ours."""
-    path = folder / name
+    where = _open_folder(folder)
+    if where is None:
+        return None
     try:
-        if not _private(folder) or not stat.S_ISREG((found := os.lstat(path)).st_mode) or found.st_uid != os.getuid():
-            return None
-        text = path.read_text(encoding="utf-8")
+        with os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=where), encoding="utf-8") as kept:
+            found = os.fstat(kept.fileno())
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
+                return None
+            text = kept.read()
+            try:
+                os.utime(kept.fileno())  # recently used: the last to be pruned
+            except OSError:
+                pass
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(where)
     if text != NOTHING and not (text.startswith("<svg") and text.rstrip().endswith("</svg>")):
         return None  # cut short (an empty file too): drawn again, and the file rewritten whole
-    try:
-        os.utime(path)  # recently used: the last to be pruned
-    except OSError:
-        pass
     return text
 
 
 def _write(folder: Path, name: str, text: str) -> None:
     """Keep ``text`` as ``folder/name``, whole or not at all: written to a new file of its own
-    (never one that was there, nor through a link), then renamed over the old one."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not _private(folder):
-            return
-        handle, aside = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-    except OSError:
+    (created, never opened through a link), then renamed over the old one."""
+    where = _open_folder(folder, make=True)
+    if where is None:
         return
+    aside = f".{secrets.token_hex(8)}.tmp"
     try:
+        handle = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=where)
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
-        os.replace(aside, folder / name)
+        os.replace(aside, name, src_dir_fd=where, dst_dir_fd=where)
     except OSError:
         try:
-            os.unlink(aside)
+            os.unlink(aside, dir_fd=where)
         except OSError:
             pass
-        return
-    _prune(folder)
+    else:
+        _prune(where)
+    finally:
+        os.close(where)
 
 
-def _prune(folder: Path) -> None:
-    """Past :data:`KEEP_FILES` figures or :data:`KEEP_BYTES`, remove the least recently used
-    down to three quarters of both, and files a killed writer left over an hour ago (once per
-    process: a report adds tens of figures)."""
+def _prune(where: int) -> None:
+    """In the folder ``where``: past :data:`KEEP_FILES` figures or :data:`KEEP_BYTES`, remove the
+    least recently used down to three quarters of both, and files a killed writer left over an
+    hour ago (once per process: a report adds tens of figures)."""
     global _pruned
     if _pruned:
         return
     _pruned = True
-    for aside in folder.glob(".*.tmp"):  # left by a process killed while writing
-        try:
-            if aside.stat().st_mtime < time.time() - 3600:
-                aside.unlink()
-        except OSError:
-            pass
     try:
-        kept = sorted(((s.st_mtime, s.st_size, p) for p in folder.glob("*.svg") for s in [p.stat()]), reverse=True)
+        found = [(name, os.stat(name, dir_fd=where, follow_symlinks=False)) for name in os.listdir(where)]
     except OSError:
         return
+    for name, st in found:
+        if name.endswith(".tmp") and st.st_mtime < time.time() - 3600:  # a killed writer's
+            _unlink(name, where)
+    kept = sorted(((st.st_mtime, st.st_size, name) for name, st in found if name.endswith(".svg")), reverse=True)
     if len(kept) <= KEEP_FILES and sum(size for _, size, _ in kept) <= KEEP_BYTES:
         return
     total = 0
-    for count, (_, size, path) in enumerate(kept):
+    for count, (_, size, name) in enumerate(kept):
         total += size
         if count >= KEEP_FILES * 3 // 4 or total > KEEP_BYTES * 3 // 4:
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            _unlink(name, where)
+
+
+def _unlink(name: str, where: int) -> None:
+    try:
+        os.unlink(name, dir_fd=where)
+    except OSError:
+        pass

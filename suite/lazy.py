@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+_MODULE_NAMES = {"__version__", "__name__", "__file__", "__path__", "__doc__", "__all__", "__spec__"}
+
 
 class LazyModule:
     """Stands for the module ``name``: the first attribute read imports it (an ImportError then,
@@ -19,7 +21,9 @@ class LazyModule:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__") or attr == "_name":  # copy and pickle probe these before _name is set
+        # copy and pickle probe protocol methods (__deepcopy__, __setstate__, ...), some before
+        # _name is set: they get none (a module has none). A module's own names (__version__) pass.
+        if attr == "_name" or (attr.startswith("__") and attr not in _MODULE_NAMES):
             raise AttributeError(attr)
         value = getattr(importlib.import_module(self._name), attr)
         setattr(self, attr, value)

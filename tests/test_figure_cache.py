@@ -129,27 +129,57 @@ def test_a_damaged_figure_is_drawn_again_and_replaced():
     assert path.read_text() == whole
 
 
-def test_a_folder_others_may_write_is_never_read_nor_written():
-    """A kept figure goes into the page as it is: from a cache folder others may write (a shared
-    $GPUBENCH_CACHE_DIR) nothing is read, a file planted there never reaches the page, and
-    nothing is kept there."""
+PLANTED = '<svg><g id="data-1"></g><script>alert(1)</script></svg>\n'
+
+
+def _planted(name: str = "") -> tuple[Path, list, dict]:
+    """The cache folder with a planted file at ratio_points' key (or at ``name``, a link to it)."""
     args, kwargs = _ratio_args()
     key = figure_cache.figure_key(charts.ratio_points, tuple(args), kwargs)
     folder = figure_cache.cache_dir()
     folder.mkdir(parents=True)
-    folder.chmod(0o777)
-    planted = '<svg><g id="data-1"></g><script>alert(1)</script></svg>\n'
-    (folder / f"{key}.svg").write_text(planted)
+    (folder / (name or f"{key}.svg")).write_text(PLANTED)
+    if name:
+        (folder / f"{key}.svg").symlink_to(folder / name)
+    return folder / f"{key}.svg", args, kwargs
+
+
+def test_a_folder_of_another_user_is_never_read_nor_written(monkeypatch):
+    """A kept figure goes into the page as it is: from a cache folder this user does not own (a
+    shared $GPUBENCH_CACHE_DIR) nothing is read, and nothing is kept there."""
+    path, args, kwargs = _planted()
+    real = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real + 1)  # the folder is now someone else's
     text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
-    assert text is not None and "alert" not in text and "<g id=\"data-" in text
-    assert (folder / f"{key}.svg").read_text() == planted
-    assert [p.name for p in folder.iterdir()] == [f"{key}.svg"]
-    folder.chmod(0o700)  # the same file in a folder of this user's own is read back
-    assert _page_ids_of(figure_cache.svg(charts.ratio_points, *args, **kwargs) or "") == _page_ids_of(planted)
+    assert text is not None and "alert" not in text and 'id="data-' in text
+    assert path.read_text() == PLANTED and [p.name for p in path.parent.iterdir()] == [path.name]
+    monkeypatch.setattr(os, "getuid", lambda: real)  # the same file in a folder of this user's own is read
+    assert _page_ids_of(figure_cache.svg(charts.ratio_points, *args, **kwargs) or "") == _page_ids_of(PLANTED)
+
+
+def test_a_folder_of_ours_others_may_write_is_emptied_and_closed():
+    """Our cache folder left writable by others (a umask, a chmod): what is in it cannot be vouched
+    for, so it is emptied, made 0700, and the figure drawn and kept anew."""
+    path, args, kwargs = _planted()
+    path.parent.chmod(0o777)
+    text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    assert text is not None and "alert" not in text
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert "alert" not in path.read_text() and path.read_text().startswith("<svg")
+
+
+def test_a_kept_figure_that_is_a_link_is_never_followed():
+    """A link at a figure's name is not read through (it could point anywhere): the figure is drawn
+    and kept as a file of its own, the link's target left as it was."""
+    path, args, kwargs = _planted("elsewhere.svg")
+    text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
+    assert text is not None and "alert" not in text
+    assert not path.is_symlink() and "alert" not in path.read_text()
+    assert (path.parent / "elsewhere.svg").read_text() == PLANTED
 
 
 def _page_ids_of(text: str) -> str:
-    return re.sub(r'<g id="data-\d+"', '<g id="data-N"', text)
+    return re.sub(r'id="data-\d+"', 'id="data-N"', text)
 
 
 def test_an_empty_file_is_a_damaged_one_not_a_figure_with_nothing_to_draw():
@@ -193,6 +223,14 @@ def test_nothing_to_draw_is_kept_as_nothing():
     assert [p.read_text() for p in figure_cache.cache_dir().glob("*.svg")] == [figure_cache.NOTHING]
 
 
+def _prune(folder: Path) -> None:
+    where = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        figure_cache._prune(where)
+    finally:
+        os.close(where)
+
+
 def test_the_cache_keeps_the_most_recently_used_within_its_bounds(monkeypatch):
     """Past KEEP_FILES figures the least recently used go, down to three quarters; a figure read
     back counts as used (its file's time is renewed)."""
@@ -209,13 +247,13 @@ def test_the_cache_keeps_the_most_recently_used_within_its_bounds(monkeypatch):
     os.utime(old_aside, (1_000_000, 1_000_000))
     monkeypatch.setattr(figure_cache, "KEEP_FILES", 8)
     monkeypatch.setattr(figure_cache, "_pruned", False)
-    figure_cache._prune(folder)
+    _prune(folder)
     left = sorted(int(p.stem) for p in folder.glob("*.svg"))
     assert left == [0, 5, 6, 7, 8, 9], left
     assert not old_aside.exists() and new_aside.exists()
     monkeypatch.setattr(figure_cache, "KEEP_BYTES", 30)
     monkeypatch.setattr(figure_cache, "_pruned", False)
-    figure_cache._prune(folder)
+    _prune(folder)
     assert sum(p.stat().st_size for p in folder.glob("*.svg")) <= 30 * 3 // 4
 
 
@@ -252,3 +290,18 @@ def test_a_loaded_run_keys_the_same_in_every_process(tmp_path):
     }
     assert len(keys) == 1 and None not in keys and "None" not in keys, keys
     assert keys == {figure_cache.figure_key(charts.latency_boxes, (load_run(run).cases,), {})}
+
+
+def test_an_image_artists_data_id_is_numbered_as_the_pages_too():
+    """matplotlib writes an image's id on the <image> tag, not a <g>: it is numbered per page too,
+    so two figures with images give no id twice."""
+    from matplotlib.figure import Figure
+
+    figure_cache.new_page()
+    pages = []
+    for _ in range(2):
+        fig = Figure(figsize=(2, 2))
+        fig.add_subplot().imshow([[0.0, 1.0], [1.0, 0.0]])
+        pages.append(figure_cache.figure_svg(fig) or "")
+    ids = [i for page in pages for i in _data_ids(page)]
+    assert len(ids) >= 2 and len(ids) == len(set(ids)), ids

@@ -56,3 +56,4 @@ def test_a_lazy_module_copies_and_pickles_without_importing():
     lazy = LazyModule("gpubench_no_such_module")
     for again in (copy.deepcopy(lazy), pickle.loads(pickle.dumps(lazy))):
         assert repr(again) == repr(lazy)
+    assert LazyModule("colorsys").__name__ == "colorsys"  # a module's own names still read through
