@@ -21,10 +21,9 @@ numbers. The cache is ``figures/`` in gpubench's cache folder
 figures, at most :data:`KEEP_FILES` of them and :data:`KEEP_BYTES` (a small run's are 10-20 kB).
 A cache that cannot be read or written (a read-only home, a full disk, a file cut short) costs
 the time it would have saved, never the report. A kept figure goes into the page as it is, so
-figures are read only from a folder this user owns and no one else may write (created 0700; one of
-this user's that others could write is emptied and closed), only files this user owns, never
-through a link, each operation through one checked descriptor of the folder: a cache folder of
-another user's draws every figure. The drawing itself starts from matplotlib's defaults and the
+figures are read only from a folder this user owns and no one else may write (created 0700), only
+files this user owns, never through a link, each operation through one checked descriptor of the
+folder: a cache folder others may write draws every figure and keeps none. The drawing itself starts from matplotlib's defaults and the
 user's ``matplotlibrc`` (:func:`gpubench.reports.drawing.styled`), never from settings some code
 changed in the process, so what is kept is what any process draws.
 """
@@ -56,6 +55,8 @@ _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 # text in a label, whose "<" is written "&lt;".
 _DATA_ID = re.compile(r'(<[A-Za-z][\w:-]*\s[^<>]*?)id="data-\d+"')
 NOTHING = "<!-- nothing to draw -->\n"  # kept for a figure with no data; an empty file is a damaged one
+_KEPT_NAME = re.compile(r"[0-9a-f]{40}\.svg")  # the only names pruning removes: the cache's own
+_ASIDE_NAME = re.compile(r"\.[0-9a-f]{16}\.tmp")
 _next_id = itertools.count(1)  # the data ids of the page being written (new_page starts them again)
 _pruned = False
 
@@ -211,9 +212,8 @@ def _feed(digest: Any, value: Any) -> None:
 # looked up again could be a link another user swapped in between the check and the use.
 def _open_folder(folder: Path, *, make: bool = False) -> int | None:
     """A descriptor of ``folder`` if it is a directory this user owns and no one else may write (a
-    kept figure goes into the page as it is), else None. ``make``: create it (0700) where missing,
-    and where it is ours but others may write it, empty it (who wrote what cannot be told) and make
-    it 0700."""
+    kept figure goes into the page as it is), else None (the figure is drawn, nothing kept).
+    ``make``: create it (0700) where missing."""
     try:
         if make:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -223,12 +223,6 @@ def _open_folder(folder: Path, *, make: bool = False) -> int | None:
     try:
         found = os.fstat(handle)
         if found.st_uid == os.getuid() and not found.st_mode & 0o022:
-            return handle
-        if make and found.st_uid == os.getuid():
-            for name in os.listdir(handle):
-                if name.endswith((".svg", ".tmp")):
-                    os.unlink(name, dir_fd=handle)
-            os.fchmod(handle, 0o700)
             return handle
     except OSError:
         pass
@@ -242,10 +236,21 @@ def _read(folder: Path, name: str) -> str | None:
     if where is None:
         return None
     try:
-        with os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=where), encoding="utf-8") as kept:
-            found = os.fstat(kept.fileno())
-            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
-                return None
+        # Not through a link, and never waiting (a FIFO at the name): a regular file of ours or nothing.
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=where)
+    except OSError:
+        return None
+    finally:
+        os.close(where)
+    try:
+        found = os.fstat(handle)
+    except OSError:
+        found = None
+    if found is None or not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
+        os.close(handle)
+        return None
+    try:
+        with os.fdopen(handle, encoding="utf-8") as kept:
             text = kept.read()
             try:
                 os.utime(kept.fileno())  # recently used: the last to be pruned
@@ -253,8 +258,6 @@ def _read(folder: Path, name: str) -> str | None:
                 pass
     except (OSError, UnicodeDecodeError):
         return None
-    finally:
-        os.close(where)
     if text != NOTHING and not (text.startswith("<svg") and text.rstrip().endswith("</svg>")):
         return None  # cut short (an empty file too): drawn again, and the file rewritten whole
     return text
@@ -296,9 +299,9 @@ def _prune(where: int) -> None:
     except OSError:
         return
     for name, st in found:
-        if name.endswith(".tmp") and st.st_mtime < time.time() - 3600:  # a killed writer's
+        if _ASIDE_NAME.fullmatch(name) and st.st_mtime < time.time() - 3600:  # a killed writer's
             _unlink(name, where)
-    kept = sorted(((st.st_mtime, st.st_size, name) for name, st in found if name.endswith(".svg")), reverse=True)
+    kept = sorted(((st.st_mtime, st.st_size, name) for name, st in found if _KEPT_NAME.fullmatch(name)), reverse=True)
     if len(kept) <= KEEP_FILES and sum(size for _, size, _ in kept) <= KEEP_BYTES:
         return
     total = 0

@@ -157,15 +157,35 @@ def test_a_folder_of_another_user_is_never_read_nor_written(monkeypatch):
     assert _page_ids_of(figure_cache.svg(charts.ratio_points, *args, **kwargs) or "") == _page_ids_of(PLANTED)
 
 
-def test_a_folder_of_ours_others_may_write_is_emptied_and_closed():
-    """Our cache folder left writable by others (a umask, a chmod): what is in it cannot be vouched
-    for, so it is emptied, made 0700, and the figure drawn and kept anew."""
+def test_a_folder_others_may_write_is_neither_read_nor_changed():
+    """Our cache folder left writable by others (a umask, a chmod, a link to a shared folder): what
+    is in it cannot be vouched for, so nothing is read or kept there, and nothing there is touched
+    (it may not be gpubench's at all)."""
     path, args, kwargs = _planted()
-    path.parent.chmod(0o777)
+    (path.parent / "paper.svg").write_text("<svg>a user's own figure</svg>\n")
+    path.parent.chmod(0o775)
     text = figure_cache.svg(charts.ratio_points, *args, **kwargs)
     assert text is not None and "alert" not in text
-    assert path.parent.stat().st_mode & 0o777 == 0o700
-    assert "alert" not in path.read_text() and path.read_text().startswith("<svg")
+    assert path.parent.stat().st_mode & 0o777 == 0o775
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, "paper.svg"])
+    assert path.read_text() == PLANTED
+
+
+def test_a_name_that_is_not_a_file_is_passed_over():
+    """A folder or a FIFO at a figure's name: drawn, never waited on, no descriptor left open."""
+    args, kwargs = _ratio_args()
+    key = figure_cache.figure_key(charts.ratio_points, tuple(args), kwargs)
+    folder = figure_cache.cache_dir()
+    folder.mkdir(parents=True)
+    (folder / f"{key}.svg").mkdir()
+    before = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else None
+    for _ in range(20):
+        assert figure_cache.svg(charts.ratio_points, *args, **kwargs) is not None
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) <= before + 2
+    (folder / f"{key}.svg").rmdir()
+    os.mkfifo(folder / f"{key}.svg")
+    assert figure_cache.svg(charts.ratio_points, *args, **kwargs) is not None  # (a wait would hang here)
 
 
 def test_a_kept_figure_that_is_a_link_is_never_followed():
@@ -241,20 +261,22 @@ def test_the_cache_keeps_the_most_recently_used_within_its_bounds(monkeypatch):
         path.write_text("<svg></svg>\n")
         os.utime(path, (1_000_000 + i, 1_000_000 + i))
     assert figure_cache._read(folder, f"{0:040d}.svg") == "<svg></svg>\n"  # used now: the newest
-    old_aside, new_aside = folder / ".old.tmp", folder / ".new.tmp"  # a killed writer's; one writing now
-    for path in (old_aside, new_aside):
+    old_aside, new_aside = folder / ".0123456789abcdef.tmp", folder / ".fedcba9876543210.tmp"  # killed; writing
+    stranger = folder / "not-ours.svg"  # a name the cache never writes: never removed
+    for path in (old_aside, new_aside, stranger):
         path.write_text("<svg")
-    os.utime(old_aside, (1_000_000, 1_000_000))
+        os.utime(path, (1_000_000, 1_000_000))
+    os.utime(new_aside)
     monkeypatch.setattr(figure_cache, "KEEP_FILES", 8)
     monkeypatch.setattr(figure_cache, "_pruned", False)
     _prune(folder)
-    left = sorted(int(p.stem) for p in folder.glob("*.svg"))
+    left = sorted(int(p.stem) for p in folder.glob("*.svg") if p != stranger)
     assert left == [0, 5, 6, 7, 8, 9], left
-    assert not old_aside.exists() and new_aside.exists()
+    assert not old_aside.exists() and new_aside.exists() and stranger.exists()
     monkeypatch.setattr(figure_cache, "KEEP_BYTES", 30)
     monkeypatch.setattr(figure_cache, "_pruned", False)
     _prune(folder)
-    assert sum(p.stat().st_size for p in folder.glob("*.svg")) <= 30 * 3 // 4
+    assert sum(p.stat().st_size for p in folder.glob("*.svg") if p != stranger) <= 30 * 3 // 4
 
 
 def test_a_users_matplotlibrc_is_part_of_the_key(tmp_path, monkeypatch):
