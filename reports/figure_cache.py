@@ -171,6 +171,16 @@ def _matplotlibrc_files() -> list[Path]:
     return [p for p in found if p.is_file()]
 
 
+_COMPARED: dict[type, tuple[str, ...]] = {}
+
+
+def _compared(kind: type) -> tuple[str, ...]:
+    """A dataclass's fields that define its objects (a read-back cache of key order does not)."""
+    if kind not in _COMPARED:
+        _COMPARED[kind] = tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+    return _COMPARED[kind]
+
+
 def _feed(digest: Any, value: Any) -> None:
     """Feed ``value``, read down to plain values, to ``digest``; Opaque where it cannot be."""
     kind = type(value)
@@ -183,6 +193,8 @@ def _feed(digest: Any, value: Any) -> None:
             digest.update(f"{kind.__name__}[{len(value)}\0".encode())
             for v in value:
                 _feed(digest, v)
+    elif kind is dict and all(type(k) in _ATOMS and type(v) in _ATOMS for k, v in value.items()):
+        digest.update(f"dict{list(value.items())!r}\0".encode())  # a call's recorded numbers: one repr
     elif isinstance(value, Mapping):
         digest.update(f"{kind.__name__}{{{len(value)}\0".encode())
         for k, v in value.items():
@@ -194,10 +206,9 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"{kind.__name__}{sorted(map(repr, value))!r}\0".encode())
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         digest.update(f"{kind.__module__}.{kind.__qualname__}\0".encode())
-        for f in dataclasses.fields(value):
-            if f.compare:  # what defines the object (a read-back cache of key order does not)
-                digest.update(f"{f.name}=".encode())
-                _feed(digest, getattr(value, f.name))
+        for name in _compared(kind):
+            digest.update(f"{name}=".encode())
+            _feed(digest, getattr(value, name))
     elif isinstance(value, enum.Enum):
         digest.update(f"{kind.__module__}.{kind.__qualname__}.{value.name}\0".encode())
     elif kind.__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "dtype"):

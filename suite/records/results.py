@@ -609,16 +609,22 @@ def has_interval(figure: Speedup | Stats | Mapping[str, Any] | None) -> bool:
     return bool(figure) and all(_number(figure.get(k)) is not None for k in ("ci_low", "ci_high"))
 
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     """A record's field as results.json holds it: typed figures through their to_dict, other
-    dataclasses as asdict, containers copied."""
+    dataclasses field by field (as ``dataclasses.asdict``, without its deep copy of every
+    number: a report reads every case this way several times), containers copied."""
     if isinstance(value, Figures):
         return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if all(type(v) in _ATOMS for v in value):  # samples, per-call numbers: a copy as it is
+            return type(value)(value)
         return type(value)(_plain(v) for v in value)
     return value
 
