@@ -95,6 +95,14 @@ def main() -> None:
         print(
             f"{os.cpu_count()} logical cores; load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} (1, 5, 15 min)"
         )
+        print(
+            "bytecode: "
+            + (
+                "not written (PYTHONDONTWRITEBYTECODE is set): each start compiles gpubench's modules from source"
+                if os.environ.get("PYTHONDONTWRITEBYTECODE")
+                else "written (Python's default): compiled once, read back after"
+            )
+        )
         print(f"{'command':<48} {'median s':>9} {'min s':>7} {'max s':>7}  torch")
         for label, argv in commands.items():
             times, torch_seen = [], None
